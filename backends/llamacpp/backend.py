@@ -1,0 +1,228 @@
+"""llama.cpp backend: GGUF models for text generation (continuous batching) and embeddings.
+
+The engine (engine.py) runs on its own thread and owns every llama.cpp object; this class
+parses the model's parameters, starts and stops the engine, and adapts it to asyncio: each
+request gets an asyncio.Queue that the engine fills through `loop.call_soon_threadsafe`.
+
+Model parameters (config `parameters`, all strings):
+
+    n_ctx         total KV cache tokens, split evenly across the slots like llama-server's
+                  `-c`; llama.cpp rounds each slot up to a multiple of 256.
+                  Default: min(trained context, 4096) per slot.
+    n_parallel    slots = sequences decoded together (default 4)
+    n_batch       tokens per llama_decode step, prompt chunks included (default 512)
+    n_threads     CPU threads (default: the daemon's share for this instance)
+    n_gpu_layers  layers offloaded to the GPU; default all on a GPU device, none on CPU
+    chat_template a llama.cpp built-in template name or template text; default the GGUF's,
+                  else ChatML
+    embedding     "true": an embedding model (serves embed(), not generate())
+    pooling       mean | cls | last; default the GGUF's pooling, else mean
+    max_queue     requests that may wait for a slot before new ones get 503 (default 64)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal, TypeVar
+
+import msgspec
+
+from daemon.backend import (
+    Capabilities,
+    GenerateChunk,
+    GenerateParams,
+    GenerationBackend,
+    InstanceContext,
+    Probe,
+)
+from daemon.errors import ConfigError, EdgedError, InvalidArgument, Unavailable, Unsupported
+from daemon.model_config import ModelConfig
+
+from .engine import Engine, EngineSettings, apply_chat_template
+from .text import chatml, message_pairs
+
+T = TypeVar("T")
+
+
+class LlamaCppOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The model's `parameters`, validated (strings are converted: "8" -> 8, "true" -> True)."""
+
+    n_ctx: Annotated[int, msgspec.Meta(ge=0)] = 0
+    n_parallel: Annotated[int, msgspec.Meta(ge=1, le=256)] = 4
+    n_batch: Annotated[int, msgspec.Meta(ge=1)] = 512
+    n_threads: Annotated[int, msgspec.Meta(ge=0)] = 0
+    n_gpu_layers: int | None = None
+    chat_template: str = ""
+    embedding: bool = False
+    pooling: Literal["", "mean", "cls", "last"] = ""
+    max_queue: Annotated[int, msgspec.Meta(ge=1)] = 64
+
+    def __post_init__(self) -> None:
+        if self.n_batch < self.n_parallel:
+            # Every generating slot puts one token into each step's batch.
+            raise ValueError(f"n_batch ({self.n_batch}) must be >= n_parallel ({self.n_parallel})")
+
+
+def parse_options(config: ModelConfig) -> LlamaCppOptions:
+    try:
+        return msgspec.convert(config.parameters, LlamaCppOptions, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"model '{config.name}': invalid llamacpp parameters: {exc}") from None
+
+
+class LlamaCppBackend(GenerationBackend):
+    name: ClassVar[str] = "llamacpp"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        kind="generation",
+        dynamic_batching=False,
+        decoupled=True,
+        datatypes=frozenset({"BYTES"}),
+        devices=("CPU", "GPU"),
+    )
+
+    def __init__(self, context: InstanceContext) -> None:
+        super().__init__(context)
+        self._engine: Engine | None = None
+
+    @classmethod
+    def probe(cls) -> Probe:
+        try:
+            import llama_cpp
+            import llama_cpp.llama_cpp as llama
+        except Exception as exc:  # a broken native build raises OSError, not ImportError
+            return Probe(available=False, reason=f"cannot import llama_cpp: {type(exc).__name__}: {exc}")
+        gpu = bool(llama.llama_supports_gpu_offload())
+        return Probe(
+            available=True,
+            devices=("CPU", "GPU") if gpu else ("CPU",),
+            runtime_version=f"llama-cpp-python {llama_cpp.__version__} "
+            f"(gpu offload: {'yes' if gpu else 'no'})",
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def load(self, config: ModelConfig, artifact: Path, device: str) -> None:
+        options = parse_options(config)
+        on_gpu = device.upper().startswith("GPU")
+        main_gpu = int(device.split(":")[1]) if on_gpu and ":" in device else 0
+        settings = EngineSettings(
+            model_name=self.context.model_name or config.name,
+            model_path=artifact,
+            n_ctx=options.n_ctx,
+            n_parallel=options.n_parallel,
+            n_batch=options.n_batch,
+            n_threads=options.n_threads or self.context.threads,
+            n_gpu_layers=options.n_gpu_layers if options.n_gpu_layers is not None else (-1 if on_gpu else 0),
+            main_gpu=main_gpu,
+            embedding=options.embedding,
+            pooling=options.pooling,
+            max_queue=options.max_queue,
+            chat_template=options.chat_template,
+        )
+        engine = Engine(settings)
+        await asyncio.wrap_future(engine.ready)
+        self._engine = engine
+
+    def unload_sync(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.stop()
+
+    def engine_stats(self) -> dict[str, int]:
+        """{"slots", "busy", "queued", "tokens_generated"} (zeros when not loaded)."""
+        if self._engine is None:
+            return {"slots": 0, "busy": 0, "queued": 0, "tokens_generated": 0}
+        return self._engine.stats()
+
+    def _require_engine(self) -> Engine:
+        if self._engine is None:
+            raise Unavailable(f"model '{self.context.model_name}' is not loaded")
+        return self._engine
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, prompt: str | list[int], params: GenerateParams) -> AsyncIterator[GenerateChunk]:
+        """Stream chunks; the last one has finish_reason and the usage counts.
+
+        A full queue raises Unavailable here already; errors found by the engine (prompt too
+        long: InvalidArgument) surface at the first `__anext__`, before any chunk. Closing the
+        iterator (`aclose()`, or cancelling the task awaiting it) cancels the sequence.
+        """
+        engine = self._require_engine()
+        engine.check_capacity()
+        return self._stream(engine, prompt, params)
+
+    async def _stream(
+        self, engine: Engine, prompt: str | list[int], params: GenerateParams
+    ) -> AsyncIterator[GenerateChunk]:
+        _check_params(params)
+        queue: asyncio.Queue[GenerateChunk | EdgedError] = asyncio.Queue()
+        request = engine.submit(prompt, params, _emitter(asyncio.get_running_loop(), queue.put_nowait))
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, EdgedError):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            # No-op after the last chunk; otherwise the engine drops the sequence next step.
+            request.cancel()
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        engine = self._require_engine()
+        pairs = message_pairs(messages)
+        if engine.chat_template is None:
+            return chatml(messages)
+        return apply_chat_template(engine.chat_template, pairs)
+
+    async def embed(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
+        """L2-normalised pooled embeddings (what OpenAI and llama-server return) + token count."""
+        engine = self._require_engine()
+        if not engine.settings.embedding:
+            raise Unsupported(
+                f"model '{self.context.model_name}' is a text generation model; load it with "
+                "parameters embedding=true to serve embeddings"
+            )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[list[list[float]], int]] = loop.create_future()
+
+        def settle(result: tuple[list[list[float]], int] | EdgedError) -> None:
+            if future.done():
+                return
+            if isinstance(result, EdgedError):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+        job = engine.submit_embed(list(texts), _emitter(loop, settle))
+        try:
+            return await future
+        finally:
+            job.cancel()
+
+
+def _check_params(params: GenerateParams) -> None:
+    if params.max_tokens < 1:
+        raise InvalidArgument(f"max_tokens must be >= 1, got {params.max_tokens}")
+    if params.repeat_penalty <= 0:
+        raise InvalidArgument(f"repeat_penalty must be > 0, got {params.repeat_penalty}")
+    if not 0.0 <= params.top_p <= 1.0:
+        raise InvalidArgument(f"top_p must be in [0, 1], got {params.top_p}")
+    if not 0.0 <= params.min_p <= 1.0:
+        raise InvalidArgument(f"min_p must be in [0, 1], got {params.min_p}")
+
+
+def _emitter(loop: asyncio.AbstractEventLoop, deliver: Callable[[T], None]) -> Callable[[T], None]:
+    """A callback the engine thread may call: runs `deliver` on the event loop's thread."""
+
+    def emit(item: T) -> None:
+        # The loop may be gone (daemon shutting down): nobody is waiting for the item then.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(deliver, item)
+
+    return emit

@@ -1,0 +1,718 @@
+"""The llama.cpp engine: one thread owns the model and context and runs continuous batching.
+
+Every step builds one `llama_batch` holding the next token of each generating sequence plus
+prompt chunks of newly admitted sequences, runs one `llama_decode`, then samples each
+sequence that produced logits with its own sampler chain. Requests join between steps and a
+finished sequence frees its slot (its KV cells) at once, so the batch never waits for the
+slowest request (the idea of llama.cpp's llama-server and vLLM's scheduler; written here
+against the low-level llama.h API that llama-cpp-python exposes through ctypes).
+
+Threading: every llama_* call that touches the model, vocabulary or context runs on the
+engine thread — loading, tokenizing, decoding, sampling, freeing. The asyncio side only
+enqueues work and receives results through `emit` callbacks, which the backend turns into
+`loop.call_soon_threadsafe` pushes into a per-request asyncio.Queue. The one exception is
+`apply_chat_template`, a pure string function of llama.cpp that reads no model state.
+
+Memory layout: the context has `n_seq_max = n_parallel` sequences, one per slot, with
+llama.cpp's non-unified KV cache (`kv_unified = false`): each slot gets its own stream of
+`n_ctx / n_parallel` cells (llama-server's classic `-c` semantics). Per-slot streams make a
+sequence's arithmetic independent of what else is in the batch, so greedy output with 8
+concurrent requests equals the output of each alone (the tests check this exactly).
+llama.cpp splits a batch over non-unified streams into ubatches of *consecutive* seq ids, so
+the batch lists slots in ascending order and new requests take the lowest free slot.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import llama_cpp.llama_cpp as llama
+import numpy as np
+
+from daemon.backend import GenerateChunk, GenerateParams
+from daemon.errors import BackendError, EdgedError, InvalidArgument, Unavailable, Unsupported
+
+from .text import PieceDecoder, StopMatcher
+
+log = logging.getLogger(__name__)
+
+# llama.cpp's context per slot when n_ctx is not set: the trained context, capped so a model
+# trained on 128k tokens does not allocate a huge KV cache by default.
+DEFAULT_CTX_PER_SLOT = 4096
+# Tokens of history the repeat penalty looks at (llama.cpp's default penalty_last_n).
+PENALTY_LAST_N = 64
+# ggml log levels (ggml.h): forward warnings and errors to Python logging, drop the rest.
+_GGML_LOG_WARN, _GGML_LOG_ERROR = 3, 4
+
+Emit = Callable[[GenerateChunk | EdgedError], None]
+EmbedDone = Callable[[tuple[list[list[float]], int] | EdgedError], None]
+
+POOLING = {
+    "": llama.LLAMA_POOLING_TYPE_UNSPECIFIED,
+    "mean": llama.LLAMA_POOLING_TYPE_MEAN,
+    "cls": llama.LLAMA_POOLING_TYPE_CLS,
+    "last": llama.LLAMA_POOLING_TYPE_LAST,
+}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    model_name: str
+    model_path: Path
+    # Total KV cache tokens, split evenly across the slots; 0 = per-slot default x n_parallel.
+    n_ctx: int
+    n_parallel: int
+    n_batch: int
+    n_threads: int
+    n_gpu_layers: int
+    main_gpu: int
+    embedding: bool
+    pooling: str
+    max_queue: int
+    chat_template: str
+
+
+class Request:
+    """One generation request; `cancel` may be called from any thread."""
+
+    def __init__(self, engine: Engine, prompt: str | list[int], params: GenerateParams, emit: Emit):
+        self.prompt = prompt
+        self.params = params
+        self.emit = emit
+        self.cancelled = False
+        self._engine = engine
+
+    def cancel(self) -> None:
+        # A plain attribute write is atomic; the engine reads it between steps.
+        self.cancelled = True
+        self._engine.wake()
+
+
+class EmbedJob:
+    def __init__(self, engine: Engine, texts: list[str], done: EmbedDone):
+        self.texts = texts
+        self.done = done
+        self.cancelled = False
+        self._engine = engine
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._engine.wake()
+
+
+@dataclass(eq=False)
+class _Sequence:
+    """Engine-thread state of one admitted request, bound to one slot (= seq_id)."""
+
+    request: Request
+    prompt: list[int]
+    slot: int
+    sampler: Any
+    n_past: int = 0  # tokens of this sequence in the KV cache
+    next_token: int = -1  # sampled but not yet decoded; -1 while the prompt is prefilling
+    generated: int = 0
+    ids: list[int] = field(default_factory=list)  # sampled since the last emitted chunk
+    decoder: PieceDecoder = field(default_factory=PieceDecoder)
+    stops: StopMatcher = field(default_factory=lambda: StopMatcher(()))
+
+
+class Engine:
+    """Owns one llama.cpp model + context on a dedicated thread; see the module docstring."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.name = settings.model_name
+        # Resolved by the engine thread before `ready` completes.
+        self.ready: Future[None] = Future()
+        self.n_ctx_seq = 0
+        self.n_vocab = 0
+        self.n_embd = 0
+        self.chat_template: str | None = None
+
+        self._cond = threading.Condition()
+        self._inbox: deque[Request | EmbedJob] = deque()
+        self._pending = 0  # submitted but not yet admitted to a slot (guarded by _cond)
+        self._stopping = False
+        self._tokens_generated = 0  # sampled tokens since load, every sequence together
+
+        # Engine-thread state.
+        self._model: Any = None
+        self._ctx: Any = None
+        self._vocab: Any = None
+        self._memory: Any = None
+        self._batch: Any = None
+        self._n_batch = 0
+        self._slots: list[_Sequence | None] = [None] * settings.n_parallel
+        self._waiting: deque[tuple[Request, list[int]]] = deque()
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+        self._thread = threading.Thread(
+            target=self._run, name=f"llamacpp-{settings.model_name}", daemon=True
+        )
+        self._thread.start()
+
+    # ------------------------------------------------------------------ any thread
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def check_capacity(self) -> None:
+        with self._cond:
+            self._check_capacity_locked()
+
+    def submit(self, prompt: str | list[int], params: GenerateParams, emit: Emit) -> Request:
+        request = Request(self, prompt, params, emit)
+        self._enqueue(request)
+        return request
+
+    def submit_embed(self, texts: list[str], done: EmbedDone) -> EmbedJob:
+        job = EmbedJob(self, texts, done)
+        self._enqueue(job)
+        return job
+
+    def stats(self) -> dict[str, int]:
+        """Slots and queue, for metrics and tests (a racy but harmless read of engine state)."""
+        busy = sum(1 for seq in self._slots if seq is not None)
+        return {
+            "slots": self.settings.n_parallel,
+            "busy": busy,
+            "queued": self._pending,
+            "tokens_generated": self._tokens_generated,
+        }
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Finish in-flight sequences as cancelled, fail queued ones, free llama.cpp objects."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.error("llama.cpp engine of model '%s' did not stop within %.0f s", self.name, timeout)
+
+    def _enqueue(self, item: Request | EmbedJob) -> None:
+        with self._cond:
+            self._check_capacity_locked()
+            self._pending += 1
+            self._inbox.append(item)
+            self._cond.notify()
+
+    def _check_capacity_locked(self) -> None:
+        if self._stopping:
+            raise Unavailable(f"model '{self.name}' is unloading")
+        if self._pending >= self.settings.max_queue:
+            kind = "embedding" if self.settings.embedding else "generation"
+            raise Unavailable(
+                f"{kind} queue for model '{self.name}' is full "
+                f"({self.settings.max_queue} requests waiting)"
+            )
+
+    def _release_pending(self, count: int = 1) -> None:
+        with self._cond:
+            self._pending -= count
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _run(self) -> None:
+        try:
+            self._load()
+        except BaseException as exc:
+            self._free()
+            error = exc if isinstance(exc, EdgedError) else BackendError(
+                f"llama.cpp failed to load model '{self.name}': {type(exc).__name__}: {exc}"
+            )
+            self.ready.set_exception(error)
+            return
+        self.ready.set_result(None)
+        try:
+            self._loop()
+        except BaseException as exc:  # a bug or a fatal llama.cpp error: fail loudly, not hang
+            log.exception("llama.cpp engine of model '%s' crashed", self.name)
+            self._fail_all(BackendError(f"llama.cpp engine of model '{self.name}' failed: {exc}"))
+        finally:
+            self._shutdown()
+
+    def _load(self) -> None:
+        s = self.settings
+        _install_log_callback()
+        llama.llama_backend_init()
+        model_params = llama.llama_model_default_params()
+        model_params.n_gpu_layers = s.n_gpu_layers
+        if s.n_gpu_layers != 0:
+            model_params.split_mode = llama.LLAMA_SPLIT_MODE_NONE
+            model_params.main_gpu = s.main_gpu
+        self._model = llama.llama_model_load_from_file(str(s.model_path).encode(), model_params)
+        if not self._model:
+            raise BackendError(
+                f"llama.cpp could not load model '{self.name}' from {s.model_path} "
+                "(the daemon log has llama.cpp's reason)"
+            )
+        self._vocab = llama.llama_model_get_vocab(self._model)
+        self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
+        self.n_embd = llama.llama_model_n_embd_out(self._model)
+        self._ctx = self._new_context(s.pooling)
+        if s.embedding and llama.llama_pooling_type(self._ctx) == llama.LLAMA_POOLING_TYPE_NONE:
+            # The GGUF names no pooling (a generative model used for embeddings): average
+            # the token states, the usual choice for such models.
+            llama.llama_free(self._ctx)
+            self._ctx = None
+            self._ctx = self._new_context("mean")
+        if s.embedding and llama.llama_pooling_type(self._ctx) == llama.LLAMA_POOLING_TYPE_RANK:
+            raise Unsupported(f"model '{self.name}' is a reranker (rank pooling); /v1/embeddings cannot serve it")
+        self._memory = llama.llama_get_memory(self._ctx)
+        self._n_batch = llama.llama_n_batch(self._ctx)
+        # With kv_unified a sequence may use the whole cache; llama_n_ctx_seq says so too.
+        self.n_ctx_seq = llama.llama_n_ctx_seq(self._ctx)
+        self._batch = llama.llama_batch_init(self._n_batch, 0, 1)
+        self.chat_template = self._resolve_chat_template()
+        log.info(
+            "llama.cpp model '%s': %d slots x %d tokens of context, batch %d, %d threads%s",
+            self.name, s.n_parallel, self.n_ctx_seq, self._n_batch, s.n_threads,
+            ", embeddings" if s.embedding else "",
+        )
+
+    def _new_context(self, pooling: str) -> Any:
+        s = self.settings
+        params = llama.llama_context_default_params()
+        per_slot = min(llama.llama_model_n_ctx_train(self._model) or DEFAULT_CTX_PER_SLOT, DEFAULT_CTX_PER_SLOT)
+        params.n_seq_max = s.n_parallel
+        params.n_batch = s.n_batch
+        # One ubatch per batch: keeps a pooled embedding in one piece and costs nothing for
+        # generation (llama.cpp still splits per stream internally).
+        params.n_ubatch = s.n_batch
+        params.n_threads = s.n_threads
+        params.n_threads_batch = s.n_threads
+        params.no_perf = True
+        if s.embedding:
+            # One stream that all texts of a batch share, cleared after every batch: llama.cpp
+            # pools per ubatch, and a unified cache never splits a sequence across ubatches.
+            params.embeddings = True
+            params.kv_unified = True
+            params.n_ctx = s.n_batch
+            params.pooling_type = POOLING[pooling]
+        else:
+            params.kv_unified = False
+            params.n_ctx = s.n_ctx or per_slot * s.n_parallel
+        ctx = llama.llama_init_from_model(self._model, params)
+        if not ctx:
+            raise BackendError(
+                f"llama.cpp could not create a context for model '{self.name}' "
+                f"(n_ctx={params.n_ctx}, n_parallel={s.n_parallel}, n_batch={s.n_batch}; "
+                "the daemon log has llama.cpp's reason)"
+            )
+        return ctx
+
+    def _resolve_chat_template(self) -> str | None:
+        template = self.settings.chat_template
+        if not template:
+            raw = llama.llama_model_chat_template(self._model, None)
+            template = raw.decode("utf-8", errors="replace") if raw else ""
+        if not template:
+            return None
+        try:
+            apply_chat_template(template, [("user", "hi")])
+        except Unsupported:
+            log.warning(
+                "model '%s': llama.cpp does not recognise its chat template; using ChatML", self.name
+            )
+            return None
+        return template
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stopping or self._inbox or self._waiting or any(self._slots)):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                arrivals = list(self._inbox)
+                self._inbox.clear()
+            for item in arrivals:
+                if isinstance(item, EmbedJob):
+                    self._release_pending()
+                    self._embed(item)
+                else:
+                    self._intake(item)
+            self._drop_cancelled()
+            self._admit()
+            if any(self._slots):
+                self._step()
+
+    # --------------------------------------------------------------- generation
+
+    def _intake(self, request: Request) -> None:
+        """Tokenize and validate a new request; it then waits for a free slot."""
+        if request.cancelled:
+            self._release_pending()
+            return
+        try:
+            if self.settings.embedding:
+                raise Unsupported(
+                    f"model '{self.name}' is loaded as an embedding model (embedding=true); "
+                    "it does not generate text"
+                )
+            tokens = self._prompt_tokens(request.prompt)
+        except EdgedError as exc:
+            self._release_pending()
+            request.emit(exc)
+            return
+        self._waiting.append((request, tokens))
+
+    def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            tokens = self._tokenize(prompt)
+        else:
+            tokens = list(prompt)
+            bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
+            if bad is not None:
+                raise InvalidArgument(
+                    f"prompt token id {bad} is out of range for model '{self.name}' "
+                    f"(vocabulary of {self.n_vocab} tokens)"
+                )
+        if not tokens:
+            raise InvalidArgument("prompt is empty")
+        if len(tokens) >= self.n_ctx_seq:
+            raise InvalidArgument(
+                f"prompt is {len(tokens)} tokens but model '{self.name}' has a context of "
+                f"{self.n_ctx_seq} tokens per sequence; shorten the prompt or raise n_ctx"
+            )
+        return tokens
+
+    def _drop_cancelled(self) -> None:
+        for seq in self._slots:
+            if seq is not None and seq.request.cancelled:
+                self._free_sequence(seq)
+        if any(request.cancelled for request, _ in self._waiting):
+            kept = deque(item for item in self._waiting if not item[0].cancelled)
+            self._release_pending(len(self._waiting) - len(kept))
+            self._waiting = kept
+
+    def _admit(self) -> None:
+        while self._waiting:
+            slot = next((i for i, seq in enumerate(self._slots) if seq is None), None)
+            if slot is None:
+                return
+            request, tokens = self._waiting.popleft()
+            self._release_pending()
+            sampler = self._make_sampler(request.params, tokens)
+            self._slots[slot] = _Sequence(
+                request, tokens, slot, sampler, stops=StopMatcher(request.params.stop)
+            )
+
+    def _make_sampler(self, params: GenerateParams, prompt: Sequence[int]) -> Any:
+        chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+        if params.repeat_penalty != 1.0:
+            llama.llama_sampler_chain_add(
+                chain,
+                llama.llama_sampler_init_penalties(
+                    self.n_vocab, PENALTY_LAST_N, params.repeat_penalty, 0.0, 0.0
+                ),
+            )
+            # The penalty also looks at the end of the prompt, as in llama.cpp's tools.
+            for token in prompt[-PENALTY_LAST_N:]:
+                llama.llama_sampler_accept(chain, token)
+        if params.greedy or params.temperature <= 0:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
+            return chain
+        if params.top_k > 0:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(params.top_k))
+        if 0.0 < params.top_p < 1.0:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0.0:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_min_p(params.min_p, 1))
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(params.temperature))
+        seed = llama.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_dist(seed))
+        return chain
+
+    def _step(self) -> None:
+        """One llama_decode over every active sequence, then sample those that need it."""
+        batch = self._batch
+        n_tokens = 0
+        outputs: list[tuple[_Sequence, int]] = []
+        decoding = sum(1 for seq in self._slots if seq is not None and seq.next_token >= 0)
+        prefill_budget = self._n_batch - decoding
+
+        def add(token: int, pos: int, slot: int, output: bool) -> None:
+            nonlocal n_tokens
+            batch.token[n_tokens] = token
+            batch.pos[n_tokens] = pos
+            batch.n_seq_id[n_tokens] = 1
+            batch.seq_id[n_tokens][0] = slot
+            batch.logits[n_tokens] = output
+            n_tokens += 1
+
+        # Ascending slot order: llama.cpp batches consecutive seq ids into one ubatch.
+        for seq in self._slots:
+            if seq is None:
+                continue
+            if seq.next_token >= 0:
+                outputs.append((seq, n_tokens))
+                add(seq.next_token, seq.n_past, seq.slot, True)
+                seq.n_past += 1
+            elif prefill_budget > 0:
+                chunk = seq.prompt[seq.n_past : seq.n_past + prefill_budget]
+                prefill_budget -= len(chunk)
+                for token in chunk:
+                    last = seq.n_past == len(seq.prompt) - 1
+                    if last:
+                        outputs.append((seq, n_tokens))
+                    add(token, seq.n_past, seq.slot, last)
+                    seq.n_past += 1
+        batch.n_tokens = n_tokens
+        status = llama.llama_decode(self._ctx, batch)
+        if status != 0:
+            # Not expected (each slot has its own cells and prompts are checked against
+            # them): fail every active sequence rather than guess which KV state survived.
+            error = BackendError(f"llama_decode failed for model '{self.name}' (status {status})")
+            log.error("%s", error.message)
+            self._fail_all(error)
+            return
+        for seq, index in outputs:
+            token = llama.llama_sampler_sample(seq.sampler, self._ctx, index)
+            self._accept(seq, token)
+
+    def _accept(self, seq: _Sequence, token: int) -> None:
+        self._tokens_generated += 1
+        seq.generated += 1
+        seq.ids.append(token)
+        if llama.llama_vocab_is_eog(self._vocab, token):
+            self._finish(seq, "stop", "", flush=True)
+            return
+        text, stopped = seq.stops.feed(seq.decoder.decode(self._piece(token)))
+        if stopped:
+            self._finish(seq, "stop", text, flush=False)
+            return
+        # The next step would decode this token at position n_past: is there room for it?
+        if seq.generated >= seq.request.params.max_tokens or seq.n_past >= self.n_ctx_seq:
+            self._finish(seq, "length", text, flush=True)
+            return
+        seq.next_token = token
+        if text:
+            seq.request.emit(GenerateChunk(text=text, token_ids=seq.ids))
+            seq.ids = []
+
+    def _finish(self, seq: _Sequence, reason: Literal["stop", "length"], text: str, *, flush: bool) -> None:
+        if flush:
+            # The stream ends without a stop string: release what was held back (an
+            # incomplete UTF-8 tail becomes U+FFFD, a partial stop match is plain text).
+            tail, stopped = seq.stops.feed(seq.decoder.flush())
+            text += tail if stopped else tail + seq.stops.flush()
+        # Free first: once a client has its last chunk, its slot is already reusable.
+        self._free_sequence(seq)
+        seq.request.emit(
+            GenerateChunk(
+                text=text,
+                token_ids=seq.ids,
+                finish_reason=reason,
+                prompt_tokens=len(seq.prompt),
+                completion_tokens=seq.generated,
+            )
+        )
+
+    def _free_sequence(self, seq: _Sequence) -> None:
+        llama.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
+        llama.llama_sampler_free(seq.sampler)
+        self._slots[seq.slot] = None
+
+    # --------------------------------------------------------------- embeddings
+
+    def _embed(self, job: EmbedJob) -> None:
+        if job.cancelled:
+            return
+        try:
+            job.done(self._embed_texts(job.texts))
+        except EdgedError as exc:
+            job.done(exc)
+
+    def _embed_texts(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        if not self.settings.embedding:
+            raise Unsupported(
+                f"model '{self.name}' is not loaded as an embedding model; "
+                "set parameters embedding=true in its config"
+            )
+        limit = min(self._n_batch, self.n_ctx_seq)
+        tokenized = []
+        for index, text in enumerate(texts):
+            tokens = self._tokenize(text)
+            if len(tokens) > limit:
+                raise InvalidArgument(
+                    f"input[{index}] is {len(tokens)} tokens but model '{self.name}' embeds at "
+                    f"most {limit} tokens per input (n_batch)"
+                )
+            tokenized.append(tokens)
+        vectors: list[list[float]] = []
+        start = 0
+        while start < len(tokenized):
+            end, used = start, 0
+            # Pack whole texts into one batch, one sequence each.
+            while (
+                end < len(tokenized)
+                and end - start < self.settings.n_parallel
+                and used + len(tokenized[end]) <= self._n_batch
+            ):
+                used += len(tokenized[end])
+                end += 1
+            vectors.extend(self._embed_batch(tokenized[start:end]))
+            start = end
+        return vectors, sum(len(t) for t in tokenized)
+
+    def _embed_batch(self, group: list[list[int]]) -> list[list[float]]:
+        batch = self._batch
+        n = 0
+        for seq_id, tokens in enumerate(group):
+            for pos, token in enumerate(tokens):
+                batch.token[n] = token
+                batch.pos[n] = pos
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = seq_id
+                batch.logits[n] = True
+                n += 1
+        batch.n_tokens = n
+        encoder_only = llama.llama_model_has_encoder(self._model) and not llama.llama_model_has_decoder(self._model)
+        try:
+            status = (llama.llama_encode if encoder_only else llama.llama_decode)(self._ctx, batch)
+            if status != 0:
+                raise BackendError(f"llama.cpp failed to embed for model '{self.name}' (status {status})")
+            vectors = []
+            for seq_id in range(len(group)):
+                pointer = llama.llama_get_embeddings_seq(self._ctx, seq_id)
+                if not pointer:
+                    raise BackendError(f"llama.cpp returned no pooled embedding for model '{self.name}'")
+                vector = np.ctypeslib.as_array(pointer, shape=(self.n_embd,)).astype(np.float64)
+                # L2-normalised, as OpenAI's embeddings and llama-server's default are.
+                norm = float(np.linalg.norm(vector))
+                vectors.append((vector / norm if norm > 0 else vector).tolist())
+            return vectors
+        finally:
+            if self._memory:
+                llama.llama_memory_clear(self._memory, True)
+
+    # --------------------------------------------------------------- text
+
+    def _tokenize(self, text: str) -> list[int]:
+        data = text.encode("utf-8", errors="replace")
+        capacity = len(data) + 8
+        buffer = (llama.llama_token * capacity)()
+        count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, True, True)
+        if count < 0 and count != -(2**31):
+            capacity = -count
+            buffer = (llama.llama_token * capacity)()
+            count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, True, True)
+        if count < 0:
+            raise InvalidArgument(f"prompt of {len(data)} bytes is too long to tokenize")
+        return list(buffer[:count])
+
+    def _piece(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            buffer = self._piece_buf
+            size = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
+            if size < 0:
+                buffer = ctypes.create_string_buffer(-size)
+                size = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
+            piece = buffer.raw[:size]
+            self._pieces[token] = piece
+        return piece
+
+    # --------------------------------------------------------------- teardown
+
+    def _fail_all(self, error: EdgedError) -> None:
+        for seq in self._slots:
+            if seq is not None:
+                self._free_sequence(seq)
+                seq.request.emit(error)
+
+    def _shutdown(self) -> None:
+        for seq in self._slots:
+            if seq is not None:
+                tail = seq.stops.flush()
+                seq.request.emit(
+                    GenerateChunk(
+                        text=tail, token_ids=seq.ids, finish_reason="cancelled",
+                        prompt_tokens=len(seq.prompt), completion_tokens=seq.generated,
+                    )
+                )
+                self._free_sequence(seq)
+        with self._cond:
+            self._stopping = True
+            leftovers: list[Request | EmbedJob] = [request for request, _ in self._waiting]
+            leftovers.extend(self._inbox)
+            self._inbox.clear()
+            self._waiting.clear()
+            self._pending = 0
+        gone = Unavailable(f"model '{self.name}' was unloaded before the request started")
+        for item in leftovers:
+            if isinstance(item, EmbedJob):
+                item.done(gone)
+            else:
+                item.emit(gone)
+        self._free()
+
+    def _free(self) -> None:
+        if self._batch is not None:
+            llama.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            llama.llama_free(self._ctx)
+        self._ctx = None
+        if self._model:
+            llama.llama_model_free(self._model)
+        self._model = None
+
+
+def apply_chat_template(template: str, messages: Sequence[tuple[str, str]]) -> str:
+    """Render (role, content) pairs with one of llama.cpp's built-in templates.
+
+    llama.cpp matches the template text (or a name such as "chatml") against the formats it
+    knows; it does not run Jinja. Raises Unsupported when it recognises none.
+    """
+    encoded = [(role.encode("utf-8"), content.encode("utf-8")) for role, content in messages]
+    array = (llama.llama_chat_message * max(1, len(encoded)))()
+    for i, (role, content) in enumerate(encoded):
+        array[i].role = role
+        array[i].content = content
+    size = 2 * sum(len(r) + len(c) for r, c in encoded) + 256
+    for _ in range(2):
+        buffer = ctypes.create_string_buffer(size)
+        needed = llama.llama_chat_apply_template(
+            template.encode("utf-8"), array, len(encoded), True, buffer, size
+        )
+        if needed < 0:
+            raise Unsupported(f"llama.cpp does not support the chat template {template[:60]!r}")
+        if needed <= size:
+            return buffer.raw[:needed].decode("utf-8", errors="replace")
+        size = needed
+    raise BackendError("llama_chat_apply_template kept growing its output")
+
+
+def _install_log_callback() -> None:
+    """Route llama.cpp's warnings and errors into Python logging, once per process.
+
+    llama-cpp-python prints every llama.cpp log line to stderr by default. The callback must
+    outlive every model (llama.cpp keeps the raw pointer), and this plugin's modules can be
+    reloaded, so it is pinned on the llama_cpp module itself rather than on ours.
+    """
+    if getattr(llama, "_edged_log_callback", None) is not None:
+        return
+    runtime_log = logging.getLogger("edged_backends.llamacpp.runtime")
+
+    @llama.llama_log_callback
+    def callback(level: int, text: bytes | None, user_data: ctypes.c_void_p) -> None:
+        if text and level in (_GGML_LOG_WARN, _GGML_LOG_ERROR):
+            runtime_log.log(
+                logging.WARNING if level == _GGML_LOG_WARN else logging.ERROR,
+                "%s", text.decode("utf-8", errors="replace").rstrip(),
+            )
+
+    llama._edged_log_callback = callback  # type: ignore[attr-defined]
+    llama.llama_log_set(callback, ctypes.c_void_p(0))

@@ -1,0 +1,92 @@
+"""Pure-Python text handling for the engine: UTF-8 piece decoding, stop strings, ChatML.
+
+Nothing here touches llama.cpp, so it is unit-testable on its own.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Mapping, Sequence
+
+from daemon.errors import InvalidArgument
+
+
+class PieceDecoder:
+    """Token pieces (bytes) in, complete characters out.
+
+    A byte-fallback tokenizer emits one UTF-8 byte per token for characters it has no
+    piece for, so a single character can arrive split over several tokens. The
+    incremental decoder keeps the incomplete tail until the rest arrives; invalid bytes
+    become U+FFFD instead of failing the whole stream.
+    """
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def decode(self, piece: bytes) -> str:
+        return self._decoder.decode(piece)
+
+    def flush(self) -> str:
+        """End of stream: an incomplete trailing sequence becomes U+FFFD."""
+        return self._decoder.decode(b"", final=True)
+
+
+class StopMatcher:
+    """Cut the stream at the first stop string, never emitting any part of it.
+
+    Text that could be the beginning of a stop string is held back until the next piece
+    shows whether it is one; `flush` releases it when the stream ends without a match.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = [s for s in stops if s]
+        self._held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Return (text safe to emit, whether a stop string was hit)."""
+        if not self._stops:
+            return text, False
+        buffer = self._held + text
+        # Emitted text never held a partial match, so a stop can only start in `buffer`.
+        hits = [i for i in (buffer.find(stop) for stop in self._stops) if i >= 0]
+        if hits:
+            self._held = ""
+            return buffer[: min(hits)], True
+        keep = self._partial_suffix(buffer)
+        self._held = buffer[len(buffer) - keep :]
+        return buffer[: len(buffer) - keep], False
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+    def _partial_suffix(self, buffer: str) -> int:
+        """Length of the longest suffix of `buffer` that is a proper prefix of a stop."""
+        longest = 0
+        for stop in self._stops:
+            for length in range(min(len(stop) - 1, len(buffer)), longest, -1):
+                if buffer.endswith(stop[:length]):
+                    longest = length
+                    break
+        return longest
+
+
+def chatml(messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
+    """ChatML, the fallback when a model ships no chat template llama.cpp understands."""
+    parts = [f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in message_pairs(messages)]
+    if add_generation_prompt:
+        parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+def message_pairs(messages: Sequence[Mapping[str, str]]) -> list[tuple[str, str]]:
+    """(role, content) of each OpenAI-style message; the error names the bad message."""
+    pairs = []
+    for index, message in enumerate(messages):
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or not role:
+            raise InvalidArgument(f"messages[{index}]: 'role' must be a non-empty string")
+        if not isinstance(content, str):
+            raise InvalidArgument(f"messages[{index}]: 'content' must be a string")
+        pairs.append((role, content))
+    return pairs

@@ -1,0 +1,266 @@
+"""LLM throughput: our continuous-batching llama.cpp engine vs llama-cpp-python's own server.
+
+    .venv/bin/python bench/llm.py [--model PATH] [--streams 1,4,8] [--max-tokens 128]
+                                  [--threads N] [--skip-daemon] [--skip-server]
+
+For each concurrency it runs that many streams at once (different prompts, greedy,
+`max-tokens` each) and prints aggregate generated tokens/s and mean time to first token for:
+
+- ours, direct:  the llamacpp plugin's backend in-process (engine + asyncio fan-out);
+- ours, daemon:  `python -m daemon serve` over TCP, streaming `/v1/completions` (SSE);
+- llama_cpp.server: `python -m llama_cpp.server` (one request at a time), same endpoint,
+  same client, same model and threads.
+
+Then the ratio ours/theirs per concurrency (target: >= 4x at 8 streams). Without --model it
+writes a random llama GGUF (n_embd 512, 8 layers, f16) to a temp dir. llama_cpp.server needs
+the package's [server] extras (uvicorn, fastapi, sse-starlette, starlette-context,
+pydantic-settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from daemon.backend import GenerateParams, InstanceContext  # noqa: E402
+from daemon.core.plugins import PluginRegistry  # noqa: E402
+from daemon.model_config import ModelConfig  # noqa: E402
+from daemon.testing_gguf import write_tiny_llama  # noqa: E402
+
+PROMPT_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "seven", "wizards", "quietly", "hex"]
+
+
+def prompt(i: int) -> str:
+    words = PROMPT_WORDS[i % len(PROMPT_WORDS) :] + PROMPT_WORDS[: i % len(PROMPT_WORDS)]
+    return f"Story {i}: " + " ".join(words)
+
+
+@dataclass
+class Run:
+    streams: int
+    tokens: int
+    seconds: float
+    ttft: list[float]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def mean_ttft_ms(self) -> float:
+        return 1000 * sum(self.ttft) / len(self.ttft)
+
+
+# --------------------------------------------------------------------------- ours, in-process
+
+
+async def bench_direct(model: Path, streams: list[int], max_tokens: int, threads: int) -> list[Run]:
+    registry = PluginRegistry([ROOT / "backends"])
+    registry.scan()
+    cls = registry.resolve("llamacpp")
+    backend = cls(InstanceContext("bench", 1, threads=threads))
+    parameters = {"n_parallel": str(max(streams)), "n_ctx": str(max(streams) * 512)}
+    await backend.load(ModelConfig(name="bench", parameters=parameters), model, "CPU")
+    params = GenerateParams(greedy=True, max_tokens=max_tokens)
+    runs = []
+    try:
+        assert hasattr(backend, "generate")
+        await one_direct(backend, 0, GenerateParams(greedy=True, max_tokens=4))  # warm-up
+        for n in streams:
+            start = time.perf_counter()
+            results = await asyncio.gather(*(one_direct(backend, i, params, start) for i in range(n)))
+            seconds = time.perf_counter() - start
+            runs.append(Run(n, sum(r[0] for r in results), seconds, [r[1] for r in results]))
+    finally:
+        await backend.unload()
+    return runs
+
+
+async def one_direct(backend: object, i: int, params: GenerateParams, start: float = 0.0) -> tuple[int, float]:
+    ttft = 0.0
+    tokens = 0
+    async for chunk in backend.generate(prompt(i), params):  # type: ignore[attr-defined]
+        if not ttft:
+            ttft = time.perf_counter() - (start or time.perf_counter())
+        tokens = chunk.completion_tokens or tokens
+    return tokens, ttft
+
+
+# --------------------------------------------------------------------------- over HTTP
+
+
+def stream_completion(port: int, model: str, i: int, max_tokens: int, start: float) -> tuple[int, float]:
+    """One streaming /v1/completions; returns (text chunks received, time to the first)."""
+    body = json.dumps(
+        {"model": model, "prompt": prompt(i), "max_tokens": max_tokens, "temperature": 0.0, "stream": True}
+    )
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"HTTP {response.status}: {response.read()[:300]!r}")
+    tokens, ttft = 0, 0.0
+    for raw in response:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        choices = json.loads(data).get("choices") or []
+        if choices and choices[0].get("text"):
+            # Both servers send one event per generated token here (ASCII vocabulary).
+            tokens += 1
+            if not ttft:
+                ttft = time.perf_counter() - start
+    conn.close()
+    return tokens, ttft
+
+
+def bench_http(port: int, model: str, streams: list[int], max_tokens: int) -> list[Run]:
+    stream_completion(port, model, 0, 4, time.perf_counter())  # warm-up
+    runs = []
+    for n in streams:
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            start = time.perf_counter()
+            futures = [pool.submit(stream_completion, port, model, i, max_tokens, start) for i in range(n)]
+            results = [f.result() for f in futures]
+        seconds = time.perf_counter() - start
+        runs.append(Run(n, sum(r[0] for r in results), seconds, [r[1] for r in results]))
+    return runs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(port: int, proc: subprocess.Popen[bytes], path: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", path)
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server on port {port} not ready after {timeout}s")
+
+
+def with_server(args: list[str], port: int, ready_path: str, log: Path, body: Callable[[], list[Run]]) -> list[Run]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_http(port, proc, ready_path)
+        return body()
+    except Exception:
+        print(f"--- {log} ---\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
+        raise
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def bench_daemon(model: Path, work: Path, streams: list[int], max_tokens: int, threads: int) -> list[Run]:
+    repo = work / "repo"
+    (repo / "llm" / "1").mkdir(parents=True, exist_ok=True)
+    target = repo / "llm" / "1" / "model.gguf"
+    if not target.exists():
+        target.symlink_to(model.resolve())
+    (repo / "llm" / "model.toml").write_text(
+        'backend = "llamacpp"\n[parameters]\n'
+        f'n_parallel = "{max(streams)}"\nn_ctx = "{max(streams) * 512}"\nn_threads = "{threads}"\n'
+    )
+    port = free_port()
+    args = [
+        sys.executable, "-m", "daemon", "serve", "--socket", "none", "--http", f"127.0.0.1:{port}",
+        "--model-repository", str(repo), "--state-dir", str(work / "state"), "--log-level", "warning",
+    ]
+    return with_server(
+        args, port, "/v2/models/llm/ready", work / "daemon.log",
+        lambda: bench_http(port, "llm", streams, max_tokens),
+    )
+
+
+def bench_llama_cpp_server(model: Path, work: Path, streams: list[int], max_tokens: int, threads: int) -> list[Run]:
+    port = free_port()
+    args = [
+        sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
+        "--port", str(port), "--n_ctx", "2048", "--n_threads", str(threads),
+        "--n_threads_batch", str(threads), "--verbose", "False",
+    ]
+    return with_server(
+        args, port, "/v1/models", work / "llama_cpp_server.log",
+        lambda: bench_http(port, str(model), streams, max_tokens),
+    )
+
+
+# --------------------------------------------------------------------------- main
+
+
+def report(name: str, runs: list[Run]) -> None:
+    for r in runs:
+        print(
+            f"{name:<18} streams={r.streams:<2} tokens={r.tokens:<5} {r.seconds:7.2f} s "
+            f"{r.tokens_per_s:8.1f} tok/s  ttft {r.mean_ttft_ms:8.1f} ms"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, help="GGUF to use (default: a random 512x8 llama)")
+    parser.add_argument("--streams", default="1,4,8")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--skip-daemon", action="store_true")
+    parser.add_argument("--skip-server", action="store_true")
+    args = parser.parse_args()
+    streams = [int(s) for s in args.streams.split(",")]
+
+    with tempfile.TemporaryDirectory(prefix="edged-bench-llm-") as tmp:
+        work = Path(tmp)
+        model = args.model or write_tiny_llama(
+            work / "bench.gguf", n_embd=512, n_layer=8, n_head=8, n_ff=1536, n_ctx=2048, dtype="f16"
+        )
+        print(f"model {model} ({model.stat().st_size / 2**20:.1f} MiB), {args.threads} threads, "
+              f"{args.max_tokens} tokens per stream, greedy")
+        results: dict[str, list[Run]] = {}
+        results["ours (direct)"] = asyncio.run(bench_direct(model, streams, args.max_tokens, args.threads))
+        report("ours (direct)", results["ours (direct)"])
+        if not args.skip_daemon:
+            results["ours (daemon)"] = bench_daemon(model, work, streams, args.max_tokens, args.threads)
+            report("ours (daemon)", results["ours (daemon)"])
+        if not args.skip_server:
+            results["llama_cpp.server"] = bench_llama_cpp_server(model, work, streams, args.max_tokens, args.threads)
+            report("llama_cpp.server", results["llama_cpp.server"])
+            theirs = results["llama_cpp.server"]
+            for name in ("ours (direct)", "ours (daemon)"):
+                for ours, base in zip(results.get(name, []), theirs, strict=False):
+                    print(
+                        f"ratio {name:<14} streams={ours.streams:<2} tok/s x{ours.tokens_per_s / base.tokens_per_s:5.2f}"
+                        f"  ttft x{base.mean_ttft_ms / ours.mean_ttft_ms:5.2f} (theirs/ours)"
+                    )
+
+
+if __name__ == "__main__":
+    main()

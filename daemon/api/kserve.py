@@ -1,0 +1,244 @@
+"""KServe v2 (Open Inference Protocol) REST routes with Triton's extensions.
+
+Handlers decode, call the data plane, encode; nothing else.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+
+from daemon import __version__
+from daemon.api.state import Daemon, daemon_of
+from daemon.core.registry import LoadedVersion
+from daemon.errors import InvalidArgument, NotFound, Unavailable
+from daemon.model_config import ModelConfig, config_from_mapping
+
+_json = msgspec.json.Encoder()
+
+EXTENSIONS = [
+    "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "system_shared_memory",
+    "statistics",
+    "binary_tensor_data",
+    "parameters",
+    "generate",
+    "logging",
+]
+
+
+def _json_response(payload: object, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=_json.encode(payload), content_type="application/json")
+
+
+def _empty(status: int) -> web.Response:
+    return web.Response(status=status)
+
+
+def _version(request: web.Request) -> str | None:
+    return request.match_info.get("version")
+
+
+def _check_accepting(daemon: Daemon) -> None:
+    if not daemon.accepting:
+        raise Unavailable("server is shutting down")
+
+
+# ---------------------------------------------------------------------------- health/metadata
+
+
+async def live(request: web.Request) -> web.Response:
+    return _empty(200)
+
+
+async def ready(request: web.Request) -> web.Response:
+    daemon = daemon_of(request)
+    ok = daemon.accepting and daemon.started and daemon.registry.all_ready()
+    return _empty(200 if ok else 400)
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return _json_response({"name": "edged", "version": __version__, "extensions": EXTENSIONS})
+
+
+def _shape(config: ModelConfig, dims: list[int]) -> list[int]:
+    return [-1, *dims] if config.max_batch_size > 0 else list(dims)
+
+
+def model_metadata_payload(daemon: Daemon, model: LoadedVersion) -> dict[str, object]:
+    config = model.config
+    entry = daemon.registry.entry(model.name)
+    versions = sorted(entry.versions) if entry else [model.version]
+    return {
+        "name": model.name,
+        "versions": [str(v) for v in versions],
+        "platform": config.platform or model.backend,
+        "backend": model.backend,
+        "inputs": [
+            {"name": t.name, "datatype": t.data_type, "shape": _shape(config, t.dims)}
+            for t in config.input
+        ],
+        "outputs": [
+            {"name": t.name, "datatype": t.data_type, "shape": _shape(config, t.dims)}
+            for t in config.output
+        ],
+        # Ours: which backend was chosen and why the others were skipped.
+        "selection": model.selection,
+    }
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    daemon = daemon_of(request)
+    model = daemon.registry.get(request.match_info["model"], _version(request))
+    return _json_response(model_metadata_payload(daemon, model))
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    daemon = daemon_of(request)
+    name = request.match_info["model"]
+    if daemon.registry.is_ready(name, _version(request)):
+        return _empty(200)
+    if daemon.registry.entry(name) is None:
+        raise NotFound(f"Request for unknown model: '{name}' is not found")
+    return _json_response({"error": "Model version not ready"}, status=400)
+
+
+async def model_config(request: web.Request) -> web.Response:
+    model = daemon_of(request).registry.get(request.match_info["model"], _version(request))
+    return web.Response(body=_json.encode(model.config), content_type="application/json")
+
+
+# ---------------------------------------------------------------------------- inference
+
+
+async def infer(request: web.Request) -> web.Response:
+    daemon = daemon_of(request)
+    _check_accepting(daemon)
+    name = request.match_info["model"]
+    version = _version(request)
+    model = daemon.registry.get(name, version)
+    header = request.headers.get("Inference-Header-Content-Length")
+    try:
+        header_length = int(header) if header is not None else None
+    except ValueError:
+        raise InvalidArgument(
+            f"Inference-Header-Content-Length must be an integer, got {header!r}"
+        ) from None
+    body = await request.read()
+    single = model.config.input[0] if len(model.config.input) == 1 else None
+    decoded = daemon.codec.decode_infer_request(
+        body, header_length, single_input=single, max_batch_size=model.config.max_batch_size
+    )
+    response = await daemon.registry.infer(name, version, decoded.request)
+    payload, json_length = daemon.codec.encode_infer_response(
+        name, str(model.version), decoded, response, model.config
+    )
+    headers = {}
+    if json_length is not None:
+        headers["Inference-Header-Content-Length"] = str(json_length)
+        content_type = "application/octet-stream"
+    else:
+        content_type = "application/json"
+    return web.Response(body=payload, headers=headers, content_type=content_type)
+
+
+# ---------------------------------------------------------------------------- statistics
+
+
+async def model_stats(request: web.Request) -> web.Response:
+    daemon = daemon_of(request)
+    name = request.match_info.get("model")
+    version = _version(request)
+    if name is None:
+        models = daemon.registry.loaded()
+    elif version is not None:
+        models = [daemon.registry.get(name, version)]
+    else:
+        entry = daemon.registry.entry(name)
+        if entry is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        models = list(entry.versions.values())
+    return _json_response(
+        {"model_stats": [m.stats.to_triton_json(m.name, str(m.version)) for m in models]}
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = daemon_of(request).metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+# ---------------------------------------------------------------------------- repository
+
+
+class _IndexRequest(msgspec.Struct, forbid_unknown_fields=True):
+    ready: bool = False
+
+
+class _LoadRequest(msgspec.Struct, forbid_unknown_fields=True):
+    parameters: dict[str, object] = {}
+
+
+async def _optional_body(request: web.Request, kind: type[msgspec.Struct]) -> msgspec.Struct:
+    body = await request.read()
+    if not body.strip():
+        return kind()
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.DecodeError as exc:
+        raise InvalidArgument(f"malformed request body: {exc}") from None
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    daemon = daemon_of(request)
+    body = await _optional_body(request, _IndexRequest)
+    assert isinstance(body, _IndexRequest)
+    return _json_response(daemon.repository.index(ready_only=body.ready))
+
+
+async def repository_load(request: web.Request) -> web.Response:
+    daemon = daemon_of(request)
+    _check_accepting(daemon)
+    body = await _optional_body(request, _LoadRequest)
+    assert isinstance(body, _LoadRequest)
+    override: ModelConfig | None = None
+    config_text = body.parameters.get("config")
+    name = request.match_info["model"]
+    if config_text is not None:
+        if not isinstance(config_text, str):
+            raise InvalidArgument("parameters.config must be a JSON string holding the model config")
+        try:
+            raw = msgspec.json.decode(config_text)
+        except msgspec.DecodeError as exc:
+            raise InvalidArgument(f"parameters.config is not valid JSON: {exc}") from None
+        override = config_from_mapping(raw, source="parameters.config")
+    await daemon.repository.load(name, override)
+    return _empty(200)
+
+
+async def repository_unload(request: web.Request) -> web.Response:
+    daemon = daemon_of(request)
+    await daemon.repository.unload(request.match_info["model"])
+    return _empty(200)
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/v2/health/live", live)
+    r.add_get("/v2/health/ready", ready)
+    r.add_get("/v2", server_metadata)
+    r.add_get("/metrics", metrics)
+    r.add_get("/v2/models/stats", model_stats)
+    r.add_post("/v2/repository/index", repository_index)
+    r.add_post("/v2/repository/models/{model}/load", repository_load)
+    r.add_post("/v2/repository/models/{model}/unload", repository_unload)
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        r.add_get(prefix, model_metadata)
+        r.add_get(prefix + "/ready", model_ready)
+        r.add_get(prefix + "/config", model_config)
+        r.add_get(prefix + "/stats", model_stats)
+        r.add_post(prefix + "/infer", infer)

@@ -1,0 +1,604 @@
+"""KServe v2 (Open Inference Protocol) HTTP wire codec, as Triton serves it.
+
+Pure functions over bytes: no aiohttp, no I/O. Covers the JSON request/response bodies and
+Triton's binary tensor data extension:
+
+- A request body is a JSON header optionally followed by raw tensor bytes. The
+  `Inference-Header-Content-Length` HTTP header gives the JSON length; each input whose
+  `parameters.binary_data_size` is set takes that many bytes of the rest, in input order.
+- `Inference-Header-Content-Length: 0` means there is no JSON at all: the whole body is the
+  raw data of the model's only input (shape and datatype come from the model config).
+- Binary data is little-endian, row-major, unpadded; BOOL is one byte 0/1; each BYTES element
+  is a 4-byte little-endian length followed by that many bytes.
+- Responses carry an output as JSON `data` unless the client asked for binary (per output
+  `parameters.binary_data`, defaulting to the request's `parameters.binary_data_output`).
+
+We are a superset of Triton in one respect: FP16 and BF16 travel in JSON too (Triton accepts
+them only as binary). BF16 has no numpy dtype; it lives as uint16 bit patterns.
+
+Every decode error is `InvalidArgument` whose message names the offending field.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from daemon.backend import NUMPY_DTYPES, InferRequest, InferResponse
+from daemon.errors import InvalidArgument, PayloadTooLarge
+from daemon.model_config import ModelConfig, TensorConfig
+
+# Triton's default request size cap.
+DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+
+# Wire byte order is little-endian whatever the host is; on little-endian hosts these are the
+# native dtypes, so np.frombuffer is zero-copy and no byte swap happens.
+_WIRE_DTYPES: Mapping[str, np.dtype[Any]] = MappingProxyType(
+    {name: dt.newbyteorder("<") for name, dt in NUMPY_DTYPES.items() if name != "BYTES"}
+)
+# Reverse of NUMPY_DTYPES for the fixed-size types; uint16 maps to UINT16, not BF16.
+_DATATYPE_OF_DTYPE: Mapping[np.dtype[Any], str] = MappingProxyType(
+    {dt: name for name, dt in NUMPY_DTYPES.items() if name not in ("BF16", "BYTES")}
+)
+_KNOWN_DATATYPES = ", ".join(sorted(NUMPY_DTYPES))
+_INT_DATATYPES = frozenset(
+    {"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"}
+)
+# Request-level parameters that steer the transport or the scheduler; the rest are handed to
+# the backend untouched in InferRequest.parameters.
+_CONSUMED_REQUEST_PARAMETERS = frozenset({"binary_data_output", "priority", "timeout"})
+_U32 = struct.Struct("<I")
+
+# A KServe `$parameter` value.
+Parameter = bool | int | float | str
+
+
+# --------------------------------------------------------------------------- wire structs
+
+
+class RequestInput(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Parameter] | None = None
+    # Flat or nested (row-major) JSON array; absent when the tensor travels as binary.
+    data: Any = None
+
+
+class RequestOutput(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    name: str
+    parameters: dict[str, Parameter] | None = None
+
+
+class InferRequestBody(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    inputs: list[RequestInput]
+    id: str = ""
+    parameters: dict[str, Parameter] | None = None
+    outputs: list[RequestOutput] | None = None
+    # Triton's own protocol examples put these in the body; the URL is what counts, so they
+    # are accepted and ignored rather than rejected as unknown fields.
+    model_name: str = ""
+    model_version: str = ""
+
+
+class ResponseOutput(msgspec.Struct, omit_defaults=True, gc=False):
+    name: str
+    datatype: str
+    shape: list[int]
+    parameters: dict[str, Any] | None = None
+    data: list[Any] | None = None
+
+
+class InferResponseBody(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
+    model_name: str
+    model_version: str
+    id: str = ""
+    parameters: dict[str, Any] | None = None
+    outputs: list[ResponseOutput]
+
+
+class ErrorBody(msgspec.Struct):
+    error: str
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(slots=True)
+class DecodedInfer:
+    """A decoded request plus what the response encoder needs to know about it."""
+
+    request: InferRequest
+    # Explicit per-output `binary_data` flags from the request's `outputs`.
+    binary_outputs: dict[str, bool] = field(default_factory=dict)
+    # The request's `parameters.binary_data_output`: the flag for outputs not listed above.
+    binary_default: bool = False
+
+    def output_is_binary(self, name: str) -> bool:
+        return self.binary_outputs.get(name, self.binary_default)
+
+
+# --------------------------------------------------------------------------- codec
+
+
+def _numpy_enc_hook(obj: Any) -> Any:
+    # Backends may put numpy scalars or arrays into response parameters.
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise NotImplementedError(f"cannot encode {type(obj).__name__} as JSON")
+
+
+class Codec:
+    """Holds the msgspec decoder/encoder, built once per daemon (never per request)."""
+
+    def __init__(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
+        self.max_request_bytes = max_request_bytes
+        self._request_decoder = msgspec.json.Decoder(InferRequestBody)
+        self._encoder = msgspec.json.Encoder(enc_hook=_numpy_enc_hook)
+
+    # ------------------------------------------------------------------ requests
+
+    def decode_infer_request(
+        self,
+        body: bytes,
+        header_length: int | None,
+        *,
+        single_input: TensorConfig | None = None,
+        max_batch_size: int = 0,
+    ) -> DecodedInfer:
+        """Decode an infer request body.
+
+        `header_length` is the `Inference-Header-Content-Length` header (None when absent).
+        `single_input` is the model's input when it has exactly one; it is needed only for a
+        raw body (`header_length == 0`), whose shape gets a leading batch of 1 when
+        `max_batch_size > 0`, as in Triton.
+        """
+        if len(body) > self.max_request_bytes:
+            raise PayloadTooLarge(
+                f"request body of {len(body)} bytes exceeds the limit of {self.max_request_bytes} bytes"
+            )
+        has_header = header_length is not None
+        if header_length is None:
+            header_length = len(body)
+        elif header_length < 0:
+            raise InvalidArgument(
+                f"Inference-Header-Content-Length must be >= 0, got {header_length}"
+            )
+        elif header_length > len(body):
+            raise InvalidArgument(
+                f"Inference-Header-Content-Length {header_length} is larger than the "
+                f"{len(body)}-byte request body"
+            )
+        elif header_length == 0:
+            return _decode_raw(body, single_input, max_batch_size)
+
+        try:
+            header = self._request_decoder.decode(memoryview(body)[:header_length])
+        except msgspec.DecodeError as exc:  # ValidationError included; its text has the path
+            raise InvalidArgument(f"malformed JSON request header: {exc}") from None
+
+        inputs: dict[str, np.ndarray] = {}
+        offset = header_length
+        for tensor in header.inputs:
+            if tensor.name in inputs:
+                raise InvalidArgument(f"input {tensor.name!r} appears more than once")
+            array, offset = _decode_input(tensor, body, offset, has_header)
+            inputs[tensor.name] = array
+        if offset != len(body):
+            raise InvalidArgument(
+                f"{len(body) - offset} bytes after the JSON header are not claimed by any "
+                "input's binary_data_size"
+            )
+
+        params = dict(header.parameters) if header.parameters else {}
+        binary_default = _bool_parameter(params, "binary_data_output", "request parameter")
+        priority = _uint_parameter(params, "priority")
+        timeout_us = _uint_parameter(params, "timeout")
+        for key in _CONSUMED_REQUEST_PARAMETERS:
+            params.pop(key, None)
+
+        requested: list[str] = []
+        binary_outputs: dict[str, bool] = {}
+        for out in header.outputs or ():
+            if out.name in requested:
+                raise InvalidArgument(f"output {out.name!r} is requested more than once")
+            requested.append(out.name)
+            if out.parameters:
+                _reject_unsupported(out.parameters, f"output {out.name!r}")
+                if "binary_data" in out.parameters:
+                    binary_outputs[out.name] = _bool_parameter(
+                        out.parameters, "binary_data", f"output {out.name!r} parameter"
+                    )
+
+        request = InferRequest(
+            inputs=inputs,
+            id=header.id,
+            requested_outputs=tuple(requested),
+            parameters=params,
+            priority=priority,
+            timeout_us=timeout_us,
+        )
+        return DecodedInfer(request, binary_outputs, binary_default)
+
+    # ------------------------------------------------------------------ responses
+
+    def encode_infer_response(
+        self,
+        model_name: str,
+        model_version: str,
+        decoded: DecodedInfer,
+        response: InferResponse,
+        config: ModelConfig | None = None,
+    ) -> tuple[bytes, int | None]:
+        """Encode a response; returns the body and the JSON header length.
+
+        The length is None when every output is JSON (a plain `application/json` body);
+        otherwise the transport sends it as `Inference-Header-Content-Length`. `config` lets
+        an output declared BF16 be labelled so (its numpy array is plain uint16).
+        """
+        outputs: list[ResponseOutput] = []
+        chunks: list[Any] = []
+        for name, value in response.outputs.items():
+            array = np.asarray(value)
+            if not array.dtype.isnative:  # e.g. '>f4': the datatype lookup is by native dtype
+                array = array.astype(array.dtype.newbyteorder("="))
+            datatype = _output_datatype(name, array, config)
+            shape = list(array.shape)
+            if decoded.output_is_binary(name):
+                raw = _to_binary(array, datatype)
+                chunks.append(raw)
+                outputs.append(
+                    ResponseOutput(name, datatype, shape, parameters={"binary_data_size": len(raw)})
+                )
+            else:
+                outputs.append(
+                    ResponseOutput(name, datatype, shape, data=_to_json(array, datatype))
+                )
+        header = self._encoder.encode(
+            InferResponseBody(
+                model_name=model_name,
+                model_version=model_version,
+                id=decoded.request.id,
+                parameters=response.parameters or None,
+                outputs=outputs,
+            )
+        )
+        if not chunks:
+            return header, None
+        return b"".join([header, *chunks]), len(header)
+
+
+def encode_error(message: str) -> bytes:
+    """The body of every KServe error response: `{"error": "..."}`."""
+    return msgspec.json.encode(ErrorBody(message))
+
+
+# --------------------------------------------------------------------------- request helpers
+
+
+def _check_shape(name: str, shape: list[int]) -> int:
+    """Element count of `shape`; rejects negative dims."""
+    for dim in shape:
+        if dim < 0:
+            raise InvalidArgument(f"input {name!r}: shape {shape} has a negative dimension")
+    return math.prod(shape)
+
+
+def _reject_unsupported(params: Mapping[str, Parameter], where: str) -> None:
+    # Silently ignoring these would answer with the wrong data, so say so instead.
+    for key in params:
+        if key.startswith("shared_memory"):
+            raise InvalidArgument(f"{where}: shared memory ({key!r}) is not supported")
+        if key == "classification":
+            raise InvalidArgument(f"{where}: the classification extension is not supported")
+
+
+def _decode_input(
+    tensor: RequestInput, body: bytes, offset: int, has_header: bool
+) -> tuple[np.ndarray, int]:
+    name = tensor.name
+    datatype = tensor.datatype
+    if datatype not in NUMPY_DTYPES:
+        raise InvalidArgument(
+            f"input {name!r}: unknown datatype {datatype!r}; expected one of {_KNOWN_DATATYPES}"
+        )
+    count = _check_shape(name, tensor.shape)
+    size: int | None = None
+    if tensor.parameters:
+        _reject_unsupported(tensor.parameters, f"input {name!r}")
+        raw_size = tensor.parameters.get("binary_data_size")
+        if raw_size is not None:
+            if type(raw_size) is not int or raw_size < 0:
+                raise InvalidArgument(
+                    f"input {name!r}: binary_data_size must be a non-negative integer, "
+                    f"got {raw_size!r}"
+                )
+            size = raw_size
+
+    if size is None:
+        if tensor.data is None:
+            raise InvalidArgument(f"input {name!r}: has neither 'data' nor binary_data_size")
+        return _from_json(name, datatype, tensor.data, tensor.shape, count), offset
+
+    if tensor.data is not None:
+        raise InvalidArgument(f"input {name!r}: has both 'data' and binary_data_size")
+    if not has_header:
+        raise InvalidArgument(
+            f"input {name!r}: binary_data_size needs the Inference-Header-Content-Length "
+            "header to tell where the JSON ends"
+        )
+    left = len(body) - offset
+    if size > left:
+        raise InvalidArgument(
+            f"input {name!r}: binary_data_size {size} exceeds the {left} bytes left in the body"
+        )
+    end = offset + size
+    if datatype == "BYTES":
+        array = _split_bytes(name, body, offset, end, count).reshape(tensor.shape)
+    else:
+        array = _fixed_from_binary(name, datatype, body, offset, size, tensor.shape, count)
+    return array, end
+
+
+def _fixed_from_binary(
+    name: str, datatype: str, body: bytes, offset: int, size: int, shape: list[int], count: int
+) -> np.ndarray:
+    dtype = _WIRE_DTYPES[datatype]
+    expected = count * dtype.itemsize
+    if size != expected:
+        raise InvalidArgument(
+            f"input {name!r}: binary_data_size {size} does not match shape {shape} of "
+            f"{datatype} ({expected} bytes expected)"
+        )
+    # A view of the body, so input arrays may be read-only (like Triton's const input
+    # buffers). The JSON header has any length, so the view is often misaligned; runtimes
+    # and numpy kernels want aligned data, which costs one copy.
+    array = np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
+    if not array.flags.aligned:
+        array = array.copy()
+    if datatype == "BOOL" and count and array.view(np.uint8).max() > 1:
+        raise InvalidArgument(f"input {name!r}: BOOL bytes must be 0 or 1")
+    return array
+
+
+def _split_bytes(name: str, body: bytes, start: int, end: int, count: int) -> np.ndarray:
+    """BYTES elements from `body[start:end]`: each a u32 LE length, then that many bytes."""
+    items: list[bytes] = []
+    pos = start
+    unpack = _U32.unpack_from
+    while pos < end:
+        left = end - pos
+        if left < 4:
+            raise InvalidArgument(
+                f"input {name!r}: BYTES element {len(items)} has a truncated length prefix "
+                f"({left} bytes left)"
+            )
+        (length,) = unpack(body, pos)
+        pos += 4
+        left -= 4
+        if length > left:
+            raise InvalidArgument(
+                f"input {name!r}: BYTES element {len(items)} length prefix {length} exceeds "
+                f"remaining {left} bytes"
+            )
+        items.append(body[pos : pos + length])
+        pos += length
+    if len(items) != count:
+        raise InvalidArgument(
+            f"input {name!r}: expected {count} BYTES elements, got {len(items)} in "
+            f"{end - start} bytes of binary data"
+        )
+    return _object_array(items)
+
+
+def _object_array(items: list[Any]) -> np.ndarray:
+    # np.array(list_of_bytes, dtype=object) would be fine too, but this never guesses a shape
+    # from the elements.
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array
+
+
+def _flatten(data: Any) -> list[Any]:
+    """Row-major flattening of arbitrarily (even raggedly) nested JSON arrays."""
+    if not isinstance(data, list):
+        return [data]
+    flat: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            flat.append(item)
+        else:
+            stack.pop()
+    return flat
+
+
+def _from_json(name: str, datatype: str, data: Any, shape: list[int], count: int) -> np.ndarray:
+    if datatype == "BYTES":
+        flat = _flatten(data)
+        encoded: list[bytes] = []
+        for i, item in enumerate(flat):
+            if type(item) is not str:
+                raise InvalidArgument(
+                    f"input {name!r}: BYTES element {i} must be a JSON string, got "
+                    f"{type(item).__name__}"
+                )
+            encoded.append(item.encode())
+        values = _object_array(encoded)
+    else:
+        try:
+            values = np.asarray(data)
+        except ValueError:
+            # Ragged nesting: Triton just walks the elements in order, so do the same.
+            values = np.asarray(_flatten(data))
+        values = _convert_json_numbers(name, datatype, data, values)
+    if values.size != count:
+        raise InvalidArgument(
+            f"input {name!r}: expected {count} elements for shape {shape}, got {values.size}"
+        )
+    return values.reshape(shape)
+
+
+def _convert_json_numbers(name: str, datatype: str, data: Any, values: np.ndarray) -> np.ndarray:
+    kind = values.dtype.kind
+    if values.size == 0:
+        pass  # np.asarray([]) is float64; an empty tensor fits any datatype
+    elif datatype == "BOOL":
+        if kind != "b":
+            raise InvalidArgument(f"input {name!r}: BOOL data must be JSON true/false")
+    elif datatype in _INT_DATATYPES:
+        dtype = NUMPY_DTYPES[datatype]
+        info = np.iinfo(dtype)
+        if kind in "iu" and info.min <= int(values.min()) and int(values.max()) <= info.max:
+            return values.astype(dtype, copy=False)
+        # numpy infers float64 (lossy) when ints above 2^63 meet negative ones or int64 ones,
+        # and object for ints beyond 64 bits: look at the JSON values themselves.
+        if kind in "fO":
+            flat = _flatten(data)
+            if all(type(item) is int for item in flat):
+                try:
+                    return np.array(flat, dtype=dtype)
+                except OverflowError:
+                    pass
+        raise InvalidArgument(
+            f"input {name!r}: {datatype} data must be JSON integers in [{info.min}, {info.max}]"
+        )
+    elif kind not in "iuf":  # a float datatype: JSON integers are numbers too
+        raise InvalidArgument(f"input {name!r}: {datatype} data must be JSON numbers")
+
+    if datatype == "BF16":
+        return _float32_to_bf16(values.astype(np.float32))
+    return values.astype(NUMPY_DTYPES[datatype], copy=False)
+
+
+def _float32_to_bf16(values: np.ndarray) -> np.ndarray:
+    """Round float32 to the nearest bfloat16 (ties to even); return the uint16 bit patterns."""
+    bits = values.view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))) >> 16
+    out = rounded.astype(np.uint16)
+    # Rounding can carry a NaN's mantissa into the exponent; keep NaNs quiet NaNs.
+    nan = np.isnan(values)
+    if nan.any():
+        out[nan] = (bits[nan] >> 16).astype(np.uint16) | np.uint16(0x0040)
+    return out
+
+
+def _bool_parameter(params: Mapping[str, Parameter], key: str, where: str) -> bool:
+    value = params.get(key, False)
+    if type(value) is not bool:
+        raise InvalidArgument(f"{where} {key!r} must be a boolean, got {value!r}")
+    return value
+
+
+def _uint_parameter(params: Mapping[str, Parameter], key: str) -> int:
+    value = params.get(key, 0)
+    if type(value) is not int or value < 0:
+        raise InvalidArgument(
+            f"request parameter {key!r} must be a non-negative integer, got {value!r}"
+        )
+    return value
+
+
+def _decode_raw(
+    body: bytes, single_input: TensorConfig | None, max_batch_size: int
+) -> DecodedInfer:
+    """`Inference-Header-Content-Length: 0`: the body is the model's only input, raw.
+
+    Like Triton, the shape is the configured dims (behind a batch of 1 for batching models);
+    one -1 dim may be deduced from the body size. A BYTES input must have exactly one element,
+    which is the whole body.
+    """
+    if single_input is None:
+        raise InvalidArgument(
+            "Inference-Header-Content-Length 0 (a raw binary body) needs a model with "
+            "exactly one input"
+        )
+    name = single_input.name
+    datatype = single_input.data_type
+    shape = ([1] if max_batch_size > 0 else []) + list(single_input.dims)
+    wildcards = [i for i, dim in enumerate(shape) if dim == -1]
+    if len(wildcards) > 1:
+        raise InvalidArgument(
+            f"raw input {name!r}: cannot deduce shape {shape} with more than one -1 dimension"
+        )
+    if datatype == "BYTES":
+        if wildcards or math.prod(shape) != 1:
+            raise InvalidArgument(
+                f"raw input {name!r}: a BYTES raw body needs an input of exactly one element, "
+                f"the model's is {shape}"
+            )
+        array = _object_array([bytes(body)]).reshape(shape)
+    else:
+        itemsize = _WIRE_DTYPES[datatype].itemsize
+        if wildcards:
+            known = math.prod(d for d in shape if d != -1) * itemsize
+            if known == 0 or len(body) % known:
+                raise InvalidArgument(
+                    f"raw input {name!r}: a {len(body)}-byte body does not fit shape {shape} "
+                    f"of {datatype}"
+                )
+            shape[wildcards[0]] = len(body) // known
+        array = _fixed_from_binary(name, datatype, body, 0, len(body), shape, math.prod(shape))
+    return DecodedInfer(InferRequest(inputs={name: array}))
+
+
+# --------------------------------------------------------------------------- response helpers
+
+
+def _output_datatype(name: str, array: np.ndarray, config: ModelConfig | None) -> str:
+    if array.dtype.kind in "OSU":
+        return "BYTES"
+    datatype = _DATATYPE_OF_DTYPE.get(array.dtype)
+    if datatype is None:
+        raise InvalidArgument(f"output {name!r}: unsupported numpy dtype {array.dtype}")
+    # BF16 travels as uint16: only the config can tell which of the two it is.
+    if datatype == "UINT16" and config is not None:
+        tensor = config.output_by_name(name)
+        if tensor is not None and tensor.data_type == "BF16":
+            return "BF16"
+    return datatype
+
+
+def _as_bytes(item: Any) -> bytes:
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, str):
+        return item.encode()
+    return str(item).encode()
+
+
+def _to_binary(array: np.ndarray, datatype: str) -> bytes | np.ndarray:
+    """Wire bytes of an output: a buffer `b"".join` takes without another copy."""
+    if datatype == "BYTES":
+        parts: list[bytes] = []
+        for item in array.ravel().tolist():
+            data = _as_bytes(item)
+            parts.append(_U32.pack(len(data)))
+            parts.append(data)
+        return b"".join(parts)
+    wire = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    return wire.reshape(-1).view(np.uint8)
+
+
+def _to_json(array: np.ndarray, datatype: str) -> list[Any]:
+    if datatype == "BYTES":
+        return [
+            item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
+            for item in array.ravel().tolist()
+        ]
+    if datatype == "BF16":
+        return (array.astype(np.uint32) << 16).view(np.float32).ravel().tolist()
+    result: list[Any] = array.ravel().tolist()
+    return result

@@ -1,0 +1,314 @@
+"""The backend contract (API version 1). This file is the whole contract.
+
+A *backend* runs one framework runtime behind this interface; a plugin in `backends/<name>/`
+ships one `Backend` subclass named by its manifest's `entrypoint`. The daemon creates one
+backend object per model *instance* (Triton's TRITONBACKEND_ModelInstance): an
+`instance_group { count: 2 }` gives two objects, each loaded separately and fed by the same
+scheduler queue.
+
+Lifecycle, all async with working defaults (MLServer style) so a plugin writes only what it
+needs:
+
+    probe()            classmethod: can this backend run here? (runtime importable, device)
+    autocomplete(...)  classmethod: fill inputs/outputs the config omitted, from the artifact
+    load(config, artifact, device)
+    execute(batch)     a batch of requests in, one InferResponse or EdgedError per request out
+    unload()
+
+Blocking runtime calls must go through `run_blocking`, which uses the instance's own thread:
+the event loop never blocks, and two instances really run in parallel.
+
+Tensor backends usually subclass `TensorBackend` and write only `load_sync` + `infer`: it
+merges a batch along dim 0, runs once, and splits the outputs back per request.
+Generation backends subclass `GenerationBackend` and are driven by their own engine loop
+(continuous batching), never by the dynamic batcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeVar
+
+import msgspec
+import numpy as np
+
+from daemon.errors import EdgedError, InvalidArgument, Unsupported
+from daemon.model_config import ModelConfig
+
+API_VERSION = 1
+
+T = TypeVar("T")
+
+# KServe datatype <-> numpy. BYTES tensors are numpy object arrays holding `bytes`.
+# BF16 has no numpy dtype: it travels as raw uint16 bit patterns.
+NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BF16": np.dtype(np.uint16),
+    "BYTES": np.dtype(np.object_),
+}
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """KServe datatype of a numpy array (object/str/bytes arrays are BYTES)."""
+    kind = array.dtype
+    if kind.kind in ("O", "S", "U"):
+        return "BYTES"
+    for name, dt in NUMPY_DTYPES.items():
+        if dt == kind and name != "BF16":
+            return name
+    raise InvalidArgument(f"unsupported numpy dtype {kind}")
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """One decoded inference request, as the scheduler and backends see it."""
+
+    inputs: dict[str, np.ndarray]
+    id: str = ""
+    # Names the client asked for; empty = all outputs of the model.
+    requested_outputs: tuple[str, ...] = ()
+    parameters: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    # 0 = the queue policy's default.
+    timeout_us: int = 0
+
+    def batch_size(self) -> int:
+        """Rows along dim 0 (only meaningful when the model has max_batch_size > 0)."""
+        first = next(iter(self.inputs.values()), None)
+        return 1 if first is None or first.ndim == 0 else int(first.shape[0])
+
+
+@dataclass(slots=True)
+class InferResponse:
+    outputs: dict[str, np.ndarray]
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+ExecuteResult = InferResponse | EdgedError
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+class Capabilities(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    kind: Literal["tensor", "generation"] = "tensor"
+    # Can one execute() take requests merged along dim 0?
+    dynamic_batching: bool = True
+    # Can one request produce zero or many responses (streaming)?
+    decoupled: bool = False
+    datatypes: frozenset[str] = frozenset(NUMPY_DTYPES)
+    devices: tuple[str, ...] = ("CPU",)
+
+
+class Probe(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    available: bool
+    reason: str = ""
+    # Devices this backend could use here, e.g. ("CPU", "GPU.0").
+    devices: tuple[str, ...] = ()
+    runtime_version: str = ""
+
+
+@dataclass(slots=True, frozen=True)
+class InstanceContext:
+    """What the daemon tells one instance about where and how it runs."""
+
+    model_name: str
+    model_version: int
+    instance_index: int = 0
+    instance_count: int = 1
+    # Writable per-model directory for caches (e.g. OpenVINO CACHE_DIR).
+    state_dir: Path | None = None
+    # CPU threads this instance may use, so N instances don't oversubscribe the cores.
+    threads: int = 1
+
+
+# --------------------------------------------------------------------------- backends
+
+
+class Backend:
+    """Base class of every backend. Subclasses set `name` and `capabilities`."""
+
+    api_version: ClassVar[int] = API_VERSION
+    name: ClassVar[str] = ""
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    def __init__(self, context: InstanceContext) -> None:
+        self.context = context
+        # One thread per instance: runtimes are called from one thread at a time, and the
+        # instances of a model run in parallel.
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix=f"{self.name or 'backend'}-{context.model_name}-{context.instance_index}",
+        )
+
+    @classmethod
+    def probe(cls) -> Probe:
+        return Probe(available=True)
+
+    @classmethod
+    def autocomplete(cls, config: ModelConfig, artifact: Path) -> ModelConfig:
+        """Return `config` with what the artifact tells filled in (inputs, outputs, batch)."""
+        return config
+
+    async def run_blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    async def load(self, config: ModelConfig, artifact: Path, device: str) -> None:
+        await self.run_blocking(self.load_sync, config, artifact, device)
+
+    def load_sync(self, config: ModelConfig, artifact: Path, device: str) -> None:
+        raise NotImplementedError(f"backend {self.name!r} implements neither load nor load_sync")
+
+    async def execute(self, batch: Sequence[InferRequest]) -> list[ExecuteResult]:
+        raise Unsupported(f"backend {self.name!r} does not run tensor inference")
+
+    async def unload(self) -> None:
+        await self.run_blocking(self.unload_sync)
+        self._executor.shutdown(wait=False)
+
+    def unload_sync(self) -> None:
+        """Release runtime objects. Default: nothing to do."""
+
+
+class TensorBackend(Backend):
+    """A backend whose runtime takes named arrays and returns named arrays.
+
+    Subclasses write `load_sync` and `infer`; batching, splitting and per-request output
+    selection are done here once for every tensor backend.
+    """
+
+    config: ModelConfig
+
+    async def load(self, config: ModelConfig, artifact: Path, device: str) -> None:
+        self.config = config
+        await self.run_blocking(self.load_sync, config, artifact, device)
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the runtime once on (possibly merged) inputs. Called on the instance thread."""
+        raise NotImplementedError
+
+    async def execute(self, batch: Sequence[InferRequest]) -> list[ExecuteResult]:
+        if len(batch) == 1 or self.config.max_batch_size == 0:
+            return [await self._execute_one(request) for request in batch]
+        merged, sizes = merge_batch(batch)
+        try:
+            outputs = await self.run_blocking(self.infer, merged)
+        except EdgedError as exc:
+            return [exc for _ in batch]
+        except Exception as exc:  # the runtime's own error: fail this batch, not the daemon
+            error = backend_failure(self.name, self.context.model_name, exc)
+            return [error for _ in batch]
+        return [
+            InferResponse(select_outputs(part, request.requested_outputs))
+            for part, request in zip(split_batch(outputs, sizes), batch, strict=True)
+        ]
+
+    async def _execute_one(self, request: InferRequest) -> ExecuteResult:
+        try:
+            outputs = await self.run_blocking(self.infer, request.inputs)
+        except EdgedError as exc:
+            return exc
+        except Exception as exc:
+            return backend_failure(self.name, self.context.model_name, exc)
+        return InferResponse(select_outputs(outputs, request.requested_outputs))
+
+
+class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
+    """Sampling and stopping for one generation request (OpenAI/Triton generate fields)."""
+
+    max_tokens: int = 128
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = []
+    # Greedy decoding regardless of the fields above (temperature <= 0 means the same).
+    greedy: bool = False
+
+
+class GenerateChunk(msgspec.Struct):
+    """A piece of generated text. The last chunk of a sequence has `finish_reason` set."""
+
+    text: str
+    token_ids: list[int] = []
+    finish_reason: Literal["stop", "length", "cancelled", None] = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class GenerationBackend(Backend):
+    """A backend that generates text with its own continuous-batching engine loop."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        kind="generation", dynamic_batching=False, decoupled=True, datatypes=frozenset({"BYTES"})
+    )
+
+    def generate(self, prompt: str | list[int], params: GenerateParams) -> AsyncIterator[GenerateChunk]:
+        """Stream chunks for one request. Closing the iterator early cancels the sequence.
+
+        Raises Unavailable when the engine's queue is full, InvalidArgument when the prompt
+        does not fit the context.
+        """
+        raise Unsupported(f"backend {self.name!r} does not generate text")
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        """Render OpenAI-style messages with the model's chat template."""
+        raise Unsupported(f"backend {self.name!r} has no chat template")
+
+    async def embed(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
+        """Embeddings for each text and the number of prompt tokens used."""
+        raise Unsupported(f"backend {self.name!r} does not compute embeddings")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def backend_failure(backend: str, model: str, exc: BaseException) -> EdgedError:
+    from daemon.errors import BackendError
+
+    return BackendError(f"backend {backend!r} failed to execute model {model!r}: {exc}")
+
+
+def merge_batch(batch: Sequence[InferRequest]) -> tuple[dict[str, np.ndarray], list[int]]:
+    """Concatenate every input along dim 0; return the arrays and each request's row count."""
+    sizes = [request.batch_size() for request in batch]
+    names = batch[0].inputs.keys()
+    merged = {name: np.concatenate([request.inputs[name] for request in batch]) for name in names}
+    return merged, sizes
+
+
+def split_batch(outputs: dict[str, np.ndarray], sizes: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    """Inverse of merge_batch: slice each output back into per-request parts (views)."""
+    bounds = np.cumsum([0, *sizes])
+    return [
+        {name: array[bounds[i] : bounds[i + 1]] for name, array in outputs.items()}
+        for i in range(len(sizes))
+    ]
+
+
+def select_outputs(outputs: dict[str, np.ndarray], requested: tuple[str, ...]) -> dict[str, np.ndarray]:
+    if not requested:
+        return outputs
+    return {name: outputs[name] for name in requested if name in outputs}

@@ -1,0 +1,134 @@
+"""Command line: `edged [serve] [flags]`, `edged backends`, `edged hardware`, bundles and updates.
+
+Flags override the config file; the config file overrides the built-in defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+
+from daemon import __version__
+from daemon.config import DaemonConfig, load_config
+from daemon.errors import EdgedError
+
+
+def _serve_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML config file (see configs/edged.toml)")
+    parser.add_argument("--socket", help="Unix socket path, or 'none' to disable it")
+    parser.add_argument("--http", metavar="HOST:PORT", help="also listen on TCP (off by default)")
+    parser.add_argument("--model-repository", action="append", metavar="DIR",
+                        help="model repository (Triton layout); repeatable")
+    parser.add_argument("--model-control-mode", choices=["none", "poll", "explicit"])
+    parser.add_argument("--repository-poll-secs", type=float)
+    parser.add_argument("--load-model", action="append", metavar="NAME",
+                        help="model to load at start in explicit mode ('*' = all); repeatable")
+    parser.add_argument("--backend-directory", action="append", metavar="DIR",
+                        help="directory of backend plugins; repeatable")
+    parser.add_argument("--state-dir", help="writable state directory")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", choices=["text", "json"])
+
+
+def apply_flags(config: DaemonConfig, args: argparse.Namespace) -> DaemonConfig:
+    """Return the config with every flag the user gave written over it."""
+    raw = msgspec.to_builtins(config)
+    server, models, backends, logging_ = (
+        raw.setdefault(k, {}) for k in ("server", "models", "backends", "logging")
+    )
+    if args.socket is not None:
+        server["socket"] = args.socket
+    if args.http is not None:
+        server["http"] = args.http
+    if args.model_repository:
+        models["repository"] = args.model_repository
+    if args.model_control_mode:
+        models["control-mode"] = args.model_control_mode
+    if args.repository_poll_secs is not None:
+        models["poll-secs"] = args.repository_poll_secs
+    if args.load_model:
+        models["load"] = args.load_model
+    if args.backend_directory:
+        backends["directories"] = args.backend_directory
+    if args.state_dir:
+        raw["state-dir"] = args.state_dir
+    if args.log_level:
+        logging_["level"] = args.log_level
+    if args.log_format:
+        logging_["format"] = args.log_format
+    try:
+        return msgspec.convert(raw, DaemonConfig)
+    except msgspec.ValidationError as exc:
+        raise EdgedError(f"invalid command-line flag: {exc}") from None
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from daemon.logs import setup_logging
+    from daemon.server import serve
+
+    config = apply_flags(load_config(args.config), args)
+    setup_logging(config.logging.level, config.logging.format)
+    asyncio.run(serve(config))
+    return 0
+
+
+def _cmd_hardware(args: argparse.Namespace) -> int:
+    from daemon.core.hardware import probe_hardware
+
+    sys.stdout.write(msgspec.json.format(msgspec.json.encode(probe_hardware()).decode(), indent=2) + "\n")
+    return 0
+
+
+def _cmd_backends(args: argparse.Namespace) -> int:
+    from daemon.api.app import shipped_backends_dir
+    from daemon.core.plugins import PluginRegistry
+
+    dirs = [Path(d) for d in args.backend_directory or []] or [shipped_backends_dir()]
+    registry = PluginRegistry(dirs)
+    registry.scan()
+    for info in registry.info():
+        detail = info.reason or ", ".join(info.devices) or ""
+        sys.stdout.write(f"{info.name:<12} {info.state:<12} {info.version:<8} {detail}\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edged", description="Edge inference daemon")
+    parser.add_argument("--version", action="version", version=f"edged {__version__}")
+    sub = parser.add_subparsers(dest="command")
+    serve = sub.add_parser("serve", help="run the daemon (the default)")
+    _serve_flags(serve)
+    serve.set_defaults(handler=_cmd_serve)
+    hardware = sub.add_parser("hardware", help="show what the hardware probe sees")
+    hardware.set_defaults(handler=_cmd_hardware)
+    backends = sub.add_parser("backends", help="list backend plugins and whether they can run here")
+    backends.add_argument("--backend-directory", action="append", metavar="DIR")
+    backends.set_defaults(handler=_cmd_backends)
+    try:
+        from daemon.updates.cli import add_commands
+    except ImportError:  # updates need `cryptography`; the daemon serves without them
+        pass
+    else:
+        add_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    known = {"serve", "hardware", "backends", "bundle", "update", "-h", "--help", "--version"}
+    if not argv or argv[0] not in known:
+        argv = ["serve", *argv]  # `edged --http :8000` means `edged serve --http :8000`
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except EdgedError as exc:
+        sys.stderr.write(f"edged: error: {exc.message}\n")
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,142 @@
+"""Daemon configuration: one TOML file, overridden by CLI flags, validated by msgspec.
+
+Every key is optional; with no file at all the daemon serves the bundled demo repository on the
+default Unix socket. Unknown keys are errors that name the key and the file.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from daemon.errors import ConfigError
+
+ControlMode = Literal["none", "poll", "explicit"]
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, rename="kebab", omit_defaults=True):
+    pass
+
+
+class ServerConfig(_Section):
+    # "" = the default: $RUNTIME_DIRECTORY/edged.sock, /run/edged/edged.sock as root, else a
+    # per-user runtime dir. "none" disables the Unix socket.
+    socket: str = ""
+    socket_mode: Annotated[str, msgspec.Meta(pattern=r"^0?[0-7]{3}$")] = "0660"
+    # "HOST:PORT" enables TCP. Off by default: the socket's file permissions are the access control.
+    http: str = ""
+    max_request_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024 * 1024
+    # uids allowed on the Unix socket (checked with SO_PEERCRED); empty = whoever can open it.
+    allowed_uids: list[int] = []
+    shutdown_timeout: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+
+
+class ModelsConfig(_Section):
+    # Empty = the bundled demo repository, built under the state dir on first start.
+    repository: list[str] = []
+    control_mode: ControlMode = "none"
+    poll_secs: Annotated[float, msgspec.Meta(gt=0)] = 15.0
+    # Models loaded at start in explicit mode ("*" = all).
+    load: list[str] = []
+
+
+class BackendsConfig(_Section):
+    # Empty = the `backends/` directory shipped beside the daemon.
+    directories: list[str] = []
+    poll_secs: Annotated[float, msgspec.Meta(ge=0)] = 5.0
+    # Refuse plugin directories that are group/world-writable or owned by someone else.
+    check_ownership: bool = True
+
+
+class UpdatesConfig(_Section):
+    # Release store root; "" = <state dir>/releases.
+    root: str = ""
+    # Directory of trusted Ed25519 public keys; "" = <config dir>/keys.
+    keys: str = ""
+    # Watched directory (e.g. a mounted USB stick) for *.edgebundle files; "" = off.
+    inbox: str = ""
+    inbox_poll_secs: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    keep_releases: Annotated[int, msgspec.Meta(ge=1)] = 3
+
+
+class LoggingConfig(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
+
+
+class DaemonConfig(_Section):
+    # Writable state (demo repo, caches); "" = $STATE_DIRECTORY, /var/lib/edged as root, else
+    # ~/.local/state/edged.
+    state_dir: str = ""
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    models: ModelsConfig = msgspec.field(default_factory=ModelsConfig)
+    backends: BackendsConfig = msgspec.field(default_factory=BackendsConfig)
+    updates: UpdatesConfig = msgspec.field(default_factory=UpdatesConfig)
+    logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+
+
+def load_config(path: Path | None) -> DaemonConfig:
+    if path is None:
+        return DaemonConfig()
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    try:
+        return msgspec.convert(raw, DaemonConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+def default_socket_path() -> Path:
+    runtime = os.environ.get("RUNTIME_DIRECTORY")
+    if runtime:
+        # systemd may pass several colon-separated directories; ours is the first.
+        return Path(runtime.split(":")[0]) / "edged.sock"
+    if os.geteuid() == 0:
+        return Path("/run/edged/edged.sock")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "edged" / "edged.sock"
+    return Path(f"/tmp/edged-{os.getuid()}") / "edged.sock"
+
+
+def default_state_dir() -> Path:
+    state = os.environ.get("STATE_DIRECTORY")
+    if state:
+        return Path(state.split(":")[0])
+    if os.geteuid() == 0:
+        return Path("/var/lib/edged")
+    return Path.home() / ".local" / "state" / "edged"
+
+
+def default_config_dir() -> Path:
+    conf = os.environ.get("CONFIGURATION_DIRECTORY")
+    if conf:
+        return Path(conf.split(":")[0])
+    if os.geteuid() == 0:
+        return Path("/etc/edged")
+    return Path.home() / ".config" / "edged"
+
+
+def socket_path(config: DaemonConfig) -> Path | None:
+    if config.server.socket == "none":
+        return None
+    return Path(config.server.socket) if config.server.socket else default_socket_path()
+
+
+def state_dir(config: DaemonConfig) -> Path:
+    return Path(config.state_dir) if config.state_dir else default_state_dir()
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"server.http must be HOST:PORT, got {value!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)

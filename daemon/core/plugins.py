@@ -1,0 +1,318 @@
+"""Backend plugin discovery: manifests first, import later.
+
+A plugin is a directory `backends/<name>/` holding `manifest.toml` and Python code. A scan reads
+manifests only (cheap, no runtime imports). The plugin's code is imported the first time its
+backend is needed, under the private package `edged_backends.<name>` so plugins never collide with
+each other or with installed packages. Failures name the plugin and are *not* cached: a fixed
+plugin loads on the next scan, and one broken plugin never stops the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import stat
+import sys
+import tomllib
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from daemon.backend import API_VERSION, Backend, Probe
+from daemon.errors import NotFound, PluginError
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "edged_backends"
+MANIFEST = "manifest.toml"
+
+
+class PluginManifest(msgspec.Struct, forbid_unknown_fields=True, rename="kebab"):
+    name: Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]*$")]
+    version: str
+    api_version: int
+    # "module:Class", module relative to the plugin directory.
+    entrypoint: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
+    # Artifact file names this backend loads, in order of preference.
+    artifacts: list[str] = []
+    # Triton `platform` values that select this backend (e.g. "onnxruntime_onnx").
+    platforms: list[str] = []
+    # Top-level Python modules the plugin needs; checked before importing it.
+    requires: list[str] = []
+    description: str = ""
+
+
+PluginState = Literal["discovered", "ready", "unavailable", "broken"]
+
+
+class PluginInfo(msgspec.Struct):
+    """What `GET /v2/backends` reports for one plugin."""
+
+    name: str
+    path: str
+    state: PluginState
+    version: str = ""
+    api_version: int = 0
+    artifacts: list[str] = []
+    platforms: list[str] = []
+    reason: str = ""
+    devices: list[str] = []
+    runtime_version: str = ""
+
+
+@dataclass
+class _Plugin:
+    path: Path
+    manifest: PluginManifest | None
+    fingerprint: str
+    error: str = ""
+    backend_class: type[Backend] | None = None
+    probe: Probe | None = None
+
+
+@dataclass
+class ScanResult:
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    broken: list[str] = field(default_factory=list)
+
+
+def _fingerprint(directory: Path) -> str:
+    """Cheap change detector: every file's path, size and mtime (no content hashing)."""
+    parts: list[str] = []
+    for path in sorted(directory.rglob("*")):
+        if "__pycache__" in path.parts or not path.is_file():
+            continue
+        st = path.stat()
+        parts.append(f"{path.relative_to(directory)}:{st.st_size}:{st.st_mtime_ns}")
+    return "|".join(parts)
+
+
+def _check_ownership(path: Path) -> str:
+    """A plugin runs inside the daemon: refuse code anyone else could have written."""
+    st = path.stat()
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"plugin directory {path} is group- or world-writable; refusing to load it"
+    if st.st_uid not in (0, os.getuid()):
+        return f"plugin directory {path} is owned by uid {st.st_uid}, not root or the daemon user"
+    return ""
+
+
+class PluginRegistry:
+    """The plugins found under one or more backend directories (later directories win)."""
+
+    def __init__(self, directories: list[Path], *, check_ownership: bool = True) -> None:
+        self.directories = directories
+        self.check_ownership = check_ownership
+        self._plugins: dict[str, _Plugin] = {}
+        # Directories that failed to parse, keyed by path (no name to key them by).
+        self._broken_dirs: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ discovery
+
+    def scan(self) -> ScanResult:
+        result = ScanResult()
+        found: dict[str, _Plugin] = {}
+        self._broken_dirs = {}
+        for directory in self.directories:
+            if not directory.is_dir():
+                continue
+            for path in sorted(p for p in directory.iterdir() if p.is_dir()):
+                if path.name.startswith((".", "_")) or not (path / MANIFEST).is_file():
+                    continue
+                plugin = self._read(path)
+                if plugin.manifest is None:
+                    self._broken_dirs[str(path)] = plugin.error
+                    result.broken.append(path.name)
+                    log.error("backend plugin %s: %s", path, plugin.error)
+                    continue
+                found[plugin.manifest.name] = plugin
+        for name, plugin in found.items():
+            old = self._plugins.get(name)
+            if old is None:
+                result.added.append(name)
+            elif old.fingerprint != plugin.fingerprint or old.path != plugin.path:
+                result.changed.append(name)
+            else:
+                # Unchanged: keep the imported class (and a previous error, which is retried
+                # on resolve because failures are not cached).
+                found[name] = old
+        result.removed = [name for name in self._plugins if name not in found]
+        for name in result.changed + result.removed:
+            _purge_modules(name)
+        self._plugins = found
+        return result
+
+    def _read(self, path: Path) -> _Plugin:
+        fingerprint = _fingerprint(path)
+        if self.check_ownership and (problem := _check_ownership(path)):
+            return _Plugin(path, None, fingerprint, error=problem)
+        manifest_path = path / MANIFEST
+        try:
+            raw = tomllib.loads(manifest_path.read_text(encoding="utf-8"))
+            manifest = msgspec.convert(raw, PluginManifest)
+        except (OSError, tomllib.TOMLDecodeError, msgspec.ValidationError) as exc:
+            return _Plugin(path, None, fingerprint, error=f"invalid {manifest_path}: {exc}")
+        if manifest.name != path.name:
+            return _Plugin(
+                path, None, fingerprint,
+                error=f"{manifest_path}: name {manifest.name!r} must equal the directory name {path.name!r}",
+            )
+        if manifest.api_version != API_VERSION:
+            return _Plugin(
+                path, None, fingerprint,
+                error=f"{manifest_path}: api-version {manifest.api_version} is not supported "
+                f"(this daemon speaks backend API {API_VERSION})",
+            )
+        return _Plugin(path, manifest, fingerprint)
+
+    # ------------------------------------------------------------------ lookup
+
+    def names(self) -> list[str]:
+        return sorted(self._plugins)
+
+    def manifest(self, name: str) -> PluginManifest:
+        plugin = self._plugins.get(name)
+        if plugin is None or plugin.manifest is None:
+            raise NotFound(f"unknown backend {name!r}; known backends: {self.names()}")
+        return plugin.manifest
+
+    def manifests(self) -> list[PluginManifest]:
+        return [p.manifest for p in self._plugins.values() if p.manifest is not None]
+
+    def fingerprint(self, name: str) -> str:
+        plugin = self._plugins.get(name)
+        return plugin.fingerprint if plugin else ""
+
+    def resolve(self, name: str) -> type[Backend]:
+        """Import (once) and validate the plugin's backend class; raise PluginError if unusable."""
+        plugin = self._plugins.get(name)
+        if plugin is None or plugin.manifest is None:
+            raise NotFound(f"unknown backend {name!r}; known backends: {self.names()}")
+        if plugin.backend_class is not None:
+            return plugin.backend_class
+        missing = [m for m in plugin.manifest.requires if importlib.util.find_spec(m) is None]
+        if missing:
+            # The runtime is simply not installed here: "unavailable", not "broken".
+            reason = (
+                f"required Python module {missing[0]!r} is not installed "
+                f"(install the runtime, e.g. `pip install edged[{name}]`)"
+            )
+            plugin.probe = Probe(available=False, reason=reason)
+            plugin.error = f"backend plugin {name!r}: {reason}"
+            raise PluginError(plugin.error)
+        try:
+            cls = self._import(plugin.path, plugin.manifest)
+            probe = cls.probe()
+        except PluginError as exc:
+            plugin.error = exc.message
+            raise
+        except Exception as exc:  # plugin code can raise anything; name it and move on
+            plugin.error = f"backend plugin {name!r}: {type(exc).__name__}: {exc}"
+            _purge_modules(name)
+            raise PluginError(plugin.error) from exc
+        plugin.probe = probe
+        if not probe.available:
+            plugin.error = f"backend {name!r} cannot run here: {probe.reason}"
+            raise PluginError(plugin.error)
+        plugin.error = ""
+        plugin.backend_class = cls
+        return cls
+
+    def info(self) -> list[PluginInfo]:
+        """State of every plugin; resolves each so the report says whether it really loads."""
+        infos: list[PluginInfo] = []
+        for name in self.names():
+            plugin = self._plugins[name]
+            manifest = plugin.manifest
+            assert manifest is not None
+            state: PluginState = "ready"
+            try:
+                self.resolve(name)
+            except PluginError:
+                probe = plugin.probe
+                state = "unavailable" if probe is not None and not probe.available else "broken"
+            probe = plugin.probe
+            infos.append(
+                PluginInfo(
+                    name=name,
+                    path=str(plugin.path),
+                    state=state,
+                    version=manifest.version,
+                    api_version=manifest.api_version,
+                    artifacts=manifest.artifacts,
+                    platforms=manifest.platforms,
+                    reason=plugin.error,
+                    devices=list(probe.devices) if probe else [],
+                    runtime_version=probe.runtime_version if probe else "",
+                )
+            )
+        for path, error in sorted(self._broken_dirs.items()):
+            infos.append(PluginInfo(name=Path(path).name, path=path, state="broken", reason=error))
+        return infos
+
+    # ------------------------------------------------------------------ import
+
+    def _import(self, path: Path, manifest: PluginManifest) -> type[Backend]:
+        where = f"backend plugin {manifest.name!r} ({path})"
+        package = _ensure_package(manifest.name, path)
+        module_name, _, class_name = manifest.entrypoint.partition(":")
+        try:
+            module = importlib.import_module(f"{package.__name__}.{module_name}")
+        except Exception as exc:
+            raise PluginError(f"{where}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+        cls = getattr(module, class_name, None)
+        if not isinstance(cls, type) or not issubclass(cls, Backend):
+            raise PluginError(f"{where}: entrypoint {manifest.entrypoint!r} is not a daemon.backend.Backend subclass")
+        if cls.api_version != API_VERSION:
+            raise PluginError(f"{where}: class speaks backend API {cls.api_version}, daemon speaks {API_VERSION}")
+        if cls.name != manifest.name:
+            raise PluginError(f"{where}: class name attribute {cls.name!r} differs from manifest name")
+        return cls
+
+
+def _ensure_package(name: str, path: Path) -> types.ModuleType:
+    """Register `edged_backends.<name>` as a package rooted at the plugin directory."""
+    if NAMESPACE not in sys.modules:
+        root = types.ModuleType(NAMESPACE)
+        root.__path__ = []
+        sys.modules[NAMESPACE] = root
+    full = f"{NAMESPACE}.{name}"
+    existing = sys.modules.get(full)
+    if existing is not None:
+        return existing
+    init = path / "__init__.py"
+    if init.exists():
+        spec = importlib.util.spec_from_file_location(
+            full, init, submodule_search_locations=[str(path)]
+        )
+    else:
+        # A plugin without __init__.py is still a package: its directory is the search path.
+        spec = importlib.machinery.ModuleSpec(full, None, is_package=True)
+        spec.submodule_search_locations = [str(path)]
+    if spec is None:
+        raise PluginError(f"backend plugin {name!r}: cannot make an import spec for {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[full] = module
+    if spec.loader is not None:
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[full]
+            raise
+    return module
+
+
+def _purge_modules(name: str) -> None:
+    """Forget a plugin's modules so a changed plugin is imported afresh."""
+    prefix = f"{NAMESPACE}.{name}"
+    for module in [m for m in sys.modules if m == prefix or m.startswith(prefix + ".")]:
+        del sys.modules[module]
+    importlib.invalidate_caches()

@@ -1,0 +1,136 @@
+"""Model repository control: Triton's `none | poll | explicit` model control modes.
+
+- none: every model in the repositories is loaded at start; nothing changes afterwards
+  (except a SIGHUP rescan, which the operator asked for).
+- poll: like none, then the repositories are rescanned every `poll_secs`; a changed model is
+  reloaded (load-then-swap), a new one loaded, a removed one unloaded.
+- explicit: only the models named at start (or `*`) are loaded; the rest wait for
+  `POST /v2/repository/models/{m}/load`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from daemon.config import ControlMode
+from daemon.core import model_files
+from daemon.core.registry import IndexEntry, ModelRegistry
+from daemon.errors import Conflict, EdgedError, NotFound
+from daemon.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+class RepositoryManager:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        repositories: list[Path],
+        mode: ControlMode,
+        *,
+        startup_models: list[str] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.repositories = repositories
+        self.mode = mode
+        self.startup_models = startup_models or []
+
+    def scan(self) -> dict[str, Path]:
+        """Model name -> directory over every repository (the first repository wins a name)."""
+        found: dict[str, Path] = {}
+        for repo in self.repositories:
+            for name, path in model_files.scan_repository(repo).items():
+                if name in found:
+                    log.warning("model %s found in %s and %s; using the first", name, found[name], path)
+                    continue
+                found[name] = path
+        return found
+
+    async def startup(self) -> list[str]:
+        """Load the startup set; returns the names that failed (they stay UNAVAILABLE)."""
+        models = self.scan()
+        for name, path in models.items():
+            self.registry.note_unknown(name, path)
+        if self.mode == "explicit":
+            wanted = list(models) if "*" in self.startup_models else self.startup_models
+        else:
+            wanted = list(models)
+        missing = [n for n in wanted if n not in models]
+        for name in missing:
+            log.error("model %s was asked for at start but is not in the repository", name)
+        return missing + await self._load_many({n: models[n] for n in wanted if n in models})
+
+    async def _load_many(self, models: dict[str, Path]) -> list[str]:
+        failed: list[str] = []
+        results = await asyncio.gather(
+            *(self.registry.load(name, path) for name, path in models.items()),
+            return_exceptions=True,
+        )
+        for name, result in zip(models, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, EdgedError):
+                    log.error("model %s: unexpected load failure", name, exc_info=result)
+                failed.append(name)
+        return failed
+
+    async def rescan(self) -> None:
+        """Bring loaded models in line with the repository (poll mode, SIGHUP, updates)."""
+        models = self.scan()
+        to_load: dict[str, Path] = {}
+        for name, path in models.items():
+            entry = self.registry.entry(name)
+            if entry is None or entry.path != path:
+                self.registry.note_unknown(name, path)
+                if self.mode != "explicit":
+                    to_load[name] = path
+                continue
+            if not entry.versions and self.mode == "explicit":
+                continue
+            if entry.state == "UNAVAILABLE" and entry.reason == "unloaded":
+                continue
+            if model_files.fingerprint(path) != entry.fingerprint:
+                to_load[name] = path
+        await self._load_many(to_load)
+        for name in self.registry.names():
+            if name not in models:
+                entry = self.registry.entry(name)
+                if entry is not None and entry.versions:
+                    await self.registry.unload(name)
+                self.registry.forget(name)
+
+    async def poll_forever(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.rescan()
+            except Exception:  # a bad scan must never end the poller
+                log.exception("repository poll failed")
+
+    # ------------------------------------------------------------------ explicit control
+
+    def _check_explicit(self, action: str) -> None:
+        if self.mode != "explicit":
+            raise Conflict(f"explicit model {action} is not allowed if polling is enabled"
+                           if self.mode == "poll"
+                           else f"explicit model {action} is not allowed if model control mode is none")
+
+    async def load(self, name: str, override: ModelConfig | None = None) -> None:
+        self._check_explicit("load / unload")
+        models = self.scan()
+        path = models.get(name)
+        if path is None:
+            raise NotFound(f"failed to load '{name}', failed to poll from model repository")
+        await self.registry.load(name, path, override)
+
+    async def unload(self, name: str) -> None:
+        self._check_explicit("load / unload")
+        await self.registry.unload(name)
+
+    def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        # Models present on disk but never seen are listed too, like Triton.
+        for name, path in self.scan().items():
+            if self.registry.entry(name) is None:
+                self.registry.note_unknown(name, path)
+        return self.registry.index(ready_only)

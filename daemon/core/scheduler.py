@@ -1,0 +1,560 @@
+"""Schedulers for tensor models: a queue in front of a pool of backend instances.
+
+Both schedulers share one queue (`_QueueScheduler`): Triton's priority levels, per-level queue
+policies (max queue size, timeouts with REJECT or DELAY, per-request override), optional
+in-order delivery, one asyncio worker per backend instance pulling work from the queue, and a
+drain on stop. They differ only in how work leaves the queue:
+
+- `DynamicBatcher` merges requests along dim 0 (Triton `dynamic_batching`).
+- `InstanceScheduler` hands one request at a time to an instance.
+
+Knows no HTTP: failures are `EdgedError`s whose `.status` the transport maps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import enum
+import heapq
+import logging
+import time
+from collections import deque
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from daemon.backend import Backend, ExecuteResult, InferRequest, InferResponse
+from daemon.core.stats import FailureReason, ModelStats
+from daemon.errors import (
+    BackendError,
+    ConfigError,
+    EdgedError,
+    InvalidArgument,
+    QueueTimeout,
+    Unavailable,
+)
+from daemon.model_config import DynamicBatching, ModelConfig, QueuePolicy
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler(Protocol):
+    """What the registry needs from a scheduler."""
+
+    async def start(self) -> None: ...
+
+    async def submit(self, request: InferRequest) -> InferResponse:
+        """Queue one request and wait for its response; raises `EdgedError` subclasses."""
+        ...
+
+    async def stop(self, drain_timeout: float) -> None:
+        """Refuse new work, finish queued and running work within `drain_timeout` seconds,
+        then fail whatever is left with `Unavailable`."""
+        ...
+
+    def pending(self) -> int:
+        """Requests waiting in the queue (not yet handed to an instance)."""
+        ...
+
+
+def make_scheduler(config: ModelConfig, instances: Sequence[Backend], stats: ModelStats) -> Scheduler:
+    """Pick the scheduler for a loaded tensor model.
+
+    - `DynamicBatcher` when the model batches (`max_batch_size > 0`) and its backend can take
+      merged batches (`capabilities.dynamic_batching`).
+    - `InstanceScheduler` otherwise (no batch dimension, or a backend that cannot merge).
+
+    A batching model whose config has no `dynamic_batching` block still gets a `DynamicBatcher`,
+    with `max_queue_delay_microseconds: 0` and no preferred sizes. Unlike Triton (which then
+    sends every request alone), this costs no latency: a request never waits for company, it
+    is sent as soon as an instance is free; requests only merge when they arrive while every
+    instance is busy, which is exactly when merging raises throughput.
+    """
+    if not instances:
+        raise ConfigError(f"model '{config.name or stats.name}' has no backend instances")
+    merges = all(type(instance).capabilities.dynamic_batching for instance in instances)
+    if config.max_batch_size > 0 and merges:
+        return DynamicBatcher(config, instances, stats)
+    return InstanceScheduler(config, instances, stats)
+
+
+# ---------------------------------------------------------------------------- the queue
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class _Stage(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+
+
+@dataclass(eq=False, slots=True)
+class _Pending:
+    """One accepted request on its way through the scheduler (hashed by identity)."""
+
+    request: InferRequest
+    future: asyncio.Future[InferResponse]
+    seq: int
+    level: int
+    rows: int
+    arrival_ns: int
+    # Requests that may share a batch have equal keys.
+    key: Hashable
+    deadline_ns: int | None = None
+    timeout_us: int = 0
+    delay_on_timeout: bool = False
+    stage: _Stage = _Stage.QUEUED
+    # Timed out under DELAY: served after the level's other requests.
+    delayed: bool = False
+    queue_ns: int = 0
+    compute_ns: int = 0
+
+
+@dataclass(slots=True)
+class _Level:
+    """The queue of one priority level."""
+
+    policy: QueuePolicy
+    main: deque[_Pending] = field(default_factory=deque)
+    delayed: deque[_Pending] = field(default_factory=deque)
+
+    def __len__(self) -> int:
+        return len(self.main) + len(self.delayed)
+
+    def remove(self, item: _Pending) -> None:
+        (self.delayed if item.delayed else self.main).remove(item)
+
+
+class _QueueScheduler:
+    """Priority queue + policies + instance workers + ordered delivery; subclasses decide
+    which queued requests form the next execution (`_plan`)."""
+
+    def __init__(self, config: ModelConfig, instances: Sequence[Backend], stats: ModelStats) -> None:
+        if not instances:
+            raise ConfigError(f"model '{config.name or stats.name}' has no backend instances")
+        self.config = config
+        self.model = config.name or stats.name
+        self.instances = list(instances)
+        self.stats = stats
+        batching = config.dynamic_batching or DynamicBatching()
+        self.batching = batching
+        self.preserve_ordering = batching.preserve_ordering
+        # Level 1 is the highest priority; without priority levels everything is level 1.
+        self.level_count = max(1, batching.priority_levels)
+        default = batching.default_priority_level
+        # Triton requires default_priority_level in [1, priority_levels]; a config that leaves
+        # it 0 gets the lowest level rather than an error.
+        self.default_level = default if 1 <= default <= self.level_count else self.level_count
+        fallback = batching.default_queue_policy or QueuePolicy()
+        self.levels = {
+            level: _Level(batching.priority_queue_policy.get(level, fallback))
+            for level in range(1, self.level_count + 1)
+        }
+        self._state = _State.NEW
+        self._workers: list[asyncio.Task[None]] = []
+        self._form_lock = asyncio.Lock()
+        self._wakeup = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._running: set[_Pending] = set()
+        self._next_seq = 0
+        # preserve_ordering: finished requests wait here until every earlier one is delivered.
+        self._held: dict[int, tuple[_Pending, ExecuteResult | None, FailureReason]] = {}
+        self._deliver_seq = 0
+        # Timeout timer: a heap of (deadline, seq, item) and one armed loop timer.
+        self._deadlines: list[tuple[int, int, _Pending]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_ns = 0
+
+    # ------------------------------------------------------------------ public API
+
+    async def start(self) -> None:
+        if self._state is not _State.NEW:
+            return
+        self._state = _State.RUNNING
+        self._workers = [
+            asyncio.create_task(self._worker(instance), name=f"scheduler-{self.model}-{index}")
+            for index, instance in enumerate(self.instances)
+        ]
+
+    def pending(self) -> int:
+        return sum(len(level) for level in self.levels.values())
+
+    async def submit(self, request: InferRequest) -> InferResponse:
+        if self._state not in (_State.NEW, _State.RUNNING):
+            self.stats.record_failure(0, "REJECTED")
+            raise Unavailable(f"model '{self.model}' is unloading and accepts no new inference requests")
+        now = time.monotonic_ns()
+        rows = self._rows(request)
+        level_no = self._level_of(request)
+        level = self.levels[level_no]
+        policy = level.policy
+        if policy.max_queue_size and len(level) >= policy.max_queue_size:
+            self.stats.record_failure(0, "REJECTED")
+            raise Unavailable(
+                f"inference request queue for model '{self.model}' is full "
+                f"(max_queue_size {policy.max_queue_size})"
+            )
+        item = _Pending(
+            request=request,
+            future=asyncio.get_running_loop().create_future(),
+            seq=self._next_seq,
+            level=level_no,
+            rows=rows,
+            arrival_ns=now,
+            key=self._key(request),
+        )
+        self._next_seq += 1
+        timeout_us = self._timeout_us(request, policy)
+        if timeout_us:
+            item.timeout_us = timeout_us
+            item.deadline_ns = now + timeout_us * 1000
+            item.delay_on_timeout = policy.timeout_action == "DELAY"
+            heapq.heappush(self._deadlines, (item.deadline_ns, item.seq, item))
+            self._arm_timer()
+        level.main.append(item)
+        self._queue_changed()
+        try:
+            return await item.future
+        except asyncio.CancelledError:
+            # The caller went away: a request still queued must not be run for nobody.
+            if item.stage is _Stage.QUEUED:
+                self.levels[item.level].remove(item)
+                self._queue_changed()
+                self._complete(item, None, "CANCELED")
+            raise
+
+    async def stop(self, drain_timeout: float) -> None:
+        if self._state is _State.STOPPED:
+            return
+        was_started = self._state is not _State.NEW
+        self._state = _State.STOPPING
+        self._wakeup.set()
+        self._check_drained()
+        if was_started:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), max(0.0, drain_timeout))
+        self._state = _State.STOPPED
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers = []
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        leftovers = sorted([*self._running, *self._queued()], key=lambda item: item.seq)
+        for level in self.levels.values():
+            level.main.clear()
+            level.delayed.clear()
+        self._queue_changed()
+        if leftovers:
+            log.warning("model %s: %d request(s) failed: not finished within the drain timeout",
+                        self.model, len(leftovers))
+        for item in leftovers:
+            self._complete(
+                item,
+                Unavailable(f"model '{self.model}' was unloaded before the request finished"),
+                "REJECTED",
+            )
+
+    # ------------------------------------------------------------------ subclass hooks
+
+    def _rows(self, request: InferRequest) -> int:
+        return request.batch_size() if self.config.max_batch_size > 0 else 1
+
+    def _key(self, request: InferRequest) -> Hashable:
+        return None
+
+    def _plan(self, now_ns: int) -> tuple[list[_Pending] | None, int | None]:
+        """Choose the next execution from a non-empty queue: (items, None) to send them now,
+        or (None, wake_at_ns) to wait for more requests until that time (None = until woken)."""
+        head = next(self._queued())
+        return [head], None
+
+    # ------------------------------------------------------------------ queue helpers
+
+    def _level_of(self, request: InferRequest) -> int:
+        # Triton: priority 0 means the default level, and so does an out-of-range priority.
+        priority = request.priority
+        return priority if 1 <= priority <= self.level_count else self.default_level
+
+    @staticmethod
+    def _timeout_us(request: InferRequest, policy: QueuePolicy) -> int:
+        timeout = policy.default_timeout_microseconds
+        # Triton: an override may shorten the default timeout, never lengthen it.
+        if policy.allow_timeout_override and request.timeout_us > 0:
+            timeout = min(timeout, request.timeout_us) if timeout else request.timeout_us
+        return timeout
+
+    def _queued(self) -> Iterator[_Pending]:
+        """Queued requests in service order: priority, then arrival, delayed ones last per level."""
+        for number in sorted(self.levels):
+            level = self.levels[number]
+            yield from level.main
+            yield from level.delayed
+
+    def _queue_changed(self) -> None:
+        self.stats.pending = self.pending()
+        self._wakeup.set()
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        if self._state is not _State.RUNNING and not self._running and self.pending() == 0:
+            self._drained.set()
+
+    def _take(self, items: list[_Pending], now_ns: int) -> None:
+        taken = set(items)
+        for number in {item.level for item in items}:
+            level = self.levels[number]
+            level.main = deque(i for i in level.main if i not in taken)
+            level.delayed = deque(i for i in level.delayed if i not in taken)
+        for item in items:
+            item.stage = _Stage.RUNNING
+            item.queue_ns = now_ns - item.arrival_ns
+        self._running.update(items)
+        self._queue_changed()
+
+    # ------------------------------------------------------------------ timeouts
+
+    def _expire(self, now_ns: int) -> None:
+        """Apply the timeout action to every queued request whose deadline has passed."""
+        changed = False
+        while self._deadlines and self._deadlines[0][0] <= now_ns:
+            _, _, item = heapq.heappop(self._deadlines)
+            if item.stage is not _Stage.QUEUED or item.delayed:
+                continue
+            level = self.levels[item.level]
+            level.main.remove(item)
+            changed = True
+            if item.delay_on_timeout:
+                item.delayed = True
+                level.delayed.append(item)
+            else:
+                self._complete(
+                    item,
+                    QueueTimeout(
+                        f"inference request for model '{self.model}' timed out in queue "
+                        f"after {item.timeout_us} us"
+                    ),
+                    "REJECTED",
+                )
+        if changed:
+            self._queue_changed()
+
+    def _arm_timer(self) -> None:
+        """Keep one loop timer at the earliest deadline, so a timeout fires even while every
+        instance is busy and nobody is forming a batch."""
+        while self._deadlines and (
+            self._deadlines[0][2].stage is not _Stage.QUEUED or self._deadlines[0][2].delayed
+        ):
+            heapq.heappop(self._deadlines)
+        if not self._deadlines:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            return
+        earliest = self._deadlines[0][0]
+        if self._timer is not None and self._timer_ns <= earliest:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        delay = max(0, earliest - time.monotonic_ns()) / 1e9
+        self._timer_ns = earliest
+        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._expire(time.monotonic_ns())
+        self._arm_timer()
+
+    # ------------------------------------------------------------------ workers
+
+    async def _worker(self, instance: Backend) -> None:
+        while True:
+            # One worker at a time forms a batch; the other free ones queue on the lock, so
+            # the queue feeds whichever instance is free first.
+            async with self._form_lock:
+                items = await self._next_batch()
+            if items is None:
+                return
+            await self._execute(instance, items)
+
+    async def _next_batch(self) -> list[_Pending] | None:
+        while True:
+            now = time.monotonic_ns()
+            self._expire(now)
+            wake_at: int | None = None
+            if self.pending():
+                items, wake_at = self._plan(now)
+                if items is not None:
+                    self._take(items, now)
+                    return items
+            elif self._state is not _State.RUNNING:
+                return None
+            self._wakeup.clear()
+            timeout = None if wake_at is None else max(0, wake_at - now) / 1e9
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+
+    async def _execute(self, instance: Backend, items: list[_Pending]) -> None:
+        requests = [item.request for item in items]
+        started = time.monotonic_ns()
+        results: list[ExecuteResult]
+        try:
+            results = list(await instance.execute(requests))
+            if len(results) != len(items):
+                raise BackendError(
+                    f"backend {instance.name!r} returned {len(results)} results for "
+                    f"{len(items)} requests of model '{self.model}'"
+                )
+        except EdgedError as exc:
+            results = [exc] * len(items)
+        except Exception as exc:  # a broken backend fails this batch, never the scheduler
+            log.warning("model %s: backend %s raised while executing %d request(s): %r",
+                        self.model, instance.name, len(items), exc)
+            error = BackendError(
+                f"backend {instance.name!r} failed to execute model '{self.model}': "
+                f"{type(exc).__name__}: {exc}"
+            )
+            results = [error] * len(items)
+        elapsed = time.monotonic_ns() - started
+        if any(isinstance(result, InferResponse) for result in results):
+            self.stats.record_execution(sum(item.rows for item in items), elapsed)
+        for item, result in zip(items, results, strict=True):
+            item.compute_ns = elapsed
+            if not isinstance(result, InferResponse | EdgedError):
+                result = BackendError(
+                    f"backend {instance.name!r} returned {type(result).__name__} instead of a "
+                    f"response for model '{self.model}'"
+                )
+            self._complete(item, result, "BACKEND")
+
+    # ------------------------------------------------------------------ delivery
+
+    def _complete(self, item: _Pending, outcome: ExecuteResult | None, reason: FailureReason) -> None:
+        """`item` is finished (outcome None = cancelled); deliver it, in order if configured."""
+        if item.stage is _Stage.DONE:
+            return
+        item.stage = _Stage.DONE
+        self._running.discard(item)
+        if not self.preserve_ordering:
+            self._deliver(item, outcome, reason)
+        else:
+            self._held[item.seq] = (item, outcome, reason)
+            while self._deliver_seq in self._held:
+                held, held_outcome, held_reason = self._held.pop(self._deliver_seq)
+                self._deliver_seq += 1
+                self._deliver(held, held_outcome, held_reason)
+        self._check_drained()
+
+    def _deliver(self, item: _Pending, outcome: ExecuteResult | None, reason: FailureReason) -> None:
+        duration = time.monotonic_ns() - item.arrival_ns
+        if outcome is None or item.future.done():
+            self.stats.record_failure(duration, "CANCELED")
+            return
+        if isinstance(outcome, InferResponse):
+            self.stats.record_success(
+                duration,
+                item.rows,
+                queue_ns=item.queue_ns,
+                compute_input_ns=0,
+                compute_infer_ns=item.compute_ns,
+                compute_output_ns=0,
+            )
+            item.future.set_result(outcome)
+        else:
+            self.stats.record_failure(duration, reason)
+            item.future.set_exception(_fresh(outcome))
+
+
+def _fresh(error: EdgedError) -> EdgedError:
+    """A copy per request: one exception object raised in many tasks would share tracebacks."""
+    try:
+        return copy.copy(error)
+    except Exception:
+        return error
+
+
+# ---------------------------------------------------------------------------- schedulers
+
+
+class InstanceScheduler(_QueueScheduler):
+    """One request per execution: models without a batch dimension, or backends that can't
+    merge. Same queue, priorities, policies and instance pool as the dynamic batcher."""
+
+
+class DynamicBatcher(_QueueScheduler):
+    """Triton's dynamic batcher: merge queued requests along dim 0 into one execution.
+
+    A batch is headed by the first request in service order and takes the following
+    compatible requests (same input names, dtypes and non-batch dims), ragged row counts
+    allowed, up to `max_batch_size` rows. It is sent when it is full, when it reaches a
+    preferred size (the largest one reachable), or when its oldest request has waited
+    `max_queue_delay_microseconds`; with no delay it is sent as soon as an instance is free.
+    """
+
+    def __init__(self, config: ModelConfig, instances: Sequence[Backend], stats: ModelStats) -> None:
+        if config.max_batch_size <= 0:
+            raise ConfigError(
+                f"model '{config.name or stats.name}': dynamic batching needs max_batch_size > 0"
+            )
+        super().__init__(config, instances, stats)
+        self.max_rows = config.max_batch_size
+        self.preferred = frozenset(s for s in self.batching.preferred_batch_size if 0 < s <= self.max_rows)
+        self.delay_ns = self.batching.max_queue_delay_microseconds * 1000
+
+    async def submit(self, request: InferRequest) -> InferResponse:
+        rows = request.batch_size()
+        if rows > self.max_rows:
+            self.stats.record_failure(0, "OTHER")
+            raise InvalidArgument(
+                f"inference request batch size {rows} for model '{self.model}' exceeds "
+                f"max_batch_size {self.max_rows}"
+            )
+        return await super().submit(request)
+
+    def _key(self, request: InferRequest) -> Hashable:
+        parts = []
+        rows = None
+        for name in sorted(request.inputs):
+            array = request.inputs[name]
+            if array.ndim == 0 or (rows is not None and array.shape[0] != rows):
+                # Can't be merged safely; a key equal only to itself makes it run alone.
+                return object()
+            rows = array.shape[0]
+            parts.append((name, array.dtype.str, array.shape[1:]))
+        return tuple(parts)
+
+    def _plan(self, now_ns: int) -> tuple[list[_Pending] | None, int | None]:
+        queued = self._queued()
+        head = next(queued)
+        batch = [head]
+        rows = head.rows
+        preferred_len = 1 if rows in self.preferred else 0
+        for item in queued:
+            if rows >= self.max_rows:
+                break
+            if item.key != head.key:
+                continue
+            if rows + item.rows > self.max_rows:
+                # Stop rather than skip it: a large request must not be overtaken forever.
+                break
+            batch.append(item)
+            rows += item.rows
+            if rows in self.preferred:
+                preferred_len = len(batch)
+        if rows >= self.max_rows:
+            return batch, None
+        if preferred_len:
+            return batch[:preferred_len], None
+        wake_at = head.arrival_ns + self.delay_ns
+        if self._state is not _State.RUNNING or now_ns >= wake_at:
+            return batch, None
+        return None, wake_at

@@ -1,0 +1,306 @@
+"""Per-model statistics: Triton's statistics extension and its Prometheus metrics.
+
+`ModelStats` (one per loaded model version) is the single source of truth. The JSON served at
+`/v2/models/{m}/stats` and the text served at `/metrics` are both read from it, so the two can
+never disagree.
+
+Why a custom collector instead of `prometheus_client.Counter`: Triton exposes its counters
+under their bare names (`nv_inference_count{model="m",version="1"} 5`), and dashboards written
+for Triton query those names. prometheus_client's own counters always append `_total` (and
+`_created`), so `MetricsRegistry` registers one collector that builds the families from the
+live `ModelStats` at scrape time, and `render()` writes the classic text format itself.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+# Triton's `reason` label values for nv_inference_request_failure.
+FailureReason = Literal["REJECTED", "CANCELED", "BACKEND", "OTHER"]
+FAILURE_REASONS: tuple[FailureReason, ...] = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
+@dataclass(slots=True)
+class Duration:
+    """Triton's `$duration_stat`: how many times, and the total nanoseconds."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += max(0, ns)
+
+    def to_json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(slots=True)
+class BatchStats:
+    """One row of Triton's `batch_stats`: executions of one batch size."""
+
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+class ModelStats:
+    """Cumulative statistics of one model version since it was loaded.
+
+    Request-level numbers (`success`, `fail`, `queue`, `compute_*`) are counted once per
+    request, as Triton does; `execution_count` and `batch_stats` once per backend execution,
+    so `inference_count / execution_count` is the average batch size.
+    """
+
+    def __init__(self, name: str = "", version: str = "", metrics: MetricsRegistry | None = None) -> None:
+        self.name = name
+        self.version = version
+        # Rows inferred successfully (a request of batch size 8 counts 8).
+        self.inference_count = 0
+        self.execution_count = 0
+        # Milliseconds since the epoch; 0 = never.
+        self.last_inference = 0
+        self.success = Duration()
+        self.fail = Duration()
+        self.queue = Duration()
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+        self.failures: dict[FailureReason, int] = dict.fromkeys(FAILURE_REASONS, 0)
+        self.batch_stats: dict[int, BatchStats] = {}
+        # Requests waiting in the scheduler queue, set by the scheduler.
+        self.pending = 0
+        self._metrics = metrics
+        if metrics is not None:
+            metrics.add(self)
+
+    # ------------------------------------------------------------------ recording
+
+    def record_success(
+        self,
+        duration_ns: int,
+        batch_size: int = 1,
+        *,
+        queue_ns: int | None = None,
+        compute_input_ns: int | None = None,
+        compute_infer_ns: int | None = None,
+        compute_output_ns: int | None = None,
+    ) -> None:
+        """One request answered. `batch_size` is its row count; phases left None weren't timed."""
+        self.success.add(duration_ns)
+        self.inference_count += batch_size
+        self.last_inference = time.time_ns() // 1_000_000
+        for stat, ns in (
+            (self.queue, queue_ns),
+            (self.compute_input, compute_input_ns),
+            (self.compute_infer, compute_infer_ns),
+            (self.compute_output, compute_output_ns),
+        ):
+            if ns is not None:
+                stat.add(ns)
+
+    def record_failure(self, duration_ns: int, reason: FailureReason = "OTHER") -> None:
+        """One request failed; `reason` is Triton's failure label."""
+        self.fail.add(duration_ns)
+        self.failures[reason] += 1
+        self.last_inference = time.time_ns() // 1_000_000
+
+    def record_execution(
+        self,
+        batch_size: int,
+        compute_infer_ns: int,
+        compute_input_ns: int = 0,
+        compute_output_ns: int = 0,
+    ) -> None:
+        """One backend execution of `batch_size` rows (all requests of the batch together)."""
+        self.execution_count += 1
+        row = self.batch_stats.get(batch_size)
+        if row is None:
+            row = self.batch_stats[batch_size] = BatchStats()
+        row.compute_input.add(compute_input_ns)
+        row.compute_infer.add(compute_infer_ns)
+        row.compute_output.add(compute_output_ns)
+
+    def close(self) -> None:
+        """Stop exporting this object's metrics (the model version was unloaded)."""
+        if self._metrics is not None:
+            self._metrics.remove(self.name, self.version, self)
+
+    # ------------------------------------------------------------------ reporting
+
+    def to_triton_json(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+        """One `$model_stat` object of Triton's statistics extension."""
+        return {
+            "name": self.name if name is None else name,
+            "version": self.version if version is None else version,
+            "last_inference": self.last_inference,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.to_json(),
+                "fail": self.fail.to_json(),
+                "queue": self.queue.to_json(),
+                "compute_input": self.compute_input.to_json(),
+                "compute_infer": self.compute_infer.to_json(),
+                "compute_output": self.compute_output.to_json(),
+                # No response cache: present so clients that read them find zeros.
+                "cache_hit": Duration().to_json(),
+                "cache_miss": Duration().to_json(),
+            },
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": row.compute_input.to_json(),
+                    "compute_infer": row.compute_infer.to_json(),
+                    "compute_output": row.compute_output.to_json(),
+                }
+                for size, row in sorted(self.batch_stats.items())
+            ],
+            "memory_usage": [],
+        }
+
+
+# ---------------------------------------------------------------------------- Prometheus
+
+# (metric name, help, value from one ModelStats). Counters in Triton's units: durations in us.
+_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
+    ("nv_inference_request_success",
+     "Number of successful inference requests, all batch sizes",
+     lambda s: s.success.count),
+    ("nv_inference_count",
+     "Number of inferences performed (does not include cached requests)",
+     lambda s: s.inference_count),
+    ("nv_inference_exec_count",
+     "Number of model executions performed (does not include cached requests)",
+     lambda s: s.execution_count),
+    ("nv_inference_request_duration_us",
+     "Cumulative inference request duration in microseconds (includes cached requests)",
+     lambda s: s.success.ns // 1000),
+    ("nv_inference_queue_duration_us",
+     "Cumulative inference queuing duration in microseconds (includes cached requests)",
+     lambda s: s.queue.ns // 1000),
+    ("nv_inference_compute_input_duration_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)",
+     lambda s: s.compute_input.ns // 1000),
+    ("nv_inference_compute_infer_duration_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)",
+     lambda s: s.compute_infer.ns // 1000),
+    ("nv_inference_compute_output_duration_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+     lambda s: s.compute_output.ns // 1000),
+)
+
+
+class _TritonCollector(Collector):
+    def __init__(self, owner: MetricsRegistry) -> None:
+        self._owner = owner
+
+    def collect(self) -> Iterable[Metric]:
+        rows = self._owner.totals()
+        for name, doc, value in _COUNTERS:
+            family = Metric(name, doc, "counter")
+            for (model, version), stats in rows:
+                family.add_sample(name, {"model": model, "version": version}, sum(value(s) for s in stats))
+            yield family
+        failure = Metric(
+            "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter"
+        )
+        for (model, version), stats in rows:
+            for reason in FAILURE_REASONS:
+                failure.add_sample(
+                    failure.name,
+                    {"model": model, "reason": reason, "version": version},
+                    sum(s.failures[reason] for s in stats),
+                )
+        yield failure
+        pending = Metric(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model.",
+            "gauge",
+        )
+        for (model, version), stats in rows:
+            pending.add_sample(pending.name, {"model": model, "version": version}, sum(s.pending for s in stats))
+        yield pending
+
+
+class MetricsRegistry:
+    """The daemon's metrics: a private `CollectorRegistry` (never prometheus_client's global one,
+    so two daemons in one process, or two tests, don't share counters).
+
+    Each `ModelStats` created with this registry is exported until `remove()`. Objects are held
+    weakly: a version whose load failed disappears from `/metrics` with its last reference.
+    While a reload swaps an old and a new object of the same model version, both are alive and
+    their numbers are summed into one series.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        # (model, version) -> live objects, oldest first.
+        self._stats: dict[tuple[str, str], list[weakref.ref[ModelStats]]] = {}
+        self.registry.register(_TritonCollector(self))
+
+    def add(self, stats: ModelStats) -> None:
+        self._stats.setdefault((stats.name, stats.version), []).append(weakref.ref(stats))
+
+    def remove(self, model: str, version: str, stats: ModelStats | None = None) -> None:
+        """Stop exporting a model version.
+
+        With `stats`, exactly that object goes. Without it, the oldest live object of the
+        version goes: on a reload the registry creates the new object before retiring the old,
+        so this drops the retiring one and keeps the one now serving.
+        """
+        key = (model, version)
+        live = [ref for ref in self._stats.get(key, []) if ref() is not None]
+        if stats is not None:
+            live = [ref for ref in live if ref() is not stats]
+        elif live:
+            live = live[1:]
+        if live:
+            self._stats[key] = live
+        else:
+            self._stats.pop(key, None)
+
+    def totals(self) -> list[tuple[tuple[str, str], list[ModelStats]]]:
+        """Live objects per (model, version), sorted by model then version."""
+        rows: list[tuple[tuple[str, str], list[ModelStats]]] = []
+        for key in sorted(self._stats):
+            alive = [s for s in (ref() for ref in self._stats[key]) if s is not None]
+            if alive:
+                rows.append((key, alive))
+            else:
+                del self._stats[key]
+        return rows
+
+    def render(self) -> bytes:
+        """Prometheus text exposition format 0.0.4 of everything in the registry."""
+        return "".join(_render_family(metric) for metric in self.registry.collect()).encode()
+
+
+# Classic text format type names (prometheus_client's data model uses OpenMetrics names).
+_TEXT_TYPES = {"unknown": "untyped", "info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram"}
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _render_family(metric: Metric) -> str:
+    return "".join(_family_lines(metric))
+
+
+def _family_lines(metric: Metric) -> Iterator[str]:
+    doc = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+    yield f"# HELP {metric.name} {doc}\n"
+    yield f"# TYPE {metric.name} {_TEXT_TYPES.get(metric.type, metric.type)}\n"
+    for sample in metric.samples:
+        labels = ",".join(f'{k}="{_escape_label(v)}"' for k, v in sorted(sample.labels.items()))
+        text = f"{sample.name}{{{labels}}}" if labels else sample.name
+        yield f"{text} {floatToGoString(sample.value)}\n"

@@ -1,0 +1,95 @@
+"""Check a decoded inference request against its model's configuration, like Triton does
+before a request reaches a scheduler: input names, datatypes, shapes, batch size, outputs.
+
+Messages name the model, the tensor, what was expected and what came.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from daemon.backend import NUMPY_DTYPES, InferRequest, datatype_of
+from daemon.errors import InvalidArgument
+from daemon.model_config import ModelConfig, TensorConfig
+
+
+def validate_request(request: InferRequest, config: ModelConfig) -> None:
+    """Raise InvalidArgument when `request` does not fit `config`."""
+    model = config.name
+    batching = config.max_batch_size > 0
+    batch_owner = ""
+    batch_size = 0
+    for name, array in request.inputs.items():
+        tensor = config.input_by_name(name)
+        if tensor is None:
+            raise InvalidArgument(f"unexpected inference input {name!r} for model {model!r}")
+        _check_datatype(name, array, tensor, model)
+        _check_shape(name, array.shape, tensor, config)
+        if batching:
+            # Merging requests along dim 0 needs every input to agree on it.
+            rows = int(array.shape[0])
+            if not batch_owner:
+                batch_owner, batch_size = name, rows
+            elif rows != batch_size:
+                raise InvalidArgument(
+                    f"inputs {batch_owner!r} and {name!r} for model {model!r} have different "
+                    f"batch sizes {batch_size} and {rows}"
+                )
+
+    missing = [t.name for t in config.input if not t.optional and t.name not in request.inputs]
+    if missing:
+        raise InvalidArgument(
+            f"request for model {model!r} is missing required input(s) {missing}; "
+            f"it has {sorted(request.inputs)}"
+        )
+
+    # A config without outputs (not autocompleted, or a generation model) cannot tell which
+    # names are valid; the backend answers for those.
+    if config.output:
+        for name in request.requested_outputs:
+            if config.output_by_name(name) is None:
+                raise InvalidArgument(f"unexpected inference output {name!r} for model {model!r}")
+
+
+def _check_datatype(name: str, array: np.ndarray, tensor: TensorConfig, model: str) -> None:
+    expected = tensor.data_type
+    # BF16 and UINT16 share a numpy dtype; the array alone cannot tell them apart.
+    if expected == "BYTES" and array.dtype.kind == "O":
+        return
+    if expected != "BYTES" and array.dtype == NUMPY_DTYPES[expected]:
+        return
+    try:
+        got = datatype_of(array)
+    except InvalidArgument:
+        got = f"numpy {array.dtype}"
+    if expected == "BYTES" and got == "BYTES":
+        got = f"numpy {array.dtype} (BYTES must be an object array of bytes)"
+    raise InvalidArgument(
+        f"inference input {name!r} data-type is {got!r}, but model {model!r} expects {expected!r}"
+    )
+
+
+def _check_shape(
+    name: str, shape: tuple[int, ...], tensor: TensorConfig, config: ModelConfig
+) -> None:
+    dims = tensor.dims
+    mbs = config.max_batch_size
+    batched = mbs > 0
+    if not (batched and not shape) and _dims_match(shape[1:] if batched else shape, dims):
+        if batched and not 1 <= shape[0] <= mbs:
+            raise InvalidArgument(
+                f"input {name!r} for model {config.name!r}: batch size {shape[0]} must be "
+                f"between 1 and max_batch_size {mbs}"
+            )
+        return
+    expected = [-1, *dims] if batched else list(dims)
+    raise InvalidArgument(
+        f"unexpected shape for input {name!r} for model {config.name!r}. "
+        f"Expected {expected}, got {list(shape)}"
+    )
+
+
+def _dims_match(shape: tuple[int, ...], dims: list[int]) -> bool:
+    if len(shape) != len(dims):
+        return False
+    return all(want in (-1, got) for got, want in zip(shape, dims, strict=True))

@@ -1,0 +1,168 @@
+"""The normalized model configuration every layer works with.
+
+It mirrors Triton's `ModelConfig` (field names in snake_case exactly as in config.pbtxt) so a
+config.pbtxt, a native model.toml and the JSON served at `/v2/models/{m}/config` are the same
+document. Datatypes are stored in KServe spelling (`FP32`, `BYTES`); the `TYPE_` prefix used by
+config.pbtxt is stripped on the way in (see `normalize_datatype`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from daemon.errors import ConfigError
+
+# KServe v2 datatype names. Order matters nowhere; membership does.
+DATATYPES: frozenset[str] = frozenset(
+    {
+        "BOOL",
+        "UINT8",
+        "UINT16",
+        "UINT32",
+        "UINT64",
+        "INT8",
+        "INT16",
+        "INT32",
+        "INT64",
+        "FP16",
+        "FP32",
+        "FP64",
+        "BF16",
+        "BYTES",
+    }
+)
+
+
+def normalize_datatype(value: str) -> str:
+    """`TYPE_FP32` (config.pbtxt) or `FP32` (KServe) -> `FP32`; `TYPE_STRING` -> `BYTES`."""
+    name = value.upper()
+    if name.startswith("TYPE_"):
+        name = name[5:]
+    if name == "STRING":
+        name = "BYTES"
+    if name not in DATATYPES:
+        raise ConfigError(f"unknown data_type {value!r}; expected one of {sorted(DATATYPES)}")
+    return name
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=False):
+    pass
+
+
+class TensorConfig(_Strict):
+    name: str
+    data_type: str
+    # Without the batch dimension when max_batch_size > 0, like Triton. -1 = variable.
+    dims: list[int]
+    optional: bool = False
+    # Triton `reshape { shape: [...] }`; kept so configs round-trip.
+    reshape: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        # ValueError (not ConfigError) so msgspec reports the path, e.g. `$.input[0]`.
+        try:
+            self.data_type = normalize_datatype(self.data_type)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from None
+        if any(d < -1 for d in self.dims):
+            raise ValueError(f"tensor {self.name!r}: dims must be >= -1, got {self.dims}")
+
+
+InstanceKind = Literal["KIND_AUTO", "KIND_CPU", "KIND_GPU", "KIND_MODEL"]
+
+
+class InstanceGroup(_Strict):
+    count: Annotated[int, msgspec.Meta(ge=1)] = 1
+    kind: InstanceKind = "KIND_AUTO"
+    gpus: list[int] = []
+    name: str = ""
+
+
+class QueuePolicy(_Strict):
+    timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
+    default_timeout_microseconds: Annotated[int, msgspec.Meta(ge=0)] = 0
+    allow_timeout_override: bool = False
+    # 0 = unbounded, like Triton.
+    max_queue_size: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class DynamicBatching(_Strict):
+    preferred_batch_size: list[int] = []
+    max_queue_delay_microseconds: Annotated[int, msgspec.Meta(ge=0)] = 0
+    preserve_ordering: bool = False
+    priority_levels: Annotated[int, msgspec.Meta(ge=0)] = 0
+    default_priority_level: Annotated[int, msgspec.Meta(ge=0)] = 0
+    default_queue_policy: QueuePolicy | None = None
+    priority_queue_policy: dict[int, QueuePolicy] = {}
+
+    def __post_init__(self) -> None:
+        if self.priority_levels and self.default_priority_level > self.priority_levels:
+            raise ValueError("default_priority_level must be <= priority_levels")
+
+
+class VersionPolicy(_Strict):
+    kind: Literal["latest", "all", "specific"] = "latest"
+    num_versions: Annotated[int, msgspec.Meta(ge=1)] = 1
+    versions: list[int] = []
+
+
+class EnsembleStep(_Strict):
+    model_name: str
+    model_version: int = -1
+    # step-model tensor name -> ensemble tensor name (input_map) and the reverse (output_map),
+    # exactly as Triton's ensemble_scheduling.step.
+    input_map: dict[str, str] = {}
+    output_map: dict[str, str] = {}
+
+
+class EnsembleScheduling(_Strict):
+    step: list[EnsembleStep] = []
+
+
+class TransactionPolicy(_Strict):
+    decoupled: bool = False
+
+
+class ModelConfig(_Strict):
+    name: str = ""
+    # "" or "auto" = chosen by hardware-aware selection (daemon.core.selection).
+    backend: str = ""
+    platform: str = ""
+    max_batch_size: Annotated[int, msgspec.Meta(ge=0)] = 0
+    input: list[TensorConfig] = []
+    output: list[TensorConfig] = []
+    instance_group: list[InstanceGroup] = []
+    version_policy: VersionPolicy = msgspec.field(default_factory=VersionPolicy)
+    # Triton's `parameters { key: "k" value { string_value: "v" } }`, flattened.
+    parameters: dict[str, str] = {}
+    dynamic_batching: DynamicBatching | None = None
+    ensemble_scheduling: EnsembleScheduling | None = None
+    model_transaction_policy: TransactionPolicy = msgspec.field(
+        default_factory=TransactionPolicy
+    )
+    default_model_filename: str = ""
+    # Ours: ordered backend preference for `backend: auto` (e.g. ["openvino", "onnxruntime"]).
+    backend_preference: list[str] = []
+
+    def input_by_name(self, name: str) -> TensorConfig | None:
+        return next((t for t in self.input if t.name == name), None)
+
+    def output_by_name(self, name: str) -> TensorConfig | None:
+        return next((t for t in self.output if t.name == name), None)
+
+
+def config_from_mapping(data: object, *, source: str) -> ModelConfig:
+    """Validate a plain mapping (from TOML, JSON or a converted pbtxt) into a ModelConfig.
+
+    `source` names the file so the error tells the user where to look.
+    """
+    try:
+        return msgspec.convert(data, ModelConfig)
+    except (msgspec.ValidationError, ConfigError) as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
+
+
+def config_to_json(config: ModelConfig) -> bytes:
+    return msgspec.json.encode(config)

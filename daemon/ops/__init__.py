@@ -1,0 +1,1 @@
+"""Operating-system integration: systemd notification, watchdog and socket activation."""

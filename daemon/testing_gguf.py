@@ -1,0 +1,154 @@
+"""Write tiny but real GGUF models (llama architecture, random weights) for tests and benches.
+
+The model is a genuine llama.cpp "llama" model: RMSNorm, RoPE attention, SwiGLU feed-forward,
+and an SPM ("llama") tokenizer with byte fallback, so every string tokenizes and every token
+detokenizes. Weights are random: the text it writes is gibberish, but it is *deterministic*
+gibberish, which is what tests of an inference engine need.
+
+Two choices make test output easy to reason about:
+- the output rows of the special tokens and of non-printable bytes are zero, so greedy
+  decoding never ends early on `</s>` and never emits broken UTF-8 (the logits of the
+  other tokens are large and random, and the greedy maximum is always positive);
+- the vocabulary holds printable ASCII pieces and a few merges, so generated text is
+  readable ASCII and stop strings can be picked from it.
+
+`pooling` writes `llama.pooling_type` so the same file works as an embedding model
+(llama.cpp reads that key for every architecture): 1 = mean, 2 = cls, 3 = last.
+
+Only the `gguf` package (the llama.cpp project's own writer) and numpy are needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+# ChatML: llama.cpp's llama_chat_apply_template recognises it by the `<|im_start|>` marker.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# SentencePiece's visible space.
+SPACE = "\u2581"
+
+_MERGES = (
+    "th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "ti", "es", "or", "te",
+    SPACE + "t", SPACE + "a", SPACE + "s", SPACE + "w", SPACE + "o", SPACE + "the",
+    SPACE + "and", SPACE + "of", SPACE + "to", SPACE + "in", SPACE + "is",
+)
+
+
+def _vocab() -> tuple[list[str], list[float], list[int]]:
+    """<unk>, <s>, </s>, the 256 byte tokens, then printable ASCII pieces and merges."""
+    # Token types as in gguf.TokenType: NORMAL=1, UNKNOWN=2, CONTROL=3, BYTE=6.
+    tokens = ["<unk>", "<s>", "</s>"]
+    scores = [0.0, 0.0, 0.0]
+    types = [2, 3, 3]
+    for byte in range(256):
+        tokens.append(f"<0x{byte:02X}>")
+        scores.append(0.0)
+        types.append(6)
+    # Single characters score lowest and longer merges higher, so SPM's bigram merging
+    # prefers the merges (it merges the highest-scoring pair first).
+    for char in [SPACE] + [chr(c) for c in range(0x21, 0x7F)]:
+        tokens.append(char)
+        scores.append(-100.0)
+        types.append(1)
+    for rank, merge in enumerate(_MERGES):
+        tokens.append(merge)
+        scores.append(-float(rank))
+        types.append(1)
+    return tokens, scores, types
+
+
+def write_tiny_llama(
+    path: str | Path,
+    *,
+    n_embd: int = 64,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_head_kv: int | None = None,
+    n_ff: int = 128,
+    n_ctx: int = 256,
+    seed: int = 0,
+    dtype: Literal["f32", "f16"] = "f32",
+    pooling: int | None = None,
+    chat_template: str | None = CHATML_TEMPLATE,
+) -> Path:
+    """Write a random llama-architecture GGUF to `path` and return the path."""
+    import gguf  # the writer is a dev/test dependency, not a runtime one
+
+    path = Path(path)
+    if n_embd % n_head:
+        raise ValueError(f"n_embd ({n_embd}) must be a multiple of n_head ({n_head})")
+    n_head_kv = n_head if n_head_kv is None else n_head_kv
+    head_dim = n_embd // n_head
+    tokens, scores, types = _vocab()
+    n_vocab = len(tokens)
+    rng = np.random.default_rng(seed)
+    np_dtype = np.float32 if dtype == "f32" else np.float16
+
+    def linear(n_out: int, n_in: int) -> np.ndarray:
+        # numpy shape (rows, cols) = GGUF ne (cols, rows): one row per output feature.
+        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np_dtype)
+
+    def norm() -> np.ndarray:
+        # Norm weights stay f32, as llama.cpp's converters write them.
+        return np.ones(n_embd, dtype=np.float32)
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("edged-tiny-llama")
+    writer.add_context_length(n_ctx)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(0 if dtype == "f32" else 1)
+    writer.add_vocab_size(n_vocab)
+    if pooling is not None:
+        writer.add_uint32("llama.pooling_type", pooling)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+    writer.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, n_embd)).astype(np_dtype))
+    for layer in range(n_layer):
+        prefix = f"blk.{layer}"
+        writer.add_tensor(f"{prefix}.attn_norm.weight", norm())
+        writer.add_tensor(f"{prefix}.attn_q.weight", linear(n_embd, n_embd))
+        writer.add_tensor(f"{prefix}.attn_k.weight", linear(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"{prefix}.attn_v.weight", linear(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"{prefix}.attn_output.weight", linear(n_embd, n_embd))
+        writer.add_tensor(f"{prefix}.ffn_norm.weight", norm())
+        writer.add_tensor(f"{prefix}.ffn_gate.weight", linear(n_ff, n_embd))
+        writer.add_tensor(f"{prefix}.ffn_up.weight", linear(n_ff, n_embd))
+        writer.add_tensor(f"{prefix}.ffn_down.weight", linear(n_embd, n_ff))
+    writer.add_tensor("output_norm.weight", norm())
+    output = rng.standard_normal((n_vocab, n_embd)).astype(np.float32)
+    for token_id, (text, kind) in enumerate(zip(tokens, types, strict=True)):
+        if kind in (2, 3) or (kind == 6 and not 0x20 <= int(text[3:5], 16) < 0x7F):
+            output[token_id] = 0.0
+    writer.add_tensor("output.weight", output.astype(np_dtype))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

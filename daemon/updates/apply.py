@@ -1,0 +1,106 @@
+"""Applying a bundle: verify, stage, switch, health-check, then commit or switch back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import msgspec
+
+from daemon import __version__
+from daemon.updates.bundle import verify_bundle
+from daemon.updates.errors import HealthCheckFailed
+from daemon.updates.manifest import check_targets
+from daemon.updates.store import Checkpoint, ReleaseStore
+
+log = logging.getLogger(__name__)
+
+HealthCheck = Callable[[Path], Awaitable[None]]
+
+
+class AppliedUpdate(msgspec.Struct, forbid_unknown_fields=True):
+    bundle_version: str
+    sequence: int
+    release: str
+    pruned: list[str]
+    health_checked: bool
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+async def apply_update(
+    path: Path,
+    store: ReleaseStore,
+    trusted_keys: Path,
+    health_check: HealthCheck | None,
+    progress: Callable[[str], None] = _noop,
+    *,
+    restore: HealthCheck | None = None,
+    daemon_version: str = __version__,
+    keep: int = 3,
+    checkpoint: Checkpoint | None = None,
+) -> AppliedUpdate:
+    """Apply the bundle at `path` to `store`.
+
+    `health_check(release_dir)` runs after `current` points at the new release (the daemon
+    reloads its models from it and sends each a warm-up request); any exception fails the update:
+    `current` is switched back to the previous release, `restore(previous_dir)` is awaited (the
+    daemon reloads the old models) and HealthCheckFailed is raised. `checkpoint(step)` is called
+    at each step boundary (a fault-injection hook for tests). Disk work runs in a thread: the
+    event loop, and with it the systemd watchdog, keeps running during a multi-GB extraction.
+    """
+    path = Path(path)
+    step = checkpoint or _noop
+    progress(f"verifying {path.name}")
+    manifest = await asyncio.to_thread(verify_bundle, path, trusted_keys)
+    check_targets(manifest, daemon_version)
+    step("verified")
+    label = f"{manifest.bundle_version} (sequence {manifest.sequence})"
+    progress(f"verified bundle {label}")
+    with store.locked():
+        await asyncio.to_thread(store._recover)
+        store.check_sequence(manifest)
+        progress(f"staging {label}")
+        release = await asyncio.to_thread(store.stage, path, manifest, checkpoint)
+        step("staged")
+        progress(f"switching to {release.name}")
+        await asyncio.to_thread(store.begin, release)
+        step("switched")
+        if health_check is not None:
+            progress(f"health check of {release.name}")
+            try:
+                await health_check(release)
+            except BaseException as exc:  # cancellation too: never leave an unchecked switch
+                detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                previous = await asyncio.to_thread(store.abort, f"health check failed: {detail}")
+                back = previous.name if previous else "no release"
+                progress(f"health check failed; switched back to {back}")
+                if not isinstance(exc, Exception):
+                    raise
+                restored = ""
+                if restore is not None and previous is not None:
+                    try:
+                        await restore(previous)
+                    except Exception as restore_exc:
+                        log.exception("restoring %s after a failed update", previous)
+                        restored = f"; reloading {back} also failed: {restore_exc}"
+                raise HealthCheckFailed(
+                    f"bundle {label}: health check of release {release.name} failed ({detail}); "
+                    f"switched back to {back}{restored}"
+                ) from exc
+            step("checked")
+        name = await asyncio.to_thread(store.commit)
+        step("committed")
+        pruned = await asyncio.to_thread(store._prune, keep)
+    progress(f"committed {name}" + (f", pruned {', '.join(pruned)}" if pruned else ""))
+    return AppliedUpdate(
+        bundle_version=manifest.bundle_version,
+        sequence=manifest.sequence,
+        release=name,
+        pruned=pruned,
+        health_checked=health_check is not None,
+    )

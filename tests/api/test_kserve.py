@@ -1,0 +1,278 @@
+"""KServe v2 over a real Unix socket against a real daemon process serving real ONNX Runtime and
+Python models (Triton's `simple` example)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import struct
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from daemon.demo import write_simple_repository  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("repo")
+    write_simple_repository(path)
+    return path
+
+
+@pytest.fixture
+def daemon(start_daemon: Callable[..., object], repo: Path) -> object:
+    return start_daemon("--model-repository", str(repo))
+
+
+def _simple_inputs(rows: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    a = np.arange(16 * rows, dtype=np.int32).reshape(rows, 16)
+    b = np.full((rows, 16), 3, dtype=np.int32) * np.arange(1, rows + 1, dtype=np.int32)[:, None]
+    return a, b
+
+
+def _json_infer(a: np.ndarray, b: np.ndarray) -> dict[str, object]:
+    return {
+        "id": "req-1",
+        "inputs": [
+            {"name": "INPUT0", "shape": list(a.shape), "datatype": "INT32", "data": a.ravel().tolist()},
+            {"name": "INPUT1", "shape": list(b.shape), "datatype": "INT32", "data": b.tolist()},
+        ],
+    }
+
+
+def test_health_and_server_metadata(daemon) -> None:
+    assert daemon.request("GET", "/v2/health/live").status == 200
+    assert daemon.request("GET", "/v2/health/ready").status == 200
+    meta = daemon.request("GET", "/v2").json()
+    assert meta["name"] == "edged"
+    assert "binary_tensor_data" in meta["extensions"] and "statistics" in meta["extensions"]
+
+
+@pytest.mark.parametrize("model", ["simple", "simple_python"])
+def test_json_infer_matches_numpy(daemon, model: str) -> None:
+    a, b = _simple_inputs(rows=3)
+    reply = daemon.post_json(f"/v2/models/{model}/infer", _json_infer(a, b))
+    assert reply.status == 200, reply.body
+    body = reply.json()
+    assert body["model_name"] == model and body["id"] == "req-1"
+    outputs = {o["name"]: o for o in body["outputs"]}
+    assert outputs["OUTPUT0"]["shape"] == [3, 16] and outputs["OUTPUT0"]["datatype"] == "INT32"
+    np.testing.assert_array_equal(np.array(outputs["OUTPUT0"]["data"]).reshape(3, 16), a + b)
+    np.testing.assert_array_equal(np.array(outputs["OUTPUT1"]["data"]).reshape(3, 16), a - b)
+
+
+def test_binary_infer_and_output_selection(daemon) -> None:
+    a, b = _simple_inputs(rows=2)
+    header = json.dumps({
+        "inputs": [
+            {"name": "INPUT0", "shape": [2, 16], "datatype": "INT32", "parameters": {"binary_data_size": a.nbytes}},
+            {"name": "INPUT1", "shape": [2, 16], "datatype": "INT32", "parameters": {"binary_data_size": b.nbytes}},
+        ],
+        "outputs": [{"name": "OUTPUT1", "parameters": {"binary_data": True}}],
+    }).encode()
+    reply = daemon.request(
+        "POST", "/v2/models/simple/versions/1/infer", header + a.tobytes() + b.tobytes(),
+        {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"},
+    )
+    assert reply.status == 200, reply.body
+    json_len = int(reply.headers["inference-header-content-length"])
+    meta = json.loads(reply.body[:json_len])
+    assert [o["name"] for o in meta["outputs"]] == ["OUTPUT1"]
+    size = meta["outputs"][0]["parameters"]["binary_data_size"]
+    out = np.frombuffer(reply.body[json_len : json_len + size], dtype=np.int32).reshape(2, 16)
+    np.testing.assert_array_equal(out, a - b)
+
+
+def test_gzip_request_body(daemon) -> None:
+    a, b = _simple_inputs()
+    body = gzip.compress(json.dumps(_json_infer(a, b)).encode())
+    reply = daemon.request("POST", "/v2/models/simple/infer", body,
+                           {"Content-Encoding": "gzip", "Content-Type": "application/json"})
+    assert reply.status == 200, reply.body
+    out = {o["name"]: o["data"] for o in reply.json()["outputs"]}
+    assert out["OUTPUT0"] == (a + b).ravel().tolist()
+
+
+def test_model_metadata_ready_config(daemon) -> None:
+    meta = daemon.request("GET", "/v2/models/simple").json()
+    assert meta["name"] == "simple" and meta["versions"] == ["1"]
+    assert meta["backend"] == "onnxruntime"
+    assert {"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]} in meta["inputs"]
+    assert meta["selection"]["backend"] == "onnxruntime"
+    assert daemon.request("GET", "/v2/models/simple/ready").status == 200
+    assert daemon.request("GET", "/v2/models/simple/versions/1/ready").status == 200
+    not_ready = daemon.request("GET", "/v2/models/simple/versions/7/ready")
+    assert not_ready.status == 400 and not_ready.json() == {"error": "Model version not ready"}
+    config = daemon.request("GET", "/v2/models/simple/config").json()
+    assert config["max_batch_size"] == 8 and config["name"] == "simple"
+
+
+def test_repository_index_and_stats(daemon) -> None:
+    a, b = _simple_inputs()
+    assert daemon.post_json("/v2/models/simple/infer", _json_infer(a, b)).status == 200
+    index = daemon.post_json("/v2/repository/index", {}).json()
+    assert {"name": "simple", "version": "1", "state": "READY"} in [
+        {k: row[k] for k in ("name", "version", "state")} for row in index
+    ]
+    stats = daemon.request("GET", "/v2/models/simple/stats").json()["model_stats"][0]
+    assert stats["name"] == "simple" and stats["version"] == "1"
+    assert stats["inference_stats"]["success"]["count"] >= 1
+    metrics = daemon.request("GET", "/metrics").body.decode()
+    assert 'nv_inference_request_success{model="simple",version="1"}' in metrics
+    assert "nv_inference_queue_duration_us" in metrics
+
+
+def test_curl_over_unix_socket(daemon) -> None:
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("curl is not installed")
+    a, b = _simple_inputs()
+    out = subprocess.run(
+        [curl, "-sS", "--unix-socket", str(daemon.socket), "-H", "Content-Type: application/json",
+         "-d", json.dumps(_json_infer(a, b)), "http://localhost/v2/models/simple/infer"],
+        check=True, capture_output=True, timeout=60,
+    )
+    outputs = {o["name"]: o["data"] for o in json.loads(out.stdout)["outputs"]}
+    assert outputs["OUTPUT0"] == (a + b).ravel().tolist()
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+def _assert_error(reply, status: int, *needles: str) -> None:
+    assert reply.status == status, (reply.status, reply.body)
+    message = reply.json()["error"]
+    for needle in needles:
+        assert needle in message, message
+
+
+def test_bad_requests_get_clear_errors_and_daemon_keeps_serving(daemon) -> None:
+    a, b = _simple_inputs()
+    good = _json_infer(a, b)
+    _assert_error(daemon.request("POST", "/v2/models/simple/infer", b"{not json"), 400, "JSON")
+    _assert_error(daemon.post_json("/v2/models/nope/infer", good), 404, "Request for unknown model", "nope")
+    _assert_error(daemon.post_json("/v2/models/simple/versions/9/infer", good), 404, "version 9")
+    wrong_dtype = json.loads(json.dumps(good))
+    wrong_dtype["inputs"][0]["datatype"] = "FP32"
+    _assert_error(daemon.post_json("/v2/models/simple/infer", wrong_dtype), 400, "INPUT0")
+    wrong_shape = json.loads(json.dumps(good))
+    wrong_shape["inputs"][0]["shape"] = [1, 8]
+    wrong_shape["inputs"][0]["data"] = list(range(8))
+    _assert_error(daemon.post_json("/v2/models/simple/infer", wrong_shape), 400, "INPUT0")
+    short = json.loads(json.dumps(good))
+    short["inputs"][1]["data"] = short["inputs"][1]["data"][0][:5]
+    _assert_error(daemon.post_json("/v2/models/simple/infer", short), 400, "INPUT1")
+    unknown_field = json.loads(json.dumps(good))
+    unknown_field["inputz"] = []
+    _assert_error(daemon.post_json("/v2/models/simple/infer", unknown_field), 400, "inputz")
+    header = json.dumps({"inputs": [
+        {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}},
+    ]}).encode()
+    _assert_error(
+        daemon.request("POST", "/v2/models/simple/infer", header + a.tobytes(),
+                       {"Inference-Header-Content-Length": str(len(header))}),
+        400, "INPUT1",
+    )
+    _assert_error(
+        daemon.request("POST", "/v2/models/simple/infer", header,
+                       {"Inference-Header-Content-Length": str(len(header) + 100)}),
+        400, "Inference-Header-Content-Length",
+    )
+    _assert_error(daemon.request("GET", "/v2/nowhere"), 404, "Not Found")
+    # Still serving, models unaffected.
+    reply = daemon.post_json("/v2/models/simple/infer", good)
+    assert reply.status == 200
+    assert daemon.request("GET", "/v2/models/simple/ready").status == 200
+    assert daemon.alive()
+
+
+def test_lying_bytes_lengths(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    model = repo / "echo" / "1"
+    model.mkdir(parents=True)
+    (repo / "echo" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [{ name: "IN" data_type: TYPE_STRING dims: [ -1 ] }]\n'
+        'output [{ name: "OUT" data_type: TYPE_STRING dims: [ -1 ] }]\n'
+    )
+    (model / "model.py").write_text(
+        "import triton_python_backend_utils as pb_utils\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        return [pb_utils.InferenceResponse([pb_utils.Tensor('OUT', pb_utils.get_input_tensor_by_name(r, 'IN').as_numpy())]) for r in requests]\n"
+    )
+    daemon = start_daemon("--model-repository", str(repo))
+    elements = [b"hello", b"", b"\xff\xfe binary"]
+    raw = b"".join(struct.pack("<I", len(e)) + e for e in elements)
+    header = json.dumps({"inputs": [{"name": "IN", "shape": [3], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(raw)}}],
+                         "outputs": [{"name": "OUT", "parameters": {"binary_data": True}}]}).encode()
+    reply = daemon.request("POST", "/v2/models/echo/infer", header + raw,
+                           {"Inference-Header-Content-Length": str(len(header))})
+    assert reply.status == 200, reply.body
+    n = int(reply.headers["inference-header-content-length"])
+    assert reply.body[n:] == raw  # BYTES round trip, length-prefixed, binary-safe
+    lying = struct.pack("<I", 1000) + b"abc"
+    header = json.dumps({"inputs": [{"name": "IN", "shape": [1], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(lying)}}]}).encode()
+    _assert_error(
+        daemon.request("POST", "/v2/models/echo/infer", header + lying,
+                       {"Inference-Header-Content-Length": str(len(header))}),
+        400, "IN",
+    )
+    assert daemon.request("GET", "/v2/models/echo/ready").status == 200
+
+
+def test_body_over_limit_is_413(start_daemon, repo: Path, tmp_path: Path) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text("[server]\nmax-request-bytes = 4096\n")
+    daemon = start_daemon("--config", str(config), "--model-repository", str(repo))
+    a = np.zeros((8, 16), dtype=np.int32)
+    payload = json.dumps(_json_infer(a, a)).encode() + b" " * 8192
+    reply = daemon.request("POST", "/v2/models/simple/infer", payload, {"Content-Type": "application/json"})
+    assert reply.status == 413, reply.body
+    assert "limit" in reply.json()["error"]
+    assert daemon.post_json("/v2/models/simple/infer", _json_infer(*_simple_inputs())).status == 200
+
+
+def test_failing_plugin_load_and_execute(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    for name, body in {
+        "bad_load": "class TritonPythonModel:\n    def initialize(self, args):\n        raise RuntimeError('weights missing')\n",
+        "bad_exec": "class TritonPythonModel:\n    def execute(self, requests):\n        raise ValueError('kaboom')\n",
+    }.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(
+            'backend: "python"\ninput [{ name: "X" data_type: TYPE_FP32 dims: [ 2 ] }]\n'
+            'output [{ name: "Y" data_type: TYPE_FP32 dims: [ 2 ] }]\n'
+        )
+        (repo / name / "1" / "model.py").write_text(body)
+    write_simple_repository(repo)
+    daemon = start_daemon("--model-repository", str(repo), wait=False)
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if daemon.request("GET", "/v2/models/simple/ready", timeout=5).status == 200:
+                break
+        except OSError:
+            pass
+        time.sleep(0.1)
+    assert daemon.request("GET", "/v2/health/ready").status == 400  # one model failed
+    index = {r["name"]: r for r in daemon.post_json("/v2/repository/index", {}).json()}
+    assert index["bad_load"]["state"] == "UNAVAILABLE"
+    assert "weights missing" in index["bad_load"]["reason"]
+    x = {"inputs": [{"name": "X", "shape": [2], "datatype": "FP32", "data": [1, 2]}]}
+    _assert_error(daemon.post_json("/v2/models/bad_exec/infer", x), 500, "kaboom", "bad_exec")
+    _assert_error(daemon.post_json("/v2/models/bad_load/infer", x), 503, "bad_load")
+    assert daemon.post_json("/v2/models/simple/infer", _json_infer(*_simple_inputs())).status == 200
+    assert daemon.post_json("/v2/models/bad_exec/infer", x).status == 500  # and again: still there

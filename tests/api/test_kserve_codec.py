@@ -1,0 +1,782 @@
+"""KServe v2 wire codec: JSON and binary requests/responses, against numpy and tritonclient."""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import numpy as np
+import pytest
+
+from daemon.api.kserve_codec import Codec, DecodedInfer, encode_error
+from daemon.backend import InferRequest, InferResponse
+from daemon.errors import InvalidArgument, PayloadTooLarge
+from daemon.model_config import ModelConfig, TensorConfig
+
+# One sample per datatype: (datatype, numpy array as decoded, JSON data to send).
+SAMPLES: list[tuple[str, np.ndarray, list[Any]]] = [
+    ("BOOL", np.array([[True, False], [False, True]]), [[True, False], [False, True]]),
+    ("UINT8", np.array([[0, 255], [7, 8]], np.uint8), [[0, 255], [7, 8]]),
+    ("UINT16", np.array([[0, 65535], [7, 8]], np.uint16), [[0, 65535], [7, 8]]),
+    ("UINT32", np.array([[0, 2**32 - 1], [7, 8]], np.uint32), [[0, 2**32 - 1], [7, 8]]),
+    ("UINT64", np.array([[0, 2**64 - 1], [7, 8]], np.uint64), [[0, 2**64 - 1], [7, 8]]),
+    ("INT8", np.array([[-128, 127], [0, 1]], np.int8), [[-128, 127], [0, 1]]),
+    ("INT16", np.array([[-32768, 32767], [0, 1]], np.int16), [[-32768, 32767], [0, 1]]),
+    ("INT32", np.array([[-(2**31), 2**31 - 1], [0, 1]], np.int32), [[-(2**31), 2**31 - 1], [0, 1]]),
+    ("INT64", np.array([[-(2**63), 2**63 - 1], [0, 1]], np.int64), [[-(2**63), 2**63 - 1], [0, 1]]),
+    ("FP16", np.array([[0.5, -2.0], [65504.0, 1.0]], np.float16), [[0.5, -2.0], [65504.0, 1]]),
+    ("FP32", np.array([[0.25, -1.5], [3.0, 1e-3]], np.float32), [[0.25, -1.5], [3, 1e-3]]),
+    ("FP64", np.array([[0.1, -1.5], [3.0, 1e300]], np.float64), [[0.1, -1.5], [3, 1e300]]),
+    # bf16 bit patterns of 1.0, -2.0, 0.5, 3.140625 (all exact in bf16).
+    (
+        "BF16",
+        np.array([[0x3F80, 0xC000], [0x3F00, 0x4049]], np.uint16),
+        [[1.0, -2.0], [0.5, 3.140625]],
+    ),
+    (
+        "BYTES",
+        np.array([[b"a", b""], ["é".encode(), b"longer text"]], dtype=object),
+        [["a", ""], ["é", "longer text"]],
+    ),
+]
+
+
+@pytest.fixture
+def codec() -> Codec:
+    return Codec()
+
+
+def json_body(header: dict[str, Any]) -> bytes:
+    return json.dumps(header).encode()
+
+
+def binary_body(header: dict[str, Any], *chunks: bytes) -> tuple[bytes, int]:
+    head = json.dumps(header).encode()
+    return head + b"".join(chunks), len(head)
+
+
+def bytes_wire(items: list[bytes]) -> bytes:
+    return b"".join(struct.pack("<I", len(item)) + item for item in items)
+
+
+def wire_of(datatype: str, array: np.ndarray) -> bytes:
+    if datatype == "BYTES":
+        return bytes_wire(list(array.ravel()))
+    return array.astype(array.dtype.newbyteorder("<")).tobytes()
+
+
+def assert_same(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.dtype == want.dtype
+    assert got.shape == want.shape
+    if want.dtype == object:
+        assert got.ravel().tolist() == want.ravel().tolist()
+        assert all(type(x) is bytes for x in got.ravel())
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def decode_error(codec: Codec, body: bytes, header_length: int | None = None, **kw: Any) -> str:
+    with pytest.raises(InvalidArgument) as info:
+        codec.decode_infer_request(body, header_length, **kw)
+    return info.value.message
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@pytest.mark.parametrize(("datatype", "want", "data"), SAMPLES, ids=[s[0] for s in SAMPLES])
+def test_json_input_every_datatype(
+    codec: Codec, datatype: str, want: np.ndarray, data: list[Any]
+) -> None:
+    body = json_body(
+        {"inputs": [{"name": "X", "shape": [2, 2], "datatype": datatype, "data": data}]}
+    )
+    decoded = codec.decode_infer_request(body, None)
+    assert_same(decoded.request.inputs["X"], want)
+
+
+@pytest.mark.parametrize(("datatype", "want", "data"), SAMPLES, ids=[s[0] for s in SAMPLES])
+def test_json_flat_equals_nested(
+    codec: Codec, datatype: str, want: np.ndarray, data: list[Any]
+) -> None:
+    flat = [x for row in data for x in row]
+    body = json_body(
+        {"inputs": [{"name": "X", "shape": [2, 2], "datatype": datatype, "data": flat}]}
+    )
+    assert_same(codec.decode_infer_request(body, None).request.inputs["X"], want)
+
+
+@pytest.mark.parametrize(("datatype", "want", "data"), SAMPLES, ids=[s[0] for s in SAMPLES])
+def test_binary_input_every_datatype(
+    codec: Codec, datatype: str, want: np.ndarray, data: list[Any]
+) -> None:
+    wire = wire_of(datatype, want)
+    header = {
+        "inputs": [
+            {
+                "name": "X",
+                "shape": [2, 2],
+                "datatype": datatype,
+                "parameters": {"binary_data_size": len(wire)},
+            }
+        ]
+    }
+    body, length = binary_body(header, wire)
+    got = codec.decode_infer_request(body, length).request.inputs["X"]
+    assert_same(got, want)
+    assert got.flags.aligned
+
+
+def test_json_nested_row_major_and_ragged_nesting(codec: Codec) -> None:
+    nested = [[[1, 2, 3], [4, 5, 6]]]
+    body = json_body(
+        {"inputs": [{"name": "X", "shape": [3, 2], "datatype": "INT32", "data": nested}]}
+    )
+    got = codec.decode_infer_request(body, None).request.inputs["X"]
+    np.testing.assert_array_equal(got, np.arange(1, 7, dtype=np.int32).reshape(3, 2))
+    # Triton walks nested arrays in order whatever their nesting; so do we.
+    ragged = [[1, 2], [3], [[4, 5], 6]]
+    body = json_body({"inputs": [{"name": "X", "shape": [6], "datatype": "FP32", "data": ragged}]})
+    got = codec.decode_infer_request(body, None).request.inputs["X"]
+    np.testing.assert_array_equal(got, np.arange(1, 7, dtype=np.float32))
+
+
+def test_json_bf16_rounds_to_nearest_even(codec: Codec) -> None:
+    # 1 + 2^-8 is halfway between bf16 1.0 (0x3F80) and 1 + 2^-7 (0x3F81): ties go to even.
+    # 1 + 3 * 2^-8 is halfway between 0x3F81 and 0x3F82: even again, so up.
+    # 1 + 2^-8 + 2^-20 is just above halfway: up to 0x3F81.
+    data = [1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-8 + 2**-20, -0.0]
+    body = json_body({"inputs": [{"name": "X", "shape": [4], "datatype": "BF16", "data": data}]})
+    got = codec.decode_infer_request(body, None).request.inputs["X"]
+    assert got.tolist() == [0x3F80, 0x3F82, 0x3F81, 0x8000]
+
+
+def test_binary_bytes_zero_length_and_non_utf8(codec: Codec) -> None:
+    items = [b"", b"\xff\xfe\x00", b"plain", b""]
+    wire = bytes_wire(items)
+    header = {
+        "inputs": [
+            {
+                "name": "S",
+                "shape": [2, 2],
+                "datatype": "BYTES",
+                "parameters": {"binary_data_size": len(wire)},
+            }
+        ]
+    }
+    body, length = binary_body(header, wire)
+    got = codec.decode_infer_request(body, length).request.inputs["S"]
+    assert got.shape == (2, 2)
+    assert got.ravel().tolist() == items
+
+
+def test_mixed_json_and_binary_inputs_in_order(codec: Codec) -> None:
+    a = np.arange(4, dtype=np.float32)
+    b = np.array([True, False, True])
+    header = {
+        "inputs": [
+            {"name": "A", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 16}},
+            {"name": "J", "shape": [2], "datatype": "INT64", "data": [5, 6]},
+            {"name": "B", "shape": [3], "datatype": "BOOL", "parameters": {"binary_data_size": 3}},
+        ]
+    }
+    body, length = binary_body(header, a.tobytes(), b.tobytes())
+    inputs = codec.decode_infer_request(body, length).request.inputs
+    assert list(inputs) == ["A", "J", "B"]
+    np.testing.assert_array_equal(inputs["A"], a)
+    np.testing.assert_array_equal(inputs["J"], np.array([5, 6], np.int64))
+    np.testing.assert_array_equal(inputs["B"], b)
+
+
+def test_request_fields_and_parameters(codec: Codec) -> None:
+    body = json_body(
+        {
+            "id": "req-7",
+            "model_name": "ignored",
+            "parameters": {
+                "priority": 2,
+                "timeout": 1500,
+                "binary_data_output": True,
+                "sequence_id": 9,
+                "custom": "x",
+            },
+            "inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1.0]}],
+            "outputs": [
+                {"name": "Y", "parameters": {"binary_data": False}},
+                {"name": "Z"},
+            ],
+        }
+    )
+    decoded = codec.decode_infer_request(body, None)
+    request = decoded.request
+    assert request.id == "req-7"
+    assert request.priority == 2
+    assert request.timeout_us == 1500
+    assert request.requested_outputs == ("Y", "Z")
+    assert request.parameters == {"sequence_id": 9, "custom": "x"}
+    assert decoded.binary_default is True
+    assert decoded.output_is_binary("Y") is False
+    assert decoded.output_is_binary("Z") is True
+
+
+def test_defaults_without_parameters(codec: Codec) -> None:
+    body = json_body({"inputs": [{"name": "X", "shape": [], "datatype": "INT32", "data": 5}]})
+    decoded = codec.decode_infer_request(body, None)
+    assert decoded.request.inputs["X"].shape == ()
+    assert int(decoded.request.inputs["X"]) == 5
+    assert decoded.request.priority == 0 and decoded.request.timeout_us == 0
+    assert decoded.request.requested_outputs == ()
+    assert decoded.output_is_binary("anything") is False
+
+
+# --------------------------------------------------------------------------- raw body
+
+
+def test_raw_body_deduces_variable_dim(codec: Codec) -> None:
+    data = np.arange(6, dtype=np.float32)
+    single = TensorConfig(name="IN", data_type="TYPE_FP32", dims=[-1, 3])
+    decoded = codec.decode_infer_request(data.tobytes(), 0, single_input=single, max_batch_size=4)
+    got = decoded.request.inputs["IN"]
+    np.testing.assert_array_equal(got, data.reshape(1, 2, 3))
+    assert decoded.request.requested_outputs == ()
+
+
+def test_raw_body_fixed_shape_without_batching(codec: Codec) -> None:
+    data = np.array([[1, 2], [3, 4]], np.int16)
+    single = TensorConfig(name="IN", data_type="INT16", dims=[2, 2])
+    got = codec.decode_infer_request(data.tobytes(), 0, single_input=single).request.inputs["IN"]
+    np.testing.assert_array_equal(got, data)
+
+
+def test_raw_body_bytes_is_one_element(codec: Codec) -> None:
+    single = TensorConfig(name="IN", data_type="BYTES", dims=[1])
+    raw = b"\x00\xffany bytes"
+    got = codec.decode_infer_request(raw, 0, single_input=single, max_batch_size=8).request.inputs[
+        "IN"
+    ]
+    assert got.shape == (1, 1)
+    assert got[0, 0] == raw
+
+
+@pytest.mark.parametrize(
+    ("single", "body", "message"),
+    [
+        (None, b"1234", "needs a model with exactly one input"),
+        (
+            TensorConfig(name="IN", data_type="FP32", dims=[-1]),
+            b"12345",
+            "5-byte body does not fit",
+        ),
+        (
+            TensorConfig(name="IN", data_type="FP32", dims=[2]),
+            b"1234",
+            "binary_data_size 4 does not match shape [2]",
+        ),
+        (TensorConfig(name="IN", data_type="FP32", dims=[-1, -1]), b"1234", "more than one -1"),
+        (TensorConfig(name="IN", data_type="BYTES", dims=[2]), b"ab", "exactly one element"),
+    ],
+)
+def test_raw_body_errors(
+    codec: Codec, single: TensorConfig | None, body: bytes, message: str
+) -> None:
+    assert message in decode_error(codec, body, 0, single_input=single)
+
+
+# --------------------------------------------------------------------------- malformed requests
+
+
+def one_input(**fields: Any) -> dict[str, Any]:
+    tensor = {"name": "INPUT0", "shape": [2, 16], "datatype": "FP32"}
+    tensor.update(fields)
+    return {"inputs": [tensor]}
+
+
+MALFORMED_JSON: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "element count",
+        one_input(data=[0.0] * 31),
+        "input 'INPUT0': expected 32 elements for shape [2, 16], got 31",
+    ),
+    (
+        "unknown datatype",
+        one_input(datatype="FLOAT", data=[]),
+        "input 'INPUT0': unknown datatype 'FLOAT'",
+    ),
+    (
+        "negative dim",
+        one_input(shape=[2, -1], data=[]),
+        "input 'INPUT0': shape [2, -1] has a negative dimension",
+    ),
+    ("no data", one_input(), "input 'INPUT0': has neither 'data' nor binary_data_size"),
+    (
+        "both data and binary",
+        one_input(data=[1.0], parameters={"binary_data_size": 0}),
+        "input 'INPUT0': has both 'data' and binary_data_size",
+    ),
+    (
+        "string in FP32",
+        one_input(shape=[2], data=["1", "2"]),
+        "input 'INPUT0': FP32 data must be JSON numbers",
+    ),
+    ("bool in FP32", one_input(shape=[2], data=[True, False]), "FP32 data must be JSON numbers"),
+    (
+        "float in INT32",
+        one_input(shape=[2], datatype="INT32", data=[1, 2.5]),
+        "input 'INPUT0': INT32 data must be JSON integers in [-2147483648, 2147483647]",
+    ),
+    (
+        "int out of range",
+        one_input(shape=[1], datatype="UINT8", data=[256]),
+        "UINT8 data must be JSON integers in [0, 255]",
+    ),
+    (
+        "negative in UINT64",
+        one_input(shape=[1], datatype="UINT64", data=[-1]),
+        "UINT64 data must be JSON integers",
+    ),
+    (
+        "int beyond 64 bits",
+        one_input(shape=[2], datatype="INT64", data=[2**64, 1]),
+        "INT64 data must be JSON integers in [-9223372036854775808, 9223372036854775807]",
+    ),
+    (
+        "int in BOOL",
+        one_input(shape=[2], datatype="BOOL", data=[1, 0]),
+        "input 'INPUT0': BOOL data must be JSON true/false",
+    ),
+    (
+        "number in BYTES",
+        one_input(shape=[2], datatype="BYTES", data=["a", 3]),
+        "input 'INPUT0': BYTES element 1 must be a JSON string, got int",
+    ),
+    ("null data element", one_input(shape=[2], data=[1.0, None]), "FP32 data must be JSON numbers"),
+    (
+        "binary size not an int",
+        one_input(parameters={"binary_data_size": "12"}),
+        "input 'INPUT0': binary_data_size must be a non-negative integer, got '12'",
+    ),
+    (
+        "binary without header length",
+        one_input(parameters={"binary_data_size": 0}),
+        "input 'INPUT0': binary_data_size needs the Inference-Header-Content-Length header",
+    ),
+    (
+        "shared memory",
+        one_input(parameters={"shared_memory_region": "r"}),
+        "input 'INPUT0': shared memory ('shared_memory_region') is not supported",
+    ),
+    (
+        "duplicate input",
+        {"inputs": [one_input(shape=[0], data=[])["inputs"][0]] * 2},
+        "input 'INPUT0' appears more than once",
+    ),
+    (
+        "duplicate output",
+        {**one_input(shape=[0], data=[]), "outputs": [{"name": "Y"}, {"name": "Y"}]},
+        "output 'Y' is requested more than once",
+    ),
+    (
+        "classification",
+        {
+            **one_input(shape=[0], data=[]),
+            "outputs": [{"name": "Y", "parameters": {"classification": 3}}],
+        },
+        "output 'Y': the classification extension is not supported",
+    ),
+    (
+        "binary_data not bool",
+        {
+            **one_input(shape=[0], data=[]),
+            "outputs": [{"name": "Y", "parameters": {"binary_data": 1}}],
+        },
+        "output 'Y' parameter 'binary_data' must be a boolean, got 1",
+    ),
+    (
+        "priority negative",
+        {**one_input(shape=[0], data=[]), "parameters": {"priority": -1}},
+        "request parameter 'priority' must be a non-negative integer, got -1",
+    ),
+    (
+        "timeout not int",
+        {**one_input(shape=[0], data=[]), "parameters": {"timeout": "soon"}},
+        "request parameter 'timeout' must be a non-negative integer, got 'soon'",
+    ),
+    (
+        "binary_data_output not bool",
+        {**one_input(shape=[0], data=[]), "parameters": {"binary_data_output": "yes"}},
+        "request parameter 'binary_data_output' must be a boolean, got 'yes'",
+    ),
+    # msgspec's own messages carry the JSON path of the bad field.
+    (
+        "wrong type in shape",
+        one_input(shape=[2, "16"], data=[]),
+        "malformed JSON request header: Expected `int`, got `str` - at `$.inputs[0].shape[1]`",
+    ),
+    (
+        "unknown field",
+        one_input(data=[], bogus=1),
+        "malformed JSON request header: Object contains unknown field `bogus` - at `$.inputs[0]`",
+    ),
+    (
+        "missing inputs",
+        {"id": "x"},
+        "malformed JSON request header: Object missing required field `inputs`",
+    ),
+    (
+        "nested parameter",
+        {**one_input(shape=[0], data=[]), "parameters": {"p": {"a": 1}}},
+        "at `$.parameters[...]`",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("header", "message"), [c[1:] for c in MALFORMED_JSON], ids=[c[0] for c in MALFORMED_JSON]
+)
+def test_malformed_json_requests(codec: Codec, header: dict[str, Any], message: str) -> None:
+    assert message in decode_error(codec, json_body(header))
+
+
+def test_malformed_json_syntax(codec: Codec) -> None:
+    message = decode_error(codec, b'{"inputs": [')
+    assert message.startswith("malformed JSON request header: ")
+
+
+def binary_input(
+    size: Any, datatype: str = "FP32", shape: list[int] | None = None
+) -> dict[str, Any]:
+    return {
+        "inputs": [
+            {
+                "name": "X",
+                "shape": shape if shape is not None else [4],
+                "datatype": datatype,
+                "parameters": {"binary_data_size": size},
+            }
+        ]
+    }
+
+
+MALFORMED_BINARY: list[tuple[str, dict[str, Any], bytes, str]] = [
+    (
+        "size exceeds body",
+        binary_input(64),
+        b"\x00" * 10,
+        "input 'X': binary_data_size 64 exceeds the 10 bytes left in the body",
+    ),
+    (
+        "size vs shape",
+        binary_input(12),
+        b"\x00" * 12,
+        "input 'X': binary_data_size 12 does not match shape [4] of FP32 (16 bytes expected)",
+    ),
+    (
+        "extra bytes",
+        binary_input(16),
+        b"\x00" * 20,
+        "4 bytes after the JSON header are not claimed by any input's binary_data_size",
+    ),
+    (
+        "bytes element count",
+        binary_input(14, "BYTES"),
+        bytes_wire([b"a", b"b", b""]),
+        "input 'X': expected 4 BYTES elements, got 3 in 14 bytes of binary data",
+    ),
+    (
+        "bytes length prefix exceeds",
+        binary_input(22, "BYTES"),
+        bytes_wire([b"a", b"b", b""]) + struct.pack("<I", 1000) + b"xyzw",
+        "input 'X': BYTES element 3 length prefix 1000 exceeds remaining 4 bytes",
+    ),
+    (
+        "bytes truncated prefix",
+        binary_input(16, "BYTES"),
+        bytes_wire([b"a", b"b", b""]) + b"\x01\x00",
+        "input 'X': BYTES element 3 has a truncated length prefix (2 bytes left)",
+    ),
+    (
+        "bytes too many elements",
+        binary_input(15, "BYTES", [2]),
+        bytes_wire([b"a", b"b", b"c"]),
+        "input 'X': expected 2 BYTES elements, got 3 in 15 bytes of binary data",
+    ),
+    (
+        "bool not 0/1",
+        binary_input(4, "BOOL"),
+        b"\x00\x01\x02\x00",
+        "input 'X': BOOL bytes must be 0 or 1",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("header", "tail", "message"),
+    [c[1:] for c in MALFORMED_BINARY],
+    ids=[c[0] for c in MALFORMED_BINARY],
+)
+def test_malformed_binary_requests(
+    codec: Codec, header: dict[str, Any], tail: bytes, message: str
+) -> None:
+    body, length = binary_body(header, tail)
+    assert message in decode_error(codec, body, length)
+
+
+def test_bytes_after_json_only_request(codec: Codec) -> None:
+    body, length = binary_body(one_input(shape=[1], data=[1.0]), b"\x00\x00")
+    message = decode_error(codec, body, length)
+    assert (
+        message == "2 bytes after the JSON header are not claimed by any input's binary_data_size"
+    )
+
+
+def test_header_length_out_of_range(codec: Codec) -> None:
+    body = json_body(one_input(shape=[0], data=[]))
+    message = decode_error(codec, body, len(body) + 1)
+    assert (
+        message
+        == f"Inference-Header-Content-Length {len(body) + 1} is larger than the {len(body)}-byte request body"
+    )
+    assert "must be >= 0, got -1" in decode_error(codec, body, -1)
+
+
+def test_header_length_cuts_json_short(codec: Codec) -> None:
+    body = json_body(one_input(shape=[0], data=[]))
+    assert decode_error(codec, body, len(body) - 2).startswith("malformed JSON request header: ")
+
+
+def test_request_size_cap() -> None:
+    codec = Codec(max_request_bytes=100)
+    body = json_body(one_input(shape=[40], data=[0.0] * 40))
+    with pytest.raises(PayloadTooLarge, match=f"{len(body)} bytes exceeds the limit of 100"):
+        codec.decode_infer_request(body, None)
+
+
+# --------------------------------------------------------------------------- responses
+
+
+def decoded_for(
+    binary: dict[str, bool] | None = None, default: bool = False, request_id: str = ""
+) -> DecodedInfer:
+    return DecodedInfer(InferRequest(inputs={}, id=request_id), binary or {}, default)
+
+
+def split_response(body: bytes, length: int | None) -> tuple[dict[str, Any], bytes]:
+    if length is None:
+        return json.loads(body), b""
+    return json.loads(body[:length]), body[length:]
+
+
+@pytest.mark.parametrize(("datatype", "array", "data"), SAMPLES, ids=[s[0] for s in SAMPLES])
+def test_encode_json_every_datatype(
+    codec: Codec, datatype: str, array: np.ndarray, data: list[Any]
+) -> None:
+    config = ModelConfig(name="m", output=[TensorConfig(name="Y", data_type=datatype, dims=[2, 2])])
+    body, length = codec.encode_infer_response(
+        "m", "3", decoded_for(), InferResponse({"Y": array}), config
+    )
+    assert length is None
+    doc = json.loads(body)
+    assert doc["model_name"] == "m" and doc["model_version"] == "3"
+    assert "id" not in doc and "parameters" not in doc
+    (out,) = doc["outputs"]
+    assert out["name"] == "Y" and out["datatype"] == datatype and out["shape"] == [2, 2]
+    flat = [x for row in data for x in row]
+    if datatype == "BF16":
+        np.testing.assert_array_equal(np.array(out["data"]), np.array(flat))
+    elif datatype in ("FP16", "FP32", "FP64"):
+        # JSON carries the exact value of each element; reading it back as the same dtype
+        # must give the same bits.
+        np.testing.assert_array_equal(np.array(out["data"], array.dtype), array.ravel())
+    else:
+        assert out["data"] == flat
+
+
+@pytest.mark.parametrize(("datatype", "array", "data"), SAMPLES, ids=[s[0] for s in SAMPLES])
+def test_encode_binary_every_datatype(
+    codec: Codec, datatype: str, array: np.ndarray, data: list[Any]
+) -> None:
+    config = ModelConfig(name="m", output=[TensorConfig(name="Y", data_type=datatype, dims=[2, 2])])
+    body, length = codec.encode_infer_response(
+        "m", "1", decoded_for(default=True), InferResponse({"Y": array}), config
+    )
+    assert length is not None
+    doc, tail = split_response(body, length)
+    (out,) = doc["outputs"]
+    assert out["datatype"] == datatype
+    assert "data" not in out
+    assert out["parameters"] == {"binary_data_size": len(tail)}
+    assert tail == wire_of(datatype, array)
+
+
+def test_encode_mixed_outputs_id_parameters(codec: Codec) -> None:
+    response = InferResponse(
+        {
+            "A": np.arange(6, dtype=np.float32).reshape(2, 3),
+            "S": np.array([b"", b"\xff\x00ok"], dtype=object),
+            "J": np.array([[1, 2]], np.int64),
+        },
+        parameters={"sequence_id": np.int64(4), "note": "hi"},
+    )
+    decoded = decoded_for({"A": True, "S": True, "J": False}, request_id="r1")
+    body, length = codec.encode_infer_response("m", "1", decoded, response)
+    doc, tail = split_response(body, length)
+    assert doc["id"] == "r1"
+    assert doc["parameters"] == {"sequence_id": 4, "note": "hi"}
+    a, s, j = doc["outputs"]
+    assert a["parameters"]["binary_data_size"] == 24
+    assert s["parameters"]["binary_data_size"] == 4 + 4 + 4
+    assert j["data"] == [1, 2] and j["shape"] == [1, 2]
+    assert tail[:24] == np.arange(6, dtype=np.float32).tobytes()
+    assert tail[24:] == b"\x00\x00\x00\x00" + b"\x04\x00\x00\x00\xff\x00ok"
+
+
+def test_encode_json_bytes_replaces_invalid_utf8_and_str_arrays(codec: Codec) -> None:
+    response = InferResponse(
+        {"S": np.array([b"ok", b"\xff"], dtype=object), "U": np.array(["x", "yz"])}
+    )
+    body, length = codec.encode_infer_response("m", "1", decoded_for(), response)
+    assert length is None
+    outputs = json.loads(body)["outputs"]
+    assert outputs[0]["datatype"] == "BYTES" and outputs[0]["data"] == ["ok", "\ufffd"]
+    assert outputs[1]["datatype"] == "BYTES" and outputs[1]["data"] == ["x", "yz"]
+
+
+def test_encode_uint16_without_config_is_uint16(codec: Codec) -> None:
+    body, _ = codec.encode_infer_response(
+        "m", "1", decoded_for(), InferResponse({"Y": np.array([0x3F80], np.uint16)})
+    )
+    assert json.loads(body)["outputs"][0] == {
+        "name": "Y",
+        "datatype": "UINT16",
+        "shape": [1],
+        "data": [0x3F80],
+    }
+
+
+def test_encode_non_contiguous_and_big_endian_binary(codec: Codec) -> None:
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    response = InferResponse({"T": base.T, "B": base.astype(">f4")})
+    body, length = codec.encode_infer_response("m", "1", decoded_for(default=True), response)
+    _, tail = split_response(body, length)
+    assert tail[:48] == np.ascontiguousarray(base.T).tobytes()
+    assert tail[48:] == base.tobytes()
+
+
+def test_encode_error() -> None:
+    assert json.loads(encode_error('bad "thing"')) == {"error": 'bad "thing"'}
+
+
+# --------------------------------------------------------------------------- tritonclient
+
+
+def test_tritonclient_request_body_decodes(codec: Codec) -> None:
+    httpclient = pytest.importorskip("tritonclient.http")
+    rng = np.random.default_rng(0)
+    fp32 = rng.standard_normal((2, 3)).astype(np.float32)
+    fp16 = rng.standard_normal((4,)).astype(np.float16)
+    int8 = np.array([[-3, 4]], np.int8)
+    flags = np.array([True, False, True])
+    text = np.array([b"", b"\xff\xfe", "héllo".encode()], dtype=object)
+    json_text = np.array([b"abc", "ünï".encode()], dtype=object)
+    u64 = np.array([2**64 - 1, 0], np.uint64)
+    arrays = {
+        "FP32": (fp32, "FP32", True),
+        "FP16": (fp16, "FP16", True),
+        "INT8": (int8, "INT8", False),
+        "BOOL": (flags, "BOOL", True),
+        "TEXT": (text, "BYTES", True),
+        "JTEXT": (json_text, "BYTES", False),
+        "U64": (u64, "UINT64", False),
+        "JF32": (fp32, "FP32", False),
+    }
+    inputs = []
+    for name, (array, datatype, binary) in arrays.items():
+        tensor = httpclient.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        inputs.append(tensor)
+    outputs = [
+        httpclient.InferRequestedOutput("OUT_BIN", binary_data=True),
+        httpclient.InferRequestedOutput("OUT_JSON", binary_data=False),
+    ]
+    body, json_size = httpclient.InferenceServerClient.generate_request_body(
+        inputs, outputs=outputs, request_id="abc", priority=3, timeout=250
+    )
+    assert json_size is not None
+    decoded = codec.decode_infer_request(body, json_size)
+    request = decoded.request
+    assert request.id == "abc" and request.priority == 3 and request.timeout_us == 250
+    assert request.requested_outputs == ("OUT_BIN", "OUT_JSON")
+    assert decoded.output_is_binary("OUT_BIN") is True
+    assert decoded.output_is_binary("OUT_JSON") is False
+    for name, (array, _, _) in arrays.items():
+        got = request.inputs[name]
+        assert got.shape == array.shape, name
+        if array.dtype == object:
+            assert got.ravel().tolist() == array.ravel().tolist(), name
+        else:
+            assert got.dtype == array.dtype, name
+            np.testing.assert_array_equal(got, array)
+
+
+def test_tritonclient_bf16_request(codec: Codec) -> None:
+    httpclient = pytest.importorskip("tritonclient.http")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    values = np.array([1.0, -2.5, 3.140625, 0.15625], np.float32)  # exact in bf16
+    tensor = httpclient.InferInput("B", [4], "BF16")
+    tensor.set_data_from_numpy(values.astype(ml_dtypes.bfloat16), binary_data=True)
+    body, json_size = httpclient.InferenceServerClient.generate_request_body([tensor])
+    got = codec.decode_infer_request(body, json_size).request.inputs["B"]
+    assert got.dtype == np.uint16
+    assert got.tolist() == [0x3F80, 0xC020, 0x4049, 0x3E20]
+
+
+def test_tritonclient_parses_our_response(codec: Codec) -> None:
+    httpclient = pytest.importorskip("tritonclient.http")
+    outputs: dict[str, np.ndarray] = {}
+    binary: dict[str, bool] = {}
+    for datatype, array, _ in SAMPLES:
+        if datatype == "BF16":
+            continue  # checked on its own below: tritonclient returns bf16 as float32
+        for mode in ("bin", "json"):
+            name = f"{datatype}_{mode}"
+            outputs[name] = array
+            binary[name] = mode == "bin"
+    decoded = decoded_for(binary, request_id="rid")
+    body, length = codec.encode_infer_response("m", "2", decoded, InferResponse(outputs))
+    result = httpclient.InferenceServerClient.parse_response_body(body, header_length=length)
+    response = result.get_response()
+    assert (
+        response["model_name"] == "m"
+        and response["model_version"] == "2"
+        and response["id"] == "rid"
+    )
+    for name, array in outputs.items():
+        got = result.as_numpy(name)
+        assert got is not None, name
+        assert got.shape == array.shape, name
+        if array.dtype == object:
+            want = array.ravel().tolist()
+            if name.endswith("_json"):
+                want = [x.decode() for x in want]  # JSON strings come back as str
+            assert got.ravel().tolist() == want, name
+        else:
+            assert got.dtype == array.dtype, name
+            np.testing.assert_array_equal(got, array)
+
+
+def test_tritonclient_parses_bf16_output(codec: Codec) -> None:
+    httpclient = pytest.importorskip("tritonclient.http")
+    bits = np.array([[0x3F80, 0xC000], [0x3F00, 0x4049]], np.uint16)
+    want = np.array([[1.0, -2.0], [0.5, 3.140625]], np.float32)
+    config = ModelConfig(name="m", output=[TensorConfig(name="Y", data_type="BF16", dims=[2, 2])])
+    for binary in (True, False):
+        body, length = codec.encode_infer_response(
+            "m", "1", decoded_for(default=binary), InferResponse({"Y": bits}), config
+        )
+        assert (length is not None) == binary
+        result = httpclient.InferenceServerClient.parse_response_body(body, header_length=length)
+        assert result.get_output("Y")["datatype"] == "BF16"
+        got = result.as_numpy("Y")
+        assert got.shape == (2, 2)
+        np.testing.assert_array_equal(got.astype(np.float32), want)

@@ -1,0 +1,104 @@
+"""The real `tritonclient.http` client against the daemon over TCP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from daemon.demo import write_simple_repository  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("repo")
+    write_simple_repository(path)
+    return path
+
+
+@pytest.fixture
+def client(start_daemon, repo: Path):
+    daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit",
+                          "--load-model", "*", http=True)
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{daemon.http_port}")
+    yield client
+    client.close()
+
+
+def _inputs(binary: bool, rows: int = 1) -> tuple[list, np.ndarray, np.ndarray]:
+    a = np.arange(16 * rows, dtype=np.int32).reshape(rows, 16)
+    b = np.ones((rows, 16), dtype=np.int32) * 7
+    inputs = [httpclient.InferInput("INPUT0", [rows, 16], "INT32"),
+              httpclient.InferInput("INPUT1", [rows, 16], "INT32")]
+    inputs[0].set_data_from_numpy(a, binary_data=binary)
+    inputs[1].set_data_from_numpy(b, binary_data=binary)
+    return inputs, a, b
+
+
+def test_server_and_model_metadata(client) -> None:
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.get_server_metadata()["name"] == "edged"
+    assert client.is_model_ready("simple")
+    meta = client.get_model_metadata("simple")
+    assert [i["name"] for i in meta["inputs"]] == ["INPUT0", "INPUT1"]
+    assert client.get_model_config("simple")["max_batch_size"] == 8
+
+
+@pytest.mark.parametrize("model", ["simple", "simple_python"])
+@pytest.mark.parametrize("binary", [False, True])
+def test_infer(client, model: str, binary: bool) -> None:
+    inputs, a, b = _inputs(binary, rows=2)
+    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
+               httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary)]
+    result = client.infer(model, inputs, outputs=outputs, request_id="42")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    assert result.get_response()["id"] == "42"
+
+
+def test_infer_gzip_and_output_subset(client) -> None:
+    inputs, a, b = _inputs(True)
+    result = client.infer("simple", inputs, outputs=[httpclient.InferRequestedOutput("OUTPUT1")],
+                          request_compression_algorithm="gzip", response_compression_algorithm="gzip")
+    assert result.as_numpy("OUTPUT0") is None
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_async_infer_many(client) -> None:
+    jobs = []
+    expected = []
+    for rows in (1, 2, 3, 1, 4, 2):
+        inputs, a, b = _inputs(True, rows)
+        jobs.append(client.async_infer("simple", inputs))
+        expected.append(a + b)
+    for job, want in zip(jobs, expected, strict=True):
+        np.testing.assert_array_equal(job.get_result().as_numpy("OUTPUT0"), want)
+
+
+def test_repository_and_stats(client) -> None:
+    names = {m["name"] for m in client.get_model_repository_index()}
+    assert {"simple", "simple_python"} <= names
+    client.unload_model("simple_python")
+    assert not client.is_model_ready("simple_python")
+    client.load_model("simple_python")
+    assert client.is_model_ready("simple_python")
+    inputs, _, _ = _inputs(True)
+    client.infer("simple", inputs)
+    stats = client.get_inference_statistics("simple")
+    assert stats["model_stats"][0]["inference_stats"]["success"]["count"] >= 1
+
+
+def test_errors_surface_as_exceptions(client) -> None:
+    inputs, _, _ = _inputs(True)
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        client.infer("missing", inputs)
+    bad = [httpclient.InferInput("INPUT0", [1, 16], "FP32"), httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+    bad[0].set_data_from_numpy(np.zeros((1, 16), np.float32))
+    bad[1].set_data_from_numpy(np.zeros((1, 16), np.float32))
+    with pytest.raises(InferenceServerException, match="INPUT0"):
+        client.infer("simple", bad)

@@ -1,0 +1,461 @@
+"""The Python backend running real Triton-style model.py files written here."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from daemon.backend import Backend, InferRequest, InferResponse, InstanceContext
+from daemon.demo import write_simple_repository
+from daemon.errors import BackendError, InvalidArgument
+from daemon.model_config import ModelConfig, TensorConfig
+
+ClassOf = Callable[[str], type[Backend]]
+RNG = np.random.default_rng(11)
+
+
+def simple_config(name: str = "simple_python") -> ModelConfig:
+    def tensor(n: str) -> TensorConfig:
+        return TensorConfig(name=n, data_type="INT32", dims=[16])
+
+    return ModelConfig(
+        name=name,
+        backend="python",
+        max_batch_size=8,
+        input=[tensor("INPUT0"), tensor("INPUT1")],
+        output=[tensor("OUTPUT0"), tensor("OUTPUT1")],
+        parameters={"greeting": "hello"},
+    )
+
+
+def simple_inputs(rows: int) -> dict[str, np.ndarray]:
+    return {
+        "INPUT0": RNG.integers(-100, 100, (rows, 16), dtype=np.int32),
+        "INPUT1": RNG.integers(-100, 100, (rows, 16), dtype=np.int32),
+    }
+
+
+def write_model(repo: Path, name: str, source: str) -> Path:
+    """`<repo>/<name>/1/model.py`; returns the version directory."""
+    version_dir = repo / name / "1"
+    version_dir.mkdir(parents=True)
+    (version_dir / "model.py").write_text(textwrap.dedent(source), encoding="utf-8")
+    return version_dir
+
+
+async def load(cls: type[Backend], config: ModelConfig, artifact: Path, index: int = 0) -> Backend:
+    backend = cls(InstanceContext(config.name, 1, instance_index=index))
+    await backend.load(config, artifact, "CPU")
+    return backend
+
+
+def outputs_of(result: object) -> dict[str, np.ndarray]:
+    assert isinstance(result, InferResponse), f"expected a response, got {result!r}"
+    return result.outputs
+
+
+# A model whose behaviour each request picks with its "mode" parameter.
+MODES_MODEL = """
+    import json
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.args = args
+            self.calls = 0
+
+        def execute(self, requests):
+            self.calls += 1
+            responses = []
+            for request in requests:
+                mode = json.loads(request.parameters()).get("mode", "ok")
+                if mode == "raise":
+                    raise ValueError("boom from model.py")
+                if mode == "error":
+                    responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("bad row")))
+                    continue
+                if mode == "invalid":
+                    error = pb_utils.TritonError("negative", pb_utils.TritonError.INVALID_ARG)
+                    responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
+                    continue
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                responses.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("OUTPUT0", x * 2),
+                    pb_utils.Tensor("OUTPUT1", np.array([[request.request_id()]], dtype=np.object_)),
+                    pb_utils.Tensor("NAMES", np.array(request.requested_output_names(), dtype=np.str_)),
+                ]))
+            return responses
+    """
+
+
+def modes_config(name: str = "modes") -> ModelConfig:
+    return ModelConfig(
+        name=name,
+        backend="python",
+        max_batch_size=8,
+        input=[TensorConfig(name="INPUT0", data_type="FP32", dims=[-1])],
+        output=[
+            TensorConfig(name="OUTPUT0", data_type="FP32", dims=[-1]),
+            TensorConfig(name="OUTPUT1", data_type="BYTES", dims=[1]),
+            TensorConfig(name="NAMES", data_type="BYTES", dims=[-1]),
+        ],
+    )
+
+
+def modes_request(mode: str, request_id: str = "", rows: int = 1) -> InferRequest:
+    x = RNG.standard_normal((rows, 4)).astype(np.float32)
+    return InferRequest({"INPUT0": x}, id=request_id, parameters={"mode": mode})
+
+
+# --------------------------------------------------------------------------- the demo model
+
+
+async def test_simple_python_matches_numpy(backend_class: ClassOf, tmp_path: Path) -> None:
+    write_simple_repository(tmp_path)
+    backend = await load(backend_class("python"), simple_config(), tmp_path / "simple_python" / "1")
+    requests = [InferRequest(simple_inputs(rows)) for rows in (1, 3, 2)]
+    results = await backend.execute(requests)
+    await backend.unload()
+    for request, result in zip(requests, results, strict=True):
+        out = outputs_of(result)
+        a, b = request.inputs["INPUT0"], request.inputs["INPUT1"]
+        assert out["OUTPUT0"].dtype == np.int32
+        np.testing.assert_array_equal(out["OUTPUT0"], a + b)
+        np.testing.assert_array_equal(out["OUTPUT1"], a - b)
+
+
+async def test_requested_outputs_are_selected(backend_class: ClassOf, tmp_path: Path) -> None:
+    write_simple_repository(tmp_path)
+    backend = await load(
+        backend_class("python"), simple_config(), tmp_path / "simple_python" / "1" / "model.py"
+    )
+    inputs = simple_inputs(1)
+    [result] = await backend.execute([InferRequest(inputs, requested_outputs=("OUTPUT1",))])
+    await backend.unload()
+    assert set(outputs_of(result)) == {"OUTPUT1"}
+
+
+# --------------------------------------------------------------------------- errors
+
+
+async def test_execute_raising_fails_that_batch_and_the_next_call_works(
+    backend_class: ClassOf, tmp_path: Path
+) -> None:
+    backend = await load(
+        backend_class("python"), modes_config(), write_model(tmp_path, "modes", MODES_MODEL)
+    )
+    failed = await backend.execute([modes_request("ok"), modes_request("raise")])
+    assert len(failed) == 2
+    for error in failed:
+        assert isinstance(error, BackendError)
+        assert "'modes'" in error.message
+        assert "ValueError" in error.message and "boom from model.py" in error.message
+    request = modes_request("ok", rows=3)
+    [result] = await backend.execute([request])
+    np.testing.assert_array_equal(outputs_of(result)["OUTPUT0"], request.inputs["INPUT0"] * 2)
+    await backend.unload()
+
+
+async def test_response_error_fails_only_that_request(
+    backend_class: ClassOf, tmp_path: Path
+) -> None:
+    backend = await load(
+        backend_class("python"), modes_config(), write_model(tmp_path, "modes", MODES_MODEL)
+    )
+    requests = [
+        modes_request("ok", "a"),
+        modes_request("error", "b"),
+        modes_request("invalid", "c"),
+    ]
+    ok, error, invalid = await backend.execute(requests)
+    await backend.unload()
+    np.testing.assert_array_equal(outputs_of(ok)["OUTPUT0"], requests[0].inputs["INPUT0"] * 2)
+    assert outputs_of(ok)["OUTPUT1"].tolist() == [[b"a"]]
+    assert isinstance(error, BackendError) and "bad row" in error.message
+    # The TritonError code picks the status: INVALID_ARG is a client error.
+    assert isinstance(invalid, InvalidArgument) and "negative" in invalid.message
+
+
+async def test_wrong_number_of_responses_fails_the_batch(
+    backend_class: ClassOf, tmp_path: Path
+) -> None:
+    source = """
+        class TritonPythonModel:
+            def execute(self, requests):
+                return []
+    """
+    backend = await load(
+        backend_class("python"), modes_config("short"), write_model(tmp_path, "short", source)
+    )
+    results = await backend.execute([modes_request("ok"), modes_request("ok")])
+    await backend.unload()
+    assert all(
+        isinstance(r, BackendError) and "one InferenceResponse per request" in r.message
+        for r in results
+    )
+    assert len(results) == 2
+
+
+async def test_requested_output_names_default_to_all_outputs(
+    backend_class: ClassOf, tmp_path: Path
+) -> None:
+    backend = await load(
+        backend_class("python"), modes_config(), write_model(tmp_path, "modes", MODES_MODEL)
+    )
+    everything, chosen = await backend.execute(
+        [
+            modes_request("ok"),
+            InferRequest(modes_request("ok").inputs, requested_outputs=("NAMES", "OUTPUT0")),
+        ]
+    )
+    await backend.unload()
+    # str outputs come back as BYTES (object arrays of bytes), like every BYTES tensor.
+    assert outputs_of(everything)["NAMES"].tolist() == [b"OUTPUT0", b"OUTPUT1", b"NAMES"]
+    assert outputs_of(chosen)["NAMES"].tolist() == [b"NAMES", b"OUTPUT0"]
+    assert set(outputs_of(chosen)) == {"NAMES", "OUTPUT0"}
+
+
+async def test_unload_then_execute_fails_cleanly(backend_class: ClassOf, tmp_path: Path) -> None:
+    backend = await load(
+        backend_class("python"), modes_config(), write_model(tmp_path, "modes", MODES_MODEL)
+    )
+    await backend.unload()
+    [result] = await backend.execute([modes_request("ok")])
+    assert isinstance(result, BackendError) and "'modes'" in result.message
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import no_such_module_here\n", r"model\.py.*ModuleNotFoundError.*no_such_module_here"),
+        ("def broken(:\n", r"model\.py.*SyntaxError"),
+        ("class SomethingElse:\n    pass\n", r"model\.py.*no class TritonPythonModel"),
+        (
+            "class TritonPythonModel:\n    def initialize(self, args):\n        raise KeyError('weights')\n"
+            "    def execute(self, requests):\n        return []\n",
+            r"model\.py.*initialize raised KeyError",
+        ),
+    ],
+)
+async def test_broken_model_py_is_backend_error_naming_model_and_file(
+    backend_class: ClassOf, tmp_path: Path, source: str, expected: str
+) -> None:
+    version_dir = write_model(tmp_path, "broken", source)
+    backend = backend_class("python")(InstanceContext("broken", 1))
+    with pytest.raises(BackendError, match=expected) as info:
+        await backend.load(modes_config("broken"), version_dir, "CPU")
+    assert "'broken'" in info.value.message
+    # A failed import leaves nothing behind in sys.modules.
+    assert not [m for m in sys.modules if m.startswith("edged_python_model_broken")]
+
+
+async def test_missing_model_py_is_backend_error(backend_class: ClassOf, tmp_path: Path) -> None:
+    backend = backend_class("python")(InstanceContext("gone", 1))
+    with pytest.raises(BackendError, match=r"'gone'.*model\.py"):
+        await backend.load(modes_config("gone"), tmp_path, "CPU")
+
+
+# --------------------------------------------------------------------------- isolation, lifecycle
+
+
+# Module state plus a pickle round trip of a class it defines: pickle finds the class through
+# sys.modules[cls.__module__], so it breaks if two models' modules shared a name.
+COUNTER_MODEL = """
+    import pickle
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    LABEL = {label!r}
+    CALLS = []
+
+
+    class Label:
+        def __init__(self, text):
+            self.text = text
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            CALLS.append(len(requests))
+            label = pickle.loads(pickle.dumps(Label(LABEL))).text
+            return [
+                pb_utils.InferenceResponse([
+                    pb_utils.Tensor("OUTPUT1", np.array([[label.encode()]], dtype=np.object_)),
+                    pb_utils.Tensor("OUTPUT0", np.array([[float(len(CALLS))]], dtype=np.float32)),
+                ])
+                for _ in requests
+            ]
+"""
+
+
+async def test_two_models_with_model_py_do_not_collide(
+    backend_class: ClassOf, tmp_path: Path
+) -> None:
+    cls = backend_class("python")
+    first = await load(
+        cls,
+        modes_config("first"),
+        write_model(tmp_path, "first", COUNTER_MODEL.format(label="one")),
+    )
+    second = await load(
+        cls,
+        modes_config("second"),
+        write_model(tmp_path, "second", COUNTER_MODEL.format(label="two")),
+    )
+    # A second instance of the first model gets its own module state too, like Triton's processes.
+    first_b = await load(cls, modes_config("first"), tmp_path / "first" / "1", index=1)
+    request = modes_request("ok")
+    for _ in range(3):
+        await first.execute([request])
+    [a] = await first.execute([request])
+    [b] = await second.execute([request])
+    [c] = await first_b.execute([request])
+    # Unloading one model leaves the other's module in place.
+    await first.unload()
+    [d] = await second.execute([request])
+    await second.unload()
+    await first_b.unload()
+    assert outputs_of(d)["OUTPUT1"].tolist() == [[b"two"]]
+    assert outputs_of(a)["OUTPUT1"].tolist() == [[b"one"]]
+    assert outputs_of(b)["OUTPUT1"].tolist() == [[b"two"]]
+    assert outputs_of(c)["OUTPUT1"].tolist() == [[b"one"]]
+    assert [outputs_of(r)["OUTPUT0"].item() for r in (a, b, c)] == [4.0, 1.0, 1.0]
+    assert not [
+        m
+        for m in sys.modules
+        if m.startswith(("edged_python_model_first", "edged_python_model_second"))
+    ]
+
+
+async def test_batch_reaches_execute_as_one_list(backend_class: ClassOf, tmp_path: Path) -> None:
+    backend = await load(
+        backend_class("python"),
+        modes_config("batch"),
+        write_model(tmp_path, "batch", COUNTER_MODEL.format(label="x")),
+    )
+    results = await backend.execute([modes_request("ok") for _ in range(3)])
+    module = sys.modules[type(backend.model).__module__]  # type: ignore[attr-defined]
+    calls = list(module.CALLS)
+    await backend.unload()
+    assert len(results) == 3
+    assert calls == [3]
+
+
+async def test_initialize_gets_triton_args(backend_class: ClassOf, tmp_path: Path) -> None:
+    version_dir = write_model(tmp_path, "modes", MODES_MODEL)
+    cls = backend_class("python")
+    config = modes_config()
+    config.parameters = {"greeting": "hello"}
+    backend = cls(InstanceContext("modes", 1, instance_index=1))
+    await backend.load(config, version_dir, "CPU")
+    args = backend.model.args  # type: ignore[attr-defined]
+    await backend.unload()
+    assert args["model_name"] == "modes"
+    assert args["model_version"] == "1"
+    assert args["model_instance_kind"] == "CPU"
+    assert args["model_instance_name"] == "modes_1"
+    assert args["model_instance_device_id"] == "0"
+    assert Path(args["model_repository"]) == tmp_path / "modes"
+    model_config = json.loads(args["model_config"])
+    assert model_config["name"] == "modes"
+    assert model_config["max_batch_size"] == 8
+    assert [t["data_type"] for t in model_config["input"]] == ["TYPE_FP32"]
+    assert [t["data_type"] for t in model_config["output"]] == [
+        "TYPE_FP32",
+        "TYPE_STRING",
+        "TYPE_STRING",
+    ]
+    assert model_config["output"][0]["dims"] == [-1]
+    assert model_config["parameters"] == {"greeting": {"string_value": "hello"}}
+    assert "dynamic_batching" not in model_config
+
+
+async def test_finalize_is_called_on_unload(backend_class: ClassOf, tmp_path: Path) -> None:
+    source = """
+        from pathlib import Path
+
+
+        class TritonPythonModel:
+            def initialize(self, args):
+                self.marker = Path(args["model_repository"]) / "finalized"
+
+            def execute(self, requests):
+                return []
+
+            def finalize(self):
+                self.marker.write_text("bye")
+    """
+    backend = await load(
+        backend_class("python"), modes_config("fin"), write_model(tmp_path, "fin", source)
+    )
+    assert not (tmp_path / "fin" / "finalized").exists()
+    await backend.unload()
+    assert (tmp_path / "fin" / "finalized").read_text() == "bye"
+
+
+async def test_async_execute_runs(backend_class: ClassOf, tmp_path: Path) -> None:
+    source = """
+        import asyncio
+
+        import triton_python_backend_utils as pb_utils
+
+
+        class TritonPythonModel:
+            async def execute(self, requests):
+                await asyncio.sleep(0)
+                return [
+                    pb_utils.InferenceResponse([
+                        pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() + 1)
+                    ])
+                    for r in requests
+                ]
+    """
+    backend = await load(
+        backend_class("python"), modes_config("aio"), write_model(tmp_path, "aio", source)
+    )
+    request = modes_request("ok", rows=2)
+    [result] = await backend.execute([request])
+    await backend.unload()
+    np.testing.assert_array_equal(outputs_of(result)["OUTPUT0"], request.inputs["INPUT0"] + 1)
+
+
+# --------------------------------------------------------------------------- the pb_utils module
+
+
+async def test_pb_utils_helpers(backend_class: ClassOf, tmp_path: Path) -> None:
+    backend = await load(
+        backend_class("python"), modes_config(), write_model(tmp_path, "modes", MODES_MODEL)
+    )
+    pb_utils = sys.modules["triton_python_backend_utils"]
+    config = json.loads(backend.model.args["model_config"])  # type: ignore[attr-defined]
+    await backend.unload()
+    assert pb_utils.triton_string_to_numpy("TYPE_FP32") is np.float32
+    assert pb_utils.triton_string_to_numpy("TYPE_STRING") is np.object_
+    assert (
+        pb_utils.triton_string_to_numpy(
+            pb_utils.get_output_config_by_name(config, "OUTPUT1")["data_type"]
+        )
+        is np.object_
+    )
+    assert pb_utils.get_input_config_by_name(config, "INPUT0")["dims"] == [-1]
+    assert pb_utils.get_output_config_by_name(config, "NOPE") is None
+    assert pb_utils.numpy_to_triton_type(np.int16) == "TYPE_INT16"
+    tensor = pb_utils.Tensor("T", np.arange(3))
+    response = pb_utils.InferenceResponse(output_tensors=[tensor])
+    assert pb_utils.get_output_tensor_by_name(response, "T") is tensor
+    assert tensor.name() == "T" and tensor.as_numpy().tolist() == [0, 1, 2]
+    assert not response.has_error() and response.error() is None
+    failed = pb_utils.InferenceResponse(error=pb_utils.TritonError("no"))
+    assert failed.has_error() and failed.error().message() == "no"
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.triton_string_to_numpy("TYPE_COMPLEX")

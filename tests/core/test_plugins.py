@@ -1,0 +1,159 @@
+"""Plugin discovery: manifests first, lazy import under a private namespace, failures named and
+not cached, changes detected."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon.backend import Backend
+from daemon.core.plugins import NAMESPACE, PluginRegistry
+from daemon.errors import NotFound, PluginError
+
+GOOD = """
+from daemon.backend import TensorBackend
+
+class Impl(TensorBackend):
+    name = "{name}"
+    factor = {factor}
+
+    def load_sync(self, config, artifact, device):
+        pass
+
+    def infer(self, inputs):
+        return {{"Y": inputs["X"] * self.factor}}
+"""
+
+
+def write_plugin(root: Path, name: str, *, code: str | None = None, manifest: str | None = None,
+                 factor: float = 2.0) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o755)
+    (folder / "manifest.toml").write_text(manifest if manifest is not None else (
+        f'name = "{name}"\nversion = "1.0.0"\napi-version = 1\nentrypoint = "impl:Impl"\n'
+        'artifacts = ["model.bin"]\nplatforms = ["custom_platform"]\nrequires = ["numpy"]\n'
+    ))
+    (folder / "impl.py").write_text(code if code is not None else GOOD.format(name=name, factor=factor))
+    return folder
+
+
+def test_scan_reads_manifests_without_importing(tmp_path: Path) -> None:
+    write_plugin(tmp_path, "alpha")
+    registry = PluginRegistry([tmp_path])
+    result = registry.scan()
+    assert result.added == ["alpha"]
+    assert registry.manifest("alpha").platforms == ["custom_platform"]
+    assert f"{NAMESPACE}.alpha.impl" not in sys.modules  # import is lazy
+    cls = registry.resolve("alpha")
+    assert issubclass(cls, Backend) and cls.name == "alpha"
+    assert sys.modules[f"{NAMESPACE}.alpha.impl"].__name__ == f"{NAMESPACE}.alpha.impl"
+
+
+def test_two_plugins_with_same_module_names_do_not_collide(tmp_path: Path) -> None:
+    write_plugin(tmp_path, "one", factor=1.0)
+    write_plugin(tmp_path, "two", factor=2.0)
+    registry = PluginRegistry([tmp_path])
+    registry.scan()
+    assert registry.resolve("one").factor == 1.0  # type: ignore[attr-defined]
+    assert registry.resolve("two").factor == 2.0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("manifest", "needle"),
+    [
+        ('name = "bad"\nversion = "1"\napi-version = 1\n', "entrypoint"),
+        ('name = "bad"\nversion = "1"\napi-version = 99\nentrypoint = "impl:Impl"\n', "api-version 99"),
+        ('name = "other"\nversion = "1"\napi-version = 1\nentrypoint = "impl:Impl"\n', "directory name"),
+        ('name = "bad"\nversion = "1"\napi-version = 1\nentrypoint = "impl:Impl"\ncolour = "red"\n', "colour"),
+        ("name = [", "invalid"),
+    ],
+)
+def test_broken_manifests_are_reported_and_skipped(tmp_path: Path, manifest: str, needle: str) -> None:
+    write_plugin(tmp_path, "bad", manifest=manifest)
+    write_plugin(tmp_path, "good")
+    registry = PluginRegistry([tmp_path])
+    result = registry.scan()
+    assert result.broken == ["bad"]
+    assert registry.names() == ["good"]
+    infos = {i.name: i for i in registry.info()}
+    assert infos["bad"].state == "broken" and needle in infos["bad"].reason
+    assert infos["good"].state == "ready"
+
+
+def test_import_error_names_plugin_and_is_not_cached(tmp_path: Path) -> None:
+    folder = write_plugin(tmp_path, "flaky", code="raise RuntimeError('not today')\n")
+    registry = PluginRegistry([tmp_path])
+    registry.scan()
+    with pytest.raises(PluginError, match="flaky.*not today"):
+        registry.resolve("flaky")
+    (folder / "impl.py").write_text(GOOD.format(name="flaky", factor=3.0))
+    registry.scan()
+    assert registry.resolve("flaky").factor == 3.0  # type: ignore[attr-defined]
+
+
+def test_missing_runtime_is_unavailable(tmp_path: Path) -> None:
+    write_plugin(tmp_path, "needy", manifest=(
+        'name = "needy"\nversion = "1"\napi-version = 1\nentrypoint = "impl:Impl"\n'
+        'requires = ["surely_not_an_installed_module_xyz"]\n'
+    ))
+    registry = PluginRegistry([tmp_path])
+    registry.scan()
+    with pytest.raises(PluginError, match="surely_not_an_installed_module_xyz.*not installed"):
+        registry.resolve("needy")
+
+
+def test_wrong_class_and_name_mismatch(tmp_path: Path) -> None:
+    write_plugin(tmp_path, "notbackend", code="class Impl:\n    pass\n")
+    write_plugin(tmp_path, "misnamed", code=GOOD.format(name="something_else", factor=1.0))
+    registry = PluginRegistry([tmp_path])
+    registry.scan()
+    with pytest.raises(PluginError, match="not a daemon.backend.Backend subclass"):
+        registry.resolve("notbackend")
+    with pytest.raises(PluginError, match="differs from manifest name"):
+        registry.resolve("misnamed")
+    with pytest.raises(NotFound, match="unknown backend 'nope'"):
+        registry.resolve("nope")
+
+
+def test_change_and_removal_are_detected(tmp_path: Path) -> None:
+    folder = write_plugin(tmp_path, "alpha", factor=2.0)
+    registry = PluginRegistry([tmp_path])
+    registry.scan()
+    assert registry.resolve("alpha").factor == 2.0  # type: ignore[attr-defined]
+    time.sleep(0.01)
+    (folder / "impl.py").write_text(GOOD.format(name="alpha", factor=5.0))
+    result = registry.scan()
+    assert result.changed == ["alpha"]
+    assert registry.resolve("alpha").factor == 5.0  # type: ignore[attr-defined]
+    import shutil
+
+    shutil.rmtree(folder)
+    assert registry.scan().removed == ["alpha"]
+    assert f"{NAMESPACE}.alpha" not in sys.modules
+
+
+def test_group_writable_plugin_refused(tmp_path: Path) -> None:
+    folder = write_plugin(tmp_path, "loose")
+    folder.chmod(0o775)
+    registry = PluginRegistry([tmp_path])
+    assert registry.scan().broken == ["loose"]
+    assert "writable" in registry.info()[0].reason
+    assert PluginRegistry([tmp_path], check_ownership=False).scan().added == ["loose"]
+
+
+def test_later_directory_wins(tmp_path: Path) -> None:
+    write_plugin(tmp_path / "a", "alpha", factor=1.0)
+    write_plugin(tmp_path / "b", "alpha", factor=7.0)
+    (tmp_path / "a").chmod(0o755)
+    (tmp_path / "b").chmod(0o755)
+    registry = PluginRegistry([tmp_path / "a", tmp_path / "b"])
+    registry.scan()
+    assert registry.resolve("alpha").factor == 7.0  # type: ignore[attr-defined]
+
+
+def test_repository_plugins_discovered(plugin_registry: PluginRegistry) -> None:
+    assert {"onnxruntime", "python"} <= set(plugin_registry.names())

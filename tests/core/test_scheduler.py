@@ -1,0 +1,540 @@
+"""The tensor schedulers, driven with real asyncio and a real (tiny, numpy) tensor backend.
+
+The backend below is a genuine `TensorBackend` subclass: it computes `x @ W + b` in numpy and
+records what it was given. Gates (threading.Event) hold an instance busy so a test can decide
+what is queued while it works, instead of racing against wall-clock time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from daemon.backend import (
+    Capabilities,
+    ExecuteResult,
+    InferRequest,
+    InferResponse,
+    InstanceContext,
+    TensorBackend,
+)
+from daemon.core.scheduler import DynamicBatcher, InstanceScheduler, Scheduler, make_scheduler
+from daemon.core.stats import MetricsRegistry, ModelStats
+from daemon.errors import BackendError, QueueTimeout, Unavailable
+from daemon.model_config import ModelConfig, config_from_mapping
+
+
+class Linear(TensorBackend):
+    """y = x @ W + b with integer-valued float64 weights, so every result is exact."""
+
+    name = "test-linear"
+
+    def load_sync(self, config: ModelConfig, artifact: Path, device: str) -> None:
+        rng = np.random.default_rng(7)
+        self.weight = rng.integers(-5, 6, size=(4, 3)).astype(np.float64)
+        self.bias = rng.integers(-5, 6, size=3).astype(np.float64)
+        # Rows per runtime call, and the id (x[:, 0]) of every row, in execution order.
+        self.batches: list[int] = []
+        self.seen: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def compute(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        return {"y": x @ self.weight + self.bias}
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        x = inputs["x"]
+        self.batches.append(int(x.shape[0]))
+        self.seen.extend(int(v) for v in x[:, 0])
+        self.entered.set()
+        if not self.gate.wait(10):
+            raise RuntimeError("test gate never opened")
+        return self.compute(x)
+
+    def expected(self, x: np.ndarray) -> np.ndarray:
+        return x @ self.weight + self.bias
+
+
+class Scale(Linear):
+    """Elementwise, so requests may differ in their non-batch dims."""
+
+    def compute(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        return {"y": x * 3 - 1}
+
+
+class Exploding(Linear):
+    """execute() itself raises when a request carries NaN: a broken backend."""
+
+    async def execute(self, batch: Sequence[InferRequest]) -> list[ExecuteResult]:
+        if any(np.isnan(r.inputs["x"]).any() for r in batch):
+            raise RuntimeError("boom")
+        return await super().execute(batch)
+
+
+class NoMerge(Linear):
+    capabilities = Capabilities(dynamic_batching=False)
+
+
+def make_config(max_batch_size: int = 8, batching: dict[str, Any] | None = None, width: int = 4) -> ModelConfig:
+    dims = [width] if max_batch_size > 0 else [1, width]
+    data: dict[str, Any] = {
+        "name": "m",
+        "max_batch_size": max_batch_size,
+        "input": [{"name": "x", "data_type": "TYPE_FP64", "dims": dims}],
+        "output": [{"name": "y", "data_type": "TYPE_FP64", "dims": [-1]}],
+    }
+    if batching is not None:
+        data["dynamic_batching"] = batching
+    return config_from_mapping(data, source="test")
+
+
+def rows(ident: int, count: int = 1, width: int = 4, dtype: Any = np.float64) -> np.ndarray:
+    """`count` random integer rows whose first column is `ident` (the backend logs it)."""
+    x = np.random.default_rng(ident).integers(-9, 10, size=(count, width)).astype(dtype)
+    x[:, 0] = ident
+    return x
+
+
+def req(ident: int, count: int = 1, **kwargs: Any) -> InferRequest:
+    fields = {k: kwargs.pop(k) for k in ("priority", "timeout_us") if k in kwargs}
+    return InferRequest({"x": rows(ident, count, **kwargs)}, **fields)
+
+
+async def settle() -> None:
+    """Let every ready task run until it blocks (submits reach the queue)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def wait_thread_event(event: threading.Event) -> None:
+    assert await asyncio.to_thread(event.wait, 10), "the backend never started"
+
+
+Harness = Callable[..., Awaitable[tuple[Scheduler, list[Linear], ModelStats]]]
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    """Build scheduler + loaded instances; at teardown open gates, stop and unload."""
+    built: list[tuple[Scheduler, list[Linear]]] = []
+    metrics = MetricsRegistry()
+
+    async def build(
+        config: ModelConfig, count: int = 1, cls: type[Linear] = Linear
+    ) -> tuple[Scheduler, list[Linear], ModelStats]:
+        instances: list[Linear] = []
+        for index in range(count):
+            instance = cls(InstanceContext("m", 1, index, count))
+            await instance.load(config, tmp_path, "CPU")
+            instances.append(instance)
+        stats = ModelStats("m", "1", metrics)
+        scheduler = make_scheduler(config, instances, stats)
+        await scheduler.start()
+        built.append((scheduler, instances))
+        return scheduler, instances, stats
+
+    yield build
+    for scheduler, instances in built:
+        for instance in instances:
+            instance.gate.set()
+        await scheduler.stop(5)
+        for instance in instances:
+            await instance.unload()
+
+
+async def occupy(scheduler: Scheduler, instance: Linear, ident: int = 100) -> asyncio.Task[InferResponse]:
+    """Close the instance's gate and start one request on it, so later ones queue."""
+    instance.gate.clear()
+    instance.entered.clear()
+    task = asyncio.create_task(scheduler.submit(req(ident)))
+    await wait_thread_event(instance.entered)
+    return task
+
+
+# ---------------------------------------------------------------------------- batching
+
+
+async def test_batched_results_equal_per_request_results(harness: Harness) -> None:
+    scheduler, (inst,), _ = await harness(make_config(8, {"max_queue_delay_microseconds": 200_000}))
+    assert isinstance(scheduler, DynamicBatcher)
+    requests = [req(i, n) for i, n in enumerate((1, 3, 2, 1, 1))]  # ragged, 8 rows in all
+
+    alone = [await scheduler.submit(r) for r in requests]
+    assert inst.batches == [1, 3, 2, 1, 1]
+    inst.batches.clear()
+    together = await asyncio.gather(*(scheduler.submit(r) for r in requests))
+
+    assert inst.batches == [8]  # one execution, full at max_batch_size
+    for request, one, many in zip(requests, alone, together, strict=True):
+        x = request.inputs["x"]
+        assert many.outputs["y"].shape == (x.shape[0], 3)
+        np.testing.assert_array_equal(many.outputs["y"], one.outputs["y"])
+        np.testing.assert_array_equal(many.outputs["y"], inst.expected(x))
+
+
+async def test_max_batch_size_is_respected_with_ragged_requests(harness: Harness) -> None:
+    scheduler, (inst,), _ = await harness(make_config(4, {"max_queue_delay_microseconds": 20_000}))
+    sizes = [3, 2, 2, 1, 1, 4, 1, 2]
+    requests = [req(i, n) for i, n in enumerate(sizes)]
+    results = await asyncio.gather(*(scheduler.submit(r) for r in requests))
+    assert all(b <= 4 for b in inst.batches), inst.batches
+    assert sum(inst.batches) == sum(sizes)
+    assert max(inst.batches) == 4
+    for request, result in zip(requests, results, strict=True):
+        np.testing.assert_array_equal(result.outputs["y"], inst.expected(request.inputs["x"]))
+
+
+async def test_preferred_batch_size_dispatches_without_waiting_for_the_delay(harness: Harness) -> None:
+    # A 60 s delay: only reaching the preferred size can send these four in time.
+    config = make_config(8, {"preferred_batch_size": [4], "max_queue_delay_microseconds": 60_000_000})
+    scheduler, (inst,), _ = await harness(config)
+    requests = [req(i) for i in range(4)]
+    results = await asyncio.wait_for(asyncio.gather(*(scheduler.submit(r) for r in requests)), 10)
+    assert inst.batches == [4]
+    for request, result in zip(requests, results, strict=True):
+        np.testing.assert_array_equal(result.outputs["y"], inst.expected(request.inputs["x"]))
+
+
+async def test_max_queue_delay_lets_a_batch_form(harness: Harness) -> None:
+    scheduler, (inst,), stats = await harness(make_config(16, {"max_queue_delay_microseconds": 200_000}))
+    requests = [req(i) for i in range(8)]
+    results = await asyncio.gather(*(scheduler.submit(r) for r in requests))
+    assert max(inst.batches) > 1
+    assert sum(inst.batches) == 8
+    for request, result in zip(requests, results, strict=True):
+        np.testing.assert_array_equal(result.outputs["y"], inst.expected(request.inputs["x"]))
+    assert stats.execution_count == len(inst.batches)
+
+
+async def test_default_batches_only_while_the_instance_is_busy(harness: Harness) -> None:
+    # max_batch_size > 0 and no dynamic_batching block: delay 0, nothing waits for company.
+    scheduler, (inst,), _ = await harness(make_config(8))
+    assert isinstance(scheduler, DynamicBatcher)
+    alone = await scheduler.submit(req(1))
+    assert inst.batches == [1]
+    np.testing.assert_array_equal(alone.outputs["y"], inst.expected(rows(1)))
+
+    first = await occupy(scheduler, inst)
+    queued = [asyncio.create_task(scheduler.submit(req(i))) for i in range(10, 15)]
+    await settle()
+    assert scheduler.pending() == 5
+    inst.gate.set()
+    await first
+    await asyncio.gather(*queued)
+    assert inst.batches == [1, 1, 5]
+
+
+async def test_only_compatible_requests_share_a_batch(harness: Harness) -> None:
+    scheduler, (inst,), _ = await harness(make_config(8, width=-1), cls=Scale)
+    first = await occupy(scheduler, inst)
+    shapes = [(1, 2), (2, 5), (1, 2), (1, 2)]
+    requests = [InferRequest({"x": rows(10 + i, n, width=w)}) for i, (n, w) in enumerate(shapes)]
+    requests.append(InferRequest({"x": rows(20, 1, width=2, dtype=np.float32)}))
+    tasks = [asyncio.create_task(scheduler.submit(r)) for r in requests]
+    await settle()
+    inst.gate.set()
+    await first
+    results = await asyncio.gather(*tasks)
+    # The three width-2 float64 requests merge (skipping the width-5 one); the float32 one
+    # and the width-5 one each run alone.
+    assert inst.batches == [1, 3, 2, 1]
+    assert inst.seen[1:] == [10, 12, 13, 11, 11, 20]
+    for request, result in zip(requests, results, strict=True):
+        x = request.inputs["x"]
+        np.testing.assert_array_equal(result.outputs["y"], x * 3 - 1)
+        assert result.outputs["y"].dtype == x.dtype
+
+
+# ---------------------------------------------------------------------------- priorities and policies
+
+
+async def test_higher_priority_is_served_first(harness: Harness) -> None:
+    config = make_config(1, {"priority_levels": 2, "default_priority_level": 2})
+    scheduler, (inst,), _ = await harness(config)
+    first = await occupy(scheduler, inst, ident=100)
+    tasks = [
+        asyncio.create_task(scheduler.submit(req(1, priority=0))),  # 0 = default level (2)
+        asyncio.create_task(scheduler.submit(req(2, priority=2))),
+        asyncio.create_task(scheduler.submit(req(3, priority=1))),  # highest
+        asyncio.create_task(scheduler.submit(req(4, priority=9))),  # out of range = default
+    ]
+    await settle()
+    inst.gate.set()
+    await first
+    await asyncio.gather(*tasks)
+    assert inst.seen == [100, 3, 1, 2, 4]
+
+
+async def test_full_queue_is_unavailable(harness: Harness) -> None:
+    config = make_config(1, {"default_queue_policy": {"max_queue_size": 2}})
+    scheduler, (inst,), stats = await harness(config)
+    first = await occupy(scheduler, inst)
+    queued = [asyncio.create_task(scheduler.submit(req(i))) for i in (1, 2)]
+    await settle()
+    assert scheduler.pending() == 2
+    with pytest.raises(Unavailable) as caught:
+        await scheduler.submit(req(3))
+    assert caught.value.status == 503
+    assert caught.value.message == "inference request queue for model 'm' is full (max_queue_size 2)"
+    inst.gate.set()
+    await first
+    await asyncio.gather(*queued)
+    assert inst.seen == [100, 1, 2]
+    assert stats.failures["REJECTED"] == 1
+
+
+async def test_priority_queue_policy_applies_per_level(harness: Harness) -> None:
+    config = make_config(1, {
+        "priority_levels": 2,
+        "default_priority_level": 2,
+        "priority_queue_policy": {1: {"max_queue_size": 1}},
+    })
+    scheduler, (inst,), _ = await harness(config)
+    first = await occupy(scheduler, inst)
+    tasks = [asyncio.create_task(scheduler.submit(req(i, priority=1))) for i in (1, 2)]
+    tasks += [asyncio.create_task(scheduler.submit(req(i, priority=2))) for i in (3, 4)]
+    await settle()
+    assert isinstance(tasks[1].exception(), Unavailable)  # level 1 holds one
+    assert scheduler.pending() == 3  # level 2 is unbounded
+    inst.gate.set()
+    await first
+    await asyncio.gather(tasks[0], tasks[2], tasks[3])
+
+
+async def test_reject_timeout_fires_while_instances_are_busy(harness: Harness) -> None:
+    config = make_config(1, {"default_queue_policy": {"default_timeout_microseconds": 50_000}})
+    scheduler, (inst,), stats = await harness(config)
+    first = await occupy(scheduler, inst)
+    with pytest.raises(QueueTimeout) as caught:
+        await asyncio.wait_for(scheduler.submit(req(1)), 10)
+    # The instance is still blocked: the timer, not a freed instance, rejected it.
+    assert not inst.gate.is_set()
+    assert caught.value.status == 429
+    assert "model 'm'" in caught.value.message
+    assert "timed out in queue after 50000 us" in caught.value.message
+    assert scheduler.pending() == 0
+    inst.gate.set()
+    await first
+    assert inst.seen == [100]
+    assert stats.failures["REJECTED"] == 1
+
+
+async def test_delay_timeout_keeps_the_request_behind_fresh_ones(harness: Harness) -> None:
+    config = make_config(1, {"default_queue_policy": {
+        "default_timeout_microseconds": 300_000, "timeout_action": "DELAY",
+    }})
+    scheduler, (inst,), _ = await harness(config)
+    first = await occupy(scheduler, inst)
+    late = asyncio.create_task(scheduler.submit(req(1)))
+    await asyncio.sleep(0.6)  # req 1 is now past its timeout
+    fresh = asyncio.create_task(scheduler.submit(req(2)))
+    await settle()
+    inst.gate.set()
+    await first
+    late_result, fresh_result = await asyncio.gather(late, fresh)
+    assert inst.seen == [100, 2, 1]
+    np.testing.assert_array_equal(late_result.outputs["y"], inst.expected(rows(1)))
+    np.testing.assert_array_equal(fresh_result.outputs["y"], inst.expected(rows(2)))
+
+
+@pytest.mark.parametrize("allow", [True, False])
+async def test_timeout_override(harness: Harness, allow: bool) -> None:
+    config = make_config(1, {"default_queue_policy": {
+        "default_timeout_microseconds": 60_000_000, "allow_timeout_override": allow,
+    }})
+    scheduler, (inst,), _ = await harness(config)
+    first = await occupy(scheduler, inst)
+    task = asyncio.create_task(scheduler.submit(req(1, timeout_us=50_000)))
+    await asyncio.sleep(0.3)
+    if allow:
+        assert isinstance(task.exception(), QueueTimeout)
+    else:
+        assert not task.done()  # the request's own timeout is ignored
+    inst.gate.set()
+    await first
+    if not allow:
+        result = await task
+        np.testing.assert_array_equal(result.outputs["y"], inst.expected(rows(1)))
+
+
+# ---------------------------------------------------------------------------- instances and ordering
+
+
+@pytest.mark.parametrize("preserve", [True, False])
+async def test_preserve_ordering_with_uneven_instances(harness: Harness, preserve: bool) -> None:
+    config = make_config(4, {"preserve_ordering": preserve})
+    scheduler, (slow, fast), _ = await harness(config, count=2)
+    finished: list[int] = []
+    slow.gate.clear()
+    first = asyncio.create_task(scheduler.submit(req(1)))
+    first.add_done_callback(lambda _: finished.append(1))
+    await wait_thread_event(slow.entered)
+    second = asyncio.create_task(scheduler.submit(req(2)))
+    second.add_done_callback(lambda _: finished.append(2))
+    await wait_thread_event(fast.entered)
+    await asyncio.sleep(0.2)  # the fast instance has long finished request 2
+    assert (slow.seen, fast.seen) == ([1], [2])
+    assert second.done() is not preserve
+    slow.gate.set()
+    await asyncio.gather(first, second)
+    assert finished == ([1, 2] if preserve else [2, 1])
+    np.testing.assert_array_equal(first.result().outputs["y"], slow.expected(rows(1)))
+    np.testing.assert_array_equal(second.result().outputs["y"], fast.expected(rows(2)))
+
+
+async def test_execute_raising_fails_exactly_its_batch(harness: Harness) -> None:
+    scheduler, (inst,), stats = await harness(make_config(4), cls=Exploding)
+    first = await occupy(scheduler, inst)
+    poison = rows(1)
+    poison[0, 1] = np.nan
+    doomed = [
+        asyncio.create_task(scheduler.submit(InferRequest({"x": poison}))),
+        asyncio.create_task(scheduler.submit(req(2))),
+    ]
+    await settle()
+    inst.gate.set()
+    ok = await first
+    outcomes = await asyncio.gather(*doomed, return_exceptions=True)
+    for outcome in outcomes:
+        assert isinstance(outcome, BackendError)
+        assert "model 'm'" in outcome.message
+        assert "boom" in outcome.message
+    assert outcomes[0] is not outcomes[1]
+    after = await scheduler.submit(req(3))
+    np.testing.assert_array_equal(ok.outputs["y"], inst.expected(rows(100)))
+    np.testing.assert_array_equal(after.outputs["y"], inst.expected(rows(3)))
+    assert inst.seen == [100, 3]
+    assert stats.failures["BACKEND"] == 2
+    assert stats.success.count == 2
+
+
+async def test_instances_run_concurrently(harness: Harness) -> None:
+    barrier = threading.Barrier(2, timeout=10)
+
+    class Meeting(Linear):
+        def compute(self, x: np.ndarray) -> dict[str, np.ndarray]:
+            barrier.wait()  # passes only when both instances are inside infer at once
+            return super().compute(x)
+
+    scheduler, instances, stats = await harness(make_config(0), count=2, cls=Meeting)
+    assert isinstance(scheduler, InstanceScheduler)
+    requests = [req(1), req(2)]
+    results = await asyncio.wait_for(asyncio.gather(*(scheduler.submit(r) for r in requests)), 20)
+    assert sorted(i.seen[0] for i in instances) == [1, 2]
+    for request, result in zip(requests, results, strict=True):
+        np.testing.assert_array_equal(result.outputs["y"], instances[0].expected(request.inputs["x"]))
+    assert stats.execution_count == 2
+
+
+async def test_instance_scheduler_never_merges(harness: Harness) -> None:
+    config = make_config(8, {"max_queue_delay_microseconds": 100_000})
+    scheduler, (inst,), _ = await harness(config, cls=NoMerge)
+    assert isinstance(scheduler, InstanceScheduler)  # the backend can't take merged batches
+    first = await occupy(scheduler, inst)
+    tasks = [asyncio.create_task(scheduler.submit(req(i, 2))) for i in range(3)]
+    await settle()
+    inst.gate.set()
+    await first
+    results = await asyncio.gather(*tasks)
+    assert inst.batches == [1, 2, 2, 2]
+    for i, result in enumerate(results):
+        np.testing.assert_array_equal(result.outputs["y"], inst.expected(rows(i, 2)))
+
+
+# ---------------------------------------------------------------------------- stop and cancel
+
+
+async def test_stop_drains_then_refuses(harness: Harness) -> None:
+    scheduler, (inst,), _ = await harness(make_config(0))
+    first = await occupy(scheduler, inst)
+    queued = [asyncio.create_task(scheduler.submit(req(i))) for i in (1, 2)]
+    await settle()
+    stopping = asyncio.create_task(scheduler.stop(30))
+    await settle()
+    with pytest.raises(Unavailable):
+        await scheduler.submit(req(3))
+    assert not stopping.done()  # still draining the queued work
+    inst.gate.set()
+    await stopping
+    for task, ident in zip([first, *queued], (100, 1, 2), strict=True):
+        np.testing.assert_array_equal(task.result().outputs["y"], inst.expected(rows(ident)))
+    with pytest.raises(Unavailable):
+        await scheduler.submit(req(4))
+    assert inst.seen == [100, 1, 2]
+
+
+async def test_stop_fails_what_the_drain_timeout_leaves(harness: Harness) -> None:
+    scheduler, (inst,), _ = await harness(make_config(0))
+    first = await occupy(scheduler, inst)
+    queued = asyncio.create_task(scheduler.submit(req(1)))
+    await settle()
+    await scheduler.stop(0.1)
+    outcomes = await asyncio.gather(first, queued, return_exceptions=True)
+    assert all(isinstance(o, Unavailable) for o in outcomes), outcomes
+    assert scheduler.pending() == 0
+
+
+async def test_cancelled_request_leaves_the_queue(harness: Harness) -> None:
+    scheduler, (inst,), stats = await harness(make_config(4))
+    first = await occupy(scheduler, inst)
+    gone = asyncio.create_task(scheduler.submit(req(1)))
+    kept = asyncio.create_task(scheduler.submit(req(2)))
+    await settle()
+    assert scheduler.pending() == 2
+    assert stats.pending == 2
+    gone.cancel()
+    await settle()
+    assert gone.cancelled()
+    assert scheduler.pending() == 1
+    inst.gate.set()
+    await first
+    await kept
+    assert inst.seen == [100, 2]
+    assert stats.failures["CANCELED"] == 1
+
+
+# ---------------------------------------------------------------------------- statistics
+
+
+async def test_stats_and_metrics_follow_executions(harness: Harness) -> None:
+    scheduler, (inst,), stats = await harness(make_config(8))
+    first = await occupy(scheduler, inst)
+    tasks = [asyncio.create_task(scheduler.submit(req(i, n))) for i, n in enumerate((1, 1, 1, 2))]
+    await settle()
+    assert stats.pending == 4
+    inst.gate.set()
+    await first
+    await asyncio.gather(*tasks)
+    assert inst.batches == [1, 5]
+
+    doc = stats.to_triton_json("m", "1")
+    assert doc["inference_count"] == 6
+    assert doc["execution_count"] == 2
+    inference = doc["inference_stats"]
+    assert inference["success"]["count"] == 5
+    assert inference["queue"]["count"] == 5
+    assert inference["compute_infer"]["count"] == 5
+    assert inference["fail"] == {"count": 0, "ns": 0}
+    assert inference["queue"]["ns"] > 0
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in doc["batch_stats"]] == [(1, 1), (5, 1)]
+    assert stats.pending == 0
+
+    metrics = MetricsRegistry()
+    exported = ModelStats("m", "1", metrics)
+    exported.record_success(1_000, 6)
+    text = metrics.render().decode()
+    assert 'nv_inference_count{model="m",version="1"} 6.0' in text
+
+
+async def test_make_scheduler_requires_instances() -> None:
+    from daemon.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        make_scheduler(make_config(8), [], ModelStats("m", "1"))

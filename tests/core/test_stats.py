@@ -1,0 +1,151 @@
+"""ModelStats numbers, Triton's statistics JSON shape, and the Prometheus exposition."""
+
+from __future__ import annotations
+
+import gc
+
+import msgspec
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from daemon.core.stats import MetricsRegistry, ModelStats
+
+DURATION_KEYS = {"count", "ns"}
+
+
+def samples(metrics: MetricsRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Parse the rendered text with prometheus_client's own parser (so it must be valid)."""
+    text = metrics.render().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def test_records_follow_triton_semantics() -> None:
+    stats = ModelStats("m", "3")
+    stats.record_success(5_000, 2, queue_ns=1_000, compute_input_ns=0, compute_infer_ns=3_000, compute_output_ns=0)
+    stats.record_success(7_000, 3, queue_ns=2_000, compute_input_ns=0, compute_infer_ns=3_000, compute_output_ns=0)
+    stats.record_execution(5, 3_000)
+    stats.record_failure(11_000, "BACKEND")
+    stats.record_failure(1_000)
+
+    doc = stats.to_triton_json("m", "3")
+    assert doc["name"] == "m"
+    assert doc["version"] == "3"
+    assert doc["inference_count"] == 5  # rows, not requests
+    assert doc["execution_count"] == 1
+    assert doc["last_inference"] > 1_600_000_000_000  # ms since the epoch
+    inference = doc["inference_stats"]
+    assert inference["success"] == {"count": 2, "ns": 12_000}
+    assert inference["fail"] == {"count": 2, "ns": 12_000}
+    assert inference["queue"] == {"count": 2, "ns": 3_000}
+    assert inference["compute_infer"] == {"count": 2, "ns": 6_000}
+    assert inference["compute_input"] == {"count": 2, "ns": 0}
+    assert set(inference) >= {"success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit"}
+    assert all(set(v) == DURATION_KEYS for v in inference.values())
+    assert doc["batch_stats"] == [
+        {
+            "batch_size": 5,
+            "compute_input": {"count": 1, "ns": 0},
+            "compute_infer": {"count": 1, "ns": 3_000},
+            "compute_output": {"count": 1, "ns": 0},
+        }
+    ]
+    assert stats.failures == {"REJECTED": 0, "CANCELED": 0, "BACKEND": 1, "OTHER": 1}
+    # The document is what the transport serializes: it must be plain JSON.
+    assert msgspec.json.decode(msgspec.json.encode(doc)) == doc
+
+
+def test_batch_stats_sorted_by_size_and_timing_optional() -> None:
+    stats = ModelStats("m", "1")
+    for size in (4, 1, 4, 2):
+        stats.record_execution(size, 100)
+    stats.record_success(50)  # an ensemble records only the end-to-end time
+    doc = stats.to_triton_json()
+    assert [row["batch_size"] for row in doc["batch_stats"]] == [1, 2, 4]
+    assert doc["batch_stats"][2]["compute_infer"] == {"count": 2, "ns": 200}
+    assert doc["execution_count"] == 4
+    assert doc["inference_stats"]["queue"] == {"count": 0, "ns": 0}
+    assert doc["inference_count"] == 1
+
+
+def test_render_exposes_triton_names_and_values() -> None:
+    metrics = MetricsRegistry()
+    stats = ModelStats("resnet", "2", metrics)
+    stats.record_success(2_500_000, 4, queue_ns=500_000, compute_infer_ns=1_800_000)
+    stats.record_success(1_500_000, 1, queue_ns=100_000, compute_infer_ns=1_200_000)
+    stats.record_execution(5, 1_800_000)
+    stats.record_failure(10, "REJECTED")
+    stats.pending = 3
+    text = metrics.render().decode()
+
+    labels = 'model="resnet",version="2"'
+    assert f"nv_inference_request_success{{{labels}}} 2.0" in text
+    assert f"nv_inference_count{{{labels}}} 5.0" in text
+    assert f"nv_inference_exec_count{{{labels}}} 1.0" in text
+    assert f"nv_inference_request_duration_us{{{labels}}} 4000.0" in text
+    assert f"nv_inference_queue_duration_us{{{labels}}} 600.0" in text
+    assert f"nv_inference_compute_infer_duration_us{{{labels}}} 3000.0" in text
+    assert f"nv_inference_pending_request_count{{{labels}}} 3.0" in text
+    assert 'nv_inference_request_failure{model="resnet",reason="REJECTED",version="2"} 1.0' in text
+    assert 'nv_inference_request_failure{model="resnet",reason="BACKEND",version="2"} 0.0' in text
+    # Triton's bare counter names: no prometheus_client `_total` / `_created` munging.
+    assert "# TYPE nv_inference_request_success counter" in text
+    assert "# TYPE nv_inference_pending_request_count gauge" in text
+    assert "_total" not in text
+    assert "_created" not in text
+
+    parsed = samples(metrics)
+    key = (("model", "resnet"), ("version", "2"))
+    assert parsed[("nv_inference_count_total", key)] == 5
+    assert parsed[("nv_inference_pending_request_count", key)] == 3
+
+
+def test_registry_is_private_not_the_global_one() -> None:
+    first, second = MetricsRegistry(), MetricsRegistry()
+    stats = ModelStats("a", "1", first)  # the registry holds stats weakly: keep a reference
+    stats.record_success(1)
+    assert b'model="a"' in first.render()
+    assert b'model="a"' not in second.render()
+    assert b"nv_inference" not in generate_latest(REGISTRY)
+
+
+def test_remove_and_reload_swap() -> None:
+    metrics = MetricsRegistry()
+    old = ModelStats("m", "1", metrics)
+    old.record_success(1, 7)
+    other = ModelStats("n", "1", metrics)
+    other.record_success(1, 2)
+    # A reload creates the new object first, then retires the old one by name and version.
+    new = ModelStats("m", "1", metrics)
+    new.record_success(1, 1)
+    assert samples(metrics)[("nv_inference_count_total", (("model", "m"), ("version", "1")))] == 8
+    metrics.remove("m", "1")
+    assert samples(metrics)[("nv_inference_count_total", (("model", "m"), ("version", "1")))] == 1
+    new.close()
+    text = metrics.render().decode()
+    assert 'model="m"' not in text
+    assert 'nv_inference_count{model="n",version="1"} 2.0' in text
+    metrics.remove("n", "1", other)
+    assert b'model="n"' not in metrics.render()
+
+
+def test_dropped_stats_disappear_from_metrics() -> None:
+    metrics = MetricsRegistry()
+    stats = ModelStats("failed-load", "1", metrics)
+    assert b'model="failed-load"' in metrics.render()
+    del stats
+    gc.collect()
+    assert b'model="failed-load"' not in metrics.render()
+
+
+def test_label_values_are_escaped() -> None:
+    metrics = MetricsRegistry()
+    stats = ModelStats('we"ird\\name', "1", metrics)
+    stats.record_success(1)
+    text = metrics.render().decode()
+    assert 'model="we\\"ird\\\\name"' in text
+    names = {labels for (_, labels) in samples(metrics)}
+    assert (("model", 'we"ird\\name'), ("version", "1")) in names

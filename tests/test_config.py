@@ -1,0 +1,78 @@
+"""Daemon configuration: file + flags, errors naming the key and the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daemon.cli import apply_flags, build_parser
+from daemon.config import (
+    DaemonConfig,
+    default_socket_path,
+    load_config,
+    parse_host_port,
+    socket_path,
+)
+from daemon.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_shipped_example_config_is_valid_and_matches_defaults() -> None:
+    assert load_config(REPO / "configs" / "edged.toml") == DaemonConfig()
+
+
+def test_unknown_key_names_key_and_file(tmp_path: Path) -> None:
+    path = tmp_path / "edged.toml"
+    path.write_text('[server]\nsoket = "/tmp/x.sock"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "soket" in info.value.message and str(path) in info.value.message
+    assert "$.server" in info.value.message
+
+
+def test_bad_value_names_path(tmp_path: Path) -> None:
+    path = tmp_path / "edged.toml"
+    path.write_text("[models]\npoll-secs = -1\n")
+    with pytest.raises(ConfigError, match=r"models.*poll-secs"):
+        load_config(path)
+
+
+def test_invalid_toml(tmp_path: Path) -> None:
+    path = tmp_path / "edged.toml"
+    path.write_text("[server\n")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(path)
+
+
+def test_flags_override_file(tmp_path: Path) -> None:
+    path = tmp_path / "edged.toml"
+    path.write_text('[server]\nsocket = "/a.sock"\nhttp = "127.0.0.1:1"\n[models]\ncontrol-mode = "poll"\n')
+    args = build_parser().parse_args(
+        ["serve", "--socket", "/b.sock", "--model-control-mode", "explicit", "--load-model", "m",
+         "--model-repository", "/r1", "--model-repository", "/r2"]
+    )
+    config = apply_flags(load_config(path), args)
+    assert config.server.socket == "/b.sock"
+    assert config.server.http == "127.0.0.1:1"  # from the file, not overridden
+    assert config.models.control_mode == "explicit"
+    assert config.models.load == ["m"] and config.models.repository == ["/r1", "/r2"]
+    assert socket_path(config) == Path("/b.sock")
+
+
+def test_default_socket_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNTIME_DIRECTORY", "/run/edged:/run/other")
+    assert default_socket_path() == Path("/run/edged/edged.sock")
+    monkeypatch.delenv("RUNTIME_DIRECTORY")
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+    assert default_socket_path() == Path("/run/user/1000/edged/edged.sock")
+
+
+def test_parse_host_port() -> None:
+    assert parse_host_port("127.0.0.1:8000") == ("127.0.0.1", 8000)
+    assert parse_host_port(":8000") == ("127.0.0.1", 8000)
+    assert parse_host_port("[::1]:9") == ("::1", 9)
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        parse_host_port("localhost")

@@ -1,0 +1,237 @@
+"""Daemon lifecycle over a real Unix socket: graceful SIGTERM, SIGHUP rescan, control modes,
+zero-failure reloads, hot-loaded and broken plugins."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import stat
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from support import REPO_BACKENDS, python_model, wait_until
+
+
+def _x(values: list[float]) -> dict[str, object]:
+    return {"inputs": [{"name": "X", "shape": [len(values)], "datatype": "FP32", "data": values}]}
+
+
+def test_sigterm_drains_in_flight_requests(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_model(repo, "slow", "import time\ntime.sleep(1.5)\ny = x * 2")
+    daemon = start_daemon("--model-repository", str(repo))
+    result: dict[str, object] = {}
+
+    def call() -> None:
+        reply = daemon.post_json("/v2/models/slow/infer", _x([1, 2]))
+        result["status"], result["body"] = reply.status, reply.json()
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    time.sleep(0.5)  # the request is inside execute now
+    daemon.proc.send_signal(signal.SIGTERM)
+    worker.join(30)
+    assert result["status"] == 200, result
+    assert result["body"]["outputs"][0]["data"] == [2.0, 4.0]
+    assert daemon.proc.wait(30) == 0
+    assert not daemon.socket.exists()
+    assert "stopped" in daemon.log()
+
+
+def test_socket_mode_is_0660(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_model(repo, "m", "y = x")
+    daemon = start_daemon("--model-repository", str(repo))
+    assert stat.S_IMODE(daemon.socket.stat().st_mode) == 0o660
+
+
+def test_sighup_rescans_repository(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_model(repo, "first", "y = x")
+    daemon = start_daemon("--model-repository", str(repo))
+    python_model(repo, "second", "y = x + 1")
+    assert daemon.request("GET", "/v2/models/second/ready").status == 404
+    daemon.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: daemon.request("GET", "/v2/models/second/ready").status == 200)
+    reply = daemon.post_json("/v2/models/second/infer", _x([1, 2]))
+    assert reply.json()["outputs"][0]["data"] == [2.0, 3.0]
+
+
+def test_explicit_mode_load_unload(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_model(repo, "a", "y = x * 3")
+    python_model(repo, "b", "y = x * 4")
+    daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit",
+                          "--load-model", "a")
+    index = {r["name"]: r for r in daemon.post_json("/v2/repository/index", {}).json()}
+    assert index["a"]["state"] == "READY" and index["b"]["state"] == "UNKNOWN"
+    assert daemon.post_json("/v2/models/b/infer", _x([1])).status in (404, 503)
+    assert daemon.request("POST", "/v2/repository/models/b/load").status == 200
+    assert daemon.post_json("/v2/models/b/infer", _x([1])).json()["outputs"][0]["data"] == [4.0]
+    assert daemon.request("POST", "/v2/repository/models/a/unload").status == 200
+    assert daemon.request("GET", "/v2/models/a/ready").status == 400
+    assert daemon.request("POST", "/v2/repository/models/zzz/load").status == 404
+    # A load with a config override (Triton's parameters.config).
+    override = {"backend": "python", "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [-1]}],
+                "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [-1]}]}
+    reply = daemon.post_json("/v2/repository/models/a/load", {"parameters": {"config": json.dumps(override)}})
+    assert reply.status == 200, reply.body
+    assert daemon.post_json("/v2/models/a/infer", _x([1, 2, 3])).json()["outputs"][0]["shape"] == [3]
+
+
+def test_load_refused_when_not_explicit(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_model(repo, "a", "y = x")
+    daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "poll",
+                          "--repository-poll-secs", "60")
+    reply = daemon.request("POST", "/v2/repository/models/a/load")
+    assert reply.status == 400
+    assert "explicit model load / unload is not allowed if polling is enabled" in reply.json()["error"]
+
+
+def test_poll_reload_swaps_without_failed_requests(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_model(repo, "m", "y = x + 1")
+    daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "poll",
+                          "--repository-poll-secs", "0.3")
+    statuses: list[int] = []
+    seen: set[float] = set()
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            reply = daemon.post_json("/v2/models/m/infer", _x([1]))
+            statuses.append(reply.status)
+            if reply.status == 200:
+                seen.add(reply.json()["outputs"][0]["data"][0])
+
+    workers = [threading.Thread(target=hammer) for _ in range(3)]
+    for w in workers:
+        w.start()
+    time.sleep(0.5)
+    python_model(repo, "m", "import time\ntime.sleep(0.2)\ny = x + 100")  # rewrite in place
+    wait_until(lambda: 101.0 in seen, timeout=30)
+    time.sleep(0.5)
+    stop.set()
+    for w in workers:
+        w.join(30)
+    assert seen == {2.0, 101.0}
+    assert statuses and set(statuses) == {200}, f"{len(statuses) - statuses.count(200)} failed requests"
+
+
+def test_failed_reload_keeps_old_model(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_model(repo, "m", "y = x + 1")
+    daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "poll",
+                          "--repository-poll-secs", "0.3")
+    (repo / "m" / "1" / "model.py").write_text("this is not python(\n")
+    wait_until(lambda: "not python" in json.dumps(daemon.post_json("/v2/repository/index", {}).json())
+               or "SyntaxError" in daemon.log(), timeout=30)
+    reply = daemon.post_json("/v2/models/m/infer", _x([1]))
+    assert reply.status == 200 and reply.json()["outputs"][0]["data"] == [2.0]
+
+
+def _plugin(root: Path, name: str, factor: float, broken: bool = False) -> None:
+    folder = root / name
+    folder.mkdir(parents=True)
+    folder.chmod(0o755)
+    (folder / "manifest.toml").write_text(
+        f'name = "{name}"\nversion = "1.0"\napi-version = 1\nentrypoint = "impl:Scale"\n'
+        'artifacts = ["scale.txt"]\nrequires = ["numpy"]\n'
+    )
+    (folder / "impl.py").write_text(
+        ("raise ImportError('this plugin is broken on purpose')\n" if broken else "")
+        + "from daemon.backend import TensorBackend\n"
+        "class Scale(TensorBackend):\n"
+        f"    name = {name!r}\n"
+        "    def load_sync(self, config, artifact, device):\n"
+        f"        self.k = float(artifact.read_text()) * {factor}\n"
+        "    def infer(self, inputs):\n"
+        "        return {'Y': inputs['X'] * self.k}\n"
+    )
+
+
+def test_plugin_hot_load_and_broken_plugin_report(start_daemon, tmp_path: Path) -> None:
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    plugins.chmod(0o755)
+    shutil.copytree(REPO_BACKENDS / "python", plugins / "python")
+    _plugin(plugins, "broken", 1.0, broken=True)
+    repo = tmp_path / "repo"
+    (repo / "scaled" / "1").mkdir(parents=True)
+    (repo / "scaled" / "1" / "scale.txt").write_text("2.5")
+    (repo / "scaled" / "config.pbtxt").write_text(
+        'backend: "scale"\ninput [{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+        'output [{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+    )
+    python_model(repo, "ok", "y = x")
+    config = tmp_path / "edged.toml"
+    config.write_text("[backends]\npoll-secs = 0.3\n")
+    daemon = start_daemon("--config", str(config), "--model-repository", str(repo),
+                          "--model-control-mode", "explicit", "--load-model", "ok",
+                          "--backend-directory", str(plugins))
+    backends = {b["name"]: b for b in daemon.request("GET", "/v2/backends").json()["backends"]}
+    assert backends["broken"]["state"] == "broken"
+    assert "broken on purpose" in backends["broken"]["reason"]
+    assert backends["python"]["state"] == "ready"
+    first = daemon.request("POST", "/v2/repository/models/scaled/load")
+    assert first.status >= 400 and "scale" in first.json()["error"]
+    _plugin(plugins, "scale", 2.0)  # dropped in while running
+    wait_until(lambda: daemon.request("POST", "/v2/repository/models/scaled/load").status == 200)
+    reply = daemon.post_json("/v2/models/scaled/infer", _x([1, 2]))
+    np.testing.assert_allclose(reply.json()["outputs"][0]["data"], [5.0, 10.0])
+    assert daemon.post_json("/v2/models/ok/infer", _x([7])).json()["outputs"][0]["data"] == [7.0]
+
+
+def test_plugin_change_reloads_its_models(start_daemon, tmp_path: Path) -> None:
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    plugins.chmod(0o755)
+    _plugin(plugins, "scale", 2.0)
+    repo = tmp_path / "repo"
+    (repo / "scaled" / "1").mkdir(parents=True)
+    (repo / "scaled" / "1" / "scale.txt").write_text("1")
+    (repo / "scaled" / "config.pbtxt").write_text(
+        'backend: "scale"\ninput [{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+        'output [{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+    )
+    config = tmp_path / "edged.toml"
+    config.write_text("[backends]\npoll-secs = 0.3\n")
+    daemon = start_daemon("--config", str(config), "--model-repository", str(repo),
+                          "--backend-directory", str(plugins))
+    assert daemon.post_json("/v2/models/scaled/infer", _x([1])).json()["outputs"][0]["data"] == [2.0]
+    shutil.rmtree(plugins / "scale")
+    _plugin(plugins, "scale", 3.0)
+    wait_until(lambda: daemon.post_json("/v2/models/scaled/infer", _x([1])).json()["outputs"][0]["data"] == [3.0])
+
+
+def test_world_writable_plugin_is_refused(start_daemon, tmp_path: Path) -> None:
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    _plugin(plugins, "scale", 1.0)
+    (plugins / "scale").chmod(0o777)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    daemon = start_daemon("--model-repository", str(repo), "--backend-directory", str(plugins))
+    backends = {b["name"]: b for b in daemon.request("GET", "/v2/backends").json()["backends"]}
+    assert backends["scale"]["state"] == "broken"
+    assert "writable" in backends["scale"]["reason"]
+
+
+@pytest.mark.parametrize("bad", ['[server]\nsockett = "x"\n', "[models]\ncontrol-mode = 'sometimes'\n"])
+def test_bad_config_names_the_key(tmp_path: Path, bad: str) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "edged.toml"
+    config.write_text(bad)
+    out = subprocess.run([sys.executable, "-m", "daemon", "serve", "--config", str(config)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert str(config) in out.stderr
+    assert ("sockett" in out.stderr) or ("control-mode" in out.stderr)
