@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint check clean
+.PHONY: serve test lint clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,13 +16,13 @@ serve: $(STAMP)
 	$(BIN)/edged
 
 test: $(STAMP)
+	$(BIN)/ruff check daemon backends tests bench packaging
+	$(BIN)/mypy daemon backends
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check daemon backends tests bench
+	$(BIN)/ruff check daemon backends tests bench packaging
 	$(BIN)/mypy daemon backends
-
-check: lint test
 
 clean:
 	rm -rf $(VENV) build dist

@@ -10,11 +10,7 @@ extension unless --json is given.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,25 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from daemon.demo import write_simple_repository  # noqa: E402
+from common import Endpoint, percentiles, running_daemon
 
-
-class UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str) -> None:
-        super().__init__("localhost", timeout=60)
-        self.path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(self.path)
-
-
-def percentiles(samples: list[float]) -> tuple[float, float]:
-    arr = np.array(samples) * 1e6
-    return float(np.percentile(arr, 50)), float(np.percentile(arr, 99))
+from daemon.demo import write_simple_repository
 
 
 def bench_in_process(model: Path, a: np.ndarray, b: np.ndarray, n: int) -> list[float]:
@@ -60,7 +42,7 @@ def bench_in_process(model: Path, a: np.ndarray, b: np.ndarray, n: int) -> list[
     return times
 
 
-def bench_daemon(sock: str, a: np.ndarray, b: np.ndarray, n: int, use_json: bool) -> list[float]:
+def bench_daemon(endpoint: Endpoint, a: np.ndarray, b: np.ndarray, n: int, use_json: bool) -> list[float]:
     if use_json:
         body = json.dumps({"inputs": [
             {"name": "INPUT0", "shape": list(a.shape), "datatype": "INT32", "data": a.ravel().tolist()},
@@ -77,7 +59,7 @@ def bench_daemon(sock: str, a: np.ndarray, b: np.ndarray, n: int, use_json: bool
         }).encode()
         body = header + a.tobytes() + b.tobytes()
         headers = {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
-    conn = UnixConnection(sock)
+    conn = endpoint.connection()
     times = []
     for i in range(n + 50):
         start = time.perf_counter()
@@ -105,26 +87,11 @@ def main() -> None:
         (repo / "simple" / "config.pbtxt").write_text(
             (repo / "simple" / "config.pbtxt").read_text() + "\ninstance_group [{ count: 1 kind: KIND_CPU }]\n"
         )
-        sock = str(Path(tmp) / "edged.sock")
         a = np.arange(16, dtype=np.int32).reshape(1, 16)
         b = np.ones((1, 16), dtype=np.int32)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "daemon", "serve", "--socket", sock, "--state-dir", str(Path(tmp) / "state"),
-             "--model-repository", str(repo), "--log-level", "warning"],
-            cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        try:
-            deadline = time.monotonic() + 60
-            while not os.path.exists(sock):
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit("daemon did not start")
-                time.sleep(0.05)
-            time.sleep(0.5)
+        with running_daemon(Path(tmp), repo, ready_model="simple") as endpoint:
             local = bench_in_process(repo / "simple" / "1" / "model.onnx", a, b, args.requests)
-            remote = bench_daemon(sock, a, b, args.requests, args.json)
-        finally:
-            proc.terminate()
-            proc.wait(30)
+            remote = bench_daemon(endpoint, a, b, args.requests, args.json)
     lp50, lp99 = percentiles(local)
     rp50, rp99 = percentiles(remote)
     mode = "json" if args.json else "binary"

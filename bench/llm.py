@@ -7,12 +7,13 @@ For each concurrency it runs that many streams at once (different prompts, greed
 `max-tokens` each) and prints aggregate generated tokens/s and mean time to first token for:
 
 - ours, direct:  the llamacpp plugin's backend in-process (engine + asyncio fan-out);
-- ours, daemon:  `python -m daemon serve` over TCP, streaming `/v1/completions` (SSE);
+- ours, daemon:  `python -m daemon serve` over TCP, streaming `/v1/chat/completions` (SSE;
+  `--endpoint completions` for `/v1/completions`);
 - llama_cpp.server: `python -m llama_cpp.server` (one request at a time), same endpoint,
   same client, same model and threads.
 
 Then the ratio ours/theirs per concurrency (target: >= 4x at 8 streams). Without --model it
-writes a random llama GGUF (n_embd 512, 8 layers, f16) to a temp dir. llama_cpp.server needs
+writes a random llama GGUF (n_embd 512, 8 layers, f16 or --dtype) to a temp dir. llama_cpp.server needs
 the package's [server] extras (uvicorn, fastapi, sse-starlette, starlette-context,
 pydantic-settings).
 """
@@ -43,6 +44,11 @@ from daemon.model_config import ModelConfig  # noqa: E402
 from daemon.testing_gguf import write_tiny_llama  # noqa: E402
 
 PROMPT_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "seven", "wizards", "quietly", "hex"]
+
+
+# The warm-up request's prompt differs from every measured one: llama_cpp.server reuses the KV
+# of the previous prompt's common prefix, and an identical prompt would skip its prefill.
+WARM_UP = 1000
 
 
 def prompt(i: int) -> str:
@@ -80,7 +86,7 @@ async def bench_direct(model: Path, streams: list[int], max_tokens: int, threads
     runs = []
     try:
         assert hasattr(backend, "generate")
-        await one_direct(backend, 0, GenerateParams(greedy=True, max_tokens=4))  # warm-up
+        await one_direct(backend, WARM_UP, GenerateParams(greedy=True, max_tokens=4))
         for n in streams:
             start = time.perf_counter()
             results = await asyncio.gather(*(one_direct(backend, i, params, start) for i in range(n)))
@@ -104,13 +110,18 @@ async def one_direct(backend: object, i: int, params: GenerateParams, start: flo
 # --------------------------------------------------------------------------- over HTTP
 
 
-def stream_completion(port: int, model: str, i: int, max_tokens: int, start: float) -> tuple[int, float]:
-    """One streaming /v1/completions; returns (text chunks received, time to the first)."""
-    body = json.dumps(
-        {"model": model, "prompt": prompt(i), "max_tokens": max_tokens, "temperature": 0.0, "stream": True}
-    )
+def stream_completion(
+    port: int, model: str, i: int, max_tokens: int, start: float, endpoint: str
+) -> tuple[int, float]:
+    """One streaming completion; returns (text chunks received, time to the first)."""
+    request: dict[str, object] = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "stream": True}
+    if endpoint == "chat":
+        request["messages"] = [{"role": "user", "content": prompt(i)}]
+    else:
+        request["prompt"] = prompt(i)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    conn.request("POST", path, json.dumps(request), {"Content-Type": "application/json"})
     response = conn.getresponse()
     if response.status != 200:
         raise RuntimeError(f"HTTP {response.status}: {response.read()[:300]!r}")
@@ -123,7 +134,8 @@ def stream_completion(port: int, model: str, i: int, max_tokens: int, start: flo
         if data == b"[DONE]":
             break
         choices = json.loads(data).get("choices") or []
-        if choices and choices[0].get("text"):
+        text = choices and (choices[0].get("text") or (choices[0].get("delta") or {}).get("content"))
+        if text:
             # Both servers send one event per generated token here (ASCII vocabulary).
             tokens += 1
             if not ttft:
@@ -132,13 +144,15 @@ def stream_completion(port: int, model: str, i: int, max_tokens: int, start: flo
     return tokens, ttft
 
 
-def bench_http(port: int, model: str, streams: list[int], max_tokens: int) -> list[Run]:
-    stream_completion(port, model, 0, 4, time.perf_counter())  # warm-up
+def bench_http(port: int, model: str, streams: list[int], max_tokens: int, endpoint: str) -> list[Run]:
+    stream_completion(port, model, WARM_UP, 4, time.perf_counter(), endpoint)
     runs = []
     for n in streams:
         with concurrent.futures.ThreadPoolExecutor(n) as pool:
             start = time.perf_counter()
-            futures = [pool.submit(stream_completion, port, model, i, max_tokens, start) for i in range(n)]
+            futures = [
+                pool.submit(stream_completion, port, model, i, max_tokens, start, endpoint) for i in range(n)
+            ]
             results = [f.result() for f in futures]
         seconds = time.perf_counter() - start
         runs.append(Run(n, sum(r[0] for r in results), seconds, [r[1] for r in results]))
@@ -181,7 +195,9 @@ def with_server(args: list[str], port: int, ready_path: str, log: Path, body: Ca
         proc.wait(30)
 
 
-def bench_daemon(model: Path, work: Path, streams: list[int], max_tokens: int, threads: int) -> list[Run]:
+def bench_daemon(
+    model: Path, work: Path, streams: list[int], max_tokens: int, threads: int, endpoint: str
+) -> list[Run]:
     repo = work / "repo"
     (repo / "llm" / "1").mkdir(parents=True, exist_ok=True)
     target = repo / "llm" / "1" / "model.gguf"
@@ -198,20 +214,24 @@ def bench_daemon(model: Path, work: Path, streams: list[int], max_tokens: int, t
     ]
     return with_server(
         args, port, "/v2/models/llm/ready", work / "daemon.log",
-        lambda: bench_http(port, "llm", streams, max_tokens),
+        lambda: bench_http(port, "llm", streams, max_tokens, endpoint),
     )
 
 
-def bench_llama_cpp_server(model: Path, work: Path, streams: list[int], max_tokens: int, threads: int) -> list[Run]:
+def bench_llama_cpp_server(
+    model: Path, work: Path, streams: list[int], max_tokens: int, threads: int, endpoint: str
+) -> list[Run]:
     port = free_port()
     args = [
         sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
         "--port", str(port), "--n_ctx", "2048", "--n_threads", str(threads),
         "--n_threads_batch", str(threads), "--verbose", "False",
+        # By default a new request aborts the one running; let each finish (queue) instead.
+        "--interrupt_requests", "False",
     ]
     return with_server(
         args, port, "/v1/models", work / "llama_cpp_server.log",
-        lambda: bench_http(port, str(model), streams, max_tokens),
+        lambda: bench_http(port, str(model), streams, max_tokens, endpoint),
     )
 
 
@@ -229,9 +249,11 @@ def report(name: str, runs: list[Run]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, help="GGUF to use (default: a random 512x8 llama)")
+    parser.add_argument("--dtype", choices=("f16", "f32", "q8_0"), default="f16", help="weights of the random model")
     parser.add_argument("--streams", default="1,4,8")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
     parser.add_argument("--skip-daemon", action="store_true")
     parser.add_argument("--skip-server", action="store_true")
     args = parser.parse_args()
@@ -240,7 +262,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="edged-bench-llm-") as tmp:
         work = Path(tmp)
         model = args.model or write_tiny_llama(
-            work / "bench.gguf", n_embd=512, n_layer=8, n_head=8, n_ff=1536, n_ctx=2048, dtype="f16"
+            work / "bench.gguf", n_embd=512, n_layer=8, n_head=8, n_ff=1536, n_ctx=2048, dtype=args.dtype
         )
         print(f"model {model} ({model.stat().st_size / 2**20:.1f} MiB), {args.threads} threads, "
               f"{args.max_tokens} tokens per stream, greedy")
@@ -248,10 +270,14 @@ def main() -> None:
         results["ours (direct)"] = asyncio.run(bench_direct(model, streams, args.max_tokens, args.threads))
         report("ours (direct)", results["ours (direct)"])
         if not args.skip_daemon:
-            results["ours (daemon)"] = bench_daemon(model, work, streams, args.max_tokens, args.threads)
+            results["ours (daemon)"] = bench_daemon(
+                model, work, streams, args.max_tokens, args.threads, args.endpoint
+            )
             report("ours (daemon)", results["ours (daemon)"])
         if not args.skip_server:
-            results["llama_cpp.server"] = bench_llama_cpp_server(model, work, streams, args.max_tokens, args.threads)
+            results["llama_cpp.server"] = bench_llama_cpp_server(
+                model, work, streams, args.max_tokens, args.threads, args.endpoint
+            )
             report("llama_cpp.server", results["llama_cpp.server"])
             theirs = results["llama_cpp.server"]
             for name in ("ours (direct)", "ours (daemon)"):

@@ -281,6 +281,10 @@ class GenerationBackend(Backend):
         """Embeddings for each text and the number of prompt tokens used."""
         raise Unsupported(f"backend {self.name!r} does not compute embeddings")
 
+    def engine_stats(self) -> dict[str, int]:
+        """Engine counters for model metadata (slots, busy, queued, tokens_generated...)."""
+        return {}
+
 
 # --------------------------------------------------------------------------- helpers
 

@@ -55,9 +55,9 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
     sites: list[web.BaseSite] = []
     passed = listen_fds()
     for sock, name in passed:
-        site = web.SockSite(runner, sock)
-        await site.start()
-        sites.append(site)
+        sock_site = web.SockSite(runner, sock)
+        await sock_site.start()
+        sites.append(sock_site)
         log.info("listening on systemd socket %s (%s)", name or "unnamed", sock.getsockname())
     uds = socket_path(config)
     if not passed and uds is not None:
@@ -65,9 +65,9 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
         log.info("listening on unix:%s  (try: curl --unix-socket %s http://localhost/v2/models/simple)", uds, uds)
     if config.server.http:
         host, port = parse_host_port(config.server.http)
-        site = web.TCPSite(runner, host, port, reuse_address=True)
-        await site.start()
-        sites.append(site)
+        tcp_site = web.TCPSite(runner, host, port, reuse_address=True)
+        await tcp_site.start()
+        sites.append(tcp_site)
         log.info("listening on http://%s:%d", host, port)
 
     stop = stop or asyncio.Event()

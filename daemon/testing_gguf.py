@@ -15,6 +15,9 @@ Two choices make test output easy to reason about:
 `pooling` writes `llama.pooling_type` so the same file works as an embedding model
 (llama.cpp reads that key for every architecture): 1 = mean, 2 = cls, 3 = last.
 
+`dtype` is f32 (the default: exact numpy references), f16, or q8_0 (quantized with the gguf
+package's reference quantizer; row lengths must be multiples of 32).
+
 Only the `gguf` package (the llama.cpp project's own writer) and numpy are needed.
 """
 
@@ -76,7 +79,7 @@ def write_tiny_llama(
     n_ff: int = 128,
     n_ctx: int = 256,
     seed: int = 0,
-    dtype: Literal["f32", "f16"] = "f32",
+    dtype: Literal["f32", "f16", "q8_0"] = "f32",
     pooling: int | None = None,
     chat_template: str | None = CHATML_TEMPLATE,
 ) -> Path:
@@ -91,11 +94,17 @@ def write_tiny_llama(
     tokens, scores, types = _vocab()
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)
-    np_dtype = np.float32 if dtype == "f32" else np.float16
+
+    def matrix(name: str, value: np.ndarray) -> None:
+        # numpy shape (rows, cols) = GGUF ne (cols, rows): one row per output feature.
+        if dtype == "q8_0":
+            quantized = gguf.quants.quantize(value.astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(name, quantized, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(name, value.astype(np.float32 if dtype == "f32" else np.float16))
 
     def linear(n_out: int, n_in: int) -> np.ndarray:
-        # numpy shape (rows, cols) = GGUF ne (cols, rows): one row per output feature.
-        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np_dtype)
+        return rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)
 
     def norm() -> np.ndarray:
         # Norm weights stay f32, as llama.cpp's converters write them.
@@ -112,7 +121,7 @@ def write_tiny_llama(
     writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(0 if dtype == "f32" else 1)
+    writer.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[dtype])
     writer.add_vocab_size(n_vocab)
     if pooling is not None:
         writer.add_uint32("llama.pooling_type", pooling)
@@ -128,24 +137,24 @@ def write_tiny_llama(
     if chat_template is not None:
         writer.add_chat_template(chat_template)
 
-    writer.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, n_embd)).astype(np_dtype))
+    matrix("token_embd.weight", rng.standard_normal((n_vocab, n_embd)))
     for layer in range(n_layer):
         prefix = f"blk.{layer}"
         writer.add_tensor(f"{prefix}.attn_norm.weight", norm())
-        writer.add_tensor(f"{prefix}.attn_q.weight", linear(n_embd, n_embd))
-        writer.add_tensor(f"{prefix}.attn_k.weight", linear(n_head_kv * head_dim, n_embd))
-        writer.add_tensor(f"{prefix}.attn_v.weight", linear(n_head_kv * head_dim, n_embd))
-        writer.add_tensor(f"{prefix}.attn_output.weight", linear(n_embd, n_embd))
+        matrix(f"{prefix}.attn_q.weight", linear(n_embd, n_embd))
+        matrix(f"{prefix}.attn_k.weight", linear(n_head_kv * head_dim, n_embd))
+        matrix(f"{prefix}.attn_v.weight", linear(n_head_kv * head_dim, n_embd))
+        matrix(f"{prefix}.attn_output.weight", linear(n_embd, n_embd))
         writer.add_tensor(f"{prefix}.ffn_norm.weight", norm())
-        writer.add_tensor(f"{prefix}.ffn_gate.weight", linear(n_ff, n_embd))
-        writer.add_tensor(f"{prefix}.ffn_up.weight", linear(n_ff, n_embd))
-        writer.add_tensor(f"{prefix}.ffn_down.weight", linear(n_embd, n_ff))
+        matrix(f"{prefix}.ffn_gate.weight", linear(n_ff, n_embd))
+        matrix(f"{prefix}.ffn_up.weight", linear(n_ff, n_embd))
+        matrix(f"{prefix}.ffn_down.weight", linear(n_embd, n_ff))
     writer.add_tensor("output_norm.weight", norm())
-    output = rng.standard_normal((n_vocab, n_embd)).astype(np.float32)
+    output = rng.standard_normal((n_vocab, n_embd))
     for token_id, (text, kind) in enumerate(zip(tokens, types, strict=True)):
         if kind in (2, 3) or (kind == 6 and not 0x20 <= int(text[3:5], 16) < 0x7F):
             output[token_id] = 0.0
-    writer.add_tensor("output.weight", output.astype(np_dtype))
+    matrix("output.weight", output)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

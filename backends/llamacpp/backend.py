@@ -106,8 +106,10 @@ class LlamaCppBackend(GenerationBackend):
 
     async def load(self, config: ModelConfig, artifact: Path, device: str) -> None:
         options = parse_options(config)
+        # The daemon's selection says "GPU:<index>" (NVML order) or "CPU".
         on_gpu = device.upper().startswith("GPU")
-        main_gpu = int(device.split(":")[1]) if on_gpu and ":" in device else 0
+        index = device.partition(":")[2]
+        main_gpu = int(index) if on_gpu and index.isdigit() else 0
         settings = EngineSettings(
             model_name=self.context.model_name or config.name,
             model_path=artifact,
@@ -123,8 +125,15 @@ class LlamaCppBackend(GenerationBackend):
             chat_template=options.chat_template,
         )
         engine = Engine(settings)
-        await asyncio.wrap_future(engine.ready)
+        # Set before waiting: if this load is cancelled, the daemon's unload() stops the
+        # engine once its thread has finished loading (shield: the thread must not see its
+        # `ready` future cancelled under it).
         self._engine = engine
+        try:
+            await asyncio.shield(asyncio.wrap_future(engine.ready))
+        except EdgedError:
+            self._engine = None  # the engine thread has freed what it loaded and exited
+            raise
 
     def unload_sync(self) -> None:
         engine, self._engine = self._engine, None

@@ -38,7 +38,14 @@ import llama_cpp.llama_cpp as llama
 import numpy as np
 
 from daemon.backend import GenerateChunk, GenerateParams
-from daemon.errors import BackendError, EdgedError, InvalidArgument, Unavailable, Unsupported
+from daemon.errors import (
+    BackendError,
+    ConfigError,
+    EdgedError,
+    InvalidArgument,
+    Unavailable,
+    Unsupported,
+)
 
 from .text import PieceDecoder, StopMatcher
 
@@ -141,6 +148,7 @@ class Engine:
         self._inbox: deque[Request | EmbedJob] = deque()
         self._pending = 0  # submitted but not yet admitted to a slot (guarded by _cond)
         self._stopping = False
+        self._failure = ""  # set when the engine thread died: why new requests are refused
         self._tokens_generated = 0  # sampled tokens since load, every sequence together
 
         # Engine-thread state.
@@ -207,9 +215,14 @@ class Engine:
             self._cond.notify()
 
     def _check_capacity_locked(self) -> None:
+        if self._failure:
+            raise BackendError(self._failure)
         if self._stopping:
             raise Unavailable(f"model '{self.name}' is unloading")
-        if self._pending >= self.settings.max_queue:
+        # Requests that find a free slot at the next step do not wait: count only the rest.
+        # (The slot list belongs to the engine thread; reading it here is racy but harmless.)
+        free = sum(1 for seq in self._slots if seq is None)
+        if self._pending >= self.settings.max_queue + free:
             kind = "embedding" if self.settings.embedding else "generation"
             raise Unavailable(
                 f"{kind} queue for model '{self.name}' is full "
@@ -237,7 +250,10 @@ class Engine:
             self._loop()
         except BaseException as exc:  # a bug or a fatal llama.cpp error: fail loudly, not hang
             log.exception("llama.cpp engine of model '%s' crashed", self.name)
-            self._fail_all(BackendError(f"llama.cpp engine of model '{self.name}' failed: {exc}"))
+            error = BackendError(f"llama.cpp engine of model '{self.name}' failed: {exc}; reload the model")
+            with self._cond:
+                self._failure = error.message
+            self._fail_all(error)
         finally:
             self._shutdown()
 
@@ -270,7 +286,7 @@ class Engine:
             raise Unsupported(f"model '{self.name}' is a reranker (rank pooling); /v1/embeddings cannot serve it")
         self._memory = llama.llama_get_memory(self._ctx)
         self._n_batch = llama.llama_n_batch(self._ctx)
-        # With kv_unified a sequence may use the whole cache; llama_n_ctx_seq says so too.
+        # Cells per slot after llama.cpp's rounding (for embeddings: the one shared stream).
         self.n_ctx_seq = llama.llama_n_ctx_seq(self._ctx)
         self._batch = llama.llama_batch_init(self._n_batch, 0, 1)
         self.chat_template = self._resolve_chat_template()
@@ -286,8 +302,8 @@ class Engine:
         per_slot = min(llama.llama_model_n_ctx_train(self._model) or DEFAULT_CTX_PER_SLOT, DEFAULT_CTX_PER_SLOT)
         params.n_seq_max = s.n_parallel
         params.n_batch = s.n_batch
-        # One ubatch per batch: keeps a pooled embedding in one piece and costs nothing for
-        # generation (llama.cpp still splits per stream internally).
+        # One ubatch per batch: a pooled embedding must be computed in one piece. (llama.cpp
+        # still splits generation batches per run of consecutive streams, see above.)
         params.n_ubatch = s.n_batch
         params.n_threads = s.n_threads
         params.n_threads_batch = s.n_threads
@@ -312,18 +328,27 @@ class Engine:
         return ctx
 
     def _resolve_chat_template(self) -> str | None:
-        template = self.settings.chat_template
-        if not template:
-            raw = llama.llama_model_chat_template(self._model, None)
-            template = raw.decode("utf-8", errors="replace") if raw else ""
-        if not template:
+        """The configured template, else the GGUF's; None means the ChatML fallback."""
+        configured = self.settings.chat_template
+        if configured:
+            try:
+                apply_chat_template(configured, [("user", "hi")])
+            except Unsupported:
+                raise ConfigError(
+                    f"model '{self.name}': chat_template {configured[:60]!r} is not one llama.cpp "
+                    "knows (a built-in name such as 'chatml', 'llama3', 'zephyr', or such a template)"
+                ) from None
+            return configured
+        raw = llama.llama_model_chat_template(self._model, None)
+        if not raw:
             return None
+        template = raw.decode("utf-8", errors="replace")
         try:
             apply_chat_template(template, [("user", "hi")])
         except Unsupported:
-            log.warning(
-                "model '%s': llama.cpp does not recognise its chat template; using ChatML", self.name
-            )
+            # llama.cpp matches known formats and runs no Jinja: a novel template is not
+            # an error in the model, so serve it with the most common format instead.
+            log.warning("model '%s': llama.cpp does not recognise its chat template; using ChatML", self.name)
             return None
         return template
 
@@ -650,7 +675,11 @@ class Engine:
             self._inbox.clear()
             self._waiting.clear()
             self._pending = 0
-        gone = Unavailable(f"model '{self.name}' was unloaded before the request started")
+        gone: EdgedError = (
+            BackendError(self._failure)
+            if self._failure
+            else Unavailable(f"model '{self.name}' was unloaded before the request started")
+        )
         for item in leftovers:
             if isinstance(item, EmbedJob):
                 item.done(gone)

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import uuid
+from pathlib import Path
 
 import msgspec
 from aiohttp import web
 
 from daemon.api.state import Daemon, daemon_of
+from daemon.errors import InvalidArgument
+from daemon.updates.inbox import watch_inbox
+
+log = logging.getLogger(__name__)
 
 _json = msgspec.json.Encoder()
+_CHUNK = 1 << 20
 
 
 def _json_response(payload: object, status: int = 200) -> web.Response:
@@ -27,11 +36,55 @@ async def hardware(request: web.Request) -> web.Response:
     return _json_response(daemon_of(request).hardware)
 
 
+async def update_status(request: web.Request) -> web.Response:
+    return _json_response(daemon_of(request).releases.status())
+
+
+async def apply_update(request: web.Request) -> web.Response:
+    """`curl --unix-socket S --data-binary @bundle.edgebundle http://localhost/v1/updates`.
+
+    The body is streamed to disk (bundles hold models: they may exceed the request size cap).
+    """
+    daemon = daemon_of(request)
+    incoming = daemon.state_dir / "incoming"
+    incoming.mkdir(parents=True, exist_ok=True)
+    path = incoming / f"{uuid.uuid4().hex}.edgebundle"
+    progress: list[str] = []
+    try:
+        size = 0
+        with path.open("wb") as out:
+            async for chunk in request.content.iter_chunked(_CHUNK):
+                out.write(chunk)
+                size += len(chunk)
+        if size == 0:
+            raise InvalidArgument("request body must be the bundle file (e.g. curl --data-binary @FILE)")
+        applied = await daemon.releases.apply(path, progress.append)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return _json_response({"applied": applied, "progress": progress})
+
+
+async def rollback(request: web.Request) -> web.Response:
+    release = await daemon_of(request).releases.rollback()
+    return _json_response({"current": release.name})
+
+
 def start_background(daemon: Daemon) -> list[asyncio.Task[None]]:
-    """Background tasks owned by the admin side (the update inbox watcher)."""
-    return []
+    """Background tasks owned by the admin side: the update inbox (e.g. a mounted USB stick)."""
+    inbox = daemon.config.updates.inbox
+    if not inbox:
+        return []
+
+    async def apply(path: Path) -> object:
+        return await daemon.releases.apply(path)
+
+    return [asyncio.create_task(watch_inbox(Path(inbox), apply, daemon.config.updates.inbox_poll_secs))]
 
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/v2/backends", backends)
     app.router.add_get("/v2/hardware", hardware)
+    app.router.add_get("/v1/updates", update_status)
+    app.router.add_post("/v1/updates", apply_update)
+    app.router.add_post("/v1/updates/rollback", rollback)

@@ -20,13 +20,15 @@ from daemon.api import admin, kserve, openai
 from daemon.api.errors import error_response, make_error_middleware
 from daemon.api.kserve_codec import Codec
 from daemon.api.state import DAEMON, Daemon
-from daemon.config import DaemonConfig, state_dir
+from daemon.config import DaemonConfig, default_config_dir, state_dir
 from daemon.core.ensemble import install_ensembles
 from daemon.core.hardware import probe_hardware
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
+from daemon.core.releases import ReleaseManager
 from daemon.core.repository import RepositoryManager
 from daemon.core.stats import MetricsRegistry
+from daemon.updates.store import ReleaseStore
 
 log = logging.getLogger(__name__)
 
@@ -38,27 +40,15 @@ def shipped_backends_dir() -> Path:
     return Path(__file__).resolve().parent.parent.parent / "backends"
 
 
-def release_dirs(config: DaemonConfig, state: Path) -> tuple[Path | None, Path | None]:
-    """Models and plugins of the current release installed by an offline update, if any."""
-    root = Path(config.updates.root) if config.updates.root else state / "releases"
-    current = root / "current"
-    if not current.exists():
-        return None, None
-    models, plugins = current / "models", current / "plugins"
-    return (models if models.is_dir() else None), (plugins if plugins.is_dir() else None)
-
-
 def build_daemon(config: DaemonConfig) -> Daemon:
     state = state_dir(config)
-    release_models, release_plugins = release_dirs(config, state)
+    store = ReleaseStore(Path(config.updates.root) if config.updates.root else state / "updates")
+    store.recover()  # a crash mid-update leaves a complete old or new release, never a mix
     backend_dirs = [Path(d) for d in config.backends.directories] or [shipped_backends_dir()]
-    if release_plugins is not None:
-        backend_dirs.append(release_plugins)  # later directories win: updates override
     plugins = PluginRegistry(backend_dirs, check_ownership=config.backends.check_ownership)
     repositories = [Path(r) for r in config.models.repository]
-    if release_models is not None:
-        repositories.insert(0, release_models)
-    if not repositories:
+    release = store.current_release()
+    if not repositories and not (release is not None and (release / "models").is_dir()):
         repositories = [ensure_demo_repository(state)]
     metrics = MetricsRegistry()
     registry = ModelRegistry(
@@ -68,6 +58,12 @@ def build_daemon(config: DaemonConfig) -> Daemon:
     repository = RepositoryManager(
         registry, repositories, config.models.control_mode, startup_models=config.models.load
     )
+    control_lock = asyncio.Lock()
+    keys = Path(config.updates.keys) if config.updates.keys else default_config_dir() / "keys"
+    releases = ReleaseManager(
+        store, keys, registry, repository, plugins, control_lock, keep=config.updates.keep_releases
+    )
+    releases.point_at(release)
     return Daemon(
         config=config,
         state_dir=state,
@@ -77,6 +73,8 @@ def build_daemon(config: DaemonConfig) -> Daemon:
         registry=registry,
         repository=repository,
         codec=Codec(max_request_bytes=config.server.max_request_bytes),
+        releases=releases,
+        control_lock=control_lock,
     )
 
 

@@ -73,7 +73,7 @@ def model_metadata_payload(daemon: Daemon, model: LoadedVersion) -> dict[str, ob
     config = model.config
     entry = daemon.registry.entry(model.name)
     versions = sorted(entry.versions) if entry else [model.version]
-    return {
+    payload: dict[str, object] = {
         "name": model.name,
         "versions": [str(v) for v in versions],
         "platform": config.platform or model.backend,
@@ -89,6 +89,9 @@ def model_metadata_payload(daemon: Daemon, model: LoadedVersion) -> dict[str, ob
         # Ours: which backend was chosen and why the others were skipped.
         "selection": model.selection,
     }
+    if model.generator is not None:
+        payload["engine"] = model.generator.engine_stats()
+    return payload
 
 
 async def model_metadata(request: web.Request) -> web.Response:

@@ -7,6 +7,7 @@ sequence: aiohttp cancels the handler, and closing the chunk iterator tells the 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import time
 import uuid
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import msgspec
+import numpy as np
 from aiohttp import web
 
 from daemon.api.state import daemon_of
@@ -57,7 +59,8 @@ class _Sampling(_Strict):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] = ""
+    # A string, a one-element list of strings, or token ids (msgspec allows one list type).
+    prompt: str | list[str | int] = ""
     echo: bool = False
 
 
@@ -74,7 +77,8 @@ class ChatRequest(_Sampling):
 class EmbeddingRequest(_Strict):
     model: str
     input: str | list[str]
-    encoding_format: Literal["float"] = "float"
+    # The openai client asks for base64 (float32 little-endian) unless told otherwise.
+    encoding_format: Literal["float", "base64"] = "float"
     user: str | None = None
     dimensions: int | None = None
 
@@ -93,9 +97,16 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
     parameters: dict[str, Any] = {}
 
 
+# Built once: decoders are immutable and cost a schema walk to make.
+_DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {
+    kind: msgspec.json.Decoder(kind)
+    for kind in (CompletionRequest, ChatRequest, EmbeddingRequest, GenerateRequest)
+}
+
+
 def _decode(body: bytes, kind: type[Any]) -> Any:
     try:
-        return msgspec.json.decode(body, type=kind)
+        return _DECODERS[kind].decode(body)
     except msgspec.ValidationError as exc:
         raise InvalidArgument(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
@@ -242,12 +253,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
     req: CompletionRequest = _decode(await request.read(), CompletionRequest)
     model, generator = _generator(request, req.model)
     prompt: str | list[int]
-    if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], str):
-        if len(req.prompt) != 1:
-            raise InvalidArgument("prompt: only one prompt per request is supported")
+    if isinstance(req.prompt, str):
+        prompt = req.prompt
+    elif all(isinstance(p, int) for p in req.prompt):
+        prompt = [int(p) for p in req.prompt]
+    elif len(req.prompt) == 1:
         prompt = str(req.prompt[0])
     else:
-        prompt = req.prompt  # type: ignore[assignment]
+        raise InvalidArgument("prompt: one string, a one-element list of strings, or token ids")
     params = _params(req)
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -324,6 +337,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
 
 
+def _encode_vector(vector: list[float], encoding: str) -> list[float] | str:
+    if encoding == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return vector
+
+
 async def embeddings(request: web.Request) -> web.Response:
     req: EmbeddingRequest = _decode(await request.read(), EmbeddingRequest)
     model, generator = _generator(request, req.model)
@@ -334,7 +353,10 @@ async def embeddings(request: web.Request) -> web.Response:
     payload = {
         "object": "list",
         "model": model.name,
-        "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+        "data": [
+            {"object": "embedding", "index": i, "embedding": _encode_vector(v, req.encoding_format)}
+            for i, v in enumerate(vectors)
+        ],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
     return web.Response(body=_json.encode(payload), content_type="application/json")

@@ -16,6 +16,7 @@ from daemon.config import DaemonConfig
 from daemon.core.hardware import HardwareInfo
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
+from daemon.core.releases import ReleaseManager
 from daemon.core.repository import RepositoryManager
 from daemon.core.stats import MetricsRegistry
 
@@ -30,6 +31,7 @@ class Daemon:
     registry: ModelRegistry
     repository: RepositoryManager
     codec: Codec
+    releases: ReleaseManager
     # False once shutdown begins: new work is answered 503 while in-flight work drains.
     accepting: bool = True
     # True once the startup model set has been loaded (the readiness gate for /v2/health/ready).

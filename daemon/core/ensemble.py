@@ -43,7 +43,7 @@ class EnsembleRunner:
                     f"ensemble '{self.name}': step {i} (model '{step.model_name}') needs "
                     f"{missing}, which no ensemble input or earlier step produces"
                 )
-            for i, step in ready:
+            for _, step in ready:
                 available |= set(step.output_map.values())
             remaining = [(i, s) for i, s in remaining if (i, s) not in ready]
         missing_outputs = sorted({t.name for t in self.config.output} - available)

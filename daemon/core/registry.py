@@ -9,6 +9,7 @@ flight finish on the version they started on, and a failed reload keeps the old 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -128,7 +129,7 @@ class ModelRegistry:
                 raise Unavailable(f"Request for unknown model: '{name}' has no available versions")
             return entry.versions[max(entry.versions)]
         try:
-            number = int(version)  # type: ignore[arg-type]
+            number = int(version)
         except ValueError:
             raise InvalidArgument(f"model version must be an integer, got {version!r}") from None
         loaded = entry.versions.get(number)
@@ -175,7 +176,7 @@ class ModelRegistry:
             raise
         if model.ensemble is not None:
             run = model.ensemble.infer  # type: ignore[attr-defined]
-            return await run(request)  # type: ignore[no-any-return]
+            return await run(request)
         if model.scheduler is None:
             raise InvalidArgument(
                 f"model '{name}' is a generation model; use /v2/models/{name}/generate or /v1/completions"
@@ -258,10 +259,9 @@ class ModelRegistry:
         for name in names:
             entry = self._models[name]
             assert entry.path is not None
-            try:
+            # A failure is already logged, and the old version keeps serving.
+            with contextlib.suppress(EdgedError):
                 await self.load(name, entry.path)
-            except EdgedError:
-                pass  # already logged; the old version keeps serving
         return names
 
     # ------------------------------------------------------------------ internals
@@ -282,7 +282,7 @@ class ModelRegistry:
         self, name: str, model_dir: Path, override: ModelConfig | None
     ) -> dict[int, LoadedVersion]:
         if override is not None:
-            config, warnings = override, []
+            config, warnings = override, list[str]()
         else:
             config, warnings = model_files.read_model_config(model_dir)
         for warning in warnings:

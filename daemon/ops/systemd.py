@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 # sd_listen_fds(3): passed descriptors start right after stdin/stdout/stderr.
 LISTEN_FDS_START = 3
 _LISTEN_VARS = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
+_SEND_TIMEOUT = 0.5
 
 
 def _monotonic_usec() -> int:
@@ -68,6 +69,9 @@ class Notifier:
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                # A datagram send blocks while the receiver's queue is full. This runs on the
+                # event loop, so bound the stall: a stuck PID 1 must not freeze the daemon.
+                self._sock.settimeout(_SEND_TIMEOUT)
             self._sock.sendto(message, self._address)
         except OSError as exc:
             log.warning("sd_notify to %r failed: %s", self._address, exc)
@@ -91,6 +95,11 @@ class Notifier:
     def reloading(self) -> bool:
         """Say a reload started; send `ready()` when it is done (what notify-reload expects)."""
         return self.send("RELOADING=1", f"MONOTONIC_USEC={_monotonic_usec()}")
+
+    def extend_timeout(self, seconds: float) -> bool:
+        """Ask for `seconds` more before TimeoutStartSec/TimeoutStopSec fires (a large model
+        still loading, a long drain). Repeat it while the work goes on."""
+        return self.send(f"EXTEND_TIMEOUT_USEC={int(seconds * 1_000_000)}")
 
     def stopping(self) -> bool:
         return self.send("STOPPING=1")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import msgspec
 
 from daemon.updates.apply import apply_update
 from daemon.updates.bundle import create_bundle, verify_bundle
+from daemon.updates.errors import UpdateError
 from daemon.updates.keys import keygen
 from daemon.updates.store import ReleaseStore
 
@@ -59,7 +61,20 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_owner(root: Path) -> None:
+    """Refuse to write a store as root when the daemon's user owns it: root-owned releases and
+    state would be unwritable for the daemon's own updates afterwards."""
+    try:
+        owner = root.stat().st_uid
+    except FileNotFoundError:
+        return
+    if os.geteuid() == 0 and owner != 0:
+        raise UpdateError(f"{root} belongs to uid {owner}; run this as that user, e.g. "
+                          f"`runuser -u edged -- edged update ...`")
+
+
 def _cmd_apply(args: argparse.Namespace) -> int:
+    _check_owner(args.root)
     store = ReleaseStore(args.root)
     _out("note: offline apply, no daemon involved: the health check is skipped. Reload the "
          "daemon (systemctl reload edged) to serve the new release.")
@@ -71,6 +86,7 @@ def _cmd_apply(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
+    _check_owner(args.root)
     release = ReleaseStore(args.root).rollback()
     _out(f"current -> {release.name}. Reload the daemon (systemctl reload edged) to serve it.")
     return 0
@@ -97,7 +113,7 @@ def _store_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"release store directory (default {DEFAULT_ROOT})")
 
 
-def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
     """Register `bundle` and `update` with their subcommands; each sets `handler`."""
     bundle = subparsers.add_parser("bundle", help="create and check signed update bundles")
     bundle_sub = bundle.add_subparsers(dest="bundle_command", required=True)

@@ -10,7 +10,7 @@ import msgspec
 
 from daemon.updates.errors import UpdateConflict, UpdateError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION: Literal[1] = 1
 CATEGORIES = ("models", "configs", "plugins")
 Kind = Literal["model", "config", "plugin"]
 KIND_OF_CATEGORY: dict[str, Kind] = {"models": "model", "configs": "config", "plugins": "plugin"}

@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -108,7 +108,12 @@ class ReleaseStore:
             d.mkdir(mode=0o750, exist_ok=True)
         if self._lock_fd is not None:
             raise StoreBusy(f"release store {self.root} is busy with another update")
-        fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        try:
+            # Read-only is enough for flock, and works on a lock file another user created.
+            fd = os.open(self.root / "lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        except OSError as exc:
+            raise UpdateError(f"cannot open {self.root / 'lock'}: {exc.strerror}; run as the "
+                              "user that owns the release store") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -246,10 +251,8 @@ class ReleaseStore:
         if release.parent != self.releases or not release.is_dir():
             raise UpdateError(f"{release} is not a release of the store {self.root}")
         tmp = self.root / "current.tmp"
-        try:
+        with suppress(FileNotFoundError):
             tmp.unlink()
-        except FileNotFoundError:
-            pass
         # Relative, so the store keeps working when mounted elsewhere (e.g. in a chroot).
         os.symlink(os.path.relpath(release, self.root), tmp)
         os.replace(tmp, self.current)

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from daemon.demo import write_simple_repository  # noqa: E402
+from daemon.demo import write_simple_repository
 
 
 @pytest.fixture(scope="module")

@@ -88,7 +88,7 @@ def test_import_error_names_plugin_and_is_not_cached(tmp_path: Path) -> None:
     folder = write_plugin(tmp_path, "flaky", code="raise RuntimeError('not today')\n")
     registry = PluginRegistry([tmp_path])
     registry.scan()
-    with pytest.raises(PluginError, match="flaky.*not today"):
+    with pytest.raises(PluginError, match=r"flaky.*not today"):
         registry.resolve("flaky")
     (folder / "impl.py").write_text(GOOD.format(name="flaky", factor=3.0))
     registry.scan()
@@ -102,7 +102,7 @@ def test_missing_runtime_is_unavailable(tmp_path: Path) -> None:
     ))
     registry = PluginRegistry([tmp_path])
     registry.scan()
-    with pytest.raises(PluginError, match="surely_not_an_installed_module_xyz.*not installed"):
+    with pytest.raises(PluginError, match=r"surely_not_an_installed_module_xyz.*not installed"):
         registry.resolve("needy")
 
 
@@ -111,7 +111,7 @@ def test_wrong_class_and_name_mismatch(tmp_path: Path) -> None:
     write_plugin(tmp_path, "misnamed", code=GOOD.format(name="something_else", factor=1.0))
     registry = PluginRegistry([tmp_path])
     registry.scan()
-    with pytest.raises(PluginError, match="not a daemon.backend.Backend subclass"):
+    with pytest.raises(PluginError, match=r"not a daemon\.backend\.Backend subclass"):
         registry.resolve("notbackend")
     with pytest.raises(PluginError, match="differs from manifest name"):
         registry.resolve("misnamed")

@@ -58,6 +58,8 @@ def test_notify_messages_reach_the_socket(notify_listener: tuple[socket.socket, 
 
     assert notifier.watchdog()
     assert _recv(sock) == ["WATCHDOG=1"]
+    assert notifier.extend_timeout(90.5)
+    assert _recv(sock) == ["EXTEND_TIMEOUT_USEC=90500000"]
     assert notifier.stopping()
     assert _recv(sock) == ["STOPPING=1"]
     notifier.close()
@@ -100,6 +102,21 @@ def test_send_failure_is_reported_not_raised(tmp_path: Path) -> None:
     assert not notifier.ready()
 
 
+def test_full_notify_queue_does_not_block_forever(
+    notify_listener: tuple[socket.socket, str],
+) -> None:
+    # A receiver that never reads (a stuck PID 1): sends must fail after a bounded wait instead
+    # of freezing the event loop they run on.
+    _, path = notify_listener
+    notifier = Notifier({"NOTIFY_SOCKET": path})
+    assert notifier.watchdog()
+    for _ in range(100_000):
+        if not notifier.watchdog():
+            break
+    else:
+        pytest.fail("the receive queue never filled up")
+
+
 def test_watchdog_interval() -> None:
     me = str(os.getpid())
     assert watchdog_interval({"WATCHDOG_USEC": "30000000"}) == 15.0
@@ -117,8 +134,8 @@ async def test_watchdog_loop_pings_from_the_event_loop(
     sock, path = notify_listener
     sock.setblocking(False)
     notifier = Notifier({"NOTIFY_SOCKET": path})
-    task = asyncio.create_task(watchdog_loop(notifier, 0.01))
-    await asyncio.sleep(0.2)
+    task = asyncio.create_task(watchdog_loop(notifier, 0.05))
+    await asyncio.sleep(0.3)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -134,7 +151,7 @@ async def test_watchdog_loop_pings_from_the_event_loop(
     # A blocked loop sends nothing: that is what lets systemd notice a hang.
     task = asyncio.create_task(watchdog_loop(notifier, 0.01))
     await asyncio.sleep(0)  # first ping
-    time.sleep(0.2)  # the loop is stuck
+    time.sleep(0.2)  # noqa: ASYNC251 -- the point: the loop is stuck
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -41,7 +41,7 @@ def test_gpu_drop_in_keeps_exposure_low(tmp_path: Path) -> None:
     assert _exposure(combined) <= 2.0
 
 
-def test_hardening_ignored_without_unit_is_detected(tmp_path: Path) -> None:
+def test_exposure_parser_sees_an_unhardened_unit(tmp_path: Path) -> None:
     # Guard for the parser above: an unhardened unit must score high.
     bare = tmp_path / "bare.service"
     bare.write_text("[Service]\nExecStart=/bin/true\n")
@@ -102,3 +102,16 @@ def test_units_agree_with_each_other() -> None:
     # The socket's group is the service's group, created by sysusers before either starts.
     assert "SocketGroup=edged\n" in socket_unit and "Group=edged\n" in service
     assert re.search(r"^u edged ", sysusers, re.MULTILINE)
+
+
+def test_sysusers_creates_the_user(tmp_path: Path) -> None:
+    sysusers = shutil.which("systemd-sysusers")
+    if sysusers is None:
+        pytest.skip("systemd-sysusers is not installed")
+    (tmp_path / "etc").mkdir()
+    proc = subprocess.run([sysusers, f"--root={tmp_path}", str(UNITS / "edged.sysusers")],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    passwd = (tmp_path / "etc" / "passwd").read_text()
+    assert re.search(r"^edged:x:\d+:\d+:[^:]*:/var/lib/edged:/usr/sbin/nologin$", passwd, re.M)
+    assert re.search(r"^edged:x:\d+:", (tmp_path / "etc" / "group").read_text(), re.M)

@@ -1,0 +1,142 @@
+"""Wires offline update releases into the running daemon.
+
+A release (from a signed bundle) holds `models/` (a model repository) and `plugins/` (backend
+plugins). The live release's directories come *first* among the repositories (its models win
+a name) and *last* among the plugin directories (its plugins override shipped ones). Applying
+an update switches the release store, points the daemon at the new directories, reloads, and
+health-checks every model of the release with a warm-up request; on failure the store switches
+back and the daemon reloads the old release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from daemon.backend import NUMPY_DTYPES, GenerateParams, InferRequest
+from daemon.core.model_files import scan_repository
+from daemon.core.plugins import PluginRegistry
+from daemon.core.registry import ModelRegistry
+from daemon.core.repository import RepositoryManager
+from daemon.errors import EdgedError
+from daemon.model_config import ModelConfig
+from daemon.updates.apply import AppliedUpdate, apply_update
+from daemon.updates.errors import HealthCheckFailed
+from daemon.updates.store import ReleaseStore, StoreStatus
+
+log = logging.getLogger(__name__)
+
+
+def warmup_request(config: ModelConfig) -> InferRequest:
+    """Zeros shaped like the config (variable dims = 1, batch of 1) for every required input."""
+    inputs: dict[str, np.ndarray] = {}
+    for tensor in config.input:
+        if tensor.optional:
+            continue
+        shape = [1 if d < 0 else d for d in tensor.dims]
+        if config.max_batch_size > 0:
+            shape = [1, *shape]
+        if tensor.data_type == "BYTES":
+            inputs[tensor.name] = np.full(shape, b"", dtype=object)
+        else:
+            inputs[tensor.name] = np.zeros(shape, dtype=NUMPY_DTYPES[tensor.data_type])
+    return InferRequest(inputs, id="warmup")
+
+
+class ReleaseManager:
+    def __init__(
+        self,
+        store: ReleaseStore,
+        trusted_keys: Path,
+        registry: ModelRegistry,
+        repository: RepositoryManager,
+        plugins: PluginRegistry,
+        lock: asyncio.Lock,
+        *,
+        keep: int = 3,
+    ) -> None:
+        self.store = store
+        self.trusted_keys = trusted_keys
+        self.registry = registry
+        self.repository = repository
+        self.plugins = plugins
+        self.lock = lock
+        self.keep = keep
+        # What the operator configured, without any release directories.
+        self._base_repositories = list(repository.repositories)
+        self._base_plugin_dirs = list(plugins.directories)
+
+    def point_at(self, release: Path | None) -> None:
+        """Make the repository and plugin search paths those of `release` (None = no release)."""
+        models = release / "models" if release is not None else None
+        plugins = release / "plugins" if release is not None else None
+        self.repository.repositories = (
+            [models] if models is not None and models.is_dir() else []
+        ) + self._base_repositories
+        self.plugins.directories = self._base_plugin_dirs + (
+            [plugins] if plugins is not None and plugins.is_dir() else []
+        )
+
+    async def reload(self, release: Path | None) -> None:
+        """Point at `release` and bring plugins and models in line with it."""
+        async with self.lock:
+            self.point_at(release)
+            result = self.plugins.scan()
+            for name in result.changed:
+                await self.registry.reload_backend(name)
+            await self.repository.rescan()
+
+    async def health_check(self, release: Path) -> None:
+        await self.reload(release)
+        models = release / "models"
+        names = sorted(scan_repository(models)) if models.is_dir() else []
+        for name in names:
+            entry = self.registry.entry(name)
+            if entry is None or entry.state != "READY" or entry.reason or entry.path != models / name:
+                reason = entry.reason if entry is not None else "not found"
+                raise HealthCheckFailed(f"model '{name}' did not load from the new release: {reason}")
+            await self._warm_up(name)
+        log.info("release %s: %d model(s) loaded and answered a warm-up request", release.name, len(names))
+
+    async def _warm_up(self, name: str) -> None:
+        model = self.registry.get(name)
+        try:
+            generator = model.generator
+            if generator is not None:
+                if model.config.parameters.get("embedding") == "true":
+                    await generator.embed(["Hello"])
+                else:
+                    async for _ in generator.generate("Hello", GenerateParams(max_tokens=1, greedy=True)):
+                        pass
+                return
+            await self.registry.infer(name, None, warmup_request(model.config))
+        except EdgedError as exc:
+            raise HealthCheckFailed(f"model '{name}' failed its warm-up request: {exc.message}") from exc
+
+    async def apply(self, bundle: Path, progress: Callable[[str], None] | None = None) -> AppliedUpdate:
+        def report(line: str) -> None:
+            log.info("update: %s", line)
+            if progress is not None:
+                progress(line)
+
+        try:
+            return await apply_update(
+                bundle, self.store, self.trusted_keys, self.health_check, report,
+                restore=self.reload, keep=self.keep,
+            )
+        except HealthCheckFailed:
+            if self.store.current_release() is None:
+                await self.reload(None)  # the first release failed: back to the base setup
+            raise
+
+    async def rollback(self) -> Path:
+        previous = await asyncio.to_thread(self.store.rollback)
+        await self.reload(previous)
+        return previous
+
+    def status(self) -> StoreStatus:
+        return self.store.status()

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Smoke test of the frozen build (bash packaging/build.sh first):
+#   start dist/edged/edged under a fake systemd notify socket -> READY=1 from the main pid ->
+#   infer on the demo models over the Unix socket -> every plugin that is ready from source is
+#   ready frozen -> SIGTERM -> STOPPING=1 and exit code 0. Prints start->READY time.
+#   EDGED_BIN=path/to/edged bash packaging/smoke.sh   tests another binary.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bin=${EDGED_BIN:-$repo/dist/edged/edged}
+helper=$repo/packaging/smoke_helper.py
+ready_timeout=${EDGED_READY_TIMEOUT:-120}
+
+keep_logs=0
+fail() { echo "smoke.sh: FAIL: $*" >&2; keep_logs=1; exit 1; }
+[[ -x $bin ]] || fail "$bin not found; run bash packaging/build.sh first"
+# The checks need some python3, not the frozen one: the system's, else the venv's.
+py=$(command -v python3 || true)
+[[ -n $py ]] || py=$repo/.venv/bin/python
+[[ -x $py ]] || fail "no python3 to run the checks"
+
+tmp=$(mktemp -d /tmp/edged-smoke.XXXXXX)  # short: sun_path holds 108 bytes
+daemon_pid='' listener_pid=''
+cleanup() {
+    # `|| true`: under set -e a failing kill (process already gone) would end the trap early.
+    if [[ -n $listener_pid ]]; then kill "$listener_pid" 2>/dev/null || true; fi
+    if [[ -n $daemon_pid ]]; then kill -KILL "$daemon_pid" 2>/dev/null || true; fi
+    wait 2>/dev/null || true
+    if [[ $keep_logs == 1 && -d $tmp ]]; then
+        echo "--- edged log ---" >&2; cat "$tmp/edged.log" >&2 || true
+        echo "--- notify log ---" >&2; cat "$tmp/notify.log" >&2 || true
+    fi
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+http() {  # http PATH [BODY-FILE]: print the body; non-zero on a non-2xx status
+    if command -v curl >/dev/null; then
+        curl --silent --show-error --fail-with-body --max-time 60 --unix-socket "$tmp/edged.sock" \
+            ${2:+-H 'Content-Type: application/json' --data-binary "@$2"} "http://localhost$1"
+    else
+        "$py" "$helper" http "$tmp/edged.sock" "$@"
+    fi
+}
+
+# Fake systemd: a datagram socket that logs what the daemon sends, with the sender's pid.
+"$py" "$helper" listen "$tmp/notify.sock" "$tmp/notify.log" &
+listener_pid=$!
+for _ in $(seq 50); do [[ -S $tmp/notify.sock ]] && break; sleep 0.1; done
+[[ -S $tmp/notify.sock ]] || fail "notify listener did not start"
+: >"$tmp/notify.log"
+
+start=$(date +%s.%N)
+NOTIFY_SOCKET=$tmp/notify.sock "$bin" serve --socket "$tmp/edged.sock" --state-dir "$tmp/state" \
+    >"$tmp/edged.log" 2>&1 &
+daemon_pid=$!
+
+deadline=$((SECONDS + ready_timeout))
+until grep -q 'READY=1' "$tmp/notify.log"; do
+    kill -0 "$daemon_pid" 2>/dev/null || fail "edged exited before READY=1"
+    ((SECONDS < deadline)) || fail "no READY=1 within ${ready_timeout}s"
+    sleep 0.02
+done
+read -r ready_at ready_pid _ < <(grep 'READY=1' "$tmp/notify.log" | head -n1)
+ready_s=$(awk -v a="$ready_at" -v b="$start" 'BEGIN { printf "%.2f", a - b }')
+# NotifyAccess=main: systemd drops notifications from any pid but the one it started.
+[[ $ready_pid == "$daemon_pid" ]] || fail "READY=1 came from pid $ready_pid, not the started pid $daemon_pid"
+echo "smoke.sh: READY=1 from pid $daemon_pid after ${ready_s}s"
+
+"$py" "$helper" infer-body >"$tmp/infer.json"
+for model in simple simple_python; do
+    http "/v2/models/$model/infer" "$tmp/infer.json" >"$tmp/reply.json" || fail "infer on $model"
+    "$py" "$helper" check-infer "$model" <"$tmp/reply.json" || fail "wrong numbers from $model"
+    echo "smoke.sh: $model: OUTPUT0/OUTPUT1 match sum/difference"
+done
+
+# Freezing must lose no runtime: whatever is ready from source must be ready frozen.
+expected=onnxruntime
+if [[ -x $repo/.venv/bin/edged ]]; then
+    expected=$("$repo/.venv/bin/edged" backends | awk '$2 == "ready" { print $1 }' | tr '\n' ' ')
+fi
+http /v2/backends >"$tmp/backends.json" || fail "GET /v2/backends"
+# shellcheck disable=SC2086  # one argument per plugin name
+"$py" "$helper" check-backends onnxruntime $expected <"$tmp/backends.json" || fail "backends not ready"
+
+# SIGHUP picks up a new model: the demo ONNX model again, on OpenVINO (its ONNX frontend is a
+# library found at run time, which `ready` above does not prove). Tests RELOADING=1 -> READY=1.
+if [[ " $expected " == *" openvino "* ]]; then
+    demo=$tmp/state/demo-repository
+    mkdir -p "$demo/simple_openvino/1"
+    cp "$demo/simple/1/model.onnx" "$demo/simple_openvino/1/"
+    sed -e 's/^name: .*/name: "simple_openvino"/' -e 's/^platform: .*/platform: "openvino"/' \
+        "$demo/simple/config.pbtxt" >"$demo/simple_openvino/config.pbtxt"
+    kill -HUP "$daemon_pid"
+    deadline=$((SECONDS + ready_timeout))
+    until [[ $(grep -c 'READY=1' "$tmp/notify.log") -ge 2 ]]; do
+        ((SECONDS < deadline)) || fail "no READY=1 after SIGHUP within ${ready_timeout}s"
+        sleep 0.05
+    done
+    grep -q 'RELOADING=1' "$tmp/notify.log" || fail "no RELOADING=1 before the reload"
+    http /v2/models/simple_openvino/infer "$tmp/infer.json" >"$tmp/reply.json" || fail "infer on simple_openvino"
+    "$py" "$helper" check-infer simple_openvino <"$tmp/reply.json" || fail "wrong numbers from simple_openvino"
+    http /v2/models/simple_openvino >"$tmp/meta.json" || fail "GET /v2/models/simple_openvino"
+    grep -q '"backend":"openvino"' "$tmp/meta.json" || fail "simple_openvino is not served by openvino: $(cat "$tmp/meta.json")"
+    echo "smoke.sh: SIGHUP -> RELOADING=1 -> READY=1; simple_openvino (OpenVINO): numbers match"
+fi
+
+kill -TERM "$daemon_pid"
+rc=0
+wait "$daemon_pid" || rc=$?
+daemon_pid=''
+[[ $rc == 0 ]] || fail "edged exited with $rc after SIGTERM"
+for _ in $(seq 20); do grep -q 'STOPPING=1' "$tmp/notify.log" && break; sleep 0.05; done
+grep -q 'STOPPING=1' "$tmp/notify.log" || fail "no STOPPING=1 received"
+echo "smoke.sh: SIGTERM -> STOPPING=1, exit code 0"
+echo "smoke.sh: OK (start->READY ${ready_s}s)"

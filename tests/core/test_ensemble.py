@@ -1,0 +1,174 @@
+"""Ensembles across real backends: Python preprocess -> ONNX Runtime -> Python postprocess."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from daemon.backend import InferRequest
+from daemon.core.ensemble import install_ensembles
+from daemon.core.hardware import probe_hardware
+from daemon.core.plugins import PluginRegistry
+from daemon.core.registry import ModelRegistry
+from daemon.core.stats import MetricsRegistry
+from daemon.errors import ConfigError, EdgedError
+
+pytest.importorskip("onnxruntime")
+
+from daemon.demo import build_simple_onnx
+from support import REPO_BACKENDS
+
+TENSOR = 'data_type: TYPE_INT32 dims: [ 16 ]'
+
+
+def python_step(repo: Path, name: str, inputs: list[str], outputs: dict[str, str], *, prelude: str = "") -> None:
+    """A Python model computing each output from a numpy expression over its inputs."""
+    (repo / name / "1").mkdir(parents=True)
+    ins = ", ".join(f'{{ name: "{i}" {TENSOR} }}' for i in inputs)
+    outs = ", ".join(f'{{ name: "{o}" {TENSOR} }}' for o in outputs)
+    (repo / name / "config.pbtxt").write_text(
+        f'backend: "python"\nmax_batch_size: 8\ninput [{ins}]\noutput [{outs}]\n'
+    )
+    reads = "\n".join(
+        f"            {i} = pb_utils.get_input_tensor_by_name(r, '{i}').as_numpy()" for i in inputs
+    )
+    tensors = ", ".join(f"pb_utils.Tensor('{o}', np.asarray({expr}, dtype=np.int32))" for o, expr in outputs.items())
+    (repo / name / "1" / "model.py").write_text(
+        "import numpy as np\nimport triton_python_backend_utils as pb_utils\n"
+        f"{prelude}\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        out = []\n"
+        "        for r in requests:\n"
+        f"{reads}\n"
+        f"            out.append(pb_utils.InferenceResponse([{tensors}]))\n"
+        "        return out\n"
+    )
+
+
+def ensemble(repo: Path, name: str, steps: str, inputs: list[str], outputs: list[str]) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    ins = ", ".join(f'{{ name: "{i}" {TENSOR} }}' for i in inputs)
+    outs = ", ".join(f'{{ name: "{o}" {TENSOR} }}' for o in outputs)
+    (repo / name / "config.pbtxt").write_text(
+        f'platform: "ensemble"\nmax_batch_size: 8\ninput [{ins}]\noutput [{outs}]\n'
+        f"ensemble_scheduling {{ step [ {steps} ] }}\n"
+    )
+
+
+def step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
+    maps = "".join(f' input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items())
+    maps += "".join(f' output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items())
+    return f'{{ model_name: "{model}" model_version: -1{maps} }}'
+
+
+async def make_registry(tmp_path: Path) -> ModelRegistry:
+    plugins = PluginRegistry([REPO_BACKENDS])
+    plugins.scan()
+    registry = ModelRegistry(plugins, probe_hardware(openvino=False), MetricsRegistry(), tmp_path / "state")
+    install_ensembles(registry)
+    return registry
+
+
+def pipeline_repo(repo: Path) -> None:
+    python_step(repo, "pre", ["RAW"], {"A": "RAW * 2", "B": "RAW + 1"})
+    (repo / "simple" / "1").mkdir(parents=True)
+    build_simple_onnx(repo / "simple" / "1" / "model.onnx")
+    (repo / "simple" / "config.pbtxt").write_text(
+        'backend: "onnxruntime"\nmax_batch_size: 8\n'
+        f'input [{{ name: "INPUT0" {TENSOR} }}, {{ name: "INPUT1" {TENSOR} }}]\n'
+        f'output [{{ name: "OUTPUT0" {TENSOR} }}, {{ name: "OUTPUT1" {TENSOR} }}]\n'
+    )
+    python_step(repo, "post", ["IN0"], {"FINAL": "IN0 * 10"})
+    ensemble(
+        repo, "pipeline",
+        ", ".join([
+            step("pre", {"RAW": "RAW"}, {"A": "a", "B": "b"}),
+            step("simple", {"INPUT0": "a", "INPUT1": "b"}, {"OUTPUT0": "sum", "OUTPUT1": "DIFF"}),
+            step("post", {"IN0": "sum"}, {"FINAL": "FINAL"}),
+        ]),
+        ["RAW"], ["FINAL", "DIFF"],
+    )
+
+
+async def test_pipeline_across_backends(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    pipeline_repo(repo)
+    registry = await make_registry(tmp_path)
+    try:
+        for name in ("pre", "simple", "post", "pipeline"):
+            await registry.load(name, repo / name)
+        raw = np.arange(32, dtype=np.int32).reshape(2, 16)
+        response = await registry.infer("pipeline", None, InferRequest({"RAW": raw}))
+        np.testing.assert_array_equal(response.outputs["FINAL"], (3 * raw + 1) * 10)
+        np.testing.assert_array_equal(response.outputs["DIFF"], raw - 1)
+        assert set(response.outputs) == {"FINAL", "DIFF"}  # intermediates are not leaked
+        assert registry.get("pipeline").backend == "ensemble"
+        assert registry.get("simple").stats.inference_count == 2  # went through the step's scheduler
+    finally:
+        await registry.close()
+
+
+async def test_independent_steps_run_concurrently(tmp_path: Path) -> None:
+    # Each branch waits at a two-party barrier: it only passes if both branches run at once.
+    prelude = (
+        "import sys, threading, types\n"
+        "shared = sys.modules.setdefault('edged_test_rendezvous', types.ModuleType('edged_test_rendezvous'))\n"
+        "if not hasattr(shared, 'barrier'):\n"
+        "    shared.barrier = threading.Barrier(2)\n"
+        "def meet(x):\n"
+        "    shared.barrier.wait(timeout=10)\n"
+        "    return x\n"
+    )
+    repo = tmp_path / "repo"
+    python_step(repo, "left", ["X"], {"L": "meet(X) + 1"}, prelude=prelude)
+    python_step(repo, "right", ["X"], {"R": "meet(X) + 2"}, prelude=prelude)
+    ensemble(repo, "fork", ", ".join([
+        step("left", {"X": "X"}, {"L": "L"}),
+        step("right", {"X": "X"}, {"R": "R"}),
+    ]), ["X"], ["L", "R"])
+    registry = await make_registry(tmp_path)
+    try:
+        for name in ("left", "right", "fork"):
+            await registry.load(name, repo / name)
+        x = np.ones((1, 16), dtype=np.int32)
+        response = await registry.infer("fork", None, InferRequest({"X": x}))
+        np.testing.assert_array_equal(response.outputs["L"], x + 1)
+        np.testing.assert_array_equal(response.outputs["R"], x + 2)
+    finally:
+        await registry.close()
+
+
+async def test_failing_step_is_named(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_step(repo, "ok", ["X"], {"Y": "X"})
+    python_step(repo, "boom", ["Y"], {"Z": "1 // 0"})
+    ensemble(repo, "chain", ", ".join([
+        step("ok", {"X": "X"}, {"Y": "y"}),
+        step("boom", {"Y": "y"}, {"Z": "Z"}),
+    ]), ["X"], ["Z"])
+    registry = await make_registry(tmp_path)
+    try:
+        for name in ("ok", "boom", "chain"):
+            await registry.load(name, repo / name)
+        with pytest.raises(EdgedError) as info:
+            await registry.infer("chain", None, InferRequest({"X": np.ones((1, 16), np.int32)}))
+        assert "ensemble 'chain' step 1 (model 'boom')" in info.value.message
+        assert "ZeroDivisionError" in info.value.message
+    finally:
+        await registry.close()
+
+
+async def test_unsatisfiable_graph_is_refused_at_load(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_step(repo, "ok", ["X"], {"Y": "X"})
+    ensemble(repo, "broken", step("ok", {"X": "nowhere"}, {"Y": "Y"}), ["X"], ["Y"])
+    registry = await make_registry(tmp_path)
+    try:
+        with pytest.raises(ConfigError, match=r"step 0 .*'ok'.*nowhere"):
+            await registry.load("broken", repo / "broken")
+        assert registry.entry("broken").state == "UNAVAILABLE"  # type: ignore[union-attr]
+    finally:
+        await registry.close()

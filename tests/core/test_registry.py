@@ -1,0 +1,156 @@
+"""Model registry with real backends: selection fallback, load-then-swap, failed reloads."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from daemon.backend import InferRequest
+from daemon.core.hardware import CpuInfo, HardwareInfo, NvidiaGpu, probe_hardware
+from daemon.core.plugins import PluginRegistry
+from daemon.core.registry import ModelRegistry
+from daemon.core.stats import MetricsRegistry
+from daemon.errors import BackendError, NotFound, Unavailable
+
+pytest.importorskip("onnxruntime")
+
+from daemon.demo import build_mlp_onnx, mlp_reference
+from support import REPO_BACKENDS, python_model
+
+
+def registry_for(tmp_path: Path, hardware: HardwareInfo | None = None) -> ModelRegistry:
+    plugins = PluginRegistry([REPO_BACKENDS])
+    plugins.scan()
+    return ModelRegistry(
+        plugins, hardware or probe_hardware(openvino=False), MetricsRegistry(), tmp_path / "state"
+    )
+
+
+def mlp_model(repo: Path, name: str, *, corrupt_ir: bool = False) -> object:
+    version = repo / name / "1"
+    version.mkdir(parents=True)
+    weights = build_mlp_onnx(version / "model.onnx", width=32, depth=2, seed=3)
+    if corrupt_ir:
+        (version / "model.xml").write_text("<net this is not OpenVINO IR")
+        (version / "model.bin").write_bytes(b"\0" * 16)
+    return weights
+
+
+async def test_fallback_to_next_backend_when_load_fails(tmp_path: Path) -> None:
+    pytest.importorskip("openvino")
+    repo = tmp_path / "repo"
+    weights = mlp_model(repo, "mlp", corrupt_ir=True)
+    registry = registry_for(tmp_path)
+    try:
+        await registry.load("mlp", repo / "mlp")
+        model = registry.get("mlp")
+        assert model.backend == "onnxruntime"
+        skipped = {s["backend"]: s["reason"] for s in model.selection["skipped"]}  # type: ignore[union-attr]
+        assert "openvino" in skipped and "load failed" in skipped["openvino"]
+        x = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
+        name_in = model.config.input[0].name
+        response = await registry.infer("mlp", None, InferRequest({name_in: x}))
+        out = next(iter(response.outputs.values()))
+        np.testing.assert_allclose(out, mlp_reference(x, weights), rtol=1e-4, atol=1e-5)  # type: ignore[arg-type]
+    finally:
+        await registry.close()
+
+
+async def test_cpu_box_prefers_openvino_for_onnx(tmp_path: Path) -> None:
+    pytest.importorskip("openvino")
+    repo = tmp_path / "repo"
+    mlp_model(repo, "mlp")
+    registry = registry_for(tmp_path)
+    try:
+        await registry.load("mlp", repo / "mlp")
+        assert registry.get("mlp").backend == "openvino"
+    finally:
+        await registry.close()
+
+
+async def test_datacenter_gpu_without_plan_does_not_pick_tensorrt(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    mlp_model(repo, "mlp")
+    fake_h100 = HardwareInfo(
+        cpu=CpuInfo(model="test", vendor="test", logical_cores=2, physical_cores=2),
+        memory_total=1 << 30,
+        nvidia_gpus=[NvidiaGpu(index=0, name="NVIDIA H100 80GB HBM3", memory_total=80 << 30,
+                               compute_capability="9.0", datacenter=True)],
+    )
+    registry = registry_for(tmp_path, fake_h100)
+    try:
+        await registry.load("mlp", repo / "mlp")
+        model = registry.get("mlp")
+        assert model.backend in ("openvino", "onnxruntime")
+        assert "tensorrt" in {s["backend"] for s in model.selection["skipped"]}  # type: ignore[union-attr]
+    finally:
+        await registry.close()
+
+
+async def test_reload_swaps_without_failed_requests(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_model(repo, "m", "y = x + 1")
+    registry = registry_for(tmp_path)
+    await registry.load("m", repo / "m")
+    results: list[float] = []
+    errors: list[Exception] = []
+    stop = asyncio.Event()
+
+    async def client() -> None:
+        while not stop.is_set():
+            try:
+                r = await registry.infer("m", None, InferRequest({"X": np.ones(1, np.float32)}))
+                results.append(float(r.outputs["Y"][0]))
+            except Exception as exc:  # any failure is what this test exists to catch
+                errors.append(exc)
+            await asyncio.sleep(0)
+
+    tasks = [asyncio.create_task(client()) for _ in range(4)]
+    await asyncio.sleep(0.2)
+    python_model(repo, "m", "y = x + 100")
+    await registry.load("m", repo / "m")
+    await asyncio.sleep(0.2)
+    stop.set()
+    await asyncio.gather(*tasks)
+    await registry.close()
+    assert not errors
+    assert results[0] == 2.0 and results[-1] == 101.0
+    assert set(results) == {2.0, 101.0}
+
+
+async def test_failed_reload_keeps_serving_old_version(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_model(repo, "m", "y = x * 2")
+    registry = registry_for(tmp_path)
+    try:
+        await registry.load("m", repo / "m")
+        (repo / "m" / "1" / "model.py").write_text("raise RuntimeError('bad weights')\n")
+        with pytest.raises(BackendError, match="bad weights"):
+            await registry.load("m", repo / "m")
+        entry = registry.entry("m")
+        assert entry is not None and entry.state == "READY" and "bad weights" in entry.reason
+        r = await registry.infer("m", None, InferRequest({"X": np.array([3], np.float32)}))
+        assert r.outputs["Y"].tolist() == [6.0]
+    finally:
+        await registry.close()
+
+
+async def test_versions_and_unload(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_model(repo, "m", "y = x + 1", version=1)
+    python_model(repo, "m", "y = x + 2", version=2)
+    registry = registry_for(tmp_path)
+    try:
+        await registry.load("m", repo / "m")
+        assert registry.get("m").version == 2  # latest policy, 1 version
+        with pytest.raises(NotFound, match="version 1"):
+            registry.get("m", "1")
+        await registry.unload("m")
+        with pytest.raises(Unavailable):
+            registry.get("m")
+        assert [r.state for r in registry.index()] == ["UNAVAILABLE"]
+    finally:
+        await registry.close()
