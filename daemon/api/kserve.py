@@ -231,6 +231,9 @@ async def repository_unload(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     r = app.router
+    # aiohttp matches routes in registration order: the hot path goes first.
+    r.add_post("/v2/models/{model}/infer", infer)
+    r.add_post("/v2/models/{model}/versions/{version}/infer", infer)
     r.add_get("/v2/health/live", live)
     r.add_get("/v2/health/ready", ready)
     r.add_get("/v2", server_metadata)
@@ -244,4 +247,3 @@ def add_routes(app: web.Application) -> None:
         r.add_get(prefix + "/ready", model_ready)
         r.add_get(prefix + "/config", model_config)
         r.add_get(prefix + "/stats", model_stats)
-        r.add_post(prefix + "/infer", infer)
