@@ -38,7 +38,7 @@ from daemon.backend import (
     InstanceContext,
     Probe,
 )
-from daemon.errors import ConfigError, EdgedError, InvalidArgument, Unavailable, Unsupported
+from daemon.errors import ConfigError, EdgedError, InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig
 
 from .engine import Engine, EngineSettings, apply_chat_template
@@ -193,7 +193,8 @@ class LlamaCppBackend(GenerationBackend):
         """L2-normalised pooled embeddings (what OpenAI and llama-server return) + token count."""
         engine = self._require_engine()
         if not engine.settings.embedding:
-            raise Unsupported(
+            # Asking a generation model for embeddings is the client's mistake: 400, not 501.
+            raise InvalidArgument(
                 f"model '{self.context.model_name}' is a text generation model; load it with "
                 "parameters embedding=true to serve embeddings"
             )

@@ -381,7 +381,7 @@ class Engine:
             return
         try:
             if self.settings.embedding:
-                raise Unsupported(
+                raise InvalidArgument(
                     f"model '{self.name}' is loaded as an embedding model (embedding=true); "
                     "it does not generate text"
                 )
@@ -561,7 +561,7 @@ class Engine:
 
     def _embed_texts(self, texts: list[str]) -> tuple[list[list[float]], int]:
         if not self.settings.embedding:
-            raise Unsupported(
+            raise InvalidArgument(
                 f"model '{self.name}' is not loaded as an embedding model; "
                 "set parameters embedding=true in its config"
             )

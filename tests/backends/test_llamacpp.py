@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from daemon.backend import GenerateChunk, GenerateParams, InstanceContext
-from daemon.errors import BackendError, ConfigError, InvalidArgument, Unavailable, Unsupported
+from daemon.errors import BackendError, ConfigError, InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig
 from daemon.testing_gguf import SPACE, write_tiny_llama
 
@@ -426,11 +426,11 @@ async def test_embeddings_match_numpy_mean_pooling(load: Loader, tmp_path: Path)
     assert tokens == sum(count for _, count in singles)
     for (single, _), batched in zip(singles, array, strict=True):
         np.testing.assert_allclose(single[0], batched, atol=1e-4)
-    with pytest.raises(Unsupported, match="embedding model"):
+    with pytest.raises(InvalidArgument, match="embedding model"):
         await anext(backend.generate("hi", GREEDY))
 
 
 async def test_generation_model_refuses_embeddings(load: Loader, model_path: Path) -> None:
     backend = await load(model_path)
-    with pytest.raises(Unsupported, match="embedding=true"):
+    with pytest.raises(InvalidArgument, match="embedding=true"):
         await backend.embed(["hello"])
