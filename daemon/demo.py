@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from daemon.backend import NUMPY_DTYPES
+
 if TYPE_CHECKING:
     import onnx
 
@@ -20,21 +22,7 @@ OPSET = 13
 IR_VERSION = 8
 
 # Every KServe datatype an ONNX model can carry through numpy (BF16 has no numpy dtype).
-ZOO_DATATYPES: tuple[str, ...] = (
-    "BOOL",
-    "UINT8",
-    "UINT16",
-    "UINT32",
-    "UINT64",
-    "INT8",
-    "INT16",
-    "INT32",
-    "INT64",
-    "FP16",
-    "FP32",
-    "FP64",
-    "BYTES",
-)
+ZOO_DATATYPES: tuple[str, ...] = tuple(name for name in NUMPY_DTYPES if name != "BF16")
 
 # (weight, bias) per layer, as returned by build_mlp_onnx.
 MlpWeights = list[tuple[np.ndarray, np.ndarray]]

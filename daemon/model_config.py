@@ -146,6 +146,31 @@ class ModelConfig(_Strict):
     # Ours: ordered backend preference for `backend: auto` (e.g. ["openvino", "onnxruntime"]).
     backend_preference: list[str] = []
 
+    def int_parameter(self, key: str, default: int, *, minimum: int = 0) -> int:
+        """`parameters[key]` as an integer >= minimum; ConfigError naming model and key."""
+        raw = self.parameters.get(key, "").strip()
+        if not raw:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise ConfigError(
+                f"model {self.name!r}: parameter {key}={raw!r} must be an integer >= {minimum}"
+            )
+        return value
+
+    def bool_parameter(self, key: str, default: bool) -> bool:
+        raw = self.parameters.get(key, "").strip().lower()
+        if not raw:
+            return default
+        if raw in ("1", "true", "yes", "on"):
+            return True
+        if raw in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"model {self.name!r}: parameter {key}={raw!r} must be true or false")
+
     def input_by_name(self, name: str) -> TensorConfig | None:
         return next((t for t in self.input if t.name == name), None)
 

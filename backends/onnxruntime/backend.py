@@ -121,15 +121,10 @@ class OnnxRuntimeBackend(TensorBackend):
         model_name = config.name or self.context.model_name
         path = _artifact_file(artifact, config)
         options = ort.SessionOptions()
-        options.intra_op_num_threads = _int_parameter(
-            config, model_name, "intra_op_thread_count", default=self.context.threads
-        )
-        options.inter_op_num_threads = _int_parameter(
-            config, model_name, "inter_op_thread_count", default=1
-        )
-        options.enable_mem_pattern = _bool_parameter(
-            config, model_name, "enable_mem_pattern", default=True
-        )
+        # 0 lets ONNX Runtime choose, as in Triton.
+        options.intra_op_num_threads = config.int_parameter("intra_op_thread_count", self.context.threads)
+        options.inter_op_num_threads = config.int_parameter("inter_op_thread_count", 1)
+        options.enable_mem_pattern = config.bool_parameter("enable_mem_pattern", True)
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # Parallel execution only helps graphs with independent branches and needs the inter-op
         # pool; the instance count already parallelizes requests.
@@ -230,37 +225,10 @@ def _providers(device: str, config: ModelConfig, model_name: str) -> list[Any]:
         )
     options = {"device_id": int(match.group(1) or 0)}
     providers: list[Any] = [(CUDA_PROVIDER, options), CPU_PROVIDER]
-    if TENSORRT_PROVIDER in available and _bool_parameter(
-        config, model_name, "enable_tensorrt", default=False
-    ):
+    if TENSORRT_PROVIDER in available and config.bool_parameter("enable_tensorrt", False):
         # Opt-in: TensorRT builds an engine at load (minutes for large models) unless cached.
         providers.insert(0, (TENSORRT_PROVIDER, options))
     return providers
-
-
-def _int_parameter(config: ModelConfig, model_name: str, key: str, *, default: int) -> int:
-    """A non-negative integer parameter; 0 lets ONNX Runtime choose (as in Triton)."""
-    raw = config.parameters.get(key, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(f"model {model_name!r}: parameter {key}={raw!r} must be an integer >= 0")
-    return value
-
-
-def _bool_parameter(config: ModelConfig, model_name: str, key: str, *, default: bool) -> bool:
-    raw = config.parameters.get(key, "").strip().lower()
-    if not raw:
-        return default
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"model {model_name!r}: parameter {key}={raw!r} must be true or false")
 
 
 def _describe(arg: Any) -> _Port:

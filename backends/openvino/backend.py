@@ -124,7 +124,7 @@ class OpenVinoBackend(TensorBackend):
         # One stream per instance by default: an instance runs one synchronous request at a
         # time, so more streams would only split its threads (the daemon's instance count is the
         # parallelism knob).
-        streams = _int_parameter(config, model_name, "num_streams", default=1)
+        streams = config.int_parameter("num_streams", 1, minimum=1)
 
         core = ov.Core()
         self.device = _choose_device(device, config, core.available_devices)
@@ -239,19 +239,6 @@ def _choose_device(requested: str, config: ModelConfig, available: list[str]) ->
         return device
     # AUTO only earns its keep when it has something to choose between.
     return "AUTO" if len(available) > 1 else "CPU"
-
-
-def _int_parameter(config: ModelConfig, model_name: str, key: str, *, default: int) -> int:
-    raw = config.parameters.get(key, "")
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 1:
-        raise ConfigError(f"model {model_name!r}: parameter {key}={raw!r} must be a positive integer")
-    return value
 
 
 def _make_batch_dynamic(model: ov.Model, max_batch_size: int, model_name: str, path: Path) -> None:

@@ -161,8 +161,17 @@ class _QueueScheduler:
         self._state = _State.NEW
         self._workers: list[asyncio.Task[None]] = []
         self._form_lock = asyncio.Lock()
-        self._wakeup = asyncio.Event()
+        # The batch former, while it sleeps: a future to complete to wake it, and whether it
+        # sleeps until a deadline (a batch waiting for company) rather than for any change.
+        self._former: asyncio.Future[None] | None = None
+        self._former_timed = False
+        # A new arrival can complete a waiting batch only once this many rows are queued
+        # (the smallest preferred size, else max_batch_size; see DynamicBatcher).
+        self._wake_rows = 1
         self._drained = asyncio.Event()
+        # Kept in step with the levels' deques, so that neither costs a walk per request.
+        self._pending = 0
+        self._pending_rows = 0
         self._running: set[_Pending] = set()
         self._next_seq = 0
         # preserve_ordering: finished requests wait here until every earlier one is delivered.
@@ -185,7 +194,7 @@ class _QueueScheduler:
         ]
 
     def pending(self) -> int:
-        return sum(len(level) for level in self.levels.values())
+        return self._pending
 
     async def submit(self, request: InferRequest) -> InferResponse:
         if self._state not in (_State.NEW, _State.RUNNING):
@@ -220,13 +229,18 @@ class _QueueScheduler:
             heapq.heappush(self._deadlines, (item.deadline_ns, item.seq, item))
             self._arm_timer()
         level.main.append(item)
-        self._queue_changed()
+        self._pending += 1
+        self._pending_rows += rows
+        # A former waiting out the queue delay re-plans only when this arrival can complete
+        # its batch; waking it on every arrival made forming one batch O(queue^2).
+        self._queue_changed(wake=not self._former_timed or self._pending_rows >= self._wake_rows)
         try:
             return await item.future
         except asyncio.CancelledError:
             # The caller went away: a request still queued must not be run for nobody.
             if item.stage is _Stage.QUEUED:
                 self.levels[item.level].remove(item)
+                self._unqueued(item)
                 self._queue_changed()
                 self._complete(item, None, "CANCELED")
             raise
@@ -236,7 +250,7 @@ class _QueueScheduler:
             return
         was_started = self._state is not _State.NEW
         self._state = _State.STOPPING
-        self._wakeup.set()
+        self._wake_former()
         self._check_drained()
         if was_started:
             with contextlib.suppress(TimeoutError):
@@ -253,6 +267,7 @@ class _QueueScheduler:
         for level in self.levels.values():
             level.main.clear()
             level.delayed.clear()
+        self._pending = self._pending_rows = 0
         self._queue_changed()
         if leftovers:
             log.warning("model %s: %d request(s) failed: not finished within the drain timeout",
@@ -300,26 +315,45 @@ class _QueueScheduler:
             yield from level.main
             yield from level.delayed
 
-    def _queue_changed(self) -> None:
-        self.stats.pending = self.pending()
-        self._wakeup.set()
+    def _unqueued(self, item: _Pending) -> None:
+        """Account for `item` having left the levels' deques."""
+        self._pending -= 1
+        self._pending_rows -= item.rows
+
+    def _queue_changed(self, wake: bool = True) -> None:
+        self.stats.pending = self._pending
+        if wake:
+            self._wake_former()
         self._check_drained()
 
+    def _wake_former(self) -> None:
+        former = self._former
+        if former is not None and not former.done():
+            former.set_result(None)
+
     def _check_drained(self) -> None:
-        if self._state is not _State.RUNNING and not self._running and self.pending() == 0:
+        if self._state is not _State.RUNNING and not self._running and self._pending == 0:
             self._drained.set()
 
     def _take(self, items: list[_Pending], now_ns: int) -> None:
-        taken = set(items)
-        for number in {item.level for item in items}:
-            level = self.levels[number]
-            level.main = deque(i for i in level.main if i not in taken)
-            level.delayed = deque(i for i in level.delayed if i not in taken)
+        main = self.levels[items[0].level].main
+        if len(items) <= len(main) and all(a is b for a, b in zip(items, main, strict=False)):
+            # The common case (one level, compatible requests): the batch is the head of
+            # the queue, so pop it rather than rebuild the deques.
+            for _ in items:
+                main.popleft()
+        else:
+            taken = set(items)
+            for number in {item.level for item in items}:
+                level = self.levels[number]
+                level.main = deque(i for i in level.main if i not in taken)
+                level.delayed = deque(i for i in level.delayed if i not in taken)
         for item in items:
             item.stage = _Stage.RUNNING
             item.queue_ns = now_ns - item.arrival_ns
+            self._unqueued(item)
         self._running.update(items)
-        self._queue_changed()
+        self._queue_changed(wake=False)
 
     # ------------------------------------------------------------------ timeouts
 
@@ -337,6 +371,7 @@ class _QueueScheduler:
                 item.delayed = True
                 level.delayed.append(item)
             else:
+                self._unqueued(item)
                 self._complete(
                     item,
                     QueueTimeout(
@@ -391,17 +426,33 @@ class _QueueScheduler:
             now = time.monotonic_ns()
             self._expire(now)
             wake_at: int | None = None
-            if self.pending():
+            if self._pending:
                 items, wake_at = self._plan(now)
                 if items is not None:
                     self._take(items, now)
                     return items
             elif self._state is not _State.RUNNING:
                 return None
-            self._wakeup.clear()
-            timeout = None if wake_at is None else max(0, wake_at - now) / 1e9
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout)
+            await self._sleep(wake_at, now)
+
+    async def _sleep(self, wake_at: int | None, now_ns: int) -> None:
+        """Wait until `_wake_former` is called or, if given, until `wake_at` (monotonic ns).
+
+        A bare future and timer: `asyncio.wait_for` costs a task per wait."""
+        loop = asyncio.get_running_loop()
+        former: asyncio.Future[None] = loop.create_future()
+        timer = None
+        if wake_at is not None:
+            timer = loop.call_later(max(0, wake_at - now_ns) / 1e9, _set_done, former)
+        self._former = former
+        self._former_timed = wake_at is not None
+        try:
+            await former
+        finally:
+            self._former = None
+            self._former_timed = False
+            if timer is not None:
+                timer.cancel()
 
     async def _execute(self, instance: Backend, items: list[_Pending]) -> None:
         requests = [item.request for item in items]
@@ -474,6 +525,11 @@ class _QueueScheduler:
             item.future.set_exception(_fresh(outcome))
 
 
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _fresh(error: EdgedError) -> EdgedError:
     """A copy per request: one exception object raised in many tasks would share tracebacks."""
     try:
@@ -509,6 +565,9 @@ class DynamicBatcher(_QueueScheduler):
         self.max_rows = config.max_batch_size
         self.preferred = frozenset(s for s in self.batching.preferred_batch_size if 0 < s <= self.max_rows)
         self.delay_ns = self.batching.max_queue_delay_microseconds * 1000
+        # `_plan` sends before the delay only at a preferred size or at max_batch_size, and
+        # a batch has at most as many rows as are queued: below this, waking it is useless.
+        self._wake_rows = min(self.preferred, default=self.max_rows)
 
     async def submit(self, request: InferRequest) -> InferResponse:
         rows = request.batch_size()
