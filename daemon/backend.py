@@ -171,7 +171,9 @@ class Backend:
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        if kwargs:  # run_in_executor passes positional arguments only
+            fn = functools.partial(fn, **kwargs)
+        return await loop.run_in_executor(self._executor, fn, *args)
 
     async def load(self, config: ModelConfig, artifact: Path, device: str) -> None:
         await self.run_blocking(self.load_sync, config, artifact, device)
@@ -305,11 +307,14 @@ def merge_batch(batch: Sequence[InferRequest]) -> tuple[dict[str, np.ndarray], l
 
 def split_batch(outputs: dict[str, np.ndarray], sizes: Sequence[int]) -> list[dict[str, np.ndarray]]:
     """Inverse of merge_batch: slice each output back into per-request parts (views)."""
-    bounds = np.cumsum([0, *sizes])
-    return [
-        {name: array[bounds[i] : bounds[i + 1]] for name, array in outputs.items()}
-        for i in range(len(sizes))
-    ]
+    parts = []
+    start = 0
+    # Python ints, not np.cumsum: slicing with numpy integers is several times slower.
+    for size in sizes:
+        end = start + size
+        parts.append({name: array[start:end] for name, array in outputs.items()})
+        start = end
+    return parts
 
 
 def select_outputs(outputs: dict[str, np.ndarray], requested: tuple[str, ...]) -> dict[str, np.ndarray]:

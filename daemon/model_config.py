@@ -8,7 +8,7 @@ config.pbtxt is stripped on the way in (see `normalize_datatype`).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -33,6 +33,10 @@ DATATYPES: frozenset[str] = frozenset(
         "BYTES",
     }
 )
+
+
+# config.pbtxt has no field for `backend_preference`: it travels as this parameter there.
+PREFERENCE_PARAMETER = "backend_preference"
 
 
 def normalize_datatype(value: str) -> str:
@@ -189,5 +193,30 @@ def config_from_mapping(data: object, *, source: str) -> ModelConfig:
         raise ConfigError(f"{source}: {exc}") from exc
 
 
-def config_to_json(config: ModelConfig) -> bytes:
-    return msgspec.json.encode(config)
+def to_triton_json(config: ModelConfig) -> dict[str, Any]:
+    """The config in Triton's JSON layout (what `/v2/models/{m}/config` serves and a Python
+    model's `initialize` gets): `data_type` spelled `TYPE_*`, `version_policy` as a oneof,
+    parameters as `{"key": {"string_value": "..."}}`, unset messages left out."""
+    data: dict[str, Any] = msgspec.to_builtins(config)
+    for kind in ("input", "output"):
+        for tensor in data[kind]:
+            datatype = tensor["data_type"]
+            tensor["data_type"] = "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+            if tensor.get("reshape") is None:
+                tensor.pop("reshape", None)
+            else:
+                tensor["reshape"] = {"shape": tensor["reshape"]}
+            if kind == "output":
+                del tensor["optional"]  # Triton's ModelOutput has no such field
+    policy = config.version_policy
+    data["version_policy"] = (
+        {"latest": {"num_versions": policy.num_versions}} if policy.kind == "latest"
+        else {"all": {}} if policy.kind == "all"
+        else {"specific": {"versions": policy.versions}}
+    )
+    parameters = dict(config.parameters)
+    # Ours, not Triton's: config.pbtxt spells it as a parameter (see model_files).
+    if data.pop("backend_preference"):
+        parameters[PREFERENCE_PARAMETER] = ",".join(config.backend_preference)
+    data["parameters"] = {key: {"string_value": value} for key, value in parameters.items()}
+    return {key: value for key, value in data.items() if value is not None}

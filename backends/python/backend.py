@@ -48,7 +48,7 @@ from daemon.errors import (
     Unavailable,
     Unsupported,
 )
-from daemon.model_config import ModelConfig
+from daemon.model_config import ModelConfig, to_triton_json
 
 from . import triton_python_backend_utils as pb_utils
 
@@ -256,23 +256,6 @@ def _output_array(value: Any) -> np.ndarray:
     return array
 
 
-def triton_config(config: ModelConfig) -> dict[str, Any]:
-    """The model config in Triton's JSON layout, as a Python model's `initialize` expects it:
-    `data_type` spelled `TYPE_*` and parameters as `{"key": {"string_value": "..."}}`."""
-    data: dict[str, Any] = msgspec.to_builtins(config)
-    for kind in ("input", "output"):
-        for tensor in data[kind]:
-            datatype = tensor["data_type"]
-            tensor["data_type"] = "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
-            if tensor.get("reshape") is None:
-                tensor.pop("reshape", None)
-            else:
-                tensor["reshape"] = {"shape": tensor["reshape"]}
-    data["parameters"] = {key: {"string_value": value} for key, value in config.parameters.items()}
-    # Triton leaves unset messages out rather than writing null.
-    return {key: value for key, value in data.items() if value is not None}
-
-
 def triton_args(
     config: ModelConfig, context: InstanceContext, path: Path, device: str
 ) -> dict[str, str]:
@@ -280,7 +263,7 @@ def triton_args(
     model_name = config.name or context.model_name
     match = re.search(r"(\d+)$", device)
     return {
-        "model_config": msgspec.json.encode(triton_config(config)).decode(),
+        "model_config": msgspec.json.encode(to_triton_json(config)).decode(),
         "model_instance_kind": "GPU" if device.upper().startswith("GPU") else "CPU",
         "model_instance_name": f"{model_name}_{context.instance_index}",
         "model_instance_device_id": match.group(1) if match else "0",

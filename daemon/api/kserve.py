@@ -5,14 +5,19 @@ Handlers decode, call the data plane, encode; nothing else.
 
 from __future__ import annotations
 
+import logging
+
 import msgspec
 from aiohttp import web
 
 from daemon import __version__
 from daemon.api.state import Daemon, daemon_of
+from daemon.core.model_files import PbtxtParser
 from daemon.core.registry import LoadedVersion
 from daemon.errors import InvalidArgument, NotFound, Unavailable
-from daemon.model_config import ModelConfig, config_from_mapping
+from daemon.model_config import ModelConfig, to_triton_json
+
+log = logging.getLogger(__name__)
 
 _json = msgspec.json.Encoder()
 
@@ -112,7 +117,7 @@ async def model_ready(request: web.Request) -> web.Response:
 
 async def model_config(request: web.Request) -> web.Response:
     model = daemon_of(request).registry.get(request.match_info["model"], _version(request))
-    return web.Response(body=_json.encode(model.config), content_type="application/json")
+    return _json_response(to_triton_json(model.config))
 
 
 # ---------------------------------------------------------------------------- inference
@@ -214,11 +219,9 @@ async def repository_load(request: web.Request) -> web.Response:
     if config_text is not None:
         if not isinstance(config_text, str):
             raise InvalidArgument("parameters.config must be a JSON string holding the model config")
-        try:
-            raw = msgspec.json.decode(config_text)
-        except msgspec.DecodeError as exc:
-            raise InvalidArgument(f"parameters.config is not valid JSON: {exc}") from None
-        override = config_from_mapping(raw, source="parameters.config")
+        override, warnings = PbtxtParser().parse_json(config_text, source="parameters.config")
+        for warning in warnings:
+            log.warning("model %s: %s", name, warning)
     await daemon.repository.load(name, override)
     return _empty(200)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -55,6 +56,8 @@ _INT_DATATYPES = frozenset(
 # the backend untouched in InferRequest.parameters.
 _CONSUMED_REQUEST_PARAMETERS = frozenset({"binary_data_output", "priority", "timeout"})
 _U32 = struct.Struct("<I")
+# On little-endian hosts a native array already is in wire byte order.
+_LITTLE_ENDIAN_HOST = sys.byteorder == "little"
 
 # A KServe `$parameter` value.
 Parameter = bool | int | float | str
@@ -181,8 +184,11 @@ class Codec:
         elif header_length == 0:
             return _decode_raw(body, single_input, max_batch_size)
 
+        # A JSON-only body is decoded in place; a binary request's JSON header is short, and
+        # slicing it off costs less than decoding through a memoryview.
+        json_part = body if header_length == len(body) else body[:header_length]
         try:
-            header = self._request_decoder.decode(memoryview(body)[:header_length])
+            header = self._request_decoder.decode(json_part)
         except msgspec.DecodeError as exc:  # ValidationError included; its text has the path
             raise InvalidArgument(f"malformed JSON request header: {exc}") from None
 
@@ -199,12 +205,16 @@ class Codec:
                 "input's binary_data_size"
             )
 
-        params = dict(header.parameters) if header.parameters else {}
-        binary_default = _bool_parameter(params, "binary_data_output", "request parameter")
-        priority = _uint_parameter(params, "priority")
-        timeout_us = _uint_parameter(params, "timeout")
-        for key in _CONSUMED_REQUEST_PARAMETERS:
-            params.pop(key, None)
+        params: dict[str, Parameter] = {}
+        binary_default = False
+        priority = timeout_us = 0
+        if header.parameters:
+            params = dict(header.parameters)
+            binary_default = _bool_parameter(params, "binary_data_output", "request parameter")
+            priority = _uint_parameter(params, "priority")
+            timeout_us = _uint_parameter(params, "timeout")
+            for key in _CONSUMED_REQUEST_PARAMETERS:
+                params.pop(key, None)
 
         requested: list[str] = []
         binary_outputs: dict[str, bool] = {}
@@ -213,7 +223,7 @@ class Codec:
                 raise InvalidArgument(f"output {out.name!r} is requested more than once")
             requested.append(out.name)
             if out.parameters:
-                _reject_unsupported(out.parameters, f"output {out.name!r}")
+                _reject_unsupported(out.parameters, "output", out.name)
                 if "binary_data" in out.parameters:
                     binary_outputs[out.name] = _bool_parameter(
                         out.parameters, "binary_data", f"output {out.name!r} parameter"
@@ -293,13 +303,13 @@ def _check_shape(name: str, shape: list[int]) -> int:
     return math.prod(shape)
 
 
-def _reject_unsupported(params: Mapping[str, Parameter], where: str) -> None:
+def _reject_unsupported(params: Mapping[str, Parameter], kind: str, name: str) -> None:
     # Silently ignoring these would answer with the wrong data, so say so instead.
     for key in params:
         if key.startswith("shared_memory"):
-            raise InvalidArgument(f"{where}: shared memory ({key!r}) is not supported")
+            raise InvalidArgument(f"{kind} {name!r}: shared memory ({key!r}) is not supported")
         if key == "classification":
-            raise InvalidArgument(f"{where}: the classification extension is not supported")
+            raise InvalidArgument(f"{kind} {name!r}: the classification extension is not supported")
 
 
 def _decode_input(
@@ -314,7 +324,7 @@ def _decode_input(
     count = _check_shape(name, tensor.shape)
     size: int | None = None
     if tensor.parameters:
-        _reject_unsupported(tensor.parameters, f"input {name!r}")
+        _reject_unsupported(tensor.parameters, "input", name)
         raw_size = tensor.parameters.get("binary_data_size")
         if raw_size is not None:
             if type(raw_size) is not int or raw_size < 0:
@@ -361,10 +371,15 @@ def _fixed_from_binary(
         )
     # A view of the body, so input arrays may be read-only (like Triton's const input
     # buffers). The JSON header has any length, so the view is often misaligned; runtimes
-    # and numpy kernels want aligned data, which costs one copy.
-    array = np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
+    # and numpy kernels want aligned data, which costs one copy: a bytes slice (its data is
+    # malloc-aligned) is that copy at memcpy speed, where ndarray.copy() of a misaligned
+    # array goes element by element.
+    array = np.frombuffer(body, dtype=dtype, count=count, offset=offset)
     if not array.flags.aligned:
-        array = array.copy()
+        array = np.frombuffer(body[offset : offset + size], dtype=dtype)
+        if not array.flags.aligned:
+            array = array.copy()
+    array = array.reshape(shape)
     if datatype == "BOOL" and count and array.view(np.uint8).max() > 1:
         raise InvalidArgument(f"input {name!r}: BOOL bytes must be 0 or 1")
     return array
@@ -588,7 +603,10 @@ def _to_binary(array: np.ndarray, datatype: str) -> bytes | np.ndarray:
             parts.append(_U32.pack(len(data)))
             parts.append(data)
         return b"".join(parts)
-    wire = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    if _LITTLE_ENDIAN_HOST and array.dtype.isnative:
+        wire = np.ascontiguousarray(array)
+    else:
+        wire = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
     return wire.reshape(-1).view(np.uint8)
 
 

@@ -29,7 +29,12 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from daemon.errors import ConfigError, NotFound
-from daemon.model_config import ModelConfig, VersionPolicy, config_from_mapping
+from daemon.model_config import (
+    PREFERENCE_PARAMETER,
+    ModelConfig,
+    VersionPolicy,
+    config_from_mapping,
+)
 
 PBTXT: Final = "config.pbtxt"
 TOML: Final = "model.toml"
@@ -375,7 +380,19 @@ class PbtxtParser:
 
     def parse(self, text: str, *, source: str) -> tuple[ModelConfig, list[str]]:
         """-> (config, warnings naming each Triton field that was set but is ignored here)."""
-        message = self.parse_message(text, source=source)
+        return self._convert(self.parse_message(text, source=source), source)
+
+    def parse_json(self, text: str, *, source: str) -> tuple[ModelConfig, list[str]]:
+        """A config in Triton's JSON layout (`load` with `parameters.config`, as tritonclient
+        sends it), validated against the same schema as config.pbtxt."""
+        message = self._message_class()
+        try:
+            json_format.Parse(text, message)
+        except json_format.ParseError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        return self._convert(message, source)
+
+    def _convert(self, message: Message, source: str) -> tuple[ModelConfig, list[str]]:
         data: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
         _int64_to_int(data, self._descriptor)
         _to_edged_shape(data)
@@ -417,6 +434,9 @@ def _to_edged_shape(data: dict[str, Any]) -> None:
         data["version_policy"] = {"kind": kind, **body}
     if "parameters" in data:
         data["parameters"] = {k: v.get("string_value", "") for k, v in data["parameters"].items()}
+        preference = data["parameters"].pop(PREFERENCE_PARAMETER, "")
+        if preference:
+            data["backend_preference"] = [b.strip() for b in preference.split(",") if b.strip()]
     for tensor in [*data.get("input", []), *data.get("output", [])]:
         if "reshape" in tensor:
             tensor["reshape"] = tensor["reshape"].get("shape", [])

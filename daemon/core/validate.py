@@ -6,6 +6,8 @@ Messages name the model, the tensor, what was expected and what came.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import numpy as np
 
 from daemon.backend import NUMPY_DTYPES, InferRequest, datatype_of
@@ -19,11 +21,20 @@ def validate_request(request: InferRequest, config: ModelConfig) -> None:
     batching = config.max_batch_size > 0
     batch_owner = ""
     batch_size = 0
+    # Runs once per request on the event loop: the common case is inline, and messages are
+    # built only on the error path.
     for name, array in request.inputs.items():
-        tensor = config.input_by_name(name)
-        if tensor is None:
+        for tensor in config.input:
+            if tensor.name == name:
+                break
+        else:
             raise InvalidArgument(f"unexpected inference input {name!r} for model {model!r}")
-        _check_datatype(name, array, tensor, model)
+        if tensor.data_type == "BYTES":
+            dtype_ok = array.dtype.kind == "O"
+        else:
+            dtype_ok = array.dtype == NUMPY_DTYPES[tensor.data_type]
+        if not dtype_ok:
+            _datatype_error(name, array, tensor, model)
         _check_shape(name, array.shape, tensor, config)
         if batching:
             # Merging requests along dim 0 needs every input to agree on it.
@@ -51,13 +62,11 @@ def validate_request(request: InferRequest, config: ModelConfig) -> None:
                 raise InvalidArgument(f"unexpected inference output {name!r} for model {model!r}")
 
 
-def _check_datatype(name: str, array: np.ndarray, tensor: TensorConfig, model: str) -> None:
+def _datatype_error(name: str, array: np.ndarray, tensor: TensorConfig, model: str) -> NoReturn:
+    """Raise the error for an input whose dtype is not the configured one.
+
+    BF16 and UINT16 share a numpy dtype; the array alone cannot tell them apart."""
     expected = tensor.data_type
-    # BF16 and UINT16 share a numpy dtype; the array alone cannot tell them apart.
-    if expected == "BYTES" and array.dtype.kind == "O":
-        return
-    if expected != "BYTES" and array.dtype == NUMPY_DTYPES[expected]:
-        return
     try:
         got = datatype_of(array)
     except InvalidArgument:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,10 @@ def test_server_and_model_metadata(client) -> None:
     assert client.is_model_ready("simple")
     meta = client.get_model_metadata("simple")
     assert [i["name"] for i in meta["inputs"]] == ["INPUT0", "INPUT1"]
-    assert client.get_model_config("simple")["max_batch_size"] == 8
+    config = client.get_model_config("simple")
+    assert config["max_batch_size"] == 8
+    assert config["input"][0]["data_type"] == "TYPE_INT32"  # Triton's spelling
+    assert config["version_policy"] == {"latest": {"num_versions": 1}}
 
 
 @pytest.mark.parametrize("model", ["simple", "simple_python"])
@@ -86,6 +90,14 @@ def test_repository_and_stats(client) -> None:
     client.unload_model("simple_python")
     assert not client.is_model_ready("simple_python")
     client.load_model("simple_python")
+    assert client.is_model_ready("simple_python")
+    # A load with a config override, in Triton's JSON layout, as the client sends it.
+    config = client.get_model_config("simple_python")
+    config["max_batch_size"] = 4
+    client.load_model("simple_python", config=json.dumps(config))
+    assert client.get_model_config("simple_python")["max_batch_size"] == 4
+    with pytest.raises(InferenceServerException, match="max_batch_sizee"):
+        client.load_model("simple_python", config=json.dumps({**config, "max_batch_sizee": 1}))
     assert client.is_model_ready("simple_python")
     inputs, _, _ = _inputs(True)
     client.infer("simple", inputs)

@@ -627,3 +627,20 @@ def test_fingerprint_follows_symlinks_without_looping(tmp_path: Path) -> None:
     assert fingerprint(directory) == before
     (store / "model.onnx").write_bytes(b"bb")
     assert fingerprint(directory) != before
+
+
+def test_backend_preference_travels_as_a_parameter(tmp_path: Path) -> None:
+    from daemon.model_config import to_triton_json
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text(
+        'parameters { key: "backend_preference" value { string_value: "onnxruntime, openvino" } }\n'
+        'parameters { key: "other" value { string_value: "1" } }\n'
+    )
+    config, _ = read_model_config(tmp_path / "m")
+    assert config.backend_preference == ["onnxruntime", "openvino"]
+    assert config.parameters == {"other": "1"}
+    import json
+
+    again, _ = PbtxtParser().parse_json(json.dumps(to_triton_json(config)), source="round trip")
+    assert again == config
