@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
@@ -267,7 +267,7 @@ class GenerationBackend(Backend):
         kind="generation", dynamic_batching=False, decoupled=True, datatypes=frozenset({"BYTES"})
     )
 
-    def generate(self, prompt: str | list[int], params: GenerateParams) -> AsyncIterator[GenerateChunk]:
+    def generate(self, prompt: str | list[int], params: GenerateParams) -> AsyncGenerator[GenerateChunk, None]:
         """Stream chunks for one request. Closing the iterator early cancels the sequence.
 
         Raises Unavailable when the engine's queue is full, InvalidArgument when the prompt

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal, TypeVar
 
@@ -153,7 +153,7 @@ class LlamaCppBackend(GenerationBackend):
 
     # ------------------------------------------------------------------ generation
 
-    def generate(self, prompt: str | list[int], params: GenerateParams) -> AsyncIterator[GenerateChunk]:
+    def generate(self, prompt: str | list[int], params: GenerateParams) -> AsyncGenerator[GenerateChunk, None]:
         """Stream chunks; the last one has finish_reason and the usage counts.
 
         A full queue raises Unavailable here already; errors found by the engine (prompt too
@@ -166,7 +166,7 @@ class LlamaCppBackend(GenerationBackend):
 
     async def _stream(
         self, engine: Engine, prompt: str | list[int], params: GenerateParams
-    ) -> AsyncIterator[GenerateChunk]:
+    ) -> AsyncGenerator[GenerateChunk, None]:
         _check_params(params)
         queue: asyncio.Queue[GenerateChunk | EdgedError] = asyncio.Queue()
         request = engine.submit(prompt, params, _emitter(asyncio.get_running_loop(), queue.put_nowait))

@@ -11,7 +11,7 @@ import base64
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal
 
 import msgspec
@@ -19,7 +19,7 @@ import numpy as np
 from aiohttp import web
 
 from daemon.api.state import daemon_of
-from daemon.backend import GenerateChunk, GenerateParams, GenerationBackend
+from daemon.backend import GenerateChunk, GenerateParams
 from daemon.core.registry import LoadedVersion
 from daemon.errors import InvalidArgument, Unavailable
 
@@ -144,17 +144,16 @@ def _params(req: _Sampling | GenerateRequest) -> GenerateParams:
     return params
 
 
-def _generator(request: web.Request, name: str) -> tuple[LoadedVersion, GenerationBackend]:
+def _generation_model(request: web.Request, name: str) -> LoadedVersion:
     daemon = daemon_of(request)
     if not daemon.accepting:
         raise Unavailable("server is shutting down")
     model = daemon.registry.get(name)
-    generator = model.generator
-    if generator is None:
+    if model.generator is None:
         raise InvalidArgument(
             f"model '{name}' runs on backend '{model.backend}', which does not generate text"
         )
-    return model, generator
+    return model
 
 
 async def _collect(chunks: AsyncIterator[GenerateChunk]) -> tuple[str, GenerateChunk]:
@@ -212,14 +211,14 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def _stream_or_collect(
     request: web.Request,
-    chunks: AsyncIterator[GenerateChunk],
+    chunks: AsyncGenerator[GenerateChunk, None],
     *,
     stream: bool,
     include_usage: bool,
     make_chunk: Any,
     make_final: Any,
 ) -> web.StreamResponse:
-    async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+    async with contextlib.aclosing(chunks):
         first = await _first(chunks)
         if not stream:
             text, last = await _collect(chunks)
@@ -251,7 +250,7 @@ async def _stream_or_collect(
 
 async def completions(request: web.Request) -> web.StreamResponse:
     req: CompletionRequest = _decode(await request.read(), CompletionRequest)
-    model, generator = _generator(request, req.model)
+    model = _generation_model(request, req.model)
     prompt: str | list[int]
     if isinstance(req.prompt, str):
         prompt = req.prompt
@@ -281,7 +280,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _stream_or_collect(
-        request, generator.generate(prompt, params), stream=req.stream,
+        request, daemon_of(request).registry.generate(model, prompt, params), stream=req.stream,
         include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
     )
 
@@ -301,9 +300,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req: ChatRequest = _decode(await request.read(), ChatRequest)
     if not req.messages:
         raise InvalidArgument("messages: at least one message is required")
-    model, generator = _generator(request, req.model)
+    model = _generation_model(request, req.model)
     messages = [{"role": m.role, "content": _message_text(m)} for m in req.messages]
-    prompt = generator.chat_prompt(messages)
+    assert model.generator is not None
+    prompt = model.generator.chat_prompt(messages)
     params = _params(req)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     first_delta = [True]
@@ -332,7 +332,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _stream_or_collect(
-        request, generator.generate(prompt, params), stream=req.stream,
+        request, daemon_of(request).registry.generate(model, prompt, params), stream=req.stream,
         include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
     )
 
@@ -345,11 +345,11 @@ def _encode_vector(vector: list[float], encoding: str) -> list[float] | str:
 
 async def embeddings(request: web.Request) -> web.Response:
     req: EmbeddingRequest = _decode(await request.read(), EmbeddingRequest)
-    model, generator = _generator(request, req.model)
+    model = _generation_model(request, req.model)
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts:
         raise InvalidArgument("input: at least one string is required")
-    vectors, tokens = await generator.embed(texts)
+    vectors, tokens = await daemon_of(request).registry.embed(model, texts)
     payload = {
         "object": "list",
         "model": model.name,
@@ -368,7 +368,7 @@ async def embeddings(request: web.Request) -> web.Response:
 async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
     name = request.match_info["model"]
     req: GenerateRequest = _decode(await request.read(), GenerateRequest)
-    model, generator = _generator(request, name)
+    model = _generation_model(request, name)
     params = _params(req)
     version = str(model.version)
 
@@ -382,7 +382,8 @@ async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
         }
 
     return await _stream_or_collect(
-        request, generator.generate(req.text_input, params), stream=stream or req.stream,
+        request, daemon_of(request).registry.generate(model, req.text_input, params),
+        stream=stream or req.stream,
         include_usage=False, make_chunk=make_chunk, make_final=make_final,
     )
 

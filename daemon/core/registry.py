@@ -13,20 +13,28 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import msgspec
 
-from daemon.backend import Backend, GenerationBackend, InferRequest, InferResponse, InstanceContext
+from daemon.backend import (
+    Backend,
+    GenerateChunk,
+    GenerateParams,
+    GenerationBackend,
+    InferRequest,
+    InferResponse,
+    InstanceContext,
+)
 from daemon.core import model_files
 from daemon.core.hardware import HardwareInfo
 from daemon.core.plugins import PluginRegistry
 from daemon.core.scheduler import Scheduler, make_scheduler
 from daemon.core.selection import Selection, choose_backends
-from daemon.core.stats import MetricsRegistry, ModelStats
+from daemon.core.stats import FailureReason, MetricsRegistry, ModelStats
 from daemon.core.validate import validate_request
 from daemon.errors import (
     BackendError,
@@ -182,6 +190,49 @@ class ModelRegistry:
                 f"model '{name}' is a generation model; use /v2/models/{name}/generate or /v1/completions"
             )
         return await model.scheduler.submit(request)
+
+    async def generate(
+        self, model: LoadedVersion, prompt: str | list[int], params: GenerateParams
+    ) -> AsyncGenerator[GenerateChunk, None]:
+        """Stream a generation model's chunks, recording Triton-style statistics.
+
+        Closing the iterator early (a client went away) cancels the sequence in the engine.
+        """
+        generator = self._generator_of(model)
+        started = time.monotonic_ns()
+        outcome: FailureReason | None = "CANCELED"
+        try:
+            async with contextlib.aclosing(generator.generate(prompt, params)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            outcome = None
+        except EdgedError:
+            outcome = "OTHER"
+            raise
+        finally:
+            elapsed = time.monotonic_ns() - started
+            if outcome is None:
+                model.stats.record_success(elapsed)
+            else:
+                model.stats.record_failure(elapsed, outcome)
+
+    async def embed(self, model: LoadedVersion, texts: list[str]) -> tuple[list[list[float]], int]:
+        generator = self._generator_of(model)
+        started = time.monotonic_ns()
+        try:
+            result = await generator.embed(texts)
+        except EdgedError:
+            model.stats.record_failure(time.monotonic_ns() - started)
+            raise
+        model.stats.record_success(time.monotonic_ns() - started, len(texts))
+        return result
+
+    def _generator_of(self, model: LoadedVersion) -> GenerationBackend:
+        if model.generator is None:
+            raise InvalidArgument(
+                f"model '{model.name}' runs on backend '{model.backend}', which does not generate text"
+            )
+        return model.generator
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -176,3 +176,15 @@ def test_client_disconnect_cancels_and_server_keeps_serving(daemon, client: open
     assert stats["tokens_generated"] - before < 600, stats
     result = client.completions.create(model="tiny", prompt="still alive", max_tokens=3, timeout=60)
     assert result.choices[0].finish_reason in ("length", "stop")
+
+
+def test_generation_requests_show_in_statistics(daemon, client: openai.OpenAI) -> None:
+    def stats() -> dict:
+        return daemon.request("GET", "/v2/models/tiny/stats").json()["model_stats"][0]
+
+    before = stats()["inference_stats"]["success"]["count"]
+    client.completions.create(model="tiny", prompt="count me", max_tokens=2)
+    after = stats()
+    assert after["inference_stats"]["success"]["count"] == before + 1
+    metrics = daemon.request("GET", "/metrics").body.decode()
+    assert 'nv_inference_request_success{model="tiny",version="1"}' in metrics
