@@ -256,6 +256,8 @@ class ModelRegistry:
                 new_versions = await self._load_versions(name, model_dir, override)
             except EdgedError as exc:
                 entry.reason = exc.message
+                # Seen: a poller retries only once the directory changes again.
+                entry.fingerprint = fingerprint
                 # A failed reload keeps the old versions serving.
                 entry.state = "READY" if entry.versions else "UNAVAILABLE"
                 log.error("model %s: load failed: %s", name, exc.message)
