@@ -140,3 +140,11 @@ def parse_host_port(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ConfigError(f"server.http must be HOST:PORT, got {value!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def updates_root(config: DaemonConfig) -> Path:
+    return Path(config.updates.root) if config.updates.root else state_dir(config) / "releases"
+
+
+def trusted_keys_dir(config: DaemonConfig) -> Path:
+    return Path(config.updates.keys) if config.updates.keys else default_config_dir() / "keys"

@@ -20,7 +20,7 @@ from daemon.api import admin, kserve, openai
 from daemon.api.errors import error_response, make_error_middleware
 from daemon.api.kserve_codec import Codec
 from daemon.api.state import DAEMON, Daemon
-from daemon.config import DaemonConfig, default_config_dir, state_dir
+from daemon.config import DaemonConfig, state_dir, trusted_keys_dir, updates_root
 from daemon.core.ensemble import install_ensembles
 from daemon.core.hardware import probe_hardware
 from daemon.core.plugins import PluginRegistry
@@ -42,7 +42,7 @@ def shipped_backends_dir() -> Path:
 
 def build_daemon(config: DaemonConfig) -> Daemon:
     state = state_dir(config)
-    store = ReleaseStore(Path(config.updates.root) if config.updates.root else state / "updates")
+    store = ReleaseStore(updates_root(config))
     store.recover()  # a crash mid-update leaves a complete old or new release, never a mix
     backend_dirs = [Path(d) for d in config.backends.directories] or [shipped_backends_dir()]
     plugins = PluginRegistry(backend_dirs, check_ownership=config.backends.check_ownership)
@@ -59,9 +59,8 @@ def build_daemon(config: DaemonConfig) -> Daemon:
         registry, repositories, config.models.control_mode, startup_models=config.models.load
     )
     control_lock = asyncio.Lock()
-    keys = Path(config.updates.keys) if config.updates.keys else default_config_dir() / "keys"
     releases = ReleaseManager(
-        store, keys, registry, repository, plugins, control_lock, keep=config.updates.keep_releases
+        store, trusted_keys_dir(config), registry, repository, plugins, control_lock, keep=config.updates.keep_releases
     )
     releases.point_at(release)
     return Daemon(

@@ -14,15 +14,16 @@ from pathlib import Path
 
 import msgspec
 
+from daemon.config import DaemonConfig, trusted_keys_dir, updates_root
 from daemon.updates.apply import apply_update
 from daemon.updates.bundle import create_bundle, verify_bundle
 from daemon.updates.errors import UpdateError
 from daemon.updates.keys import keygen
 from daemon.updates.store import ReleaseStore
 
-# The packaged service's defaults ([updates] root = <state-dir>/releases, keys = <config>/keys).
-DEFAULT_ROOT = Path("/var/lib/edged/releases")
-DEFAULT_KEYS = Path("/etc/edged/keys")
+# The daemon's defaults ([updates] root = <state-dir>/releases, keys = <config dir>/keys).
+DEFAULT_ROOT = updates_root(DaemonConfig())
+DEFAULT_KEYS = trusted_keys_dir(DaemonConfig())
 
 
 def _out(text: str) -> None:
