@@ -137,21 +137,27 @@ async def infer(request: web.Request) -> web.Response:
             f"Inference-Header-Content-Length must be an integer, got {header!r}"
         ) from None
     body = await request.read()
-    single = model.config.input[0] if len(model.config.input) == 1 else None
-    decoded = daemon.codec.decode_infer_request(
-        body, header_length, single_input=single, max_batch_size=model.config.max_batch_size
+    config = model.config
+    single = config.input[0] if len(config.input) == 1 else None
+    codec = daemon.codec
+    decoded = codec.decode_infer_request(
+        body, header_length, single_input=single, max_batch_size=config.max_batch_size
     )
     response = await daemon.registry.infer(name, version, decoded.request)
-    payload, json_length = daemon.codec.encode_infer_response(
-        name, str(model.version), decoded, response, model.config
+    payload, json_length = codec.encode_infer_response(
+        name, str(model.version), decoded, response, config
     )
-    headers = {}
-    if json_length is not None:
-        headers["Inference-Header-Content-Length"] = str(json_length)
-        content_type = "application/octet-stream"
-    else:
-        content_type = "application/json"
-    return web.Response(body=payload, headers=headers, content_type=content_type)
+    if json_length is None:
+        return web.Response(body=payload, content_type="application/json")
+    # Content-Type among the headers rather than `content_type=`: the same bytes on the
+    # wire, and aiohttp skips its content_type/charset checks (~1 us per request).
+    return web.Response(
+        body=payload,
+        headers={
+            "Inference-Header-Content-Length": str(json_length),
+            "Content-Type": "application/octet-stream",
+        },
+    )
 
 
 # ---------------------------------------------------------------------------- statistics

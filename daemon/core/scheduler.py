@@ -197,11 +197,12 @@ class _QueueScheduler:
         return self._pending
 
     async def submit(self, request: InferRequest) -> InferResponse:
+        # Before the state check: a request that can never run is refused as such.
+        rows = self._rows(request)
         if self._state not in (_State.NEW, _State.RUNNING):
             self.stats.record_failure(0, "REJECTED")
             raise Unavailable(f"model '{self.model}' is unloading and accepts no new inference requests")
         now = time.monotonic_ns()
-        rows = self._rows(request)
         level_no = self._level_of(request)
         level = self.levels[level_no]
         policy = level.policy
@@ -282,6 +283,7 @@ class _QueueScheduler:
     # ------------------------------------------------------------------ subclass hooks
 
     def _rows(self, request: InferRequest) -> int:
+        """Rows `request` adds to a batch; raises when it cannot be accepted at all."""
         return request.batch_size() if self.config.max_batch_size > 0 else 1
 
     def _key(self, request: InferRequest) -> Hashable:
@@ -327,9 +329,8 @@ class _QueueScheduler:
         self._check_drained()
 
     def _wake_former(self) -> None:
-        former = self._former
-        if former is not None and not former.done():
-            former.set_result(None)
+        if self._former is not None:
+            _set_done(self._former)
 
     def _check_drained(self) -> None:
         if self._state is not _State.RUNNING and not self._running and self._pending == 0:
@@ -569,7 +570,7 @@ class DynamicBatcher(_QueueScheduler):
         # a batch has at most as many rows as are queued: below this, waking it is useless.
         self._wake_rows = min(self.preferred, default=self.max_rows)
 
-    async def submit(self, request: InferRequest) -> InferResponse:
+    def _rows(self, request: InferRequest) -> int:
         rows = request.batch_size()
         if rows > self.max_rows:
             self.stats.record_failure(0, "OTHER")
@@ -577,7 +578,7 @@ class DynamicBatcher(_QueueScheduler):
                 f"inference request batch size {rows} for model '{self.model}' exceeds "
                 f"max_batch_size {self.max_rows}"
             )
-        return await super().submit(request)
+        return rows
 
     def _key(self, request: InferRequest) -> Hashable:
         parts = []

@@ -252,6 +252,58 @@ async def test_only_compatible_requests_share_a_batch(harness: Harness) -> None:
         assert result.outputs["y"].dtype == x.dtype
 
 
+async def test_reaching_max_batch_size_dispatches_a_waiting_batch_at_once(harness: Harness) -> None:
+    # A 60 s delay: the batch former is asleep waiting for company when the last row arrives,
+    # and only that arrival filling the batch can send it in time.
+    scheduler, (inst,), _ = await harness(make_config(4, {"max_queue_delay_microseconds": 60_000_000}))
+    requests = [req(i) for i in range(4)]
+    tasks = []
+    for request in requests:
+        tasks.append(asyncio.create_task(scheduler.submit(request)))
+        await settle()
+    assert inst.batches == []
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert inst.batches == [4]
+    for request, result in zip(requests, results, strict=True):
+        np.testing.assert_array_equal(result.outputs["y"], inst.expected(request.inputs["x"]))
+
+
+class CountingBatcher(DynamicBatcher):
+    """Counts how often the batch former plans."""
+
+    plans = 0
+
+    def _plan(self, now_ns: int) -> tuple[list[Any] | None, int | None]:
+        self.plans += 1
+        return super()._plan(now_ns)
+
+
+async def test_a_waiting_batch_is_replanned_only_when_an_arrival_can_complete_it(
+    tmp_path: Path,
+) -> None:
+    # Re-planning the whole queue on every arrival made forming one batch O(queue^2).
+    config = make_config(8, {"max_queue_delay_microseconds": 60_000_000})
+    inst = Linear(InstanceContext("m", 1, 0, 1))
+    await inst.load(config, tmp_path, "CPU")
+    scheduler = CountingBatcher(config, [inst], ModelStats("m", "1"))
+    await scheduler.start()
+    try:
+        tasks = []
+        for i in range(7):
+            tasks.append(asyncio.create_task(scheduler.submit(req(i))))
+            await settle()
+        # One plan when the first request arrived (it then waits out the delay); none since.
+        assert scheduler.plans == 1
+        assert scheduler.pending() == 7
+        tasks.append(asyncio.create_task(scheduler.submit(req(7))))
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert scheduler.plans == 2
+        assert inst.batches == [8]
+    finally:
+        await scheduler.stop(5)
+        await inst.unload()
+
+
 # ---------------------------------------------------------------------------- priorities and policies
 
 
