@@ -258,10 +258,11 @@ async def test_reaching_max_batch_size_dispatches_a_waiting_batch_at_once(harnes
     scheduler, (inst,), _ = await harness(make_config(4, {"max_queue_delay_microseconds": 60_000_000}))
     requests = [req(i) for i in range(4)]
     tasks = []
-    for request in requests:
+    for request in requests[:3]:
         tasks.append(asyncio.create_task(scheduler.submit(request)))
         await settle()
-    assert inst.batches == []
+    assert inst.batches == []  # three rows wait for company
+    tasks.append(asyncio.create_task(scheduler.submit(requests[3])))
     results = await asyncio.wait_for(asyncio.gather(*tasks), 10)
     assert inst.batches == [4]
     for request, result in zip(requests, results, strict=True):
