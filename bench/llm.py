@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/llm.py [--model PATH] [--streams 1,4,8] [--max-tokens 128]
                                   [--threads N] [--skip-daemon] [--skip-server]
+                                  [--llama-server PATH]
 
 For each concurrency it runs that many streams at once (different prompts, greedy,
 `max-tokens` each) and prints aggregate generated tokens/s and mean time to first token for:
@@ -10,12 +11,15 @@ For each concurrency it runs that many streams at once (different prompts, greed
 - ours, daemon:  `python -m daemon serve` over TCP, streaming `/v1/chat/completions` (SSE;
   `--endpoint completions` for `/v1/completions`);
 - llama_cpp.server: `python -m llama_cpp.server` (one request at a time), same endpoint,
-  same client, same model and threads.
+  same client, same model and threads;
+- llama-server (only with `--llama-server PATH`): llama.cpp's own C++ server binary, started on
+  127.0.0.1 with the same model, threads, slots (`-np` = the largest concurrency) and total
+  context (`-c` = slots x 512, as ours), same endpoint and client.
 
-Then the ratio ours/theirs per concurrency (target: >= 4x at 8 streams). Without --model it
-writes a random llama GGUF (n_embd 512, 8 layers, f16 or --dtype) to a temp dir. llama_cpp.server needs
-the package's [server] extras (uvicorn, fastapi, sse-starlette, starlette-context,
-pydantic-settings).
+Then the ratio ours/theirs per concurrency (target: >= 4x at 8 streams over llama_cpp.server,
+>= 0.9x over llama-server). Without --model it writes a random llama GGUF (n_embd 512,
+8 layers, f16 or --dtype) to a temp dir. llama_cpp.server needs the package's [server]
+extras (uvicorn, fastapi, sse-starlette, starlette-context, pydantic-settings).
 """
 
 from __future__ import annotations
@@ -235,6 +239,25 @@ def bench_llama_cpp_server(
     )
 
 
+def bench_llama_server(
+    binary: Path, model: Path, work: Path, streams: list[int], max_tokens: int, threads: int, endpoint: str
+) -> list[Run]:
+    port = free_port()
+    slots = max(streams)
+    args = [
+        str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+        "--threads", str(threads), "--threads-batch", str(threads),
+        # Same layout as our engine: one KV stream per slot, 512 tokens each.
+        "--parallel", str(slots), "--ctx-size", str(slots * 512), "--no-kv-unified",
+        "--no-webui",
+    ]
+    # /health answers 503 until the model is loaded, then 200.
+    return with_server(
+        args, port, "/health", work / "llama_server.log",
+        lambda: bench_http(port, "llm", streams, max_tokens, endpoint),
+    )
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -256,6 +279,7 @@ def main() -> None:
     parser.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
     parser.add_argument("--skip-daemon", action="store_true")
     parser.add_argument("--skip-server", action="store_true")
+    parser.add_argument("--llama-server", type=Path, metavar="PATH", help="llama.cpp llama-server binary to compare to")
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
 
@@ -279,11 +303,18 @@ def main() -> None:
                 model, work, streams, args.max_tokens, args.threads, args.endpoint
             )
             report("llama_cpp.server", results["llama_cpp.server"])
-            theirs = results["llama_cpp.server"]
+        if args.llama_server:
+            results["llama-server"] = bench_llama_server(
+                args.llama_server, model, work, streams, args.max_tokens, args.threads, args.endpoint
+            )
+            report("llama-server", results["llama-server"])
+        for baseline in ("llama_cpp.server", "llama-server"):
+            theirs = results.get(baseline, [])
             for name in ("ours (direct)", "ours (daemon)"):
                 for ours, base in zip(results.get(name, []), theirs, strict=False):
                     print(
-                        f"ratio {name:<14} streams={ours.streams:<2} tok/s x{ours.tokens_per_s / base.tokens_per_s:5.2f}"
+                        f"ratio {name:<14} / {baseline:<16} streams={ours.streams:<2} "
+                        f"tok/s x{ours.tokens_per_s / base.tokens_per_s:5.2f}"
                         f"  ttft x{base.mean_ttft_ms / ours.mean_ttft_ms:5.2f} (theirs/ours)"
                     )
 

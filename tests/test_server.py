@@ -23,7 +23,8 @@ def _x(values: list[float]) -> dict[str, object]:
 
 def test_sigterm_drains_in_flight_requests(start_daemon, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    python_model(repo, "slow", "import time\ntime.sleep(1.5)\ny = x * 2")
+    marker = tmp_path / "executing"
+    python_model(repo, "slow", f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(1.5)\ny = x * 2")
     daemon = start_daemon("--model-repository", str(repo))
     result: dict[str, object] = {}
 
@@ -33,7 +34,7 @@ def test_sigterm_drains_in_flight_requests(start_daemon, tmp_path: Path) -> None
 
     worker = threading.Thread(target=call)
     worker.start()
-    time.sleep(0.5)  # the request is inside execute now
+    wait_until(marker.exists)  # the request is inside execute now
     daemon.proc.send_signal(signal.SIGTERM)
     worker.join(30)
     assert result["status"] == 200, result

@@ -29,7 +29,8 @@ def test_concurrent_requests_are_batched_and_exact(start_daemon, tmp_path: Path)
     (repo / "mlp" / "config.pbtxt").write_text(
         'backend: "onnxruntime"\nmax_batch_size: 16\n'
         "instance_group [{ count: 1 kind: KIND_CPU }]\n"
-        "dynamic_batching { max_queue_delay_microseconds: 50000 }\n"
+        # Long enough that all eight concurrent requests arrive even on a loaded machine.
+        "dynamic_batching { max_queue_delay_microseconds: 500000 }\n"
     )
     daemon = start_daemon("--model-repository", str(repo))
     meta = daemon.request("GET", "/v2/models/mlp").json()
