@@ -101,12 +101,7 @@ async def _every(interval: float, action: Callable[[], Awaitable[None]], what: s
 async def rescan_plugins(daemon: Daemon) -> None:
     """Pick up new, changed and removed plugins; reload models whose plugin changed."""
     async with daemon.control_lock:
-        result = daemon.plugins.scan()
-        for name in result.added:
-            log.info("backend plugin %s discovered", name)
-        for name in result.changed:
-            log.info("backend plugin %s changed; reloading its models", name)
-            await daemon.registry.reload_backend(name)
+        await daemon.registry.sync_plugins()
 
 
 async def rescan_all(daemon: Daemon) -> None:

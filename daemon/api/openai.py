@@ -148,12 +148,7 @@ def _generation_model(request: web.Request, name: str) -> LoadedVersion:
     daemon = daemon_of(request)
     if not daemon.accepting:
         raise Unavailable("server is shutting down")
-    model = daemon.registry.get(name)
-    if model.generator is None:
-        raise InvalidArgument(
-            f"model '{name}' runs on backend '{model.backend}', which does not generate text"
-        )
-    return model
+    return daemon.registry.generation_model(name)
 
 
 async def _collect(chunks: AsyncIterator[GenerateChunk]) -> tuple[str, GenerateChunk]:

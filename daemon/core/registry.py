@@ -227,6 +227,12 @@ class ModelRegistry:
         model.stats.record_success(time.monotonic_ns() - started, len(texts))
         return result
 
+    def generation_model(self, name: str) -> LoadedVersion:
+        """The served version of a model that generates text; InvalidArgument otherwise."""
+        model = self.get(name)
+        self._generator_of(model)
+        return model
+
     def _generator_of(self, model: LoadedVersion) -> GenerationBackend:
         if model.generator is None:
             raise InvalidArgument(
@@ -301,6 +307,15 @@ class ModelRegistry:
             entry.state = "UNLOADING"
             await self._retire(old.values())
             entry.state = "UNAVAILABLE"
+
+    async def sync_plugins(self) -> None:
+        """Rescan the plugin directories; reload every model whose plugin changed on disk."""
+        result = self.plugins.scan()
+        for name in result.added:
+            log.info("backend plugin %s discovered", name)
+        for name in result.changed:
+            log.info("backend plugin %s changed; reloading its models", name)
+            await self.reload_backend(name)
 
     async def reload_backend(self, backend: str) -> list[str]:
         """Reload every model running on a plugin that changed on disk; returns their names."""

@@ -85,9 +85,7 @@ class ReleaseManager:
         """Point at `release` and bring plugins and models in line with it."""
         async with self.lock:
             self.point_at(release)
-            result = self.plugins.scan()
-            for name in result.changed:
-                await self.registry.reload_backend(name)
+            await self.registry.sync_plugins()
             await self.repository.rescan()
 
     async def health_check(self, release: Path) -> None:
