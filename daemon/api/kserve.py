@@ -11,10 +11,11 @@ import msgspec
 from aiohttp import web
 
 from daemon import __version__
+from daemon.api import repository_load as load_api
+from daemon.api.kserve_codec import parse_header_length
 from daemon.api.state import Daemon, daemon_of
-from daemon.core.model_files import PbtxtParser
-from daemon.core.registry import LoadedVersion
-from daemon.errors import InvalidArgument, NotFound, Unavailable
+from daemon.core.registry import IndexEntry, LoadedVersion
+from daemon.errors import InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig, to_triton_json
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,6 @@ _json = msgspec.json.Encoder()
 EXTENSIONS = [
     "classification",
     "model_repository",
-    "model_repository(unload_dependents)",
     "schedule_policy",
     "model_configuration",
     "system_shared_memory",
@@ -110,14 +110,26 @@ async def model_ready(request: web.Request) -> web.Response:
     name = request.match_info["model"]
     if daemon.registry.is_ready(name, _version(request)):
         return _empty(200)
-    if daemon.registry.entry(name) is None:
-        raise NotFound(f"Request for unknown model: '{name}' is not found")
+    # Triton answers an unknown model the same way as a version that is not ready.
     return _json_response({"error": "Model version not ready"}, status=400)
+
+
+# Triton fills `backend` from the platform when a config names only the platform.
+_BACKEND_OF_PLATFORM = {
+    "onnxruntime_onnx": "onnxruntime",
+    "tensorrt_plan": "tensorrt",
+    "pytorch_libtorch": "pytorch",
+    "tensorflow_savedmodel": "tensorflow",
+    "tensorflow_graphdef": "tensorflow",
+}
 
 
 async def model_config(request: web.Request) -> web.Response:
     model = daemon_of(request).registry.get(request.match_info["model"], _version(request))
-    return _json_response(to_triton_json(model.config))
+    payload = to_triton_json(model.config)
+    if not payload.get("backend"):
+        payload["backend"] = _BACKEND_OF_PLATFORM.get(model.config.platform, model.backend)
+    return _json_response(payload)
 
 
 # ---------------------------------------------------------------------------- inference
@@ -129,13 +141,7 @@ async def infer(request: web.Request) -> web.Response:
     name = request.match_info["model"]
     version = _version(request)
     model = daemon.registry.get(name, version)
-    header = request.headers.get("Inference-Header-Content-Length")
-    try:
-        header_length = int(header) if header is not None else None
-    except ValueError:
-        raise InvalidArgument(
-            f"Inference-Header-Content-Length must be an integer, got {header!r}"
-        ) from None
+    header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
     body = await request.read()
     config = model.config
     single = config.input[0] if len(config.input) == 1 else None
@@ -174,7 +180,8 @@ async def model_stats(request: web.Request) -> web.Response:
     else:
         entry = daemon.registry.entry(name)
         if entry is None:
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
+            # Triton's wording and status (its core reports INVALID_ARG).
+            raise InvalidArgument(f"requested model '{name}' is not available")
         models = list(entry.versions.values())
     return _json_response(
         {"model_stats": [m.stats.to_triton_json(m.name, str(m.version)) for m in models]}
@@ -193,10 +200,6 @@ class _IndexRequest(msgspec.Struct, forbid_unknown_fields=True):
     ready: bool = False
 
 
-class _LoadRequest(msgspec.Struct, forbid_unknown_fields=True):
-    parameters: dict[str, object] = {}
-
-
 async def _optional_body(request: web.Request, kind: type[msgspec.Struct]) -> msgspec.Struct:
     body = await request.read()
     if not body.strip():
@@ -211,30 +214,24 @@ async def repository_index(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
     body = await _optional_body(request, _IndexRequest)
     assert isinstance(body, _IndexRequest)
-    return _json_response(daemon.repository.index(ready_only=body.ready))
+    # Triton lists a model it never tried to load by its name alone.
+    rows = [
+        IndexEntry(row.name) if row.state == "UNKNOWN" and not row.version else row
+        for row in daemon.repository.index(ready_only=body.ready)
+    ]
+    return _json_response(rows)
 
 
 async def repository_load(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
     _check_accepting(daemon)
-    body = await _optional_body(request, _LoadRequest)
-    assert isinstance(body, _LoadRequest)
-    override: ModelConfig | None = None
-    config_text = body.parameters.get("config")
-    name = request.match_info["model"]
-    if config_text is not None:
-        if not isinstance(config_text, str):
-            raise InvalidArgument("parameters.config must be a JSON string holding the model config")
-        override, warnings = PbtxtParser().parse_json(config_text, source="parameters.config")
-        for warning in warnings:
-            log.warning("model %s: %s", name, warning)
-    await daemon.repository.load(name, override)
+    await load_api.load_model(daemon, request.match_info["model"], await request.read())
     return _empty(200)
 
 
 async def repository_unload(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
-    await daemon.repository.unload(request.match_info["model"])
+    await load_api.unload_model(daemon, request.match_info["model"], await request.read())
     return _empty(200)
 
 
@@ -242,7 +239,8 @@ def add_routes(app: web.Application) -> None:
     r = app.router
     # aiohttp matches routes in registration order: the hot path goes first.
     r.add_post("/v2/models/{model}/infer", infer)
-    r.add_post("/v2/models/{model}/versions/{version}/infer", infer)
+    # Versions are digits, as in Triton's route patterns: /versions/x/... is a 404.
+    r.add_post("/v2/models/{model}/versions/{version:[0-9]+}/infer", infer)
     r.add_get("/v2/health/live", live)
     r.add_get("/v2/health/ready", ready)
     r.add_get("/v2", server_metadata)
@@ -251,7 +249,7 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/v2/repository/index", repository_index)
     r.add_post("/v2/repository/models/{model}/load", repository_load)
     r.add_post("/v2/repository/models/{model}/unload", repository_unload)
-    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version:[0-9]+}"):
         r.add_get(prefix, model_metadata)
         r.add_get(prefix + "/ready", model_ready)
         r.add_get(prefix + "/config", model_config)

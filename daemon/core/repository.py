@@ -116,10 +116,13 @@ class RepositoryManager:
                            if self.mode == "poll"
                            else f"explicit model {action} is not allowed if model control mode is none")
 
-    async def load(self, name: str, override: ModelConfig | None = None) -> None:
+    async def load(
+        self, name: str, override: ModelConfig | None = None, model_dir: Path | None = None
+    ) -> None:
+        """Load `name` from the repositories, or from `model_dir` (files sent in the load
+        request, Triton's `file:` parameters) when given."""
         self._check_explicit("load / unload")
-        models = self.scan()
-        path = models.get(name)
+        path = model_dir or self.scan().get(name)
         if path is None:
             raise NotFound(f"failed to load '{name}', failed to poll from model repository")
         await self.registry.load(name, path, override)

@@ -9,6 +9,7 @@ test asserts edged's own status instead of Triton's.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import struct
@@ -16,7 +17,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from compat.models import IDENTITY
+
 JSON = {"Content-Type": "application/json"}
+
+# Deliberate differences, each explained in docs/compatibility.md.
+BAD_INPUT_500 = (400, "Triton 2.51 answers 500 to this malformed request; bad input is a 400 here")
+NESTING = (400, "Triton >= 2.58 rejects data nested 100 deep (400); 2.51 accepts any depth")
+NO_WRAP = (400, "Triton wraps out-of-range integers silently; edged refuses to change a value")
+NO_FFFD = (400, "Triton 2.51 writes non-UTF-8 bytes into JSON (invalid JSON); edged says to use binary")
+NOT_IGNORED = (400, "Triton ignores this parameter; edged never accepts and ignores one")
+CATCH_ALL = (404, "edged's catch-all route answers 404 where Triton says 405 (route table in app.py)")
+UNKNOWN_404 = (404, "Triton answers 500 for a model the repository does not have; edged 404")
 
 
 @dataclass(frozen=True)
@@ -123,20 +135,20 @@ def cases() -> list[Case]:
     post_bin("bytes-non-utf8-binary-out", {**bytes_bin, "parameters": {"binary_data_output": True}}, raw,
              path="/v2/models/identity_bytes/infer")
     post_bin("bytes-non-utf8-json-out", bytes_bin, raw, path="/v2/models/identity_bytes/infer",
-             needles=("OUTPUT0",))
+             needles=("OUTPUT0", "binary_data"), deviation=NO_FFFD)
     post("mixed-json", {"inputs": [_tensor("INPUT0", "INT32", [1, 2], [1, -2]),
                                    _tensor("INPUT1", "FP32", [1, 2], [0.5, 1e30]),
                                    _tensor("INPUT2", "BYTES", [1, 1], ["z"])]},
          path="/v2/models/identity_mixed/infer")
 
     # ------------------------------------------------------------------ malformed inference
-    out.append(Case("json-syntax", "POST", infer, b'{"inputs": [', dict(JSON)))
+    out.append(Case("json-syntax", "POST", infer, b'{"inputs": [', dict(JSON), deviation=BAD_INPUT_500))
     out.append(Case("json-empty-body", "POST", infer, b"", dict(JSON)))
-    out.append(Case("json-nested-101", "POST", infer, _nested_body(101), dict(JSON)))
-    out.append(Case("json-nested-120", "POST", infer, _nested_body(120), dict(JSON)))
-    out.append(Case("json-nested-1500", "POST", infer, _nested_body(1500), dict(JSON)))
-    post("missing-inputs-field", {"id": "x"})
-    post("inputs-not-array", {"inputs": {}})
+    out.append(Case("json-nested-101", "POST", infer, _nested_body(101), dict(JSON), deviation=NESTING))
+    out.append(Case("json-nested-120", "POST", infer, _nested_body(120), dict(JSON), deviation=NESTING))
+    out.append(Case("json-nested-1500", "POST", infer, _nested_body(1500), dict(JSON), deviation=NESTING))
+    post("missing-inputs-field", {"id": "x"}, deviation=BAD_INPUT_500)
+    post("inputs-not-array", {"inputs": {}}, deviation=BAD_INPUT_500)
     post("missing-one-input", {"inputs": [_tensor("INPUT0", "INT32", [1, 4], [1, 2, 3, 4])]},
          needles=("INPUT1",))
     post("unknown-input", {"inputs": [*_add_sub()["inputs"], _tensor("INPUTX", "INT32", [1, 4], [1, 2, 3, 4])]},  # type: ignore[list-item]
@@ -147,38 +159,39 @@ def cases() -> list[Case]:
                                          _tensor("INPUT1", "INT32", [1, 4], [1, 2, 3, 4])]})
     post("wrong-datatype", {"inputs": [_tensor("INPUT0", "FP32", [1, 4], [1, 2, 3, 4]),
                                        _tensor("INPUT1", "INT32", [1, 4], [1, 2, 3, 4])]},
-         needles=("INPUT0",))
-    post("shape-mismatch", _add_sub(a=(1, 2, 3), b=(1, 2, 3), shape=(1, 3)), needles=("INPUT0",))
-    post("count-mismatch", _add_sub(a=(1, 2, 3), shape=(1, 4)), needles=("INPUT0",))
+         needles=("INPUT0", "data-type is 'FP32', but model 'add_sub' expects 'INT32'"))
+    post("shape-mismatch", _add_sub(a=(1, 2, 3), b=(1, 2, 3), shape=(1, 3)),
+         needles=("unexpected shape for input", "for model 'add_sub'"))
+    post("count-mismatch", _add_sub(a=(1, 2, 3), shape=(1, 4)), deviation=BAD_INPUT_500)
     post("batch-too-large", _add_sub(a=[1] * 36, b=[1] * 36, shape=(9, 4)))
-    post("negative-shape", _add_sub(shape=(-1, 4)))
-    post("float-for-int", _add_sub(a=(1.5, 2, 3, 4)))
-    post("string-for-int", _add_sub(a=("1", 2, 3, 4)))
-    post("int32-overflow", _add_sub(a=(2**31, 2, 3, 4)))
-    post("bytes-data-number", {"inputs": [_tensor("INPUT0", "BYTES", [1], [5])]}, path="/v2/models/identity_bytes/infer")
+    post("negative-shape", _add_sub(shape=(-1, 4)), deviation=BAD_INPUT_500)
+    post("float-for-int", _add_sub(a=(1.5, 2, 3, 4)), deviation=BAD_INPUT_500)
+    post("string-for-int", _add_sub(a=("1", 2, 3, 4)), deviation=BAD_INPUT_500)
+    post("int32-overflow", _add_sub(a=(2**31, 2, 3, 4)), deviation=NO_WRAP)
+    post("bytes-data-number", {"inputs": [_tensor("INPUT0", "BYTES", [1], [5])]}, path="/v2/models/identity_bytes/infer", deviation=BAD_INPUT_500)
     post("data-and-binary-size", {"inputs": [{**_tensor("INPUT0", "FP32", [1], [1.0]), "parameters": {"binary_data_size": 4}}]},
          path="/v2/models/identity_fp32/infer")
     post("no-data", {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1]}]}, path="/v2/models/identity_fp32/infer")
     post("duplicate-output", _add_sub(outputs=[{"name": "OUTPUT0"}, {"name": "OUTPUT0"}]), needles=("OUTPUT0",))
     post("unknown-output", _add_sub(outputs=[{"name": "OUTPUTX"}]), needles=("OUTPUTX",))
     post("output-binary-data-not-bool", _add_sub(outputs=[{"name": "OUTPUT0", "parameters": {"binary_data": "yes"}}]),
-         needles=("binary_data",))
+         needles=("binary_data",), deviation=BAD_INPUT_500)
     # Reserved request parameters.
     post("param-sequence-id-non-sequence", _add_sub(parameters={"sequence_id": 7}))
     post("param-sequence-id-string", _add_sub(parameters={"sequence_id": "abc"}))
-    post("param-sequence-id-float", _add_sub(parameters={"sequence_id": 1.5}), needles=("sequence_id",))
-    post("param-sequence-start-not-bool", _add_sub(parameters={"sequence_start": 1}), needles=("sequence_start",))
+    post("param-sequence-id-float", _add_sub(parameters={"sequence_id": 1.5}), needles=("sequence_id",), deviation=BAD_INPUT_500)
+    post("param-sequence-start-not-bool", _add_sub(parameters={"sequence_start": 1}), needles=("sequence_start",), deviation=BAD_INPUT_500)
     post("param-sequence-end-false", _add_sub(parameters={"sequence_end": False}))
-    post("param-priority-string", _add_sub(parameters={"priority": "high"}), needles=("priority",))
-    post("param-priority-negative", _add_sub(parameters={"priority": -1}), needles=("priority",))
-    post("param-timeout-string", _add_sub(parameters={"timeout": "1s"}), needles=("timeout",))
-    post("param-bdo-not-bool", _add_sub(parameters={"binary_data_output": 1}), needles=("binary_data_output",))
+    post("param-priority-string", _add_sub(parameters={"priority": "high"}), needles=("priority",), deviation=BAD_INPUT_500)
+    post("param-priority-negative", _add_sub(parameters={"priority": -1}), needles=("priority",), deviation=BAD_INPUT_500)
+    post("param-timeout-string", _add_sub(parameters={"timeout": "1s"}), needles=("timeout",), deviation=BAD_INPUT_500)
+    post("param-bdo-not-bool", _add_sub(parameters={"binary_data_output": 1}), needles=("binary_data_output",), deviation=BAD_INPUT_500)
     post("param-triton-prefix", _add_sub(parameters={"triton_enable_empty_final_response": True}),
          needles=("triton_",))
     post("param-array-value", _add_sub(parameters={"mine": [1, 2]}), needles=("mine",))
     post("param-null-value", _add_sub(parameters={"mine": None}), needles=("mine",))
     post("param-headers", _add_sub(parameters={"headers": {"a": "b"}}))
-    post("parameters-not-object", _add_sub(parameters=[1]))
+    post("parameters-not-object", _add_sub(parameters=[1]), deviation=BAD_INPUT_500)
     # Binary framing.
     post_bin("binary-size-beyond-body", {"inputs": [bin_inputs[0], {**bin_inputs[1], "parameters": {"binary_data_size": 64}}]},
              a.tobytes(), b.tobytes())
@@ -193,7 +206,7 @@ def cases() -> list[Case]:
                     {"Inference-Header-Content-Length": "-5"}))
     out.append(Case("header-length-garbage", "POST", infer, head + a.tobytes() + b.tobytes(),
                     {"Inference-Header-Content-Length": "abc"}))
-    out.append(Case("binary-without-header-length", "POST", infer, head + a.tobytes() + b.tobytes(), dict(JSON)))
+    out.append(Case("binary-without-header-length", "POST", infer, head + a.tobytes() + b.tobytes(), dict(JSON), deviation=BAD_INPUT_500))
     out.append(Case("raw-body-two-input-model", "POST", infer, a.tobytes(), {"Inference-Header-Content-Length": "0"}))
     out.append(Case("raw-body-bad-size", "POST", "/v2/models/identity_fp32/infer", b"abcde",
                     {"Inference-Header-Content-Length": "0"}))
@@ -203,7 +216,7 @@ def cases() -> list[Case]:
     post("unknown-model", _add_sub(), path="/v2/models/nope/infer", needles=("Request for unknown model",))
     post("unknown-version", _add_sub(), path="/v2/models/add_sub/versions/9/infer")
     post("bad-version", _add_sub(), path="/v2/models/add_sub/versions/x/infer")
-    out.append(Case("get-on-infer", "GET", infer))
+    out.append(Case("get-on-infer", "GET", infer, deviation=CATCH_ALL))
     out.append(Case("unknown-route", "GET", "/v2/nothing"))
 
     # ------------------------------------------------------------------ other routes
@@ -221,21 +234,36 @@ def cases() -> list[Case]:
                     keys=("name", "backend", "platform", "max_batch_size", "version_policy")))
     out.append(Case("repository-index", "POST", "/v2/repository/index", b"{}", dict(JSON)))
     out.append(Case("repository-index-ready", "POST", "/v2/repository/index", _body({"ready": True}), dict(JSON)))
-    out.append(Case("repository-index-bad-body", "POST", "/v2/repository/index", b"{", dict(JSON)))
+    out.append(Case("repository-index-bad-body", "POST", "/v2/repository/index", b"{", dict(JSON), deviation=BAD_INPUT_500))
     load = "/v2/repository/models/scratch/load"
-    out.append(Case("load-unknown-parameter", "POST", load, _body({"parameters": {"bogus": 1}}), dict(JSON)))
-    out.append(Case("load-config-not-string", "POST", load, _body({"parameters": {"config": 5}}), dict(JSON)))
-    out.append(Case("load-config-bad-json", "POST", load, _body({"parameters": {"config": "{"}}), dict(JSON)))
+    out.append(Case("load-unknown-parameter", "POST", load, _body({"parameters": {"bogus": 1}}), dict(JSON), deviation=BAD_INPUT_500))
+    out.append(Case("load-config-not-string", "POST", load, _body({"parameters": {"config": 5}}), dict(JSON), deviation=BAD_INPUT_500))
+    out.append(Case("load-config-bad-json", "POST", load, _body({"parameters": {"config": "{"}}), dict(JSON), deviation=BAD_INPUT_500))
     out.append(Case("load-file-without-config", "POST", "/v2/repository/models/scratch_files/load",
-                    _body({"parameters": {"file:1/model.py": "aGVsbG8="}}), dict(JSON)))
+                    _body({"parameters": {"file:1/model.py": "aGVsbG8="}}), dict(JSON), deviation=BAD_INPUT_500))
     out.append(Case("load-file-bad-base64", "POST", "/v2/repository/models/scratch_files/load",
                     _body({"parameters": {"config": "{}", "file:1/model.py": "!!!"}}), dict(JSON)))
     out.append(Case("load-unknown-model", "POST", "/v2/repository/models/nope/load", b"", dict(JSON),
-                    needles=("failed to load 'nope'",)))
+                    needles=("failed to load 'nope'",), deviation=UNKNOWN_404))
+    out.append(Case("load-unknown-string-parameter", "POST", load, _body({"parameters": {"bogus": "x"}}),
+                    dict(JSON), needles=("bogus",), deviation=BAD_INPUT_500))
+    out.append(Case("load-broken", "POST", "/v2/repository/models/broken/load", b"", dict(JSON),
+                    needles=("load failed for model 'broken'", "this model refuses to load")))
     out.append(Case("load-ok", "POST", load, b"", dict(JSON)))
+    uploaded_config = json.dumps({
+        "name": "uploaded", "backend": "python", "max_batch_size": 0,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+    })
+    code = base64.b64encode(IDENTITY.encode()).decode()
+    out.append(Case("load-files", "POST", "/v2/repository/models/uploaded/load",
+                    _body({"parameters": {"config": uploaded_config, "file:1/model.py": code}}), dict(JSON)))
+    post("infer-uploaded", {"inputs": [_tensor("INPUT0", "FP32", [2], [0.25, -8.0])]},
+         path="/v2/models/uploaded/infer")
     out.append(Case("unload-unknown-parameter", "POST", "/v2/repository/models/scratch/unload",
-                    _body({"parameters": {"bogus": 1}}), dict(JSON)))
+                    _body({"parameters": {"bogus": 1}}), dict(JSON), deviation=NOT_IGNORED))
     out.append(Case("unload-ok", "POST", "/v2/repository/models/scratch/unload", b"", dict(JSON)))
     out.append(Case("unload-unknown-model", "POST", "/v2/repository/models/nope/unload", b"", dict(JSON)))
-    out.append(Case("stats-unknown-model", "GET", "/v2/models/nope/stats"))
+    out.append(Case("stats-unknown-model", "GET", "/v2/models/nope/stats",
+                    needles=("requested model 'nope' is not available",)))
     return out

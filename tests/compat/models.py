@@ -49,6 +49,16 @@ class TritonPythonModel:
         return responses
 '''
 
+# A model whose initialize fails: the load-failure cases.
+BROKEN = '''\
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("this model refuses to load")
+
+    def execute(self, requests):
+        return []
+'''
+
 _TENSOR = '  {{ name: "{name}" data_type: {dtype} dims: [ {dims} ] }}'
 
 
@@ -85,6 +95,9 @@ MODELS: dict[str, tuple[str, str]] = {
     # Loaded and unloaded by the repository cases; not loaded at start.
     "scratch": (IDENTITY, _config(
         "scratch", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")],
+    )),
+    "broken": (BROKEN, _config(
+        "broken", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")],
     )),
 }
 

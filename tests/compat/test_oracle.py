@@ -104,8 +104,13 @@ def test_same_answer(case: Case, triton: Server, edged: Server) -> None:
     ours = edged.request(case.method, case.path, case.body, case.headers)
     _dump(case, theirs, ours)
     if case.deviation is not None:
-        status, _why = case.deviation
-        assert ours.status == status, (ours.status, ours.body, "Triton:", theirs.status, theirs.body)
+        # Triton's own answer must still be what the deviation describes, or it is stale.
+        assert theirs.status != case.deviation[0] or theirs.body != ours.body
+        assert ours.status == case.deviation[0], (ours.status, ours.body, "Triton:", theirs.status, theirs.body)
+        if ours.status >= 400:
+            text = json.loads(ours.body)["error"]
+            for needle in case.needles:
+                assert needle in text, (needle, text)
         return
     assert ours.status == theirs.status, (
         f"edged {ours.status} {ours.body[:300]!r}; Triton {theirs.status} {theirs.body[:300]!r}")
@@ -116,10 +121,12 @@ def test_same_answer(case: Case, triton: Server, edged: Server) -> None:
 
 
 def test_oversized_request(triton: Server, edged: Server) -> None:
-    """64 MiB is both servers' default cap: one byte more is a 400 naming the limit."""
+    """64 MiB is both servers' default cap. Triton 2.51 fails the body with a 500 (its JSON
+    parser gives up); Triton >= 2.58 answers 400 "... exceeds the maximum allowed input size",
+    which edged follows (docs/compatibility.md)."""
     body = b" " * (64 * 1024 * 1024 + 1)
     theirs = triton.request("POST", "/v2/models/add_sub/infer", body, {"Content-Type": "application/json"})
     ours = edged.request("POST", "/v2/models/add_sub/infer", body, {"Content-Type": "application/json"})
-    assert theirs.status == 400 and "exceeds the maximum allowed input size" in theirs.body.decode()
+    assert theirs.status >= 400
     assert ours.status == 400, ours.body
     assert "exceeds the maximum allowed input size" in json.loads(ours.body)["error"]
