@@ -86,7 +86,7 @@ def make_error_middleware(allowed_uids: frozenset[int]) -> Middleware:
             return error_response(400, f"failed to read the request body: {exc}", request.path)
         except web.HTTPNotFound:
             return error_response(404, "Not Found", request.path)
-        except web.HTTPMethodNotAllowed as exc:
+        except web.HTTPMethodNotAllowed:
             return error_response(405, "Method Not Allowed", request.path)  # Triton's text
         except web.HTTPException as exc:
             return error_response(exc.status, exc.reason, request.path)

@@ -25,6 +25,7 @@ _json = msgspec.json.Encoder()
 EXTENSIONS = [
     "classification",
     "model_repository",
+    "model_repository(unload_dependents)",
     "schedule_policy",
     "model_configuration",
     "system_shared_memory",

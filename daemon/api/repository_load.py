@@ -63,10 +63,21 @@ async def load_model(daemon: Daemon, name: str, body: bytes) -> None:
 
 
 async def unload_model(daemon: Daemon, name: str, body: bytes) -> None:
-    parse_unload(body)
+    dependents = parse_unload(body)
+    steps: list[str] = []
+    entry = daemon.registry.entry(name)
+    if dependents and entry is not None:
+        for model in entry.versions.values():
+            ensemble = model.config.ensemble_scheduling
+            if ensemble is not None:
+                steps += [s.model_name for s in ensemble.step if s.model_name not in steps]
     # As in Triton: a model that is not loaded is already unloaded.
     with contextlib.suppress(NotFound):
         await daemon.repository.unload(name)
+    # `unload_dependents`: the ensemble's step models go too.
+    for step in steps:
+        with contextlib.suppress(NotFound):
+            await daemon.repository.unload(step)
 
 
 def decode_body(body: bytes, kind: type[msgspec.Struct]) -> msgspec.Struct:
@@ -106,12 +117,20 @@ def parse_load(name: str, body: bytes) -> tuple[ModelConfig | None, dict[str, by
     return override, files
 
 
-def parse_unload(body: bytes) -> None:
+def parse_unload(body: bytes) -> bool:
+    """The `unload_dependents` flag of an unload request (tritonclient always sends it)."""
     request = decode_body(body, UnloadRequest)
     assert isinstance(request, UnloadRequest)
-    for key in request.parameters:
-        # Triton's `unload_dependents` unloads an ensemble's steps; not implemented here.
-        raise InvalidArgument(f"unknown unload parameter '{key}'")
+    dependents = False
+    for key, value in request.parameters.items():
+        if key != "unload_dependents":
+            raise InvalidArgument(
+                f"unknown unload parameter '{key}': expected 'unload_dependents'"
+            )
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"Unable to parse 'unload_dependents': expected a boolean, got {value!r}")
+        dependents = value
+    return dependents
 
 
 def _relative_path(key: str) -> str:
