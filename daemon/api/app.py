@@ -16,7 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from daemon.api import admin, kserve, openai
+from daemon.api import admin, kserve, openai, trace
 from daemon.api.errors import error_response, make_error_middleware
 from daemon.api.kserve_codec import Codec
 from daemon.api.state import DAEMON, Daemon
@@ -164,6 +164,7 @@ def create_app(config: DaemonConfig, daemon: Daemon | None = None) -> web.Applic
     kserve.add_routes(app)
     openai.add_routes(app)
     admin.add_routes(app)
+    trace.add_routes(app, config.trace.file)
     app.router.add_route("*", "/{tail:.*}", _not_found)
     app.cleanup_ctx.append(daemon_context)
     return app

@@ -14,6 +14,7 @@ from daemon import __version__
 from daemon.api import repository_load as load_api
 from daemon.api.kserve_codec import parse_header_length
 from daemon.api.state import Daemon, daemon_of
+from daemon.api.trace import TRACER
 from daemon.core.registry import IndexEntry, LoadedVersion
 from daemon.errors import InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig, to_triton_json
@@ -34,6 +35,7 @@ EXTENSIONS = [
     "parameters",
     "generate",
     "logging",
+    "trace",
 ]
 
 
@@ -142,18 +144,32 @@ async def infer(request: web.Request) -> web.Response:
     name = request.match_info["model"]
     version = _version(request)
     model = daemon.registry.get(name, version)
+    # Triton's trace extension: None unless this request is sampled.
+    trace = request.app[TRACER].start(name, str(model.version), "")
+    if trace is not None:
+        trace.record("HTTP_RECV_START")
     header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
     body = await request.read()
+    if trace is not None:
+        trace.record("HTTP_RECV_END")
     config = model.config
     single = config.input[0] if len(config.input) == 1 else None
     codec = daemon.codec
     decoded = codec.decode_infer_request(
         body, header_length, single_input=single, max_batch_size=config.max_batch_size
     )
+    if trace is not None:
+        trace.request_id = decoded.request.id
+        trace.record("REQUEST_START")
     response = await daemon.registry.infer(name, version, decoded.request)
+    if trace is not None:
+        trace.record("REQUEST_END")
     payload, json_length = codec.encode_infer_response(
         name, str(model.version), decoded, response, config
     )
+    if trace is not None:
+        trace.record("HTTP_SEND_START")
+        request.app[TRACER].finish(trace, name)
     if json_length is None:
         return web.Response(body=payload, content_type="application/json")
     # Content-Type among the headers rather than `content_type=`: the same bytes on the

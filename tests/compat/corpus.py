@@ -264,6 +264,25 @@ def cases() -> list[Case]:
                     _body({"parameters": {"bogus": 1}}), dict(JSON), deviation=NOT_IGNORED))
     out.append(Case("unload-ok", "POST", "/v2/repository/models/scratch/unload", b"", dict(JSON)))
     out.append(Case("unload-unknown-model", "POST", "/v2/repository/models/nope/unload", b"", dict(JSON)))
+    trace_keys = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_mode")
+    out.append(Case("trace-get", "GET", "/v2/trace/setting", keys=trace_keys))
+    out.append(Case("trace-get-model", "GET", "/v2/models/add_sub/trace/setting", keys=trace_keys))
+    out.append(Case("trace-get-unknown-model", "GET", "/v2/models/nope/trace/setting",
+                    needles=("Request for unknown model : nope",)))
+    out.append(Case("trace-timestamps-without-file", "POST", "/v2/trace/setting",
+                    _body({"trace_level": ["TIMESTAMPS"]}), dict(JSON), needles=("trace file name is not given",)))
+    out.append(Case("trace-set-file", "POST", "/v2/trace/setting", _body({"trace_file": "/tmp/x"}), dict(JSON),
+                    needles=("trace file location can not be updated through network protocol",)))
+    out.append(Case("trace-bad-rate", "POST", "/v2/trace/setting", _body({"trace_rate": "abc"}), dict(JSON),
+                    needles=("Unable to parse 'trace_rate', got: abc",)))
+    out.append(Case("trace-model-rate", "POST", "/v2/models/identity_mixed/trace/setting",
+                    _body({"trace_rate": "5", "trace_count": "3"}), dict(JSON), keys=trace_keys))
+    out.append(Case("trace-model-clear", "POST", "/v2/models/identity_mixed/trace/setting",
+                    _body({"trace_rate": None, "trace_count": None}), dict(JSON), keys=trace_keys))
+    out.append(Case("trace-unknown-key", "POST", "/v2/trace/setting", _body({"bogus": "1"}), dict(JSON),
+                    needles=("bogus",), deviation=NOT_IGNORED))
+    out.append(Case("trace-negative-rate", "POST", "/v2/trace/setting", _body({"trace_rate": "-1"}), dict(JSON),
+                    needles=("trace_rate",), deviation=NO_WRAP))
     out.append(Case("stats-unknown-model", "GET", "/v2/models/nope/stats",
                     needles=("requested model 'nope' is not available",)))
     return out
