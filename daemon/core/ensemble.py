@@ -56,6 +56,8 @@ class EnsembleRunner:
             inputs=inputs,  # type: ignore[arg-type]
             id=parent.id,
             requested_outputs=tuple(step.output_map),
+            # As in Triton, every step sees the request's parameters.
+            parameters=dict(parent.parameters),
             priority=parent.priority,
             timeout_us=parent.timeout_us,
         )
