@@ -161,9 +161,10 @@ def cases() -> list[Case]:
                                        _tensor("INPUT1", "INT32", [1, 4], [1, 2, 3, 4])]},
          needles=("INPUT0", "data-type is 'FP32', but model 'add_sub' expects 'INT32'"))
     post("shape-mismatch", _add_sub(a=(1, 2, 3), b=(1, 2, 3), shape=(1, 3)),
-         needles=("unexpected shape for input", "for model 'add_sub'"))
+         needles=("unexpected shape for input", "for model 'add_sub'. Expected [-1,4], got [1,3]"))
     post("count-mismatch", _add_sub(a=(1, 2, 3), shape=(1, 4)), deviation=BAD_INPUT_500)
-    post("batch-too-large", _add_sub(a=[1] * 36, b=[1] * 36, shape=(9, 4)))
+    post("batch-too-large", _add_sub(a=[1] * 36, b=[1] * 36, shape=(9, 4)),
+         needles=("inference request batch-size must be <= 8 for 'add_sub'",))
     post("negative-shape", _add_sub(shape=(-1, 4)), deviation=BAD_INPUT_500)
     post("float-for-int", _add_sub(a=(1.5, 2, 3, 4)), deviation=BAD_INPUT_500)
     post("string-for-int", _add_sub(a=("1", 2, 3, 4)), deviation=BAD_INPUT_500)
@@ -234,6 +235,12 @@ def cases() -> list[Case]:
                     keys=("name", "backend", "platform", "max_batch_size", "version_policy")))
     out.append(Case("repository-index", "POST", "/v2/repository/index", b"{}", dict(JSON)))
     out.append(Case("repository-index-ready", "POST", "/v2/repository/index", _body({"ready": True}), dict(JSON)))
+    out.append(Case("repository-index-ready-not-bool", "POST", "/v2/repository/index", _body({"ready": "yes"}),
+                    dict(JSON), deviation=BAD_INPUT_500))
+    out.append(Case("repository-index-unknown-key", "POST", "/v2/repository/index", _body({"bogus": 1}),
+                    dict(JSON), needles=("bogus",), deviation=NOT_IGNORED))
+    out.append(Case("repository-index-not-object", "POST", "/v2/repository/index", _body([1]), dict(JSON),
+                    deviation=NOT_IGNORED))
     out.append(Case("repository-index-bad-body", "POST", "/v2/repository/index", b"{", dict(JSON), deviation=BAD_INPUT_500))
     load = "/v2/repository/models/scratch/load"
     out.append(Case("load-unknown-parameter", "POST", load, _body({"parameters": {"bogus": 1}}), dict(JSON), deviation=BAD_INPUT_500))
