@@ -153,11 +153,8 @@ async def infer(request: web.Request) -> web.Response:
     if trace is not None:
         trace.record("HTTP_RECV_END")
     config = model.config
-    single = config.input[0] if len(config.input) == 1 else None
     codec = daemon.codec
-    decoded = codec.decode_infer_request(
-        body, header_length, single_input=single, max_batch_size=config.max_batch_size
-    )
+    decoded = codec.decode_infer_request(body, header_length, config=config)
     if trace is not None:
         trace.request_id = decoded.request.id
         trace.record("REQUEST_START")

@@ -173,14 +173,19 @@ class Codec:
         *,
         single_input: TensorConfig | None = None,
         max_batch_size: int = 0,
+        config: ModelConfig | None = None,
     ) -> DecodedInfer:
         """Decode an infer request body.
 
         `header_length` is the `Inference-Header-Content-Length` header (None when absent).
         `single_input` is the model's input when it has exactly one; it is needed only for a
         raw body (`header_length == 0`), whose shape gets a leading batch of 1 when
-        `max_batch_size > 0`, as in Triton.
+        `max_batch_size > 0`, as in Triton. A `config` gives both (and names the model in
+        errors).
         """
+        if config is not None:
+            single_input = config.input[0] if len(config.input) == 1 else None
+            max_batch_size = config.max_batch_size
         if len(body) > self.max_request_bytes:
             raise InvalidArgument(oversized_message(len(body), self.max_request_bytes))
         has_header = header_length is not None
@@ -189,7 +194,7 @@ class Codec:
         elif header_length < 0 or header_length > len(body):
             raise InvalidArgument(_header_range_message(len(body), str(header_length)))
         elif header_length == 0:
-            return _decode_raw(body, single_input, max_batch_size)
+            return _decode_raw(body, single_input, max_batch_size, config)
 
         # A JSON-only body is decoded in place; a binary request's JSON header is short, and
         # slicing it off costs less than decoding through a memoryview.
@@ -608,7 +613,8 @@ def _request_parameters(raw: Mapping[str, Any]) -> dict[str, Parameter]:
 
 
 def _decode_raw(
-    body: bytes, single_input: TensorConfig | None, max_batch_size: int
+    body: bytes, single_input: TensorConfig | None, max_batch_size: int,
+    config: ModelConfig | None,
 ) -> DecodedInfer:
     """`Inference-Header-Content-Length: 0`: the body is the model's only input, raw.
 
@@ -616,24 +622,27 @@ def _decode_raw(
     one -1 dim may be deduced from the body size. A BYTES input must have exactly one element,
     which is the whole body.
     """
+    # Error texts: Triton's (its QA tests match them).
     if single_input is None:
-        raise InvalidArgument(
-            "Inference-Header-Content-Length 0 (a raw binary body) needs a model with "
-            "exactly one input"
+        got = (
+            f"got {len(config.input)} inputs in '{config.name}' model configuration"
+            if config is not None
+            else "the model does not have exactly 1 input"
         )
+        raise InvalidArgument(f"Raw request must only have 1 input (found 1) to be deduced but {got}")
     name = single_input.name
     datatype = single_input.data_type
     shape = ([1] if max_batch_size > 0 else []) + list(single_input.dims)
     wildcards = [i for i, dim in enumerate(shape) if dim == -1]
     if len(wildcards) > 1:
         raise InvalidArgument(
-            f"raw input {name!r}: cannot deduce shape {shape} with more than one -1 dimension"
+            f"The shape of the raw input '{name}' can not be deduced because there are more "
+            "than one variable-sized dimension"
         )
     if datatype == "BYTES":
         if wildcards or math.prod(shape) != 1:
             raise InvalidArgument(
-                f"raw input {name!r}: a BYTES raw body needs an input of exactly one element, "
-                f"the model's is {shape}"
+                f"For BYTE datatype raw input '{name}', the model must have input shape [1]"
             )
         array = _object_array([bytes(body)]).reshape(shape)
     else:

@@ -268,7 +268,7 @@ def test_raw_body_bytes_is_one_element(codec: Codec) -> None:
 @pytest.mark.parametrize(
     ("single", "body", "message"),
     [
-        (None, b"1234", "needs a model with exactly one input"),
+        (None, b"1234", "Raw request must only have 1 input (found 1) to be deduced"),
         (
             TensorConfig(name="IN", data_type="FP32", dims=[-1]),
             b"12345",
@@ -279,14 +279,34 @@ def test_raw_body_bytes_is_one_element(codec: Codec) -> None:
             b"1234",
             "binary_data_size 4 does not match shape [2]",
         ),
-        (TensorConfig(name="IN", data_type="FP32", dims=[-1, -1]), b"1234", "more than one -1"),
-        (TensorConfig(name="IN", data_type="BYTES", dims=[2]), b"ab", "exactly one element"),
+        # Triton's wording (its L0_http tests match it).
+        (
+            TensorConfig(name="IN", data_type="FP32", dims=[-1, -1]),
+            b"1234",
+            "The shape of the raw input 'IN' can not be deduced because there are more than one "
+            "variable-sized dimension",
+        ),
+        (
+            TensorConfig(name="IN", data_type="BYTES", dims=[2]),
+            b"ab",
+            "For BYTE datatype raw input 'IN', the model must have input shape [1]",
+        ),
     ],
 )
 def test_raw_body_errors(
     codec: Codec, single: TensorConfig | None, body: bytes, message: str
 ) -> None:
     assert message in decode_error(codec, body, 0, single_input=single)
+
+
+def test_raw_body_with_several_inputs_names_the_model(codec: Codec) -> None:
+    config = ModelConfig(name="three", input=[
+        TensorConfig(name=f"IN{i}", data_type="FP32", dims=[8]) for i in range(3)
+    ])
+    assert decode_error(codec, b"1234", 0, config=config) == (
+        "Raw request must only have 1 input (found 1) to be deduced but got 3 inputs in "
+        "'three' model configuration"
+    )
 
 
 # --------------------------------------------------------------------------- malformed requests

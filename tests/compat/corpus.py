@@ -208,7 +208,12 @@ def cases() -> list[Case]:
     out.append(Case("header-length-garbage", "POST", infer, head + a.tobytes() + b.tobytes(),
                     {"Inference-Header-Content-Length": "abc"}))
     out.append(Case("binary-without-header-length", "POST", infer, head + a.tobytes() + b.tobytes(), dict(JSON), deviation=BAD_INPUT_500))
-    out.append(Case("raw-body-two-input-model", "POST", infer, a.tobytes(), {"Inference-Header-Content-Length": "0"}))
+    out.append(Case("raw-body-two-input-model", "POST", infer, a.tobytes(), {"Inference-Header-Content-Length": "0"},
+                    needles=("Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in "
+                             "'add_sub' model configuration",)))
+    out.append(Case("raw-body-bytes-many-elements", "POST", "/v2/models/identity_bytes/infer", b"427",
+                    {"Inference-Header-Content-Length": "0"},
+                    needles=("For BYTE datatype raw input 'INPUT0', the model must have input shape [1]",)))
     out.append(Case("raw-body-bad-size", "POST", "/v2/models/identity_fp32/infer", b"abcde",
                     {"Inference-Header-Content-Length": "0"}))
     out.append(Case("unknown-content-encoding", "POST", infer, _body(_add_sub()), {**JSON, "Content-Encoding": "br"}))
