@@ -13,11 +13,12 @@ from aiohttp import web
 from daemon import __version__
 from daemon.api import repository_load as load_api
 from daemon.api.kserve_codec import parse_header_length
-from daemon.api.state import Daemon, daemon_of
+from daemon.api.state import codec_of, daemon_of
 from daemon.api.trace import TRACER
-from daemon.core.registry import IndexEntry, LoadedVersion
+from daemon.core.model import LoadedVersion
+from daemon.core.registry import IndexEntry
 from daemon.errors import InvalidArgument, Unavailable
-from daemon.model_config import ModelConfig, to_triton_json
+from daemon.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def _version(request: web.Request) -> str | None:
     return request.match_info.get("version")
 
 
-def _check_accepting(daemon: Daemon) -> None:
+def _check_accepting(daemon: Service) -> None:
     if not daemon.accepting:
         raise Unavailable("server is shutting down")
 
@@ -64,42 +65,16 @@ async def live(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    daemon = daemon_of(request)
-    ok = daemon.accepting and daemon.started and daemon.registry.all_ready()
-    return _empty(200 if ok else 400)
+    return _empty(200 if daemon_of(request).ready() else 400)
 
 
 async def server_metadata(request: web.Request) -> web.Response:
     return _json_response({"name": "edged", "version": __version__, "extensions": EXTENSIONS})
 
 
-def _shape(config: ModelConfig, dims: list[int]) -> list[int]:
-    return [-1, *dims] if config.max_batch_size > 0 else list(dims)
-
-
-def model_metadata_payload(daemon: Daemon, model: LoadedVersion) -> dict[str, object]:
-    config = model.config
+def model_metadata_payload(daemon: Service, model: LoadedVersion) -> dict[str, object]:
     entry = daemon.registry.entry(model.name)
-    versions = sorted(entry.versions) if entry else [model.version]
-    payload: dict[str, object] = {
-        "name": model.name,
-        "versions": [str(v) for v in versions],
-        "platform": config.platform or model.backend,
-        "backend": model.backend,
-        "inputs": [
-            {"name": t.name, "datatype": t.data_type, "shape": _shape(config, t.dims)}
-            for t in config.input
-        ],
-        "outputs": [
-            {"name": t.name, "datatype": t.data_type, "shape": _shape(config, t.dims)}
-            for t in config.output
-        ],
-        # Ours: which backend was chosen and why the others were skipped.
-        "selection": model.selection,
-    }
-    if model.generator is not None:
-        payload["engine"] = model.generator.engine_stats()
-    return payload
+    return model.metadata(sorted(entry.versions) if entry else [model.version])
 
 
 async def model_metadata(request: web.Request) -> web.Response:
@@ -117,22 +92,9 @@ async def model_ready(request: web.Request) -> web.Response:
     return _json_response({"error": "Model version not ready"}, status=400)
 
 
-# Triton fills `backend` from the platform when a config names only the platform.
-_BACKEND_OF_PLATFORM = {
-    "onnxruntime_onnx": "onnxruntime",
-    "tensorrt_plan": "tensorrt",
-    "pytorch_libtorch": "pytorch",
-    "tensorflow_savedmodel": "tensorflow",
-    "tensorflow_graphdef": "tensorflow",
-}
-
-
 async def model_config(request: web.Request) -> web.Response:
     model = daemon_of(request).registry.get(request.match_info["model"], _version(request))
-    payload = to_triton_json(model.config)
-    if not payload.get("backend"):
-        payload["backend"] = _BACKEND_OF_PLATFORM.get(model.config.platform, model.backend)
-    return _json_response(payload)
+    return _json_response(model.triton_config())
 
 
 # ---------------------------------------------------------------------------- inference
@@ -141,11 +103,11 @@ async def model_config(request: web.Request) -> web.Response:
 async def infer(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
     _check_accepting(daemon)
-    name = request.match_info["model"]
-    version = _version(request)
-    model = daemon.registry.get(name, version)
+    # Resolved once: this version decodes, runs and labels the request, even if a reload
+    # swaps in another one while the body is still arriving.
+    model = daemon.registry.get(request.match_info["model"], _version(request))
     # Triton's trace extension: None unless this request is sampled.
-    trace = request.app[TRACER].start(name, str(model.version), "")
+    trace = request.app[TRACER].start(model.name, str(model.version), "")
     if trace is not None:
         trace.record("HTTP_RECV_START")
     header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
@@ -153,20 +115,20 @@ async def infer(request: web.Request) -> web.Response:
     if trace is not None:
         trace.record("HTTP_RECV_END")
     config = model.config
-    codec = daemon.codec
+    codec = codec_of(request)
     decoded = codec.decode_infer_request(body, header_length, config=config)
     if trace is not None:
         trace.request_id = decoded.request.id
         trace.record("REQUEST_START")
-    response = await daemon.registry.infer(name, version, decoded.request)
+    response = await model.infer(decoded.request)
     if trace is not None:
         trace.record("REQUEST_END")
     payload, json_length = codec.encode_infer_response(
-        name, str(model.version), decoded, response, config
+        model.name, str(model.version), decoded, response, config
     )
     if trace is not None:
         trace.record("HTTP_SEND_START")
-        request.app[TRACER].finish(trace, name)
+        request.app[TRACER].finish(trace, model.name)
     if json_length is None:
         return web.Response(body=payload, content_type="application/json")
     # Content-Type among the headers rather than `content_type=`: the same bytes on the
@@ -231,7 +193,7 @@ async def repository_index(request: web.Request) -> web.Response:
     # Triton lists a model it never tried to load by its name alone.
     rows = [
         IndexEntry(row.name) if row.state == "UNKNOWN" and not row.version else row
-        for row in daemon.repository.index(ready_only=body.ready)
+        for row in await daemon.repository.index(ready_only=body.ready)
     ]
     return _json_response(rows)
 

@@ -22,10 +22,8 @@ from pathlib import Path, PurePosixPath
 
 import msgspec
 
-from daemon.api.state import Daemon
-from daemon.core.model_files import PbtxtParser
 from daemon.errors import BackendError, InvalidArgument, NotFound
-from daemon.model_config import ModelConfig
+from daemon.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +39,15 @@ class UnloadRequest(msgspec.Struct, forbid_unknown_fields=True):
     parameters: dict[str, object] = {}
 
 
-async def load_model(daemon: Daemon, name: str, body: bytes) -> None:
+async def load_model(daemon: Service, name: str, body: bytes) -> None:
     """Handle a load request: validate its parameters, write any uploaded files, load."""
-    override, files = parse_load(name, body)
+    config_json, files = parse_load(body)
     loop = asyncio.get_running_loop()
     model_dir: Path | None = None
     if files:
         model_dir = await loop.run_in_executor(None, write_upload, daemon.state_dir, name, files)
     try:
-        await daemon.repository.load(name, override, model_dir)
+        await daemon.repository.load(name, config_json, model_dir)
     except BackendError as exc:
         if model_dir is not None:
             await loop.run_in_executor(None, remove_upload, model_dir)
@@ -62,7 +60,7 @@ async def load_model(daemon: Daemon, name: str, body: bytes) -> None:
     await loop.run_in_executor(None, _prune_uploads, daemon.state_dir, name, model_dir)
 
 
-async def unload_model(daemon: Daemon, name: str, body: bytes) -> None:
+async def unload_model(daemon: Service, name: str, body: bytes) -> None:
     dependents = parse_unload(body)
     steps: list[str] = []
     entry = daemon.registry.entry(name)
@@ -89,19 +87,18 @@ def decode_body(body: bytes, kind: type[msgspec.Struct]) -> msgspec.Struct:
         raise InvalidArgument(f"malformed request body: {exc}") from None
 
 
-def parse_load(name: str, body: bytes) -> tuple[ModelConfig | None, dict[str, bytes]]:
-    """The config override and the uploaded files (relative path -> contents) of a load."""
+def parse_load(body: bytes) -> tuple[str | None, dict[str, bytes]]:
+    """The config override (JSON text; the repository parses it) and the uploaded files
+    (relative path -> contents) of a load request."""
     request = decode_body(body, LoadRequest)
     assert isinstance(request, LoadRequest)
-    override: ModelConfig | None = None
+    config_json: str | None = None
     files: dict[str, bytes] = {}
     for key, value in request.parameters.items():
         if not isinstance(value, str):
             raise InvalidArgument(f"load parameter '{key}' must be a string, got {value!r}")
         if key == "config":
-            override, warnings = PbtxtParser().parse_json(value, source="parameters.config")
-            for warning in warnings:
-                log.warning("model %s: %s", name, warning)
+            config_json = value
         elif key.startswith(_FILE_PREFIX):
             files[_relative_path(key)] = _base64(key, value)
         else:
@@ -109,12 +106,12 @@ def parse_load(name: str, body: bytes) -> tuple[ModelConfig | None, dict[str, by
                 f"unknown load parameter '{key}': expected 'config' or "
                 "'file:<version>/<file name>'"
             )
-    if files and override is None:
+    if files and config_json is None:
         raise InvalidArgument(
             "load parameters 'file:...' need the model configuration in the 'config' "
             "parameter too"
         )
-    return override, files
+    return config_json, files
 
 
 def parse_unload(body: bytes) -> bool:
