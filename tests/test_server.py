@@ -56,7 +56,7 @@ def test_sighup_rescans_repository(start_daemon, tmp_path: Path) -> None:
     python_model(repo, "first", "y = x")
     daemon = start_daemon("--model-repository", str(repo))
     python_model(repo, "second", "y = x + 1")
-    assert daemon.request("GET", "/v2/models/second/ready").status == 404
+    assert daemon.request("GET", "/v2/models/second/ready").status == 400  # Triton: "Model version not ready"
     daemon.proc.send_signal(signal.SIGHUP)
     wait_until(lambda: daemon.request("GET", "/v2/models/second/ready").status == 200)
     reply = daemon.post_json("/v2/models/second/infer", _x([1, 2]))
