@@ -61,10 +61,15 @@ def _too_large(request: web.Request, exc: web.HTTPRequestEntityTooLarge) -> web.
     """Triton answers an oversized request with a 400 and this wording; OpenAI clients
     expect a 413."""
     limit = request.app._client_max_size  # the one limit aiohttp enforces
-    size = request.content_length or 0
     if request.path.startswith(_OPENAI_PREFIXES):
         return error_response(413, f"request body exceeds the limit: {exc.text}", request.path)
-    return error_response(400, oversized_message(max(size, limit + 1), limit), request.path)
+    size = request.content_length  # None for a chunked body: its size is not known
+    message = (
+        oversized_message(size, limit)
+        if size is not None and size > limit
+        else f"request size exceeds the maximum allowed input size of {limit} bytes"
+    )
+    return error_response(400, message, request.path)
 
 
 def make_error_middleware(allowed_uids: frozenset[int]) -> Middleware:
