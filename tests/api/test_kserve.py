@@ -370,3 +370,35 @@ def test_repository_load_parameters(start_daemon, repo: Path, tmp_path: Path) ->
     assert daemon.request("GET", "/v2/models/uploaded/ready").status == 400
     # As in Triton, unloading a model that is not loaded succeeds.
     assert daemon.post_json("/v2/repository/models/nope/unload", {}).status == 200
+
+
+def test_unload_dependents_unloads_the_ensemble_steps(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    tensor = 'data_type: TYPE_FP32 dims: [ 2 ]'
+    (repo / "step" / "1").mkdir(parents=True)
+    (repo / "step" / "config.pbtxt").write_text(
+        f'backend: "python"\ninput [{{ name: "X" {tensor} }}]\noutput [{{ name: "Y" {tensor} }}]\n'
+    )
+    (repo / "step" / "1" / "model.py").write_text(
+        "import triton_python_backend_utils as pb_utils\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        return [pb_utils.InferenceResponse([pb_utils.Tensor('Y', pb_utils.get_input_tensor_by_name(r, 'X').as_numpy() * 2)]) for r in requests]\n"
+    )
+    (repo / "pipe" / "1").mkdir(parents=True)
+    (repo / "pipe" / "config.pbtxt").write_text(
+        f'platform: "ensemble"\ninput [{{ name: "IN" {tensor} }}]\noutput [{{ name: "OUT" {tensor} }}]\n'
+        'ensemble_scheduling { step [ { model_name: "step" model_version: -1 '
+        'input_map { key: "X" value: "IN" } output_map { key: "Y" value: "OUT" } } ] }\n'
+    )
+    daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit",
+                          "--load-model", "step", "--load-model", "pipe")
+    x = {"inputs": [{"name": "IN", "shape": [2], "datatype": "FP32", "data": [1, 2]}]}
+    assert daemon.post_json("/v2/models/pipe/infer", x).json()["outputs"][0]["data"] == [2.0, 4.0]
+    # Without the flag the step stays; with it, the step goes too (Triton's unload_dependents).
+    assert daemon.post_json("/v2/repository/models/pipe/unload", {"parameters": {"unload_dependents": False}}).status == 200
+    assert daemon.request("GET", "/v2/models/step/ready").status == 200
+    assert daemon.post_json("/v2/repository/models/pipe/load", {}).status == 200
+    assert daemon.post_json("/v2/repository/models/pipe/unload", {"parameters": {"unload_dependents": True}}).status == 200
+    assert daemon.request("GET", "/v2/models/pipe/ready").status == 400
+    assert daemon.request("GET", "/v2/models/step/ready").status == 400
