@@ -33,6 +33,9 @@ class ServerConfig(_Section):
     # uids allowed on the Unix socket (checked with SO_PEERCRED); empty = whoever can open it.
     allowed_uids: list[int] = []
     shutdown_timeout: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    # Who may register and use system shared memory regions: callers on the Unix socket
+    # ("socket"), those and TCP callers ("all"), or nobody ("off"). See docs/operations.md.
+    shared_memory: Literal["socket", "all", "off"] = "socket"
 
 
 class ModelsConfig(_Section):

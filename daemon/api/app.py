@@ -16,7 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from daemon.api import admin, kserve, openai
+from daemon.api import admin, kserve, logging_routes, openai, shm
 from daemon.api.errors import error_response, make_error_middleware
 from daemon.api.kserve_codec import Codec
 from daemon.api.state import DAEMON, Daemon
@@ -162,6 +162,8 @@ def create_app(config: DaemonConfig, daemon: Daemon | None = None) -> web.Applic
     )
     app[DAEMON] = daemon
     kserve.add_routes(app)
+    shm.add_routes(app)
+    logging_routes.add_routes(app)
     openai.add_routes(app)
     admin.add_routes(app)
     app.router.add_route("*", "/{tail:.*}", _not_found)

@@ -11,6 +11,7 @@ import msgspec
 from aiohttp import web
 
 from daemon import __version__
+from daemon.api.shm import shm_lookup
 from daemon.api.state import Daemon, daemon_of
 from daemon.core.model_files import PbtxtParser
 from daemon.core.registry import LoadedVersion
@@ -141,12 +142,22 @@ async def infer(request: web.Request) -> web.Response:
     single = config.input[0] if len(config.input) == 1 else None
     codec = daemon.codec
     decoded = codec.decode_infer_request(
-        body, header_length, single_input=single, max_batch_size=config.max_batch_size
+        body, header_length, single_input=single, max_batch_size=config.max_batch_size,
+        shm=shm_lookup(request),
     )
-    response = await daemon.registry.infer(name, version, decoded.request)
-    payload, json_length = codec.encode_infer_response(
-        name, str(model.version), decoded, response, config
-    )
+    try:  # the request holds its shared memory regions until its outputs are written
+        response = await daemon.registry.infer(name, version, decoded.request)
+        labels = None
+        if decoded.classification:
+            entry = daemon.registry.entry(name)
+            labels = codec.labels.for_outputs(
+                entry.path if entry else None, config, list(decoded.classification)
+            )
+        payload, json_length = codec.encode_infer_response(
+            name, str(model.version), decoded, response, config, labels
+        )
+    finally:
+        decoded.release()
     if json_length is None:
         return web.Response(body=payload, content_type="application/json")
     # Content-Type among the headers rather than `content_type=`: the same bytes on the
@@ -234,7 +245,15 @@ async def repository_load(request: web.Request) -> web.Response:
 
 async def repository_unload(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
-    await daemon.repository.unload(request.match_info["model"])
+    body = await _optional_body(request, _LoadRequest)
+    assert isinstance(body, _LoadRequest)
+    dependents = body.parameters.get("unload_dependents", False)
+    if not isinstance(dependents, bool):
+        raise InvalidArgument(f"Unable to parse 'unload_dependents': expected a boolean, got {dependents!r}")
+    unknown = sorted(set(body.parameters) - {"unload_dependents"})
+    if unknown:
+        raise InvalidArgument(f"unload: unsupported parameter(s) {unknown}")
+    await daemon.repository.unload(request.match_info["model"], unload_dependents=dependents)
     return _empty(200)
 
 
