@@ -245,15 +245,7 @@ async def repository_load(request: web.Request) -> web.Response:
 
 async def repository_unload(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
-    body = await _optional_body(request, _LoadRequest)
-    assert isinstance(body, _LoadRequest)
-    dependents = body.parameters.get("unload_dependents", False)
-    if not isinstance(dependents, bool):
-        raise InvalidArgument(f"Unable to parse 'unload_dependents': expected a boolean, got {dependents!r}")
-    unknown = sorted(set(body.parameters) - {"unload_dependents"})
-    if unknown:
-        raise InvalidArgument(f"unload: unsupported parameter(s) {unknown}")
-    await daemon.repository.unload(request.match_info["model"], unload_dependents=dependents)
+    await daemon.repository.unload(request.match_info["model"])
     return _empty(200)
 
 

@@ -124,29 +124,9 @@ class RepositoryManager:
             raise NotFound(f"failed to load '{name}', failed to poll from model repository")
         await self.registry.load(name, path, override)
 
-    async def unload(self, name: str, *, unload_dependents: bool = False) -> None:
-        """Unload a model; with `unload_dependents`, first the ensembles that use it (Triton's
-        `model_repository(unload_dependents)`), which could serve no request without it."""
+    async def unload(self, name: str) -> None:
         self._check_explicit("load / unload")
-        if unload_dependents and self.registry.entry(name) is not None:
-            for dependent in self.dependents(name):
-                await self.registry.unload(dependent)
         await self.registry.unload(name)
-
-    def dependents(self, name: str) -> list[str]:
-        """Loaded ensembles that use `name`, directly or through another ensemble."""
-        found: list[str] = []
-        targets = [name]
-        while targets:
-            target = targets.pop()
-            for model in self.registry.loaded():
-                steps = model.config.ensemble_scheduling
-                if steps is None or model.name in found or model.name == name:
-                    continue
-                if any(step.model_name == target for step in steps.step):
-                    found.append(model.name)
-                    targets.append(model.name)
-        return found
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
         # Models present on disk but never seen are listed too, like Triton.
