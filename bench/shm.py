@@ -16,19 +16,25 @@ against numpy during warm-up, so a wrong or stale frame fails the run. The work 
 small: the rows measure moving the frame, not computing on it. Both rows go over the Unix
 socket with the closed-loop client of bench/common.py, interleaved round by round.
 
-Prints req/s and p50/p99 per row and the shm/body ratio. Real Triton is compared only when its
-`tritonserver` is installed with this interpreter (pytriton); otherwise that row is skipped and
-the issue's measured anchor (Triton 2.51, python backend: 691 req/s shm, 119 req/s body) is
-printed for reference.
+Rows run over the Unix socket and over TCP (edged with `server.shared-memory = "all"`).
+Real Triton runs beside it when `EDGED_ORACLE` names a venv holding `nvidia-pytriton==0.7.0`
+(Triton 2.51, the oracle of the Triton-fidelity work; `make compat` builds one): the same
+`model.py` and config on its python backend, the same objects registered with it, the same
+client over TCP. Without it those rows are skipped and the issue's measured anchor (Triton 2.51
+python backend on this CPU: 691 req/s shm, 119 req/s body) is printed for reference.
+
+Prints req/s and p50/p99 per row, then shm/body per server and edged/Triton per transport.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
+import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -50,6 +56,8 @@ from common import (
     kserve_output,
     machine,
     running_daemon,
+    stop_process,
+    wait_until_ready,
 )
 
 SHAPE = (1, 3, 720, 1280)
@@ -132,9 +140,56 @@ def register(endpoint: Endpoint, name: str, key: str, size: int) -> None:
         reply = conn.getresponse()
         body = reply.read()
         if reply.status != 200:
-            raise SystemExit(f"register {name}: HTTP {reply.status}: {body!r}")
+            raise SystemExit(f"{endpoint}: register {name}: HTTP {reply.status}: {body!r}")
     finally:
         conn.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_triton(venv: Path, repo: Path, workdir: Path) -> Iterator[Endpoint]:
+    """Triton 2.51 from the nvidia-pytriton wheel in `venv` (see docs in DESIGN.md: the python
+    stub is copied next to the backend, the wheel's libraries go on LD_LIBRARY_PATH)."""
+    sites = sorted(venv.glob("lib/python3.*/site-packages"))
+    root = sites[0] / "pytriton" / "tritonserver" if sites else None
+    if root is None or not (root / "bin" / "tritonserver").exists():
+        raise SystemExit(f"EDGED_ORACLE={venv} holds no pytriton tritonserver")
+    stub = root / "backends" / "python" / "triton_python_backend_stub"
+    if not stub.exists():
+        shutil.copy2(root / "python_backend_stubs" / sites[0].parent.name.removeprefix("python") / stub.name, stub)
+    port = free_port()
+    env = {**os.environ, "LD_LIBRARY_PATH": str(sites[0] / "nvidia_pytriton.libs"),
+           "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    env.pop("PYTHONPATH", None)
+    with (workdir / "tritonserver.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [str(root / "bin" / "tritonserver"), "--model-repository", str(repo),
+             "--backend-directory", str(root / "backends"), "--http-port", str(port),
+             "--allow-grpc", "false", "--allow-metrics", "false"],
+            cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        endpoint = Endpoint(port=port)
+        wait_until_ready(endpoint, f"/v2/models/{MODEL}/ready", proc, timeout=180, what="tritonserver")
+        yield endpoint
+    finally:
+        stop_process(proc)
+
+
+def workloads_for(label: str, endpoint: Endpoint, frames: list[np.ndarray], checker: Checker,
+                  keys: list[str]) -> dict[str, Workload]:
+    size = frames[0].nbytes
+    for i, key in enumerate(keys):
+        register(endpoint, f"frame{i}", key, size)
+    return {
+        f"{label} shm": Workload(endpoint, [shm_request(f"frame{i}", size) for i in range(len(frames))], checker),
+        f"{label} body": Workload(endpoint, [kserve_infer(MODEL, "INPUT0", f, binary=True) for f in frames],
+                                  checker),
+    }
 
 
 def main() -> None:
@@ -147,38 +202,47 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     frames = [rng.random(SHAPE, dtype=np.float32) for _ in range(args.clients)]
-    size = frames[0].nbytes
     checker = Checker([expected(f) for f in frames])
+    oracle = os.environ.get("EDGED_ORACLE")
     print(f"# bench/shm.py: {machine()}")
-    print(f"# FP32 {list(SHAPE)} = {size} bytes per request, {args.clients} clients, "
-          f"{args.duration:g} s per row in {args.rounds} rounds, Unix socket")
-    with tempfile.TemporaryDirectory(prefix="edged-bench-shm-") as tmp_name, shm_objects(frames) as keys:
-        tmp = Path(tmp_name)
+    print(f"# FP32 {list(SHAPE)} = {frames[0].nbytes} bytes per request, {args.clients} clients, "
+          f"{args.duration:g} s per row in {args.rounds} rounds")
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edged-bench-shm-")))
+        keys = stack.enter_context(shm_objects(frames))
         repo = tmp / "repo"
         (repo / MODEL / "1").mkdir(parents=True)
         (repo / MODEL / "1" / "model.py").write_text(MODEL_PY)
         (repo / MODEL / "config.pbtxt").write_text(CONFIG)
-        with running_daemon(tmp, repo, ready_model=MODEL) as endpoint:
-            for i, key in enumerate(keys):
-                register(endpoint, f"frame{i}", key, size)
-            workloads = {
-                "edged shm": Workload(endpoint, [shm_request(f"frame{i}", size) for i in range(args.clients)],
-                                      checker),
-                "edged body": Workload(endpoint, [kserve_infer(MODEL, "INPUT0", f, binary=True) for f in frames],
-                                       checker),
-            }
-            results = interleaved(workloads, rounds=args.rounds, duration=args.duration, warmup=args.warmup)
+        config = tmp / "edged.toml"
+        config.write_text('[server]\nshared-memory = "all"\n')
+        port = free_port()
+        unix = stack.enter_context(running_daemon(tmp, repo, ready_model=MODEL, http=f"127.0.0.1:{port}",
+                                                  flags=["--config", str(config)]))
+        workloads = workloads_for("edged unix", unix, frames, checker, keys)
+        # Region names are per server: the TCP rows reach the same daemon and regions.
+        tcp = Endpoint(port=port)
+        workloads.update({label.replace("unix", "tcp"): Workload(tcp, work.requests, work.check)
+                          for label, work in workloads.items()})
+        if oracle:
+            triton_dir = tmp / "triton"
+            triton_dir.mkdir()
+            triton = stack.enter_context(running_triton(Path(oracle), repo, triton_dir))
+            workloads.update(workloads_for("triton tcp", triton, frames, checker, keys))
+        results = interleaved(workloads, rounds=args.rounds, duration=args.duration, warmup=args.warmup)
     for label, result in results.items():
         print(result.line(label))
-    ratio = results["edged shm"].throughput / results["edged body"].throughput
-    print(f"shm / body throughput: {ratio:.2f}x")
-    if importlib.util.find_spec("pytriton") is None:
-        print("real Triton: not installed with this interpreter (pytriton); skipped. Issue anchor, "
-              "Triton 2.51 python backend on this CPU: 691 req/s shm, 119 req/s body (5.8x); "
-              f"edged shm / Triton shm anchor: {results['edged shm'].throughput / 691:.2f}x")
+    rate = {label: result.throughput for label, result in results.items()}
+    for server in ("edged unix", "edged tcp", "triton tcp"):
+        if f"{server} shm" in rate:
+            print(f"{server}: shm / body throughput {rate[f'{server} shm'] / rate[f'{server} body']:.2f}x")
+    if oracle:
+        for kind in ("shm", "body"):
+            print(f"edged tcp / triton tcp, {kind}: {rate[f'edged tcp {kind}'] / rate[f'triton tcp {kind}']:.2f}x")
     else:
-        print("real Triton: pytriton is installed, but this script does not start it yet; "
-              "compare with the anchor above by hand")
+        print("real Triton: EDGED_ORACLE not set (a venv with nvidia-pytriton==0.7.0); skipped. Issue "
+              "anchor, Triton 2.51 python backend on this CPU: 691 req/s shm, 119 req/s body (5.8x); "
+              f"edged tcp shm / that anchor: {rate['edged tcp shm'] / 691:.2f}x")
 
 
 if __name__ == "__main__":
