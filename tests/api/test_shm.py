@@ -339,7 +339,14 @@ def test_bad_infer_requests(client: Any, daemon: DaemonProcess, regions: Callabl
                                                            "shared_memory_byte_size": 64, "classification": 2}}]}
     reply = daemon.post_json("/v2/models/simple/infer", body)
     assert reply.status == 400 and "can't set both 'shared_memory_region' and 'classification'" in _error(reply)
+    # A request rejected after it leased a region (INPUT0 resolved, INPUT1 bad) keeps no lease:
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32",
+                        "parameters": {"shared_memory_region": "data", "shared_memory_byte_size": 64}},
+                       {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": ["x"] * 16}]}
+    assert daemon.post_json("/v2/models/simple/infer", body).status == 400
     client.unregister_system_shared_memory()
+    # ...so unregistering unmaps at once: no request above left the region leased.
+    assert not _daemon_maps(daemon, _key(handle))
 
 
 def test_cuda_shared_memory_answers_as_triton_without_gpus(client: Any, daemon: DaemonProcess) -> None:
@@ -411,3 +418,17 @@ def test_tcp_callers_refused_by_default(start_daemon: Callable[..., DaemonProces
         assert client.get_system_shared_memory_status()[0]["name"] == "guarded"
     finally:
         client.close()
+
+
+def test_off_refuses_every_caller(start_daemon: Callable[..., DaemonProcess], repo: Path, tmp_path: Path,
+                                  regions: Callable[[str, int], Any]) -> None:
+    config = tmp_path / "off.toml"
+    config.write_text('[server]\nshared-memory = "off"\n')
+    daemon = start_daemon("--config", str(config), "--model-repository", str(repo),
+                          "--model-control-mode", "explicit")
+    handle = regions("off", 64)
+    reply = daemon.post_json("/v2/systemsharedmemory/region/off/register", {"key": _key(handle), "byte_size": 64})
+    assert reply.status == 501 and "Client shared memory is disabled" in _error(reply)
+    assert daemon.request("POST", "/v2/systemsharedmemory/unregister").status == 501
+    assert daemon.request("GET", "/v2/systemsharedmemory/status").json() == []
+    assert not _daemon_maps(daemon, _key(handle))
