@@ -32,14 +32,18 @@ class _RegisterRequest(msgspec.Struct, forbid_unknown_fields=True):
     offset: int = 0
 
 
-class _Refused:
-    """What a caller who may not use shared memory gets in place of the registry."""
+class _CallerShm:
+    """The registry as one infer request may use it: whether the caller may use shared memory
+    is checked only when the request names a region (most never do)."""
 
-    def __init__(self, message: str) -> None:
-        self.message = message
+    __slots__ = ("request",)
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
 
     def acquire(self, name: str, offset: int, byte_size: int) -> Lease:
-        raise Unsupported(self.message)
+        _check_allowed(self.request)
+        return self.request.app[SHM].acquire(name, offset, byte_size)
 
 
 def _refusal(request: web.Request) -> str | None:
@@ -57,9 +61,8 @@ def _refusal(request: web.Request) -> str | None:
 
 
 def shm_lookup(request: web.Request) -> SharedMemoryLookup:
-    """The registry for an infer request's `shared_memory_region` names (or its refusal)."""
-    refusal = _refusal(request)
-    return request.app[SHM] if refusal is None else _Refused(refusal)
+    """Where an infer request's `shared_memory_region` names resolve, for this caller."""
+    return _CallerShm(request)
 
 
 def _check_allowed(request: web.Request) -> None:
