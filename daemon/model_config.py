@@ -63,6 +63,9 @@ class TensorConfig(_Strict):
     optional: bool = False
     # Triton `reshape { shape: [...] }`; kept so configs round-trip.
     reshape: list[int] | None = None
+    # Outputs only: a file in the model directory, one class label a line, for the
+    # classification extension ("score:index:label").
+    label_filename: str = ""
 
     def __post_init__(self) -> None:
         # ValueError (not ConfigError) so msgspec reports the path, e.g. `$.input[0]`.
@@ -208,6 +211,8 @@ def to_triton_json(config: ModelConfig) -> dict[str, Any]:
                 tensor["reshape"] = {"shape": tensor["reshape"]}
             if kind == "output":
                 del tensor["optional"]  # Triton's ModelOutput has no such field
+            else:
+                del tensor["label_filename"]  # nor has its ModelInput this one
     policy = config.version_policy
     data["version_policy"] = (
         {"latest": {"num_versions": policy.num_versions}} if policy.kind == "latest"

@@ -421,6 +421,9 @@ class _QueueScheduler:
             if items is None:
                 return
             await self._execute(instance, items)
+            # Drop the batch before waiting for the next: its inputs may be views of a client's
+            # shared memory region, which stays mapped while any view lives.
+            del items
 
     async def _next_batch(self) -> list[_Pending] | None:
         while True:

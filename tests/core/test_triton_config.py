@@ -331,11 +331,11 @@ def test_known_unsupported_fields_parse_with_warnings(parser: PbtxtParser) -> No
     config, warnings = parser.parse(text, source="densenet/config.pbtxt")
     assert config.input == [TensorConfig(name="data_0", data_type="FP32", dims=[3, 224, 224])]
     assert config.output[0].dims == [1000]
+    assert config.output[0].label_filename == "labels.txt"  # used by classification
     assert config.instance_group == [InstanceGroup(count=1, kind="KIND_GPU")]
     ignored = {w.removeprefix("densenet/config.pbtxt: ").split(" ")[0] for w in warnings}
     assert ignored == {
         "input[0].format",
-        "output[0].label_filename",
         "optimization",
         "model_warmup",
         "response_cache",
