@@ -418,3 +418,110 @@ async def test_config_naming_an_unknown_tensor_fails_at_load(tmp_path: Path, mak
 async def test_bad_performance_hint_is_a_config_error(tmp_path: Path, make_backend: Any) -> None:
     with pytest.raises(ConfigError, match="performance_hint"):
         await make_backend(build_ir(tmp_path), config(performance_hint="FASTEST"))
+
+
+# ---------------------------------------------------------------------------- precision
+# OpenVINO's CPU plugin computes in bf16 by default on CPUs with AMX / avx512_bf16: these tests
+# read the compiled model's own property, so they prove the default on whatever CPU runs them.
+
+
+def cpu_capabilities() -> list[str]:
+    return [str(c) for c in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")]
+
+
+def compiled_precision(backend: Any) -> str:
+    return str(backend.compiled_model.get_property("INFERENCE_PRECISION_HINT").get_type_name())
+
+
+CAPABILITY = {"bf16": "BF16", "f16": "FP16"}
+
+
+@pytest.mark.parametrize("device", ["CPU", ""])
+async def test_default_precision_is_f32_on_every_cpu(tmp_path: Path, make_backend: Any, device: str) -> None:
+    backend = await make_backend(build_ir(tmp_path), config(), device)
+    if backend.device == "CPU":
+        assert compiled_precision(backend) == "f32"
+    assert backend.describe()["inference_precision"] == "f32"
+    assert backend.describe()["execution_devices"] == "CPU"
+    x = np.random.default_rng(11).standard_normal((8, 4)).astype(np.float32)
+    [result] = await backend.execute([InferRequest(inputs={"x": x})])
+    assert_matches(outputs_of(result), reference(x))
+
+
+async def test_default_precision_survives_the_compiled_blob_cache(tmp_path: Path, make_backend: Any) -> None:
+    # A blob compiled with one precision must not be imported for a model asking another one.
+    state = tmp_path / "state"
+    path = build_ir(tmp_path)
+    first = await make_backend(path, config(), state_dir=state)
+    assert compiled_precision(first) == "f32"
+    if "BF16" not in cpu_capabilities():
+        return
+    bf16 = await make_backend(path, config(inference_precision="bf16"), state_dir=state)
+    assert compiled_precision(bf16) == "bf16"
+    again = await make_backend(path, config(), state_dir=state)
+    assert again.compiled_model.get_property("LOADED_FROM_CACHE") is True
+    assert compiled_precision(again) == "f32"
+
+
+@pytest.mark.parametrize("device", ["CPU", "AUTO"])
+@pytest.mark.parametrize("precision", ["bf16", "f16"])
+async def test_lower_precision_is_an_opt_in(
+    tmp_path: Path, make_backend: Any, device: str, precision: str
+) -> None:
+    cfg = config(inference_precision=precision.upper())  # case does not matter
+    if CAPABILITY[precision] not in cpu_capabilities():
+        # Documented: a precision the CPU cannot compute in is a load error naming the
+        # parameter (OpenVINO itself would silently compile something else).
+        with pytest.raises(ConfigError, match=rf"inference_precision='{precision}'"):
+            await make_backend(build_ir(tmp_path), cfg, device)
+        return
+    backend = await make_backend(build_ir(tmp_path), cfg, device)
+    assert backend.describe()["inference_precision"] == precision
+    if device == "CPU":
+        assert compiled_precision(backend) == precision
+    x = np.random.default_rng(11).standard_normal((8, 4)).astype(np.float32)
+    [result] = await backend.execute([InferRequest(inputs={"x": x})])
+    got, expected = outputs_of(result)["z"], reference(x)["z"]
+    # The runtime really computes in the lower precision: not f32's numbers, but close to them.
+    assert np.abs(got - expected).max() > 1e-4
+    np.testing.assert_allclose(got, expected, rtol=5e-2, atol=5e-2)
+
+
+async def test_explicit_f32_and_bad_precision(tmp_path: Path, make_backend: Any) -> None:
+    backend = await make_backend(build_ir(tmp_path), config(inference_precision="f32"))
+    assert compiled_precision(backend) == "f32"
+    with pytest.raises(ConfigError, match=r"inference_precision='fp8'.*\['f32', 'bf16', 'f16'\]"):
+        await make_backend(build_ir(tmp_path), config(inference_precision="fp8"))
+
+
+@pytest.mark.parametrize("source", ["config.pbtxt", "model.toml"])
+async def test_precision_and_hints_from_both_config_files(
+    tmp_path: Path, make_backend: Any, source: str
+) -> None:
+    from daemon.core.model_files import parse_model_toml, parse_pbtxt
+
+    precision = "bf16" if "BF16" in cpu_capabilities() else "f32"
+    settings = {"inference_precision": precision, "performance_hint": "THROUGHPUT", "num_streams": "2"}
+    if source == "model.toml":
+        text = 'name = "mlp"\nmax_batch_size = 8\n[parameters]\n' + "".join(
+            f'{key} = "{value}"\n' for key, value in settings.items()
+        )
+        parsed = parse_model_toml(text, source=source)
+    else:
+        text = 'name: "mlp"\nmax_batch_size: 8\n' + "".join(
+            f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
+            for key, value in settings.items()
+        )
+        parsed, _ = parse_pbtxt(text, source=source)
+    cfg = msgspec.structs.replace(config(), parameters=parsed.parameters)
+    backend = await make_backend(build_ir(tmp_path), cfg, "CPU", threads=2)
+    compiled = backend.compiled_model
+    assert compiled_precision(backend) == precision
+    assert str(compiled.get_property("PERFORMANCE_HINT")) == "THROUGHPUT"
+    assert int(compiled.get_property("NUM_STREAMS")) == 2
+    assert backend.describe() == {
+        "device": "CPU",
+        "execution_devices": "CPU",
+        "inference_precision": precision,
+        "performance_hint": "THROUGHPUT",
+    }
