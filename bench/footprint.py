@@ -12,8 +12,12 @@ models are written once by an unmeasured warm-up start). With --triton (or when
 Start -> ready: from just before the process is spawned until `GET /v2/health/ready` answers
 200 (polled every 5 ms). RSS (VmRSS) and PSS (`/proc/<pid>/smaps_rollup`) are read after the
 process has been idle for --settle seconds, summed over the process and its children (Triton's
-Python backend runs stubs in child processes; edged runs everything in one). Runs are taken
-round-robin across the configurations so a shared machine's load drifts over all of them.
+Python backend runs stubs in child processes; edged runs everything in one); PSS shares pages
+with other processes mapping the same files (other Python processes of the same venv), so it
+drops when the machine runs more of them. With the demo repository, one JSON inference on
+`simple` is then timed (the first request: what lazily imported or probed code costs it).
+Runs are taken round-robin across the configurations so a shared machine's load drifts over
+all of them.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -44,6 +49,8 @@ class Sample:
     start_s: float
     rss_kib: int
     pss_kib: int
+    # The first inference after the memory reading (demo repository only).
+    first_infer_s: float | None = None
 
 
 @dataclass
@@ -55,6 +62,8 @@ class Target:
     command: Callable[[Path], tuple[list[str], Endpoint]]
     env: dict[str, str] = field(default_factory=dict)
     warmup: bool = False
+    # Model to send one inference to after the idle reading (the demo's `simple`).
+    infer_model: str | None = None
     samples: list[Sample] = field(default_factory=list)
     failure: str = ""
 
@@ -108,15 +117,41 @@ def run_once(target: Target, workdir: Path, settle: float) -> Sample:
         elapsed = time.monotonic() - begin
         time.sleep(settle)
         pids = _tree(proc.pid)
-        return Sample(
+        sample = Sample(
             elapsed,
             sum(_status_kib(p, "VmRSS") for p in pids),
             sum(_pss_kib(p) for p in pids),
         )
+        if target.infer_model:
+            sample.first_infer_s = first_infer(endpoint, target.infer_model)
+        return sample
     finally:
         stop_process(proc)
         if proc.stderr:
             proc.stderr.close()
+
+
+# The demo's `simple` model: INPUT0 + INPUT1 and INPUT0 - INPUT1, INT32 [1, 16].
+SIMPLE_INFER = json.dumps({"inputs": [
+    {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
+    {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+]}).encode()
+
+
+def first_infer(endpoint: Endpoint, model: str) -> float:
+    """Seconds for one JSON inference on a fresh connection, checked for status 200."""
+    conn = endpoint.connection(timeout=60)
+    try:
+        begin = time.monotonic()
+        conn.request("POST", f"/v2/models/{model}/infer", SIMPLE_INFER, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        body = response.read()
+        elapsed = time.monotonic() - begin
+    finally:
+        conn.close()
+    if response.status != 200:
+        raise RuntimeError(f"first inference on {model!r} answered {response.status}: {body[:300]!r}")
+    return elapsed
 
 
 # --------------------------------------------------------------------------- targets
@@ -131,7 +166,8 @@ def edged_target(label: str, exe: Sequence[str], state: Path, empty_repo: Path |
         return argv, Endpoint(unix=str(sock))
 
     # The demo repository is written on the first start: keep that out of the figures.
-    return Target(label, command, warmup=empty_repo is None)
+    demo = empty_repo is None
+    return Target(label, command, warmup=demo, infer_model="simple" if demo else None)
 
 
 def _free_port() -> int:
@@ -176,7 +212,7 @@ def triton_target(exe: Path, env: dict[str, str], empty_repo: Path) -> Target:
 
 def report(targets: Sequence[Target], runs: int) -> None:
     print(f"\n{machine()}; load average {os.getloadavg()[0]:.1f}; median of {runs} runs")
-    print(f"{'':44} {'RSS MiB':>8} {'PSS MiB':>8} {'start->ready s':>15}")
+    print(f"{'':44} {'RSS MiB':>8} {'PSS MiB':>8} {'first infer ms':>15} {'start->ready s':>15}")
     for target in targets:
         if target.failure:
             print(f"{target.label:44} failed: {target.failure}")
@@ -187,7 +223,9 @@ def report(targets: Sequence[Target], runs: int) -> None:
         pss = statistics.median(s.pss_kib for s in target.samples) / 1024
         start = statistics.median(s.start_s for s in target.samples)
         spread = f"({min(s.start_s for s in target.samples):.3f}-{max(s.start_s for s in target.samples):.3f})"
-        print(f"{target.label:44} {rss:8.1f} {pss:8.1f} {start:8.3f} {spread}")
+        firsts = [s.first_infer_s for s in target.samples if s.first_infer_s is not None]
+        first = f"{1000 * statistics.median(firsts):15.1f}" if firsts else f"{'-':>15}"
+        print(f"{target.label:44} {rss:8.1f} {pss:8.1f} {first} {start:8.3f} {spread}")
 
 
 def main() -> int:
