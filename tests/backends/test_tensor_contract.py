@@ -19,7 +19,14 @@ import numpy as np
 import pytest
 from cpu_limits import openvino_threads
 
-from daemon.backend import Backend, InferRequest, InferResponse, InstanceContext, TensorBackend
+from daemon.backend import (
+    Backend,
+    Device,
+    InferRequest,
+    InferResponse,
+    InstanceContext,
+    TensorBackend,
+)
 from daemon.demo import build_mlp_onnx, mlp_reference
 from daemon.errors import EdgedError
 from daemon.model_config import ModelConfig
@@ -59,7 +66,7 @@ async def loaded(
         InstanceContext("mlp", 1, instance_index=index, instance_count=count, threads=threads)
     )
     assert isinstance(backend, TensorBackend)
-    await backend.load(config, artifact, "CPU")
+    await backend.load(config, artifact, Device("cpu"))
     return backend
 
 
