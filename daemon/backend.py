@@ -308,13 +308,6 @@ class Backend:
     def unload_sync(self) -> None:
         """Release runtime objects. Default: nothing to do."""
 
-    def describe(self) -> dict[str, str]:
-        """What the runtime really did with the loaded model, for model metadata: values read
-        back from the runtime, not the config's wishes (e.g. {"inference_precision": "f32",
-        "execution_devices": "CPU"}). Called on the event loop after load: cheap, no runtime
-        calls that block. Default: nothing to report."""
-        return {}
-
 
 class TensorBackend(Backend):
     """A backend whose runtime takes named arrays and returns named arrays.

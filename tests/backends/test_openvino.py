@@ -391,7 +391,7 @@ async def test_cache_dir_populated_when_state_dir_given(tmp_path: Path, make_bac
 
 async def test_bad_device_names_the_device(tmp_path: Path, make_backend: Any) -> None:
     with pytest.raises(BackendError) as caught:
-        await make_backend(build_ir(tmp_path), config(), "TPU.7")
+        await make_backend(build_ir(tmp_path), config(device="TPU.7"), Device())
     assert "TPU.7" in caught.value.message
     assert "mlp" in caught.value.message
 
@@ -438,8 +438,8 @@ def compiled_precision(backend: Any) -> str:
 CAPABILITY = {"bf16": "BF16", "f16": "FP16"}
 
 
-@pytest.mark.parametrize("device", ["CPU", ""])
-async def test_default_precision_is_f32_on_every_cpu(tmp_path: Path, make_backend: Any, device: str) -> None:
+@pytest.mark.parametrize("device", [Device("cpu"), Device()], ids=str)
+async def test_default_precision_is_f32_on_every_cpu(tmp_path: Path, make_backend: Any, device: Device) -> None:
     backend = await make_backend(build_ir(tmp_path), config(), device)
     if backend.device == "CPU":
         assert compiled_precision(backend) == "f32"
@@ -470,14 +470,16 @@ async def test_default_precision_survives_the_compiled_blob_cache(tmp_path: Path
 async def test_lower_precision_is_an_opt_in(
     tmp_path: Path, make_backend: Any, device: str, precision: str
 ) -> None:
-    cfg = config(inference_precision=precision.upper())  # case does not matter
+    # Case does not matter. AUTO: OpenVINO's AUTO device, which does not expose the compiled
+    # precision itself, so only the backend's check after compiling can catch a fallback.
+    cfg = config(inference_precision=precision.upper(), device=device)
     if CAPABILITY[precision] not in cpu_capabilities():
         # Documented: a precision the CPU cannot compute in is a load error naming the
         # parameter (OpenVINO itself would silently compile something else).
         with pytest.raises(ConfigError, match=rf"inference_precision='{precision}'"):
-            await make_backend(build_ir(tmp_path), cfg, device)
+            await make_backend(build_ir(tmp_path), cfg, Device())
         return
-    backend = await make_backend(build_ir(tmp_path), cfg, device)
+    backend = await make_backend(build_ir(tmp_path), cfg, Device())
     assert backend.describe()["inference_precision"] == precision
     if device == "CPU":
         assert compiled_precision(backend) == precision
@@ -500,7 +502,8 @@ async def test_explicit_f32_and_bad_precision(tmp_path: Path, make_backend: Any)
 async def test_precision_and_hints_from_both_config_files(
     tmp_path: Path, make_backend: Any, source: str
 ) -> None:
-    from daemon.core.model_files import parse_model_toml, parse_pbtxt
+    from daemon.core.layout import parse_model_toml
+    from daemon.core.triton_config import parse_pbtxt
 
     precision = "bf16" if "BF16" in cpu_capabilities() else "f32"
     settings = {"inference_precision": precision, "performance_hint": "THROUGHPUT", "num_streams": "2"}
@@ -516,7 +519,7 @@ async def test_precision_and_hints_from_both_config_files(
         )
         parsed, _ = parse_pbtxt(text, source=source)
     cfg = msgspec.structs.replace(config(), parameters=parsed.parameters)
-    backend = await make_backend(build_ir(tmp_path), cfg, "CPU", threads=2)
+    backend = await make_backend(build_ir(tmp_path), cfg, Device("cpu"), threads=2)
     compiled = backend.compiled_model
     assert compiled_precision(backend) == precision
     assert str(compiled.get_property("PERFORMANCE_HINT")) == "THROUGHPUT"
@@ -559,7 +562,7 @@ async def test_onnx_reference_outputs_on_any_cpu(
         return [numpy_helper.to_array(onnx.load_tensor(str(path))) for path in files]
 
     cfg = openvino_class.autocomplete(ModelConfig(name=case.name), case / "model.onnx")
-    backend = await make_backend(case / "model.onnx", cfg, "CPU")
+    backend = await make_backend(case / "model.onnx", cfg, Device("cpu"))
     assert backend.describe()["inference_precision"] == "f32"
     [result] = await backend.execute([InferRequest(inputs=dict(zip(names, tensors("input"), strict=True)))])
     outputs = outputs_of(result)
