@@ -570,3 +570,30 @@ async def test_onnx_reference_outputs_on_any_cpu(
     assert len(outputs) == len(expected)
     for output, value in zip(model.graph.output, expected, strict=True):
         np.testing.assert_allclose(outputs[output.name], value, rtol=1e-3, atol=1e-7, err_msg=output.name)
+
+
+def test_served_model_reports_its_compiled_precision(start_daemon: Callable[..., Any], tmp_path: Path) -> None:
+    # The issue's case: an ONNX model without any config is auto-assigned to OpenVINO on a CPU
+    # box, and must compute (and say it computes) in f32; a model.toml opts into bf16.
+    import json
+
+    repo = tmp_path / "repo"
+    (repo / "plain" / "1").mkdir(parents=True)
+    build_onnx(repo / "plain" / "1")
+    lower = "bf16" if "BF16" in cpu_capabilities() else "f32"
+    (repo / "lower" / "1").mkdir(parents=True)
+    build_onnx(repo / "lower" / "1")
+    (repo / "lower" / "model.toml").write_text(f'backend = "openvino"\n[parameters]\ninference_precision = "{lower}"\n')
+    daemon = start_daemon("--model-repository", str(repo))
+
+    plain = daemon.request("GET", "/v2/models/plain").json()
+    assert plain["backend"] == "openvino", plain["selection"]
+    assert plain["effective"]["inference_precision"] == "f32"
+    assert daemon.request("GET", "/v2/models/lower").json()["effective"]["inference_precision"] == lower
+
+    x = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
+    body = {"inputs": [{"name": "x", "shape": [3, 4], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    reply = daemon.request("POST", "/v2/models/plain/infer", json.dumps(body), {"Content-Type": "application/json"})
+    assert reply.status == 200, reply.body
+    outputs = {o["name"]: np.array(o["data"], np.float32).reshape(o["shape"]) for o in reply.json()["outputs"]}
+    assert_matches(outputs, reference(x))
