@@ -81,6 +81,12 @@ class LoggingConfig(_Section):
     format: Literal["text", "json"] = "text"
 
 
+class TraceConfig(_Section):
+    # Where traced requests' timestamps go (Triton's --trace-config triton,file=...); "" =
+    # tracing cannot be turned on. Not settable over HTTP, as in Triton.
+    file: str = ""
+
+
 class DaemonConfig(_Section):
     # Writable state (demo repo, caches); "" = $STATE_DIRECTORY, /var/lib/edged as root, else
     # ~/.local/state/edged.
@@ -90,6 +96,7 @@ class DaemonConfig(_Section):
     backends: BackendsConfig = msgspec.field(default_factory=BackendsConfig)
     updates: UpdatesConfig = msgspec.field(default_factory=UpdatesConfig)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+    trace: TraceConfig = msgspec.field(default_factory=TraceConfig)
 
 
 def load_config(path: Path | None) -> DaemonConfig:

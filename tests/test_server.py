@@ -59,7 +59,7 @@ def test_sighup_rescans_repository(start_daemon, tmp_path: Path) -> None:
     python_model(repo, "first", "y = x")
     daemon = start_daemon("--model-repository", str(repo))
     python_model(repo, "second", "y = x + 1")
-    assert daemon.request("GET", "/v2/models/second/ready").status == 404
+    assert daemon.request("GET", "/v2/models/second/ready").status == 400  # Triton: "Model version not ready"
     daemon.proc.send_signal(signal.SIGHUP)
     wait_until(lambda: daemon.request("GET", "/v2/models/second/ready").status == 200)
     reply = daemon.post_json("/v2/models/second/infer", _x([1, 2]))
@@ -73,7 +73,7 @@ def test_explicit_mode_load_unload(start_daemon, tmp_path: Path) -> None:
     daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit",
                           "--load-model", "a")
     index = {r["name"]: r for r in daemon.post_json("/v2/repository/index", {}).json()}
-    assert index["a"]["state"] == "READY" and index["b"]["state"] == "UNKNOWN"
+    assert index["a"]["state"] == "READY" and index["b"] == {"name": "b"}  # never loaded: name only, as Triton
     assert daemon.post_json("/v2/models/b/infer", _x([1])).status in (404, 503)
     assert daemon.request("POST", "/v2/repository/models/b/load").status == 200
     assert daemon.post_json("/v2/models/b/infer", _x([1])).json()["outputs"][0]["data"] == [4.0]
@@ -286,7 +286,7 @@ def test_wrong_method_is_405_unknown_path_404(start_daemon, tmp_path: Path) -> N
     python_model(repo, "m", "y = x")
     daemon = start_daemon("--model-repository", str(repo))
     reply = daemon.request("GET", "/v2/models/m/infer")
-    assert reply.status == 405 and "method GET not allowed" in reply.json()["error"]
+    assert reply.status == 405 and reply.json() == {"error": "Method Not Allowed"}
     assert daemon.request("DELETE", "/v2/health/live").status == 405
     reply = daemon.request("GET", "/v2/nothing/here")
     assert reply.status == 404 and reply.json() == {"error": "Not Found"}

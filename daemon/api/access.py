@@ -3,7 +3,7 @@
 - Unix socket: the socket file's mode is the first gate; `server.allowed-uids` (checked with
   SO_PEERCRED) narrows it further for every route. Root is always allowed.
 - TCP: anyone who can reach the port. Admin routes (model load/unload, updates, logging,
-  shared-memory and trace settings, Ollama pull/delete) need `Authorization: Bearer <token>`
+  shared-memory registration, Ollama pull/delete) need `Authorization: Bearer <token>`
   with the token from `server.token-file`; without a token file they are refused over TCP.
   With `server.tcp-auth = "all"` every route but `/v2/health/*` needs the token.
 
@@ -34,7 +34,6 @@ _ADMIN_PATHS = re.compile(
     r"|^/v1/updates(/.*)?$"
     r"|^/v2/logging$"
     r"|^/v2/(system|cuda)sharedmemory/"
-    r"|^/v2/(models/[^/]+/)?trace/setting$"
     r"|^/api/(pull|push|delete|create|copy)$"
 )
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

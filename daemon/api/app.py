@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from daemon.api import admin, kserve, openai
+from daemon.api import admin, kserve, openai, trace
 from daemon.api.access import make_access_middleware, read_token
 from daemon.api.connections import ConnectionGuard
 from daemon.api.errors import make_error_middleware
@@ -36,6 +36,7 @@ def create_app(service: Service) -> web.Application:
     kserve.add_routes(app)
     openai.add_routes(app)
     admin.add_routes(app)
+    trace.add_routes(app, config.trace.file)
     # No catch-all route: aiohttp answers an unknown path with 404 and a known path with the
     # wrong method with 405 (both through the error middleware, as {"error": ...}).
 

@@ -14,6 +14,7 @@ import zlib
 
 from aiohttp import web
 
+from daemon.api.kserve_codec import oversized_message
 from daemon.errors import InvalidArgument
 
 # Bodies below this inflate faster than a thread hand-off costs.
@@ -24,10 +25,11 @@ class BodyTooLarge(InvalidArgument):
     """The body (or what it inflates to) exceeds the request-size limit."""
 
 
-def _too_large(size: int | str, limit: int) -> BodyTooLarge:
-    return BodyTooLarge(
-        f"request body of {size} bytes exceeds the maximum allowed input size of {limit} bytes"
-    )
+def _too_large(size: int | None, limit: int, after: str = "") -> BodyTooLarge:
+    if size is not None:
+        return BodyTooLarge(oversized_message(size, limit))
+    # A chunked or compressed body: its whole size is never known.
+    return BodyTooLarge(f"request size exceeds the maximum allowed input size of {limit} bytes{after}")
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -50,7 +52,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         async for chunk in request.content.iter_any():
             size += len(chunk)
             if size > limit:
-                raise _too_large(f"more than {limit}", limit)
+                raise _too_large(None, limit)
             parts.append(chunk)
         raw = b"".join(parts)
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
@@ -79,7 +81,7 @@ def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
             error = exc
             continue
         if len(out) > limit or inflater.unconsumed_tail:
-            raise _too_large(f"more than {limit} (after {encoding} decoding)", limit)
+            raise _too_large(None, limit, f" (after {encoding} decoding)")
         if not inflater.eof:
             raise InvalidArgument(f"{encoding} body is truncated")
         return out

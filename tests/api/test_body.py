@@ -17,7 +17,7 @@ from support import python_model
 def test_inflate_caps_the_output_not_just_the_input() -> None:
     bomb = gzip.compress(b"\0" * (10 * 1024 * 1024))
     assert len(bomb) < 20_000
-    with pytest.raises(BodyTooLarge, match="exceeds the maximum allowed input size of 1048576 bytes"):
+    with pytest.raises(BodyTooLarge, match=r"exceeds the maximum allowed input size of 1048576 bytes \(after gzip"):
         inflate(bomb, "gzip", 1024 * 1024)
     assert inflate(gzip.compress(b"abc"), "gzip", 10) == b"abc"
     # deflate: both the zlib-wrapped and the raw form, as HTTP clients send either.
@@ -40,10 +40,11 @@ def test_gzip_bomb_and_bad_encodings_over_the_socket(start_daemon, tmp_path: Pat
     reply = daemon.request("POST", "/v2/models/m/infer", bomb,
                            {"Content-Encoding": "gzip", "Content-Type": "application/json"})
     assert reply.status == 400
-    assert "exceeds the maximum allowed input size of 1048576 bytes (after gzip decoding)" in reply.json()["error"] \
-        or "after gzip decoding" in reply.json()["error"]
+    assert reply.json()["error"] == (
+        "request size exceeds the maximum allowed input size of 1048576 bytes (after gzip decoding)"
+    )
     reply = daemon.request("POST", "/v2/models/m/infer", b"xx", {"Content-Encoding": "br"})
-    assert reply.status in (400, 501) and "Content-Encoding" in reply.json()["error"]
+    assert reply.status == 501 and reply.json() == {"error": "Unsupported compression type"}  # Triton's
     good = {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
     reply = daemon.request("POST", "/v2/models/m/infer", gzip.compress(json.dumps(good).encode()),
                            {"Content-Encoding": "gzip"})
