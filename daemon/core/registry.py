@@ -29,7 +29,7 @@ from daemon.backend import (
     InferResponse,
     InstanceContext,
 )
-from daemon.core import model_files
+from daemon.core import model_files, sequence
 from daemon.core.hardware import HardwareInfo
 from daemon.core.plugins import PluginRegistry
 from daemon.core.scheduler import Scheduler, make_scheduler
@@ -428,12 +428,16 @@ class ModelRegistry:
         try:
             # Reading the artifact can be slow (a TensorRT engine, a big ONNX file): off the loop.
             config = await asyncio.get_running_loop().run_in_executor(
-                None, cls.autocomplete, msgspec.structs.replace(config), artifact
+                None, cls.autocomplete, sequence.for_autocomplete(config), artifact
             )
         except EdgedError:
             raise
         except Exception as exc:
             raise BackendError(f"backend {backend!r} could not read {artifact}: {exc}") from exc
+        # Sequence models: clients see Triton's config (control and state tensors only under
+        # sequence_batching); backends load one where they are ordinary inputs and outputs.
+        config = sequence.client_config(config)
+        runtime = sequence.runtime_config(config)
         count = sum(g.count for g in config.instance_group) or DEFAULT_INSTANCES.get(backend, 1)
         if cls.capabilities.kind == "generation":
             count = 1  # one engine owns the context; its slots are the parallelism
@@ -447,7 +451,7 @@ class ModelRegistry:
                 context = InstanceContext(name, version, index, count, state, threads)
                 instance = cls(context)
                 instances.append(instance)
-                await instance.load(config, artifact, device)
+                await instance.load(runtime, artifact, device)
         except BaseException as exc:
             for instance in instances:
                 try:
