@@ -592,7 +592,8 @@ class SequenceBatcher:
         try:
             return await item.future
         except asyncio.CancelledError:
-            if not item.running and not item.future.done():
+            # (Cancelling this task cancelled the future too.)
+            if not item.running and (item.future.cancelled() or not item.future.done()):
                 # The caller went away: like Triton, a cancelled request ends its sequence.
                 self._cancel_sequence(item)
             raise
