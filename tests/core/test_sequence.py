@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from daemon.backend import InferRequest, InstanceContext, TensorBackend
-from daemon.core.model_files import PbtxtParser, parse_model_toml
+from daemon.backend import Device, InferRequest, InstanceContext, TensorBackend
+from daemon.core.layout import parse_model_toml
 from daemon.core.scheduler import make_scheduler
 from daemon.core.sequence import SequenceBatcher, client_config, runtime_config
 from daemon.core.stats import ModelStats
+from daemon.core.triton_config import PbtxtParser
 from daemon.errors import ConfigError, InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig, config_from_mapping, to_triton_json
 
@@ -31,7 +32,7 @@ class RowMemory(TensorBackend):
 
     name = "test-rowmemory"
 
-    def load_sync(self, config: ModelConfig, artifact: Path, device: str) -> None:
+    def load_sync(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         self.acc = np.zeros(max(1, config.max_batch_size), dtype=np.int64)
         # (row, corrid) of every ready row, and the number of padding rows, in order.
         self.rows: list[tuple[int, int]] = []
@@ -61,7 +62,7 @@ class StateAdder(TensorBackend):
 
     name = "test-stateadder"
 
-    def load_sync(self, config: ModelConfig, artifact: Path, device: str) -> None:
+    def load_sync(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         self.batches: list[list[int]] = []
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -107,7 +108,7 @@ async def _scheduler(cls: type[TensorBackend], mapping: dict[str, Any], instance
     loaded = []
     for index in range(instances):
         backend = cls(InstanceContext(config.name, 1, index, instances))
-        await backend.load(runtime_config(config), Path("."), "")
+        await backend.load(runtime_config(config), Path("."), Device("cpu"))
         loaded.append(backend)
     scheduler = make_scheduler(client_config(config), loaded, ModelStats(config.name, "1"))
     assert isinstance(scheduler, SequenceBatcher)
