@@ -221,3 +221,52 @@ def write_py_accumulator(repo: Path, name: str = "py_accumulator", *, strategy: 
         + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
     )
     return folder
+
+
+def rnn_cell_onnx(path: Path, width: int, seed: int = 0) -> np.ndarray:
+    """A recurrent cell through implicit state: H = tanh(H_IN @ U + INPUT), returned as OUTPUT
+    and as the next H (FP32 [width]). Returns U for `rnn_cell_reference`."""
+    rng = np.random.default_rng(seed)
+    u = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+    vec = ["batch", width]
+    nodes = [
+        helper.make_node("MatMul", ["H_IN", "U"], ["hu"]),
+        helper.make_node("Add", ["hu", "INPUT"], ["pre"]),
+        helper.make_node("Tanh", ["pre"], ["OUTPUT"]),
+        helper.make_node("Identity", ["OUTPUT"], ["H_OUT"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "rnn_cell",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, vec) for n in ("INPUT", "H_IN")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, vec) for n in ("OUTPUT", "H_OUT")],
+        initializer=[helper.make_tensor("U", TensorProto.FLOAT, [width, width], u.ravel().tolist())],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return u
+
+
+def rnn_cell_reference(xs: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Every step's output for one sequence of inputs `xs` [steps, width], from a zero state."""
+    h = np.zeros(u.shape[0], dtype=np.float32)
+    out = []
+    for x in xs:
+        h = np.tanh(h @ u + x)
+        out.append(h)
+    return np.stack(out)
+
+
+def rnn_cell_config(name: str, width: int, strategy: str, *, max_batch_size: int = 8,
+                    instances: int = 1) -> str:
+    return (
+        f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: {max_batch_size}\n'
+        f'input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ {width} ] }} ]\n'
+        f'output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ {width} ] }} ]\n'
+        f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n"
+        "sequence_batching {\n"
+        f"  {strategy}\n"
+        f'  state [ {{ input_name: "H_IN" output_name: "H_OUT" data_type: TYPE_FP32 dims: [ {width} ] }} ]\n'
+        "}\n"
+    )
