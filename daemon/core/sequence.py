@@ -695,7 +695,15 @@ class SequenceBatcher:
             now = time.monotonic_ns()
             rows, wake_at = self._plan(lane, now)
             if rows is not None:
-                await self._execute(lane, rows, now)
+                try:
+                    await self._execute(lane, rows, now)
+                except Exception as exc:  # a bug here must fail these requests, not hang them
+                    log.exception("model %s: sequence batch failed", self.model)
+                    for item in rows:
+                        if item is not None:
+                            self._fail(item, BackendError(f"model '{self.model}': {exc!r}"), "OTHER")
+                    lane.busy = False
+                    self._check_drained()
                 continue
             lane.wake = loop.create_future()
             timer = None
@@ -736,7 +744,9 @@ class SequenceBatcher:
             if not self.merges:
                 rows = [min((s.queue[0] for s in ready), key=lambda item: item.arrival_ns)]
             else:
-                head = ready[0].queue[0]
+                # The oldest request heads the batch, so a request whose shapes differ from
+                # its neighbours' waits at most until it is the oldest.
+                head = min((s.queue[0] for s in ready), key=lambda item: item.arrival_ns)
                 rows = []
                 for s in lane.slots:
                     fits = s is not None and s.queue and s.queue[0].key == head.key

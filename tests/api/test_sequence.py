@@ -219,6 +219,8 @@ def test_config_and_metadata_as_triton_serves_them(daemon: DaemonProcess) -> Non
     assert [t["name"] for t in meta["inputs"]] == ["INPUT"]
     assert [t["name"] for t in meta["outputs"]] == ["OUTPUT"]
     state = daemon.request("GET", "/v2/models/accumulator/config").json()["sequence_batching"]["state"]
+    extensions = daemon.request("GET", "/v2").json()["extensions"]
+    assert "sequence" in extensions and "sequence(string_id)" in extensions
     assert state[0]["input_name"] == "STATE_IN" and state[0]["data_type"] == "TYPE_INT32"
 
 

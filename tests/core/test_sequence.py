@@ -439,3 +439,69 @@ async def test_stop_refuses_new_sequences_and_drains() -> None:
     backend.gate.set()
     assert (await running).outputs["OUTPUT"][0, 0] == 3
     await stopping
+
+
+async def test_direct_waits_for_minimum_slot_utilization() -> None:
+    config = {**ROW_CONFIG, "sequence_batching": {
+        **ROW_CONFIG["sequence_batching"],
+        "direct": {"max_queue_delay_microseconds": 30_000_000, "minimum_slot_utilization": 0.5},
+    }}
+    scheduler, _ = await _scheduler(RowMemory, config)
+    try:
+        first = asyncio.create_task(scheduler.submit(_request(3, sequence_id=1, sequence_start=True)))
+        await asyncio.sleep(0.2)
+        assert not first.done()  # 1 of 4 slots ready: below 0.5, and the delay is 30 s
+        second = await asyncio.wait_for(
+            scheduler.submit(_request(4, sequence_id=2, sequence_start=True)), timeout=10
+        )
+        assert second.outputs["OUTPUT"][0, 0] == 4
+        assert (await first).outputs["OUTPUT"][0, 0] == 3
+    finally:
+        await scheduler.stop(5)
+
+
+class NoBatchState(TensorBackend):
+    """max_batch_size 0: no batch dimension anywhere, controls of shape [1]."""
+
+    name = "test-nobatch"
+
+    def load_sync(self, config: ModelConfig, artifact: Path, device: Device) -> None:
+        assert config.max_batch_size == 0
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        assert inputs["START"].shape == (1,) and inputs["STATE_IN"].shape == (3,)
+        acc = inputs["STATE_IN"] * (1 - inputs["START"][0]) + inputs["INPUT"]
+        return {"OUTPUT": acc, "STATE_OUT": acc}
+
+
+async def test_models_without_a_batch_dimension() -> None:
+    config = {
+        "name": "flat", "max_batch_size": 0,
+        "input": [{"name": "INPUT", "data_type": "FP32", "dims": [3]}],
+        "output": [{"name": "OUTPUT", "data_type": "FP32", "dims": [3]}],
+        "sequence_batching": {
+            "control_input": [{"name": "START", "control": [
+                {"kind": "CONTROL_SEQUENCE_START", "fp32_false_true": [0, 1]}]}],
+            "state": [{"input_name": "STATE_IN", "output_name": "STATE_OUT", "data_type": "FP32", "dims": [3]}],
+        },
+    }
+    # Two instances, one slot each: the third sequence waits for a free one.
+    scheduler, _ = await _scheduler(NoBatchState, config, instances=2)
+    rng = np.random.default_rng(5)
+    plans = {n: rng.integers(-5, 5, size=(4, 3)).astype(np.float32) for n in (1, 2, 3)}
+
+    async def run(corrid: int, values: np.ndarray) -> np.ndarray:
+        out = []
+        for index, value in enumerate(values):
+            response = await scheduler.submit(InferRequest(
+                inputs={"INPUT": value}, parameters={"sequence_id": corrid, "sequence_start": index == 0,
+                                                     "sequence_end": index == len(values) - 1}))
+            out.append(response.outputs["OUTPUT"])
+        return np.stack(out)
+
+    try:
+        results = await asyncio.gather(*(run(c, v) for c, v in plans.items()))
+    finally:
+        await scheduler.stop(5)
+    for values, got in zip(plans.values(), results, strict=True):
+        np.testing.assert_array_equal(got, np.cumsum(values, axis=0))
