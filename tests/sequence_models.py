@@ -130,12 +130,13 @@ def write_simple_dyna_sequence(repo: Path, name: str = "simple_dyna_sequence", *
 
 
 def write_accumulator(repo: Path, name: str = "accumulator", *, max_batch_size: int = 4,
-                      instances: int = 2, strategy: str = "", idle_us: int = 0) -> Path:
+                      instances: int = 2, strategy: str = "", idle_us: int = 0,
+                      backend: str = "onnxruntime") -> Path:
     """The implicit-state accumulator (config.pbtxt)."""
     folder = repo / name
     accumulator_onnx(folder / "1" / "model.onnx")
     (folder / "config.pbtxt").write_text(
-        f'backend: "onnxruntime"\nmax_batch_size: {max_batch_size}\n'
+        f'backend: "{backend}"\nmax_batch_size: {max_batch_size}\n'
         "sequence_batching {\n"
         + (f"  max_sequence_idle_microseconds: {idle_us}\n" if idle_us else "")
         + (f"  {strategy}\n" if strategy else "")

@@ -42,6 +42,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     write_simple_dyna_sequence(repo, "dyna_batched", strategy=DYNA_STRATEGY, instances=1)
     write_accumulator(repo)
     write_accumulator_toml(repo)
+    try:
+        import openvino  # noqa: F401
+
+        write_accumulator(repo, "accumulator_openvino", backend="openvino", instances=1)
+    except ImportError:
+        pass
     write_py_accumulator(repo)
     # One slot, released after 300 ms idle.
     write_accumulator(repo, "idle_acc", max_batch_size=1, instances=1, idle_us=300_000)
@@ -114,8 +120,12 @@ def test_tritonclient_sequence_examples(daemon: DaemonProcess) -> None:
 # ---------------------------------------------------------------------------- concurrency
 
 
-@pytest.mark.parametrize("model", ["accumulator", "accumulator_toml", "py_accumulator", "dyna_batched"])
+@pytest.mark.parametrize(
+    "model", ["accumulator", "accumulator_toml", "py_accumulator", "dyna_batched", "accumulator_openvino"]
+)
 def test_interleaved_sequences_from_concurrent_clients(daemon: DaemonProcess, model: str) -> None:
+    if model == "accumulator_openvino":
+        pytest.importorskip("openvino")
     rng = np.random.default_rng(abs(hash(model)) % 2**32)
     clients = 12
     plans = [[rng.integers(-100, 100, size=int(rng.integers(3, 10))).tolist() for _ in range(2)]
