@@ -271,3 +271,48 @@ def rnn_cell_config(name: str, width: int, strategy: str, *, max_batch_size: int
         f'  state [ {{ input_name: "H_IN" output_name: "H_OUT" data_type: TYPE_FP32 dims: [ {width} ] }} ]\n'
         "}\n"
     )
+
+
+PY_COUNTER = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Like Triton's qa/python_models/sequence_py: counts the requests of each sequence by
+    `request.correlation_id()` and `request.flags()` alone (no control inputs)."""
+
+    def initialize(self, args):
+        self.sequences = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            sid = request.correlation_id()
+            flags = request.flags()
+            if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+                if sid in self.sequences:
+                    raise pb_utils.TritonModelException("Can't start a new sequence with existing ID")
+                self.sequences[sid] = 0
+            elif sid not in self.sequences:
+                raise pb_utils.TritonModelException("Need START flag for a sequence ID that doesn't exist")
+            self.sequences[sid] += 1
+            count = self.sequences[sid]
+            if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+                del self.sequences[sid]
+            out = np.array([[count]], dtype=np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", out)]))
+        return responses
+'''
+
+
+def write_py_counter(repo: Path, name: str = "py_counter") -> Path:
+    folder = repo / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "1" / "model.py").write_text(PY_COUNTER)
+    (folder / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 4\n' + _IO
+        + "sequence_batching {\n  oldest { max_candidate_sequences: 4 max_queue_delay_microseconds: 1000 }\n}\n"
+        + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+    )
+    return folder

@@ -43,7 +43,15 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
-from daemon.backend import NUMPY_DTYPES, Backend, ExecuteResult, InferRequest, InferResponse
+from daemon.backend import (
+    NUMPY_DTYPES,
+    REQUEST_FLAG_SEQUENCE_END,
+    REQUEST_FLAG_SEQUENCE_START,
+    Backend,
+    ExecuteResult,
+    InferRequest,
+    InferResponse,
+)
 from daemon.core.stats import FailureReason, ModelStats
 from daemon.errors import BackendError, ConfigError, EdgedError, InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig, SequenceBatching, TensorConfig
@@ -802,6 +810,9 @@ class SequenceBatcher:
                     parameters=item.request.parameters,
                     priority=item.request.priority,
                     timeout_us=item.request.timeout_us,
+                    correlation_id=sequence.corrid,
+                    flags=(REQUEST_FLAG_SEQUENCE_START if item.start else 0)
+                    | (REQUEST_FLAG_SEQUENCE_END if item.end else 0),
                 )
             )
         lane.busy = True

@@ -23,6 +23,7 @@ from sequence_models import (
     write_accumulator,
     write_accumulator_toml,
     write_py_accumulator,
+    write_py_counter,
     write_simple_dyna_sequence,
     write_simple_sequence,
 )
@@ -49,6 +50,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     except ImportError:
         pass
     write_py_accumulator(repo)
+    write_py_counter(repo)
     # One slot, released after 300 ms idle.
     write_accumulator(repo, "idle_acc", max_batch_size=1, instances=1, idle_us=300_000)
     process = start_daemon_process(base, "--model-repository", str(repo), http=True)
@@ -154,6 +156,19 @@ def test_interleaved_sequences_from_concurrent_clients(daemon: DaemonProcess, mo
     if model == "dyna_batched":
         # Preferred batch 4, 200 ms window, 12 clients: sequences shared executions.
         assert after["execution_count"] - before["execution_count"] < requests
+
+
+def test_python_model_sees_correlation_id_and_flags(daemon: DaemonProcess) -> None:
+    """Triton's sequence_py pattern: the model keys its state on request.correlation_id() and
+    request.flags(); more sequences (6) than candidate slots (4), from concurrent clients."""
+    def client(index: int) -> list[int]:
+        corrid: int | str = 700 + index if index % 2 else f"text-{index}"
+        return _run(daemon, "py_counter", corrid, [0] * (3 + index))
+
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(client, range(6)))
+    for index, got in enumerate(results):
+        assert got == list(range(1, 4 + index))
 
 
 # ---------------------------------------------------------------------------- lifecycle, errors

@@ -352,20 +352,24 @@ async def test_bad_sequence_requests(params: dict[str, Any], message: str) -> No
         await scheduler.stop(5)
 
 
-async def test_the_backend_never_sees_sequence_parameters() -> None:
+async def test_the_backend_gets_correlation_id_and_flags_not_parameters() -> None:
     seen: list[dict[str, Any]] = []
 
     class Recorder(RowMemory):
         async def execute(self, batch: Sequence[InferRequest]) -> list[Any]:
-            seen.extend(dict(r.parameters) for r in batch)
+            seen.extend({**r.parameters, "corrid": r.correlation_id, "flags": r.flags} for r in batch)
             return await super().execute(batch)
 
     scheduler, _ = await _scheduler(Recorder, ROW_CONFIG)
     try:
-        await scheduler.submit(_request(1, sequence_id=4, sequence_start=True, sequence_end=True, custom="x"))
+        await scheduler.submit(_request(1, sequence_id=4, sequence_start=True, custom="x"))
+        await scheduler.submit(_request(1, sequence_id=4))
+        await scheduler.submit(_request(1, sequence_id=4, sequence_end=True))
     finally:
         await scheduler.stop(5)
-    assert seen == [{"custom": "x"}]
+    # Triton's correlation ID and request flags (START = 1, END = 2) instead.
+    assert seen == [{"custom": "x", "corrid": 4, "flags": 1}, {"corrid": 4, "flags": 0},
+                    {"corrid": 4, "flags": 2}]
 
 
 # ---------------------------------------------------------------------------- idle, backlog
