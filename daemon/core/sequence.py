@@ -386,7 +386,20 @@ def client_config(config: ModelConfig) -> ModelConfig:
 
 
 def sequence_parameters(request: InferRequest, model: str) -> tuple[SequenceId, bool, bool]:
-    """(correlation ID, start, end) from the request parameters; Triton's errors."""
+    """(correlation ID, start, end) from the request parameters; Triton's errors.
+
+    A transport that already turned them into `request.correlation_id` / `flags` (as Triton's
+    HTTP layer does) is taken at its word."""
+    if request.correlation_id not in (0, "") or request.flags:
+        if request.correlation_id in (0, ""):
+            raise InvalidArgument(
+                f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID"
+            )
+        return (
+            request.correlation_id,
+            bool(request.flags & REQUEST_FLAG_SEQUENCE_START),
+            bool(request.flags & REQUEST_FLAG_SEQUENCE_END),
+        )
     params = request.parameters
     corrid = params.get("sequence_id", 0)
     if isinstance(corrid, bool) or not isinstance(corrid, int | str) or (
@@ -464,7 +477,6 @@ class _Lane:
     slots: list[_Sequence | None]
     wake: asyncio.Future[None] | None = None
     task: asyncio.Task[None] | None = None
-    busy: bool = False
 
     def kick(self) -> None:
         if self.wake is not None and not self.wake.done():
@@ -529,15 +541,18 @@ class SequenceBatcher:
         return self._pending
 
     async def submit(self, request: InferRequest) -> InferResponse:
-        corrid, start, end = sequence_parameters(request, self.model)
-        if self.config.max_batch_size > 0 and request.batch_size() != 1:
+        try:
+            corrid, start, end = sequence_parameters(request, self.model)
+            if self.config.max_batch_size > 0 and request.batch_size() != 1:
+                raise InvalidArgument(
+                    f"inference request to model '{self.model}' must specify batch-size 1 due to "
+                    "requirements of sequence batcher"
+                )
+            if self.spec.corrid_name:
+                self.spec.corrid_array(corrid)  # a correlation ID the control cannot hold: 400 now
+        except InvalidArgument:
             self.stats.record_failure(0, "OTHER")
-            raise InvalidArgument(
-                f"inference request to model '{self.model}' must specify batch-size 1 due to "
-                "requirements of sequence batcher"
-            )
-        if self.spec.corrid_name:
-            self.spec.corrid_array(corrid)  # a correlation ID the control cannot hold: 400 now
+            raise
         if self._run is _Run.STOPPED or (self._run is _Run.STOPPING and start):
             self.stats.record_failure(0, "REJECTED")
             raise Unavailable(
@@ -710,7 +725,6 @@ class SequenceBatcher:
                     for item in rows:
                         if item is not None:
                             self._fail(item, BackendError(f"model '{self.model}': {exc!r}"), "OTHER")
-                    lane.busy = False
                     self._check_drained()
                 continue
             lane.wake = loop.create_future()
@@ -815,11 +829,9 @@ class SequenceBatcher:
                     | (REQUEST_FLAG_SEQUENCE_END if item.end else 0),
                 )
             )
-        lane.busy = True
         started = time.monotonic_ns()
         results = await self._run_backend(lane.instance, requests)
         elapsed = time.monotonic_ns() - started
-        lane.busy = False
         if any(isinstance(r, InferResponse) for r in results):
             self.stats.record_execution(len(rows), elapsed)
         finished = time.monotonic_ns()

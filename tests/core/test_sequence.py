@@ -509,3 +509,16 @@ async def test_models_without_a_batch_dimension() -> None:
         await scheduler.stop(5)
     for values, got in zip(plans.values(), results, strict=True):
         np.testing.assert_array_equal(got, np.cumsum(values, axis=0))
+
+
+async def test_correlation_id_and_flags_set_by_the_transport_are_used() -> None:
+    scheduler, _ = await _scheduler(RowMemory, ROW_CONFIG)
+    try:
+        first = InferRequest(inputs={"INPUT": np.full((1, 1), 4, np.int64)}, correlation_id=12, flags=1)
+        assert (await scheduler.submit(first)).outputs["OUTPUT"][0, 0] == 4
+        last = InferRequest(inputs={"INPUT": np.full((1, 1), 3, np.int64)}, correlation_id=12, flags=2)
+        assert (await scheduler.submit(last)).outputs["OUTPUT"][0, 0] == 7
+        with pytest.raises(InvalidArgument, match="must specify the START flag"):
+            await scheduler.submit(InferRequest(inputs={"INPUT": np.ones((1, 1), np.int64)}, correlation_id=12))
+    finally:
+        await scheduler.stop(5)
