@@ -126,6 +126,11 @@ def datatype_of(array: np.ndarray) -> str:
 # --------------------------------------------------------------------------- requests
 
 
+# Triton's TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END.
+REQUEST_FLAG_SEQUENCE_START = 1
+REQUEST_FLAG_SEQUENCE_END = 2
+
+
 @dataclass(slots=True)
 class InferRequest:
     """One decoded inference request, as the scheduler and backends see it."""
@@ -138,6 +143,10 @@ class InferRequest:
     priority: int = 0
     # 0 = the queue policy's default.
     timeout_us: int = 0
+    # Set by the sequence batcher (Triton's request correlation ID and flags): the sequence's
+    # ID (0 = none) and REQUEST_FLAG_SEQUENCE_START | _END.
+    correlation_id: int | str = 0
+    flags: int = 0
 
     def batch_size(self) -> int:
         """Rows along dim 0 (only meaningful when the model has max_batch_size > 0)."""

@@ -142,6 +142,8 @@ class PythonBackend(Backend):
                 requested_output_names=request.requested_outputs or self._output_names,
                 parameters=json.dumps(request.parameters),
                 model_name=self._model_name,
+                correlation_id=request.correlation_id,
+                flags=request.flags,
             )
             for request in batch
         ]

@@ -20,6 +20,10 @@ import numpy as np
 
 log = logging.getLogger("edged.python_model")
 
+# Request flags, as in Triton (the sequence batcher sets them).
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+
 # Triton's `TYPE_*` config names -> numpy. TYPE_STRING is numpy object (Python bytes).
 _NUMPY_TYPES: dict[str, type[Any]] = {
     "TYPE_BOOL": np.bool_,
@@ -105,8 +109,12 @@ class InferenceRequest:
         requested_output_names: Sequence[str] = (),
         parameters: str | dict[str, Any] = "{}",
         model_name: str = "",
+        correlation_id: int | str = 0,
+        flags: int = 0,
         **_: Any,
     ) -> None:
+        self._correlation_id = correlation_id
+        self._flags = flags
         self._inputs = list(inputs)
         self._request_id = request_id
         self._requested = list(requested_output_names)
@@ -129,11 +137,13 @@ class InferenceRequest:
     def model_name(self) -> str:
         return self._model_name
 
-    def correlation_id(self) -> int:
-        return 0
+    def correlation_id(self) -> int | str:
+        """The sequence ID (sequence batching), 0 otherwise."""
+        return self._correlation_id
 
     def flags(self) -> int:
-        return 0
+        """TRITONSERVER_REQUEST_FLAG_SEQUENCE_START | _END for sequence requests."""
+        return self._flags
 
     def is_cancelled(self) -> bool:
         return False

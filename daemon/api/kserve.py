@@ -28,6 +28,9 @@ _json = msgspec.json.Encoder()
 
 EXTENSIONS = [
     "classification",
+    # sequence_id / sequence_start / sequence_end (daemon.core.sequence); string IDs too.
+    "sequence",
+    "sequence(string_id)",
     "model_repository",
     "model_repository(unload_dependents)",
     "schedule_policy",

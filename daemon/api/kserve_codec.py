@@ -34,7 +34,13 @@ from typing import Any, Protocol
 import msgspec
 import numpy as np
 
-from daemon.backend import NUMPY_DTYPES, InferRequest, InferResponse
+from daemon.backend import (
+    NUMPY_DTYPES,
+    REQUEST_FLAG_SEQUENCE_END,
+    REQUEST_FLAG_SEQUENCE_START,
+    InferRequest,
+    InferResponse,
+)
 from daemon.core.labels import LabelCache
 from daemon.core.shm import Lease
 from daemon.errors import InvalidArgument
@@ -263,12 +269,19 @@ class Codec:
 
         params: dict[str, Parameter] = {}
         binary_default = False
-        priority = timeout_us = 0
+        priority = timeout_us = flags = 0
+        correlation_id: int | str = 0
         if header.parameters:
             params = _request_parameters(header.parameters)
             binary_default = _bool_parameter(params, "binary_data_output")
             priority = _uint_parameter(params, "priority")
             timeout_us = _uint_parameter(params, "timeout")
+            # Triton's sequence parameters become the request's correlation ID and flags,
+            # which only the sequence batcher reads.
+            correlation_id = params.get("sequence_id", 0)  # type: ignore[assignment]
+            flags = (REQUEST_FLAG_SEQUENCE_START if params.get("sequence_start") else 0) | (
+                REQUEST_FLAG_SEQUENCE_END if params.get("sequence_end") else 0
+            )
             for key in _RESERVED_REQUEST_PARAMETERS:
                 params.pop(key, None)
 
@@ -292,6 +305,8 @@ class Codec:
             parameters=params,
             priority=priority,
             timeout_us=timeout_us,
+            correlation_id=correlation_id,
+            flags=flags,
         )
         decoded.binary_outputs = binary_outputs
         decoded.binary_default = binary_default

@@ -14,10 +14,8 @@ import os
 import time
 from pathlib import Path
 
-import msgspec
-
 from daemon.backend import Backend, Device, InstanceContext
-from daemon.core import layout
+from daemon.core import layout, sequence
 from daemon.core.ensemble import EnsembleRunner, Resolver
 from daemon.core.hardware import Hardware
 from daemon.core.model import LoadedVersion
@@ -144,12 +142,16 @@ class ModelLoader:
         cls = await asyncio.to_thread(self.plugins.resolve, backend)
         try:
             # Reading the artifact can be slow (a TensorRT engine, a big ONNX file).
-            config = await asyncio.to_thread(cls.autocomplete, msgspec.structs.replace(config), artifact)
+            config = await asyncio.to_thread(cls.autocomplete, sequence.for_autocomplete(config), artifact)
         except EdgedError:
             raise
         except Exception as exc:
             raise BackendError(f"backend {backend!r} could not read {artifact}: {exc}") from exc
-        check_capabilities(backend, cls, config)
+        # Sequence models: clients see Triton's config (control and state tensors only under
+        # sequence_batching); backends load one where they are ordinary inputs and outputs.
+        config = sequence.client_config(config)
+        runtime = sequence.runtime_config(config)
+        check_capabilities(backend, cls, runtime)
         manifest = self.plugins.manifest(backend)
         count = sum(g.count for g in config.instance_group) or manifest.default_instances
         if cls.capabilities.kind == "generation":
@@ -164,7 +166,7 @@ class ModelLoader:
                 context = InstanceContext(name, version, index, count, state, threads)
                 instance = cls(context)
                 instances.append(instance)
-                await instance.load(config, artifact, device)
+                await instance.load(runtime, artifact, device)
         except BaseException as exc:
             for instance in instances:
                 try:
