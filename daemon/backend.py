@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
@@ -105,6 +105,9 @@ class InferResponse:
 
 ExecuteResult = InferResponse | EdgedError
 
+# (model name, version or None, request) -> the response; raises EdgedError.
+InferHook = Callable[[str, "str | None", InferRequest], Awaitable[InferResponse]]
+
 
 # --------------------------------------------------------------------------- metadata
 
@@ -139,6 +142,9 @@ class InstanceContext:
     state_dir: Path | None = None
     # CPU threads this instance may use, so N instances don't oversubscribe the cores.
     threads: int = 1
+    # Runs a request on another loaded model (model name, version or None for the served one):
+    # what Triton's BLS calls go through. Set by the registry; None where no registry runs.
+    infer: InferHook | None = None
 
 
 # --------------------------------------------------------------------------- backends
@@ -190,6 +196,18 @@ class Backend:
 
     def unload_sync(self) -> None:
         """Release runtime objects. Default: nothing to do."""
+
+    # Decoupled models (`model_transaction_policy { decoupled: true }`): requests the daemon
+    # streams (generate_stream) bypass the batcher and pick the instance with the fewest
+    # `streams_active`, which a backend that streams keeps up to date.
+    streams_active: int = 0
+
+    def execute_stream(self, request: InferRequest) -> AsyncGenerator[ExecuteResult, None]:
+        """Decoupled execution of one request: yields 0..n responses, each an InferResponse or
+        an EdgedError (an error is one response; the stream may go on after it), and ends after
+        the model's final flag. Closing the iterator early means the client went away: the
+        backend marks the request cancelled so the model can stop."""
+        raise Unsupported(f"backend {self.name!r} does not run decoupled models")
 
 
 class TensorBackend(Backend):
@@ -321,3 +339,11 @@ def select_outputs(outputs: dict[str, np.ndarray], requested: tuple[str, ...]) -
     if not requested:
         return outputs
     return {name: outputs[name] for name in requested if name in outputs}
+
+
+def config_from_triton_json(text: str, *, source: str) -> tuple[ModelConfig, list[str]]:
+    """A config in Triton's JSON layout (what a Python model's `auto_complete_config` returns)
+    validated exactly like a written config.pbtxt; returns the config and parser warnings."""
+    from daemon.core.model_files import PbtxtParser
+
+    return PbtxtParser().parse_json(text, source=source)

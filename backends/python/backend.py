@@ -9,11 +9,19 @@ daemon process, is called on its instance's own thread, and sees the request arr
 Each instance imports its `model.py` under a unique module name: two models that both ship a
 `model.py` (or two instances of one model) never share module state, as with Triton's separate
 processes. The whole batch is handed to `execute` as a list, like Triton; nothing is merged.
+
+Decoupled models (and models whose `execute` returns None) answer through response senders:
+the model's threads push responses into a per-request queue on the event loop. `/infer` takes
+exactly one response per request; `execute_stream` (generate_stream) yields them all.
+`auto_complete_config` runs in `autocomplete`, before any instance loads, and its result is
+validated like a written config. BLS calls run other models through the registry's hook in the
+instance context, on the daemon's event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib.util
 import inspect
 import json
@@ -21,8 +29,9 @@ import logging
 import platform
 import re
 import sys
+import threading
 import types
-from collections.abc import Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -37,6 +46,7 @@ from daemon.backend import (
     InferResponse,
     InstanceContext,
     Probe,
+    config_from_triton_json,
     datatype_of,
     select_outputs,
 )
@@ -71,7 +81,9 @@ class PythonBackend(Backend):
     name: ClassVar[str] = "python"
     # dynamic_batching: the scheduler may hand several requests to one execute(); they reach the
     # user's code as a list (Triton's contract), never merged along dim 0.
-    capabilities: ClassVar[Capabilities] = Capabilities(dynamic_batching=True, devices=("CPU",))
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        dynamic_batching=True, decoupled=True, devices=("CPU",)
+    )
 
     def __init__(self, context: InstanceContext) -> None:
         super().__init__(context)
@@ -81,6 +93,10 @@ class PythonBackend(Backend):
         self._module_name = ""
         # What `requested_output_names()` reports when a client asks for no output: all of them.
         self._output_names: tuple[str, ...] = ()
+        self._decoupled = False
+        # The daemon's event loop: responses and BLS calls cross over to it from model threads.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.streams_active = 0
 
     @classmethod
     def probe(cls) -> Probe:
@@ -88,7 +104,50 @@ class PythonBackend(Backend):
             available=True, devices=("CPU",), runtime_version=f"CPython {platform.python_version()}"
         )
 
+    @classmethod
+    def autocomplete(cls, config: ModelConfig, artifact: Path) -> ModelConfig:
+        """Triton's `auto_complete_config(auto_complete_model_config)`, if the model has one:
+        it gets the config in Triton's JSON layout, and what it returns is validated exactly like
+        a written config (unknown fields, datatypes, dims), errors naming the model file."""
+        model_name = config.name
+        path = _artifact_file(artifact, config, model_name)
+        where = f"python: model {model_name!r} ({path})"
+        sys.modules[SHIM_MODULE] = pb_utils
+        module_name = f"edged_python_autocomplete_{re.sub(r'[^0-9A-Za-z_]', '_', model_name)}_{id(config):x}"
+        module = cls._import(module_name, path, where)
+        try:
+            model_class = getattr(module, MODEL_CLASS, None)
+            complete = getattr(model_class, "auto_complete_config", None)
+            if not callable(complete):
+                return config
+            given = pb_utils.ModelConfig(msgspec.json.encode(to_triton_json(config)).decode())
+            try:
+                result = complete(given)
+            except (Exception, SystemExit) as exc:
+                raise BackendError(
+                    f"{where}: auto_complete_config raised {type(exc).__name__}: {exc}"
+                ) from exc
+            if not callable(getattr(result, "as_dict", None)):
+                raise BackendError(
+                    f"{where}: auto_complete_config must return the config object it was given, "
+                    f"got {type(result).__name__}"
+                )
+            try:
+                text = json.dumps(result.as_dict())
+            except (TypeError, ValueError) as exc:
+                raise BackendError(f"{where}: auto_complete_config: {exc}") from exc
+        finally:
+            sys.modules.pop(module_name, None)
+        completed, warnings = config_from_triton_json(text, source=f"{where} auto_complete_config")
+        for warning in warnings:
+            log.warning("%s", warning)
+        return completed
+
     # ------------------------------------------------------------------ lifecycle
+
+    async def load(self, config: ModelConfig, artifact: Path, device: str) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self.run_blocking(self.load_sync, config, artifact, device)
 
     def load_sync(self, config: ModelConfig, artifact: Path, device: str) -> None:
         model_name = self._model_name = config.name or self.context.model_name
@@ -118,6 +177,7 @@ class PythonBackend(Backend):
         self.model_path = path
         self._module_name = module_name
         self._output_names = tuple(t.name for t in config.output)
+        self._decoupled = config.model_transaction_policy.decoupled
 
     def unload_sync(self) -> None:
         model, self.model = self.model, None
@@ -134,16 +194,8 @@ class PythonBackend(Backend):
     # ------------------------------------------------------------------ inference
 
     async def execute(self, batch: Sequence[InferRequest]) -> list[ExecuteResult]:
-        requests = [
-            pb_utils.InferenceRequest(
-                inputs=[pb_utils.Tensor(name, array) for name, array in request.inputs.items()],
-                request_id=request.id,
-                requested_output_names=request.requested_outputs or self._output_names,
-                parameters=json.dumps(request.parameters),
-                model_name=self._model_name,
-            )
-            for request in batch
-        ]
+        streams = [_Stream(self._loop) for _ in batch]
+        requests = [self._pb_request(r, s) for r, s in zip(batch, streams, strict=True)]
         try:
             responses = await self.run_blocking(self._call_execute, requests)
         except EdgedError as exc:
@@ -152,6 +204,12 @@ class PythonBackend(Backend):
             error = BackendError(
                 f"python: model {self._model_name!r}: execute failed: {type(exc).__name__}: {exc}"
             )
+            return [error for _ in batch]
+        if responses is None:
+            # Answered through response senders (decoupled, or Triton's non-decoupled sender).
+            return [await self._single(request, stream) for request, stream in zip(batch, streams, strict=True)]
+        if self._decoupled:
+            error = BackendError(self._decoupled_return_error())
             return [error for _ in batch]
         if not isinstance(responses, list | tuple) or len(responses) != len(batch):
             got = (
@@ -169,11 +227,90 @@ class PythonBackend(Backend):
             for request, response in zip(batch, responses, strict=True)
         ]
 
+    async def _single(self, request: InferRequest, stream: _Stream) -> ExecuteResult:
+        """The one response `/infer` can carry, as Triton: any other count is an error."""
+        results: list[ExecuteResult] = []
+        async for response in stream.responses():
+            results.append(self._result(request, response))
+        if len(results) == 1:
+            return results[0]
+        hint = (
+            f"; model {self._model_name!r} is decoupled: use generate_stream for any number of "
+            "responses"
+            if self._decoupled
+            else ""
+        )
+        return BackendError(f"expected a single response, got {len(results)}{hint}")
+
+    async def execute_stream(self, request: InferRequest) -> AsyncGenerator[ExecuteResult, None]:
+        stream = _Stream(self._loop)
+        pb_request = self._pb_request(request, stream)
+        self.streams_active += 1
+        finished = False
+        try:
+            task = asyncio.ensure_future(self.run_blocking(self._call_execute, [pb_request]))
+            task.add_done_callback(lambda done: self._execute_returned(done, stream))
+            async for response in stream.responses():
+                yield response if isinstance(response, EdgedError) else self._result(request, response)
+            finished = True
+        finally:
+            if not finished:
+                # The consumer went away (client disconnect): the model sees is_cancelled().
+                stream.cancelled.set()
+            self.streams_active -= 1
+
+    def _execute_returned(self, done: asyncio.Future[Any], stream: _Stream) -> None:
+        """On the loop, once `execute` returned for a streamed request: a raise or a returned
+        response ends the stream; None leaves it to the response sender."""
+        if done.cancelled():
+            stream.end(BackendError(f"python: model {self._model_name!r}: execute was cancelled"))
+            return
+        exc = done.exception()
+        if exc is not None:
+            error = exc if isinstance(exc, EdgedError) else BackendError(
+                f"python: model {self._model_name!r}: execute failed: {type(exc).__name__}: {exc}"
+            )
+            stream.end(error)
+            return
+        responses = done.result()
+        if responses is None:
+            return
+        if self._decoupled:
+            stream.end(BackendError(self._decoupled_return_error()))
+        elif isinstance(responses, list | tuple) and len(responses) == 1:
+            stream.end(responses[0])
+        else:
+            stream.end(BackendError(
+                f"python: model {self._model_name!r}: execute must return one InferenceResponse "
+                "per request"
+            ))
+
+    def _decoupled_return_error(self) -> str:
+        return (
+            f"python: model {self._model_name!r} is decoupled: execute must return None and send "
+            "responses through request.get_response_sender()"
+        )
+
+    def _pb_request(self, request: InferRequest, stream: _Stream) -> pb_utils.InferenceRequest:
+        pb_request = pb_utils.InferenceRequest(
+            inputs=[pb_utils.Tensor(name, array) for name, array in request.inputs.items()],
+            request_id=request.id,
+            requested_output_names=request.requested_outputs or self._output_names,
+            parameters=json.dumps(request.parameters),
+            model_name=self._model_name,
+            model_version=self.context.model_version,
+            timeout=request.timeout_us,
+        )
+        pb_request._sender = pb_utils.InferenceResponseSender(stream.push, stream.cancelled)
+        pb_request._cancelled = stream.cancelled
+        return pb_request
+
     def _call_execute(self, requests: list[pb_utils.InferenceRequest]) -> Any:
         """Runs on the instance thread."""
         model = self.model
         if model is None:
             raise BackendError(f"python: model {self._model_name!r} is not loaded")
+        token = pb_utils.BLS_EXECUTOR.set(self._bls)
         try:
             result = model.execute(requests)
             if inspect.isawaitable(result):
@@ -185,7 +322,48 @@ class PythonBackend(Backend):
             raise BackendError(
                 f"python: model {self._model_name!r}: execute raised {type(exc).__name__}: {exc}"
             ) from exc
+        finally:
+            pb_utils.BLS_EXECUTOR.reset(token)
         return result
+
+    # ------------------------------------------------------------------ BLS
+
+    def _bls(self, pb_request: pb_utils.InferenceRequest) -> concurrent.futures.Future[Any]:
+        """Start a BLS request on the daemon's loop (called on a model thread)."""
+        hook, loop = self.context.infer, self._loop
+        if hook is None or loop is None:
+            raise pb_utils.TritonModelException(
+                "BLS calls are not available: this instance runs outside the daemon's registry"
+            )
+        try:
+            parameters = json.loads(pb_request.parameters())
+            inputs = {t.name(): _output_array(t.as_numpy()) for t in pb_request.inputs()}
+        except (EdgedError, TypeError, ValueError) as exc:
+            raise pb_utils.TritonModelException(f"BLS request: {exc}") from exc
+        if not isinstance(parameters, dict):
+            raise pb_utils.TritonModelException("BLS request: parameters must be a JSON object")
+        request = InferRequest(
+            inputs,
+            id=pb_request.request_id(),
+            requested_outputs=tuple(pb_request.requested_output_names()),
+            parameters=parameters,
+            timeout_us=pb_request.timeout(),
+        )
+        version = None if pb_request.model_version() < 0 else str(pb_request.model_version())
+
+        async def call() -> pb_utils.InferenceResponse:
+            try:
+                response = await hook(pb_request.model_name(), version, request)
+            except EdgedError as exc:
+                return pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(exc.message, _triton_code(exc))
+                )
+            return pb_utils.InferenceResponse(
+                [pb_utils.Tensor(name, array) for name, array in response.outputs.items()],
+                parameters=response.parameters or None,
+            )
+
+        return asyncio.run_coroutine_threadsafe(call(), loop)
 
     def _result(self, request: InferRequest, response: Any) -> ExecuteResult:
         """One user response -> the daemon's response or error (duck-typed: a model may hold
@@ -200,14 +378,19 @@ class PythonBackend(Backend):
         if error is not None:
             code = error.code() if callable(getattr(error, "code", None)) else 0
             message = error.message() if callable(getattr(error, "message", None)) else str(error)
-            return _ERROR_CLASSES.get(code, BackendError)(f"model {name!r}: {message}")
+            # The model's own message, as Triton passes it to the client.
+            return _ERROR_CLASSES.get(code, BackendError)(str(message))
         outputs: dict[str, np.ndarray] = {}
         for tensor in response.output_tensors():
             try:
                 outputs[tensor.name()] = _output_array(tensor.as_numpy())
             except (EdgedError, TypeError, ValueError) as exc:
                 return BackendError(f"python: model {name!r}: output {tensor.name()!r}: {exc}")
-        return InferResponse(select_outputs(outputs, request.requested_outputs))
+        parameters = getattr(response, "_parameters", None)
+        return InferResponse(
+            select_outputs(outputs, request.requested_outputs),
+            dict(parameters) if isinstance(parameters, dict) else {},
+        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -236,6 +419,46 @@ class PythonBackend(Backend):
 
 async def _wait(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
+
+
+class _Stream:
+    """The responses of one request, on their way from model threads to the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._loop = loop
+        # Items: (response or None or EdgedError, final).
+        self._queue: asyncio.Queue[tuple[Any, bool]] = asyncio.Queue()
+        self.cancelled = threading.Event()
+
+    def push(self, response: Any, flags: int) -> None:
+        """The response sender's callback (any thread)."""
+        item = (response, bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+        if self._loop is None:
+            raise pb_utils.TritonModelException("the model is not loaded")
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: the daemon is stopping
+            self.cancelled.set()
+
+    def end(self, last: Any) -> None:
+        """On the loop: a final item (a response or an EdgedError)."""
+        self._queue.put_nowait((last, True))
+
+    async def responses(self) -> AsyncIterator[Any]:
+        """Each response (pb_utils response or EdgedError) until the final flag."""
+        while True:
+            response, final = await self._queue.get()
+            if response is not None:
+                yield response
+            if final:
+                return
+
+
+def _triton_code(exc: EdgedError) -> int:
+    for code, kind in _ERROR_CLASSES.items():
+        if isinstance(exc, kind):
+            return code
+    return pb_utils.TritonError.INTERNAL
 
 
 def _artifact_file(artifact: Path, config: ModelConfig, model_name: str) -> Path:

@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
+from daemon.api import generate as generate_tensor
 from daemon.api.state import daemon_of
 from daemon.backend import GenerateChunk, GenerateParams
 from daemon.core.registry import LoadedVersion
@@ -361,6 +362,8 @@ async def embeddings(request: web.Request) -> web.Response:
 
 
 async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
+    if (tensor := generate_tensor.tensor_model(request)) is not None:  # any tensor model
+        return await generate_tensor.handle(request, tensor, stream)
     name = request.match_info["model"]
     req: GenerateRequest = _decode(await request.read(), GenerateRequest)
     model = _generation_model(request, name)

@@ -444,7 +444,8 @@ class ModelRegistry:
         started = time.monotonic()
         try:
             for index in range(count):
-                context = InstanceContext(name, version, index, count, state, threads)
+                # infer: BLS calls from python models run other models through us.
+                context = InstanceContext(name, version, index, count, state, threads, infer=self.infer)
                 instance = cls(context)
                 instances.append(instance)
                 await instance.load(config, artifact, device)
