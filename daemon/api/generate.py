@@ -36,7 +36,9 @@ _NOT_IN_JSON = ("FP16", "BF16")
 
 def tensor_model(request: web.Request) -> LoadedVersion | None:
     """The addressed model when it is a tensor model (None for generation backends)."""
-    model = daemon_of(request).registry.get(request.match_info["model"], request.match_info.get("version"))
+    model = daemon_of(request).registry.get(
+        request.match_info["model"], request.match_info.get("version")
+    )
     return None if model.generator is not None else model
 
 
@@ -67,7 +69,9 @@ async def handle(request: web.Request, model: LoadedVersion, stream: bool) -> we
                 if isinstance(result, EdgedError):
                     raise result  # nothing sent yet: a plain JSON error with its status
                 response = await _start_sse(request)
-            await response.write(b"data: " + _json.encode(_event(model, infer_request.id, result)) + b"\n\n")
+            await response.write(
+                b"data: " + _json.encode(_event(model, infer_request.id, result)) + b"\n\n"
+            )
         if response is None:  # the model sent only the final flag
             response = await _start_sse(request)
         await response.write_eof()
@@ -119,7 +123,9 @@ def to_request(body: dict[str, Any], config: ModelConfig) -> InferRequest:
         if tensor is None:
             parameters[key] = _parameter(key, value)
         elif key in inputs:
-            raise InvalidArgument(f"input '{key}' is given twice (at the top level and in 'parameters')")
+            raise InvalidArgument(
+                f"input '{key}' is given twice (at the top level and in 'parameters')"
+            )
         else:
             inputs[key] = _tensor(value, tensor, config.max_batch_size)
 
@@ -151,7 +157,9 @@ def _parameter(key: str, value: Any) -> str | int | float | bool:
 
 def _flatten(value: Any, out: list[Any], depth: int, name: str) -> None:
     if depth > MAX_DEPTH:
-        raise InvalidArgument(f"input '{name}': JSON nesting depth exceeds maximum allowed limit ({MAX_DEPTH})")
+        raise InvalidArgument(
+            f"input '{name}': JSON nesting depth exceeds maximum allowed limit ({MAX_DEPTH})"
+        )
     if isinstance(value, list):
         for item in value:
             _flatten(item, out, depth + 1, name)
@@ -183,7 +191,9 @@ def _tensor(value: Any, tensor: TensorConfig, max_batch_size: int) -> np.ndarray
         try:
             array = np.array(flat, dtype=dtype)
         except OverflowError:
-            raise InvalidArgument(f"input '{name}': a value is out of range for {datatype}") from None
+            raise InvalidArgument(
+                f"input '{name}': a value is out of range for {datatype}"
+            ) from None
     return array.reshape(_shape(name, len(flat), tensor.dims, max_batch_size))
 
 
@@ -195,13 +205,17 @@ def _shape(name: str, count: int, dims: list[int], max_batch_size: int) -> list[
     for dim in shape:
         if dim != -1:
             if dim == 0 or left % dim:
-                raise InvalidArgument(f"The schema can not convert input '{name}' to tensor with proper shape")
+                raise InvalidArgument(
+                    f"The schema can not convert input '{name}' to tensor with proper shape"
+                )
             left //= dim
     for index in range(len(shape) - 1, -1, -1):
         if shape[index] == -1:
             shape[index], left = left, 1
     if left != 1 and count:
-        raise InvalidArgument(f"The schema can not convert input '{name}' to tensor with proper shape")
+        raise InvalidArgument(
+            f"The schema can not convert input '{name}' to tensor with proper shape"
+        )
     return shape
 
 

@@ -42,7 +42,9 @@ async def responses(
             yield result
 
 
-async def stream(model: LoadedVersion, request: InferRequest) -> AsyncGenerator[ExecuteResult, None]:
+async def stream(
+    model: LoadedVersion, request: InferRequest
+) -> AsyncGenerator[ExecuteResult, None]:
     """A decoupled model's responses for one request, recorded in the model's statistics."""
     try:
         validate_request(request, model.config)
