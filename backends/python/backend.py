@@ -120,7 +120,12 @@ class PythonBackend(Backend):
             complete = getattr(model_class, "auto_complete_config", None)
             if not callable(complete):
                 return config
-            given = pb_utils.ModelConfig(msgspec.json.encode(to_triton_json(config)).decode())
+            layout = to_triton_json(config)
+            if not config.model_transaction_policy.decoupled:
+                # Our config cannot tell a written `decoupled: false` from none; as unset, the
+                # model may still declare itself decoupled (Triton's common case).
+                layout.pop("model_transaction_policy", None)
+            given = pb_utils.ModelConfig(msgspec.json.encode(layout).decode())
             try:
                 result = complete(given)
             except (Exception, SystemExit) as exc:
@@ -129,8 +134,8 @@ class PythonBackend(Backend):
                 ) from exc
             if not callable(getattr(result, "as_dict", None)):
                 raise BackendError(
-                    f"{where}: auto_complete_config must return the config object it was given, "
-                    f"got {type(result).__name__}"
+                    f"{where}: auto_complete_config function in model '{model_name}' must return "
+                    f"a valid pb.ModelConfig object."
                 )
             try:
                 text = json.dumps(result.as_dict())

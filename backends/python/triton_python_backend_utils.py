@@ -434,9 +434,10 @@ class ModelConfig:
         )
         for key in tensor:
             if key not in allowed:
+                listed = ", ".join(repr(a) for a in allowed[:-1]) + f" and {allowed[-1]!r}"
                 raise ValueError(
                     f"{kind} '{name}' in auto-complete-config function for model '{model}' "
-                    f"contains property other than {', '.join(repr(a) for a in allowed)}."
+                    f"contains property other than {listed}."
                 )
         if name is None:
             raise ValueError(
