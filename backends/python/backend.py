@@ -41,6 +41,7 @@ import numpy as np
 from daemon.backend import (
     Backend,
     Capabilities,
+    Device,
     ExecuteResult,
     InferRequest,
     InferResponse,
@@ -81,9 +82,7 @@ class PythonBackend(Backend):
     name: ClassVar[str] = "python"
     # dynamic_batching: the scheduler may hand several requests to one execute(); they reach the
     # user's code as a list (Triton's contract), never merged along dim 0.
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        dynamic_batching=True, decoupled=True, devices=("CPU",)
-    )
+    capabilities: ClassVar[Capabilities] = Capabilities(dynamic_batching=True, decoupled=True)
 
     def __init__(self, context: InstanceContext) -> None:
         super().__init__(context)
@@ -150,11 +149,11 @@ class PythonBackend(Backend):
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def load(self, config: ModelConfig, artifact: Path, device: str) -> None:
+    async def load(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         self._loop = asyncio.get_running_loop()
         await self.run_blocking(self.load_sync, config, artifact, device)
 
-    def load_sync(self, config: ModelConfig, artifact: Path, device: str) -> None:
+    def load_sync(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         model_name = self._model_name = config.name or self.context.model_name
         path = _artifact_file(artifact, config, model_name)
         where = f"python: model {model_name!r} ({path})"
@@ -485,16 +484,16 @@ def _output_array(value: Any) -> np.ndarray:
 
 
 def triton_args(
-    config: ModelConfig, context: InstanceContext, path: Path, device: str
+    config: ModelConfig, context: InstanceContext, path: Path, device: Device
 ) -> dict[str, str]:
     """Triton's `initialize(args)` dict; every value is a string, as in Triton."""
     model_name = config.name or context.model_name
-    match = re.search(r"(\d+)$", device)
+    gpu = device.kind.startswith("gpu")
     return {
         "model_config": msgspec.json.encode(to_triton_json(config)).decode(),
-        "model_instance_kind": "GPU" if device.upper().startswith("GPU") else "CPU",
+        "model_instance_kind": "GPU" if gpu else "CPU",
         "model_instance_name": f"{model_name}_{context.instance_index}",
-        "model_instance_device_id": match.group(1) if match else "0",
+        "model_instance_device_id": str(device.index) if gpu else "0",
         # Triton's "repository" entry is the model's own directory (<repo>/<model>).
         "model_repository": str(path.parent.parent),
         "model_version": str(context.model_version),

@@ -23,7 +23,7 @@ from aiohttp import web
 from daemon.api.state import daemon_of
 from daemon.backend import NUMPY_DTYPES, ExecuteResult, InferRequest, InferResponse
 from daemon.core import decoupled
-from daemon.core.registry import LoadedVersion
+from daemon.core.model import LoadedVersion
 from daemon.errors import BackendError, EdgedError, InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig, TensorConfig
 
@@ -47,7 +47,7 @@ async def handle(request: web.Request, model: LoadedVersion, stream: bool) -> we
     if not daemon.accepting:
         raise Unavailable("server is shutting down")
     infer_request = to_request(_decode(await request.read()), model.config)
-    results = decoupled.responses(daemon.registry, model, infer_request)
+    results = decoupled.responses(model, infer_request)
     async with contextlib.aclosing(results):
         if not stream:
             collected = [result async for result in results]

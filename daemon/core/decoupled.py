@@ -20,12 +20,10 @@ from daemon.core.validate import validate_request
 from daemon.errors import EdgedError, Unsupported
 
 if TYPE_CHECKING:
-    from daemon.core.registry import LoadedVersion, ModelRegistry
+    from daemon.core.model import LoadedVersion
 
 
-async def responses(
-    registry: ModelRegistry, model: LoadedVersion, request: InferRequest
-) -> AsyncGenerator[ExecuteResult, None]:
+async def responses(model: LoadedVersion, request: InferRequest) -> AsyncGenerator[ExecuteResult, None]:
     """Every response of `request`: a decoupled model's stream, else its one response.
 
     Errors the model attaches to a response come as EdgedError items (the stream may go on);
@@ -33,7 +31,7 @@ async def responses(
     """
     if not model.config.model_transaction_policy.decoupled:
         try:
-            yield await registry.infer(model.name, str(model.version), request)
+            yield await model.infer(request)
         except EdgedError as exc:
             yield exc
         return

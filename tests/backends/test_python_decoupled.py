@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from daemon.backend import Backend, InferRequest, InferResponse, InstanceContext
+from daemon.backend import Backend, Device, InferRequest, InferResponse, InstanceContext
 from daemon.errors import BackendError, ConfigError, EdgedError, InvalidArgument
 from daemon.model_config import ModelConfig, TensorConfig, TransactionPolicy
 
@@ -63,7 +63,7 @@ def llm_request(prompt: str, stream: bool, **parameters: object) -> InferRequest
 
 async def load(cls: type[Backend], config: ModelConfig, artifact: Path) -> Backend:
     backend = cls(InstanceContext(config.name, 1))
-    await backend.load(config, artifact, "CPU")
+    await backend.load(config, artifact, Device("cpu"))
     return backend
 
 
@@ -344,7 +344,7 @@ AUTOCOMPLETE_ERRORS = {
 async def test_autocomplete_errors_as_triton(
     backend_class: ClassOf, tmp_path: Path, name: str
 ) -> None:
-    from daemon.core.model_files import parse_pbtxt
+    from daemon.core.triton_config import parse_pbtxt
 
     written, body, message = AUTOCOMPLETE_ERRORS[name]
     source = (
