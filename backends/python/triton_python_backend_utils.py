@@ -271,19 +271,24 @@ class InferenceResponse:
         self,
         output_tensors: Iterable[Tensor] = (),
         error: TritonError | None = None,
-        parameters: str | dict[str, Any] | None = None,
+        parameters: dict[str, Any] | None = None,
     ) -> None:
         self._outputs = list(output_tensors)
         self._error = error
-        if isinstance(parameters, str):
-            parameters = json.loads(parameters)
+        # Newer Triton: a dict of str keys to bool/int/str values (no floats), checked here.
         if parameters is not None and not isinstance(parameters, dict):
-            raise TritonModelException("InferenceResponse parameters must be a dict or a JSON object")
+            raise TritonModelException(
+                f"InferenceResponse parameters must be a dict, got {type(parameters)}"
+            )
         self._parameters: dict[str, Any] = dict(parameters or {})
         for key, value in self._parameters.items():
-            if not isinstance(value, bool | int | float | str):
+            if not isinstance(key, str):
                 raise TritonModelException(
-                    f"response parameter {key!r} must be a bool, int, float or str"
+                    f"Expect parameters keys to have type str, found type {type(key)}"
+                )
+            if not isinstance(value, bool | int | str):
+                raise TritonModelException(
+                    f"Expect parameters values to have type bool/int/str, found type {type(value)}"
                 )
 
     def parameters(self) -> str:

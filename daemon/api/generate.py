@@ -6,7 +6,7 @@ names a model input becomes that input, its dtype from the config and its shape 
 the input's dims (fixed dims first, the innermost variable dim takes the rest); every other key
 becomes a request parameter (string, number or boolean). Each response becomes one JSON object:
 `id` (when given), `model_name`, `model_version`, the response's parameters and every output
-(one element as a scalar, more as a flat list). `generate` needs exactly one response;
+(one element as a scalar, more as a flat list), keys sorted as Triton writes them. `generate` needs exactly one response;
 `generate_stream` sends each as a Server-Sent Event, errors after the first as `{"error": ...}`
 events. Generation (LLM) backends keep their own schema in `daemon.api.openai`.
 """
@@ -28,8 +28,6 @@ from daemon.errors import BackendError, EdgedError, InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig, TensorConfig
 
 _json = msgspec.json.Encoder()
-# Triton's limit for nested JSON arrays.
-MAX_DEPTH = 100
 _INTEGER_KINDS = ("i", "u")
 _NOT_IN_JSON = ("FP16", "BF16")
 
@@ -66,21 +64,23 @@ async def handle(request: web.Request, model: LoadedVersion, stream: bool) -> we
         response: web.StreamResponse | None = None
         async for result in results:
             if response is None:
-                if isinstance(result, EdgedError):
-                    raise result  # nothing sent yet: a plain JSON error with its status
-                response = await _start_sse(request)
+                # The first response sets the status (an error's own status, as Triton); errors
+                # before inference began were raised and answered as plain JSON.
+                status = result.status if isinstance(result, EdgedError) else 200
+                response = await _start_sse(request, status)
             await response.write(
                 b"data: " + _json.encode(_event(model, infer_request.id, result)) + b"\n\n"
             )
         if response is None:  # the model sent only the final flag
-            response = await _start_sse(request)
+            response = await _start_sse(request, 200)
         await response.write_eof()
         return response
 
 
-async def _start_sse(request: web.Request) -> web.StreamResponse:
+async def _start_sse(request: web.Request, status: int) -> web.StreamResponse:
     response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+        status=status,
+        headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"},
     )
     await response.prepare(request)
     return response
@@ -124,7 +124,7 @@ def to_request(body: dict[str, Any], config: ModelConfig) -> InferRequest:
             parameters[key] = _parameter(key, value)
         elif key in inputs:
             raise InvalidArgument(
-                f"input '{key}' is given twice (at the top level and in 'parameters')"
+                f"Converting keyword: 'parameters': input '{key}' already exists in request"
             )
         else:
             inputs[key] = _tensor(value, tensor, config.max_batch_size)
@@ -149,30 +149,28 @@ def to_request(body: dict[str, Any], config: ModelConfig) -> InferRequest:
 def _parameter(key: str, value: Any) -> str | int | float | bool:
     if isinstance(value, str | bool | int | float):
         return value
+    # Triton's words (it accepts doubles too, without saying so).
     raise InvalidArgument(
-        f"parameter '{key}' has invalid type. It should be either 'int', 'bool', 'double' or "
-        "'string'."
+        f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
     )
 
 
-def _flatten(value: Any, out: list[Any], depth: int, name: str) -> None:
-    if depth > MAX_DEPTH:
+def _values(value: Any, name: str) -> list[Any]:
+    """A scalar or a flat list, as Triton reads generate values (it has no nested shapes)."""
+    if not isinstance(value, list):
+        return [value]
+    if any(isinstance(item, list | dict) for item in value):
         raise InvalidArgument(
-            f"input '{name}': JSON nesting depth exceeds maximum allowed limit ({MAX_DEPTH})"
+            f"input '{name}': generate takes a value or a flat list of values, not nested lists"
         )
-    if isinstance(value, list):
-        for item in value:
-            _flatten(item, out, depth + 1, name)
-    else:
-        out.append(value)
+    return value
 
 
 def _tensor(value: Any, tensor: TensorConfig, max_batch_size: int) -> np.ndarray:
     name, datatype = tensor.name, tensor.data_type
     if datatype in _NOT_IN_JSON:
         raise InvalidArgument(f"input '{name}' has datatype {datatype}, which JSON cannot carry")
-    flat: list[Any] = []
-    _flatten(value, flat, 0, name)
+    flat = _values(value, name)
     dtype = NUMPY_DTYPES[datatype]
     if datatype == "BYTES":
         if not all(isinstance(v, str) for v in flat):
@@ -237,7 +235,8 @@ def to_json(model: LoadedVersion, request_id: str, response: InferResponse) -> d
         if tensor is not None and tensor.data_type in _NOT_IN_JSON:
             raise BackendError(f"output '{name}' is {tensor.data_type}, which JSON cannot carry")
         payload[name] = _output_value(name, array)
-    return payload
+    # Triton writes the keys in sorted order (it collects them in a std::map); so do we.
+    return dict(sorted(payload.items()))
 
 
 def _output_value(name: str, array: np.ndarray) -> Any:

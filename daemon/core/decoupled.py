@@ -17,21 +17,32 @@ from typing import TYPE_CHECKING
 from daemon.backend import ExecuteResult, InferRequest
 from daemon.core.stats import FailureReason
 from daemon.core.validate import validate_request
-from daemon.errors import EdgedError, Unsupported
+from daemon.errors import EdgedError, QueueTimeout, Unavailable, Unsupported
 
 if TYPE_CHECKING:
     from daemon.core.model import LoadedVersion
 
 
-async def responses(model: LoadedVersion, request: InferRequest) -> AsyncGenerator[ExecuteResult, None]:
+async def responses(
+    model: LoadedVersion, request: InferRequest
+) -> AsyncGenerator[ExecuteResult, None]:
     """Every response of `request`: a decoupled model's stream, else its one response.
 
     Errors the model attaches to a response come as EdgedError items (the stream may go on);
     a request that fails before any response (validation, queue full) raises.
     """
     if not model.config.model_transaction_policy.decoupled:
+        # As Triton: a request refused before it ran (bad input, queue full or timed out)
+        # raises; a failure of the model itself is its one response.
+        try:
+            validate_request(request, model.config)
+        except EdgedError:
+            model.stats.record_failure(0, "OTHER")
+            raise
         try:
             yield await model.infer(request)
+        except (Unavailable, QueueTimeout):
+            raise
         except EdgedError as exc:
             yield exc
         return

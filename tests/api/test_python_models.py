@@ -82,6 +82,7 @@ def test_all_models_ready(daemon: DaemonProcess) -> None:
             "bls",
             "identity_fp32",
             "mock_llm",
+            "params_echo",
             "slow_stream",
             "string_identity",
         )
@@ -97,15 +98,25 @@ def test_identity_fp32_with_tritonclient(client: Any, binary: bool) -> None:
         "identity_fp32",
         [inp],
         outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)],
-        parameters={"temperature": 0.5, "tag": "t"},
     )
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
-    # Request parameters reached the model as Triton's JSON string, and it saw the requested output.
-    assert result.get_response()["parameters"] == {
-        "echo_temperature": 0.5,
-        "echo_tag": "t",
-        "requested": "OUTPUT0",
+
+
+def test_parameters_and_requested_outputs_reach_the_model(client: Any) -> None:
+    inp = httpclient.InferInput("INPUT0", [2], "FP32")
+    inp.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
+    result = client.infer(
+        "params_echo",
+        [inp],
+        outputs=[httpclient.InferRequestedOutput("PARAMS")],
+        parameters={"temperature": 0.5, "tag": "t", "n": 3, "flag": True},
+    )
+    # request.parameters() is Triton's JSON string; requested_output_names() what was asked.
+    assert json.loads(result.as_numpy("PARAMS")[0]) == {
+        "parameters": {"temperature": 0.5, "tag": "t", "n": 3, "flag": True},
+        "requested": ["PARAMS"],
     }
+    assert result.as_numpy("OUTPUT0") is None
 
 
 def test_string_identity_with_tritonclient(client: Any) -> None:
@@ -153,16 +164,12 @@ def test_generate_stream_sends_each_response(daemon: DaemonProcess) -> None:
         "/v2/models/mock_llm/generate_stream", {"id": "r1", **mock_llm_body("the quick fox", True)}
     )
     assert reply.status == 200
+    assert reply.body.startswith(
+        b'data: {"TEXT":"the","id":"r1","model_name":"mock_llm","model_version":"1"}\n\n'
+    )
     assert events(reply) == [
-        {
-            "id": "r1",
-            "model_name": "mock_llm",
-            "model_version": "1",
-            "index": i,
-            "late_send_error": "",
-            "TEXT": w,
-        }
-        for i, w in enumerate(["the", "quick", "fox"])
+        {"id": "r1", "model_name": "mock_llm", "model_version": "1", "TEXT": w}
+        for w in ["the", "quick", "fox"]
     ]
 
 
@@ -178,14 +185,20 @@ def test_generate_stream_error_response_then_more(daemon: DaemonProcess) -> None
     ]
 
 
-def test_generate_stream_error_before_any_response_is_json(daemon: DaemonProcess) -> None:
+def test_generate_stream_first_response_an_error(daemon: DaemonProcess) -> None:
     reply = daemon.post_json(
         "/v2/models/mock_llm/generate_stream", mock_llm_body("x", True, COUNT=0, FAIL_LAST=True)
     )
-    # Nothing was streamed yet: a plain JSON error with the error's status (INVALID_ARG -> 400).
+    # The first response sets the status: the error's own (INVALID_ARG -> 400), as Triton.
+    assert reply.status == 400
+    assert events(reply) == [{"error": "An Error Occurred"}]
+
+
+def test_generate_stream_refused_before_inference_is_json(daemon: DaemonProcess) -> None:
+    reply = daemon.post_json("/v2/models/mock_llm/generate_stream", {"PROMPT": "x"})
     assert reply.status == 400
     assert reply.headers["content-type"].startswith("application/json")
-    assert reply.json() == {"error": "An Error Occurred"}
+    assert "missing required input(s) ['STREAM']" in reply.json()["error"]
 
 
 def test_generate_stream_zero_responses(daemon: DaemonProcess) -> None:
@@ -198,13 +211,7 @@ def test_generate_stream_zero_responses(daemon: DaemonProcess) -> None:
 def test_generate_decoupled_exactly_one(daemon: DaemonProcess) -> None:
     one = daemon.post_json("/v2/models/mock_llm/generate", mock_llm_body("solo word", False))
     assert one.status == 200
-    assert one.json() == {
-        "model_name": "mock_llm",
-        "model_version": "1",
-        "index": 0,
-        "late_send_error": "",
-        "TEXT": "solo",
-    }
+    assert one.json() == {"model_name": "mock_llm", "model_version": "1", "TEXT": "solo"}
     many = daemon.post_json("/v2/models/mock_llm/generate", mock_llm_body("two words", True))
     assert many.status == 500
     assert many.json() == {
@@ -215,33 +222,28 @@ def test_generate_decoupled_exactly_one(daemon: DaemonProcess) -> None:
 
 def test_send_after_final_is_refused_to_the_model(daemon: DaemonProcess) -> None:
     daemon.post_json("/v2/models/mock_llm/generate", mock_llm_body("w", False, LATE_SEND=True))
-    reply = daemon.post_json("/v2/models/mock_llm/generate", mock_llm_body("w", False))
-    assert (
-        reply.json()["late_send_error"]
-        == "Unable to send response. Response sender has been closed."
-    )
+    reply = daemon.post_json("/v2/models/mock_llm/generate", mock_llm_body("w", False, REPORT=True))
+    assert reply.json()["TEXT"] == "Unable to send response. Response sender has been closed."
 
 
 def test_generate_for_a_non_decoupled_model(daemon: DaemonProcess) -> None:
     # Keys naming inputs become tensors (dtype from the config, shape from its dims with the
     # batch dimension); other keys, top level or in "parameters", become request parameters.
-    body = {"INPUT0": [1.5, 2, -3], "mode": "fast", "parameters": {"n": 3, "flag": True}}
-    reply = daemon.post_json("/v2/models/identity_fp32/generate", body)
+    reply = daemon.post_json("/v2/models/identity_fp32/generate", {"INPUT0": [1.5, 2, -3]})
     assert reply.status == 200, reply.body
-    assert reply.json() == {
-        "model_name": "identity_fp32",
-        "model_version": "1",
-        "OUTPUT0": [1.5, 2.0, -3.0],
-        "echo_mode": "fast",
-        "echo_n": 3,
-        "echo_flag": True,
-        "requested": "OUTPUT0",
+    # Byte for byte what Triton 2.51 answers (keys sorted, as its std::map writes them).
+    assert (
+        reply.body == b'{"OUTPUT0":[1.5,2.0,-3.0],"model_name":"identity_fp32","model_version":"1"}'
+    )
+    body = {"INPUT0": [1.0], "mode": "fast", "parameters": {"n": 3, "flag": True, "t": 0.5}}
+    echoed = daemon.post_json("/v2/models/params_echo/generate", body).json()
+    assert json.loads(echoed["PARAMS"]) == {
+        "parameters": {"mode": "fast", "n": 3, "flag": True, "t": 0.5},
+        "requested": ["OUTPUT0", "PARAMS"],
     }
     # One element comes back as a scalar; generate_stream gives the same object as one event.
-    assert (
-        daemon.post_json("/v2/models/identity_fp32/generate", {"INPUT0": 7}).json()["OUTPUT0"]
-        == 7.0
-    )
+    one = daemon.post_json("/v2/models/identity_fp32/generate", {"INPUT0": 7})
+    assert one.json()["OUTPUT0"] == 7.0
     single = daemon.post_json(
         "/v2/models/identity_fp32/generate_stream", {"parameters": {"INPUT0": 7}}
     )
@@ -265,7 +267,7 @@ def test_generate_for_a_non_decoupled_model(daemon: DaemonProcess) -> None:
             "identity_fp32",
             {"INPUT0": [1.0], "parameters": {"INPUT0": [2.0]}},
             400,
-            "input 'INPUT0' is given twice",
+            "Converting keyword: 'parameters': input 'INPUT0' already exists in request",
         ),
         ("identity_fp32", {}, 400, "INPUT0"),
         (
@@ -275,6 +277,7 @@ def test_generate_for_a_non_decoupled_model(daemon: DaemonProcess) -> None:
             "The schema can not convert input 'INPUT0'",
         ),
         ("string_identity", {"INPUT0": 5}, 400, "input 'INPUT0' is BYTES"),
+        ("identity_fp32", {"INPUT0": [[1, 2], [3, 4]]}, 400, "not nested lists"),
         ("mock_llm", {"PROMPT": "x", "STREAM": 1}, 400, "input 'STREAM' expects BOOL values"),
         ("nope", {"INPUT0": 1.0}, 404, "Request for unknown model"),
     ],

@@ -75,8 +75,12 @@ def text_of(result: object) -> str:
 # --------------------------------------------------------------------------- decoupled
 
 
-async def test_stream_yields_every_response_then_ends(backend_class: ClassOf, tmp_path: Path) -> None:
-    backend = await load(backend_class("python"), mock_llm_config(), copy_model(tmp_path, "mock_llm"))
+async def test_stream_yields_every_response_then_ends(
+    backend_class: ClassOf, tmp_path: Path
+) -> None:
+    backend = await load(
+        backend_class("python"), mock_llm_config(), copy_model(tmp_path, "mock_llm")
+    )
     results = [r async for r in backend.execute_stream(llm_request("a b c", True, ERROR_AT=1))]
     final_error = [r async for r in backend.execute_stream(llm_request("a", True, FAIL_LAST=True))]
     await backend.unload()
@@ -91,18 +95,24 @@ async def test_stream_yields_every_response_then_ends(backend_class: ClassOf, tm
 
 
 async def test_execute_takes_exactly_one_response(backend_class: ClassOf, tmp_path: Path) -> None:
-    backend = await load(backend_class("python"), mock_llm_config(), copy_model(tmp_path, "mock_llm"))
+    backend = await load(
+        backend_class("python"), mock_llm_config(), copy_model(tmp_path, "mock_llm")
+    )
     one, three, none = await backend.execute(
         [llm_request("x y", False), llm_request("x y z", True), llm_request("x", True, COUNT=0)]
     )
     await backend.unload()
     assert text_of(one) == "x"
     assert isinstance(three, BackendError)
-    assert three.message.startswith("expected a single response, got 3; model 'mock_llm' is decoupled")
+    assert three.message.startswith(
+        "expected a single response, got 3; model 'mock_llm' is decoupled"
+    )
     assert isinstance(none, BackendError) and "got 0" in none.message
 
 
-async def test_closing_the_stream_cancels_the_request(backend_class: ClassOf, tmp_path: Path) -> None:
+async def test_closing_the_stream_cancels_the_request(
+    backend_class: ClassOf, tmp_path: Path
+) -> None:
     config = ModelConfig(
         name="slow_stream",
         backend="python",
@@ -177,7 +187,9 @@ async def test_non_decoupled_model_may_answer_through_the_sender(
     backend_class: ClassOf, tmp_path: Path
 ) -> None:
     # Triton lets a non-decoupled model return None and send exactly one response per request.
-    backend = await load(backend_class("python"), sender_config(False), write_model(tmp_path, "sender", SENDER_MODEL))
+    backend = await load(
+        backend_class("python"), sender_config(False), write_model(tmp_path, "sender", SENDER_MODEL)
+    )
     results = await backend.execute([x_request(), x_request()])
     streamed = [r async for r in backend.execute_stream(x_request())]
     listed = [r async for r in backend.execute_stream(x_request("list"))]
@@ -190,7 +202,9 @@ async def test_non_decoupled_model_may_answer_through_the_sender(
 async def test_decoupled_model_must_return_none_and_raises_end_the_stream(
     backend_class: ClassOf, tmp_path: Path
 ) -> None:
-    backend = await load(backend_class("python"), sender_config(True), write_model(tmp_path, "sender", SENDER_MODEL))
+    backend = await load(
+        backend_class("python"), sender_config(True), write_model(tmp_path, "sender", SENDER_MODEL)
+    )
     [listed] = await backend.execute([x_request("list")])
     streamed = [r async for r in backend.execute_stream(x_request("list"))]
     raised = [r async for r in backend.execute_stream(x_request("raise"))]
@@ -205,7 +219,9 @@ async def test_decoupled_model_must_return_none_and_raises_end_the_stream(
     assert isinstance(bad, InferResponse) and bad.outputs["Y"].item() > 10
 
 
-async def test_bls_without_a_registry_is_a_model_error(backend_class: ClassOf, tmp_path: Path) -> None:
+async def test_bls_without_a_registry_is_a_model_error(
+    backend_class: ClassOf, tmp_path: Path
+) -> None:
     source = """
         import threading
 
@@ -242,7 +258,9 @@ async def test_bls_without_a_registry_is_a_model_error(backend_class: ClassOf, t
                 thread.join()
                 raise caught[0]
     """
-    backend = await load(backend_class("python"), sender_config(False), write_model(tmp_path, "sender", source))
+    backend = await load(
+        backend_class("python"), sender_config(False), write_model(tmp_path, "sender", source)
+    )
     [result] = await backend.execute([x_request()])
     await backend.unload()
     assert isinstance(result, EdgedError)
@@ -305,38 +323,65 @@ async def test_autocomplete_result_is_validated(
 # (written config.pbtxt lines, body of auto_complete_config, the error message expected).
 F4 = '{"name": "%s", "data_type": "TYPE_FP32", "dims": [4]}'
 AUTOCOMPLETE_ERRORS = {
-    "conflicting_max_batch_size": ("max_batch_size: 6", "c.set_max_batch_size(4)",
+    "conflicting_max_batch_size": (
+        "max_batch_size: 6",
+        "c.set_max_batch_size(4)",
         "configuration specified max_batch_size 6, but in auto-complete-config function for "
-        "model 'conflicting_max_batch_size' specified max_batch_size 4"),
-    "input_mismatch_datatype": ('input [{ name: "I" data_type: TYPE_INT32 dims: [4] }]',
+        "model 'conflicting_max_batch_size' specified max_batch_size 4",
+    ),
+    "input_mismatch_datatype": (
+        'input [{ name: "I" data_type: TYPE_INT32 dims: [4] }]',
         "c.add_input(%s)" % (F4 % "I"),
         "unable to load model 'input_mismatch_datatype', configuration expects datatype "
-        "TYPE_INT32 for input 'I', model provides TYPE_FP32"),
-    "output_mismatch_dims": ('output [{ name: "O" data_type: TYPE_FP32 dims: [16] }]',
+        "TYPE_INT32 for input 'I', model provides TYPE_FP32",
+    ),
+    "output_mismatch_dims": (
+        'output [{ name: "O" data_type: TYPE_FP32 dims: [16] }]',
         "c.add_output(%s)" % (F4 % "O"),
         "model 'output_mismatch_dims', tensor 'O': the model expects dims [4] but the model "
-        "configuration specifies dims [16]"),
-    "input_missing_dims": ("", 'c.add_input({"name": "I", "data_type": "TYPE_FP32"})',
+        "configuration specifies dims [16]",
+    ),
+    "input_missing_dims": (
+        "",
+        'c.add_input({"name": "I", "data_type": "TYPE_FP32"})',
         "input 'I' in auto-complete-config function for model 'input_missing_dims' is missing "
-        "'dims' property."),
-    "output_missing_name": ("", 'c.add_output({"data_type": "TYPE_FP32", "dims": [1]})',
+        "'dims' property.",
+    ),
+    "output_missing_name": (
+        "",
+        'c.add_output({"data_type": "TYPE_FP32", "dims": [1]})',
         "output in auto-complete-config function for model 'output_missing_name' is missing "
-        "'name' property."),
-    "input_wrong_property": ("", 'c.add_input({"name": "I", "data_type": "TYPE_FP32", "dims": [1], "shape": [1]})',
+        "'name' property.",
+    ),
+    "input_wrong_property": (
+        "",
+        'c.add_input({"name": "I", "data_type": "TYPE_FP32", "dims": [1], "shape": [1]})',
         "input 'I' in auto-complete-config function for model 'input_wrong_property' contains "
-        "property other than 'name', 'data_type', 'dims' and 'optional'."),
-    "output_wrong_property": ("", 'c.add_output({"name": "O", "data_type": "TYPE_FP32", "dims": [1], "optional": True})',
+        "property other than 'name', 'data_type', 'dims' and 'optional'.",
+    ),
+    "output_wrong_property": (
+        "",
+        'c.add_output({"name": "O", "data_type": "TYPE_FP32", "dims": [1], "optional": True})',
         "output 'O' in auto-complete-config function for model 'output_wrong_property' contains "
-        "property other than 'name', 'data_type' and 'dims'."),
-    "policy_invalid_args": ("", 'c.set_model_transaction_policy({"invalid": "argument"})',
+        "property other than 'name', 'data_type' and 'dims'.",
+    ),
+    "policy_invalid_args": (
+        "",
+        'c.set_model_transaction_policy({"invalid": "argument"})',
         "model transaction property in auto-complete-config function for model "
-        "'policy_invalid_args' contains property other than 'decoupled'"),
-    "policy_mismatch": ("model_transaction_policy { decoupled: true }",
+        "'policy_invalid_args' contains property other than 'decoupled'",
+    ),
+    "policy_mismatch": (
+        "model_transaction_policy { decoupled: true }",
         'c.set_model_transaction_policy({"decoupled": False})',
         "trying to change decoupled property in auto-complete-config for model "
-        "'policy_mismatch', which is already set to 'True'"),
-    "no_return": ("", "return None",
-        "auto_complete_config function in model 'no_return' must return a valid pb.ModelConfig object."),
+        "'policy_mismatch', which is already set to 'True'",
+    ),
+    "no_return": (
+        "",
+        "return None",
+        "auto_complete_config function in model 'no_return' must return a valid pb.ModelConfig object.",
+    ),
 }
 
 
@@ -364,7 +409,9 @@ async def test_autocomplete_errors_as_triton(
     assert not [m for m in sys.modules if m.startswith("edged_python_autocomplete_")]
 
 
-async def test_autocomplete_may_declare_a_model_decoupled(backend_class: ClassOf, tmp_path: Path) -> None:
+async def test_autocomplete_may_declare_a_model_decoupled(
+    backend_class: ClassOf, tmp_path: Path
+) -> None:
     source = """
         class TritonPythonModel:
             @staticmethod
@@ -377,11 +424,58 @@ async def test_autocomplete_may_declare_a_model_decoupled(backend_class: ClassOf
     version_dir = write_model(tmp_path, "declares", source)
     config = backend_class("python").autocomplete(ModelConfig(name="declares"), version_dir)
     assert config.model_transaction_policy.decoupled
-    assert [(t.name, t.data_type, t.dims, t.optional) for t in config.input] == [("I", "BYTES", [1], True)]
+    assert [(t.name, t.data_type, t.dims, t.optional) for t in config.input] == [
+        ("I", "BYTES", [1], True)
+    ]
     assert [(t.name, t.data_type, t.dims) for t in config.output] == [("O", "INT64", [-1])]
 
 
-async def test_model_without_autocomplete_keeps_its_config(backend_class: ClassOf, tmp_path: Path) -> None:
+async def test_model_without_autocomplete_keeps_its_config(
+    backend_class: ClassOf, tmp_path: Path
+) -> None:
     version_dir = write_model(tmp_path, "plain", "class TritonPythonModel:\n    pass\n")
     config = sender_config(False)
     assert backend_class("python").autocomplete(config, version_dir) is config
+
+
+# --------------------------------------------------------------------------- response parameters
+
+
+async def test_response_parameters_as_newer_triton(backend_class: ClassOf, tmp_path: Path) -> None:
+    # Triton's python backend (after 2.51) takes `InferenceResponse(..., parameters={...})`:
+    # str keys, bool/int/str values; anything else fails that response with INVALID_ARG.
+    source = """
+        import json
+
+        import triton_python_backend_utils as pb_utils
+
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                out = []
+                for request in requests:
+                    params = json.loads(request.parameters())["set"]
+                    if params == "int_key":
+                        params = {1: "x"}
+                    try:
+                        out.append(pb_utils.InferenceResponse([], parameters=params))
+                    except pb_utils.TritonModelException as exc:
+                        error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+                        out.append(pb_utils.InferenceResponse(error=error))
+                return out
+    """
+    backend = await load(
+        backend_class("python"), sender_config(False), write_model(tmp_path, "params", source)
+    )
+    cases = [{"a": "1", "c": 3, "d": False}, {"f": 0.5}, ["x"], "int_key"]
+    requests = [InferRequest(x_request().inputs, parameters={"set": c}) for c in cases]
+    ok, float_value, listed, int_key = await backend.execute(requests)
+    await backend.unload()
+    assert isinstance(ok, InferResponse) and ok.parameters == {"a": "1", "c": 3, "d": False}
+    assert isinstance(float_value, InvalidArgument)
+    assert float_value.message == (
+        "Expect parameters values to have type bool/int/str, found type <class 'float'>"
+    )
+    assert isinstance(listed, InvalidArgument) and listed.message.endswith("got <class 'list'>")
+    assert isinstance(int_key, InvalidArgument)
+    assert int_key.message == "Expect parameters keys to have type str, found type <class 'int'>"

@@ -2,8 +2,8 @@
 
 Parameters: `COUNT` sends that many responses instead (0 = only the final flag), `FAIL_LAST`
 makes the final response an error, `ERROR_AT` puts an error response at that index and goes
-on, `LATE_SEND` tries to send after the final flag (the error is reported in a parameter of a
-later request's response).
+on, `LATE_SEND` tries to send after the final flag and keeps the error, which a later request
+with `REPORT` gets back as its TEXT.
 """
 
 import json
@@ -30,6 +30,12 @@ class TritonPythonModel:
             words = prompt.flatten()[0].decode().split()
             count = int(params.get("COUNT", len(words) if stream else 1))
             sender = request.get_response_sender()
+            if params.get("REPORT"):
+                text = np.array([[self.late_send_error.encode()]], dtype=np.object_)
+                sender.send(
+                    pb_utils.InferenceResponse([pb_utils.Tensor("TEXT", text)]), flags=FINAL
+                )
+                continue
             for index in range(count):
                 if index == params.get("ERROR_AT"):
                     sender.send(
@@ -38,12 +44,7 @@ class TritonPythonModel:
                     continue
                 word = words[index % len(words)] if words else ""
                 text = np.array([[word.encode()]], dtype=np.object_)
-                sender.send(
-                    pb_utils.InferenceResponse(
-                        [pb_utils.Tensor("TEXT", text)],
-                        parameters={"index": index, "late_send_error": self.late_send_error},
-                    )
-                )
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("TEXT", text)]))
             if params.get("FAIL_LAST"):
                 error = pb_utils.TritonError("An Error Occurred", pb_utils.TritonError.INVALID_ARG)
                 sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
