@@ -151,7 +151,7 @@ class InferenceRequest:
         self._timeout = int(timeout)
         # Set by the python backend on requests it hands to `execute`.
         self._sender: InferenceResponseSender | None = None
-        self._cancelled: threading.Event | None = None
+        self._is_cancelled: Callable[[], bool] | None = None
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -186,7 +186,7 @@ class InferenceRequest:
 
     def is_cancelled(self) -> bool:
         """True once the client that sent this request went away (or the daemon dropped it)."""
-        return self._cancelled is not None and self._cancelled.is_set()
+        return self._is_cancelled is not None and self._is_cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
@@ -236,9 +236,13 @@ def _bls_response(result: Any) -> InferenceResponse:
 class InferenceResponseSender:
     """`request.get_response_sender()`: any number of responses, then one with the final flag."""
 
-    def __init__(self, push: Callable[[InferenceResponse | None, int], None], cancelled: threading.Event) -> None:
+    def __init__(
+        self,
+        push: Callable[[InferenceResponse | None, int], None],
+        is_cancelled: Callable[[], bool],
+    ) -> None:
         self._push = push
-        self._cancelled = cancelled
+        self._is_cancelled = is_cancelled
         self._closed = False
         self._lock = threading.Lock()
 
@@ -263,7 +267,7 @@ class InferenceResponseSender:
             self._push(response, flags)
 
     def is_cancelled(self) -> bool:
-        return self._cancelled.is_set()
+        return self._is_cancelled()
 
 
 class InferenceResponse:
