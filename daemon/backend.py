@@ -155,6 +155,9 @@ ExecuteResult = InferResponse | EdgedError
 
 # (model name, version or None, request) -> the response; raises EdgedError.
 InferHook = Callable[[str, "str | None", InferRequest], Awaitable[InferResponse]]
+# The same for any number of responses (a decoupled model's, or a plain model's one), each an
+# InferResponse or an EdgedError; closing it early cancels the request.
+StreamHook = Callable[[str, "str | None", InferRequest], AsyncGenerator["InferResponse | EdgedError", None]]
 
 
 # --------------------------------------------------------------------------- metadata
@@ -249,6 +252,7 @@ class InstanceContext:
     # Runs a request on another loaded model (model name, version or None for the served one):
     # what Triton's BLS calls go through. Set by the registry; None where no registry runs.
     infer: InferHook | None = None
+    stream: StreamHook | None = None
 
 
 # --------------------------------------------------------------------------- backends

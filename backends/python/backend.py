@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import importlib.util
 import inspect
 import json
@@ -332,9 +331,11 @@ class PythonBackend(Backend):
 
     # ------------------------------------------------------------------ BLS
 
-    def _bls(self, pb_request: pb_utils.InferenceRequest) -> concurrent.futures.Future[Any]:
-        """Start a BLS request on the daemon's loop (called on a model thread)."""
-        hook, loop = self.context.infer, self._loop
+    def _bls(self, pb_request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+        """Start a BLS request on the daemon's loop (called on a model thread): a concurrent
+        future of the response, or for `decoupled` a ResponseIterator over the responses."""
+        loop = self._loop
+        hook = self.context.stream if decoupled else self.context.infer
         if hook is None or loop is None:
             raise pb_utils.TritonModelException(
                 "BLS calls are not available: this instance runs outside the daemon's registry"
@@ -353,19 +354,19 @@ class PythonBackend(Backend):
             parameters=parameters,
             timeout_us=pb_request.timeout(),
         )
+        name = pb_request.model_name()
         version = None if pb_request.model_version() < 0 else str(pb_request.model_version())
+        if decoupled:
+            assert self.context.stream is not None
+            return _bls_iterator(self.context.stream(name, version, request), loop)
+        assert self.context.infer is not None
+        infer = self.context.infer
 
         async def call() -> pb_utils.InferenceResponse:
             try:
-                response = await hook(pb_request.model_name(), version, request)
+                return _pb_response(await infer(name, version, request))
             except EdgedError as exc:
-                return pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(exc.message, _triton_code(exc))
-                )
-            return pb_utils.InferenceResponse(
-                [pb_utils.Tensor(name, array) for name, array in response.outputs.items()],
-                parameters=response.parameters or None,
-            )
+                return _pb_response(exc)
 
         return asyncio.run_coroutine_threadsafe(call(), loop)
 
@@ -479,6 +480,43 @@ class _Stream:
                 yield response
             if final:
                 return
+
+
+def _pb_response(result: ExecuteResult) -> pb_utils.InferenceResponse:
+    """A daemon response or error as the pb_utils response a BLS caller gets."""
+    if isinstance(result, EdgedError):
+        return pb_utils.InferenceResponse(
+            error=pb_utils.TritonError(result.message, _triton_code(result))
+        )
+    response = pb_utils.InferenceResponse(
+        [pb_utils.Tensor(name, array) for name, array in result.outputs.items()]
+    )
+    # Set directly: another backend's response parameters may hold what a model may not set.
+    response._parameters = dict(result.parameters)
+    return response
+
+
+def _bls_iterator(
+    results: AsyncGenerator[ExecuteResult, None], loop: asyncio.AbstractEventLoop
+) -> pb_utils.ResponseIterator:
+    """Drive a decoupled BLS stream, which lives on the loop, from a model thread."""
+
+    async def step() -> pb_utils.InferenceResponse | None:
+        try:
+            return _pb_response(await results.__anext__())
+        except StopAsyncIteration:
+            return None
+        except EdgedError as exc:  # refused before it ran: one error response, then the end
+            return _pb_response(exc)
+
+    def next_item() -> pb_utils.InferenceResponse | None:
+        return asyncio.run_coroutine_threadsafe(step(), loop).result()
+
+    def cancel() -> None:
+        # Not waited for: closing runs the callee's cleanup on the loop.
+        asyncio.run_coroutine_threadsafe(results.aclose(), loop)
+
+    return pb_utils.ResponseIterator(next_item, cancel)
 
 
 def _triton_code(exc: EdgedError) -> int:

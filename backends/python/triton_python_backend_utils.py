@@ -10,11 +10,12 @@ Decoupled models send through `request.get_response_sender()`; BLS calls
 (`InferenceRequest(...).exec()` / `async_exec()`) reach the daemon's other models through the
 hooks the python backend installs for the thread running `execute`.
 
-Not provided: decoupled BLS (`exec(decoupled=True)`), DLPack, custom metrics.
+Not provided: DLPack, custom metrics, GPU tensors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import logging
@@ -53,7 +54,7 @@ TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 # The BLS executor of the model instance whose `execute` runs in this context. Set by the python
 # backend around each call on the instance thread (a ContextVar so the event loop an `async def
 # execute` runs on sees it too); threads a model starts itself have none.
-BLS_EXECUTOR: contextvars.ContextVar[Callable[[InferenceRequest], Any] | None] = (
+BLS_EXECUTOR: contextvars.ContextVar[Callable[[InferenceRequest, bool], Any] | None] = (
     contextvars.ContextVar("edged_bls_executor", default=None)
 )
 
@@ -193,29 +194,26 @@ class InferenceRequest:
             raise TritonModelException("this request has no response sender (it is a BLS request)")
         return self._sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Run this request on another loaded model and wait for its response (BLS).
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on another loaded model (BLS) and wait: its response, or with
+        `decoupled=True` an iterator over its responses (any number, blocking per item).
 
         Failures come back as a response with an error, as in Triton."""
-        future = self._submit(decoupled, "exec")
-        return _bls_response(future.result())
+        result = self._submit(decoupled, "exec")
+        return result if decoupled else _bls_response(result.result())
 
-    def async_exec(self, decoupled: bool = False) -> Awaitable[InferenceResponse]:
+    def async_exec(self, decoupled: bool = False) -> Awaitable[Any]:
         """`exec` for `async def execute`: await it (several may run at once)."""
         import asyncio
 
-        future = self._submit(decoupled, "async_exec")
+        result = self._submit(decoupled, "async_exec")
 
-        async def wait() -> InferenceResponse:
-            return _bls_response(await asyncio.wrap_future(future))
+        async def wait() -> Any:
+            return result if decoupled else _bls_response(await asyncio.wrap_future(result))
 
         return wait()
 
     def _submit(self, decoupled: bool, verb: str) -> Any:
-        if decoupled:
-            raise TritonModelException(
-                f"InferenceRequest.{verb}(decoupled=True) is not supported by edged"
-            )
         if not self._model_name:
             raise TritonModelException(f"InferenceRequest.{verb}: model_name is empty")
         executor = BLS_EXECUTOR.get()
@@ -224,7 +222,42 @@ class InferenceRequest:
                 f"InferenceRequest.{verb} must be called from the thread running the model's "
                 "execute (edged gives threads a model starts itself no BLS access)"
             )
-        return executor(self)
+        return executor(self, decoupled)
+
+
+class ResponseIterator:
+    """What `exec(decoupled=True)` returns: the called model's responses, one per `next()`
+    (each waits for it). `cancel()` tells the called model to stop (it sees is_cancelled());
+    iteration then ends."""
+
+    def __init__(self, next_item: Callable[[], InferenceResponse | None], cancel: Callable[[], None]) -> None:
+        self._next_item = next_item
+        self._cancel = cancel
+        self._done = False
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._done:
+            raise StopIteration
+        item = self._next_item()
+        if item is None:
+            self._done = True
+            raise StopIteration
+        return item
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            self._cancel()
+
+    def __del__(self) -> None:
+        # An iterator dropped half-way must not leave the called model streaming forever.
+        if not self._done:
+            # Interpreter shutdown or loop closed: nothing is left to stop.
+            with contextlib.suppress(Exception):
+                self.cancel()
 
 
 def _bls_response(result: Any) -> InferenceResponse:

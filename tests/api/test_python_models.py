@@ -80,6 +80,7 @@ def test_all_models_ready(daemon: DaemonProcess) -> None:
         for name in (
             "auto_complete",
             "bls",
+            "bls_decoupled",
             "identity_fp32",
             "mock_llm",
             "params_echo",
@@ -356,6 +357,24 @@ def test_bls_error_comes_back_as_a_response_error(client: Any) -> None:
     assert "Request for unknown model: 'no_such_model'" in info.value.message()
     # The error's code travelled too: NOT_FOUND is a 404, as for a direct request.
     assert info.value.status() == "404"
+
+
+def test_decoupled_bls_streams_and_cancels(client: Any, tmp_path: Path) -> None:
+    marker = tmp_path / "bls_marker.txt"
+    prompt = httpclient.InferInput("PROMPT", [1], "BYTES")
+    prompt.set_data_from_numpy(np.array([b"alpha beta gamma"], dtype=np.object_))
+    where = httpclient.InferInput("MARKER", [1], "BYTES")
+    where.set_data_from_numpy(np.array([str(marker).encode()], dtype=np.object_))
+    result = client.infer("bls_decoupled", [prompt, where])
+    assert result.as_numpy("WORDS").tolist() == [b"alpha", b"beta", b"gamma"]
+    assert result.as_numpy("ASYNC_WORDS").tolist() == [b"alpha", b"beta", b"gamma"]
+    assert result.as_numpy("ERRORS").tolist() == [
+        b"error: Request for unknown model: 'no_such_model' is not found"
+    ]
+    assert result.as_numpy("BEFORE_CANCEL").tolist() == [3]
+    # cancel() reached the called model as request.is_cancelled().
+    wait_until(marker.exists, timeout=30)
+    assert marker.read_text().startswith("cancelled after ")
 
 
 # --------------------------------------------------------------------------- cancellation
