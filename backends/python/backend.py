@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import importlib.util
 import inspect
 import json
@@ -95,6 +96,13 @@ class PythonBackend(Backend):
         # The daemon's event loop: responses and BLS calls cross over to it from model threads.
         self._loop: asyncio.AbstractEventLoop | None = None
         self.streams_active = 0
+        self._streams: set[_Stream] = set()
+        self._no_streams = asyncio.Event()
+        self._no_streams.set()
+        # How long unload lets open streams finish before it cancels them, then how long the
+        # models get to send their final flag before the streams are ended for them.
+        self.stream_drain_seconds = 10.0
+        self.stream_cancel_grace_seconds = 1.0
 
     @classmethod
     def probe(cls) -> Probe:
@@ -182,6 +190,22 @@ class PythonBackend(Backend):
         self._output_names = tuple(t.name for t in config.output)
         self._decoupled = config.model_transaction_policy.decoupled
 
+    async def unload(self) -> None:
+        """Open streams first finish (bounded), then are cancelled (the model sees
+        is_cancelled()), then ended; only then does `finalize` run."""
+        if self._streams:
+            await self._wait_streams(self.stream_drain_seconds)
+            for stream in self._streams:
+                stream.cancelled = True
+            await self._wait_streams(self.stream_cancel_grace_seconds)
+            for stream in list(self._streams):
+                stream.end(Unavailable(f"model {self._model_name!r} was unloaded"))
+        await super().unload()
+
+    async def _wait_streams(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._no_streams.wait(), seconds)
+
     def unload_sync(self) -> None:
         model, self.model = self.model, None
         try:
@@ -248,7 +272,9 @@ class PythonBackend(Backend):
     async def execute_stream(self, request: InferRequest) -> AsyncGenerator[ExecuteResult, None]:
         stream = _Stream(self._loop)
         pb_request = self._pb_request(request, stream)
-        self.streams_active += 1
+        self._streams.add(stream)
+        self._no_streams.clear()
+        self.streams_active = len(self._streams)
         finished = False
         try:
             task = asyncio.ensure_future(self.run_blocking(self._call_execute, [pb_request]))
@@ -260,7 +286,10 @@ class PythonBackend(Backend):
             if not finished:
                 # The consumer went away (client disconnect): the model sees is_cancelled().
                 stream.cancelled = True
-            self.streams_active -= 1
+            self._streams.discard(stream)
+            self.streams_active = len(self._streams)
+            if not self._streams:
+                self._no_streams.set()
 
     def _execute_returned(self, done: asyncio.Future[Any], stream: _Stream) -> None:
         """On the loop, once `execute` returned for a streamed request: a raise or a returned

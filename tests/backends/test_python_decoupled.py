@@ -479,3 +479,77 @@ async def test_response_parameters_as_newer_triton(backend_class: ClassOf, tmp_p
     assert isinstance(listed, InvalidArgument) and listed.message.endswith("got <class 'list'>")
     assert isinstance(int_key, InvalidArgument)
     assert int_key.message == "Expect parameters keys to have type str, found type <class 'int'>"
+
+
+# --------------------------------------------------------------------------- unload, contract
+
+
+def slow_stream_config() -> ModelConfig:
+    return ModelConfig(
+        name="slow_stream",
+        backend="python",
+        input=[TensorConfig(name="MARKER", data_type="BYTES", dims=[1])],
+        output=[TensorConfig(name="N", data_type="INT32", dims=[1])],
+        model_transaction_policy=TransactionPolicy(decoupled=True),
+    )
+
+
+async def test_unload_cancels_open_streams_then_ends_them(
+    backend_class: ClassOf, tmp_path: Path
+) -> None:
+    import asyncio
+
+    cls = backend_class("python")
+    backend = await load(cls, slow_stream_config(), copy_model(tmp_path, "slow_stream"))
+    backend.stream_drain_seconds = 0.1  # type: ignore[attr-defined]
+    marker = tmp_path / "marker"
+    request = InferRequest({"MARKER": np.array([str(marker).encode()], dtype=np.object_)})
+    first = asyncio.Event()
+    results: list[object] = []
+
+    async def consume() -> None:
+        async for result in backend.execute_stream(request):
+            results.append(result)
+            first.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first.wait(), 30)
+    await backend.unload()
+    await asyncio.wait_for(task, 30)
+    # The model saw the cancellation and sent its final flag itself: no error in the stream.
+    assert marker.read_text().startswith("cancelled after ")
+    assert results and all(isinstance(r, InferResponse) for r in results)
+
+    # A model that ignores cancellation: its stream is ended for it after the grace period.
+    source = """
+        class TritonPythonModel:
+            def execute(self, requests):
+                self.kept = [r.get_response_sender() for r in requests]
+                return None
+    """
+    config = slow_stream_config()
+    config.name = "stuck"
+    stuck = await load(cls, config, write_model(tmp_path, "stuck", source))
+    stuck.stream_drain_seconds = stuck.stream_cancel_grace_seconds = 0.05  # type: ignore[attr-defined]
+    stream = stuck.execute_stream(request)
+    pending = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.05)
+    await stuck.unload()
+    ended = await asyncio.wait_for(pending, 30)
+    assert isinstance(ended, EdgedError) and ended.status == 503
+    assert ended.message == "model 'stuck' was unloaded"
+
+
+def test_execute_stream_is_checked_at_registration() -> None:
+    from daemon.core.plugins import check_backend_class
+
+    class Wrong(Backend):
+        async def execute_stream(self):  # type: ignore[override]
+            yield None
+
+    class Right(Backend):
+        async def execute_stream(self, request):  # type: ignore[override]
+            yield request
+
+    assert check_backend_class(Wrong).startswith("method 'execute_stream': takes 0 argument(s)")
+    assert check_backend_class(Right) == ""
