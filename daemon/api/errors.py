@@ -4,8 +4,6 @@ error class names (KServe/Triton convention)."""
 from __future__ import annotations
 
 import logging
-import socket
-import struct
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -40,11 +38,9 @@ def error_response(status: int, message: str, path: str = "") -> web.Response:
     return web.Response(status=status, body=_encode({"error": error}), content_type="application/json")
 
 
-def make_error_middleware(allowed_uids: frozenset[int]) -> Middleware:
+def make_error_middleware() -> Middleware:
     @web.middleware
     async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if allowed_uids and not _peer_allowed(request, allowed_uids):
-            return error_response(403, "caller's uid is not in server.allowed-uids", request.path)
         try:
             return await handler(request)
         except EdgedError as exc:
@@ -67,12 +63,3 @@ def make_error_middleware(allowed_uids: frozenset[int]) -> Middleware:
 
     return error_middleware
 
-
-def _peer_allowed(request: web.Request, allowed: frozenset[int]) -> bool:
-    """On the Unix socket, check the caller's uid with SO_PEERCRED; TCP callers have no uid."""
-    sock = request.transport.get_extra_info("socket") if request.transport else None
-    if sock is None or sock.family != socket.AF_UNIX:
-        return True
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid in allowed or uid == 0

@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
+from daemon.api.body import read_body
 from daemon.api.state import daemon_of
 from daemon.backend import NUMPY_DTYPES, ExecuteResult, InferRequest, InferResponse
 from daemon.core import decoupled
@@ -44,7 +45,8 @@ async def handle(request: web.Request, model: LoadedVersion, stream: bool) -> we
     daemon = daemon_of(request)
     if not daemon.accepting:
         raise Unavailable("server is shutting down")
-    infer_request = to_request(_decode(await request.read()), model.config)
+    body = await read_body(request, daemon.config.server.max_request_bytes)
+    infer_request = to_request(_decode(body), model.config)
     results = decoupled.responses(model, infer_request)
     async with contextlib.aclosing(results):
         if not stream:

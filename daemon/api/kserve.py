@@ -11,6 +11,7 @@ import msgspec
 from aiohttp import web
 
 from daemon import __version__
+from daemon.api.body import read_body
 from daemon.api.state import codec_of, daemon_of
 from daemon.core.model import LoadedVersion
 from daemon.errors import InvalidArgument, NotFound, Unavailable
@@ -109,7 +110,7 @@ async def infer(request: web.Request) -> web.Response:
         raise InvalidArgument(
             f"Inference-Header-Content-Length must be an integer, got {header!r}"
         ) from None
-    body = await request.read()
+    body = await read_body(request, daemon.config.server.max_request_bytes)
     config = model.config
     single = config.input[0] if len(config.input) == 1 else None
     codec = codec_of(request)
@@ -171,7 +172,7 @@ class _LoadRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 
 async def _optional_body(request: web.Request, kind: type[msgspec.Struct]) -> msgspec.Struct:
-    body = await request.read()
+    body = await read_body(request, daemon_of(request).config.server.max_request_bytes)
     if not body.strip():
         return kind()
     try:

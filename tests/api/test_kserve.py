@@ -231,15 +231,15 @@ def test_lying_bytes_lengths(start_daemon, tmp_path: Path) -> None:
     assert daemon.request("GET", "/v2/models/echo/ready").status == 200
 
 
-def test_body_over_limit_is_413(start_daemon, repo: Path, tmp_path: Path) -> None:
+def test_body_over_limit_is_400_as_in_triton(start_daemon, repo: Path, tmp_path: Path) -> None:
     config = tmp_path / "edged.toml"
     config.write_text("[server]\nmax-request-bytes = 4096\n")
     daemon = start_daemon("--config", str(config), "--model-repository", str(repo))
     a = np.zeros((8, 16), dtype=np.int32)
     payload = json.dumps(_json_infer(a, a)).encode() + b" " * 8192
     reply = daemon.request("POST", "/v2/models/simple/infer", payload, {"Content-Type": "application/json"})
-    assert reply.status == 413, reply.body
-    assert "limit" in reply.json()["error"]
+    assert reply.status == 400, reply.body
+    assert "exceeds the maximum allowed input size of 4096 bytes" in reply.json()["error"]
     assert daemon.post_json("/v2/models/simple/infer", _json_infer(*_simple_inputs())).status == 200
 
 

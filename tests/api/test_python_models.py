@@ -291,6 +291,20 @@ def test_generate_bad_requests(
     assert message in reply.json()["error"]
 
 
+def test_generate_gzip_body(daemon: DaemonProcess) -> None:
+    import gzip
+
+    body = gzip.compress(json.dumps({"INPUT0": [1.0, 2.0]}).encode())
+    reply = daemon.request(
+        "POST",
+        "/v2/models/identity_fp32/generate",
+        body,
+        {"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
+    assert reply.status == 200, reply.body
+    assert reply.json()["OUTPUT0"] == [1.0, 2.0]
+
+
 def test_generate_malformed_json(daemon: DaemonProcess) -> None:
     reply = daemon.request(
         "POST", "/v2/models/identity_fp32/generate", b"{nope", {"Content-Type": "application/json"}
