@@ -15,6 +15,7 @@ needs:
                        for this GPU); what selection needs besides that is in the manifest
     load(config, artifact, device)
     execute(batch)     a batch of requests in, one InferResponse or EdgedError per request out
+    execute_stream(request)  decoupled models only: 0..n responses for one request
     unload()
 
 Blocking runtime calls must go through `run_blocking`, which uses the instance's own thread:
@@ -250,7 +251,8 @@ class InstanceContext:
     # CPU threads this instance may use, so N instances don't oversubscribe the cores.
     threads: int = 1
     # Runs a request on another loaded model (model name, version or None for the served one):
-    # what Triton's BLS calls go through. Set by the registry; None where no registry runs.
+    # what Triton's BLS calls go through (`stream`: any number of responses). Set by the model
+    # loader; None where no registry runs.
     infer: InferHook | None = None
     stream: StreamHook | None = None
 

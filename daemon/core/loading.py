@@ -182,7 +182,7 @@ class ModelLoader:
         started = time.monotonic()
         try:
             for index in range(count):
-                # infer: BLS calls from python models run other loaded models.
+                # infer, stream: BLS calls from python models run other loaded models.
                 context = InstanceContext(
                     name, version, index, count, state, threads, infer=self._infer_other, stream=self._stream_other
                 )
