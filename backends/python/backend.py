@@ -351,8 +351,11 @@ class PythonBackend(Backend):
                 result = asyncio.run(_wait(result))
         except (Exception, SystemExit) as exc:
             log.warning("python: model %r: execute raised", self._model_name, exc_info=True)
+            # Triton's words (without the traceback, which goes to the log).
+            instance = f"{self._model_name}_{self.context.instance_index}"
             raise BackendError(
-                f"python: model {self._model_name!r}: execute raised {type(exc).__name__}: {exc}"
+                f"Failed to process the request(s) for model '{instance}', message: "
+                f"{type(exc).__name__}: {exc}"
             ) from exc
         finally:
             pb_utils.BLS_EXECUTOR.reset(token)
