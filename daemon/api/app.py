@@ -16,9 +16,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from daemon.api import admin, kserve, openai
+from daemon.api import admin, kserve, ollama, openai
 from daemon.api.errors import error_response, make_error_middleware
 from daemon.api.kserve_codec import Codec
+from daemon.api.leases import release_leases
 from daemon.api.state import DAEMON, Daemon
 from daemon.config import DaemonConfig, state_dir, trusted_keys_dir, updates_root
 from daemon.core.ensemble import install_ensembles
@@ -27,6 +28,7 @@ from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
 from daemon.core.releases import ReleaseManager
 from daemon.core.repository import RepositoryManager
+from daemon.core.residency import Residency
 from daemon.core.stats import MetricsRegistry
 from daemon.updates.store import ReleaseStore
 
@@ -58,6 +60,8 @@ def build_daemon(config: DaemonConfig) -> Daemon:
     repository = RepositoryManager(
         registry, repositories, config.models.control_mode, startup_models=config.models.load
     )
+    residency = Residency(registry, config.residency)
+    repository.on_demand = residency.on_demand
     control_lock = asyncio.Lock()
     releases = ReleaseManager(
         store, trusted_keys_dir(config), registry, repository, plugins, control_lock, keep=config.updates.keep_releases
@@ -74,6 +78,7 @@ def build_daemon(config: DaemonConfig) -> Daemon:
         codec=Codec(max_request_bytes=config.server.max_request_bytes),
         releases=releases,
         control_lock=control_lock,
+        residency=residency,
     )
 
 
@@ -142,6 +147,8 @@ async def daemon_context(app: web.Application) -> AsyncIterator[None]:
     for task in daemon.tasks:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+    if daemon.residency is not None:
+        await daemon.residency.close()
     await daemon.registry.close()
 
 
@@ -158,11 +165,12 @@ def create_app(config: DaemonConfig, daemon: Daemon | None = None) -> web.Applic
     daemon = daemon or build_daemon(config)
     app = web.Application(
         client_max_size=config.server.max_request_bytes,
-        middlewares=[make_error_middleware(frozenset(config.server.allowed_uids))],
+        middlewares=[make_error_middleware(frozenset(config.server.allowed_uids)), release_leases],
     )
     app[DAEMON] = daemon
     kserve.add_routes(app)
     openai.add_routes(app)
+    ollama.add_routes(app)
     admin.add_routes(app)
     app.router.add_route("*", "/{tail:.*}", _not_found)
     app.cleanup_ctx.append(daemon_context)

@@ -11,6 +11,7 @@ import msgspec
 from aiohttp import web
 
 from daemon import __version__
+from daemon.api.leases import hold
 from daemon.api.state import Daemon, daemon_of
 from daemon.core.model_files import PbtxtParser
 from daemon.core.registry import LoadedVersion
@@ -128,6 +129,7 @@ async def infer(request: web.Request) -> web.Response:
     _check_accepting(daemon)
     name = request.match_info["model"]
     version = _version(request)
+    await hold(request, name)  # loads an on-demand model; held until the response is done
     model = daemon.registry.get(name, version)
     header = request.headers.get("Inference-Header-Content-Length")
     try:

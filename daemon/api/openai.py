@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
+from daemon.api.leases import hold
 from daemon.api.state import daemon_of
 from daemon.backend import GenerateChunk, GenerateParams
 from daemon.core.registry import LoadedVersion
@@ -144,10 +145,11 @@ def _params(req: _Sampling | GenerateRequest) -> GenerateParams:
     return params
 
 
-def _generation_model(request: web.Request, name: str) -> LoadedVersion:
+async def _generation_model(request: web.Request, name: str) -> LoadedVersion:
     daemon = daemon_of(request)
     if not daemon.accepting:
         raise Unavailable("server is shutting down")
+    await hold(request, name)  # loads an on-demand model; held until the response is done
     return daemon.registry.generation_model(name)
 
 
@@ -245,7 +247,7 @@ async def _stream_or_collect(
 
 async def completions(request: web.Request) -> web.StreamResponse:
     req: CompletionRequest = _decode(await request.read(), CompletionRequest)
-    model = _generation_model(request, req.model)
+    model = await _generation_model(request, req.model)
     prompt: str | list[int]
     if isinstance(req.prompt, str):
         prompt = req.prompt
@@ -295,7 +297,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req: ChatRequest = _decode(await request.read(), ChatRequest)
     if not req.messages:
         raise InvalidArgument("messages: at least one message is required")
-    model = _generation_model(request, req.model)
+    model = await _generation_model(request, req.model)
     messages = [{"role": m.role, "content": _message_text(m)} for m in req.messages]
     assert model.generator is not None
     prompt = model.generator.chat_prompt(messages)
@@ -340,7 +342,7 @@ def _encode_vector(vector: list[float], encoding: str) -> list[float] | str:
 
 async def embeddings(request: web.Request) -> web.Response:
     req: EmbeddingRequest = _decode(await request.read(), EmbeddingRequest)
-    model = _generation_model(request, req.model)
+    model = await _generation_model(request, req.model)
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts:
         raise InvalidArgument("input: at least one string is required")
@@ -363,7 +365,7 @@ async def embeddings(request: web.Request) -> web.Response:
 async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
     name = request.match_info["model"]
     req: GenerateRequest = _decode(await request.read(), GenerateRequest)
-    model = _generation_model(request, name)
+    model = await _generation_model(request, name)
     params = _params(req)
     version = str(model.version)
 

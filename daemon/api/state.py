@@ -18,6 +18,7 @@ from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
 from daemon.core.releases import ReleaseManager
 from daemon.core.repository import RepositoryManager
+from daemon.core.residency import Residency
 from daemon.core.stats import MetricsRegistry
 
 
@@ -32,6 +33,8 @@ class Daemon:
     repository: RepositoryManager
     codec: Codec
     releases: ReleaseManager
+    # On-demand loading, keep_alive and the memory budget (daemon.core.residency).
+    residency: Residency | None = None
     # False once shutdown begins: new work is answered 503 while in-flight work drains.
     accepting: bool = True
     # True once the startup model set has been loaded (the readiness gate for /v2/health/ready).
