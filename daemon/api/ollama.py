@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import datetime
 import re
+import struct
 import time
 from collections.abc import AsyncGenerator
 from pathlib import Path
@@ -53,6 +54,31 @@ _REPEAT_LAST_N = 64
 
 class _Strict(msgspec.Struct, forbid_unknown_fields=True):
     pass
+
+
+class GgufMetadata:
+    """GGUF metadata by (path, mtime, size): reading walks the whole vocabulary, so do it once.
+    `read` blocks (file reads): call it from an executor thread."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, int, int], dict[str, Any]] = {}
+
+    def read(self, path: Path) -> dict[str, Any]:
+        st = path.stat()
+        key = (str(path), st.st_mtime_ns, st.st_size)
+        found = self._cache.get(key)
+        if found is None:
+            if len(self._cache) > 256:  # bounded: repositories change, old keys go stale
+                self._cache.clear()
+            found = self._cache[key] = read_gguf_metadata(path)
+        return found
+
+
+_METADATA = web.AppKey("ollama-gguf-metadata", GgufMetadata)
+
+
+async def _in_thread(fn: Any, *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 KeepAlive = str | float | None
@@ -210,18 +236,19 @@ def _generation_model(daemon: Daemon, name: str, version: int | None, raw: str) 
 # ---------------------------------------------------------------------------- options
 
 
-def _context_per_sequence(model: LoadedVersion) -> int | None:
-    if model.artifact.suffix != ".gguf":
+def _context_per_sequence(metadata: GgufMetadata, model: LoadedVersion) -> int | None:
+    """Blocking (may read the GGUF file)."""
+    if model.artifact.suffix != ".gguf" or model.generator is None:
         return None
     try:
-        meta = read_gguf_metadata(model.artifact)
-    except (OSError, ValueError):
+        meta = metadata.read(model.artifact)
+    except (OSError, ValueError, struct.error):
         return None
     per_seq = gguf_context_per_sequence(meta, model.config.parameters)
     return -(-per_seq // 256) * 256  # llama.cpp pads each sequence's context to 256
 
 
-async def _params(options: dict[str, Any] | None, model: LoadedVersion) -> GenerateParams:
+async def _params(request: web.Request, options: dict[str, Any] | None, model: LoadedVersion) -> GenerateParams:
     options = options or {}
     unsupported = sorted(set(options) - _SUPPORTED_OPTIONS)
     if unsupported:
@@ -238,8 +265,7 @@ async def _params(options: dict[str, Any] | None, model: LoadedVersion) -> Gener
         max_tokens=_UNLIMITED, temperature=0.8, top_k=40, top_p=0.9, min_p=0.0, repeat_penalty=1.1
     )
     if opts.num_ctx is not None:
-        loop = asyncio.get_running_loop()
-        per_seq = await loop.run_in_executor(None, _context_per_sequence, model)
+        per_seq = await _in_thread(_context_per_sequence, request.app[_METADATA], model)
         if per_seq is not None and opts.num_ctx > per_seq:
             raise InvalidArgument(
                 f"options.num_ctx {opts.num_ctx} exceeds the {per_seq} tokens of context per "
@@ -395,13 +421,11 @@ async def chat(request: web.Request) -> web.StreamResponse:
             raise InvalidArgument(f'messages[{index}].tool_calls: "{req.model}" does not support tools')
     lease = await hold(request, name, keep)
     model = _generation_model(daemon, name, version, req.model)
-    params = await _params(req.options, model)
+    params = await _params(request, req.options, model)
     assert model.generator is not None
     prompt = model.generator.chat_prompt([{"role": m.role, "content": m.content} for m in req.messages])
-    created = _now()
-
     def piece(text: str) -> dict[str, Any]:
-        return {"model": req.model, "created_at": created, "message": {"role": "assistant", "content": text}}
+        return {"model": req.model, "created_at": _now(), "message": {"role": "assistant", "content": text}}
 
     timing = _Timing(started, lease.load_ns)
     return await _respond(request, daemon.registry.generate(model, prompt, params),
@@ -431,7 +455,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise InvalidArgument("raw mode does not support template or system")
     lease = await hold(request, name, keep)
     model = _generation_model(daemon, name, version, req.model)
-    params = await _params(req.options, model)
+    params = await _params(request, req.options, model)
     assert model.generator is not None
     if req.raw:
         prompt = req.prompt
@@ -441,10 +465,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         messages = [{"role": "system", "content": req.system}] if req.system else []
         messages.append({"role": "user", "content": req.prompt})
         prompt = model.generator.chat_prompt(messages)
-    created = _now()
-
     def piece(text: str) -> dict[str, Any]:
-        return {"model": req.model, "created_at": created, "response": text}
+        return {"model": req.model, "created_at": _now(), "response": text}
 
     timing = _Timing(started, lease.load_ns)
     return await _respond(request, daemon.registry.generate(model, prompt, params),
@@ -541,7 +563,7 @@ async def embeddings(request: web.Request) -> web.Response:
 # ---------------------------------------------------------------------------- models
 
 
-def _model_facts(path: Path) -> dict[str, Any]:
+def _model_facts(metadata: GgufMetadata, path: Path) -> dict[str, Any]:
     """Size, digest, mtime and details of a repository model (blocking: file reads)."""
     config, _ = model_files.read_model_config(path)
     versions = model_files.select_versions(model_files.list_versions(path), config.version_policy)
@@ -550,8 +572,8 @@ def _model_facts(path: Path) -> dict[str, Any]:
     ggufs = [p for p in files if p.suffix == ".gguf"]
     meta: dict[str, Any] = {}
     if ggufs:
-        with contextlib.suppress(OSError, ValueError):
-            meta = read_gguf_metadata(ggufs[-1])
+        with contextlib.suppress(OSError, ValueError, struct.error):
+            meta = metadata.read(ggufs[-1])
     arch = str(meta.get("general.architecture", ""))
     embedding = config.bool_parameter("embedding", False) if ggufs else False
     details = {
@@ -579,13 +601,13 @@ _QUANT = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5
           17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
 
 
-async def _facts(daemon: Daemon, name: str) -> dict[str, Any]:
-    entry = daemon.registry.entry(name)
+async def _facts(request: web.Request, name: str) -> dict[str, Any]:
+    entry = daemon_of(request).registry.entry(name)
     if entry is None or entry.path is None:
         raise NotFound(f'model "{name}" not found in the model repository')
-    loop = asyncio.get_running_loop()
     try:
-        return await loop.run_in_executor(None, _model_facts, entry.path)
+        facts: dict[str, Any] = await _in_thread(_model_facts, request.app[_METADATA], entry.path)
+        return facts
     except (OSError, EdgedError) as exc:
         raise NotFound(f'model "{name}" cannot be read from the repository: {exc}') from None
 
@@ -595,7 +617,7 @@ async def tags(request: web.Request) -> web.Response:
     models = []
     for name in daemon.registry.names():
         try:
-            facts = await _facts(daemon, name)
+            facts = await _facts(request, name)
         except NotFound:
             continue
         if not facts["generation"]:
@@ -612,7 +634,7 @@ async def show(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
     raw = req.which()
     name, _ = _resolve(daemon, raw)
-    facts = await _facts(daemon, name)
+    facts = await _facts(request, name)
     meta = facts["meta"]
     info = {k: v for k, v in meta.items() if not k.startswith("tokenizer.chat_template")}
     config, _ = model_files.read_model_config(facts["path"])
@@ -634,6 +656,7 @@ async def ps(request: web.Request) -> web.Response:
         return _json_response({"models": []})
     models = []
     now = time.time()
+    metadata = request.app[_METADATA]
     for resident in daemon.residency.residents():
         if resident.expires_at is not None:
             expires = _rfc3339(resident.expires_at)
@@ -646,8 +669,12 @@ async def ps(request: web.Request) -> web.Response:
         context: int | None = None
         if entry is not None and entry.versions:
             served = entry.versions[max(entry.versions)]
-            details = {"format": served.artifact.suffix.lstrip("."), "family": served.backend}
-            context = _context_per_sequence(served) if served.generator is not None else None
+            details = {"format": served.artifact.suffix.lstrip(".")}
+            if served.artifact.suffix == ".gguf":
+                with contextlib.suppress(OSError, ValueError, struct.error):
+                    meta = await _in_thread(metadata.read, served.artifact)
+                    details["family"] = str(meta.get("general.architecture", ""))
+                context = await _in_thread(_context_per_sequence, metadata, served)
         models.append({
             "name": f"{resident.name}:latest", "model": f"{resident.name}:latest",
             "size": resident.cost, "size_vram": 0, "digest": "", "details": details,
@@ -709,6 +736,7 @@ async def version(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    app[_METADATA] = GgufMetadata()
     r = app.router
     r.add_get("/", root)  # also answers HEAD
     r.add_get("/api/version", version)

@@ -5,6 +5,7 @@ under a memory budget, in-flight requests never cut, cost estimates and their co
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -31,8 +32,8 @@ from daemon.model_config import to_triton_json
 
 pytest.importorskip("onnxruntime")
 
-from daemon.demo import build_mlp_onnx, mlp_reference  # noqa: E402
-from support import REPO_BACKENDS, python_model  # noqa: E402
+from daemon.demo import build_mlp_onnx, mlp_reference
+from support import REPO_BACKENDS, python_model
 
 ON_DEMAND = 'parameters { key: "load" value { string_value: "on-demand" } }\n'
 
@@ -82,10 +83,13 @@ class World:
         await self.registry.close()
 
 
-async def wait_for(condition: object, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # type: ignore[operator]
-            await asyncio.sleep(0.02)
+async def wait_for(condition: Callable[[], bool]) -> None:
+    """Poll observable state (bounded: 10 s)."""
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not met within 10 s")
 
 
 X = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
@@ -177,7 +181,6 @@ async def test_budget_evicts_least_recently_used_idle_model(tmp_path: Path) -> N
 
 
 async def test_in_flight_requests_are_never_cut(tmp_path: Path) -> None:
-    pytest.importorskip("numpy")
     repo = tmp_path / "repo"
     slow_python(repo, "slow", 1.0, ON_DEMAND + keep("0s"))
     mlp(repo, "other")
@@ -274,7 +277,7 @@ def test_daemon_residency_config(tmp_path: Path) -> None:
     assert config.residency.memory_budget == "75%"
     assert DaemonConfig().residency.memory_budget == ""
     path.write_text('[residency]\nmemory-budget = "lots"\n')
-    with pytest.raises(ConfigError, match="memory_budget|memory-budget"):
+    with pytest.raises(ConfigError, match="memory-budget"):
         load_config(path)
     path.write_text('[residency]\ndefault-keep-alive = "5 minutes"\n')
     with pytest.raises(ConfigError, match="keep"):
