@@ -29,10 +29,13 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from daemon.core import model_files
 from daemon.errors import EdgedError, InsufficientMemory, InvalidArgument, Unavailable
@@ -251,7 +254,11 @@ class Residency:
         # Loads and evictions one at a time: the budget check and the RSS measurement need it.
         self._lock = asyncio.Lock()
         self._policies: dict[str, tuple[Path, bool, float | None]] = {}
-        self.loads = 0  # on-demand loads done (for tests and metrics)
+        self.loads = 0  # on-demand loads done
+        self.evictions = 0
+        self.idle_unloads = 0
+        # Exported on /metrics beside Triton's families (the registry's private collector registry).
+        registry.metrics.registry.register(_ResidencyCollector(self))
 
     # ------------------------------------------------------------------ policy
 
@@ -457,6 +464,7 @@ class Residency:
             victim.state = "unloading"
         for victim in victims:
             await self._unload(victim, f"evicted (least recently used) to make room for {name}")
+            self.evictions += 1
 
     async def _unload(self, resident: Resident, why: str) -> None:
         if resident.timer is not None:
@@ -510,6 +518,7 @@ class Residency:
             resident.state = "unloading"
             try:
                 await self._unload(resident, f"idle for keep_alive {resident.keep_alive:g} s")
+                self.idle_unloads += 1
             except EdgedError as exc:
                 log.error("model %s: idle unload failed: %s", resident.name, exc.message)
 
@@ -530,3 +539,33 @@ class Residency:
         for task in [*self._tasks, *self._loads.values()]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+class _ResidencyCollector(Collector):
+    def __init__(self, owner: Residency) -> None:
+        self._owner = owner
+
+    def collect(self) -> Iterable[Metric]:
+        owner = self._owner
+        size = Metric("edged_model_memory_bytes",
+                      "Memory a loaded or loading model counts against the budget (estimated or measured)", "gauge")
+        in_flight = Metric("edged_model_requests_in_flight", "Requests holding a model loaded", "gauge")
+        for resident in owner.residents():
+            labels = {"model": resident.name, "state": resident.state,
+                      "source": "measured" if resident.measured else "estimated"}
+            size.add_sample(size.name, labels, resident.cost)
+            in_flight.add_sample(in_flight.name, {"model": resident.name}, resident.in_flight)
+        yield size
+        yield in_flight
+        if owner.budget is not None:
+            budget = Metric("edged_memory_budget_bytes", "residency.memory-budget in bytes", "gauge")
+            budget.add_sample(budget.name, {}, owner.budget)
+            yield budget
+        for name, doc, value in (
+            ("edged_on_demand_loads", "Models loaded on demand by a request", owner.loads),
+            ("edged_evictions", "Idle models unloaded to make room within the memory budget", owner.evictions),
+            ("edged_idle_unloads", "On-demand models unloaded after idling for keep_alive", owner.idle_unloads),
+        ):
+            family = Metric(name, doc, "counter")
+            family.add_sample(name + "_total", {}, value)
+            yield family

@@ -176,6 +176,10 @@ async def test_budget_evicts_least_recently_used_idle_model(tmp_path: Path) -> N
         await world.infer("b", X)
         assert world.loaded() == {"b", "c"}
         assert world.residency.loads == 4
+        text = world.registry.metrics.render().decode()
+        assert "edged_evictions_total 2.0" in text and "edged_on_demand_loads_total 4.0" in text
+        assert 'edged_model_memory_bytes{model="b",source="estimated",state="ready"} 1.048576e+06' in text
+        assert "edged_memory_budget_bytes 2.097152e+06" in text
     finally:
         await world.close()
 
