@@ -102,6 +102,7 @@ def model_metadata_payload(daemon: Daemon, model: LoadedVersion) -> dict[str, ob
 
 async def model_metadata(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
+    await hold(request, request.match_info["model"])  # clients read metadata before infer
     model = daemon.registry.get(request.match_info["model"], _version(request))
     return _json_response(model_metadata_payload(daemon, model))
 
@@ -117,6 +118,7 @@ async def model_ready(request: web.Request) -> web.Response:
 
 
 async def model_config(request: web.Request) -> web.Response:
+    await hold(request, request.match_info["model"])  # perf_analyzer reads it before infer
     model = daemon_of(request).registry.get(request.match_info["model"], _version(request))
     return _json_response(to_triton_json(model.config))
 
