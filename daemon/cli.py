@@ -85,8 +85,8 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
 
 
 def _cmd_backends(args: argparse.Namespace) -> int:
-    from daemon.api.app import shipped_backends_dir
     from daemon.core.plugins import PluginRegistry
+    from daemon.service import shipped_backends_dir
 
     dirs = [Path(d) for d in args.backend_directory or []] or [shipped_backends_dir()]
     registry = PluginRegistry(dirs)

@@ -283,7 +283,7 @@ def to_triton_json(config: ModelConfig) -> dict[str, Any]:
         else {"specific": {"versions": policy.versions}}
     )
     parameters = dict(config.parameters)
-    # Ours, not Triton's: config.pbtxt spells it as a parameter (see model_files).
+    # Ours, not Triton's: config.pbtxt spells it as a parameter (see triton_config).
     if data.pop("backend_preference"):
         parameters[PREFERENCE_PARAMETER] = ",".join(config.backend_preference)
     for key in RESIDENCY_PARAMETERS:

@@ -27,13 +27,14 @@ import msgspec
 from aiohttp import web
 
 from daemon.api.leases import hold
-from daemon.api.state import Daemon, daemon_of
+from daemon.api.state import daemon_of
 from daemon.backend import GenerateChunk, GenerateParams
-from daemon.core import model_files
-from daemon.core.registry import LoadedVersion
+from daemon.core import layout
+from daemon.core.model import LoadedVersion
 from daemon.core.residency import gguf_context_per_sequence, read_gguf_metadata
 from daemon.errors import EdgedError, InvalidArgument, NotFound, Unavailable, Unsupported
 from daemon.model_config import parse_keep_alive
+from daemon.service import Service
 
 # The Ollama release whose API (docs/api.md) these routes follow: tools, `format` schemas,
 # /api/embed, `done_reason`. Clients compare it to decide which fields they may send.
@@ -190,7 +191,7 @@ def _json_response(payload: object, status: int = 200) -> web.Response:
     return web.Response(status=status, body=_json.encode(payload), content_type="application/json")
 
 
-def _accepting(request: web.Request) -> Daemon:
+def _accepting(request: web.Request) -> Service:
     daemon = daemon_of(request)
     if not daemon.accepting:
         raise Unavailable("server is shutting down")
@@ -200,7 +201,7 @@ def _accepting(request: web.Request) -> Daemon:
 # ---------------------------------------------------------------------------- names
 
 
-def _resolve(daemon: Daemon, raw: str) -> tuple[str, int | None]:
+def _resolve(daemon: Service, raw: str) -> tuple[str, int | None]:
     """`name[:tag]` -> (repository model, version or None for the served one)."""
     name, tag = raw, "latest"
     head, sep, tail = raw.rpartition(":")
@@ -225,7 +226,7 @@ def _keep_alive(value: KeepAlive) -> float | Literal["default"] | None:
         raise InvalidArgument(f"keep_alive: {exc}") from None
 
 
-def _generation_model(daemon: Daemon, name: str, version: int | None, raw: str) -> LoadedVersion:
+def _generation_model(daemon: Service, name: str, version: int | None, raw: str) -> LoadedVersion:
     model = daemon.registry.get(name, version)
     if model.generator is None:
         raise InvalidArgument(f'"{raw}" does not support generate: it runs on backend '
@@ -383,7 +384,7 @@ async def _respond(
 
 
 async def _load_or_unload(
-    request: web.Request, daemon: Daemon, raw: str, name: str, version: int | None,
+    request: web.Request, daemon: Service, raw: str, name: str, version: int | None,
     keep: float | Literal["default"] | None, started: int, empty: dict[str, Any],
 ) -> web.Response:
     """An empty prompt (or no messages) loads the model; with keep_alive 0 it unloads it."""
@@ -422,13 +423,12 @@ async def chat(request: web.Request) -> web.StreamResponse:
     lease = await hold(request, name, keep)
     model = _generation_model(daemon, name, version, req.model)
     params = await _params(request, req.options, model)
-    assert model.generator is not None
-    prompt = model.generator.chat_prompt([{"role": m.role, "content": m.content} for m in req.messages])
+    prompt = model.chat_prompt([{"role": m.role, "content": m.content} for m in req.messages])
     def piece(text: str) -> dict[str, Any]:
         return {"model": req.model, "created_at": _now(), "message": {"role": "assistant", "content": text}}
 
     timing = _Timing(started, lease.load_ns)
-    return await _respond(request, daemon.registry.generate(model, prompt, params),
+    return await _respond(request, model.generate(prompt, params),
                           stream=req.stream, timing=timing, piece=piece)
 
 
@@ -456,7 +456,6 @@ async def generate(request: web.Request) -> web.StreamResponse:
     lease = await hold(request, name, keep)
     model = _generation_model(daemon, name, version, req.model)
     params = await _params(request, req.options, model)
-    assert model.generator is not None
     if req.raw:
         prompt = req.prompt
     elif req.template:
@@ -464,12 +463,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
     else:
         messages = [{"role": "system", "content": req.system}] if req.system else []
         messages.append({"role": "user", "content": req.prompt})
-        prompt = model.generator.chat_prompt(messages)
+        prompt = model.chat_prompt(messages)
     def piece(text: str) -> dict[str, Any]:
         return {"model": req.model, "created_at": _now(), "response": text}
 
     timing = _Timing(started, lease.load_ns)
-    return await _respond(request, daemon.registry.generate(model, prompt, params),
+    return await _respond(request, model.generate(prompt, params),
                           stream=req.stream, timing=timing, piece=piece)
 
 
@@ -533,7 +532,7 @@ async def _embed(request: web.Request, raw: str, texts: list[str], keep: KeepAli
         raise InvalidArgument(f'"{raw}" does not support embeddings')
     if not texts:
         return [], 0, lease.load_ns
-    vectors, tokens = await daemon.registry.embed(model, texts)
+    vectors, tokens = await model.embed(texts)
     return vectors, tokens, lease.load_ns
 
 
@@ -565,8 +564,8 @@ async def embeddings(request: web.Request) -> web.Response:
 
 def _model_facts(metadata: GgufMetadata, path: Path) -> dict[str, Any]:
     """Size, digest, mtime and details of a repository model (blocking: file reads)."""
-    config, _ = model_files.read_model_config(path)
-    versions = model_files.select_versions(model_files.list_versions(path), config.version_policy)
+    config, _ = layout.read_model_config(path)
+    versions = layout.select_versions(layout.list_versions(path), config.version_policy)
     files = [p for v in versions for p in (path / str(v)).rglob("*") if p.is_file()]
     stats = [p.stat() for p in files]
     ggufs = [p for p in files if p.suffix == ".gguf"]
@@ -586,7 +585,7 @@ def _model_facts(metadata: GgufMetadata, path: Path) -> dict[str, Any]:
     }
     return {
         "size": sum(s.st_size for s in stats),
-        "digest": model_files.fingerprint(path),
+        "digest": layout.fingerprint(path),
         "modified_at": _rfc3339(max((s.st_mtime for s in stats), default=path.stat().st_mtime)),
         "details": details,
         "meta": meta,
@@ -637,7 +636,7 @@ async def show(request: web.Request) -> web.Response:
     facts = await _facts(request, name)
     meta = facts["meta"]
     info = {k: v for k, v in meta.items() if not k.startswith("tokenizer.chat_template")}
-    config, _ = model_files.read_model_config(facts["path"])
+    config, _ = layout.read_model_config(facts["path"])
     parameters = "\n".join(f"{k} {v}" for k, v in sorted(config.parameters.items()))
     return _json_response({
         "modelfile": f"# served by edged from {facts['path']}\n",

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from daemon.backend import NUMPY_DTYPES, GenerateParams, InferRequest
-from daemon.core.model_files import scan_repository
+from daemon.core.layout import scan_repository
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
 from daemon.core.repository import RepositoryManager
@@ -111,7 +111,7 @@ class ReleaseManager:
                     async for _ in generator.generate("Hello", GenerateParams(max_tokens=1, greedy=True)):
                         pass
                 return
-            await self.registry.infer(name, None, warmup_request(model.config))
+            await self.registry.get(name).infer(warmup_request(model.config))
         except EdgedError as exc:
             raise HealthCheckFailed(f"model '{name}' failed its warm-up request: {exc.message}") from exc
 

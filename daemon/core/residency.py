@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from daemon.core import model_files
+from daemon.core import layout
 from daemon.errors import EdgedError, InsufficientMemory, InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig, parse_keep_alive, parse_memory_size
 
@@ -174,7 +174,7 @@ def _int(raw: str | None, default: int) -> int:
 
 def estimate_cost(model_dir: Path, config: ModelConfig, factors: dict[str, float]) -> int:
     """Estimated bytes the versions the policy selects will hold once loaded."""
-    versions = model_files.select_versions(model_files.list_versions(model_dir), config.version_policy)
+    versions = layout.select_versions(layout.list_versions(model_dir), config.version_policy)
     total = 0
     for version in versions:
         version_dir = model_dir / str(version)
@@ -268,7 +268,7 @@ class Residency:
 
     def _policy(self, name: str, path: Path) -> tuple[bool, float | None]:
         try:
-            config, _ = model_files.read_model_config(path)
+            config, _ = layout.read_model_config(path)
         except EdgedError:
             cached = self._policies.get(name)
             return (cached[1], cached[2]) if cached and cached[0] == path else (False, None)
@@ -283,7 +283,7 @@ class Residency:
         if entry.versions:
             return entry.versions[max(entry.versions)].config, entry.path
         try:
-            return model_files.read_model_config(entry.path)[0], entry.path
+            return layout.read_model_config(entry.path)[0], entry.path
         except EdgedError:
             return None
 

@@ -14,8 +14,8 @@ import pytest
 
 from daemon.backend import InferRequest
 from daemon.config import DaemonConfig, ResidencyConfig, load_config
-from daemon.core import model_files
-from daemon.core.hardware import probe_hardware
+from daemon.core import layout
+from daemon.core.hardware import Hardware
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
 from daemon.core.repository import RepositoryManager
@@ -59,7 +59,7 @@ class World:
     def __init__(self, tmp_path: Path, repo: Path, **residency: object) -> None:
         plugins = PluginRegistry([REPO_BACKENDS])
         plugins.scan()
-        self.registry = ModelRegistry(plugins, probe_hardware(openvino=False), MetricsRegistry(), tmp_path / "state")
+        self.registry = ModelRegistry(plugins, Hardware(openvino=False), MetricsRegistry(), tmp_path / "state")
         # measure=False: costs are the (deterministic) estimates; test_measured_cost covers RSS.
         config = ResidencyConfig(measure=False, **residency)  # type: ignore[arg-type]
         self.residency = Residency(self.registry, config, memory_total=8 << 30)
@@ -73,7 +73,7 @@ class World:
         lease = await self.residency.acquire(name)
         try:
             model = self.registry.get(name)
-            response = await self.registry.infer(name, None, InferRequest({model.config.input[0].name: x}))
+            response = await model.infer(InferRequest({model.config.input[0].name: x}))
             return next(iter(response.outputs.values()))
         finally:
             lease.release()
@@ -230,7 +230,7 @@ def test_tensor_estimate_is_file_size_times_backend_factor(tmp_path: Path) -> No
     (repo / "big" / "1").mkdir(parents=True)
     (repo / "big" / "1" / "model.onnx").write_bytes(b"\0" * (4 * MiB))
     (repo / "big" / "config.pbtxt").write_text('backend: "onnxruntime"\n')
-    config, _ = model_files.read_model_config(repo / "big")
+    config, _ = layout.read_model_config(repo / "big")
     assert estimate_cost(repo / "big", config, {}) == 6 * MiB  # default factor 1.5
     assert estimate_cost(repo / "big", config, {"onnxruntime": 2.0}) == 8 * MiB
 
@@ -254,24 +254,24 @@ def test_residency_settings_in_model_toml_and_config_pbtxt(tmp_path: Path) -> No
     toml = tmp_path / "a"
     toml.mkdir()
     (toml / "model.toml").write_text('backend = "onnxruntime"\nload = "on-demand"\nkeep_alive = "10m"\n')
-    config, _ = model_files.read_model_config(toml)
+    config, _ = layout.read_model_config(toml)
     assert (config.load, config.keep_alive) == ("on-demand", "10m")
     pbtxt = tmp_path / "b"
     pbtxt.mkdir()
     (pbtxt / "config.pbtxt").write_text(
         'backend: "llamacpp"\n' + ON_DEMAND + keep("30s") + 'parameters { key: "n_ctx" value { string_value: "512" } }\n'
     )
-    config, _ = model_files.read_model_config(pbtxt)
+    config, _ = layout.read_model_config(pbtxt)
     # Lifted out of `parameters`, so a backend never sees them as its own options.
     assert (config.load, config.keep_alive, config.parameters) == ("on-demand", "30s", {"n_ctx": "512"})
     served = to_triton_json(config)["parameters"]
     assert served["load"] == {"string_value": "on-demand"} and served["keep_alive"] == {"string_value": "30s"}
     (toml / "model.toml").write_text('load = "on-demand"\nkeep_alive = "soon"\n')
     with pytest.raises(ConfigError, match="keep_alive"):
-        model_files.read_model_config(toml)
+        layout.read_model_config(toml)
     (toml / "model.toml").write_text('load = "lazy"\n')
     with pytest.raises(ConfigError, match="load"):
-        model_files.read_model_config(toml)
+        layout.read_model_config(toml)
 
 
 def test_daemon_residency_config(tmp_path: Path) -> None:
