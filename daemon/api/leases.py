@@ -24,7 +24,7 @@ async def hold(
     residency = daemon_of(request).residency
     if residency is None:
         return Lease(None, None)
-    lease = await residency.acquire(name, keep_alive)
+    lease = residency.try_acquire(name, keep_alive) or await residency.acquire(name, keep_alive)
     request.setdefault(_LEASES, []).append(lease)
     return lease
 

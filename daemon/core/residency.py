@@ -306,6 +306,9 @@ class Residency:
         Ollama's per-request keep_alive does. A model residency does not manage (unknown, or not
         on-demand and not loaded) gets an empty lease: the registry then answers as before.
         """
+        lease = self.try_acquire(name, keep_alive)
+        if lease is not None:
+            return lease
         load_ns = 0
         for _attempt in range(3):
             resident = self._ready(name)
@@ -318,6 +321,14 @@ class Residency:
             await self._ensure_loaded(name)
             load_ns += time.monotonic_ns() - started
         raise Unavailable(f"model '{name}' was unloaded again before it could serve; retry")
+
+    def try_acquire(self, name: str, keep_alive: float | Literal["default"] | None = "default") -> Lease | None:
+        """`acquire` without waiting: a lease if `name` is loaded and servable, else None.
+        (The hot path: a request for a loaded model costs no coroutine.)"""
+        resident = self._ready(name)
+        if resident is None:
+            return None
+        return self._lease(resident, keep_alive, 0)
 
     def _lease(self, resident: Resident, keep_alive: float | Literal["default"] | None, load_ns: int) -> Lease:
         if keep_alive != "default":

@@ -201,6 +201,19 @@ def test_on_demand_load_ps_and_keep_alive_unload(client: ollama.Client, daemon) 
     assert "model lazy: loading on demand" in daemon.log()
 
 
+def test_unload_waits_for_a_streaming_request(client: ollama.Client) -> None:
+    stream = client.chat(model="lazy", messages=[{"role": "user", "content": "go"}], stream=True,
+                         options={"temperature": 0, "num_predict": 40})
+    parts = [next(stream)]
+    # keep_alive 0 while the stream runs: the model unloads after it, never under it.
+    assert client.generate(model="lazy", prompt="", keep_alive=0).done_reason == "unload"
+    parts.extend(stream)
+    assert parts[-1].done and parts[-1].eval_count == 40
+    from support import wait_until
+
+    wait_until(lambda: "lazy:latest" not in loaded(client), timeout=10)  # right after it ends
+
+
 def test_concurrent_first_requests_load_once(client: ollama.Client, daemon) -> None:
     barrier = threading.Barrier(4)
 

@@ -116,6 +116,31 @@ async def test_first_request_loads_and_concurrent_first_requests_load_once(tmp_p
         await world.close()
 
 
+async def test_slow_load_is_visible_and_shared_by_concurrent_first_requests(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    slow_python(repo, "slowload", 0.0)
+    # A load that takes a while (initialize sleeps): every request that arrives meanwhile waits
+    # for the same load.
+    model_py = repo / "slowload" / "1" / "model.py"
+    model_py.write_text(model_py.read_text().replace(
+        "class TritonPythonModel:\n",
+        "class TritonPythonModel:\n    def initialize(self, args):\n        import time\n        time.sleep(0.5)\n\n",
+    ))
+    world = World(tmp_path, repo)
+    try:
+        await world.repository.startup()
+        x = np.array([1.0], dtype=np.float32)
+        first = asyncio.create_task(world.infer("slowload", x))
+        await wait_for(lambda: [r.state for r in world.residency.residents()] == ["loading"])
+        rest = [asyncio.create_task(world.infer("slowload", x)) for _ in range(4)]
+        for out in await asyncio.gather(first, *rest):
+            np.testing.assert_allclose(out, x + 1)
+        assert world.residency.loads == 1
+        assert [r.state for r in world.residency.residents()] == ["ready"]
+    finally:
+        await world.close()
+
+
 async def test_idle_model_unloads_after_keep_alive_and_reloads(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     mlp(repo, "lazy", ON_DEMAND + keep("200ms"))
@@ -133,6 +158,10 @@ async def test_idle_model_unloads_after_keep_alive_and_reloads(tmp_path: Path) -
         assert "lazy" not in world.loaded()  # and a rescan does not bring it back
         await world.infer("lazy", X)
         assert world.residency.loads == 2
+        # Unloaded behind residency's back (explicit repository unload): the next request loads it.
+        await world.registry.unload("lazy")
+        await world.infer("lazy", X)
+        assert world.residency.loads == 3
     finally:
         await world.close()
 
