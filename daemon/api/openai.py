@@ -202,7 +202,10 @@ async def list_models(request: web.Request) -> web.Response:
         {"id": m.name, "object": "model", "created": 0, "owned_by": f"edged/{m.backend}"}
         for m in daemon.registry.loaded()
     ]
-    unique = list({d["id"]: d for d in data}.values())
+    if daemon.residency is not None:  # not loaded yet, but the first request loads them
+        data += [{"id": n, "object": "model", "created": 0, "owned_by": "edged"}
+                 for n in daemon.residency.on_demand_models()]
+    unique = list({d["id"]: d for d in reversed(data)}.values())
     return web.Response(body=_json.encode({"object": "list", "data": unique}), content_type="application/json")
 
 

@@ -266,6 +266,13 @@ class Residency:
         """Does this repository model load on demand? (Repository hook; reads its config.)"""
         return self._policy(name, path)[0]
 
+    def on_demand_models(self) -> list[str]:
+        """Repository models that load on demand (as last seen by the repository; no file reads)."""
+        return sorted(
+            name for name, (path, on_demand, _) in self._policies.items()
+            if on_demand and (entry := self.registry.entry(name)) is not None and entry.path == path
+        )
+
     def _policy(self, name: str, path: Path) -> tuple[bool, float | None]:
         try:
             config, _ = layout.read_model_config(path)

@@ -73,6 +73,12 @@ def test_root_version_and_head(daemon) -> None:
         assert re.fullmatch(r"\d+\.\d+\.\d+", json.load(reply)["version"])
 
 
+def test_openai_model_list_includes_on_demand_models(daemon) -> None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{daemon.http_port}/v1/models") as reply:
+        ids = [m["id"] for m in json.load(reply)["data"]]
+    assert {"tiny", "embedder", "lazy", "crowd", "mlp"} <= set(ids) and len(ids) == len(set(ids))
+
+
 def test_list_and_show(client: ollama.Client) -> None:
     models = {m.model: m for m in client.list().models}
     # Text models of the repository, loaded or not; the ONNX model is not an Ollama model.
