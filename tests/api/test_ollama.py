@@ -242,3 +242,26 @@ def test_on_demand_tensor_model_over_kserve(client: ollama.Client, daemon) -> No
     assert reply.json()["outputs"][0]["shape"] == [1, 4]
     (entry,) = [m for m in client.ps().models if m.model == "mlp:latest"]
     assert entry.details is not None and entry.details.format == "onnx"
+
+
+def test_load_that_cannot_fit_the_budget_is_507(tmp_path: Path, start_daemon) -> None:
+    repo = tmp_path / "repo"
+    (repo / "lazy" / "1").mkdir(parents=True)
+    write_tiny_llama(repo / "lazy" / "1" / "model.gguf", seed=3)
+    (repo / "lazy" / "config.pbtxt").write_text(LLAMA + ON_DEMAND)
+    from daemon.demo import build_mlp_onnx
+
+    (repo / "pinned" / "1").mkdir(parents=True)
+    build_mlp_onnx(repo / "pinned" / "1" / "model.onnx", width=4, depth=1)
+    (repo / "pinned" / "config.pbtxt").write_text('backend: "onnxruntime"\n')
+    config = tmp_path / "edged.toml"
+    # Both are estimated at the 1 MiB floor; the model loaded at start holds the whole budget.
+    config.write_text('[residency]\nmemory-budget = "1MiB"\nmeasure = false\n')
+    daemon = start_daemon("--config", str(config), "--model-repository", str(repo), http=True)
+    client = ollama.Client(host=f"http://127.0.0.1:{daemon.http_port}", timeout=60)
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.chat(model="lazy", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 507
+    assert "memory budget (residency.memory-budget = 1MiB" in caught.value.error
+    assert "pinned 1 MiB" in caught.value.error
+    assert loaded(client) == {"pinned:latest"} and daemon.alive()
