@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,9 +25,11 @@ from daemon.core.registry import ModelRegistry
 from daemon.core.repository import RepositoryManager
 from daemon.errors import EdgedError
 from daemon.model_config import ModelConfig
-from daemon.updates.apply import AppliedUpdate, apply_update
 from daemon.updates.errors import HealthCheckFailed
 from daemon.updates.store import ReleaseStore, StoreStatus
+
+if TYPE_CHECKING:
+    from daemon.updates.apply import AppliedUpdate
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +123,9 @@ class ReleaseManager:
             log.info("update: %s", line)
             if progress is not None:
                 progress(line)
+
+        # Imported on first use: verifying bundles needs `cryptography`; serving does not.
+        from daemon.updates.apply import apply_update
 
         try:
             return await apply_update(
