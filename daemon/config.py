@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from daemon.errors import ConfigError
+from daemon.model_config import parse_keep_alive, parse_memory_size
 
 ControlMode = Literal["none", "poll", "explicit"]
 
@@ -80,6 +81,31 @@ class UpdatesConfig(_Section):
     keep_releases: Annotated[int, msgspec.Meta(ge=1)] = 3
 
 
+class ResidencyConfig(_Section):
+    """On-demand model residency (daemon.core.residency): the memory budget loaded models share."""
+
+    # "" = no budget; bytes ("6GiB", "512MiB", "2000000000") or a fraction of RAM ("75%").
+    memory_budget: str = ""
+    # keep_alive of an on-demand model whose config names none (Ollama duration: "5m", "30s", "-1").
+    default_keep_alive: str = "5m"
+    # A tensor model's estimated memory = its files' size x its backend's factor (default 1.5).
+    backend_factors: dict[str, Annotated[float, msgspec.Meta(gt=0)]] = {}
+    # Replace the estimate with the RSS growth measured around each on-demand load.
+    measure: bool = True
+
+    def __post_init__(self) -> None:
+        # ValueError: msgspec reports it with the key's path.
+        try:
+            if self.memory_budget:
+                parse_memory_size(self.memory_budget, total=1)
+        except ValueError as exc:
+            raise ValueError(f"memory-budget: {exc}") from None
+        try:
+            parse_keep_alive(self.default_keep_alive)
+        except ValueError as exc:
+            raise ValueError(f"default-keep-alive: {exc}") from None
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["text", "json"] = "text"
@@ -99,6 +125,7 @@ class DaemonConfig(_Section):
     models: ModelsConfig = msgspec.field(default_factory=ModelsConfig)
     backends: BackendsConfig = msgspec.field(default_factory=BackendsConfig)
     updates: UpdatesConfig = msgspec.field(default_factory=UpdatesConfig)
+    residency: ResidencyConfig = msgspec.field(default_factory=ResidencyConfig)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     trace: TraceConfig = msgspec.field(default_factory=TraceConfig)
 

@@ -8,6 +8,7 @@ config.pbtxt is stripped on the way in (see `normalize_datatype`).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -37,6 +38,65 @@ DATATYPES: frozenset[str] = frozenset(
 
 # config.pbtxt has no field for `backend_preference`: it travels as this parameter there.
 PREFERENCE_PARAMETER = "backend_preference"
+# Nor for residency (`load`, `keep_alive`): in config.pbtxt they are parameters of these names.
+RESIDENCY_PARAMETERS = ("load", "keep_alive")
+
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|ms|s|m|h)")
+_SIZE_UNITS = {
+    "": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "t": 1000**4, "tb": 1000**4,
+}
+
+
+def parse_keep_alive(value: str | float | int) -> float | None:
+    """Ollama's keep_alive: seconds (a number) or a Go duration ("5m", "1h30m", "300ms", "0").
+
+    Returns seconds; None = forever (any negative value, as in Ollama). ValueError otherwise.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"keep_alive must be a duration or a number of seconds, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        body = text.lstrip("+-")
+        if body in ("0", ""):
+            if not body:
+                raise ValueError("keep_alive must not be empty")
+            return 0.0
+        try:  # Ollama also takes a bare number of seconds as a string
+            seconds = sign * float(body)
+        except ValueError:
+            parts = _DURATION_PART.findall(body)
+            if not parts or "".join(n + u for n, u in parts) != body:
+                raise ValueError(
+                    f"keep_alive {value!r} is not a duration (e.g. \"5m\", \"30s\", \"1h\", \"-1\")"
+                ) from None
+            seconds = sign * sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise ValueError(f"keep_alive must be finite, got {value!r}")
+    return None if seconds < 0 else seconds
+
+
+def parse_memory_size(value: str, total: int | None = None) -> int:
+    """Bytes from "6GiB", "512MiB", "2000000000" or (with `total`) a fraction "75%"."""
+    text = value.strip().lower().replace(" ", "")
+    if text.endswith("%"):
+        if total is None:
+            raise ValueError(f"{value!r}: a fraction needs the total memory")
+        percent = float(text[:-1])
+        if not 0 < percent <= 100:
+            raise ValueError(f"{value!r}: a fraction must be in (0, 100]%")
+        return int(total * percent / 100)
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", text)
+    if match is None or match.group(2) not in _SIZE_UNITS:
+        raise ValueError(f"{value!r} is not a size (e.g. \"6GiB\", \"512MiB\", \"75%\")")
+    size = int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+    if size <= 0:
+        raise ValueError(f"{value!r}: a memory size must be > 0")
+    return size
 
 
 def normalize_datatype(value: str) -> str:
@@ -245,8 +305,14 @@ class ModelConfig(_Strict):
     default_model_filename: str = ""
     # Ours: ordered backend preference for `backend: auto` (e.g. ["openvino", "onnxruntime"]).
     backend_preference: list[str] = []
+    # Ours: "on-demand" = loaded by the first request that needs it and unloaded after idling
+    # for `keep_alive` (an Ollama duration; "" = the daemon's residency.default-keep-alive).
+    load: Literal["startup", "on-demand"] = "startup"
+    keep_alive: str = ""
 
     def __post_init__(self) -> None:
+        if self.keep_alive:
+            parse_keep_alive(self.keep_alive)  # ValueError -> msgspec names `$.keep_alive`
         # Triton's `scheduling_choice` oneof (config.pbtxt gets this check from protobuf).
         chosen = [
             name
@@ -326,9 +392,13 @@ def to_triton_json(config: ModelConfig) -> dict[str, Any]:
         else {"specific": {"versions": policy.versions}}
     )
     parameters = dict(config.parameters)
-    # Ours, not Triton's: config.pbtxt spells it as a parameter (see model_files).
+    # Ours, not Triton's: config.pbtxt spells it as a parameter (see triton_config).
     if data.pop("backend_preference"):
         parameters[PREFERENCE_PARAMETER] = ",".join(config.backend_preference)
+    for key in RESIDENCY_PARAMETERS:
+        value = data.pop(key)
+        if value and value != "startup":
+            parameters[key] = value
     data["parameters"] = {key: {"string_value": value} for key, value in parameters.items()}
     return {key: value for key, value in data.items() if value is not None}
 

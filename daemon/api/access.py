@@ -2,8 +2,8 @@
 
 - Unix socket: the socket file's mode is the first gate; `server.allowed-uids` (checked with
   SO_PEERCRED) narrows it further for every route. Root is always allowed.
-- TCP: anyone who can reach the port. Admin routes (model load/unload, updates, logging,
-  Ollama pull/delete) need `Authorization: Bearer <token>`
+- TCP: anyone who can reach the port. Admin routes (model load/unload, updates, logging)
+  need `Authorization: Bearer <token>`
   with the token from `server.token-file`; without a token file they are refused over TCP.
   With `server.tcp-auth = "all"` every route but `/v2/health/*` needs the token.
 - Shared-memory registration follows `server.shared-memory`: "socket" (default) and "off"
@@ -36,7 +36,6 @@ _ADMIN_PATHS = re.compile(
     r"^/v2/repository/models/[^/]+/(load|unload)$"
     r"|^/v1/updates(/.*)?$"
     r"|^/v2/logging$"
-    r"|^/api/(pull|push|delete|create|copy)$"
 )
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _SHM_PATHS = re.compile(r"^/v2/(system|cuda)sharedmemory/")

@@ -8,11 +8,12 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from daemon.api import admin, kserve, logging_routes, openai, shm, trace
+from daemon.api import admin, kserve, logging_routes, ollama, openai, shm, trace
 from daemon.api.access import make_access_middleware, read_token
 from daemon.api.connections import ConnectionGuard
 from daemon.api.errors import make_error_middleware
 from daemon.api.kserve_codec import Codec
+from daemon.api.leases import release_leases
 from daemon.api.state import CODEC, SERVICE
 from daemon.service import Service
 
@@ -28,6 +29,7 @@ def create_app(service: Service) -> web.Application:
             guard.middleware(),
             make_access_middleware(config.server, read_token(config.server.token_file)),
             make_error_middleware(),
+            release_leases,
         ],
     )
     app[SERVICE] = service
@@ -37,6 +39,7 @@ def create_app(service: Service) -> web.Application:
     shm.add_routes(app)
     logging_routes.add_routes(app)
     openai.add_routes(app)
+    ollama.add_routes(app)
     admin.add_routes(app)
     trace.add_routes(app, config.trace.file)
     # No catch-all route: aiohttp answers an unknown path with 404 and a known path with the

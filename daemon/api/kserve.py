@@ -14,6 +14,7 @@ from daemon import __version__
 from daemon.api import repository_load as load_api
 from daemon.api.body import read_body
 from daemon.api.kserve_codec import parse_header_length
+from daemon.api.leases import hold
 from daemon.api.shm import shm_lookup
 from daemon.api.state import codec_of, daemon_of
 from daemon.api.trace import TRACER
@@ -84,6 +85,7 @@ def model_metadata_payload(daemon: Service, model: LoadedVersion) -> dict[str, o
 
 async def model_metadata(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
+    await hold(request, request.match_info["model"])  # clients read metadata before infer
     model = daemon.registry.get(request.match_info["model"], _version(request))
     return _json_response(model_metadata_payload(daemon, model))
 
@@ -98,6 +100,7 @@ async def model_ready(request: web.Request) -> web.Response:
 
 
 async def model_config(request: web.Request) -> web.Response:
+    await hold(request, request.match_info["model"])  # perf_analyzer reads it before infer
     model = daemon_of(request).registry.get(request.match_info["model"], _version(request))
     return _json_response(model.triton_config())
 
@@ -108,6 +111,8 @@ async def model_config(request: web.Request) -> web.Response:
 async def infer(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
     _check_accepting(daemon)
+    # Loads an on-demand model, held until the response is done.
+    await hold(request, request.match_info["model"])
     # Resolved once: this version decodes, runs and labels the request, even if a reload
     # swaps in another one while the body is still arriving.
     model = daemon.registry.get(request.match_info["model"], _version(request))

@@ -13,6 +13,8 @@ from typing import Annotated
 import msgspec
 from aiohttp import web
 
+from daemon.api.body import read_body
+from daemon.api.state import daemon_of
 from daemon.errors import InvalidArgument, Unsupported
 from daemon.logs import LOG_FORMATS, LogSwitches, log_switches
 
@@ -44,7 +46,7 @@ async def get_logging(request: web.Request) -> web.Response:
 
 
 async def post_logging(request: web.Request) -> web.Response:
-    body = await request.read()
+    body = await read_body(request, daemon_of(request).config.server.max_request_bytes)
     try:
         update = msgspec.json.decode(body, type=_LogSettings) if body.strip() else _LogSettings()
     except msgspec.DecodeError as exc:

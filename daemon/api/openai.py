@@ -20,6 +20,7 @@ from aiohttp import web
 
 from daemon.api import generate as generate_tensor
 from daemon.api.body import read_body
+from daemon.api.leases import hold
 from daemon.api.state import daemon_of
 from daemon.backend import GenerateChunk, GenerateParams
 from daemon.core.model import LoadedVersion
@@ -150,11 +151,12 @@ async def _body(request: web.Request) -> bytes:
     return await read_body(request, daemon_of(request).config.server.max_request_bytes)
 
 
-def _generation_model(request: web.Request, name: str, version: str | None = None) -> LoadedVersion:
+async def _generation_model(request: web.Request, name: str, version: str | None = None) -> LoadedVersion:
     """Resolve the model once; every later step of the request talks to this version."""
     daemon = daemon_of(request)
     if not daemon.accepting:
         raise Unavailable("server is shutting down")
+    await hold(request, name)  # loads an on-demand model; held until the response is done
     model = daemon.registry.get(name, version)
     model.require_generator()
     return model
@@ -206,7 +208,10 @@ async def list_models(request: web.Request) -> web.Response:
         {"id": m.name, "object": "model", "created": 0, "owned_by": f"edged/{m.backend}"}
         for m in daemon.registry.loaded()
     ]
-    unique = list({d["id"]: d for d in data}.values())
+    if daemon.residency is not None:  # not loaded yet, but the first request loads them
+        data += [{"id": n, "object": "model", "created": 0, "owned_by": "edged"}
+                 for n in daemon.residency.on_demand_models()]
+    unique = list({d["id"]: d for d in reversed(data)}.values())
     return web.Response(body=_json.encode({"object": "list", "data": unique}), content_type="application/json")
 
 
@@ -254,7 +259,7 @@ async def _stream_or_collect(
 
 async def completions(request: web.Request) -> web.StreamResponse:
     req: CompletionRequest = _decode(await _body(request), CompletionRequest)
-    model = _generation_model(request, req.model)
+    model = await _generation_model(request, req.model)
     prompt: str | list[int]
     if isinstance(req.prompt, str):
         prompt = req.prompt
@@ -304,7 +309,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req: ChatRequest = _decode(await _body(request), ChatRequest)
     if not req.messages:
         raise InvalidArgument("messages: at least one message is required")
-    model = _generation_model(request, req.model)
+    model = await _generation_model(request, req.model)
     messages = [{"role": m.role, "content": _message_text(m)} for m in req.messages]
     prompt = model.chat_prompt(messages)
     params = _params(req)
@@ -348,7 +353,7 @@ def _encode_vector(vector: list[float], encoding: str) -> list[float] | str:
 
 async def embeddings(request: web.Request) -> web.Response:
     req: EmbeddingRequest = _decode(await _body(request), EmbeddingRequest)
-    model = _generation_model(request, req.model)
+    model = await _generation_model(request, req.model)
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts:
         raise InvalidArgument("input: at least one string is required")
@@ -373,7 +378,7 @@ async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
         return await generate_tensor.handle(request, tensor, stream)
     name = request.match_info["model"]
     req: GenerateRequest = _decode(await _body(request), GenerateRequest)
-    model = _generation_model(request, name, request.match_info.get("version"))
+    model = await _generation_model(request, name, request.match_info.get("version"))
     params = _params(req)
     version = str(model.version)
 

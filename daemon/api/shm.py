@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 import msgspec
 from aiohttp import web
 
+from daemon.api.body import read_body
 from daemon.api.kserve_codec import SharedMemoryLookup
 from daemon.api.state import daemon_of
 from daemon.core.shm import Lease, SharedMemoryRegistry
@@ -90,7 +91,7 @@ async def system_status(request: web.Request) -> web.Response:
 async def system_register(request: web.Request) -> web.Response:
     _check_allowed(request)
     name = request.match_info["name"]
-    body = await request.read()
+    body = await read_body(request, daemon_of(request).config.server.max_request_bytes)
     try:
         params = msgspec.json.decode(body, type=_RegisterRequest)
     except msgspec.DecodeError as exc:

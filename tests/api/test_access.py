@@ -142,7 +142,8 @@ def test_unix_socket_peer_uid_not_allowed_is_403(start_daemon, repo: Path, tmp_p
         ("POST", "/v2/systemsharedmemory/region/r/register", False),  # server.shared-memory decides
         ("GET", "/v2/systemsharedmemory/status", False),
         ("POST", "/v2/models/m/infer", False),
-        ("POST", "/api/delete", True),
+        ("DELETE", "/api/delete", False),  # edged deletes nothing: 501 for everyone
+        ("POST", "/api/pull", False),  # offline: it only checks the repository
         ("POST", "/api/chat", False),
     ],
 )
