@@ -31,6 +31,11 @@ class ServerConfig(_Section):
     # "HOST:PORT" enables TCP. Off by default: the socket's file permissions are the access control.
     http: str = ""
     max_request_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024 * 1024
+    # Elements one input tensor may have, and bytes all of a request's inputs may decode into
+    # (a BYTES element counts 48 bytes plus its payload); checked from the shapes before
+    # anything is allocated. Over either: 400 naming the input and the setting.
+    max_tensor_elements: Annotated[int, msgspec.Meta(ge=1)] = 1 << 24
+    max_decoded_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024 * 1024
     # uids allowed on the Unix socket (checked with SO_PEERCRED); empty = whoever can open it.
     allowed_uids: list[int] = []
     shutdown_timeout: Annotated[float, msgspec.Meta(ge=0)] = 30.0

@@ -34,7 +34,11 @@ def create_app(service: Service) -> web.Application:
     )
     app[SERVICE] = service
     app[GUARD] = guard
-    app[CODEC] = Codec(max_request_bytes=config.server.max_request_bytes)
+    app[CODEC] = Codec(
+        max_request_bytes=config.server.max_request_bytes,
+        max_tensor_elements=config.server.max_tensor_elements,
+        max_decoded_bytes=config.server.max_decoded_bytes,
+    )
     kserve.add_routes(app)
     shm.add_routes(app)
     logging_routes.add_routes(app)

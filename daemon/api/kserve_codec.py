@@ -48,6 +48,15 @@ from daemon.model_config import ModelConfig, TensorConfig
 
 # Triton's default request size cap.
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+# Bounds on what one request may decode into (issue 19 item 7): a 64 MiB body of empty BYTES
+# elements is 16 M Python objects; these caps are checked from the shape, before allocating.
+DEFAULT_MAX_TENSOR_ELEMENTS = 1 << 24
+DEFAULT_MAX_DECODED_BYTES = 256 * 1024 * 1024
+# What one decoded BYTES element costs beyond its payload: a pointer in the list it is split
+# into, one in the object array, and a bytes object's header (CPython: 33 bytes).
+BYTES_ELEMENT_OVERHEAD = 48
+# numpy's NPY_MAXDIMS (64 in numpy 2; Triton has no smaller bound).
+MAX_TENSOR_RANK = 64
 # Triton (>= 2.58) rejects `data` nested this deep; deeper documents used to overflow stacks.
 MAX_JSON_NESTING_DEPTH = 100
 NESTING_MESSAGE = (
@@ -184,8 +193,15 @@ def _numpy_enc_hook(obj: Any) -> Any:
 class Codec:
     """Holds the msgspec decoder/encoder, built once per daemon (never per request)."""
 
-    def __init__(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
+    def __init__(
+        self,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS,
+        max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+    ) -> None:
         self.max_request_bytes = max_request_bytes
+        self.max_tensor_elements = max_tensor_elements
+        self.max_decoded_bytes = max_decoded_bytes
         self._request_decoder = msgspec.json.Decoder(InferRequestBody)
         self._encoder = msgspec.json.Encoder(enc_hook=_numpy_enc_hook)
         # Classification labels by model directory (read by the transport, not by the codec).
@@ -253,9 +269,11 @@ class Codec:
     ) -> DecodedInfer:
         inputs: dict[str, np.ndarray] = {}
         offset = header_length
+        decoded_bytes = 0
         for tensor in header.inputs:
             if tensor.name in inputs:
                 raise InvalidArgument(f"input {tensor.name!r} appears more than once")
+            decoded_bytes += self._check_limits(tensor, decoded_bytes)
             if tensor.parameters and "shared_memory_region" in tensor.parameters:
                 inputs[tensor.name] = _decode_shm_input(tensor, shm, decoded.leases)
                 continue
@@ -311,6 +329,30 @@ class Codec:
         decoded.binary_outputs = binary_outputs
         decoded.binary_default = binary_default
         return decoded
+
+    def _check_limits(self, tensor: RequestInput, so_far: int) -> int:
+        """The bytes `tensor` will decode into, from its shape alone; raises when it is over
+        the element cap or takes the request over the decoded-bytes cap."""
+        name = tensor.name
+        count = _check_shape(name, tensor.shape)
+        if count > self.max_tensor_elements:
+            raise InvalidArgument(
+                f"input {name!r}: shape {tensor.shape} has {count} elements, more than the "
+                f"{self.max_tensor_elements} allowed per tensor (server max-tensor-elements)"
+            )
+        dtype = _WIRE_DTYPES.get(tensor.datatype)
+        if dtype is not None:
+            size = count * dtype.itemsize
+        else:  # BYTES (or an unknown datatype, rejected later with its own message)
+            payload = (tensor.parameters or {}).get("binary_data_size", 0)
+            size = count * BYTES_ELEMENT_OVERHEAD + (payload if type(payload) is int else 0)
+        if so_far + size > self.max_decoded_bytes:
+            raise InvalidArgument(
+                f"input {name!r}: decoding the request's inputs would take {so_far + size} "
+                f"bytes, more than the {self.max_decoded_bytes} allowed (server "
+                "max-decoded-bytes); send fewer or smaller elements"
+            )
+        return size
 
     # ------------------------------------------------------------------ responses
 
@@ -408,7 +450,12 @@ def encode_error(message: str) -> bytes:
 
 
 def _check_shape(name: str, shape: list[int]) -> int:
-    """Element count of `shape`; rejects negative dims."""
+    """Element count of `shape`; rejects negative dims and more dims than numpy has."""
+    if len(shape) > MAX_TENSOR_RANK:
+        raise InvalidArgument(
+            f"input {name!r}: shape has {len(shape)} dimensions, more than the "
+            f"{MAX_TENSOR_RANK} allowed"
+        )
     for dim in shape:
         if dim < 0:
             raise InvalidArgument(f"input {name!r}: shape {shape} has a negative dimension")
@@ -569,6 +616,12 @@ def _check_depth(data: list[Any]) -> None:
 
 
 def _from_json(name: str, datatype: str, data: Any, shape: list[int], count: int) -> np.ndarray:
+    if isinstance(data, list) and len(data) > count:
+        # Already more elements than the shape holds: refuse before copying them.
+        raise InvalidArgument(
+            f"input {name!r}: expected {count} elements for shape {shape}, got at least "
+            f"{len(data)}"
+        )
     if datatype == "BYTES":
         flat = _flatten(data)
         encoded: list[bytes] = []
@@ -596,6 +649,15 @@ def _from_json(name: str, datatype: str, data: Any, shape: list[int], count: int
     return values.reshape(shape)
 
 
+def _has_bool(data: Any, values: np.ndarray) -> bool:
+    """Whether JSON `data` (numbers, maybe nested) holds a boolean. numpy made each one 0 or
+    1, so only data holding those values is scanned (a C-speed pass over the types)."""
+    if not ((values == 0) | (values == 1)).any():
+        return False
+    flat = data if isinstance(data, list) and not isinstance(data[0], list) else _flatten(data)
+    return bool in set(map(type, flat))
+
+
 def _convert_json_numbers(name: str, datatype: str, data: Any, values: np.ndarray) -> np.ndarray:
     kind = values.dtype.kind
     if values.size == 0:
@@ -603,6 +665,11 @@ def _convert_json_numbers(name: str, datatype: str, data: Any, values: np.ndarra
     elif datatype == "BOOL":
         if kind != "b":
             raise InvalidArgument(f"input {name!r}: BOOL data must be JSON true/false")
+    elif kind in "iuf" and _has_bool(data, values):
+        # numpy reads true as 1: a silent change of value. Triton wants numbers here too.
+        raise InvalidArgument(
+            f"input {name!r}: {datatype} data must be JSON numbers, got a JSON boolean"
+        )
     elif datatype in _INT_DATATYPES:
         dtype = NUMPY_DTYPES[datatype]
         info = np.iinfo(dtype)
@@ -791,7 +858,15 @@ def _to_json(name: str, array: np.ndarray, datatype: str) -> list[Any]:
                 f'"binary_data_output": true on the request)'
             ) from None
     if datatype == "BF16":
-        return (array.astype(np.uint32) << 16).view(np.float32).ravel().tolist()
+        array = (array.astype(np.uint32) << 16).view(np.float32)
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        # JSON has no NaN or Infinity, and `null` would silently change the value. Triton's
+        # rapidjson writer refuses them too; binary data carries them exactly.
+        raise InvalidArgument(
+            f"output '{name}' holds NaN or infinite {datatype} values, which JSON cannot "
+            f'carry: request it in binary with "parameters": {{"binary_data": true}} on the '
+            f'output (or "binary_data_output": true on the request)'
+        )
     result: list[Any] = array.ravel().tolist()
     return result
 

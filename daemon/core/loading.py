@@ -133,7 +133,9 @@ class ModelLoader:
                 return await self._load_on(name, version, config, candidate.backend,
                                            candidate.artifact, candidate.device, stats, selection)
             except EdgedError as exc:
-                failures.append(f"{candidate.backend}: {exc.message}")
+                # Backends name themselves in their messages ("python: model ..."); say it once.
+                prefix = f"{candidate.backend}: "
+                failures.append(exc.message if exc.message.startswith(prefix) else prefix + exc.message)
                 selection.skipped.append((candidate.backend, f"load failed: {exc.message}"))
                 log.warning("model %s: backend %s failed, trying the next: %s", name, candidate.backend, exc.message)
         stats.close()
