@@ -21,6 +21,7 @@ import numpy as np
 from aiohttp import web
 
 from daemon.api.body import read_body
+from daemon.api.kserve_codec import float_list
 from daemon.api.state import daemon_of
 from daemon.backend import NUMPY_DTYPES, ExecuteResult, InferRequest, InferResponse
 from daemon.core import decoupled
@@ -253,5 +254,5 @@ def _output_value(name: str, array: np.ndarray) -> Any:
                 f"output '{name}' holds bytes that are not UTF-8 text; request it from /infer as binary data"
             ) from None
     else:
-        values = flat.tolist()
+        values = float_list(flat)  # NaN / Inf as Triton writes them, never null
     return values[0] if len(values) == 1 else values

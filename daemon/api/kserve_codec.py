@@ -859,16 +859,27 @@ def _to_json(name: str, array: np.ndarray, datatype: str) -> list[Any]:
             ) from None
     if datatype == "BF16":
         array = (array.astype(np.uint32) << 16).view(np.float32)
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
-        # JSON has no NaN or Infinity, and `null` would silently change the value. Triton's
-        # rapidjson writer refuses them too; binary data carries them exactly.
-        raise InvalidArgument(
-            f"output '{name}' holds NaN or infinite {datatype} values, which JSON cannot "
-            f'carry: request it in binary with "parameters": {{"binary_data": true}} on the '
-            f'output (or "binary_data_output": true on the request)'
-        )
+    return float_list(array)
+
+
+def float_list(array: np.ndarray) -> list[Any]:
+    """`array.ravel().tolist()`, with NaN and infinities as values msgspec writes as the
+    literals NaN, Infinity and -Infinity. msgspec alone would write null, a silent change of
+    value; Triton 2.51 writes these literals (not strict JSON), which its clients read back
+    (Python's json and rapidjson accept them)."""
     result: list[Any] = array.ravel().tolist()
+    if array.dtype.kind == "f":
+        finite = np.isfinite(array)
+        if not finite.all():
+            for i in np.flatnonzero(~finite).tolist():
+                value = result[i]
+                result[i] = _NAN if value != value else _INF if value > 0 else _NEG_INF
     return result
+
+
+_NAN = msgspec.Raw(b"NaN")
+_INF = msgspec.Raw(b"Infinity")
+_NEG_INF = msgspec.Raw(b"-Infinity")
 
 
 # --------------------------------------------------------------------------- shared memory

@@ -881,3 +881,50 @@ def test_tritonclient_parses_bf16_output(codec: Codec) -> None:
         got = result.as_numpy("Y")
         assert got.shape == (2, 2)
         np.testing.assert_array_equal(got.astype(np.float32), want)
+
+
+# --------------------------------------------------------------------------- limits, NaN/Inf
+
+
+def test_element_cap_applies_to_json_binary_and_shared_memory_inputs() -> None:
+    codec = Codec(max_tensor_elements=4)
+    ok = {"inputs": [{"name": "X", "shape": [2, 2], "datatype": "INT8", "data": [1, 2, 3, 4]}]}
+    assert codec.decode_infer_request(json.dumps(ok).encode(), None).request.inputs["X"].size == 4
+    for parameters in ({}, {"binary_data_size": 5}, {"shared_memory_region": "r"}):
+        tensor = {"name": "X", "shape": [5], "datatype": "INT8", "parameters": parameters}
+        if not parameters:
+            tensor["data"] = [1, 2, 3, 4, 5]
+        body = json.dumps({"inputs": [tensor]}).encode()
+        header = len(body)
+        if "binary_data_size" in parameters:
+            body += b"\0" * 5
+        with pytest.raises(InvalidArgument, match=r"input 'X': shape \[5\] has 5 elements, "
+                           r"more than the 4 allowed per tensor \(server max-tensor-elements\)"):
+            codec.decode_infer_request(body, header)
+
+
+def test_decoded_bytes_cap_sums_over_inputs() -> None:
+    codec = Codec(max_decoded_bytes=1024)
+    half = {"shape": [64], "datatype": "FP64", "data": [0.0] * 64}  # 512 bytes each
+    body = {"inputs": [{"name": "A", **half}, {"name": "B", **half}]}
+    assert len(codec.decode_infer_request(json.dumps(body).encode(), None).request.inputs) == 2
+    body["inputs"].append({"name": "C", "shape": [1], "datatype": "INT8", "data": [1]})
+    with pytest.raises(InvalidArgument, match="input 'C': decoding the request's inputs would "
+                       "take 1025 bytes, more than the 1024 allowed"):
+        codec.decode_infer_request(json.dumps(body).encode(), None)
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "INT32"])
+def test_json_booleans_in_number_tensors_are_refused(datatype: str) -> None:
+    body = {"inputs": [{"name": "X", "shape": [2], "datatype": datatype, "data": [True, 0]}]}
+    with pytest.raises(InvalidArgument, match=f"{datatype} data must be JSON numbers, got a JSON boolean"):
+        Codec().decode_infer_request(json.dumps(body).encode(), None)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_nonfinite_json_outputs_are_nan_and_infinity_literals(dtype: type) -> None:
+    decoded = DecodedInfer(InferRequest(inputs={}))
+    response = InferResponse(outputs={"Y": np.array([[np.nan, 1.0], [np.inf, -np.inf]], dtype=dtype)})
+    body, length = Codec().encode_infer_response("m", "1", decoded, response)
+    assert length is None
+    assert b'"data":[NaN,1.0,Infinity,-Infinity]' in body

@@ -4,7 +4,7 @@
 - per-tensor element and decoded-bytes caps, checked from the shape before allocating;
 - a bounded fuzz corpus of malformed JSON and binary requests: each is a 400 naming the field,
   and the daemon keeps serving after each;
-- NaN / +-Inf outputs: exact in binary, a 400 pointing at binary_data in JSON (never `null`);
+- NaN / +-Inf outputs: exact in binary; in JSON the literals Triton 2.51 writes (never `null`);
 - a backend's load error names the backend once.
 """
 
@@ -89,6 +89,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     python_model(repo, "ident", "y = x")
     _write_model(repo, "strings", BYTES_MODEL, BYTES_CODE)
     _write_model(repo, "nonfinite", NONFINITE_MODEL, NONFINITE_CODE)
+    # generate answers FP16 outputs with an error: a model with the FP32 one only.
+    python_model(repo, "nonfinite32", "y = [float('nan'), float('inf'), -float('inf'), 1.5]")
     _write_model(repo, "broken", 'backend: "python"\n' + NONFINITE_MODEL.split("\n", 1)[1],
                  BROKEN_CODE)
     base = tmp_path_factory.mktemp("edged")
@@ -100,6 +102,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         base, "--config", str(config), "--model-repository", str(repo),
         "--model-control-mode", "explicit", "--load-model", "ident",
         "--load-model", "strings", "--load-model", "nonfinite",
+        "--load-model", "nonfinite32", http=True,
     )
     yield process
     process.stop()
@@ -298,15 +301,46 @@ def test_nonfinite_outputs_travel_exactly_in_binary(
     assert values[1:].tolist() == [float("inf"), -float("inf"), 1.5]
 
 
-@pytest.mark.parametrize("name", ["F16", "F32", "F64"])
-def test_nonfinite_outputs_in_json_are_a_400_never_null(daemon: DaemonProcess, name: str) -> None:
+@pytest.mark.parametrize(("name", "datatype"), [("F16", "FP16"), ("F32", "FP32"), ("F64", "FP64")])
+def test_nonfinite_outputs_in_json_are_written_as_triton_writes_them(
+    daemon: DaemonProcess, name: str, datatype: str
+) -> None:
     reply = _nonfinite(daemon, [{"name": name}])
-    assert reply.status == 400
-    assert b"null" not in reply.body
-    error = reply.json()["error"]
-    assert error.startswith(f"output '{name}' holds NaN or infinite")
-    assert '"binary_data": true' in error
-    _assert_serving(daemon)
+    assert reply.status == 200, reply.body
+    # Byte for byte what Triton 2.51 answers for FP32/FP64 (checked against the oracle in
+    # tests/compat): the literals NaN, Infinity, -Infinity, never null.
+    assert reply.body == (
+        b'{"model_name":"nonfinite","model_version":"1","outputs":[{"name":"' + name.encode()
+        + b'","datatype":"' + datatype.encode() + b'","shape":[4],'
+        b'"data":[NaN,Infinity,-Infinity,1.5]}]}'
+    )
+    values = json.loads(reply.body)["outputs"][0]["data"]  # Python's json reads them back
+    assert np.isnan(values[0]) and values[1:] == [float("inf"), -float("inf"), 1.5]
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_tritonclient_reads_nonfinite_outputs(daemon: DaemonProcess, binary: bool) -> None:
+    httpclient = pytest.importorskip("tritonclient.http")
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{daemon.http_port}")
+    try:
+        x = httpclient.InferInput("X", [1], "FP32")
+        x.set_data_from_numpy(np.zeros(1, dtype=np.float32), binary_data=binary)
+        outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("F32", "F64")]
+        result = client.infer("nonfinite", [x], outputs=outputs)
+        for name in ("F32", "F64"):
+            got = result.as_numpy(name)
+            assert got is not None
+            assert np.isnan(got[0]) and got[1:].tolist() == [float("inf"), -float("inf"), 1.5]
+    finally:
+        client.close()
+
+
+def test_generate_writes_nonfinite_outputs_as_literals(daemon: DaemonProcess) -> None:
+    reply = daemon.post_json("/v2/models/nonfinite32/generate", {"X": [0]})
+    assert reply.status == 200, reply.body
+    assert reply.body == (
+        b'{"Y":[NaN,Infinity,-Infinity,1.5],"model_name":"nonfinite32","model_version":"1"}'
+    )
 
 
 def test_finite_float_outputs_still_travel_in_json(daemon: DaemonProcess) -> None:
