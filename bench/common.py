@@ -16,6 +16,7 @@ import functools
 import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -65,6 +66,8 @@ class Endpoint:
     unix: str | None = None
     host: str = "127.0.0.1"
     port: int = 0
+    # The server's process, when we started it (for its CPU time in /proc).
+    pid: int | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"unix:{self.unix}" if self.unix else f"tcp:{self.host}:{self.port}"
@@ -182,7 +185,7 @@ def running_daemon(
     command += list(flags)
     proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        endpoint = Endpoint(unix=sock)
+        endpoint = Endpoint(unix=sock, pid=proc.pid)
         deadline = time.monotonic() + 60
         while not os.path.exists(sock):
             if time.monotonic() > deadline or proc.poll() is not None:
@@ -190,6 +193,41 @@ def running_daemon(
             time.sleep(0.05)
         ready = f"/v2/models/{ready_model}/ready" if ready_model else "/v2/health/ready"
         wait_until_ready(endpoint, ready, proc, what="daemon")
+        yield endpoint
+    finally:
+        stop_process(proc)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_triton(venv: Path, repo: Path, workdir: Path, ready_model: str) -> Iterator[Endpoint]:
+    """Triton 2.51 from the nvidia-pytriton wheel in `venv` (see docs in DESIGN.md: the python
+    stub is copied next to the backend, the wheel's libraries go on LD_LIBRARY_PATH)."""
+    sites = sorted(venv.glob("lib/python3.*/site-packages"))
+    root = sites[0] / "pytriton" / "tritonserver" if sites else None
+    if root is None or not (root / "bin" / "tritonserver").exists():
+        raise SystemExit(f"EDGED_ORACLE={venv} holds no pytriton tritonserver")
+    stub = root / "backends" / "python" / "triton_python_backend_stub"
+    if not stub.exists():
+        shutil.copy2(root / "python_backend_stubs" / sites[0].parent.name.removeprefix("python") / stub.name, stub)
+    port = free_port()
+    env = {**os.environ, "LD_LIBRARY_PATH": str(sites[0] / "nvidia_pytriton.libs"),
+           "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    env.pop("PYTHONPATH", None)
+    with (workdir / "tritonserver.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [str(root / "bin" / "tritonserver"), "--model-repository", str(repo),
+             "--backend-directory", str(root / "backends"), "--http-port", str(port),
+             "--allow-grpc", "false", "--allow-metrics", "false"],
+            cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        endpoint = Endpoint(port=port, pid=proc.pid)
+        wait_until_ready(endpoint, f"/v2/models/{ready_model}/ready", proc, timeout=180, what="tritonserver")
         yield endpoint
     finally:
         stop_process(proc)
