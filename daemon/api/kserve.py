@@ -12,7 +12,7 @@ from aiohttp import web
 
 from daemon import __version__
 from daemon.api import repository_load as load_api
-from daemon.api.body import read_body
+from daemon.api.body import read_body, read_tensor_body
 from daemon.api.kserve_codec import parse_header_length
 from daemon.api.leases import hold
 from daemon.api.shm import shm_lookup
@@ -121,7 +121,7 @@ async def infer(request: web.Request) -> web.Response:
     if trace is not None:
         trace.record("HTTP_RECV_START")
     header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
-    body = await read_body(request, daemon.config.server.max_request_bytes)
+    body = await read_tensor_body(request, daemon.config.server.max_request_bytes, header_length)
     if trace is not None:
         trace.record("HTTP_RECV_END")
     config = model.config
