@@ -37,11 +37,12 @@ from typing import Any, Literal
 import llama_cpp.llama_cpp as llama
 import numpy as np
 
-from daemon.backend import GenerateChunk, GenerateParams
-from daemon.errors import (
+from daemon.backend import (
     BackendError,
     ConfigError,
     EdgedError,
+    GenerateChunk,
+    GenerateParams,
     InvalidArgument,
     Unavailable,
     Unsupported,

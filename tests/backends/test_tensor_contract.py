@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from cpu_limits import openvino_threads
+from model_builders import build_mlp_onnx, mlp_reference
 
 from daemon.backend import (
     Backend,
@@ -27,7 +28,6 @@ from daemon.backend import (
     InstanceContext,
     TensorBackend,
 )
-from daemon.demo import build_mlp_onnx, mlp_reference
 from daemon.errors import EdgedError
 from daemon.model_config import ModelConfig
 
