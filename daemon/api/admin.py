@@ -10,19 +10,40 @@ from pathlib import Path
 
 import msgspec
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from daemon.api.state import Daemon, daemon_of
-from daemon.errors import InvalidArgument
+from daemon.errors import InvalidArgument, PayloadTooLarge
 from daemon.updates.inbox import watch_inbox
 
 log = logging.getLogger(__name__)
 
 _json = msgspec.json.Encoder()
 _CHUNK = 1 << 20
+_INCOMING_SUFFIX = ".edgebundle.part"
 
 
 def _json_response(payload: object, status: int = 200) -> web.Response:
     return web.Response(status=status, body=_json.encode(payload), content_type="application/json")
+
+
+def _query(request: web.Request, allowed: frozenset[str]) -> dict[str, str]:
+    """The query parameters, refusing any this route does not implement (never ignored)."""
+    unknown = sorted(set(request.query) - allowed)
+    if unknown:
+        raise InvalidArgument(f"unknown query parameter(s) for {request.path}: {', '.join(unknown)}")
+    return dict(request.query)
+
+
+def _bool_param(params: dict[str, str], name: str, default: bool) -> bool:
+    value = params.get(name)
+    if value is None:
+        return default
+    if value.lower() in ("true", "1"):
+        return True
+    if value.lower() in ("false", "0"):
+        return False
+    raise InvalidArgument(f"query parameter '{name}' must be true or false, got {value!r}")
 
 
 async def backends(request: web.Request) -> web.Response:
@@ -37,41 +58,110 @@ async def hardware(request: web.Request) -> web.Response:
 
 
 async def update_status(request: web.Request) -> web.Response:
+    _query(request, frozenset())
     return _json_response(daemon_of(request).releases.status())
+
+
+async def _receive(request: web.Request, path: Path, limit: int) -> int:
+    """Stream the body to `path`, counting bytes after aiohttp undid any Content-Encoding."""
+    size = 0
+    try:
+        with path.open("wb") as out:
+            async for chunk in request.content.iter_chunked(_CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(
+                        f"bundle exceeds updates.max-bundle-bytes ({limit} bytes"
+                        + (", counted after Content-Encoding is undone)"
+                           if request.headers.get("Content-Encoding") else ")")
+                    )
+                await asyncio.to_thread(out.write, chunk)
+    except HttpProcessingError as exc:  # e.g. a corrupt gzip body
+        raise InvalidArgument(f"request body could not be read: {exc.message}") from None
+    return size
 
 
 async def apply_update(request: web.Request) -> web.Response:
     """`curl --unix-socket S --data-binary @bundle.edgebundle http://localhost/v1/updates`.
 
-    The body is streamed to disk (bundles hold models: they may exceed the request size cap).
+    `?commit=false` leaves a healthy release installed but pending (two-phase, for fleet
+    managers): `POST /v1/updates/commit` or `POST /v1/updates/rollback` finishes it. The body is
+    streamed to disk (bundles hold models: they may exceed the request size cap), up to
+    `updates.max-bundle-bytes`.
     """
     daemon = daemon_of(request)
+    commit = _bool_param(_query(request, frozenset({"commit"})), "commit", True)
+    limit = daemon.config.updates.max_bundle_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"bundle of {request.content_length} bytes exceeds "
+                              f"updates.max-bundle-bytes ({limit} bytes)")
     incoming = daemon.state_dir / "incoming"
     incoming.mkdir(parents=True, exist_ok=True)
-    path = incoming / f"{uuid.uuid4().hex}.edgebundle"
+    path = incoming / f"{uuid.uuid4().hex}{_INCOMING_SUFFIX}"
     progress: list[str] = []
+
+    async def receive_and_apply() -> object:
+        try:
+            if await _receive(request, path, limit) == 0:
+                raise InvalidArgument(
+                    "request body must be the bundle file (e.g. curl --data-binary @FILE)")
+            return await daemon.releases.apply(path, progress.append, commit=commit)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    task = asyncio.ensure_future(receive_and_apply())
     try:
-        size = 0
-        with path.open("wb") as out:
-            async for chunk in request.content.iter_chunked(_CHUNK):
-                out.write(chunk)
-                size += len(chunk)
-        if size == 0:
-            raise InvalidArgument("request body must be the bundle file (e.g. curl --data-binary @FILE)")
-        applied = await daemon.releases.apply(path, progress.append)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        # A client that hangs up while the update runs must not cancel it half-way.
+        applied = await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_log_orphan)
+        raise
     return _json_response({"applied": applied, "progress": progress})
 
 
+def _log_orphan(task: asyncio.Future[object]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("update whose client went away failed: %s", task.exception())
+
+
+async def commit(request: web.Request) -> web.Response:
+    _query(request, frozenset())
+    return _json_response({"committed": await daemon_of(request).releases.commit()})
+
+
 async def rollback(request: web.Request) -> web.Response:
-    release = await daemon_of(request).releases.rollback()
-    return _json_response({"current": release.name})
+    only_pending = _bool_param(_query(request, frozenset({"only_pending"})), "only_pending", False)
+    release = await daemon_of(request).releases.rollback(only_pending=only_pending)
+    return _json_response({"current": release.name if release is not None else None})
+
+
+async def reload(request: web.Request) -> web.Response:
+    """Serve the store's `current` release and health-check it: what `edged update apply` asks
+    of a running daemon after it switched the store (422 if a model fails)."""
+    _query(request, frozenset())
+    releases = daemon_of(request).releases
+    models = await releases.check_current()
+    current = releases.store.current_release()
+    return _json_response({"current": current.name if current else None, "models": models})
+
+
+def clean_incoming(state_dir: Path) -> None:
+    """Partial uploads from a daemon killed mid-upload (each request removes its own file)."""
+    incoming = state_dir / "incoming"
+    if not incoming.is_dir():
+        return
+    for leftover in incoming.iterdir():
+        if leftover.name.endswith((_INCOMING_SUFFIX, ".edgebundle")) and leftover.is_file():
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+            log.warning("removed a partial update upload %s", leftover)
 
 
 def start_background(daemon: Daemon) -> list[asyncio.Task[None]]:
-    """Background tasks owned by the admin side: the update inbox (e.g. a mounted USB stick)."""
+    """Start-up of the admin side: clear partial uploads; watch the update inbox (e.g. a
+    mounted USB stick) if one is configured."""
+    clean_incoming(daemon.state_dir)
     inbox = daemon.config.updates.inbox
     if not inbox:
         return []
@@ -87,4 +177,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v2/hardware", hardware)
     app.router.add_get("/v1/updates", update_status)
     app.router.add_post("/v1/updates", apply_update)
+    app.router.add_post("/v1/updates/commit", commit)
     app.router.add_post("/v1/updates/rollback", rollback)
+    app.router.add_post("/v1/updates/reload", reload)

@@ -105,10 +105,9 @@ async def rescan_plugins(daemon: Daemon) -> None:
 
 
 async def rescan_all(daemon: Daemon) -> None:
-    """SIGHUP and updates: plugins first (models may need a new plugin), then models."""
-    await rescan_plugins(daemon)
-    async with daemon.control_lock:
-        await daemon.repository.rescan()
+    """SIGHUP: serve the release store's `current` (`edged update` may have switched it), plugins
+    first (models may need a new plugin), then models."""
+    await daemon.releases.reload_current()
 
 
 async def daemon_context(app: web.Application) -> AsyncIterator[None]:
