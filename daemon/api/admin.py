@@ -76,8 +76,9 @@ async def _receive(request: web.Request, path: Path, limit: int) -> int:
                            if request.headers.get("Content-Encoding") else ")")
                     )
                 await asyncio.to_thread(out.write, chunk)
-    except HttpProcessingError as exc:  # e.g. a corrupt gzip body
-        raise InvalidArgument(f"request body could not be read: {exc.message}") from None
+    except (HttpProcessingError, web.RequestPayloadError) as exc:  # e.g. a corrupt gzip body
+        detail = " ".join(str(exc).split())
+        raise InvalidArgument(f"request body could not be read: {detail}") from None
     return size
 
 

@@ -81,14 +81,13 @@ def _check_owner(root: Path) -> None:
 
 def _daemon(args: argparse.Namespace) -> DaemonLink | None:
     """The running daemon to reload and health-check through, or None (offline)."""
-    if args.offline:
-        return None
-    link = DaemonLink(args.socket, timeout=args.timeout)
-    if link.reachable():
+    link = None if args.offline else DaemonLink(args.socket, timeout=args.timeout)
+    if link is not None and link.reachable():
         _out(f"daemon at {args.socket}: it will serve and health-check the release")
         return link
-    _out(f"note: no daemon answers on {args.socket}: offline, no health check. The daemon "
-         "serves the store's current release when it starts or reloads (systemctl reload edged).")
+    why = "--offline" if link is None else f"no daemon answers on {args.socket}"
+    _out(f"note: {why}: offline, no health check. The daemon serves the store's current "
+         "release when it starts or reloads (systemctl reload edged).")
     return None
 
 
