@@ -12,9 +12,8 @@ import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from daemon.api.state import Daemon, daemon_of
+from daemon.api.state import SERVICE, daemon_of
 from daemon.errors import InvalidArgument, PayloadTooLarge
-from daemon.updates.inbox import watch_inbox
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,9 @@ async def backends(request: web.Request) -> web.Response:
 
 
 async def hardware(request: web.Request) -> web.Response:
-    return _json_response(daemon_of(request).hardware)
+    # Probes every fact not probed yet (imports OpenVINO, loads NVML): off the event loop.
+    info = await asyncio.get_running_loop().run_in_executor(None, daemon_of(request).hardware.info)
+    return _json_response(info)
 
 
 async def update_status(request: web.Request) -> web.Response:
@@ -159,21 +160,12 @@ def clean_incoming(state_dir: Path) -> None:
             log.warning("removed a partial update upload %s", leftover)
 
 
-def start_background(daemon: Daemon) -> list[asyncio.Task[None]]:
-    """Start-up of the admin side: clear partial uploads; watch the update inbox (e.g. a
-    mounted USB stick) if one is configured."""
-    clean_incoming(daemon.state_dir)
-    inbox = daemon.config.updates.inbox
-    if not inbox:
-        return []
-
-    async def apply(path: Path) -> object:
-        return await daemon.releases.apply(path)
-
-    return [asyncio.create_task(watch_inbox(Path(inbox), apply, daemon.config.updates.inbox_poll_secs))]
+async def _clean_incoming_at_start(app: web.Application) -> None:
+    await asyncio.to_thread(clean_incoming, app[SERVICE].state_dir)
 
 
 def add_routes(app: web.Application) -> None:
+    app.on_startup.append(_clean_incoming_at_start)
     app.router.add_get("/v2/backends", backends)
     app.router.add_get("/v2/hardware", hardware)
     app.router.add_get("/v1/updates", update_status)

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from daemon.api.state import daemon_of
 from daemon.backend import GenerateChunk, GenerateParams
-from daemon.core.registry import LoadedVersion
+from daemon.core.model import LoadedVersion
 from daemon.errors import InvalidArgument, Unavailable
 
 _json = msgspec.json.Encoder()
@@ -144,11 +144,14 @@ def _params(req: _Sampling | GenerateRequest) -> GenerateParams:
     return params
 
 
-def _generation_model(request: web.Request, name: str) -> LoadedVersion:
+def _generation_model(request: web.Request, name: str, version: str | None = None) -> LoadedVersion:
+    """Resolve the model once; every later step of the request talks to this version."""
     daemon = daemon_of(request)
     if not daemon.accepting:
         raise Unavailable("server is shutting down")
-    return daemon.registry.generation_model(name)
+    model = daemon.registry.get(name, version)
+    model.require_generator()
+    return model
 
 
 async def _collect(chunks: AsyncIterator[GenerateChunk]) -> tuple[str, GenerateChunk]:
@@ -275,7 +278,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _stream_or_collect(
-        request, daemon_of(request).registry.generate(model, prompt, params), stream=req.stream,
+        request, model.generate(prompt, params), stream=req.stream,
         include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
     )
 
@@ -297,8 +300,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise InvalidArgument("messages: at least one message is required")
     model = _generation_model(request, req.model)
     messages = [{"role": m.role, "content": _message_text(m)} for m in req.messages]
-    assert model.generator is not None
-    prompt = model.generator.chat_prompt(messages)
+    prompt = model.chat_prompt(messages)
     params = _params(req)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     first_delta = [True]
@@ -327,7 +329,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _stream_or_collect(
-        request, daemon_of(request).registry.generate(model, prompt, params), stream=req.stream,
+        request, model.generate(prompt, params), stream=req.stream,
         include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
     )
 
@@ -344,7 +346,7 @@ async def embeddings(request: web.Request) -> web.Response:
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts:
         raise InvalidArgument("input: at least one string is required")
-    vectors, tokens = await daemon_of(request).registry.embed(model, texts)
+    vectors, tokens = await model.embed(texts)
     payload = {
         "object": "list",
         "model": model.name,
@@ -363,7 +365,7 @@ async def embeddings(request: web.Request) -> web.Response:
 async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
     name = request.match_info["model"]
     req: GenerateRequest = _decode(await request.read(), GenerateRequest)
-    model = _generation_model(request, name)
+    model = _generation_model(request, name, request.match_info.get("version"))
     params = _params(req)
     version = str(model.version)
 
@@ -377,7 +379,7 @@ async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
         }
 
     return await _stream_or_collect(
-        request, daemon_of(request).registry.generate(model, req.text_input, params),
+        request, model.generate(req.text_input, params),
         stream=stream or req.stream,
         include_usage=False, make_chunk=make_chunk, make_final=make_final,
     )

@@ -19,25 +19,22 @@ import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from daemon.backend import NUMPY_DTYPES, GenerateParams, InferRequest
-from daemon.core.model_files import scan_repository
+from daemon.core.layout import scan_repository
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
 from daemon.core.repository import RepositoryManager
 from daemon.errors import EdgedError
 from daemon.model_config import ModelConfig
-from daemon.updates.apply import (
-    AppliedUpdate,
-    Committed,
-    apply_update,
-    commit_update,
-    rollback_update,
-)
 from daemon.updates.errors import HealthCheckFailed, StoreBusy
 from daemon.updates.store import ReleaseStore, StoreStatus
+
+if TYPE_CHECKING:
+    from daemon.updates.apply import AppliedUpdate, Committed
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +141,7 @@ class ReleaseManager:
                     async for _ in generator.generate("Hello", GenerateParams(max_tokens=1, greedy=True)):
                         pass
                 return
-            await self.registry.infer(name, None, warmup_request(model.config))
+            await self.registry.get(name).infer(warmup_request(model.config))
         except EdgedError as exc:
             raise HealthCheckFailed(f"model '{name}' failed its warm-up request: {exc.message}") from exc
 
@@ -156,15 +153,22 @@ class ReleaseManager:
             if progress is not None:
                 progress(line)
 
+        # Imported on first use: verifying bundles needs `cryptography`; serving does not.
+        from daemon.updates.apply import apply_update
+
         return await apply_update(
             bundle, self.store, self.trusted_keys, self.health_check, report,
             restore=self.reload, keep=self.keep, commit=commit,
         )
 
     async def commit(self) -> Committed:
+        from daemon.updates.apply import commit_update
+
         return await commit_update(self.store, keep=self.keep)
 
     async def rollback(self, *, only_pending: bool = False) -> Path | None:
+        from daemon.updates.apply import rollback_update
+
         return await rollback_update(self.store, self.reload, only_pending=only_pending)
 
     def status(self) -> StoreStatus:

@@ -18,11 +18,8 @@ from pathlib import Path
 import msgspec
 
 from daemon.config import DaemonConfig, state_dir
+from daemon.core.layout import CONFIG_FILES, list_versions, scan_repository
 from daemon.errors import ConfigError
-
-# Not daemon.core.model_files at import time: it loads protobuf, and every `edged` command
-# builds the parser that carries these flags.
-_CONFIG_FILES = ("config.pbtxt", "model.toml")
 
 # Artifact suffix -> the file name backends look for in a version directory (their manifests).
 _ARTIFACTS = {".onnx": "model.onnx", ".gguf": "model.gguf", ".xml": "model.xml",
@@ -69,8 +66,6 @@ def kserve_repository(model_dir: Path, name: str | None, work: Path) -> Path:
     `work` is emptied and refilled when a one-model repository has to be made."""
     if not model_dir.exists():
         raise ConfigError(f"--model_dir {model_dir} does not exist")
-    from daemon.core.model_files import scan_repository
-
     if model_dir.is_dir():
         found = scan_repository(model_dir)
         if found and not _is_model_dir(model_dir):
@@ -94,7 +89,7 @@ def kserve_repository(model_dir: Path, name: str | None, work: Path) -> Path:
         p for p in model_dir.iterdir() if p.is_file() and not p.name.startswith("."))
     links = _artifact_links(files, model_dir)
     (target / "1").mkdir(parents=True)
-    for config_name in _CONFIG_FILES:  # a config next to bare artifacts still applies
+    for config_name in CONFIG_FILES:  # a config next to bare artifacts still applies
         if model_dir.is_dir() and (model_dir / config_name).is_file():
             (target / config_name).symlink_to((model_dir / config_name).resolve())
     for link, source in links.items():
@@ -103,9 +98,7 @@ def kserve_repository(model_dir: Path, name: str | None, work: Path) -> Path:
 
 
 def _is_model_dir(path: Path) -> bool:
-    from daemon.core.model_files import list_versions
-
-    return any((path / n).is_file() for n in _CONFIG_FILES) or bool(list_versions(path))
+    return any((path / n).is_file() for n in CONFIG_FILES) or bool(list_versions(path))
 
 
 def _artifact_links(files: list[Path], where: Path) -> dict[str, Path]:
