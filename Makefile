@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint clean
+.PHONY: serve test lint image clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,12 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check daemon backends tests bench packaging
 	$(BIN)/mypy daemon backends
+
+# OCI image (dist/oci/edged.oci.tar): PyInstaller onedir on a minimal Debian root, built with
+# mmdebstrap + umoci, no registry pull. Needs root; minutes; not part of `make test`.
+image: $(STAMP)
+	bash packaging/build.sh
+	bash packaging/oci/build-image.sh
 
 clean:
 	rm -rf $(VENV) build dist
