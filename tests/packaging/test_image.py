@@ -51,6 +51,52 @@ def bundle(tmp_path: Path) -> Path:
     return out
 
 
+class _Running:
+    def __init__(self, bundle: Path, args: list[str], models: Path, log: Path) -> None:
+        """Run `args` in the image's root filesystem as the image's user, `models` mounted at
+        /mnt/models (what a container runtime does, minus the network namespace)."""
+        spec = json.loads((bundle / "config.json").read_text())
+        rootfs = bundle / "rootfs"
+        user = spec["process"]["user"]
+        env = " ".join(spec["process"]["env"])
+        script = (
+            f"mount --rbind /proc {rootfs}/proc && mount --rbind /dev {rootfs}/dev && "
+            f"mount --bind {models} {rootfs}/mnt/models && cd {rootfs} && "
+            f"exec env -i {env} chroot --userspec={user['uid']}:{user['gid']} {rootfs} "
+            + " ".join(args)
+        )
+        self.log = log
+        self.proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+    def wait_ready(self, base: str) -> None:
+        deadline = time.monotonic() + 120
+        while True:
+            assert self.proc.poll() is None, self.log.read_text()
+            try:
+                if _get(f"{base}/v2/health/ready")[0] == 200:
+                    return
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
+def _infer_simple(base: str, name: str) -> None:
+    ones = list(range(16))
+    status, body = _get(f"{base}/v2/models/{name}/infer", {"inputs": [
+        {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": ones},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}]})
+    assert status == 200, body
+    outputs = {o["name"]: o["data"] for o in body["outputs"]}  # type: ignore[index]
+    assert outputs["OUTPUT0"] == [v + 1 for v in ones]
+
+
 def test_image_serves_the_demo_as_its_non_root_user(bundle: Path, tmp_path: Path) -> None:
     spec = json.loads((bundle / "config.json").read_text())
     process = spec["process"]
@@ -58,48 +104,45 @@ def test_image_serves_the_demo_as_its_non_root_user(bundle: Path, tmp_path: Path
     args = process["args"]
     assert args[0] == "/opt/edged/edged" and "--model-repository=/mnt/models" in args
     assert "--http=0.0.0.0:8080" in args
-    rootfs = bundle / "rootfs"
     port = free_port()
-    # What a runtime does: the image's command, our port instead of 8080 (we share the host's
-    # network namespace), the demo models as the /mnt/models volume.
+    # The image's own command, our port instead of 8080 (we share the host's network).
     args = [a.replace("0.0.0.0:8080", f"127.0.0.1:{port}") for a in args]
-    env = [e for e in process["env"]]
-    script = (
-        f"mount --rbind /proc {rootfs}/proc && mount --rbind /dev {rootfs}/dev && "
-        f"mount --bind {REPO / 'daemon' / 'demo_models'} {rootfs}/mnt/models && "
-        f"cd {rootfs} && exec env -i {' '.join(env)} chroot --userspec=10001:10001 {rootfs} "
-        + " ".join(args)
-    )
-    log = (tmp_path / "image.log").open("wb")
-    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                            stdout=log, stderr=subprocess.STDOUT)
+    run = _Running(bundle, args, REPO / "daemon" / "demo_models", tmp_path / "image.log")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (tmp_path / "image.log").read_text()
-            try:
-                if _get(f"http://127.0.0.1:{port}/v2/health/ready")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, (tmp_path / "image.log").read_text()
-            time.sleep(0.2)
-        assert _get(f"http://127.0.0.1:{port}/v2/health/live")[0] == 200
-        ones = list(range(16))
-        status, body = _get(f"http://127.0.0.1:{port}/v2/models/simple/infer", {"inputs": [
-            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": ones},
-            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}]})
-        assert status == 200, body
-        outputs = {o["name"]: o["data"] for o in body["outputs"]}  # type: ignore[index]
-        assert outputs["OUTPUT0"] == [v + 1 for v in ones]
-        # It runs as uid 10001, not root.
-        pids = [p for p in Path("/proc").iterdir() if p.name.isdigit()]
-        owners = {int(p.stat().st_uid) for p in pids
-                  if b"/opt/edged/edged" in _cmdline(p)}
-        assert owners == {10001}
+        base = f"http://127.0.0.1:{port}"
+        run.wait_ready(base)
+        assert _get(f"{base}/v2/health/live")[0] == 200
+        _infer_simple(base, "simple")
+        owners = {int(p.stat().st_uid) for p in Path("/proc").iterdir()
+                  if p.name.isdigit() and b"/opt/edged/edged" in _cmdline(p)}
+        assert owners == {10001}  # not root
     finally:
-        proc.terminate()
-        proc.wait(60)
+        run.stop()
+
+
+def test_image_as_the_kserve_runtime_runs_it(bundle: Path, tmp_path: Path) -> None:
+    """The image's entrypoint with the ServingRuntime's args (KServe replaces the command's
+    args, keeps the entrypoint), a single bare ONNX file in /mnt/models."""
+    yaml = pytest.importorskip("yaml")
+    from daemon.demo import build_simple_onnx
+
+    runtime = yaml.safe_load((REPO / "deploy" / "kserve" / "servingruntime.yaml").read_text())
+    (container,) = runtime["spec"]["containers"]
+    port = free_port()
+    args = [a.replace("{{.Name}}", "my-isvc").replace("--http_port=8080", f"--http_port={port}")
+            for a in container["args"]]
+    entrypoint = json.loads((bundle / "config.json").read_text())["process"]["args"][0]
+    models = tmp_path / "models"
+    models.mkdir()
+    build_simple_onnx(models / "model.onnx")
+    run = _Running(bundle, [entrypoint, *args], models, tmp_path / "kserve.log")
+    try:
+        base = f"http://127.0.0.1:{port}"
+        run.wait_ready(base)
+        assert _get(f"{base}/v2/models/my-isvc/ready")[0] == 200
+        _infer_simple(base, "my-isvc")
+    finally:
+        run.stop()
 
 
 def _cmdline(proc: Path) -> bytes:
