@@ -209,3 +209,24 @@ def test_bad_kserve_arguments_exit_with_a_clear_error(tmp_path: Path) -> None:
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
     assert done.returncode == 2
     assert "--model_dir" in done.stderr and "does not exist" in done.stderr
+
+
+def test_gguf_file_serves_the_openai_routes_under_kserve(run_runtime, tmp_path: Path) -> None:
+    """A bare GGUF file as /mnt/models: the OpenAI routes answer for --model_name, with the real
+    `openai` client, next to the v2 protocol."""
+    pytest.importorskip("llama_cpp")
+    openai = pytest.importorskip("openai")
+    from daemon.testing_gguf import write_tiny_llama
+
+    mnt = tmp_path / "mnt" / "models"
+    mnt.mkdir(parents=True)
+    write_tiny_llama(mnt / "tiny-chat.gguf", seed=1)
+    base = run_runtime("tiny-chat", mnt)
+    assert _get(base + "/v2/models/tiny-chat/ready")[0] == 200
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused")
+    assert [m.id for m in client.models.list().data] == ["tiny-chat"]
+    reply = client.chat.completions.create(
+        model="tiny-chat", messages=[{"role": "user", "content": "Hello"}], max_tokens=4,
+        temperature=0)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None and reply.usage.completion_tokens == 4
