@@ -52,11 +52,14 @@ class DaemonLink:
         return resp.status, payload if isinstance(payload, dict) else {}
 
     def reachable(self) -> bool:
+        """Whether a daemon answers at all. Any HTTP answer counts (403 for a uid not allowed,
+        503 while stopping): the health check then fails with that answer instead of the
+        update silently going offline next to a running daemon."""
         try:
-            status, _ = self._call("GET", "/v2/health/live", 5.0)
+            self._call("GET", "/v2/health/live", 5.0)
         except OSError:
             return False
-        return status in (200, 400)  # 400 = alive but shutting down: still the daemon
+        return True
 
     def _reload_sync(self) -> dict[str, object]:
         try:

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -281,3 +282,19 @@ def test_bundle_size_caps_and_partial_uploads(start_daemon, tmp_path: Path) -> N
     assert _value(daemon) == 2.0
     assert list((state / "incoming").iterdir()) == []
     assert daemon.alive()
+
+
+def test_client_hanging_up_does_not_cancel_the_update(start_daemon, tmp_path: Path) -> None:
+    config, key = _setup(tmp_path)
+    daemon = start_daemon("--config", str(config))
+    # The warm-up request of this release takes seconds: the client leaves during the check.
+    body = _bundle(tmp_path, key, "1.0.0", 1, "import time\ntime.sleep(2)\ny = x + 1").read_bytes()
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(daemon.socket))
+        s.sendall(b"POST /v1/updates HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        wait_until(lambda: daemon.request("GET", "/v1/updates").json()["pending"] is not None,
+                   timeout=60, interval=0.02)
+    wait_until(lambda: daemon.request("GET", "/v1/updates").json()["current"] == "1-1.0.0"
+               and daemon.request("GET", "/v1/updates").json()["pending"] is None, timeout=60)
+    assert _value(daemon) == 2.0
+    assert list((daemon.state_dir / "incoming").iterdir()) == []
