@@ -33,6 +33,19 @@ class ServerConfig(_Section):
     # uids allowed on the Unix socket (checked with SO_PEERCRED); empty = whoever can open it.
     allowed_uids: list[int] = []
     shutdown_timeout: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    # File holding the bearer token TCP callers must send (`Authorization: Bearer ...`) for
+    # admin routes (model load/unload, updates, logging, shared-memory registration), and for
+    # every route but health when `tcp-auth = "all"`. No token file = admin over TCP refused.
+    token_file: str = ""
+    # "admin": inference over TCP is open, admin needs the token; "all": everything but
+    # /v2/health/* needs it.
+    tcp_auth: Literal["admin", "all"] = "admin"
+    # Connections served at once (Unix socket and TCP together); more are answered 503 and closed.
+    max_connections: Annotated[int, msgspec.Meta(ge=1)] = 512
+    # A new connection must deliver its first request's headers within this many seconds.
+    header_timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    # Idle keep-alive connections are closed after this many seconds.
+    keepalive_timeout: Annotated[float, msgspec.Meta(gt=0)] = 15.0
 
 
 class ModelsConfig(_Section):
@@ -71,6 +84,12 @@ class LoggingConfig(_Section):
     format: Literal["text", "json"] = "text"
 
 
+class TraceConfig(_Section):
+    # Where traced requests' timestamps go (Triton's --trace-config triton,file=...); "" =
+    # tracing cannot be turned on. Not settable over HTTP, as in Triton.
+    file: str = ""
+
+
 class DaemonConfig(_Section):
     # Writable state (demo repo, caches); "" = $STATE_DIRECTORY, /var/lib/edged as root, else
     # ~/.local/state/edged.
@@ -80,6 +99,7 @@ class DaemonConfig(_Section):
     backends: BackendsConfig = msgspec.field(default_factory=BackendsConfig)
     updates: UpdatesConfig = msgspec.field(default_factory=UpdatesConfig)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+    trace: TraceConfig = msgspec.field(default_factory=TraceConfig)
 
 
 def load_config(path: Path | None) -> DaemonConfig:

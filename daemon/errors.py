@@ -46,9 +46,10 @@ class Unavailable(EdgedError):
 
 
 class QueueTimeout(EdgedError):
-    """The request waited in the queue longer than its timeout (Triton answers 429 over HTTP)."""
+    """The request waited in the queue longer than its timeout. Triton's core reports this
+    as UNAVAILABLE, which its HTTP frontend answers with 503."""
 
-    status = 429
+    status = 503
 
 
 class Conflict(EdgedError):

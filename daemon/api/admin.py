@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import logging
 import uuid
+import zlib
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import msgspec
 from aiohttp import web
@@ -63,24 +65,71 @@ async def update_status(request: web.Request) -> web.Response:
     return _json_response(daemon_of(request).releases.status())
 
 
+class _Sink:
+    """Writes a body to a file, inflating gzip/deflate as it goes, never past `limit` bytes
+    of output (the server hands handlers the raw body: auto_decompress is off)."""
+
+    def __init__(self, out: BinaryIO, encoding: str, limit: int) -> None:
+        self.out = out
+        self.encoding = encoding
+        self.limit = limit
+        self.size = 0
+        self._inflater: Any = None
+        if encoding == "gzip":
+            self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif encoding == "deflate":
+            self._inflater = zlib.decompressobj(zlib.MAX_WBITS)
+            self._raw_deflate_tried = False
+
+    def _too_large(self) -> PayloadTooLarge:
+        after = f", counted after {self.encoding} decoding" if self._inflater is not None else ""
+        return PayloadTooLarge(f"bundle exceeds updates.max-bundle-bytes ({self.limit} bytes{after})")
+
+    def write(self, chunk: bytes) -> None:
+        """Runs on a worker thread: inflating and writing never block the event loop."""
+        if self._inflater is None:
+            data = chunk
+        else:
+            try:
+                data = self._inflater.decompress(chunk, self.limit - self.size + 1)
+            except zlib.error as exc:
+                # HTTP clients send "deflate" zlib-wrapped or raw: retry raw once, at the start.
+                if self.encoding == "deflate" and self.size == 0 and not self._raw_deflate_tried:
+                    self._raw_deflate_tried = True
+                    self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+                    self.write(chunk)
+                    return
+                raise InvalidArgument(f"body is not valid {self.encoding} data: {exc}") from None
+            if self._inflater.unconsumed_tail:
+                raise self._too_large()
+        self.size += len(data)
+        if self.size > self.limit:
+            raise self._too_large()
+        self.out.write(data)
+
+    def finish(self) -> None:
+        if self._inflater is not None and not self._inflater.eof:
+            raise InvalidArgument(f"{self.encoding} body is truncated")
+
+
 async def _receive(request: web.Request, path: Path, limit: int) -> int:
-    """Stream the body to `path`, counting bytes after aiohttp undid any Content-Encoding."""
-    size = 0
+    """Stream the body to `path`; returns the bundle's size (after any Content-Encoding)."""
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        encoding = "identity"
+    elif encoding not in ("gzip", "deflate"):
+        raise InvalidArgument(
+            f"unsupported Content-Encoding {encoding!r} (use gzip, deflate or identity)")
     try:
         with path.open("wb") as out:
+            sink = _Sink(out, encoding, limit)
             async for chunk in request.content.iter_chunked(_CHUNK):
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(
-                        f"bundle exceeds updates.max-bundle-bytes ({limit} bytes"
-                        + (", counted after Content-Encoding is undone)"
-                           if request.headers.get("Content-Encoding") else ")")
-                    )
-                await asyncio.to_thread(out.write, chunk)
-    except (HttpProcessingError, web.RequestPayloadError) as exc:  # e.g. a corrupt gzip body
+                await asyncio.to_thread(sink.write, chunk)
+            sink.finish()
+    except (HttpProcessingError, web.RequestPayloadError) as exc:
         detail = " ".join(str(exc).split())
         raise InvalidArgument(f"request body could not be read: {detail}") from None
-    return size
+    return sink.size
 
 
 async def apply_update(request: web.Request) -> web.Response:

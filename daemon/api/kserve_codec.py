@@ -10,8 +10,10 @@ Triton's binary tensor data extension:
   raw data of the model's only input (shape and datatype come from the model config).
 - Binary data is little-endian, row-major, unpadded; BOOL is one byte 0/1; each BYTES element
   is a 4-byte little-endian length followed by that many bytes.
-- Responses carry an output as JSON `data` unless the client asked for binary (per output
-  `parameters.binary_data`, defaulting to the request's `parameters.binary_data_output`).
+- Responses carry an output as JSON `data` unless the client asked for binary. As in Triton,
+  an output listed in the request's `outputs` is binary iff its own `parameters.binary_data`
+  is true; `parameters.binary_data_output` decides only for outputs the request does not list
+  (all of them when `outputs` is absent). A raw request (header length 0) is answered in binary.
 
 We are a superset of Triton in one respect: FP16 and BF16 travel in JSON too (Triton accepts
 them only as binary). BF16 has no numpy dtype; it lives as uint16 bit patterns.
@@ -33,11 +35,16 @@ import msgspec
 import numpy as np
 
 from daemon.backend import NUMPY_DTYPES, InferRequest, InferResponse
-from daemon.errors import InvalidArgument, PayloadTooLarge
+from daemon.errors import InvalidArgument
 from daemon.model_config import ModelConfig, TensorConfig
 
 # Triton's default request size cap.
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+# Triton (>= 2.58) rejects `data` nested this deep; deeper documents used to overflow stacks.
+MAX_JSON_NESTING_DEPTH = 100
+NESTING_MESSAGE = (
+    f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_NESTING_DEPTH})"
+)
 
 # Wire byte order is little-endian whatever the host is; on little-endian hosts these are the
 # native dtypes, so np.frombuffer is zero-copy and no byte swap happens.
@@ -52,9 +59,16 @@ _KNOWN_DATATYPES = ", ".join(sorted(NUMPY_DTYPES))
 _INT_DATATYPES = frozenset(
     {"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"}
 )
-# Request-level parameters that steer the transport or the scheduler; the rest are handed to
-# the backend untouched in InferRequest.parameters.
-_CONSUMED_REQUEST_PARAMETERS = frozenset({"binary_data_output", "priority", "timeout"})
+# Request-level parameters Triton reserves: they steer the transport, the scheduler or a
+# sequence, and never reach the backend as parameters. The sequence ones are validated and,
+# as Triton does for a model without a sequence batcher (edged has none), not used.
+_RESERVED_REQUEST_PARAMETERS = frozenset({
+    "binary_data_output", "priority", "timeout", "sequence_id", "sequence_start", "sequence_end",
+})
+_TRITON_PREFIX_MESSAGE = (
+    "parameter keys starting with 'triton_' are reserved for Triton usage and should not be "
+    "specified."
+)
 _U32 = struct.Struct("<I")
 # On little-endian hosts a native array already is in wire byte order.
 _LITTLE_ENDIAN_HOST = sys.byteorder == "little"
@@ -83,7 +97,8 @@ class RequestOutput(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 class InferRequestBody(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     inputs: list[RequestInput]
     id: str = ""
-    parameters: dict[str, Parameter] | None = None
+    # Values are checked by `_request_parameters`, which words errors as Triton does.
+    parameters: dict[str, Any] | None = None
     outputs: list[RequestOutput] | None = None
     # Triton's own protocol examples put these in the body; the URL is what counts, so they
     # are accepted and ignored rather than rejected as unknown fields.
@@ -119,7 +134,8 @@ class DecodedInfer:
     """A decoded request plus what the response encoder needs to know about it."""
 
     request: InferRequest
-    # Explicit per-output `binary_data` flags from the request's `outputs`.
+    # Every output listed in the request's `outputs`: its own `binary_data` flag (false when
+    # absent, as in Triton, whatever `binary_data_output` says).
     binary_outputs: dict[str, bool] = field(default_factory=dict)
     # The request's `parameters.binary_data_output`: the flag for outputs not listed above.
     binary_default: bool = False
@@ -157,32 +173,28 @@ class Codec:
         *,
         single_input: TensorConfig | None = None,
         max_batch_size: int = 0,
+        config: ModelConfig | None = None,
     ) -> DecodedInfer:
         """Decode an infer request body.
 
         `header_length` is the `Inference-Header-Content-Length` header (None when absent).
         `single_input` is the model's input when it has exactly one; it is needed only for a
         raw body (`header_length == 0`), whose shape gets a leading batch of 1 when
-        `max_batch_size > 0`, as in Triton.
+        `max_batch_size > 0`, as in Triton. A `config` gives both (and names the model in
+        errors).
         """
+        if config is not None:
+            single_input = config.input[0] if len(config.input) == 1 else None
+            max_batch_size = config.max_batch_size
         if len(body) > self.max_request_bytes:
-            raise PayloadTooLarge(
-                f"request body of {len(body)} bytes exceeds the limit of {self.max_request_bytes} bytes"
-            )
+            raise InvalidArgument(oversized_message(len(body), self.max_request_bytes))
         has_header = header_length is not None
         if header_length is None:
             header_length = len(body)
-        elif header_length < 0:
-            raise InvalidArgument(
-                f"Inference-Header-Content-Length must be >= 0, got {header_length}"
-            )
-        elif header_length > len(body):
-            raise InvalidArgument(
-                f"Inference-Header-Content-Length {header_length} is larger than the "
-                f"{len(body)}-byte request body"
-            )
+        elif header_length < 0 or header_length > len(body):
+            raise InvalidArgument(_header_range_message(len(body), str(header_length)))
         elif header_length == 0:
-            return _decode_raw(body, single_input, max_batch_size)
+            return _decode_raw(body, single_input, max_batch_size, config)
 
         # A JSON-only body is decoded in place; a binary request's JSON header is short, and
         # slicing it off costs less than decoding through a memoryview.
@@ -191,6 +203,8 @@ class Codec:
             header = self._request_decoder.decode(json_part)
         except msgspec.DecodeError as exc:  # ValidationError included; its text has the path
             raise InvalidArgument(f"malformed JSON request header: {exc}") from None
+        except RecursionError:  # msgspec recurses per nesting level
+            raise InvalidArgument(NESTING_MESSAGE) from None
 
         inputs: dict[str, np.ndarray] = {}
         offset = header_length
@@ -209,25 +223,24 @@ class Codec:
         binary_default = False
         priority = timeout_us = 0
         if header.parameters:
-            params = dict(header.parameters)
-            binary_default = _bool_parameter(params, "binary_data_output", "request parameter")
+            params = _request_parameters(header.parameters)
+            binary_default = _bool_parameter(params, "binary_data_output")
             priority = _uint_parameter(params, "priority")
             timeout_us = _uint_parameter(params, "timeout")
-            for key in _CONSUMED_REQUEST_PARAMETERS:
+            for key in _RESERVED_REQUEST_PARAMETERS:
                 params.pop(key, None)
 
         requested: list[str] = []
         binary_outputs: dict[str, bool] = {}
         for out in header.outputs or ():
-            if out.name in requested:
-                raise InvalidArgument(f"output {out.name!r} is requested more than once")
-            requested.append(out.name)
+            # Triton keeps one entry per name: a repeated output is answered once.
+            if out.name not in binary_outputs:
+                requested.append(out.name)
+            binary = False
             if out.parameters:
                 _reject_unsupported(out.parameters, "output", out.name)
-                if "binary_data" in out.parameters:
-                    binary_outputs[out.name] = _bool_parameter(
-                        out.parameters, "binary_data", f"output {out.name!r} parameter"
-                    )
+                binary = _bool_parameter(out.parameters, "binary_data")
+            binary_outputs[out.name] = binary
 
         request = InferRequest(
             inputs=inputs,
@@ -271,7 +284,7 @@ class Codec:
                 )
             else:
                 outputs.append(
-                    ResponseOutput(name, datatype, shape, data=_to_json(array, datatype))
+                    ResponseOutput(name, datatype, shape, data=_to_json(name, array, datatype))
                 )
         header = self._encoder.encode(
             InferResponseBody(
@@ -285,6 +298,33 @@ class Codec:
         if not chunks:
             return header, None
         return b"".join([header, *chunks]), len(header)
+
+
+def oversized_message(size: int, limit: int) -> str:
+    """Triton's wording for a request over the size cap (clients and its QA tests match it)."""
+    return (
+        f"request size of {size} bytes exceeds the maximum allowed input size of {limit} bytes"
+    )
+
+
+def parse_header_length(value: str | None, body_size: int | None = None) -> int | None:
+    """The `Inference-Header-Content-Length` header as Triton reads it (None when absent)."""
+    if value is None:
+        return None
+    try:
+        length = int(value.strip())
+    except ValueError:
+        raise InvalidArgument(
+            f"Unable to parse Inference-Header-Content-Length, got: {value}"
+        ) from None
+    if length < 0 or (body_size is not None and length > body_size):
+        raise InvalidArgument(_header_range_message(body_size, value))
+    return length
+
+
+def _header_range_message(body_size: int | None, value: str) -> str:
+    upper = "content length" if body_size is None else str(body_size)
+    return f"inference header size should be in range (0, {upper}), got: {value}"
 
 
 def encode_error(message: str) -> bytes:
@@ -424,7 +464,8 @@ def _object_array(items: list[Any]) -> np.ndarray:
 
 
 def _flatten(data: Any) -> list[Any]:
-    """Row-major flattening of arbitrarily (even raggedly) nested JSON arrays."""
+    """Row-major flattening of (even raggedly) nested JSON arrays, at most
+    MAX_JSON_NESTING_DEPTH - 1 arrays deep, as Triton reads `data`."""
     if not isinstance(data, list):
         return [data]
     flat: list[Any] = []
@@ -432,12 +473,26 @@ def _flatten(data: Any) -> list[Any]:
     while stack:
         for item in stack[-1]:
             if isinstance(item, list):
+                if len(stack) >= MAX_JSON_NESTING_DEPTH - 1:
+                    raise InvalidArgument(NESTING_MESSAGE)
                 stack.append(iter(item))
                 break
             flat.append(item)
         else:
             stack.pop()
     return flat
+
+
+def _check_depth(data: list[Any]) -> None:
+    """Reject `data` nested too deep along its first elements. A regular array is as deep
+    everywhere; a ragged one goes through `_flatten`, which checks every branch."""
+    depth = 1
+    item: Any = data
+    while item and isinstance(item[0], list):
+        item = item[0]
+        depth += 1
+        if depth >= MAX_JSON_NESTING_DEPTH:
+            raise InvalidArgument(NESTING_MESSAGE)
 
 
 def _from_json(name: str, datatype: str, data: Any, shape: list[int], count: int) -> np.ndarray:
@@ -453,6 +508,8 @@ def _from_json(name: str, datatype: str, data: Any, shape: list[int], count: int
             encoded.append(item.encode())
         values = _object_array(encoded)
     else:
+        if isinstance(data, list) and data and isinstance(data[0], list):
+            _check_depth(data)
         try:
             values = np.asarray(data)
         except ValueError:
@@ -510,24 +567,54 @@ def _float32_to_bf16(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _bool_parameter(params: Mapping[str, Parameter], key: str, where: str) -> bool:
+# Error texts start as Triton's do ("Unable to parse 'key'"); what follows says what we expected.
+
+
+def _bool_parameter(params: Mapping[str, Any], key: str) -> bool:
     value = params.get(key, False)
     if type(value) is not bool:
-        raise InvalidArgument(f"{where} {key!r} must be a boolean, got {value!r}")
+        raise InvalidArgument(f"Unable to parse '{key}': expected a boolean, got {value!r}")
     return value
 
 
-def _uint_parameter(params: Mapping[str, Parameter], key: str) -> int:
+def _uint_parameter(params: Mapping[str, Any], key: str) -> int:
     value = params.get(key, 0)
     if type(value) is not int or value < 0:
         raise InvalidArgument(
-            f"request parameter {key!r} must be a non-negative integer, got {value!r}"
+            f"Unable to parse '{key}': expected a non-negative integer, got {value!r}"
         )
     return value
 
 
+def _request_parameters(raw: Mapping[str, Any]) -> dict[str, Parameter]:
+    """Validate request-level parameters the way Triton's HTTP frontend does."""
+    params: dict[str, Parameter] = {}
+    for key, value in raw.items():
+        if key == "sequence_id":
+            # An unsigned integer or a string correlation id.
+            if not (type(value) is str or (type(value) is int and value >= 0)):
+                raise InvalidArgument(
+                    "Unable to parse 'sequence_id': expected a non-negative integer or a "
+                    f"string, got {value!r}"
+                )
+        elif key in ("sequence_start", "sequence_end"):
+            _bool_parameter(raw, key)
+        elif key.startswith("triton_"):
+            raise InvalidArgument(_TRITON_PREFIX_MESSAGE)
+        elif key not in _RESERVED_REQUEST_PARAMETERS and not isinstance(
+            value, (bool, int, float, str)
+        ):
+            raise InvalidArgument(
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', "
+                "or 'string'."
+            )
+        params[key] = value
+    return params
+
+
 def _decode_raw(
-    body: bytes, single_input: TensorConfig | None, max_batch_size: int
+    body: bytes, single_input: TensorConfig | None, max_batch_size: int,
+    config: ModelConfig | None,
 ) -> DecodedInfer:
     """`Inference-Header-Content-Length: 0`: the body is the model's only input, raw.
 
@@ -535,24 +622,27 @@ def _decode_raw(
     one -1 dim may be deduced from the body size. A BYTES input must have exactly one element,
     which is the whole body.
     """
+    # Error texts: Triton's (its QA tests match them).
     if single_input is None:
-        raise InvalidArgument(
-            "Inference-Header-Content-Length 0 (a raw binary body) needs a model with "
-            "exactly one input"
+        got = (
+            f"got {len(config.input)} inputs in '{config.name}' model configuration"
+            if config is not None
+            else "the model does not have exactly 1 input"
         )
+        raise InvalidArgument(f"Raw request must only have 1 input (found 1) to be deduced but {got}")
     name = single_input.name
     datatype = single_input.data_type
     shape = ([1] if max_batch_size > 0 else []) + list(single_input.dims)
     wildcards = [i for i, dim in enumerate(shape) if dim == -1]
     if len(wildcards) > 1:
         raise InvalidArgument(
-            f"raw input {name!r}: cannot deduce shape {shape} with more than one -1 dimension"
+            f"The shape of the raw input '{name}' can not be deduced because there are more "
+            "than one variable-sized dimension"
         )
     if datatype == "BYTES":
         if wildcards or math.prod(shape) != 1:
             raise InvalidArgument(
-                f"raw input {name!r}: a BYTES raw body needs an input of exactly one element, "
-                f"the model's is {shape}"
+                f"For BYTE datatype raw input '{name}', the model must have input shape [1]"
             )
         array = _object_array([bytes(body)]).reshape(shape)
     else:
@@ -566,7 +656,8 @@ def _decode_raw(
                 )
             shape[wildcards[0]] = len(body) // known
         array = _fixed_from_binary(name, datatype, body, 0, len(body), shape, math.prod(shape))
-    return DecodedInfer(InferRequest(inputs={name: array}))
+    # Triton answers a raw request in binary: its client has no JSON header to read.
+    return DecodedInfer(InferRequest(inputs={name: array}), binary_default=True)
 
 
 # --------------------------------------------------------------------------- response helpers
@@ -610,12 +701,22 @@ def _to_binary(array: np.ndarray, datatype: str) -> bytes | np.ndarray:
     return wire.reshape(-1).view(np.uint8)
 
 
-def _to_json(array: np.ndarray, datatype: str) -> list[Any]:
+def _to_json(name: str, array: np.ndarray, datatype: str) -> list[Any]:
     if datatype == "BYTES":
-        return [
-            item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
-            for item in array.ravel().tolist()
-        ]
+        try:
+            return [
+                item.decode() if isinstance(item, bytes) else str(item)
+                for item in array.ravel().tolist()
+            ]
+        except UnicodeDecodeError as exc:
+            # A JSON string cannot hold these bytes; replacing them would corrupt the data.
+            # (Triton 2.51 writes them raw and so sends invalid JSON.)
+            raise InvalidArgument(
+                f"output '{name}' holds BYTES that are not valid UTF-8 ({exc.reason} at byte "
+                f"{exc.start}), which JSON cannot carry: request it in binary with "
+                f'"parameters": {{"binary_data": true}} on the output (or '
+                f'"binary_data_output": true on the request)'
+            ) from None
     if datatype == "BF16":
         return (array.astype(np.uint32) << 16).view(np.float32).ravel().tolist()
     result: list[Any] = array.ravel().tolist()

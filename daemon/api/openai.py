@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
+from daemon.api.body import read_body
 from daemon.api.state import daemon_of
 from daemon.backend import GenerateChunk, GenerateParams
 from daemon.core.model import LoadedVersion
@@ -144,6 +145,10 @@ def _params(req: _Sampling | GenerateRequest) -> GenerateParams:
     return params
 
 
+async def _body(request: web.Request) -> bytes:
+    return await read_body(request, daemon_of(request).config.server.max_request_bytes)
+
+
 def _generation_model(request: web.Request, name: str, version: str | None = None) -> LoadedVersion:
     """Resolve the model once; every later step of the request talks to this version."""
     daemon = daemon_of(request)
@@ -247,7 +252,7 @@ async def _stream_or_collect(
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    req: CompletionRequest = _decode(await request.read(), CompletionRequest)
+    req: CompletionRequest = _decode(await _body(request), CompletionRequest)
     model = _generation_model(request, req.model)
     prompt: str | list[int]
     if isinstance(req.prompt, str):
@@ -295,7 +300,7 @@ def _message_text(message: ChatMessage) -> str:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    req: ChatRequest = _decode(await request.read(), ChatRequest)
+    req: ChatRequest = _decode(await _body(request), ChatRequest)
     if not req.messages:
         raise InvalidArgument("messages: at least one message is required")
     model = _generation_model(request, req.model)
@@ -341,7 +346,7 @@ def _encode_vector(vector: list[float], encoding: str) -> list[float] | str:
 
 
 async def embeddings(request: web.Request) -> web.Response:
-    req: EmbeddingRequest = _decode(await request.read(), EmbeddingRequest)
+    req: EmbeddingRequest = _decode(await _body(request), EmbeddingRequest)
     model = _generation_model(request, req.model)
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts:
@@ -364,7 +369,7 @@ async def embeddings(request: web.Request) -> web.Response:
 
 async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
     name = request.match_info["model"]
-    req: GenerateRequest = _decode(await request.read(), GenerateRequest)
+    req: GenerateRequest = _decode(await _body(request), GenerateRequest)
     model = _generation_model(request, name, request.match_info.get("version"))
     params = _params(req)
     version = str(model.version)

@@ -106,12 +106,37 @@ def _fingerprint(directory: Path) -> str:
 
 
 def _check_ownership(path: Path) -> str:
-    """A plugin runs inside the daemon: refuse code anyone else could have written."""
-    st = path.stat()
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"plugin directory {path} is group- or world-writable; refusing to load it"
-    if st.st_uid not in (0, os.getuid()):
-        return f"plugin directory {path} is owned by uid {st.st_uid}, not root or the daemon user"
+    """A plugin runs inside the daemon: refuse code anyone else could have written.
+
+    Every directory, file and symlink under the plugin directory (and what a symlink points
+    to) must be owned by root or the daemon's user and writable by nobody else. The daemon's
+    own bytecode caches are skipped.
+    """
+    trusted = (0, os.getuid())
+
+    def problem(entry: Path, st: os.stat_result) -> str:
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"{entry} is group- or world-writable; refusing to load plugin {path.name!r}"
+        if st.st_uid not in trusted:
+            return f"{entry} is owned by uid {st.st_uid}, not root or the daemon user; refusing to load plugin {path.name!r}"
+        return ""
+
+    entries = [path]
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        entries.extend(Path(root) / name for name in [*dirs, *files])
+    for entry in entries:
+        try:
+            st = entry.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                # The link itself is always 0777 on Linux: judge its owner, then its target.
+                if st.st_uid not in trusted:
+                    return f"symlink {entry} is owned by uid {st.st_uid}; refusing to load plugin {path.name!r}"
+                st = entry.stat()
+        except OSError as exc:
+            return f"cannot check {entry}: {exc.strerror or exc}"
+        if reason := problem(entry, st):
+            return reason
     return ""
 
 

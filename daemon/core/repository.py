@@ -115,11 +115,18 @@ class RepositoryManager:
                            if self.mode == "poll"
                            else f"explicit model {action} is not allowed if model control mode is none")
 
-    async def load(self, name: str, config_json: str | None = None) -> None:
-        """Explicit load; `config_json` (Triton's JSON layout) replaces the config on disk."""
+    async def load(
+        self, name: str, config_json: str | None = None, model_dir: Path | None = None
+    ) -> None:
+        """Explicit load; `config_json` (Triton's JSON layout) replaces the config on disk.
+        `model_dir` (files sent in the load request, Triton's `file:` parameters) replaces
+        the repository's directory when given."""
         self._check_explicit("load / unload")
-        models = await asyncio.to_thread(self.scan)
-        path = models.get(name)
+        if model_dir is not None:
+            path: Path | None = model_dir
+        else:
+            models = await asyncio.to_thread(self.scan)
+            path = models.get(name)
         if path is None:
             raise NotFound(f"failed to load '{name}', failed to poll from model repository")
         override = None

@@ -369,7 +369,7 @@ async def test_reject_timeout_fires_while_instances_are_busy(harness: Harness) -
         await asyncio.wait_for(scheduler.submit(req(1)), 10)
     # The instance is still blocked: the timer, not a freed instance, rejected it.
     assert not inst.gate.is_set()
-    assert caught.value.status == 429
+    assert caught.value.status == 503
     assert "model 'm'" in caught.value.message
     assert "timed out in queue after 50000 us" in caught.value.message
     assert scheduler.pending() == 0
