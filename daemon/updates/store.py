@@ -33,7 +33,7 @@ from typing import Literal
 
 import msgspec
 
-from daemon.updates.errors import StoreBusy, UpdateConflict, UpdateError
+from daemon.updates.errors import PendingRelease, StoreBusy, UpdateConflict, UpdateError
 from daemon.updates.fsutil import atomic_write, fsync_dir, link_or_copy_tree, seal_tree
 from daemon.updates.manifest import CATEGORIES, Manifest, encode_manifest, split_path
 
@@ -330,7 +330,7 @@ class ReleaseStore:
     def require_no_pending(self) -> None:
         state = self.load_state()
         if state.pending is not None:
-            raise UpdateConflict(
+            raise PendingRelease(
                 f"release {state.pending} is installed and waits for `edged update commit` or "
                 "`edged update rollback`; finish that first"
             )
