@@ -46,6 +46,10 @@ class ServerConfig(_Section):
     header_timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0
     # Idle keep-alive connections are closed after this many seconds.
     keepalive_timeout: Annotated[float, msgspec.Meta(gt=0)] = 15.0
+    # Who may register and use system shared memory regions: callers on the Unix socket
+    # ("socket"), those and TCP callers with the bearer token ("token"), any TCP caller as
+    # in Triton ("all"), or nobody ("off"). See docs/operations.md and docs/security.md.
+    shared_memory: Literal["socket", "token", "all", "off"] = "socket"
 
 
 class ModelsConfig(_Section):

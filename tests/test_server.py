@@ -117,7 +117,7 @@ def test_poll_reload_swaps_without_failed_requests(start_daemon, tmp_path: Path)
     workers = [threading.Thread(target=hammer) for _ in range(3)]
     for w in workers:
         w.start()
-    time.sleep(0.5)
+    wait_until(lambda: 2.0 in seen, timeout=30)  # the old version answers first
     python_model(repo, "m", "import time\ntime.sleep(0.2)\ny = x + 100")  # rewrite in place
     wait_until(lambda: 101.0 in seen, timeout=30)
     time.sleep(0.5)

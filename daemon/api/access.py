@@ -3,9 +3,12 @@
 - Unix socket: the socket file's mode is the first gate; `server.allowed-uids` (checked with
   SO_PEERCRED) narrows it further for every route. Root is always allowed.
 - TCP: anyone who can reach the port. Admin routes (model load/unload, updates, logging,
-  shared-memory registration, Ollama pull/delete) need `Authorization: Bearer <token>`
+  Ollama pull/delete) need `Authorization: Bearer <token>`
   with the token from `server.token-file`; without a token file they are refused over TCP.
   With `server.tcp-auth = "all"` every route but `/v2/health/*` needs the token.
+- Shared-memory registration follows `server.shared-memory`: "socket" (default) and "off"
+  refuse TCP callers (daemon.api.shm answers 501), "token" admits TCP callers with the
+  token, "all" admits every TCP caller, as Triton does.
 
 Tokens are compared in constant time and never logged.
 """
@@ -33,10 +36,10 @@ _ADMIN_PATHS = re.compile(
     r"^/v2/repository/models/[^/]+/(load|unload)$"
     r"|^/v1/updates(/.*)?$"
     r"|^/v2/logging$"
-    r"|^/v2/(system|cuda)sharedmemory/"
     r"|^/api/(pull|push|delete|create|copy)$"
 )
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_SHM_PATHS = re.compile(r"^/v2/(system|cuda)sharedmemory/")
 
 
 def is_admin(method: str, path: str) -> bool:
@@ -78,6 +81,7 @@ def _bearer(request: web.Request) -> str:
 def make_access_middleware(server: ServerConfig, token: str | None) -> Middleware:
     allowed = frozenset(server.allowed_uids)
     everything = server.tcp_auth == "all"
+    shm_token = server.shared_memory == "token"
     expected = (token or "").encode()
 
     @web.middleware
@@ -88,7 +92,11 @@ def make_access_middleware(server: ServerConfig, token: str | None) -> Middlewar
                 return error_response(403, "caller's uid is not in server.allowed-uids", request.path)
             return await handler(request)
         path = request.path
-        needs_token = is_admin(request.method, path) or (everything and not path.startswith("/v2/health/"))
+        needs_token = (
+            is_admin(request.method, path)
+            or (everything and not path.startswith("/v2/health/"))
+            or (shm_token and request.method not in _READ_METHODS and _SHM_PATHS.match(path) is not None)
+        )
         if needs_token:
             if not expected:
                 return error_response(

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from daemon.api import admin, kserve, openai, trace
+from daemon.api import admin, kserve, logging_routes, openai, shm, trace
 from daemon.api.access import make_access_middleware, read_token
 from daemon.api.connections import ConnectionGuard
 from daemon.api.errors import make_error_middleware
@@ -34,6 +34,8 @@ def create_app(service: Service) -> web.Application:
     app[GUARD] = guard
     app[CODEC] = Codec(max_request_bytes=config.server.max_request_bytes)
     kserve.add_routes(app)
+    shm.add_routes(app)
+    logging_routes.add_routes(app)
     openai.add_routes(app)
     admin.add_routes(app)
     trace.add_routes(app, config.trace.file)

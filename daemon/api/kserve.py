@@ -14,6 +14,7 @@ from daemon import __version__
 from daemon.api import repository_load as load_api
 from daemon.api.body import read_body
 from daemon.api.kserve_codec import parse_header_length
+from daemon.api.shm import shm_lookup
 from daemon.api.state import codec_of, daemon_of
 from daemon.api.trace import TRACER
 from daemon.core.model import LoadedVersion
@@ -27,6 +28,9 @@ _json = msgspec.json.Encoder()
 
 EXTENSIONS = [
     "classification",
+    # sequence_id / sequence_start / sequence_end (daemon.core.sequence); string IDs too.
+    "sequence",
+    "sequence(string_id)",
     "model_repository",
     "model_repository(unload_dependents)",
     "schedule_policy",
@@ -117,16 +121,25 @@ async def infer(request: web.Request) -> web.Response:
         trace.record("HTTP_RECV_END")
     config = model.config
     codec = codec_of(request)
-    decoded = codec.decode_infer_request(body, header_length, config=config)
-    if trace is not None:
-        trace.request_id = decoded.request.id
-        trace.record("REQUEST_START")
-    response = await model.infer(decoded.request)
-    if trace is not None:
-        trace.record("REQUEST_END")
-    payload, json_length = codec.encode_infer_response(
-        model.name, str(model.version), decoded, response, config
-    )
+    decoded = codec.decode_infer_request(body, header_length, config=config, shm=shm_lookup(request))
+    try:  # the request holds its shared memory regions until its outputs are written
+        if trace is not None:
+            trace.request_id = decoded.request.id
+            trace.record("REQUEST_START")
+        response = await model.infer(decoded.request)
+        if trace is not None:
+            trace.record("REQUEST_END")
+        labels = None
+        if decoded.classification:
+            entry = daemon.registry.entry(model.name)
+            labels = codec.labels.for_outputs(
+                entry.path if entry else None, config, list(decoded.classification)
+            )
+        payload, json_length = codec.encode_infer_response(
+            model.name, str(model.version), decoded, response, config, labels
+        )
+    finally:
+        decoded.release()
     if trace is not None:
         trace.record("HTTP_SEND_START")
         request.app[TRACER].finish(trace, model.name)

@@ -26,15 +26,23 @@ from __future__ import annotations
 import math
 import struct
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
 
-from daemon.backend import NUMPY_DTYPES, InferRequest, InferResponse
+from daemon.backend import (
+    NUMPY_DTYPES,
+    REQUEST_FLAG_SEQUENCE_END,
+    REQUEST_FLAG_SEQUENCE_START,
+    InferRequest,
+    InferResponse,
+)
+from daemon.core.labels import LabelCache
+from daemon.core.shm import Lease
 from daemon.errors import InvalidArgument
 from daemon.model_config import ModelConfig, TensorConfig
 
@@ -139,9 +147,26 @@ class DecodedInfer:
     binary_outputs: dict[str, bool] = field(default_factory=dict)
     # The request's `parameters.binary_data_output`: the flag for outputs not listed above.
     binary_default: bool = False
+    # Shared memory: outputs written into a region, and every region lease the request holds
+    # (inputs are views of those mappings). `release()` once the response is encoded.
+    shm_outputs: dict[str, Lease] = field(default_factory=dict)
+    leases: list[Lease] = field(default_factory=list)
+    # Outputs asked for as top-K classification: output name -> K.
+    classification: dict[str, int] = field(default_factory=dict)
 
     def output_is_binary(self, name: str) -> bool:
         return self.binary_outputs.get(name, self.binary_default)
+
+    def release(self) -> None:
+        for lease in self.leases:
+            lease.release()
+        self.leases.clear()
+
+
+class SharedMemoryLookup(Protocol):
+    """Where a request's `shared_memory_region` names are resolved (daemon.core.shm)."""
+
+    def acquire(self, name: str, offset: int, byte_size: int) -> Lease: ...
 
 
 # --------------------------------------------------------------------------- codec
@@ -163,6 +188,8 @@ class Codec:
         self.max_request_bytes = max_request_bytes
         self._request_decoder = msgspec.json.Decoder(InferRequestBody)
         self._encoder = msgspec.json.Encoder(enc_hook=_numpy_enc_hook)
+        # Classification labels by model directory (read by the transport, not by the codec).
+        self.labels = LabelCache()
 
     # ------------------------------------------------------------------ requests
 
@@ -174,6 +201,7 @@ class Codec:
         single_input: TensorConfig | None = None,
         max_batch_size: int = 0,
         config: ModelConfig | None = None,
+        shm: SharedMemoryLookup | None = None,
     ) -> DecodedInfer:
         """Decode an infer request body.
 
@@ -181,7 +209,8 @@ class Codec:
         `single_input` is the model's input when it has exactly one; it is needed only for a
         raw body (`header_length == 0`), whose shape gets a leading batch of 1 when
         `max_batch_size > 0`, as in Triton. A `config` gives both (and names the model in
-        errors).
+        errors). `shm` resolves `shared_memory_region` names; the result then holds leases on
+        those regions, which the caller must `release()`.
         """
         if config is not None:
             single_input = config.input[0] if len(config.input) == 1 else None
@@ -206,11 +235,30 @@ class Codec:
         except RecursionError:  # msgspec recurses per nesting level
             raise InvalidArgument(NESTING_MESSAGE) from None
 
+        decoded = DecodedInfer(InferRequest(inputs={}))
+        try:
+            return self._decode_header(header, body, header_length, has_header, shm, decoded)
+        except BaseException:
+            decoded.release()  # a rejected request keeps no region leased
+            raise
+
+    def _decode_header(
+        self,
+        header: InferRequestBody,
+        body: bytes,
+        header_length: int,
+        has_header: bool,
+        shm: SharedMemoryLookup | None,
+        decoded: DecodedInfer,
+    ) -> DecodedInfer:
         inputs: dict[str, np.ndarray] = {}
         offset = header_length
         for tensor in header.inputs:
             if tensor.name in inputs:
                 raise InvalidArgument(f"input {tensor.name!r} appears more than once")
+            if tensor.parameters and "shared_memory_region" in tensor.parameters:
+                inputs[tensor.name] = _decode_shm_input(tensor, shm, decoded.leases)
+                continue
             array, offset = _decode_input(tensor, body, offset, has_header)
             inputs[tensor.name] = array
         if offset != len(body):
@@ -221,12 +269,19 @@ class Codec:
 
         params: dict[str, Parameter] = {}
         binary_default = False
-        priority = timeout_us = 0
+        priority = timeout_us = flags = 0
+        correlation_id: int | str = 0
         if header.parameters:
             params = _request_parameters(header.parameters)
             binary_default = _bool_parameter(params, "binary_data_output")
             priority = _uint_parameter(params, "priority")
             timeout_us = _uint_parameter(params, "timeout")
+            # Triton's sequence parameters become the request's correlation ID and flags,
+            # which only the sequence batcher reads.
+            correlation_id = params.get("sequence_id", 0)  # type: ignore[assignment]
+            flags = (REQUEST_FLAG_SEQUENCE_START if params.get("sequence_start") else 0) | (
+                REQUEST_FLAG_SEQUENCE_END if params.get("sequence_end") else 0
+            )
             for key in _RESERVED_REQUEST_PARAMETERS:
                 params.pop(key, None)
 
@@ -240,17 +295,22 @@ class Codec:
             if out.parameters:
                 _reject_unsupported(out.parameters, "output", out.name)
                 binary = _bool_parameter(out.parameters, "binary_data")
+                _decode_output_extensions(out, shm, decoded)
             binary_outputs[out.name] = binary
 
-        request = InferRequest(
+        decoded.request = InferRequest(
             inputs=inputs,
             id=header.id,
             requested_outputs=tuple(requested),
             parameters=params,
             priority=priority,
             timeout_us=timeout_us,
+            correlation_id=correlation_id,
+            flags=flags,
         )
-        return DecodedInfer(request, binary_outputs, binary_default)
+        decoded.binary_outputs = binary_outputs
+        decoded.binary_default = binary_default
+        return decoded
 
     # ------------------------------------------------------------------ responses
 
@@ -261,12 +321,16 @@ class Codec:
         decoded: DecodedInfer,
         response: InferResponse,
         config: ModelConfig | None = None,
+        labels: Mapping[str, Sequence[str]] | None = None,
     ) -> tuple[bytes, int | None]:
         """Encode a response; returns the body and the JSON header length.
 
         The length is None when every output is JSON (a plain `application/json` body);
         otherwise the transport sends it as `Inference-Header-Content-Length`. `config` lets
-        an output declared BF16 be labelled so (its numpy array is plain uint16).
+        an output declared BF16 be labelled so (its numpy array is plain uint16) and tells
+        whether dim 0 is the batch for classification; `labels` are the classification labels
+        per output (from the config's `label_filename`). Shared memory outputs are written
+        into their regions and carry no data in the body.
         """
         outputs: list[ResponseOutput] = []
         chunks: list[Any] = []
@@ -275,8 +339,16 @@ class Codec:
             if not array.dtype.isnative:  # e.g. '>f4': the datatype lookup is by native dtype
                 array = array.astype(array.dtype.newbyteorder("="))
             datatype = _output_datatype(name, array, config)
+            if decoded.classification and name in decoded.classification:
+                batching = config is not None and config.max_batch_size > 0
+                array = _classify(name, array, datatype, decoded.classification[name], batching,
+                                  (labels or {}).get(name))
+                datatype = "BYTES"
             shape = list(array.shape)
-            if decoded.output_is_binary(name):
+            if decoded.shm_outputs and name in decoded.shm_outputs:
+                _write_shm(name, array, datatype, decoded.shm_outputs[name])
+                outputs.append(ResponseOutput(name, datatype, shape))
+            elif decoded.output_is_binary(name):
                 raw = _to_binary(array, datatype)
                 chunks.append(raw)
                 outputs.append(
@@ -346,10 +418,10 @@ def _check_shape(name: str, shape: list[int]) -> int:
 def _reject_unsupported(params: Mapping[str, Parameter], kind: str, name: str) -> None:
     # Silently ignoring these would answer with the wrong data, so say so instead.
     for key in params:
-        if key.startswith("shared_memory"):
-            raise InvalidArgument(f"{kind} {name!r}: shared memory ({key!r}) is not supported")
-        if key == "classification":
-            raise InvalidArgument(f"{kind} {name!r}: the classification extension is not supported")
+        if key.startswith("shared_memory") and key not in _SHM_PARAMETERS:
+            raise InvalidArgument(f"{kind} {name!r}: unknown shared memory parameter {key!r}")
+        if key == "classification" and kind == "input":
+            raise InvalidArgument(f"input {name!r}: 'classification' applies to outputs only")
 
 
 def _decode_input(
@@ -365,6 +437,7 @@ def _decode_input(
     size: int | None = None
     if tensor.parameters:
         _reject_unsupported(tensor.parameters, "input", name)
+        _reject_stray_shm(tensor.parameters, "input", name)
         raw_size = tensor.parameters.get("binary_data_size")
         if raw_size is not None:
             if type(raw_size) is not int or raw_size < 0:
@@ -721,3 +794,174 @@ def _to_json(name: str, array: np.ndarray, datatype: str) -> list[Any]:
         return (array.astype(np.uint32) << 16).view(np.float32).ravel().tolist()
     result: list[Any] = array.ravel().tolist()
     return result
+
+
+# --------------------------------------------------------------------------- shared memory
+
+_SHM_PARAMETERS = frozenset({"shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"})
+
+
+def _reject_stray_shm(params: Mapping[str, Parameter], kind: str, name: str) -> None:
+    for key in ("shared_memory_byte_size", "shared_memory_offset"):
+        if key in params:
+            raise InvalidArgument(f"{kind} {name!r}: {key!r} needs 'shared_memory_region'")
+
+
+def _shm_window(params: Mapping[str, Parameter], kind: str, name: str) -> tuple[str, int, int]:
+    """(region, offset, byte_size) from a tensor's shared memory parameters."""
+    region = params["shared_memory_region"]
+    if type(region) is not str or not region:
+        raise InvalidArgument(
+            f"{kind} {name!r}: 'shared_memory_region' must be a region name, got {region!r}"
+        )
+    size = params.get("shared_memory_byte_size")
+    if size is None:
+        raise InvalidArgument(f"{kind} {name!r}: 'shared_memory_region' needs 'shared_memory_byte_size'")
+    offset = params.get("shared_memory_offset", 0)
+    for key, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if type(value) is not int or value < 0:
+            raise InvalidArgument(
+                f"{kind} {name!r}: {key!r} must be a non-negative integer, got {value!r}"
+            )
+    assert isinstance(size, int) and isinstance(offset, int)
+    return region, offset, size
+
+
+def _decode_shm_input(
+    tensor: RequestInput, shm: SharedMemoryLookup | None, leases: list[Lease]
+) -> np.ndarray:
+    """An input read in place from a registered region: a read-only view, no copy."""
+    name = tensor.name
+    params = tensor.parameters or {}
+    if tensor.data is not None or "binary_data_size" in params:
+        given = " 'data'" if tensor.data is not None else ""
+        given += " 'binary_data_size'" if "binary_data_size" in params else ""
+        raise InvalidArgument(
+            f"input {name!r}: Input must set only one of the following fields: 'data', "
+            "'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'. "
+            f"But set{given} 'shared_memory_region'"
+        )
+    _reject_unsupported(params, "input", name)
+    region, offset, size = _shm_window(params, "input", name)
+    datatype = tensor.datatype
+    if datatype not in NUMPY_DTYPES:
+        raise InvalidArgument(
+            f"input {name!r}: unknown datatype {datatype!r}; expected one of {_KNOWN_DATATYPES}"
+        )
+    count = _check_shape(name, tensor.shape)
+    if datatype != "BYTES":
+        expected = count * _WIRE_DTYPES[datatype].itemsize
+        if size != expected:
+            raise InvalidArgument(
+                f"input {name!r}: shared_memory_byte_size {size} does not match shape "
+                f"{tensor.shape} of {datatype} ({expected} bytes expected)"
+            )
+    if shm is None:
+        raise InvalidArgument(f"input {name!r}: shared memory is not available on this endpoint")
+    lease = shm.acquire(region, offset, size)
+    leases.append(lease)
+    buffer, start = lease.buffer, lease.start
+    if datatype == "BYTES":  # parsed element by element into bytes objects anyway
+        return _split_bytes(name, buffer[start : start + size], 0, size, count).reshape(tensor.shape)
+    array = np.frombuffer(buffer, dtype=_WIRE_DTYPES[datatype], count=count, offset=start)
+    if not array.flags.aligned:  # an offset the dtype does not divide: runtimes want aligned data
+        array = array.copy()
+    # The client's memory: a backend must not write into it (Triton's inputs are const too).
+    array.flags.writeable = False
+    array = array.reshape(tensor.shape)
+    if datatype == "BOOL" and count and array.view(np.uint8).max() > 1:
+        raise InvalidArgument(f"input {name!r}: BOOL bytes must be 0 or 1")
+    return array
+
+
+def _decode_output_extensions(
+    out: RequestOutput, shm: SharedMemoryLookup | None, decoded: DecodedInfer
+) -> None:
+    """An output's `classification` and `shared_memory_*` parameters (Triton's rules)."""
+    params = out.parameters or {}
+    name = out.name
+    if "classification" in params:
+        count = params["classification"]
+        if type(count) is not int or count < 0:
+            raise InvalidArgument(
+                f"output {name!r}: 'classification' must be a non-negative integer, got {count!r}"
+            )
+        if count:
+            decoded.classification[name] = count
+    if "shared_memory_region" not in params:
+        _reject_stray_shm(params, "output", name)
+        return
+    if "classification" in params:
+        raise InvalidArgument(
+            f"output {name!r}: Output can't set both 'shared_memory_region' and 'classification'"
+        )
+    if params.get("binary_data") is True:
+        raise InvalidArgument(
+            f"output {name!r}: Output can't set both 'shared_memory_region' and 'binary_data'"
+        )
+    region, offset, size = _shm_window(params, "output", name)
+    if shm is None:
+        raise InvalidArgument(f"output {name!r}: shared memory is not available on this endpoint")
+    lease = shm.acquire(region, offset, size)
+    decoded.leases.append(lease)
+    decoded.shm_outputs[name] = lease
+
+
+def _write_shm(name: str, array: np.ndarray, datatype: str, lease: Lease) -> None:
+    """Write an output's wire bytes into its region (Triton's layout, as for binary data)."""
+    raw = _to_binary(array, datatype)
+    size = len(raw) if isinstance(raw, bytes) else raw.nbytes
+    if size > lease.byte_size:
+        raise InvalidArgument(
+            f"shared memory size specified with the request for output '{name}' "
+            f"({lease.byte_size} bytes) should be at least {size} bytes to hold the results"
+        )
+    if size:
+        target = np.frombuffer(lease.buffer, dtype=np.uint8, count=size, offset=lease.start)
+        np.copyto(target, np.frombuffer(raw, dtype=np.uint8))
+
+
+# --------------------------------------------------------------------------- classification
+
+# Triton's bound on the elements one classification may sort.
+_MAX_CLASSIFICATION_ELEMENTS = 1_000_000
+_CLASSIFIABLE = frozenset(
+    {"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP32", "FP64"}
+)
+
+
+def _classify(
+    name: str,
+    array: np.ndarray,
+    datatype: str,
+    count: int,
+    batching: bool,
+    labels: Sequence[str] | None,
+) -> np.ndarray:
+    """Top-`count` entries per batch item as BYTES "score:index[:label]", as Triton formats them.
+
+    Scores print like C++ `std::to_string` (`%f` for floats, plain integers otherwise); ties keep
+    the lower index first; shape is [batch, k] for a batching model, else [k].
+    """
+    if datatype not in _CLASSIFIABLE:
+        raise InvalidArgument(
+            f"output {name!r}: class result not available for output due to unsupported type "
+            f"'{datatype}'"
+        )
+    rows = array.reshape(array.shape[0], -1) if batching and array.ndim > 0 else array.reshape(1, -1)
+    if rows.shape[1] > _MAX_CLASSIFICATION_ELEMENTS:
+        raise InvalidArgument(f"output {name!r}: classification output tensor too large")
+    floating = array.dtype.kind == "f"
+    k = min(count, rows.shape[1])
+    items: list[bytes] = []
+    for row in rows:
+        # Stable descending order: sort the reversed row ascending, then reverse.
+        order = (len(row) - 1 - np.argsort(row[::-1], kind="stable"))[::-1][:k]
+        for index in order.tolist():
+            score = row[index]
+            text = f"{float(score):f}:{index}" if floating else f"{int(score)}:{index}"
+            if labels is not None and index < len(labels):
+                text += ":" + labels[index]
+            items.append(text.encode())
+    shape = (rows.shape[0], k) if batching and array.ndim > 0 else (k,)
+    return _object_array(items).reshape(shape)

@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
+from daemon.api import generate as generate_tensor
 from daemon.api.body import read_body
 from daemon.api.state import daemon_of
 from daemon.backend import GenerateChunk, GenerateParams
@@ -368,6 +369,8 @@ async def embeddings(request: web.Request) -> web.Response:
 
 
 async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
+    if (tensor := generate_tensor.tensor_model(request)) is not None:  # any tensor model
+        return await generate_tensor.handle(request, tensor, stream)
     name = request.match_info["model"]
     req: GenerateRequest = _decode(await _body(request), GenerateRequest)
     model = _generation_model(request, name, request.match_info.get("version"))

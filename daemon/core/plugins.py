@@ -339,6 +339,7 @@ _CONTRACT_METHODS: tuple[tuple[type[Backend], str], ...] = (
     (Backend, "load"),
     (Backend, "load_sync"),
     (Backend, "execute"),
+    (Backend, "execute_stream"),
     (Backend, "unload"),
     (Backend, "unload_sync"),
     (Backend, "describe"),
@@ -370,9 +371,9 @@ def check_backend_class(cls: type[Backend]) -> str:
         if isinstance(theirs, classmethod) and not isinstance(mine, classmethod):
             return f"method {name!r}: must be a classmethod, as in daemon.backend.{base.__name__}"
         fn, ref = getattr(cls, name), getattr(base, name)
-        # generate() is declared plain in the base (it returns an async iterator); only
-        # coroutine-ness of the others matters.
-        if name != "generate" and _kind(fn) != _kind(ref):
+        # generate() and execute_stream() are declared plain in the base (they return async
+        # iterators); only coroutine-ness of the others matters.
+        if name not in ("generate", "execute_stream") and _kind(fn) != _kind(ref):
             return f"method {name!r}: must be {_kind(ref)}, is {_kind(fn)}"
         try:
             want = [p for p in inspect.signature(ref).parameters.values() if p.name != "self"]

@@ -388,9 +388,9 @@ MALFORMED_JSON: list[tuple[str, dict[str, Any], str]] = [
         "input 'INPUT0': binary_data_size needs the Inference-Header-Content-Length header",
     ),
     (
-        "shared memory",
+        "shared memory without byte size",
         one_input(parameters={"shared_memory_region": "r"}),
-        "input 'INPUT0': shared memory ('shared_memory_region') is not supported",
+        "input 'INPUT0': 'shared_memory_region' needs 'shared_memory_byte_size'",
     ),
     (
         "duplicate input",
@@ -401,9 +401,9 @@ MALFORMED_JSON: list[tuple[str, dict[str, Any], str]] = [
         "classification",
         {
             **one_input(shape=[0], data=[]),
-            "outputs": [{"name": "Y", "parameters": {"classification": 3}}],
+            "outputs": [{"name": "Y", "parameters": {"classification": "3"}}],
         },
-        "output 'Y': the classification extension is not supported",
+        "output 'Y': 'classification' must be a non-negative integer, got '3'",
     ),
     (
         "binary_data not bool",
