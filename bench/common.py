@@ -204,7 +204,7 @@ def running_daemon(
 def write_mlp_model(
     repository: Path, name: str, width: int, depth: int, config: str, seed: int = 0
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """An FP32 MLP (see daemon.demo.build_mlp_onnx) as `<repository>/<name>/1/model.onnx` with
+    """An FP32 MLP (see tests/model_builders.py: build_mlp_onnx) as `<repository>/<name>/1/model.onnx` with
     `config` as its config.pbtxt; returns the weights for `mlp_reference`."""
     from model_builders import build_mlp_onnx
 

@@ -1,4 +1,4 @@
-"""The ONNX Runtime backend against the real onnxruntime, with models built here by daemon.demo."""
+"""The ONNX Runtime backend against the real onnxruntime, with models built here by tests/model_builders.py."""
 
 from __future__ import annotations
 

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from model_builders import build_simple_onnx, write_simple_repository
 
 from daemon.config import DaemonConfig
-from daemon.demo import build_simple_onnx, write_simple_repository
 from daemon.errors import ConfigError
 from daemon.ops.kserve import apply_kserve_flags, kserve_repository
 from support import free_port
@@ -216,7 +216,7 @@ def test_gguf_file_serves_the_openai_routes_under_kserve(run_runtime, tmp_path: 
     `openai` client, next to the v2 protocol."""
     pytest.importorskip("llama_cpp")
     openai = pytest.importorskip("openai")
-    from daemon.testing_gguf import write_tiny_llama
+    from gguf_builder import write_tiny_llama
 
     mnt = tmp_path / "mnt" / "models"
     mnt.mkdir(parents=True)
