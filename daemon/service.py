@@ -87,7 +87,8 @@ class Service:
             plugins, hardware, metrics, state, drain_timeout=config.server.shutdown_timeout
         )
         repository = RepositoryManager(
-            registry, repositories, config.models.control_mode, startup_models=config.models.load
+            registry, repositories, config.models.control_mode, startup_models=config.models.load,
+            state_dir=state,
         )
         residency = Residency(registry, config.residency)
         repository.on_demand = residency.on_demand
