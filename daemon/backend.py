@@ -238,12 +238,22 @@ class TensorBackend(Backend):
 class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     """Sampling and stopping for one generation request (OpenAI/Triton generate fields)."""
 
-    max_tokens: int = 128
+    # None: until the context of the sequence is full (OpenAI's and llama-server's default).
+    # 0: no generation at all; the last chunk only reports the prompt's token count.
+    max_tokens: int | None = None
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
     repeat_penalty: float = 1.0
+    # OpenAI's penalties, in [-2, 2]: subtract `presence` once and `frequency` per occurrence
+    # from the logit of every token already in the prompt or the output.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # Token id -> value added to its logit (OpenAI's logit_bias, in [-100, 100]).
+    logit_bias: dict[int, float] = {}
+    # A GBNF grammar (root rule "root") the output must match; "" = free text.
+    grammar: str = ""
     seed: int | None = None
     stop: list[str] = []
     # Greedy decoding regardless of the fields above (temperature <= 0 means the same).
@@ -258,6 +268,8 @@ class GenerateChunk(msgspec.Struct):
     finish_reason: Literal["stop", "length", "cancelled", None] = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of `prompt_tokens`, how many were already in the KV cache (not evaluated again).
+    cached_tokens: int = 0
 
 
 class GenerationBackend(Backend):
@@ -283,8 +295,8 @@ class GenerationBackend(Backend):
         """Embeddings for each text and the number of prompt tokens used."""
         raise Unsupported(f"backend {self.name!r} does not compute embeddings")
 
-    def engine_stats(self) -> dict[str, int]:
-        """Engine counters for model metadata (slots, busy, queued, tokens_generated...)."""
+    def engine_stats(self) -> dict[str, int | str]:
+        """Engine counters and facts for model metadata (slots, busy, queued, chat template...)."""
         return {}
 
 
