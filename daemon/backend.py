@@ -254,6 +254,9 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     logit_bias: dict[int, float] = {}
     # A GBNF grammar (root rule "root") the output must match; "" = free text.
     grammar: str = ""
+    # A JSON schema (JSON text) the output must match, e.g. '{"type": "object"}' for any JSON
+    # object; the backend turns it into a grammar. Not together with `grammar`.
+    json_schema: str = ""
     seed: int | None = None
     stop: list[str] = []
     # Greedy decoding regardless of the fields above (temperature <= 0 means the same).

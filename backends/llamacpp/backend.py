@@ -42,6 +42,7 @@ from daemon.errors import ConfigError, EdgedError, InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig
 
 from .engine import Engine, EngineSettings
+from .grammar import schema_to_grammar
 
 T = TypeVar("T")
 
@@ -175,6 +176,13 @@ class LlamaCppBackend(GenerationBackend):
         self, engine: Engine, prompt: str | list[int], params: GenerateParams
     ) -> AsyncGenerator[GenerateChunk, None]:
         _check_params(params)
+        if params.json_schema:
+            if params.grammar:
+                raise InvalidArgument("json_schema and grammar cannot be used together")
+            # Pure Python, milliseconds for any schema a client sends.
+            params = msgspec.structs.replace(
+                params, grammar=schema_to_grammar(params.json_schema, "json_schema"), json_schema=""
+            )
         queue: asyncio.Queue[GenerateChunk | EdgedError] = asyncio.Queue()
         request = engine.submit(prompt, params, _emitter(asyncio.get_running_loop(), queue.put_nowait))
         try:

@@ -3,12 +3,18 @@ extension, on top of a generation backend's `generate` / `chat_prompt` / `embed`
 
 Streaming is Server-Sent Events ending in `data: [DONE]`. A client that disconnects cancels its
 sequence: aiohttp cancels the handler, and closing the chunk iterator tells the engine.
+
+Every field a request may carry either has its effect or is a 400 naming it (unknown fields
+are rejected by the decoders, `forbid_unknown_fields`); ranges are OpenAI's: temperature
+[0, 2], top_p [0, 1], presence/frequency penalty [-2, 2], logit_bias values [-100, 100].
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import json
+import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -38,19 +44,22 @@ class _Sampling(_Strict):
     """Fields shared by completions and chat completions (OpenAI names)."""
 
     model: str
+    # None: until the context is full (OpenAI's and llama-server's default).
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    # Several choices per request are not implemented: anything but 1 is a 400.
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    # Accepted for client compatibility; llama.cpp's repeat penalty covers the common need.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # Token id (as a string, OpenAI's form) -> bias added to its logit.
     logit_bias: dict[str, float] | None = None
+    # End-user id for abuse tracking at OpenAI; it changes no output there either.
     user: str | None = None
     # Extensions llama.cpp's server also accepts.
     top_k: int | None = None
@@ -70,8 +79,22 @@ class ChatMessage(_Strict):
     name: str | None = None
 
 
+class JsonSchemaFormat(_Strict):
+    name: str
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    # Enforced by grammar either way: the output always matches the schema.
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = []
+    response_format: ResponseFormat | None = None
 
 
 class EmbeddingRequest(_Strict):
@@ -87,6 +110,7 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
     """Triton's generate extension: text_input plus sampling fields at the top level."""
 
     text_input: str
+    # None: until the context is full.
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -94,6 +118,8 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
+    # Triton's generate extension allows a `parameters` object; none is implemented here,
+    # so a non-empty one is a 400 rather than ignored.
     parameters: dict[str, Any] = {}
 
 
@@ -113,35 +139,73 @@ def _decode(body: bytes, kind: type[Any]) -> Any:
         raise InvalidArgument(f"malformed JSON body: {exc}") from None
 
 
-def _params(req: _Sampling | GenerateRequest) -> GenerateParams:
-    params = GenerateParams()
-    max_tokens = req.max_tokens
+def _in_range(name: str, value: float, low: float, high: float) -> None:
+    if not (math.isfinite(value) and low <= value <= high):
+        raise InvalidArgument(f"{name} must be between {low:g} and {high:g}, got {value}")
+
+
+def _max_tokens(req: _Sampling | GenerateRequest, minimum: int) -> int | None:
+    """The output limit, from max_completion_tokens (OpenAI's current name) or max_tokens."""
+    field, value = "max_tokens", req.max_tokens
+    if isinstance(req, _Sampling) and req.max_completion_tokens is not None:
+        if req.max_tokens is not None and req.max_tokens != req.max_completion_tokens:
+            raise InvalidArgument("max_tokens and max_completion_tokens disagree; send one of them")
+        field, value = "max_completion_tokens", req.max_completion_tokens
+    if value is not None and value < minimum:
+        raise InvalidArgument(f"{field} must be >= {minimum}, got {value}")
+    return value
+
+
+def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> GenerateParams:
+    params = GenerateParams(max_tokens=_max_tokens(req, min_tokens))
     if isinstance(req, _Sampling):
         if req.n != 1:
             raise InvalidArgument("n: only n=1 is supported")
-        max_tokens = req.max_completion_tokens or req.max_tokens
+        if req.stream_options is not None and not req.stream:
+            raise InvalidArgument("stream_options: only allowed when stream is true")
         if req.min_p is not None:
+            _in_range("min_p", req.min_p, 0.0, 1.0)
             params.min_p = req.min_p
         if req.repeat_penalty is not None:
+            if not req.repeat_penalty > 0:
+                raise InvalidArgument(f"repeat_penalty must be > 0, got {req.repeat_penalty}")
             params.repeat_penalty = req.repeat_penalty
-    if max_tokens is not None:
-        if max_tokens < 1:
-            raise InvalidArgument(f"max_tokens must be >= 1, got {max_tokens}")
-        params.max_tokens = max_tokens
+        if req.presence_penalty is not None:
+            _in_range("presence_penalty", req.presence_penalty, -2.0, 2.0)
+            params.presence_penalty = req.presence_penalty
+        if req.frequency_penalty is not None:
+            _in_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0)
+            params.frequency_penalty = req.frequency_penalty
+        if req.logit_bias:
+            params.logit_bias = _logit_bias(req.logit_bias)
     if req.temperature is not None:
-        if req.temperature < 0:
-            raise InvalidArgument(f"temperature must be >= 0, got {req.temperature}")
+        _in_range("temperature", req.temperature, 0.0, 2.0)
         params.temperature = req.temperature
         params.greedy = req.temperature == 0
     if req.top_p is not None:
+        _in_range("top_p", req.top_p, 0.0, 1.0)
         params.top_p = req.top_p
     if req.top_k is not None:
+        if req.top_k < 0:
+            raise InvalidArgument(f"top_k must be >= 0, got {req.top_k}")
         params.top_k = req.top_k
     if req.seed is not None:
         params.seed = req.seed
     if req.stop is not None:
         params.stop = [req.stop] if isinstance(req.stop, str) else list(req.stop)
     return params
+
+
+def _logit_bias(biases: dict[str, float]) -> dict[int, float]:
+    out = {}
+    for key, bias in biases.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise InvalidArgument(f"logit_bias: key {key!r} is not a token id") from None
+        _in_range(f"logit_bias[{key}]", bias, -100.0, 100.0)
+        out[token] = bias
+    return out
 
 
 def _generation_model(request: web.Request, name: str) -> LoadedVersion:
@@ -180,25 +244,34 @@ async def _send(response: web.StreamResponse, payload: object) -> None:
     await response.write(b"data: " + _json.encode(payload) + b"\n\n")
 
 
-def _usage(chunk: GenerateChunk) -> dict[str, int]:
+def _usage(chunk: GenerateChunk) -> dict[str, Any]:
     return {
         "prompt_tokens": chunk.prompt_tokens,
         "completion_tokens": chunk.completion_tokens,
         "total_tokens": chunk.prompt_tokens + chunk.completion_tokens,
+        # OpenAI's and llama-server's field for prompt tokens served from the cache.
+        "prompt_tokens_details": {"cached_tokens": chunk.cached_tokens},
     }
 
 
 # ---------------------------------------------------------------------------- /v1/models
 
 
+def _model_card(model: LoadedVersion) -> dict[str, Any]:
+    return {"id": model.name, "object": "model", "created": 0, "owned_by": f"edged/{model.backend}"}
+
+
 async def list_models(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
-    data = [
-        {"id": m.name, "object": "model", "created": 0, "owned_by": f"edged/{m.backend}"}
-        for m in daemon.registry.loaded()
-    ]
+    data = [_model_card(m) for m in daemon.registry.loaded()]
     unique = list({d["id"]: d for d in data}.values())
     return web.Response(body=_json.encode({"object": "list", "data": unique}), content_type="application/json")
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    """GET /v1/models/{id}: the served version's card; 404 (unknown model) otherwise."""
+    model = daemon_of(request).registry.get(request.match_info["model"])
+    return web.Response(body=_json.encode(_model_card(model)), content_type="application/json")
 
 
 # ---------------------------------------------------------------------------- completions
@@ -212,6 +285,7 @@ async def _stream_or_collect(
     include_usage: bool,
     make_chunk: Any,
     make_final: Any,
+    echo: str = "",
 ) -> web.StreamResponse:
     async with contextlib.aclosing(chunks):
         first = await _first(chunks)
@@ -224,6 +298,9 @@ async def _stream_or_collect(
             return web.Response(body=_json.encode(make_final(text, last)), content_type="application/json")
         response = await _sse(request)
         last = GenerateChunk(text="")
+        if echo:
+            # The echoed prompt streams first, as its own chunk (OpenAI and llama-server).
+            await _send(response, make_chunk(GenerateChunk(text=echo)))
         pending = [first] if first is not None else []
         async def all_chunks() -> AsyncIterator[GenerateChunk]:
             for c in pending:
@@ -255,7 +332,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
         prompt = str(req.prompt[0])
     else:
         raise InvalidArgument("prompt: one string, a one-element list of strings, or token ids")
-    params = _params(req)
+    if req.echo and not isinstance(prompt, str):
+        raise InvalidArgument("echo: only supported with a text prompt, not token ids")
+    # Completions accept max_tokens 0 (OpenAI's legacy API: with echo, the prompt alone).
+    params = _params(req, min_tokens=0)
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
     def make_chunk(chunk: GenerateChunk, usage_only: bool = False) -> dict[str, Any]:
@@ -277,16 +357,56 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _stream_or_collect(
         request, daemon_of(request).registry.generate(model, prompt, params), stream=req.stream,
         include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
+        echo=prompt if req.echo and isinstance(prompt, str) else "",
     )
 
 
-def _message_text(message: ChatMessage) -> str:
+# Roles a chat template can take; "developer" is OpenAI's newer name for "system".
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def _chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    out = []
+    for index, message in enumerate(messages):
+        role = _ROLES.get(message.role)
+        if role is None:
+            hint = " (tools are not supported)" if message.role in ("tool", "function") else ""
+            raise InvalidArgument(
+                f"messages[{index}].role: {message.role!r} is not one of system, developer, user, "
+                f"assistant{hint}"
+            )
+        if message.content is None and role != "assistant":
+            raise InvalidArgument(f"messages[{index}].content: required for role {message.role!r}")
+        entry = {"role": role, "content": _message_text(message, index)}
+        if message.name is not None:
+            entry["name"] = message.name
+        out.append(entry)
+    return out
+
+
+def _json_schema(fmt: ResponseFormat | None) -> str:
+    """The JSON schema (text) response_format asks for; "" for free text."""
+    if fmt is None or fmt.type == "text":
+        if fmt is not None and fmt.json_schema is not None:
+            raise InvalidArgument("response_format.json_schema: only with type 'json_schema'")
+        return ""
+    if fmt.type == "json_object":
+        if fmt.json_schema is not None:
+            raise InvalidArgument("response_format.json_schema: only with type 'json_schema'")
+        return '{"type": "object"}'
+    if fmt.json_schema is None:
+        raise InvalidArgument("response_format.json_schema: required with type 'json_schema'")
+    # No schema: any JSON value's object form, as OpenAI's json_object.
+    return json.dumps(fmt.json_schema.schema if fmt.json_schema.schema is not None else {"type": "object"})
+
+
+def _message_text(message: ChatMessage, index: int) -> str:
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
     texts = []
     for i, part in enumerate(message.content):
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise InvalidArgument(f"messages content[{i}]: only parts of type 'text' are supported")
+        if part.get("type") != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+            raise InvalidArgument(f"messages[{index}].content[{i}]: only parts of type 'text' are supported")
         texts.append(part["text"])
     return "".join(texts)
 
@@ -296,10 +416,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if not req.messages:
         raise InvalidArgument("messages: at least one message is required")
     model = _generation_model(request, req.model)
-    messages = [{"role": m.role, "content": _message_text(m)} for m in req.messages]
+    messages = _chat_messages(req.messages)
+    params = _params(req)
+    params.json_schema = _json_schema(req.response_format)
     assert model.generator is not None
     prompt = model.generator.chat_prompt(messages)
-    params = _params(req)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     first_delta = [True]
 
@@ -332,6 +453,22 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
 
 
+def _shorten(vectors: list[list[float]], dimensions: int) -> list[list[float]]:
+    """OpenAI's `dimensions`: the first `dimensions` components, L2-normalised again.
+
+    This is how Matryoshka-trained models (OpenAI's text-embedding-3, nomic-embed, ...) are
+    shortened; more dimensions than the model has is a 400.
+    """
+    size = len(vectors[0]) if vectors else 0
+    if dimensions > size:
+        raise InvalidArgument(f"dimensions: the model's embeddings have {size} dimensions, got {dimensions}")
+    if dimensions == size:
+        return vectors
+    cut = np.asarray(vectors, dtype=np.float64)[:, :dimensions]
+    norms = np.linalg.norm(cut, axis=1, keepdims=True)
+    return (cut / np.where(norms > 0, norms, 1.0)).tolist()
+
+
 def _encode_vector(vector: list[float], encoding: str) -> list[float] | str:
     if encoding == "base64":
         return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
@@ -344,7 +481,11 @@ async def embeddings(request: web.Request) -> web.Response:
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts:
         raise InvalidArgument("input: at least one string is required")
+    if req.dimensions is not None and req.dimensions < 1:
+        raise InvalidArgument(f"dimensions must be >= 1, got {req.dimensions}")
     vectors, tokens = await daemon_of(request).registry.embed(model, texts)
+    if req.dimensions is not None:
+        vectors = _shorten(vectors, req.dimensions)
     payload = {
         "object": "list",
         "model": model.name,
@@ -363,6 +504,10 @@ async def embeddings(request: web.Request) -> web.Response:
 async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
     name = request.match_info["model"]
     req: GenerateRequest = _decode(await request.read(), GenerateRequest)
+    if req.parameters:
+        raise InvalidArgument(
+            f"parameters: {sorted(req.parameters)} not supported; sampling fields go at the top level"
+        )
     model = _generation_model(request, name)
     params = _params(req)
     version = str(model.version)
@@ -394,6 +539,7 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
 def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/v1/models", list_models)
+    r.add_get("/v1/models/{model}", retrieve_model)
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/chat/completions", chat_completions)
     r.add_post("/v1/embeddings", embeddings)

@@ -126,8 +126,39 @@ def test_embeddings(client: openai.OpenAI) -> None:
 
 
 def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
+    user = [{"role": "user", "content": "x"}]
     with pytest.raises(openai.BadRequestError, match="n: only n=1"):
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=2)
+        client.chat.completions.create(model="tiny", messages=user, n=2)
+    for field, value, pattern in [
+        ("temperature", 2.5, "temperature must be between 0 and 2"),
+        ("temperature", -0.1, "temperature must be between 0 and 2"),
+        ("top_p", 1.5, "top_p must be between 0 and 1"),
+        ("presence_penalty", 2.5, "presence_penalty must be between -2 and 2"),
+        ("frequency_penalty", -3, "frequency_penalty must be between -2 and 2"),
+        ("logit_bias", {"5": 101}, r"logit_bias\[5\] must be between -100 and 100"),
+        ("logit_bias", {"hello": 1}, "logit_bias: key 'hello' is not a token id"),
+        ("logit_bias", {"99999": 1}, "logit_bias: token id 99999 is out of range"),
+        ("max_completion_tokens", 0, "max_completion_tokens must be >= 1, got 0"),
+        ("max_tokens", 0, "max_tokens must be >= 1, got 0"),
+        ("stream_options", {"include_usage": True}, "stream_options: only allowed when stream is true"),
+        ("tools", [], "tools"),
+        ("logprobs", True, "logprobs"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=pattern):
+            client.chat.completions.create(model="tiny", messages=user, extra_body={field: value})
+    for messages, pattern in [
+        ([{"role": "tool", "content": "x", "tool_call_id": "1"}], "tool_call_id"),
+        ([{"role": "tool", "content": "x"}], r"messages\[0\]\.role: 'tool' is not one of .* \(tools are not supported\)"),
+        ([{"role": "robot", "content": "x"}], r"messages\[0\]\.role: 'robot'"),
+        ([{"role": "user", "content": None}], r"messages\[0\]\.content: required"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], r"messages\[0\]\.content\[0\]"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=pattern):
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=1)
+    with pytest.raises(openai.BadRequestError, match="echo: only supported with a text prompt"):
+        client.completions.create(model="tiny", prompt=[1, 300], echo=True, max_tokens=1)
+    with pytest.raises(openai.BadRequestError, match="suffix"):
+        client.completions.create(model="tiny", prompt="x", suffix="y", max_tokens=1)
     with pytest.raises(openai.BadRequestError, match="context"):
         client.completions.create(model="tiny", prompt="word " * 3000, max_tokens=4)
     with pytest.raises(openai.NotFoundError, match="unknown model"):
@@ -188,3 +219,118 @@ def test_generation_requests_show_in_statistics(daemon, client: openai.OpenAI) -
     assert after["inference_stats"]["success"]["count"] == before + 1
     metrics = daemon.request("GET", "/metrics").body.decode()
     assert 'nv_inference_request_success{model="tiny",version="1"}' in metrics
+
+
+def test_retrieve_model(client: openai.OpenAI) -> None:
+    card = client.models.retrieve("tiny")
+    assert card.id == "tiny" and card.owned_by == "edged/llamacpp"
+    with pytest.raises(openai.NotFoundError, match="unknown model"):
+        client.models.retrieve("nope")
+
+
+def test_default_max_tokens_is_the_rest_of_the_context(client: openai.OpenAI) -> None:
+    # 1024 cells over 4 slots: 256 per sequence, so generation ends there, not at 128.
+    result = client.completions.create(model="tiny", prompt="Tell me everything", temperature=0)
+    assert result.choices[0].finish_reason == "length"
+    assert result.usage is not None
+    assert result.usage.prompt_tokens + result.usage.completion_tokens == 256 + 1
+
+
+def test_max_completion_tokens_and_zero_tokens(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Count"}]
+    limited = client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=3, temperature=0)
+    assert limited.usage is not None and limited.usage.completion_tokens == 3
+    # Completions with max_tokens 0 and echo: the prompt alone, streamed or not.
+    echoed = client.completions.create(model="tiny", prompt="Score this", max_tokens=0, echo=True)
+    assert echoed.choices[0].text == "Score this" and echoed.choices[0].finish_reason == "length"
+    assert echoed.usage is not None and echoed.usage.completion_tokens == 0 and echoed.usage.prompt_tokens > 0
+
+
+def test_echo_streams_the_prompt_first(client: openai.OpenAI) -> None:
+    full = client.completions.create(model="tiny", prompt="Echo me", echo=True, **GREEDY)
+    chunks = [c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt="Echo me", echo=True, stream=True, **GREEDY) if c.choices]
+    assert chunks[0] == "Echo me"
+    assert "".join(chunks) == full.choices[0].text
+    assert full.choices[0].text.startswith("Echo me") and len(full.choices[0].text) > len("Echo me")
+
+
+def test_sampling_parameters_have_their_effect(client: openai.OpenAI) -> None:
+    prompt = "Parameters matter"
+    base = client.completions.create(model="tiny", prompt=prompt, **GREEDY).choices[0].text
+    forced = client.completions.create(model="tiny", prompt=prompt, logit_bias={"300": 100}, **GREEDY)
+    # Token 300 is a single printable character of the tiny vocabulary.
+    text = forced.choices[0].text
+    assert len(set(text)) == 1 and len(text) == 12 and text != base
+    # The bias makes token 300 win every step by a wide margin; a frequency penalty grows
+    # with each repeat until other tokens win, a presence penalty does not grow.
+    long = {"temperature": 0.0, "max_tokens": 120, "logit_bias": {"300": 100}}
+    repeated = client.completions.create(model="tiny", prompt=prompt, **long).choices[0].text
+    assert len(set(repeated)) == 1 and len(repeated) == 120
+    present = client.completions.create(model="tiny", prompt=prompt, presence_penalty=2, **long).choices[0].text
+    assert present == repeated
+    frequent = client.completions.create(model="tiny", prompt=prompt, frequency_penalty=2, **long).choices[0].text
+    assert len(set(frequent)) > 1 and frequent[0] == repeated[0]
+
+
+def test_prompt_cache_shows_in_usage_and_engine_stats(daemon, client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "A long enough question about caching " * 4}]
+    first = client.chat.completions.create(model="tiny", messages=messages, **GREEDY)
+    again = client.chat.completions.create(model="tiny", messages=messages, **GREEDY)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    turn2 = messages + [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "and then?"},
+    ]
+    second = client.chat.completions.create(model="tiny", messages=turn2, **GREEDY)
+    assert second.usage is not None and second.usage.prompt_tokens_details is not None
+    assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens
+    engine = daemon.request("GET", "/v2/models/tiny").json()["engine"]
+    assert engine["prompt_tokens_cached"] > 0 and engine["kv_cells_used"] > 0
+    assert engine["chat_template"] == "gguf (jinja)"
+
+
+def test_json_schema_response_format(client: openai.OpenAI) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "mood": {"enum": ["happy", "sad"]}},
+        "required": ["ok", "mood"],
+        "additionalProperties": False,
+    }
+    for seed in (1, 2, 3):
+        result = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Answer in JSON"}], seed=seed,
+            temperature=1.0, max_tokens=60,
+            response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}},
+        )
+        value = json.loads(result.choices[0].message.content or "")
+        assert isinstance(value["ok"], bool) and value["mood"] in ("happy", "sad") and set(value) == {"ok", "mood"}
+        assert result.choices[0].finish_reason == "stop"
+    # json_object: any JSON object ("}" pushed up so the random model closes it quickly).
+    close = str(259 + 1 + ord("}") - 0x21)
+    obj = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "JSON please"}], temperature=0, max_tokens=40,
+        response_format={"type": "json_object"}, logit_bias={close: 50},
+    )
+    assert isinstance(json.loads(obj.choices[0].message.content or ""), dict)
+    bad = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}
+    with pytest.raises(openai.BadRequestError, match=r"json_schema\.properties\.age: keyword 'minimum' is not supported"):
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": bad}},
+        )
+
+
+def test_embedding_dimensions(client: openai.OpenAI) -> None:
+    import math
+
+    full = client.embeddings.create(model="embedder", input="shorten me").data[0].embedding
+    short = client.embeddings.create(model="embedder", input="shorten me", dimensions=16).data[0].embedding
+    assert len(short) == 16
+    assert math.isclose(sum(v * v for v in short), 1.0, rel_tol=1e-6)
+    scale = math.sqrt(sum(v * v for v in full[:16]))
+    assert all(math.isclose(a, b / scale, rel_tol=1e-5, abs_tol=1e-7) for a, b in zip(short, full[:16], strict=True))
+    with pytest.raises(openai.BadRequestError, match="dimensions: the model's embeddings have 64 dimensions, got 65"):
+        client.embeddings.create(model="embedder", input="x", dimensions=65)
