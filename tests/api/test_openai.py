@@ -280,7 +280,8 @@ def test_prompt_cache_shows_in_usage_and_engine_stats(daemon, client: openai.Ope
     assert again.choices[0].message.content == first.choices[0].message.content
     assert again.usage is not None and again.usage.prompt_tokens_details is not None
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
-    turn2 = messages + [
+    turn2 = [
+        *messages,
         {"role": "assistant", "content": first.choices[0].message.content},
         {"role": "user", "content": "and then?"},
     ]

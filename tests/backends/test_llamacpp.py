@@ -406,7 +406,7 @@ async def test_chat_prompt_uses_the_gguf_template(load: Loader, model_path: Path
         zephyr.chat_prompt([messages[0], {"role": "user", "content": "hi", "name": "bob"}])
     with pytest.raises(ConfigError, match="chat_template does not render as Jinja"):
         await load(model_path, chat_template="{{ made up }}")
-    with pytest.raises(ConfigError, match="neither Jinja nor a template llama.cpp knows"):
+    with pytest.raises(ConfigError, match=r"neither Jinja nor a template llama\.cpp knows"):
         await load(model_path, chat_template="made up")
 
 
@@ -515,12 +515,12 @@ async def test_next_turn_reuses_the_conversation_and_matches_cold(load: Loader, 
     turn2 = await collect(backend.generate(second, GREEDY))
     # The prompt, and what was generated for it, came from the cache.
     assert turn2.last.cached_tokens == len(first) + len(turn1.ids) - 1
-    back = await collect(backend.generate(other + [360], GREEDY))
+    back = await collect(backend.generate([*other, 360], GREEDY))
     assert back.last.cached_tokens == len(other)
     # Same greedy tokens as a cold engine computing everything from scratch.
     cold = await load(model_path, n_parallel="1")
     assert (await collect(cold.generate(second, GREEDY))).ids == turn2.ids
-    assert (await collect(cold.generate(other + [360], GREEDY))).ids == back.ids
+    assert (await collect(cold.generate([*other, 360], GREEDY))).ids == back.ids
 
 
 async def test_unrelated_prompt_takes_the_least_recently_used_slot(load: Loader, model_path: Path) -> None:
@@ -595,5 +595,5 @@ async def test_grammar_constrains_the_output(load: Loader, model_path: Path) -> 
         result = await collect(backend.generate(PROMPTS[seed], params))
         assert result.text in ("yes", "no")
         assert result.last.finish_reason == "stop"  # the grammar leaves only end-of-text
-    with pytest.raises(InvalidArgument, match="grammar: llama.cpp could not parse it"):
+    with pytest.raises(InvalidArgument, match=r"grammar: llama\.cpp could not parse it"):
         await collect(backend.generate(PROMPTS[0], GenerateParams(grammar="root ::= (")))
