@@ -11,6 +11,8 @@ needs:
 
     probe()            classmethod: can this backend run here? (runtime importable, device)
     autocomplete(...)  classmethod: fill inputs/outputs the config omitted, from the artifact
+    fit(request)       classmethod, optional: checks that need code (e.g. a TensorRT engine built
+                       for this GPU); what selection needs besides that is in the manifest
     load(config, artifact, device)
     execute(batch)     a batch of requests in, one InferResponse or EdgedError per request out
     unload()
@@ -37,8 +39,54 @@ from typing import Any, ClassVar, Literal, TypeVar
 import msgspec
 import numpy as np
 
-from daemon.errors import EdgedError, InvalidArgument, Unsupported
-from daemon.model_config import ModelConfig
+# Re-exported: a plugin imports this module and nothing else of the daemon's.
+from daemon.core.hardware import Hardware, HardwareInfo, NvidiaGpu
+from daemon.errors import (
+    BackendError,
+    ConfigError,
+    EdgedError,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    Unsupported,
+)
+from daemon.model_config import ModelConfig, TensorConfig
+
+__all__ = [
+    "API_VERSION",
+    "NUMPY_DTYPES",
+    "Backend",
+    "BackendError",
+    "Capabilities",
+    "ConfigError",
+    "Device",
+    "EdgedError",
+    "ExecuteResult",
+    "Fit",
+    "FitRequest",
+    "GenerateChunk",
+    "GenerateParams",
+    "GenerationBackend",
+    "Hardware",
+    "HardwareInfo",
+    "InferRequest",
+    "InferResponse",
+    "InstanceContext",
+    "InvalidArgument",
+    "ModelConfig",
+    "NotFound",
+    "NvidiaGpu",
+    "Probe",
+    "TensorBackend",
+    "TensorConfig",
+    "Unavailable",
+    "Unsupported",
+    "backend_failure",
+    "datatype_of",
+    "merge_batch",
+    "select_outputs",
+    "split_batch",
+]
 
 API_VERSION = 1
 
@@ -110,13 +158,69 @@ ExecuteResult = InferResponse | EdgedError
 
 
 class Capabilities(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """What a backend class can do; the loader checks a model's config against it.
+
+    Where it runs (devices), how it ranks and how many instances it gets by default are
+    selection facts and live in the plugin's manifest, which is read without importing code.
+    """
+
+    # "tensor": fed by a scheduler through execute(); "generation": its own engine loop.
     kind: Literal["tensor", "generation"] = "tensor"
-    # Can one execute() take requests merged along dim 0?
+    # Can one execute() take requests merged along dim 0? (False: the scheduler sends one
+    # request per execute call, whatever the config's dynamic_batching says.)
     dynamic_batching: bool = True
-    # Can one request produce zero or many responses (streaming)?
+    # Can one request produce zero or many responses? A config with
+    # model_transaction_policy.decoupled on a backend without it does not load.
     decoupled: bool = False
+    # Tensor datatypes the backend accepts; a config naming another one does not load.
     datatypes: frozenset[str] = frozenset(NUMPY_DTYPES)
-    devices: tuple[str, ...] = ("CPU",)
+
+
+DeviceKind = Literal["auto", "cpu", "gpu:nvidia", "gpu:intel", "npu"]
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """Where selection wants an instance to run.
+
+    `auto` leaves the choice to the backend (its config parameters, its runtime's own
+    default); the other kinds are the manifest's device kinds, `index` the device's number
+    among those of its kind (the NVML index for NVIDIA GPUs).
+    """
+
+    kind: DeviceKind = "auto"
+    index: int = 0
+
+    def __str__(self) -> str:
+        return self.kind if self.kind in ("auto", "cpu") else f"{self.kind}:{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class FitRequest:
+    """What a plugin's `fit` hook is asked: may this artifact run here, and where?"""
+
+    config: ModelConfig
+    artifact: Path
+    # Facts are probed when first read (NVML, OpenVINO): read only what the check needs.
+    hardware: Hardware
+    # The device selection would use from the manifest alone.
+    device: Device
+    # The model named this backend (config.backend, backend_preference or platform): a
+    # plugin may relax rules it applies in automatic mode.
+    requested: bool = False
+    # NVIDIA GPUs the model may use (its instance groups allow them), for plugins whose
+    # manifest lists gpu:nvidia; empty otherwise.
+    gpus: Sequence[NvidiaGpu] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """A fit hook's answer: `problem` empty = it fits; `reason` says why, for metadata."""
+
+    problem: str = ""
+    reason: str = ""
+    # None: keep the device selection proposed.
+    device: Device | None = None
 
 
 class Probe(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -166,8 +270,21 @@ class Backend:
 
     @classmethod
     def autocomplete(cls, config: ModelConfig, artifact: Path) -> ModelConfig:
-        """Return `config` with what the artifact tells filled in (inputs, outputs, batch)."""
+        """Return `config` with what the artifact tells filled in (inputs, outputs, batch).
+
+        Called on a worker thread before the instances load; may read the artifact."""
         return config
+
+    @classmethod
+    def fit(cls, request: FitRequest) -> Fit:
+        """Can `request.artifact` run here? Called on a worker thread during selection, after
+        the manifest's artifact and device rules passed. Default: it fits as proposed."""
+        return Fit()
+
+    def describe(self) -> dict[str, str]:
+        """Effective runtime settings of this loaded instance (e.g. the inference precision
+        the runtime compiled), shown in model metadata. Default: nothing to report."""
+        return {}
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -175,10 +292,10 @@ class Backend:
             fn = functools.partial(fn, **kwargs)
         return await loop.run_in_executor(self._executor, fn, *args)
 
-    async def load(self, config: ModelConfig, artifact: Path, device: str) -> None:
+    async def load(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         await self.run_blocking(self.load_sync, config, artifact, device)
 
-    def load_sync(self, config: ModelConfig, artifact: Path, device: str) -> None:
+    def load_sync(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         raise NotImplementedError(f"backend {self.name!r} implements neither load nor load_sync")
 
     async def execute(self, batch: Sequence[InferRequest]) -> list[ExecuteResult]:
@@ -201,7 +318,7 @@ class TensorBackend(Backend):
 
     config: ModelConfig
 
-    async def load(self, config: ModelConfig, artifact: Path, device: str) -> None:
+    async def load(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         self.config = config
         await self.run_blocking(self.load_sync, config, artifact, device)
 
@@ -307,8 +424,6 @@ class GenerationBackend(Backend):
 
 
 def backend_failure(backend: str, model: str, exc: BaseException) -> EdgedError:
-    from daemon.errors import BackendError
-
     return BackendError(f"backend {backend!r} failed to execute model {model!r}: {exc}")
 
 

@@ -85,8 +85,8 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
 
 
 def _cmd_backends(args: argparse.Namespace) -> int:
-    from daemon.api.app import shipped_backends_dir
     from daemon.core.plugins import PluginRegistry
+    from daemon.service import shipped_backends_dir
 
     dirs = [Path(d) for d in args.backend_directory or []] or [shipped_backends_dir()]
     registry = PluginRegistry(dirs)
@@ -97,7 +97,9 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, with_updates: bool = True) -> argparse.ArgumentParser:
+    """`with_updates=False` leaves out the bundle/update commands, whose module imports
+    `cryptography`: `edged serve` starts without it."""
     parser = argparse.ArgumentParser(prog="edged", description="Edge inference daemon")
     parser.add_argument("--version", action="version", version=f"edged {__version__}")
     sub = parser.add_subparsers(dest="command")
@@ -109,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     backends = sub.add_parser("backends", help="list backend plugins and whether they can run here")
     backends.add_argument("--backend-directory", action="append", metavar="DIR")
     backends.set_defaults(handler=_cmd_backends)
+    if not with_updates:
+        return parser
     try:
         from daemon.updates.cli import add_commands
     except ImportError:  # updates need `cryptography`; the daemon serves without them
@@ -120,10 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
     known = {"serve", "hardware", "backends", "bundle", "update", "-h", "--help", "--version"}
     if not argv or argv[0] not in known:
         argv = ["serve", *argv]  # `edged --http :8000` means `edged serve --http :8000`
+    parser = build_parser(with_updates=argv[0] not in ("serve", "hardware", "backends"))
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))

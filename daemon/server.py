@@ -16,10 +16,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from daemon.api.app import create_app, rescan_all
-from daemon.api.state import DAEMON
+from daemon.api.app import create_app
 from daemon.config import DaemonConfig, parse_host_port, socket_path
 from daemon.ops.systemd import Notifier, listen_fds, watchdog_interval, watchdog_loop
+from daemon.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ async def _start_unix_site(runner: web.AppRunner, path: Path, mode: int) -> web.
 
 async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> None:
     notifier = Notifier()
-    app = create_app(config)
-    daemon = app[DAEMON]
+    service = Service.build(config)
+    app = create_app(service)
     runner = web.AppRunner(
         app,
         handler_cancellation=True,  # a client that goes away cancels its generation
@@ -79,9 +79,9 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
             notifier.reloading()
             log.info("SIGHUP: rescanning plugins and model repository")
             try:
-                await rescan_all(daemon)
+                await service.reload()
             finally:
-                notifier.ready(_status(daemon))
+                notifier.ready(service.status())
 
     reload_tasks: set[asyncio.Task[None]] = set()
 
@@ -97,14 +97,14 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
     interval = watchdog_interval()
     if interval:
         watchdog = asyncio.create_task(watchdog_loop(notifier, interval))
-    notifier.ready(_status(daemon))
-    log.info("ready: %s", _status(daemon))
+    notifier.ready(service.status())
+    log.info("ready: %s", service.status())
     try:
         await stop.wait()
     finally:
         notifier.stopping()
         log.info("shutting down: draining in-flight requests (up to %.0fs)", config.server.shutdown_timeout)
-        daemon.accepting = False
+        service.accepting = False
         if watchdog is not None:
             watchdog.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -115,11 +115,3 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
                 uds.unlink()
         log.info("stopped")
 
-
-def _status(daemon: object) -> str:
-    from daemon.api.state import Daemon
-
-    assert isinstance(daemon, Daemon)
-    ready = sum(1 for e in daemon.registry.index() if e.state == "READY")
-    total = len(daemon.registry.names())
-    return f"{ready}/{total} models ready"

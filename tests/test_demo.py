@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from daemon import demo
-from daemon.core.model_files import read_model_config
+from daemon.core.layout import read_model_config
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

@@ -32,6 +32,7 @@ import msgspec
 
 from daemon.backend import (
     Capabilities,
+    Device,
     GenerateChunk,
     GenerateParams,
     GenerationBackend,
@@ -80,7 +81,6 @@ class LlamaCppBackend(GenerationBackend):
         dynamic_batching=False,
         decoupled=True,
         datatypes=frozenset({"BYTES"}),
-        devices=("CPU", "GPU"),
     )
 
     def __init__(self, context: InstanceContext) -> None:
@@ -104,12 +104,11 @@ class LlamaCppBackend(GenerationBackend):
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def load(self, config: ModelConfig, artifact: Path, device: str) -> None:
+    async def load(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         options = parse_options(config)
-        # The daemon's selection says "GPU:<index>" (NVML order) or "CPU".
-        on_gpu = device.upper().startswith("GPU")
-        index = device.partition(":")[2]
-        main_gpu = int(index) if on_gpu and index.isdigit() else 0
+        # Selection gives an NVIDIA GPU (NVML index) when one is usable, else the CPU.
+        on_gpu = device.kind == "gpu:nvidia"
+        main_gpu = device.index if on_gpu else 0
         settings = EngineSettings(
             model_name=self.context.model_name or config.name,
             model_path=artifact,

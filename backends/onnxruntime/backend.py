@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 import onnxruntime as ort
 
-from daemon.backend import NUMPY_DTYPES, Capabilities, InstanceContext, Probe, TensorBackend
+from daemon.backend import NUMPY_DTYPES, Capabilities, Device, InstanceContext, Probe, TensorBackend
 from daemon.errors import BackendError, ConfigError, InvalidArgument, Unsupported
 from daemon.model_config import ModelConfig, TensorConfig
 
@@ -66,7 +66,7 @@ class _Port(msgspec.Struct, frozen=True):
 class OnnxRuntimeBackend(TensorBackend):
     name: ClassVar[str] = "onnxruntime"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        devices=("CPU", "GPU"), datatypes=frozenset(KSERVE_TYPES.values())
+        datatypes=frozenset(KSERVE_TYPES.values())
     )
 
     def __init__(self, context: InstanceContext) -> None:
@@ -117,8 +117,9 @@ class OnnxRuntimeBackend(TensorBackend):
 
     # ------------------------------------------------------------------ lifecycle
 
-    def load_sync(self, config: ModelConfig, artifact: Path, device: str) -> None:
+    def load_sync(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         model_name = config.name or self.context.model_name
+        device_name = f"GPU.{device.index}" if device.kind == "gpu:nvidia" else ""
         path = _artifact_file(artifact, config)
         options = ort.SessionOptions()
         # 0 lets ONNX Runtime choose, as in Triton.
@@ -129,10 +130,10 @@ class OnnxRuntimeBackend(TensorBackend):
         # Parallel execution only helps graphs with independent branches and needs the inter-op
         # pool; the instance count already parallelizes requests.
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        providers = _providers(device, config, model_name)
+        providers = _providers(device_name, config, model_name)
         session = _open_session(path, model_name, options, providers)
         if (
-            device.upper().startswith(("GPU", "CUDA"))
+            device_name.upper().startswith(("GPU", "CUDA"))
             and CUDA_PROVIDER not in session.get_providers()
         ):
             # ORT silently falls back to the CPU when the CUDA EP fails to initialize (no driver,

@@ -17,7 +17,7 @@ import msgspec
 import numpy as np
 import openvino as ov
 
-from daemon.backend import NUMPY_DTYPES, Capabilities, InstanceContext, Probe, TensorBackend
+from daemon.backend import NUMPY_DTYPES, Capabilities, Device, InstanceContext, Probe, TensorBackend
 from daemon.errors import BackendError, ConfigError, InvalidArgument, Unsupported
 from daemon.model_config import ModelConfig, TensorConfig
 
@@ -65,7 +65,7 @@ class _Port(msgspec.Struct, frozen=True):
 class OpenVinoBackend(TensorBackend):
     name: ClassVar[str] = "openvino"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        devices=("CPU", "GPU", "NPU"), datatypes=frozenset(KSERVE_TYPES.values())
+        datatypes=frozenset(KSERVE_TYPES.values())
     )
 
     def __init__(self, context: InstanceContext) -> None:
@@ -112,7 +112,7 @@ class OpenVinoBackend(TensorBackend):
 
     # ------------------------------------------------------------------ lifecycle
 
-    def load_sync(self, config: ModelConfig, artifact: Path, device: str) -> None:
+    def load_sync(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         model_name = config.name or self.context.model_name
         path = _artifact_file(artifact, config)
         hint = config.parameters.get("performance_hint", "LATENCY").upper()
@@ -127,7 +127,7 @@ class OpenVinoBackend(TensorBackend):
         streams = config.int_parameter("num_streams", 1, minimum=1)
 
         core = ov.Core()
-        self.device = _choose_device(device, config, core.available_devices)
+        self.device = _choose_device(_openvino_device(device), config, core.available_devices)
         if self.context.state_dir is not None:
             # Compiled blobs are cached per model: a reload (or the next start) imports the blob
             # instead of recompiling, which matters most on GPU/NPU.
@@ -230,6 +230,14 @@ def _read_model(core: ov.Core, path: Path, model_name: str, device: str) -> ov.M
         return core.read_model(str(path))
     except Exception as exc:
         raise BackendError(f"openvino: cannot read model {model_name!r} from {path}{where}: {exc}") from exc
+
+
+def _openvino_device(device: Device) -> str:
+    """OpenVINO's name for the device selection chose ("" = let the config or AUTO decide)."""
+    names = {"auto": "", "cpu": "CPU", "gpu:intel": f"GPU.{device.index}", "npu": "NPU"}
+    if device.kind not in names:
+        raise ConfigError(f"openvino cannot run on {device}")
+    return names[device.kind]
 
 
 def _choose_device(requested: str, config: ModelConfig, available: list[str]) -> str:

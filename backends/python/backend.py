@@ -32,6 +32,7 @@ import numpy as np
 from daemon.backend import (
     Backend,
     Capabilities,
+    Device,
     ExecuteResult,
     InferRequest,
     InferResponse,
@@ -71,7 +72,7 @@ class PythonBackend(Backend):
     name: ClassVar[str] = "python"
     # dynamic_batching: the scheduler may hand several requests to one execute(); they reach the
     # user's code as a list (Triton's contract), never merged along dim 0.
-    capabilities: ClassVar[Capabilities] = Capabilities(dynamic_batching=True, devices=("CPU",))
+    capabilities: ClassVar[Capabilities] = Capabilities(dynamic_batching=True)
 
     def __init__(self, context: InstanceContext) -> None:
         super().__init__(context)
@@ -90,7 +91,7 @@ class PythonBackend(Backend):
 
     # ------------------------------------------------------------------ lifecycle
 
-    def load_sync(self, config: ModelConfig, artifact: Path, device: str) -> None:
+    def load_sync(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         model_name = self._model_name = config.name or self.context.model_name
         path = _artifact_file(artifact, config, model_name)
         where = f"python: model {model_name!r} ({path})"
@@ -106,7 +107,7 @@ class PythonBackend(Backend):
             model = model_class()
             initialize = getattr(model, "initialize", None)
             if callable(initialize):
-                initialize(triton_args(config, self.context, path, device))
+                initialize(triton_args(config, self.context, path, str(device)))
         except (Exception, SystemExit) as exc:
             sys.modules.pop(module_name, None)
             log.error("%s: initialize failed", where, exc_info=True)

@@ -23,16 +23,37 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from daemon.backend import Capabilities, InstanceContext, Probe, TensorBackend
-from daemon.core.hardware import tensorrt_version
-from daemon.core.selection import read_engine_sidecar
-from daemon.errors import BackendError, InvalidArgument, Unsupported
-from daemon.model_config import ModelConfig
+from daemon.backend import (
+    BackendError,
+    Capabilities,
+    ConfigError,
+    Device,
+    Fit,
+    FitRequest,
+    InstanceContext,
+    InvalidArgument,
+    ModelConfig,
+    Probe,
+    TensorBackend,
+    Unsupported,
+)
 
 from . import cuda_mem, engine_io
 from .engine_io import IoTensor
+from .sidecar import SIDECAR_SUFFIX, engine_mismatch, read_engine_sidecar
 
 log = logging.getLogger(__name__)
+
+
+def _tensorrt_version() -> str:
+    """The importable TensorRT's version, or "" when it is absent or does not import."""
+    try:
+        import tensorrt
+
+        return str(tensorrt.__version__)
+    except Exception as exc:  # present but broken (missing libnvinfer): treat as absent
+        log.debug("tensorrt does not import: %s", exc)
+        return ""
 
 
 def _make_logger(trt: Any) -> Any:
@@ -122,7 +143,6 @@ class TensorRtBackend(TensorBackend):
         kind="tensor",
         dynamic_batching=True,
         datatypes=frozenset(engine_io.TRT_TO_KSERVE.values()),
-        devices=("GPU",),
     )
 
     def __init__(self, context: InstanceContext) -> None:
@@ -139,7 +159,7 @@ class TensorRtBackend(TensorBackend):
 
     @classmethod
     def probe(cls) -> Probe:
-        version = tensorrt_version()
+        version = _tensorrt_version()
         if not version:
             return Probe(
                 available=False,
@@ -152,15 +172,57 @@ class TensorRtBackend(TensorBackend):
         return Probe(available=True, devices=tuple(f"GPU:{i}" for i in range(count)), runtime_version=version)
 
     @classmethod
+    def fit(cls, request: FitRequest) -> Fit:
+        """An engine runs only where it was built for (the sidecar says so, before any CUDA
+        call); in automatic mode only on datacenter GPUs, where a pre-built engine is the
+        expected path; naming the backend (backend_preference) opts in on any NVIDIA GPU."""
+        eligible = [gpu for gpu in request.gpus if request.requested or gpu.datacenter]
+        if not eligible:
+            found = ", ".join(f"GPU {g.index} {g.name}" for g in request.gpus) or "no GPU"
+            hint = "; list tensorrt in backend_preference to use it anyway" if request.gpus else ""
+            return Fit(problem=f"no NVIDIA datacenter GPU (found: {found}){hint}")
+        plan = request.artifact
+        try:
+            sidecar = read_engine_sidecar(plan)
+        except ConfigError as exc:
+            return Fit(problem=f"unreadable engine sidecar: {exc.message}")
+        if sidecar is None and request.requested:
+            # The model insists on TensorRT: the load-time check judges the engine itself.
+            gpu = eligible[0]
+            return Fit(
+                reason=f"no {plan.name}{SIDECAR_SUFFIX}; asked for by the config, on GPU {gpu.index} {gpu.name}",
+                device=Device("gpu:nvidia", gpu.index),
+            )
+        if sidecar is None:
+            return Fit(
+                problem=f"{plan.name} has no {plan.name}{SIDECAR_SUFFIX} saying which GPU and "
+                "TensorRT version built it (build_engine.py writes one)"
+            )
+        problems = []
+        for gpu in eligible:
+            problem = engine_mismatch(
+                sidecar, gpu.compute_capability, gpu.name, request.hardware.tensorrt_version
+            )
+            if not problem:
+                tier = "datacenter GPU" if gpu.datacenter else "GPU, opted in by backend_preference"
+                return Fit(
+                    reason=f"engine for {gpu.sm}/TensorRT {sidecar.tensorrt_version} matches "
+                    f"GPU {gpu.index} {gpu.name} ({tier})",
+                    device=Device("gpu:nvidia", gpu.index),
+                )
+            problems.append(problem)
+        return Fit(problem="; ".join(dict.fromkeys(problems)))
+
+    @classmethod
     def autocomplete(cls, config: ModelConfig, artifact: Path) -> ModelConfig:
         if config.input and config.output:
             return config  # nothing to fill: skip deserializing the engine twice
-        gpu = engine_io.device_index("", config, 0)
+        gpu = engine_io.device_index(Device(), config, 0)
         _, _, engine, tensors = _load_engine(config.name, artifact, gpu)
         del engine
         return engine_io.complete_config(config, tensors)
 
-    def load_sync(self, config: ModelConfig, artifact: Path, device: str) -> None:
+    def load_sync(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         model = self.context.model_name
         self.gpu = engine_io.device_index(device, config, self.context.instance_index)
         self._runtime, self._logger, self._engine, tensors = _load_engine(model, artifact, self.gpu)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from daemon.errors import BackendError
+from daemon.backend import BackendError
 
 
 def cudart() -> types.ModuleType:

@@ -13,10 +13,18 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from daemon.backend import NUMPY_DTYPES
-from daemon.core.selection import engine_mismatch, read_engine_sidecar
-from daemon.errors import BackendError, ConfigError, InvalidArgument, Unsupported
-from daemon.model_config import ModelConfig, TensorConfig
+from daemon.backend import (
+    NUMPY_DTYPES,
+    BackendError,
+    ConfigError,
+    Device,
+    InvalidArgument,
+    ModelConfig,
+    TensorConfig,
+    Unsupported,
+)
+
+from .sidecar import engine_mismatch, read_engine_sidecar
 
 # tensorrt.DataType member name -> KServe datatype. TensorRT's FP8, FP4, INT4 and E8M0 exist
 # only inside engines (quantized weights/activations); as engine I/O they have no KServe or
@@ -176,15 +184,13 @@ def check_input(tensor: IoTensor, array: np.ndarray) -> None:
         raise InvalidArgument(problem)
 
 
-def device_index(device: str, config: ModelConfig, instance_index: int) -> int:
-    """NVIDIA GPU for one instance: the "GPU:<n>" hint, else the config's KIND_GPU gpus
-    (instances spread round-robin, like Triton), else GPU 0."""
-    text = device.strip().upper()
-    number = text[3:].lstrip(":.") if text.startswith("GPU") else ""
-    if number.isdigit():
-        return int(number)
-    if text not in ("", "AUTO", "GPU"):
-        raise Unsupported(f"tensorrt runs on NVIDIA GPUs only; device {device!r} is not one (use GPU:<index>)")
+def device_index(device: Device, config: ModelConfig, instance_index: int) -> int:
+    """NVIDIA GPU for one instance: the device selection chose, else the config's KIND_GPU
+    gpus (instances spread round-robin, like Triton), else GPU 0."""
+    if device.kind == "gpu:nvidia":
+        return device.index
+    if device.kind != "auto":
+        raise Unsupported(f"tensorrt runs on NVIDIA GPUs only; device {device} is not one")
     gpus = [index for group in config.instance_group if group.kind == "KIND_GPU" for index in group.gpus]
     return gpus[instance_index % len(gpus)] if gpus else 0
 

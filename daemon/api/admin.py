@@ -6,14 +6,12 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from pathlib import Path
 
 import msgspec
 from aiohttp import web
 
-from daemon.api.state import Daemon, daemon_of
+from daemon.api.state import daemon_of
 from daemon.errors import InvalidArgument
-from daemon.updates.inbox import watch_inbox
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +31,9 @@ async def backends(request: web.Request) -> web.Response:
 
 
 async def hardware(request: web.Request) -> web.Response:
-    return _json_response(daemon_of(request).hardware)
+    # Probes every fact not probed yet (imports OpenVINO, loads NVML): off the event loop.
+    info = await asyncio.get_running_loop().run_in_executor(None, daemon_of(request).hardware.info)
+    return _json_response(info)
 
 
 async def update_status(request: web.Request) -> web.Response:
@@ -68,18 +68,6 @@ async def apply_update(request: web.Request) -> web.Response:
 async def rollback(request: web.Request) -> web.Response:
     release = await daemon_of(request).releases.rollback()
     return _json_response({"current": release.name})
-
-
-def start_background(daemon: Daemon) -> list[asyncio.Task[None]]:
-    """Background tasks owned by the admin side: the update inbox (e.g. a mounted USB stick)."""
-    inbox = daemon.config.updates.inbox
-    if not inbox:
-        return []
-
-    async def apply(path: Path) -> object:
-        return await daemon.releases.apply(path)
-
-    return [asyncio.create_task(watch_inbox(Path(inbox), apply, daemon.config.updates.inbox_poll_secs))]
 
 
 def add_routes(app: web.Application) -> None:

@@ -11,11 +11,10 @@ import msgspec
 from aiohttp import web
 
 from daemon import __version__
-from daemon.api.state import Daemon, daemon_of
-from daemon.core.model_files import PbtxtParser
-from daemon.core.registry import LoadedVersion
+from daemon.api.state import codec_of, daemon_of
+from daemon.core.model import LoadedVersion
 from daemon.errors import InvalidArgument, NotFound, Unavailable
-from daemon.model_config import ModelConfig, to_triton_json
+from daemon.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ def _version(request: web.Request) -> str | None:
     return request.match_info.get("version")
 
 
-def _check_accepting(daemon: Daemon) -> None:
+def _check_accepting(daemon: Service) -> None:
     if not daemon.accepting:
         raise Unavailable("server is shutting down")
 
@@ -61,42 +60,16 @@ async def live(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    daemon = daemon_of(request)
-    ok = daemon.accepting and daemon.started and daemon.registry.all_ready()
-    return _empty(200 if ok else 400)
+    return _empty(200 if daemon_of(request).ready() else 400)
 
 
 async def server_metadata(request: web.Request) -> web.Response:
     return _json_response({"name": "edged", "version": __version__, "extensions": EXTENSIONS})
 
 
-def _shape(config: ModelConfig, dims: list[int]) -> list[int]:
-    return [-1, *dims] if config.max_batch_size > 0 else list(dims)
-
-
-def model_metadata_payload(daemon: Daemon, model: LoadedVersion) -> dict[str, object]:
-    config = model.config
+def model_metadata_payload(daemon: Service, model: LoadedVersion) -> dict[str, object]:
     entry = daemon.registry.entry(model.name)
-    versions = sorted(entry.versions) if entry else [model.version]
-    payload: dict[str, object] = {
-        "name": model.name,
-        "versions": [str(v) for v in versions],
-        "platform": config.platform or model.backend,
-        "backend": model.backend,
-        "inputs": [
-            {"name": t.name, "datatype": t.data_type, "shape": _shape(config, t.dims)}
-            for t in config.input
-        ],
-        "outputs": [
-            {"name": t.name, "datatype": t.data_type, "shape": _shape(config, t.dims)}
-            for t in config.output
-        ],
-        # Ours: which backend was chosen and why the others were skipped.
-        "selection": model.selection,
-    }
-    if model.generator is not None:
-        payload["engine"] = model.generator.engine_stats()
-    return payload
+    return model.metadata(sorted(entry.versions) if entry else [model.version])
 
 
 async def model_metadata(request: web.Request) -> web.Response:
@@ -117,7 +90,7 @@ async def model_ready(request: web.Request) -> web.Response:
 
 async def model_config(request: web.Request) -> web.Response:
     model = daemon_of(request).registry.get(request.match_info["model"], _version(request))
-    return _json_response(to_triton_json(model.config))
+    return _json_response(model.triton_config())
 
 
 # ---------------------------------------------------------------------------- inference
@@ -126,9 +99,9 @@ async def model_config(request: web.Request) -> web.Response:
 async def infer(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
     _check_accepting(daemon)
-    name = request.match_info["model"]
-    version = _version(request)
-    model = daemon.registry.get(name, version)
+    # Resolved once: this version decodes, runs and labels the request, even if a reload
+    # swaps in another one while the body is still arriving.
+    model = daemon.registry.get(request.match_info["model"], _version(request))
     header = request.headers.get("Inference-Header-Content-Length")
     try:
         header_length = int(header) if header is not None else None
@@ -139,13 +112,13 @@ async def infer(request: web.Request) -> web.Response:
     body = await request.read()
     config = model.config
     single = config.input[0] if len(config.input) == 1 else None
-    codec = daemon.codec
+    codec = codec_of(request)
     decoded = codec.decode_infer_request(
         body, header_length, single_input=single, max_batch_size=config.max_batch_size
     )
-    response = await daemon.registry.infer(name, version, decoded.request)
+    response = await model.infer(decoded.request)
     payload, json_length = codec.encode_infer_response(
-        name, str(model.version), decoded, response, config
+        model.name, str(model.version), decoded, response, config
     )
     if json_length is None:
         return web.Response(body=payload, content_type="application/json")
@@ -211,7 +184,7 @@ async def repository_index(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
     body = await _optional_body(request, _IndexRequest)
     assert isinstance(body, _IndexRequest)
-    return _json_response(daemon.repository.index(ready_only=body.ready))
+    return _json_response(await daemon.repository.index(ready_only=body.ready))
 
 
 async def repository_load(request: web.Request) -> web.Response:
@@ -219,16 +192,10 @@ async def repository_load(request: web.Request) -> web.Response:
     _check_accepting(daemon)
     body = await _optional_body(request, _LoadRequest)
     assert isinstance(body, _LoadRequest)
-    override: ModelConfig | None = None
     config_text = body.parameters.get("config")
-    name = request.match_info["model"]
-    if config_text is not None:
-        if not isinstance(config_text, str):
-            raise InvalidArgument("parameters.config must be a JSON string holding the model config")
-        override, warnings = PbtxtParser().parse_json(config_text, source="parameters.config")
-        for warning in warnings:
-            log.warning("model %s: %s", name, warning)
-    await daemon.repository.load(name, override)
+    if config_text is not None and not isinstance(config_text, str):
+        raise InvalidArgument("parameters.config must be a JSON string holding the model config")
+    await daemon.repository.load(request.match_info["model"], config_text)
     return _empty(200)
 
 

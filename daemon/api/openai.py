@@ -26,7 +26,7 @@ from aiohttp import web
 
 from daemon.api.state import daemon_of
 from daemon.backend import GenerateChunk, GenerateParams
-from daemon.core.registry import LoadedVersion
+from daemon.core.model import LoadedVersion
 from daemon.errors import InvalidArgument, Unavailable
 
 _json = msgspec.json.Encoder()
@@ -208,11 +208,14 @@ def _logit_bias(biases: dict[str, float]) -> dict[int, float]:
     return out
 
 
-def _generation_model(request: web.Request, name: str) -> LoadedVersion:
+def _generation_model(request: web.Request, name: str, version: str | None = None) -> LoadedVersion:
+    """Resolve the model once; every later step of the request talks to this version."""
     daemon = daemon_of(request)
     if not daemon.accepting:
         raise Unavailable("server is shutting down")
-    return daemon.registry.generation_model(name)
+    model = daemon.registry.get(name, version)
+    model.require_generator()
+    return model
 
 
 async def _collect(chunks: AsyncIterator[GenerateChunk]) -> tuple[str, GenerateChunk]:
@@ -355,7 +358,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _stream_or_collect(
-        request, daemon_of(request).registry.generate(model, prompt, params), stream=req.stream,
+        request, model.generate(prompt, params), stream=req.stream,
         include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
         echo=prompt if req.echo and isinstance(prompt, str) else "",
     )
@@ -419,8 +422,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     messages = _chat_messages(req.messages)
     params = _params(req)
     params.json_schema = _json_schema(req.response_format)
-    assert model.generator is not None
-    prompt = model.generator.chat_prompt(messages)
+    prompt = model.chat_prompt(messages)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     first_delta = [True]
 
@@ -448,7 +450,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _stream_or_collect(
-        request, daemon_of(request).registry.generate(model, prompt, params), stream=req.stream,
+        request, model.generate(prompt, params), stream=req.stream,
         include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
     )
 
@@ -483,7 +485,7 @@ async def embeddings(request: web.Request) -> web.Response:
         raise InvalidArgument("input: at least one string is required")
     if req.dimensions is not None and req.dimensions < 1:
         raise InvalidArgument(f"dimensions must be >= 1, got {req.dimensions}")
-    vectors, tokens = await daemon_of(request).registry.embed(model, texts)
+    vectors, tokens = await model.embed(texts)
     if req.dimensions is not None:
         vectors = _shorten(vectors, req.dimensions)
     payload = {
@@ -508,7 +510,7 @@ async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
         raise InvalidArgument(
             f"parameters: {sorted(req.parameters)} not supported; sampling fields go at the top level"
         )
-    model = _generation_model(request, name)
+    model = _generation_model(request, name, request.match_info.get("version"))
     params = _params(req)
     version = str(model.version)
 
@@ -522,7 +524,7 @@ async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
         }
 
     return await _stream_or_collect(
-        request, daemon_of(request).registry.generate(model, req.text_input, params),
+        request, model.generate(req.text_input, params),
         stream=stream or req.stream,
         include_usage=False, make_chunk=make_chunk, make_final=make_final,
     )

@@ -4,29 +4,41 @@ Each step maps ensemble tensors to a step model's inputs (`input_map`: step name
 name) and its outputs back (`output_map`: step name -> ensemble name). Steps whose inputs are all
 available run concurrently, wave by wave; every step goes through the step model's own
 scheduler, so batching still happens per model. Errors name the failing step.
+
+The runner is the ensemble's scheduler: the ensemble's loaded version submits to it like any
+tensor model submits to its dynamic batcher.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Callable
 
 from daemon.backend import InferRequest, InferResponse
-from daemon.core.registry import ModelRegistry
+from daemon.core.model import LoadedVersion
 from daemon.core.stats import ModelStats
-from daemon.errors import ConfigError, EdgedError
+from daemon.errors import ConfigError, EdgedError, Unavailable
 from daemon.model_config import EnsembleStep, ModelConfig
+
+# (model name, version or None for the served one) -> that model's loaded version.
+Resolver = Callable[[str, "str | None"], LoadedVersion]
 
 
 class EnsembleRunner:
-    def __init__(self, registry: ModelRegistry, name: str, version: int, config: ModelConfig, stats: ModelStats) -> None:
-        self.registry = registry
+    def __init__(self, resolve: Resolver, name: str, config: ModelConfig, stats: ModelStats) -> None:
+        self.resolve = resolve
         self.name = name
         self.config = config
         self.stats = stats
         assert config.ensemble_scheduling is not None
         self.steps = config.ensemble_scheduling.step
         self._check_graph()
+        self._stopped = False
+        self._running = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def _check_graph(self) -> None:
         """Reject configs whose steps can never all run: every input must be produced somewhere."""
@@ -56,12 +68,14 @@ class EnsembleRunner:
             inputs=inputs,  # type: ignore[arg-type]
             id=parent.id,
             requested_outputs=tuple(step.output_map),
+            # Request parameters reach every step, as in Triton.
+            parameters=parent.parameters,
             priority=parent.priority,
             timeout_us=parent.timeout_us,
         )
         version = None if step.model_version < 0 else str(step.model_version)
         try:
-            response = await self.registry.infer(step.model_name, version, request)
+            response = await self.resolve(step.model_name, version).infer(request)
         except EdgedError as exc:
             error = type(exc)(
                 f"ensemble '{self.name}' step {index} (model '{step.model_name}'): {exc.message}"
@@ -77,7 +91,33 @@ class EnsembleRunner:
             produced[outer] = response.outputs[inner]
         return produced
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    # ------------------------------------------------------------------ the scheduler interface
+
+    async def start(self) -> None:
+        return None
+
+    def pending(self) -> int:
+        return self._running
+
+    async def stop(self, drain_timeout: float) -> None:
+        """Refuse new requests; wait (bounded) for running ones. Steps drain in their models."""
+        self._stopped = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), drain_timeout)
+
+    async def submit(self, request: InferRequest) -> InferResponse:
+        if self._stopped:
+            raise Unavailable(f"ensemble '{self.name}' is being unloaded")
+        self._running += 1
+        self._idle.clear()
+        try:
+            return await self._run(request)
+        finally:
+            self._running -= 1
+            if not self._running:
+                self._idle.set()
+
+    async def _run(self, request: InferRequest) -> InferResponse:
         started = time.monotonic_ns()
         tensors: dict[str, object] = dict(request.inputs)
         remaining = list(enumerate(self.steps))
@@ -96,6 +136,3 @@ class EnsembleRunner:
         self.stats.record_success(time.monotonic_ns() - started, request.batch_size())
         return InferResponse(outputs)  # type: ignore[arg-type]
 
-
-def install_ensembles(registry: ModelRegistry) -> None:
-    registry.ensemble_factory = EnsembleRunner

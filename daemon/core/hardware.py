@@ -1,7 +1,9 @@
 """What hardware the daemon runs on: CPU, memory, OpenVINO devices, NVIDIA GPUs.
 
-`probe_hardware()` runs once at start-up; selection (daemon.core.selection) reads the result and
-`edged hardware` / `GET /v2/hardware` show it. Every source is optional: a missing
+`Hardware` probes each fact the first time something asks for it and caches it: asking for
+NVIDIA GPUs loads NVML, asking for OpenVINO devices imports OpenVINO (+40 MiB), so a daemon
+serving one ONNX model on a CPU never pays for either. Selection (daemon.core.selection) reads
+what it needs; `edged hardware` / `GET /v2/hardware` show everything (`Hardware.info()`). Every source is optional: a missing
 /proc/cpuinfo, OpenVINO, NVML library or NVIDIA driver leaves that part empty and adds a line
 to `notes` — probing never raises, because a daemon that cannot describe its GPU must still
 serve on the CPU.
@@ -14,12 +16,16 @@ import importlib.util
 import logging
 import os
 import platform
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # CPU features that change which runtime or kernel is fastest, in the spelling used by
 # HardwareInfo.cpu.flags. "amx" stands for any of the Linux amx_* flags; "neon" for ARM's
@@ -286,18 +292,91 @@ def tensorrt_version() -> str:
         return ""
 
 
+class Hardware:
+    """This machine's facts, each probed on first use, cached, and never raising.
+
+    Thread-safe: selection asks from worker threads. Attribute names are HardwareInfo's, so
+    code reading facts does not care whether they came from a probe or a fixed snapshot.
+    """
+
+    def __init__(self, *, openvino: bool = True) -> None:
+        self._openvino = openvino
+        self._lock = threading.RLock()
+        self._facts: dict[str, Any] = {}
+        self._notes: list[str] = []
+
+    @classmethod
+    def fixed(cls, info: HardwareInfo) -> Hardware:
+        """Facts given rather than probed (tests, and machines described by a file)."""
+        hardware = cls()
+        hardware._facts = {
+            "cpu": info.cpu,
+            "memory_total": info.memory_total,
+            "openvino_devices": info.openvino_devices,
+            "nvidia": (info.nvidia_gpus, info.nvidia_driver),
+            "tensorrt_version": info.tensorrt_version,
+        }
+        hardware._notes = list(info.notes)
+        return hardware
+
+    def _fact(self, key: str, probe: Callable[[list[str]], T]) -> T:
+        with self._lock:
+            if key not in self._facts:
+                self._facts[key] = probe(self._notes)
+            return self._facts[key]
+
+    @property
+    def cpu(self) -> CpuInfo:
+        return self._fact("cpu", _probe_cpu)
+
+    @property
+    def memory_total(self) -> int:
+        return self._fact("memory_total", _probe_memory)
+
+    @property
+    def openvino_devices(self) -> list[OpenVinoDevice]:
+        if not self._openvino:
+            return []
+        return self._fact("openvino_devices", _probe_openvino)
+
+    @property
+    def nvidia_gpus(self) -> list[NvidiaGpu]:
+        return self._fact("nvidia", _probe_nvidia)[0]
+
+    @property
+    def nvidia_driver(self) -> str:
+        return self._fact("nvidia", _probe_nvidia)[1]
+
+    @property
+    def tensorrt_version(self) -> str:
+        # TensorRT only matters with an NVIDIA GPU; without one its import is never paid.
+        return self._fact(
+            "tensorrt_version", lambda notes: tensorrt_version() if self.nvidia_gpus else ""
+        )
+
+    @property
+    def notes(self) -> list[str]:
+        with self._lock:
+            return list(self._notes)
+
+    def datacenter_gpus(self) -> list[NvidiaGpu]:
+        return [gpu for gpu in self.nvidia_gpus if gpu.datacenter]
+
+    def info(self) -> HardwareInfo:
+        """Every fact (probing what was not probed yet): blocking, call off the event loop."""
+        info = HardwareInfo(
+            cpu=self.cpu,
+            memory_total=self.memory_total,
+            openvino_devices=self.openvino_devices,
+            nvidia_gpus=self.nvidia_gpus,
+            nvidia_driver=self.nvidia_driver,
+            tensorrt_version=self.tensorrt_version,
+        )
+        info.notes = self.notes
+        info.summary = summarize(info)
+        return info
+
+
 def probe_hardware(*, openvino: bool = True) -> HardwareInfo:
-    """Describe this machine. Never raises; see `notes` for what could not be probed."""
-    notes: list[str] = []
-    info = HardwareInfo(
-        cpu=_probe_cpu(notes),
-        memory_total=_probe_memory(notes),
-        openvino_devices=_probe_openvino(notes) if openvino else [],
-    )
-    info.nvidia_gpus, info.nvidia_driver = _probe_nvidia(notes)
-    # TensorRT only matters with an NVIDIA GPU; skipping the import saves start-up time.
-    if info.nvidia_gpus:
-        info.tensorrt_version = tensorrt_version()
-    info.notes = notes
-    info.summary = summarize(info)
-    return info
+    """Describe this machine now, every fact. Never raises; see `notes`."""
+    return Hardware(openvino=openvino).info()

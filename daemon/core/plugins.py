@@ -12,10 +12,12 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import importlib.util
+import inspect
 import logging
 import os
 import stat
 import sys
+import threading
 import tomllib
 import types
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from daemon.backend import API_VERSION, Backend, Probe
+from daemon.backend import API_VERSION, Backend, DeviceKind, GenerationBackend, Probe
 from daemon.errors import NotFound, PluginError
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,14 @@ class PluginManifest(msgspec.Struct, forbid_unknown_fields=True, rename="kebab")
     # Top-level Python modules the plugin needs; checked before importing it.
     requires: list[str] = []
     description: str = ""
+    # Automatic selection: among plugins with an artifact in the version directory, the
+    # highest rank is tried first (ties by name). A model's backend_preference comes first.
+    rank: int = 0
+    # Device kinds the backend can run on. A plugin that lists only GPU kinds is skipped on a
+    # machine without such a device; one listing gpu:nvidia gets an NVIDIA GPU when present.
+    devices: list[DeviceKind] = msgspec.field(default_factory=lambda: ["cpu"])
+    # Instances per model when the config's instance_group gives no count.
+    default_instances: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
 
 
 PluginState = Literal["discovered", "ready", "unavailable", "broken"]
@@ -111,6 +121,9 @@ class PluginRegistry:
     def __init__(self, directories: list[Path], *, check_ownership: bool = True) -> None:
         self.directories = directories
         self.check_ownership = check_ownership
+        # Plugins are imported on worker threads (never on the event loop); two loads that
+        # need the same plugin at once must import it once.
+        self._lock = threading.RLock()
         self._plugins: dict[str, _Plugin] = {}
         # Directories that failed to parse, keyed by path (no name to key them by).
         self._broken_dirs: dict[str, str] = {}
@@ -118,6 +131,11 @@ class PluginRegistry:
     # ------------------------------------------------------------------ discovery
 
     def scan(self) -> ScanResult:
+        """Re-read the directories (blocking file I/O: call it on a worker thread)."""
+        with self._lock:
+            return self._scan()
+
+    def _scan(self) -> ScanResult:
         result = ScanResult()
         found: dict[str, _Plugin] = {}
         self._broken_dirs = {}
@@ -192,7 +210,13 @@ class PluginRegistry:
         return plugin.fingerprint if plugin else ""
 
     def resolve(self, name: str) -> type[Backend]:
-        """Import (once) and validate the plugin's backend class; raise PluginError if unusable."""
+        """Import (once) and validate the plugin's backend class; raise PluginError if unusable.
+
+        Imports run plugin code: call this on a worker thread, never on the event loop."""
+        with self._lock:
+            return self._resolve(name)
+
+    def _resolve(self, name: str) -> type[Backend]:
         plugin = self._plugins.get(name)
         if plugin is None or plugin.manifest is None:
             raise NotFound(f"unknown backend {name!r}; known backends: {self.names()}")
@@ -214,7 +238,9 @@ class PluginRegistry:
         except PluginError as exc:
             plugin.error = exc.message
             raise
-        except Exception as exc:  # plugin code can raise anything; name it and move on
+        except BaseException as exc:
+            # Plugin code can raise anything, SystemExit and KeyboardInterrupt included: one
+            # broken plugin is reported and skipped, it never stops the daemon.
             plugin.error = f"backend plugin {name!r}: {type(exc).__name__}: {exc}"
             _purge_modules(name)
             raise PluginError(plugin.error) from exc
@@ -266,7 +292,7 @@ class PluginRegistry:
         module_name, _, class_name = manifest.entrypoint.partition(":")
         try:
             module = importlib.import_module(f"{package.__name__}.{module_name}")
-        except Exception as exc:
+        except BaseException as exc:
             raise PluginError(f"{where}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
         cls = getattr(module, class_name, None)
         if not isinstance(cls, type) or not issubclass(cls, Backend):
@@ -275,7 +301,70 @@ class PluginRegistry:
             raise PluginError(f"{where}: class speaks backend API {cls.api_version}, daemon speaks {API_VERSION}")
         if cls.name != manifest.name:
             raise PluginError(f"{where}: class name attribute {cls.name!r} differs from manifest name")
+        if problem := check_backend_class(cls):
+            raise PluginError(f"{where}: {problem}")
         return cls
+
+
+# Contract methods a plugin may override, with the base that defines each.
+_CONTRACT_METHODS: tuple[tuple[type[Backend], str], ...] = (
+    (Backend, "probe"),
+    (Backend, "autocomplete"),
+    (Backend, "fit"),
+    (Backend, "load"),
+    (Backend, "load_sync"),
+    (Backend, "execute"),
+    (Backend, "unload"),
+    (Backend, "unload_sync"),
+    (Backend, "describe"),
+    (GenerationBackend, "generate"),
+    (GenerationBackend, "chat_prompt"),
+    (GenerationBackend, "embed"),
+    (GenerationBackend, "engine_stats"),
+)
+
+
+def _kind(fn: object) -> str:
+    if inspect.isasyncgenfunction(fn):
+        return "an async generator"
+    return "async" if inspect.iscoroutinefunction(fn) else "a plain (non-async) method"
+
+
+def check_backend_class(cls: type[Backend]) -> str:
+    """Why `cls` breaks the contract ("method 'load': ..."), or "" when it keeps it.
+
+    Checked at registration so a mistake surfaces with the plugin's and the method's name,
+    not as a TypeError deep inside a request.
+    """
+    for base, name in _CONTRACT_METHODS:
+        if not issubclass(cls, base):
+            continue
+        mine, theirs = inspect.getattr_static(cls, name), inspect.getattr_static(base, name)
+        if mine is theirs:
+            continue  # not overridden
+        if isinstance(theirs, classmethod) and not isinstance(mine, classmethod):
+            return f"method {name!r}: must be a classmethod, as in daemon.backend.{base.__name__}"
+        fn, ref = getattr(cls, name), getattr(base, name)
+        # generate() is declared plain in the base (it returns an async iterator); only
+        # coroutine-ness of the others matters.
+        if name != "generate" and _kind(fn) != _kind(ref):
+            return f"method {name!r}: must be {_kind(ref)}, is {_kind(fn)}"
+        try:
+            want = [p for p in inspect.signature(ref).parameters.values() if p.name != "self"]
+            have = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        positional = [p for p in have if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                      and p.name != "self"]
+        varargs = any(p.kind == p.VAR_POSITIONAL for p in have)
+        required = [p for p in positional if p.default is p.empty]
+        if len(required) > len(want) or (len(positional) < len(want) and not varargs):
+            return (
+                f"method {name!r}: takes {len(positional)} argument(s) "
+                f"({', '.join(p.name for p in positional) or 'none'}), the contract passes "
+                f"{len(want)} ({', '.join(p.name for p in want) or 'none'})"
+            )
+    return ""
 
 
 def _ensure_package(name: str, path: Path) -> types.ModuleType:

@@ -14,19 +14,22 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from daemon.backend import NUMPY_DTYPES, GenerateParams, InferRequest
-from daemon.core.model_files import scan_repository
+from daemon.core.layout import scan_repository
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
 from daemon.core.repository import RepositoryManager
 from daemon.errors import EdgedError
 from daemon.model_config import ModelConfig
-from daemon.updates.apply import AppliedUpdate, apply_update
 from daemon.updates.errors import HealthCheckFailed
 from daemon.updates.store import ReleaseStore, StoreStatus
+
+if TYPE_CHECKING:
+    from daemon.updates.apply import AppliedUpdate
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +114,7 @@ class ReleaseManager:
                     async for _ in generator.generate("Hello", GenerateParams(max_tokens=1, greedy=True)):
                         pass
                 return
-            await self.registry.infer(name, None, warmup_request(model.config))
+            await self.registry.get(name).infer(warmup_request(model.config))
         except EdgedError as exc:
             raise HealthCheckFailed(f"model '{name}' failed its warm-up request: {exc.message}") from exc
 
@@ -120,6 +123,9 @@ class ReleaseManager:
             log.info("update: %s", line)
             if progress is not None:
                 progress(line)
+
+        # Imported on first use: verifying bundles needs `cryptography`; serving does not.
+        from daemon.updates.apply import apply_update
 
         try:
             return await apply_update(

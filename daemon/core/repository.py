@@ -15,10 +15,9 @@ import logging
 from pathlib import Path
 
 from daemon.config import ControlMode
-from daemon.core import model_files
+from daemon.core import layout
 from daemon.core.registry import IndexEntry, ModelRegistry
 from daemon.errors import Conflict, EdgedError, NotFound
-from daemon.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,7 @@ class RepositoryManager:
         """Model name -> directory over every repository (the first repository wins a name)."""
         found: dict[str, Path] = {}
         for repo in self.repositories:
-            for name, path in model_files.scan_repository(repo).items():
+            for name, path in layout.scan_repository(repo).items():
                 if name in found:
                     log.warning("model %s found in %s and %s; using the first", name, found[name], path)
                     continue
@@ -50,7 +49,7 @@ class RepositoryManager:
 
     async def startup(self) -> list[str]:
         """Load the startup set; returns the names that failed (they stay UNAVAILABLE)."""
-        models = self.scan()
+        models = await asyncio.to_thread(self.scan)
         for name, path in models.items():
             self.registry.note_unknown(name, path)
         if self.mode == "explicit":
@@ -77,7 +76,7 @@ class RepositoryManager:
 
     async def rescan(self) -> None:
         """Bring loaded models in line with the repository (poll mode, SIGHUP, updates)."""
-        models = self.scan()
+        models = await asyncio.to_thread(self.scan)
         to_load: dict[str, Path] = {}
         for name, path in models.items():
             entry = self.registry.entry(name)
@@ -90,7 +89,7 @@ class RepositoryManager:
                 continue
             if entry.state == "UNAVAILABLE" and entry.reason == "unloaded":
                 continue
-            if model_files.fingerprint(path) != entry.fingerprint:
+            if await asyncio.to_thread(layout.fingerprint, path) != entry.fingerprint:
                 to_load[name] = path
         await self._load_many(to_load)
         for name in self.registry.names():
@@ -116,21 +115,31 @@ class RepositoryManager:
                            if self.mode == "poll"
                            else f"explicit model {action} is not allowed if model control mode is none")
 
-    async def load(self, name: str, override: ModelConfig | None = None) -> None:
+    async def load(self, name: str, config_json: str | None = None) -> None:
+        """Explicit load; `config_json` (Triton's JSON layout) replaces the config on disk."""
         self._check_explicit("load / unload")
-        models = self.scan()
+        models = await asyncio.to_thread(self.scan)
         path = models.get(name)
         if path is None:
             raise NotFound(f"failed to load '{name}', failed to poll from model repository")
+        override = None
+        if config_json is not None:
+            from daemon.core.triton_config import PbtxtParser
+
+            override, warnings = await asyncio.to_thread(
+                PbtxtParser().parse_json, config_json, source="parameters.config"
+            )
+            for warning in warnings:
+                log.warning("model %s: %s", name, warning)
         await self.registry.load(name, path, override)
 
     async def unload(self, name: str) -> None:
         self._check_explicit("load / unload")
         await self.registry.unload(name)
 
-    def index(self, ready_only: bool = False) -> list[IndexEntry]:
+    async def index(self, ready_only: bool = False) -> list[IndexEntry]:
         # Models present on disk but never seen are listed too, like Triton.
-        for name, path in self.scan().items():
+        for name, path in (await asyncio.to_thread(self.scan)).items():
             if self.registry.entry(name) is None:
                 self.registry.note_unknown(name, path)
         return self.registry.index(ready_only)

@@ -27,7 +27,6 @@ from typing import Literal
 
 import msgspec
 
-from daemon.updates.bundle import extract_payload
 from daemon.updates.errors import StoreBusy, UpdateConflict, UpdateError
 from daemon.updates.fsutil import atomic_write, fsync_dir, link_or_copy_tree, seal_tree
 from daemon.updates.manifest import CATEGORIES, Manifest, encode_manifest, split_path
@@ -209,6 +208,9 @@ class ReleaseStore:
                               f"bytes in {self.root}, {free} are free")
         work = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=self.staging))
         try:
+            # Imported here: bundles need `cryptography`, the daemon's start does not.
+            from daemon.updates.bundle import extract_payload
+
             extract_payload(bundle, manifest, work)
             if checkpoint:
                 checkpoint("extracted")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from daemon.backend import GenerateChunk, GenerateParams, InstanceContext
+from daemon.backend import Device, GenerateChunk, GenerateParams, InstanceContext
 from daemon.errors import BackendError, ConfigError, InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig
 from daemon.testing_gguf import SPACE, write_tiny_llama
@@ -79,7 +79,7 @@ async def load(backend_class: Callable[[str], type[Any]]) -> AsyncIterator[Loade
 
     async def make(path: Path, **parameters: str) -> Any:
         backend = cls(InstanceContext("tiny", 1, threads=1))
-        await backend.load(ModelConfig(name="tiny", parameters=parameters), path, "CPU")
+        await backend.load(ModelConfig(name="tiny", parameters=parameters), path, Device("cpu"))
         loaded.append(backend)
         return backend
 

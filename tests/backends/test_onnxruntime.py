@@ -12,6 +12,7 @@ import pytest
 from daemon.backend import (
     NUMPY_DTYPES,
     Backend,
+    Device,
     InferRequest,
     InferResponse,
     InstanceContext,
@@ -64,7 +65,7 @@ async def simple(backend_class: ClassOf, simple_onnx: Path) -> AsyncIterator[Ten
     cls = backend_class("onnxruntime")
     backend = cls(InstanceContext("simple", 1))
     assert isinstance(backend, TensorBackend)
-    await backend.load(simple_config(), simple_onnx, "CPU")
+    await backend.load(simple_config(), simple_onnx, Device("cpu"))
     yield backend
     await backend.unload()
 
@@ -120,7 +121,7 @@ async def test_config_listing_one_output_computes_only_it(
 ) -> None:
     config = msgspec.structs.replace(simple_config(), output=simple_config().output[:1])
     backend = backend_class("onnxruntime")(InstanceContext("simple", 1))
-    await backend.load(config, simple_onnx, "")
+    await backend.load(config, simple_onnx, Device())
     inputs = simple_inputs(1)
     [result] = await backend.execute([InferRequest(inputs)])
     await backend.unload()
@@ -145,7 +146,7 @@ async def test_thread_parameters_reach_the_session(
 ) -> None:
     cls = backend_class("onnxruntime")
     backend = cls(InstanceContext("simple", 1, threads=3))
-    await backend.load(simple_config(), simple_onnx, "CPU")
+    await backend.load(simple_config(), simple_onnx, Device("cpu"))
     options = backend.session.get_session_options()  # type: ignore[attr-defined]
     assert (options.intra_op_num_threads, options.inter_op_num_threads) == (3, 1)
     assert options.enable_mem_pattern
@@ -160,7 +161,7 @@ async def test_thread_parameters_reach_the_session(
         },
     )
     backend = cls(InstanceContext("simple", 1, threads=3))
-    await backend.load(config, simple_onnx, "CPU")
+    await backend.load(config, simple_onnx, Device("cpu"))
     options = backend.session.get_session_options()  # type: ignore[attr-defined]
     assert (options.intra_op_num_threads, options.inter_op_num_threads) == (2, 2)
     assert not options.enable_mem_pattern
@@ -173,7 +174,7 @@ async def test_bad_thread_parameter_is_config_error(
     config = msgspec.structs.replace(simple_config(), parameters={"intra_op_thread_count": "many"})
     backend = backend_class("onnxruntime")(InstanceContext("simple", 1))
     with pytest.raises(ConfigError, match="intra_op_thread_count"):
-        await backend.load(config, simple_onnx, "CPU")
+        await backend.load(config, simple_onnx, Device("cpu"))
 
 
 async def test_gpu_without_cuda_provider_fails_to_load(
@@ -185,7 +186,7 @@ async def test_gpu_without_cuda_provider_fails_to_load(
         pytest.skip("this onnxruntime build has the CUDA provider")
     backend = backend_class("onnxruntime")(InstanceContext("simple", 1))
     with pytest.raises(BackendError, match="CUDA"):
-        await backend.load(simple_config(), simple_onnx, "GPU.0")
+        await backend.load(simple_config(), simple_onnx, Device("gpu:nvidia", 0))
 
 
 # --------------------------------------------------------------------------- autocomplete
@@ -275,7 +276,7 @@ async def test_mismatching_config_fails_at_load_too(
     )
     backend = backend_class("onnxruntime")(InstanceContext("simple", 1))
     with pytest.raises(ConfigError, match=r"INPUT1.*FP16"):
-        await backend.load(config, simple_onnx, "CPU")
+        await backend.load(config, simple_onnx, Device("cpu"))
 
 
 def test_batching_a_fixed_batch_model_is_config_error(
@@ -302,14 +303,14 @@ async def test_corrupt_model_is_backend_error_naming_model_and_file(
         cls.autocomplete(ModelConfig(name="broken"), path)
     backend = cls(InstanceContext("broken", 1))
     with pytest.raises(BackendError, match=r"'broken'.*model\.onnx"):
-        await backend.load(msgspec.structs.replace(simple_config(), name="broken"), path, "CPU")
+        await backend.load(msgspec.structs.replace(simple_config(), name="broken"), path, Device("cpu"))
     await backend.unload()
 
 
 async def test_missing_model_file_is_backend_error(backend_class: ClassOf, tmp_path: Path) -> None:
     backend = backend_class("onnxruntime")(InstanceContext("gone", 1))
     with pytest.raises(BackendError, match=r"model\.onnx"):
-        await backend.load(simple_config(), tmp_path, "CPU")
+        await backend.load(simple_config(), tmp_path, Device("cpu"))
 
 
 # --------------------------------------------------------------------------- every datatype
@@ -342,7 +343,7 @@ async def test_dtype_zoo_round_trips_every_datatype(backend_class: ClassOf, tmp_
     assert config.max_batch_size == 8
     assert {t.data_type for t in config.input} == set(names)
     backend = cls(InstanceContext("zoo", 1))
-    await backend.load(config, path, "CPU")
+    await backend.load(config, path, Device("cpu"))
     requests = [
         InferRequest({i: zoo_value(dt, rows, 3) for dt, (i, _) in names.items()}) for rows in (1, 2)
     ]
@@ -366,7 +367,7 @@ async def test_non_utf8_bytes_are_invalid_argument(backend_class: ClassOf, tmp_p
     names = build_dtype_zoo_onnx(path)
     cls = backend_class("onnxruntime")
     backend = cls(InstanceContext("zoo", 1))
-    await backend.load(cls.autocomplete(ModelConfig(name="zoo"), path), path, "CPU")
+    await backend.load(cls.autocomplete(ModelConfig(name="zoo"), path), path, Device("cpu"))
     inputs = {i: zoo_value(dt, 1, 2) for dt, (i, _) in names.items()}
     inputs["INPUT_BYTES"] = np.array([[b"\xff\xfe", b"ok"]], dtype=np.object_)
     [result] = await backend.execute([InferRequest(inputs)])

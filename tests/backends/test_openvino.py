@@ -10,7 +10,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from daemon.backend import Backend, InferRequest, InferResponse, InstanceContext
+from daemon.backend import Backend, Device, InferRequest, InferResponse, InstanceContext
 from daemon.errors import BackendError, ConfigError, InvalidArgument
 from daemon.model_config import ModelConfig, TensorConfig
 
@@ -100,7 +100,7 @@ async def make_backend(openvino_class: type[Backend]) -> Any:
     async def make(
         artifact: Path,
         cfg: ModelConfig,
-        device: str = "CPU",
+        device: Device | None = None,
         *,
         threads: int = 1,
         state_dir: Path | None = None,
@@ -108,7 +108,7 @@ async def make_backend(openvino_class: type[Backend]) -> Any:
         context = InstanceContext(model_name=cfg.name, model_version=1, threads=threads, state_dir=state_dir)
         backend = openvino_class(context)
         made.append(backend)
-        await backend.load(cfg, artifact, device)
+        await backend.load(cfg, artifact, device or Device("cpu"))
         return backend
 
     yield make
@@ -336,7 +336,7 @@ def test_autocomplete_keeps_what_config_gives(tmp_path: Path, openvino_class: ty
 
 @pytest.mark.parametrize("threads", [1, 2])
 async def test_threads_and_streams_properties(tmp_path: Path, make_backend: Any, threads: int) -> None:
-    backend = await make_backend(build_ir(tmp_path), config(), "CPU", threads=threads)
+    backend = await make_backend(build_ir(tmp_path), config(), Device("cpu"), threads=threads)
     compiled = backend.compiled_model
     assert int(compiled.get_property("INFERENCE_NUM_THREADS")) == threads
     assert int(compiled.get_property("NUM_STREAMS")) == 1
@@ -353,7 +353,7 @@ async def test_config_parameters_reach_the_runtime(tmp_path: Path, make_backend:
 
 
 async def test_default_device_without_argument(tmp_path: Path, make_backend: Any) -> None:
-    backend = await make_backend(build_ir(tmp_path), config(), "")
+    backend = await make_backend(build_ir(tmp_path), config(), Device())
     expected = "AUTO" if len(ov.Core().available_devices) > 1 else "CPU"
     assert backend.device == expected
     x = RNG.standard_normal((1, 4)).astype(np.float32)
@@ -363,8 +363,8 @@ async def test_default_device_without_argument(tmp_path: Path, make_backend: Any
 
 async def test_device_from_config_parameter(tmp_path: Path, make_backend: Any) -> None:
     with pytest.raises(BackendError, match="NOPE"):
-        await make_backend(build_ir(tmp_path), config(device="nope"), "")
-    backend = await make_backend(build_ir(tmp_path), config(device="auto"), "")
+        await make_backend(build_ir(tmp_path), config(device="nope"), Device())
+    backend = await make_backend(build_ir(tmp_path), config(device="auto"), Device())
     assert backend.device == "AUTO"
     assert list(backend.compiled_model.get_property("EXECUTION_DEVICES")) == ["CPU"]
     x = RNG.standard_normal((2, 4)).astype(np.float32)

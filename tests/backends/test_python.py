@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from daemon.backend import Backend, InferRequest, InferResponse, InstanceContext
+from daemon.backend import Backend, Device, InferRequest, InferResponse, InstanceContext
 from daemon.demo import write_simple_repository
 from daemon.errors import BackendError, InvalidArgument
 from daemon.model_config import ModelConfig, TensorConfig
@@ -51,7 +51,7 @@ def write_model(repo: Path, name: str, source: str) -> Path:
 
 async def load(cls: type[Backend], config: ModelConfig, artifact: Path, index: int = 0) -> Backend:
     backend = cls(InstanceContext(config.name, 1, instance_index=index))
-    await backend.load(config, artifact, "CPU")
+    await backend.load(config, artifact, Device("cpu"))
     return backend
 
 
@@ -252,7 +252,7 @@ async def test_broken_model_py_is_backend_error_naming_model_and_file(
     version_dir = write_model(tmp_path, "broken", source)
     backend = backend_class("python")(InstanceContext("broken", 1))
     with pytest.raises(BackendError, match=expected) as info:
-        await backend.load(modes_config("broken"), version_dir, "CPU")
+        await backend.load(modes_config("broken"), version_dir, Device("cpu"))
     assert "'broken'" in info.value.message
     # A failed import leaves nothing behind in sys.modules.
     assert not [m for m in sys.modules if m.startswith("edged_python_model_broken")]
@@ -261,7 +261,7 @@ async def test_broken_model_py_is_backend_error_naming_model_and_file(
 async def test_missing_model_py_is_backend_error(backend_class: ClassOf, tmp_path: Path) -> None:
     backend = backend_class("python")(InstanceContext("gone", 1))
     with pytest.raises(BackendError, match=r"'gone'.*model\.py"):
-        await backend.load(modes_config("gone"), tmp_path, "CPU")
+        await backend.load(modes_config("gone"), tmp_path, Device("cpu"))
 
 
 # --------------------------------------------------------------------------- isolation, lifecycle
@@ -357,7 +357,7 @@ async def test_initialize_gets_triton_args(backend_class: ClassOf, tmp_path: Pat
     config = modes_config()
     config.parameters = {"greeting": "hello"}
     backend = cls(InstanceContext("modes", 1, instance_index=1))
-    await backend.load(config, version_dir, "CPU")
+    await backend.load(config, version_dir, Device("cpu"))
     args = backend.model.args  # type: ignore[attr-defined]
     await backend.unload()
     assert args["model_name"] == "modes"

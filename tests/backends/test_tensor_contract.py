@@ -18,7 +18,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from daemon.backend import Backend, InferRequest, InferResponse, InstanceContext, TensorBackend
+from daemon.backend import (
+    Backend,
+    Device,
+    InferRequest,
+    InferResponse,
+    InstanceContext,
+    TensorBackend,
+)
 from daemon.demo import build_mlp_onnx, mlp_reference
 from daemon.errors import EdgedError
 from daemon.model_config import ModelConfig
@@ -58,7 +65,7 @@ async def loaded(
         InstanceContext("mlp", 1, instance_index=index, instance_count=count, threads=threads)
     )
     assert isinstance(backend, TensorBackend)
-    await backend.load(config, artifact, "CPU")
+    await backend.load(config, artifact, Device("cpu"))
     return backend
 
 

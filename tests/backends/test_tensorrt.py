@@ -19,9 +19,15 @@ import msgspec
 import numpy as np
 import pytest
 
-from daemon.backend import NUMPY_DTYPES, Backend, InferRequest, InferResponse, InstanceContext
+from daemon.backend import (
+    NUMPY_DTYPES,
+    Backend,
+    Device,
+    InferRequest,
+    InferResponse,
+    InstanceContext,
+)
 from daemon.core.plugins import PluginRegistry, _ensure_package
-from daemon.core.selection import EngineSidecar, engine_mismatch
 from daemon.errors import BackendError, ConfigError, InvalidArgument, PluginError, Unsupported
 from daemon.model_config import InstanceGroup, ModelConfig, TensorConfig
 
@@ -39,6 +45,11 @@ def plugin_module(name: str) -> types.ModuleType:
 @pytest.fixture(scope="module")
 def engine_io() -> types.ModuleType:
     return plugin_module("engine_io")
+
+
+@pytest.fixture(scope="module")
+def sidecar() -> types.ModuleType:
+    return plugin_module("sidecar")
 
 
 @pytest.fixture(scope="module")
@@ -207,13 +218,12 @@ def test_check_input_refuses_wrong_dtype(engine_io: types.ModuleType, dynamic_en
 
 def test_device_index(engine_io: types.ModuleType) -> None:
     plain = ModelConfig(name="m")
-    assert engine_io.device_index("GPU:1", plain, 0) == 1
-    assert engine_io.device_index("gpu.2", plain, 0) == 2
-    assert engine_io.device_index("", plain, 3) == 0
+    assert engine_io.device_index(Device("gpu:nvidia", 1), plain, 0) == 1
+    assert engine_io.device_index(Device(), plain, 3) == 0
     spread = ModelConfig(name="m", instance_group=[InstanceGroup(count=2, kind="KIND_GPU", gpus=[2, 3])])
-    assert [engine_io.device_index("", spread, i) for i in range(3)] == [2, 3, 2]
-    with pytest.raises(Unsupported, match="tensorrt runs on NVIDIA GPUs only; device 'CPU'"):
-        engine_io.device_index("CPU", plain, 0)
+    assert [engine_io.device_index(Device(), spread, i) for i in range(3)] == [2, 3, 2]
+    with pytest.raises(Unsupported, match="tensorrt runs on NVIDIA GPUs only; device cpu"):
+        engine_io.device_index(Device("cpu"), plain, 0)
 
 
 # --------------------------------------------------------------------------- engine compatibility
@@ -265,11 +275,13 @@ def test_build_engine_profiles(build_engine: types.ModuleType) -> None:
         build_engine.parse_shape_option("1x1,4x128,8x512")
 
 
-def test_build_engine_sidecar_is_what_selection_reads(build_engine: types.ModuleType) -> None:
+def test_build_engine_sidecar_is_what_selection_reads(
+    build_engine: types.ModuleType, sidecar: types.ModuleType
+) -> None:
     content = build_engine.sidecar("9.0", "10.3.0.26", "NVIDIA H100 80GB HBM3", version_compatible=True)
-    sidecar = msgspec.json.decode(json.dumps(content), type=EngineSidecar)
-    assert sidecar.version_compatible and not sidecar.hardware_compatible
-    assert engine_mismatch(sidecar, "9.0", "NVIDIA H100 80GB HBM3", "10.3.0.26") == ""
+    decoded = msgspec.json.decode(json.dumps(content), type=sidecar.EngineSidecar)
+    assert decoded.version_compatible and not decoded.hardware_compatible
+    assert sidecar.engine_mismatch(decoded, "9.0", "NVIDIA H100 80GB HBM3", "10.3.0.26") == ""
 
 
 # --------------------------------------------------------------------------- on a GPU
@@ -315,7 +327,7 @@ async def test_engine_runs_on_the_gpu(gpu_plan: tuple[type[Backend], Path, np.nd
     assert config.max_batch_size == 8
     assert [t.name for t in config.input] == ["x"]
     backend = cls(InstanceContext("mlp", 1))
-    await backend.load(config, plan, "GPU:0")
+    await backend.load(config, plan, Device("gpu:nvidia", 0))
     try:
         x1 = np.arange(8, dtype=np.float32).reshape(2, 4) / 7
         x2 = -np.ones((3, 4), np.float32)
@@ -343,5 +355,40 @@ async def test_mismatched_sidecar_refuses_on_the_gpu(
     sidecar_path.write_text(json.dumps(content))
     backend = cls(InstanceContext("mlp", 1))
     with pytest.raises(BackendError, match="cannot run here: engine built for sm_"):
-        await backend.load(ModelConfig(name="mlp", max_batch_size=8), plan, "GPU:0")
+        await backend.load(ModelConfig(name="mlp", max_batch_size=8), plan, Device("gpu:nvidia", 0))
     await backend.unload()
+
+
+# --------------------------------------------------------------------------- engine sidecars
+
+
+def _sm(cc: str, trt: str = "10.3.0", **extra: object) -> dict[str, object]:
+    return {"compute_capability": cc, "tensorrt_version": trt, **extra}
+
+
+def test_sidecar_reads_and_normalizes(tmp_path: Path, sidecar: types.ModuleType) -> None:
+    plan = tmp_path / "model.plan"
+    assert sidecar.read_engine_sidecar(plan) is None
+    (tmp_path / "model.plan.json").write_text(json.dumps(_sm("sm_90")))
+    assert sidecar.read_engine_sidecar(plan) == sidecar.EngineSidecar(compute_capability="9.0", tensorrt_version="10.3.0")
+    (tmp_path / "model.plan.json").write_text(json.dumps(_sm("ninety")))
+    with pytest.raises(ConfigError, match=r"model\.plan\.json.*is not like '9\.0'"):
+        sidecar.read_engine_sidecar(plan)
+    (tmp_path / "model.plan.json").write_text(json.dumps({**_sm("9.0"), "builder": "trtexec"}))
+    with pytest.raises(ConfigError, match="unknown field `builder`"):
+        sidecar.read_engine_sidecar(plan)
+
+
+def test_engine_mismatch_rules(sidecar: types.ModuleType) -> None:
+    exact = sidecar.EngineSidecar("9.0", "10.3.0")
+    assert sidecar.engine_mismatch(exact, "9.0", "H100", "10.3.0.26") == ""
+    assert sidecar.engine_mismatch(exact, "9.0", "H100", "") == ""  # TensorRT absent: the probe says so
+    assert sidecar.engine_mismatch(exact, "10.0", "B200", "10.3.0") == "engine built for sm_90, but the GPU is sm_100 (B200)"
+    assert "TensorRT 10.4.0 is installed" in sidecar.engine_mismatch(exact, "9.0", "H100", "10.4.0")
+    portable = sidecar.EngineSidecar("8.0", "10.3.0", hardware_compatible=True)
+    assert sidecar.engine_mismatch(portable, "8.9", "L40S", "10.3.0") == ""
+    assert "Ampere and newer" in sidecar.engine_mismatch(portable, "7.5", "T4", "10.3.0")
+    forward = sidecar.EngineSidecar("9.0", "10.3.0", version_compatible=True)
+    assert sidecar.engine_mismatch(forward, "9.0", "H100", "10.8.0") == ""
+    assert "version-compatible" in sidecar.engine_mismatch(forward, "9.0", "H100", "10.2.0")
+    assert "version-compatible" in sidecar.engine_mismatch(forward, "9.0", "H100", "11.0.0")

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from daemon.backend import InferRequest
-from daemon.core.ensemble import install_ensembles
-from daemon.core.hardware import probe_hardware
+from daemon.core.hardware import Hardware
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
 from daemon.core.stats import MetricsRegistry
@@ -67,8 +66,7 @@ def step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
 async def make_registry(tmp_path: Path) -> ModelRegistry:
     plugins = PluginRegistry([REPO_BACKENDS])
     plugins.scan()
-    registry = ModelRegistry(plugins, probe_hardware(openvino=False), MetricsRegistry(), tmp_path / "state")
-    install_ensembles(registry)
+    registry = ModelRegistry(plugins, Hardware(openvino=False), MetricsRegistry(), tmp_path / "state")
     return registry
 
 
@@ -101,7 +99,7 @@ async def test_pipeline_across_backends(tmp_path: Path) -> None:
         for name in ("pre", "simple", "post", "pipeline"):
             await registry.load(name, repo / name)
         raw = np.arange(32, dtype=np.int32).reshape(2, 16)
-        response = await registry.infer("pipeline", None, InferRequest({"RAW": raw}))
+        response = await registry.get("pipeline").infer(InferRequest({"RAW": raw}))
         np.testing.assert_array_equal(response.outputs["FINAL"], (3 * raw + 1) * 10)
         np.testing.assert_array_equal(response.outputs["DIFF"], raw - 1)
         assert set(response.outputs) == {"FINAL", "DIFF"}  # intermediates are not leaked
@@ -134,7 +132,7 @@ async def test_independent_steps_run_concurrently(tmp_path: Path) -> None:
         for name in ("left", "right", "fork"):
             await registry.load(name, repo / name)
         x = np.ones((1, 16), dtype=np.int32)
-        response = await registry.infer("fork", None, InferRequest({"X": x}))
+        response = await registry.get("fork").infer(InferRequest({"X": x}))
         np.testing.assert_array_equal(response.outputs["L"], x + 1)
         np.testing.assert_array_equal(response.outputs["R"], x + 2)
     finally:
@@ -154,7 +152,7 @@ async def test_failing_step_is_named(tmp_path: Path) -> None:
         for name in ("ok", "boom", "chain"):
             await registry.load(name, repo / name)
         with pytest.raises(EdgedError) as info:
-            await registry.infer("chain", None, InferRequest({"X": np.ones((1, 16), np.int32)}))
+            await registry.get("chain").infer(InferRequest({"X": np.ones((1, 16), np.int32)}))
         assert "ensemble 'chain' step 1 (model 'boom')" in info.value.message
         assert "ZeroDivisionError" in info.value.message
     finally:

@@ -157,3 +157,43 @@ def test_later_directory_wins(tmp_path: Path) -> None:
 
 def test_repository_plugins_discovered(plugin_registry: PluginRegistry) -> None:
     assert {"onnxruntime", "python"} <= set(plugin_registry.names())
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ("    def load_sync(self, config, artifact):\n        pass\n",
+         "method 'load_sync': takes 2 argument(s) (config, artifact), the contract passes 3"),
+        ("    def execute(self, batch):\n        return []\n",
+         "method 'execute': must be async, is a plain (non-async) method"),
+        ("    async def unload_sync(self):\n        pass\n",
+         "method 'unload_sync': must be a plain (non-async) method, is async"),
+        ("    def probe(self):\n        pass\n",
+         "method 'probe': must be a classmethod, as in daemon.backend.Backend"),
+    ],
+)
+def test_contract_is_checked_at_registration(tmp_path: Path, body: str, needle: str) -> None:
+    # A name per case: plugin modules live in sys.modules under their plugin's name.
+    name = "bad_" + needle.split("'")[1]
+    code = f'from daemon.backend import TensorBackend\n\nclass Impl(TensorBackend):\n    name = "{name}"\n\n{body}'
+    write_plugin(tmp_path, name, code=code)
+    registry = PluginRegistry([tmp_path])
+    registry.scan()
+    with pytest.raises(PluginError) as caught:
+        registry.resolve(name)
+    assert f"backend plugin '{name}'" in caught.value.message
+    assert needle in caught.value.message
+
+
+@pytest.mark.parametrize("raise_", ["SystemExit(3)", "KeyboardInterrupt()", "BaseException('odd')"])
+def test_plugin_raising_base_exceptions_at_import_is_broken_not_fatal(tmp_path: Path, raise_: str) -> None:
+    dies = "dies_" + raise_.split("(")[0].lower()
+    write_plugin(tmp_path, dies, code=f"raise {raise_}\n")
+    write_plugin(tmp_path, "fine")
+    registry = PluginRegistry([tmp_path])
+    registry.scan()
+    with pytest.raises(PluginError, match=f"backend plugin '{dies}'"):
+        registry.resolve(dies)
+    assert registry.resolve("fine").name == "fine"
+    states = {info.name: info.state for info in registry.info()}
+    assert states == {dies: "broken", "fine": "ready"}

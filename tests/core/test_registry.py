@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from daemon.backend import InferRequest
-from daemon.core.hardware import CpuInfo, HardwareInfo, NvidiaGpu, probe_hardware
+from daemon.core.hardware import CpuInfo, Hardware, HardwareInfo, NvidiaGpu
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
 from daemon.core.stats import MetricsRegistry
@@ -25,7 +25,8 @@ def registry_for(tmp_path: Path, hardware: HardwareInfo | None = None) -> ModelR
     plugins = PluginRegistry([REPO_BACKENDS])
     plugins.scan()
     return ModelRegistry(
-        plugins, hardware or probe_hardware(openvino=False), MetricsRegistry(), tmp_path / "state"
+        plugins, Hardware.fixed(hardware) if hardware else Hardware(openvino=False), MetricsRegistry(),
+        tmp_path / "state",
     )
 
 
@@ -52,7 +53,7 @@ async def test_fallback_to_next_backend_when_load_fails(tmp_path: Path) -> None:
         assert "openvino" in skipped and "load failed" in skipped["openvino"]
         x = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
         name_in = model.config.input[0].name
-        response = await registry.infer("mlp", None, InferRequest({name_in: x}))
+        response = await registry.get("mlp").infer(InferRequest({name_in: x}))
         out = next(iter(response.outputs.values()))
         np.testing.assert_allclose(out, mlp_reference(x, weights), rtol=1e-4, atol=1e-5)  # type: ignore[arg-type]
     finally:
@@ -102,7 +103,7 @@ async def test_reload_swaps_without_failed_requests(tmp_path: Path) -> None:
     async def client() -> None:
         while not stop.is_set():
             try:
-                r = await registry.infer("m", None, InferRequest({"X": np.ones(1, np.float32)}))
+                r = await registry.get("m").infer(InferRequest({"X": np.ones(1, np.float32)}))
                 results.append(float(r.outputs["Y"][0]))
             except Exception as exc:  # any failure is what this test exists to catch
                 errors.append(exc)
@@ -132,7 +133,7 @@ async def test_failed_reload_keeps_serving_old_version(tmp_path: Path) -> None:
             await registry.load("m", repo / "m")
         entry = registry.entry("m")
         assert entry is not None and entry.state == "READY" and "bad weights" in entry.reason
-        r = await registry.infer("m", None, InferRequest({"X": np.array([3], np.float32)}))
+        r = await registry.get("m").infer(InferRequest({"X": np.array([3], np.float32)}))
         assert r.outputs["Y"].tolist() == [6.0]
     finally:
         await registry.close()

@@ -1,4 +1,5 @@
-"""Model repository files: config.pbtxt (protobuf text format), model.toml, versions, scanning."""
+"""Model repository files: config.pbtxt (protobuf text format, daemon.core.triton_config), and
+model.toml, versions, scanning (daemon.core.layout)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import descriptor_pb2
 
-from daemon.core.model_files import (
-    PbtxtParser,
-    _schema_file,
+from daemon.core.layout import (
     fingerprint,
     list_versions,
     parse_model_toml,
@@ -20,6 +19,7 @@ from daemon.core.model_files import (
     scan_repository,
     select_versions,
 )
+from daemon.core.triton_config import PbtxtParser, _schema_file
 from daemon.errors import ConfigError, NotFound
 from daemon.model_config import (
     DynamicBatching,
@@ -173,7 +173,7 @@ def model_dir(root: Path, name: str, files: dict[str, str], versions: tuple[int,
 
 def test_triton_simple_config(tmp_path: Path, parser: PbtxtParser) -> None:
     directory = model_dir(tmp_path, "simple", {"config.pbtxt": SIMPLE_PBTXT}, versions=(1,))
-    config, warnings = read_model_config(directory, parser=parser)
+    config, warnings = read_model_config(directory)
     tensors = [TensorConfig(name=n, data_type="INT32", dims=[16]) for n in ("INPUT0", "INPUT1")]
     assert config == ModelConfig(
         name="simple",
@@ -187,7 +187,7 @@ def test_triton_simple_config(tmp_path: Path, parser: PbtxtParser) -> None:
 
 def test_batching_instance_groups_and_queue_policies(tmp_path: Path, parser: PbtxtParser) -> None:
     directory = model_dir(tmp_path, "batched", {"config.pbtxt": BATCHING_PBTXT})
-    config, warnings = read_model_config(directory, parser=parser)
+    config, warnings = read_model_config(directory)
     assert warnings == []
     assert config.name == "batched"
     assert config.input == [TensorConfig(name="x", data_type="FP32", dims=[-1, 3], reshape=[3, -1])]
@@ -459,7 +459,7 @@ def test_schema_matches_tritons_generated_descriptor() -> None:
 
 def test_toml_equals_pbtxt(tmp_path: Path, parser: PbtxtParser) -> None:
     from_pbtxt, _ = read_model_config(
-        model_dir(tmp_path / "p", "simple", {"config.pbtxt": SIMPLE_PBTXT}), parser=parser
+        model_dir(tmp_path / "p", "simple", {"config.pbtxt": SIMPLE_PBTXT})
     )
     from_toml, warnings = read_model_config(
         model_dir(tmp_path / "t", "simple", {"model.toml": SIMPLE_TOML})
@@ -515,7 +515,7 @@ def test_name_defaults_to_directory_and_mismatch_is_an_error(
 ) -> None:
     directory = model_dir(tmp_path, "renamed", {"config.pbtxt": SIMPLE_PBTXT})
     with pytest.raises(ConfigError, match=r"config\.pbtxt: model name 'simple'.*'renamed'"):
-        read_model_config(directory, parser=parser)
+        read_model_config(directory)
     directory = model_dir(tmp_path, "other", {"model.toml": SIMPLE_TOML})
     with pytest.raises(ConfigError, match=r"model\.toml: model name 'simple'.*'other'"):
         read_model_config(directory)

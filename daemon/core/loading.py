@@ -1,0 +1,210 @@
+"""Loading one model: config -> versions -> backend selection -> instances -> scheduler.
+
+Everything blocking here (reading config files and version directories, fingerprinting,
+importing plugin code and runtimes, reading artifacts for auto-complete, probing hardware)
+runs on worker threads, so a slow load never stalls requests to other models. The registry
+decides *when* to load and swaps the result in; this module only builds `LoadedVersion`s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+
+import msgspec
+
+from daemon.backend import Backend, Device, InstanceContext
+from daemon.core import layout
+from daemon.core.ensemble import EnsembleRunner, Resolver
+from daemon.core.hardware import Hardware
+from daemon.core.model import LoadedVersion
+from daemon.core.plugins import PluginRegistry
+from daemon.core.scheduler import Scheduler, make_scheduler
+from daemon.core.selection import Selection, choose_backends
+from daemon.core.stats import MetricsRegistry, ModelStats
+from daemon.errors import BackendError, ConfigError, EdgedError, NotFound, PluginError
+from daemon.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoader:
+    """Builds loaded versions of a model directory; holds no loaded state itself."""
+
+    def __init__(
+        self,
+        plugins: PluginRegistry,
+        hardware: Hardware,
+        metrics: MetricsRegistry,
+        state_dir: Path,
+        resolve_model: Resolver,
+        *,
+        cpu_count: int | None = None,
+    ) -> None:
+        self.plugins = plugins
+        self.hardware = hardware
+        self.metrics = metrics
+        self.state_dir = state_dir
+        # Ensembles find their step models through this (the registry's `get`).
+        self.resolve_model = resolve_model
+        self.cpu_count = cpu_count or os.cpu_count() or 1
+
+    async def fingerprint(self, model_dir: Path) -> str:
+        return await asyncio.to_thread(layout.fingerprint, model_dir)
+
+    async def load(
+        self, name: str, model_dir: Path, override: ModelConfig | None = None
+    ) -> dict[int, LoadedVersion]:
+        """Every version the config's policy selects, all loaded, or an EdgedError and none."""
+        config, versions = await asyncio.to_thread(self._plan, name, model_dir, override)
+        loaded: dict[int, LoadedVersion] = {}
+        try:
+            for version in versions:
+                loaded[version] = await self._load_version(name, version, model_dir / str(version), config)
+        except BaseException:
+            for model in loaded.values():
+                await model.retire(0)
+            raise
+        return loaded
+
+    # ------------------------------------------------------------------ steps
+
+    def _plan(self, name: str, model_dir: Path, override: ModelConfig | None) -> tuple[ModelConfig, list[int]]:
+        """The config and the version numbers to load (worker thread: reads files)."""
+        if override is not None:
+            config, warnings = override, list[str]()
+        else:
+            config, warnings = layout.read_model_config(model_dir)
+        for warning in warnings:
+            log.warning("model %s: %s", name, warning)
+        if not config.name:
+            config.name = name
+        if config.name != name:
+            raise ConfigError(f"model directory {name!r} holds a config named {config.name!r}")
+        available = layout.list_versions(model_dir)
+        versions = layout.select_versions(available, config.version_policy, model=name)
+        if not versions:
+            raise ConfigError(f"model '{name}': no version directories under {model_dir}")
+        return config, versions
+
+    async def _load_version(
+        self, name: str, version: int, version_dir: Path, config: ModelConfig
+    ) -> LoadedVersion:
+        stats = ModelStats(name, str(version), self.metrics)
+        if config.platform == "ensemble" or config.ensemble_scheduling is not None:
+            runner = EnsembleRunner(self.resolve_model, name, config, stats)
+            return LoadedVersion(
+                name, version, config, "ensemble", version_dir, [], stats, runner,
+                selection={"backend": "ensemble", "reason": "ensemble_scheduling"},
+            )
+        selection = await asyncio.to_thread(self._select, config, version_dir)
+        if not selection.candidates:
+            raise ConfigError(
+                f"model '{name}' version {version}: no backend can serve it: "
+                + "; ".join(f"{b}: {r}" for b, r in selection.skipped)
+                if selection.skipped
+                else f"model '{name}' version {version}: no loadable artifact in {version_dir}"
+            )
+        failures: list[str] = []
+        for candidate in selection.candidates:
+            try:
+                return await self._load_on(name, version, config, candidate.backend,
+                                           candidate.artifact, candidate.device, stats, selection)
+            except EdgedError as exc:
+                failures.append(f"{candidate.backend}: {exc.message}")
+                selection.skipped.append((candidate.backend, f"load failed: {exc.message}"))
+                log.warning("model %s: backend %s failed, trying the next: %s", name, candidate.backend, exc.message)
+        stats.close()
+        raise BackendError(f"model '{name}' version {version} failed to load: " + "; ".join(failures))
+
+    def _select(self, config: ModelConfig, version_dir: Path) -> Selection:
+        files = {p.name: p for p in version_dir.iterdir()} if version_dir.is_dir() else {}
+        return choose_backends(config, files, self.plugins.manifests(), self.hardware, self._resolve_plugin)
+
+    def _resolve_plugin(self, backend: str) -> type[Backend] | str:
+        try:
+            return self.plugins.resolve(backend)
+        except (PluginError, NotFound) as exc:
+            return exc.message
+
+    async def _load_on(
+        self,
+        name: str,
+        version: int,
+        config: ModelConfig,
+        backend: str,
+        artifact: Path,
+        device: Device,
+        stats: ModelStats,
+        selection: Selection,
+    ) -> LoadedVersion:
+        cls = await asyncio.to_thread(self.plugins.resolve, backend)
+        try:
+            # Reading the artifact can be slow (a TensorRT engine, a big ONNX file).
+            config = await asyncio.to_thread(cls.autocomplete, msgspec.structs.replace(config), artifact)
+        except EdgedError:
+            raise
+        except Exception as exc:
+            raise BackendError(f"backend {backend!r} could not read {artifact}: {exc}") from exc
+        check_capabilities(backend, cls, config)
+        manifest = self.plugins.manifest(backend)
+        count = sum(g.count for g in config.instance_group) or manifest.default_instances
+        if cls.capabilities.kind == "generation":
+            count = 1  # one engine owns the context; its slots are the parallelism
+        threads = max(1, self.cpu_count // count)
+        state = self.state_dir / "models" / name / str(version)
+        await asyncio.to_thread(state.mkdir, parents=True, exist_ok=True)
+        instances: list[Backend] = []
+        started = time.monotonic()
+        try:
+            for index in range(count):
+                context = InstanceContext(name, version, index, count, state, threads)
+                instance = cls(context)
+                instances.append(instance)
+                await instance.load(config, artifact, device)
+        except BaseException as exc:
+            for instance in instances:
+                try:
+                    await instance.unload()
+                except Exception:
+                    log.exception("model %s: unload after failed load", name)
+            if isinstance(exc, EdgedError):
+                raise
+            if isinstance(exc, Exception):
+                raise BackendError(
+                    f"backend {backend!r} failed to load model '{name}' from {artifact}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            raise
+        scheduler: Scheduler | None = None
+        if cls.capabilities.kind == "tensor":
+            scheduler = make_scheduler(config, instances, stats)
+            await scheduler.start()
+        explain = selection.explain()
+        explain["backend"] = backend
+        explain["device"] = str(device)
+        explain["instances"] = count
+        explain["threads_per_instance"] = threads
+        explain["load_seconds"] = round(time.monotonic() - started, 3)
+        return LoadedVersion(name, version, config, backend, artifact, instances, stats, scheduler, explain)
+
+
+def check_capabilities(backend: str, cls: type[Backend], config: ModelConfig) -> None:
+    """Refuse a config the backend class says it cannot serve, naming what and why."""
+    caps = cls.capabilities
+    for tensor in [*config.input, *config.output]:
+        if tensor.data_type not in caps.datatypes:
+            raise ConfigError(
+                f"model '{config.name}': tensor '{tensor.name}' has datatype {tensor.data_type}, "
+                f"which backend {backend!r} does not support (it supports {sorted(caps.datatypes)})"
+            )
+    if config.model_transaction_policy.decoupled and not caps.decoupled:
+        raise ConfigError(
+            f"model '{config.name}': model_transaction_policy.decoupled is set, but backend "
+            f"{backend!r} sends exactly one response per request"
+        )
+
+

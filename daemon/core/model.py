@@ -1,0 +1,162 @@
+"""One loaded version of one model: the object a request is resolved to, once, and run by.
+
+The transport looks a model up once (`ModelRegistry.get`) and from then on talks only to the
+`LoadedVersion` it got: it decodes against `model.config`, runs `model.infer` / `generate` /
+`embed`, and labels the response with `model.name` / `model.version`. A reload that swaps in
+another version meanwhile cannot mix two configs into one request: this object keeps its config,
+instances and scheduler until the last request on it has finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from daemon.backend import (
+    Backend,
+    GenerateChunk,
+    GenerateParams,
+    GenerationBackend,
+    InferRequest,
+    InferResponse,
+)
+from daemon.core.scheduler import Scheduler
+from daemon.core.stats import FailureReason, ModelStats
+from daemon.core.validate import validate_request
+from daemon.errors import EdgedError, InvalidArgument
+from daemon.model_config import ModelConfig, to_triton_json
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedVersion:
+    """One version of one model, ready to serve."""
+
+    name: str
+    version: int
+    config: ModelConfig
+    backend: str
+    artifact: Path
+    instances: list[Backend]
+    stats: ModelStats
+    # Tensor models and ensembles: the scheduler every request goes through. None for
+    # generation backends, whose own engine loop schedules.
+    scheduler: Scheduler | None
+    selection: dict[str, object] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ what it is
+
+    @property
+    def generator(self) -> GenerationBackend | None:
+        first = self.instances[0] if self.instances else None
+        return first if isinstance(first, GenerationBackend) else None
+
+    def require_generator(self) -> GenerationBackend:
+        """The generation backend, or InvalidArgument naming the backend that is not one."""
+        if self.generator is None:
+            raise InvalidArgument(
+                f"model '{self.name}' runs on backend '{self.backend}', which does not generate text"
+            )
+        return self.generator
+
+    def metadata(self, versions: Sequence[int]) -> dict[str, object]:
+        """KServe model metadata, plus which backend runs it, why, and its effective settings."""
+        config = self.config
+
+        def shape(dims: list[int]) -> list[int]:
+            return [-1, *dims] if config.max_batch_size > 0 else list(dims)
+
+        payload: dict[str, object] = {
+            "name": self.name,
+            "versions": [str(v) for v in versions],
+            "platform": config.platform or self.backend,
+            "backend": self.backend,
+            "inputs": [{"name": t.name, "datatype": t.data_type, "shape": shape(t.dims)} for t in config.input],
+            "outputs": [{"name": t.name, "datatype": t.data_type, "shape": shape(t.dims)} for t in config.output],
+            # Ours: which backend was chosen and why the others were skipped.
+            "selection": self.selection,
+        }
+        effective = self.instances[0].describe() if self.instances else {}
+        if effective:
+            payload["effective"] = effective
+        if self.generator is not None:
+            payload["engine"] = self.generator.engine_stats()
+        return payload
+
+    def triton_config(self) -> dict[str, Any]:
+        """The config in Triton's JSON layout (`GET .../config`), backend filled in as Triton does."""
+        data = to_triton_json(self.config)
+        if not data.get("backend") and self.backend != "ensemble":
+            data["backend"] = self.backend
+        return data
+
+    # ------------------------------------------------------------------ running requests
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        try:
+            validate_request(request, self.config)
+        except InvalidArgument:
+            self.stats.record_failure(0, "OTHER")
+            raise
+        if self.scheduler is None:
+            raise InvalidArgument(
+                f"model '{self.name}' is a generation model; use /v2/models/{self.name}/generate "
+                "or /v1/completions"
+            )
+        return await self.scheduler.submit(request)
+
+    async def generate(
+        self, prompt: str | list[int], params: GenerateParams
+    ) -> AsyncGenerator[GenerateChunk, None]:
+        """Stream chunks, recording Triton-style statistics. Closing the iterator early (the
+        client went away) cancels the sequence in the engine."""
+        generator = self.require_generator()
+        started = time.monotonic_ns()
+        outcome: FailureReason | None = "CANCELED"
+        try:
+            async with contextlib.aclosing(generator.generate(prompt, params)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            outcome = None
+        except EdgedError:
+            outcome = "OTHER"
+            raise
+        finally:
+            elapsed = time.monotonic_ns() - started
+            if outcome is None:
+                self.stats.record_success(elapsed)
+            else:
+                self.stats.record_failure(elapsed, outcome)
+
+    async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        generator = self.require_generator()
+        started = time.monotonic_ns()
+        try:
+            result = await generator.embed(texts)
+        except EdgedError:
+            self.stats.record_failure(time.monotonic_ns() - started)
+            raise
+        self.stats.record_success(time.monotonic_ns() - started, len(texts))
+        return result
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        return self.require_generator().chat_prompt(messages)
+
+    # ------------------------------------------------------------------ retiring
+
+    async def retire(self, drain_timeout: float) -> None:
+        """Drain the scheduler, then unload every instance (after a swap or an unload)."""
+        if self.scheduler is not None:
+            await self.scheduler.stop(drain_timeout)
+        for instance in self.instances:
+            try:
+                await instance.unload()
+            except Exception:  # a plugin failing to unload must not stop the others
+                log.exception("model %s: backend %s failed to unload", self.name, self.backend)
+        self.stats.close()

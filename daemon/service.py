@@ -1,0 +1,173 @@
+"""The daemon as a service: one object that owns its parts and their lifecycle.
+
+`Service.build(config)` is the composition root: it wires plugins, hardware facts, registry,
+repository and releases together, and nothing else constructs them. The transport
+(daemon.api) and the entry points (daemon.server, daemon.cli) only call its methods:
+
+    start()   scan plugins -> load the startup model set -> start pollers and the update inbox
+    reload()  SIGHUP and updates: rescan plugins (models may need a new one), then the repository
+    stop()    refuse new work (503) -> cancel pollers -> drain schedulers -> unload every model
+
+Draining in-flight HTTP requests happens between "refuse" and "unload", in the server, which
+owns the listeners.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from daemon.config import DaemonConfig, state_dir, trusted_keys_dir, updates_root
+from daemon.core.hardware import Hardware
+from daemon.core.plugins import PluginRegistry
+from daemon.core.registry import ModelRegistry
+from daemon.core.releases import ReleaseManager
+from daemon.core.repository import RepositoryManager
+from daemon.core.stats import MetricsRegistry
+from daemon.updates.store import ReleaseStore
+
+log = logging.getLogger(__name__)
+
+
+def shipped_backends_dir() -> Path:
+    """`backends/` beside the executable (frozen) or beside the `daemon` package (source)."""
+    if getattr(sys, "frozen", False):
+        return Path(sys.executable).resolve().parent / "backends"
+    return Path(__file__).resolve().parent.parent / "backends"
+
+
+def demo_repository() -> Path:
+    """The no-flag demo (Triton's `simple` as ONNX and as a Python model), shipped as package
+    data: served in place, never written."""
+    return Path(__file__).resolve().parent / "demo_models"
+
+
+@dataclass
+class Service:
+    config: DaemonConfig
+    state_dir: Path
+    plugins: PluginRegistry
+    hardware: Hardware
+    metrics: MetricsRegistry
+    registry: ModelRegistry
+    repository: RepositoryManager
+    releases: ReleaseManager
+    # False once shutdown begins: new work is answered 503 while in-flight work drains.
+    accepting: bool = True
+    # True once the startup model set has been loaded (the readiness gate for /v2/health/ready).
+    started: bool = False
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Serializes repository rescans, plugin rescans and update applies.
+    control_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @classmethod
+    def build(cls, config: DaemonConfig) -> Service:
+        """The composition root. Cheap: no model, plugin or runtime is touched until start()."""
+        state = state_dir(config)
+        store = ReleaseStore(updates_root(config))
+        store.recover()  # a crash mid-update leaves a complete old or new release, never a mix
+        backend_dirs = [Path(d) for d in config.backends.directories] or [shipped_backends_dir()]
+        plugins = PluginRegistry(backend_dirs, check_ownership=config.backends.check_ownership)
+        repositories = [Path(r) for r in config.models.repository]
+        release = store.current_release()
+        if not repositories and not (release is not None and (release / "models").is_dir()):
+            repositories = [demo_repository()]
+            log.info("no model repository configured: serving the demo models from %s", repositories[0])
+        metrics = MetricsRegistry()
+        hardware = Hardware()
+        registry = ModelRegistry(
+            plugins, hardware, metrics, state, drain_timeout=config.server.shutdown_timeout
+        )
+        repository = RepositoryManager(
+            registry, repositories, config.models.control_mode, startup_models=config.models.load
+        )
+        control_lock = asyncio.Lock()
+        releases = ReleaseManager(
+            store, trusted_keys_dir(config), registry, repository, plugins, control_lock,
+            keep=config.updates.keep_releases,
+        )
+        releases.point_at(release)
+        return cls(
+            config=config,
+            state_dir=state,
+            plugins=plugins,
+            hardware=hardware,
+            metrics=metrics,
+            registry=registry,
+            repository=repository,
+            releases=releases,
+            control_lock=control_lock,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.plugins.scan)
+        failed = await self.repository.startup()
+        if failed:
+            log.error("models that failed to load at start: %s", ", ".join(failed))
+        self.started = True
+        if self.config.backends.poll_secs > 0:
+            self._every(self.config.backends.poll_secs, self.rescan_plugins, "plugin scan")
+        if self.config.models.control_mode == "poll":
+            self._every(self.config.models.poll_secs, self.rescan_models, "repository poll")
+        if self.config.updates.inbox:
+            from daemon.updates.inbox import watch_inbox
+
+            inbox = Path(self.config.updates.inbox)
+
+            async def apply(path: Path) -> object:
+                return await self.releases.apply(path)
+
+            self.tasks.append(
+                asyncio.create_task(watch_inbox(inbox, apply, self.config.updates.inbox_poll_secs))
+            )
+
+    async def stop(self) -> None:
+        self.accepting = False
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.tasks.clear()
+        await self.registry.close()
+
+    async def reload(self) -> None:
+        """SIGHUP and updates: plugins first (models may need a new plugin), then models."""
+        await self.rescan_plugins()
+        await self.rescan_models()
+
+    async def rescan_plugins(self) -> None:
+        """Pick up new, changed and removed plugins; reload models whose plugin changed."""
+        async with self.control_lock:
+            await self.registry.sync_plugins()
+
+    async def rescan_models(self) -> None:
+        async with self.control_lock:
+            await self.repository.rescan()
+
+    # ------------------------------------------------------------------ state
+
+    def ready(self) -> bool:
+        return self.accepting and self.started and self.registry.all_ready()
+
+    def status(self) -> str:
+        ready = sum(1 for e in self.registry.index() if e.state == "READY")
+        return f"{ready}/{len(self.registry.names())} models ready"
+
+    def _every(self, interval: float, action: Callable[[], Awaitable[None]], what: str) -> None:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await action()
+                except Exception:  # a failing poll must never end the poller
+                    log.exception("%s failed", what)
+
+        self.tasks.append(asyncio.create_task(loop()))
