@@ -24,6 +24,7 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
+from daemon.api import openai_tools
 from daemon.api.state import daemon_of
 from daemon.backend import GenerateChunk, GenerateParams
 from daemon.core.model import LoadedVersion
@@ -77,6 +78,9 @@ class ChatMessage(_Strict):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    # An assistant turn that called tools, and a tool's result answering one call.
+    tool_calls: list[openai_tools.ToolCall] | None = None
+    tool_call_id: str | None = None
 
 
 class JsonSchemaFormat(_Strict):
@@ -95,6 +99,9 @@ class ResponseFormat(_Strict):
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = []
     response_format: ResponseFormat | None = None
+    tools: list[openai_tools.Tool] | None = None
+    tool_choice: openai_tools.ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class EmbeddingRequest(_Strict):
@@ -247,6 +254,12 @@ async def _send(response: web.StreamResponse, payload: object) -> None:
     await response.write(b"data: " + _json.encode(payload) + b"\n\n")
 
 
+async def _send_all(response: web.StreamResponse, payload: dict[str, Any] | list[dict[str, Any]] | None) -> None:
+    """Send one event, several, or none (a chunk held back, e.g. a tool call still forming)."""
+    for item in [payload] if isinstance(payload, dict) else payload or []:
+        await _send(response, item)
+
+
 def _usage(chunk: GenerateChunk) -> dict[str, Any]:
     return {
         "prompt_tokens": chunk.prompt_tokens,
@@ -303,7 +316,7 @@ async def _stream_or_collect(
         last = GenerateChunk(text="")
         if echo:
             # The echoed prompt streams first, as its own chunk (OpenAI and llama-server).
-            await _send(response, make_chunk(GenerateChunk(text=echo)))
+            await _send_all(response, make_chunk(GenerateChunk(text=echo)))
         pending = [first] if first is not None else []
         async def all_chunks() -> AsyncIterator[GenerateChunk]:
             for c in pending:
@@ -313,7 +326,7 @@ async def _stream_or_collect(
         async for chunk in all_chunks():
             last = chunk
             if chunk.text or chunk.finish_reason:
-                await _send(response, make_chunk(chunk))
+                await _send_all(response, make_chunk(chunk))
         if include_usage:
             final = make_chunk(GenerateChunk(text=""), usage_only=True)
             final["usage"] = _usage(last)
@@ -371,20 +384,46 @@ _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant"
 def _chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
     out = []
     for index, message in enumerate(messages):
+        if message.tool_calls is not None and message.role != "assistant":
+            raise InvalidArgument(f"messages[{index}].tool_calls: only on assistant messages")
+        if message.tool_call_id is not None and message.role != "tool":
+            raise InvalidArgument(f"messages[{index}].tool_call_id: only on tool messages")
+        if message.role == "tool":
+            if message.tool_call_id is None:
+                raise InvalidArgument(f"messages[{index}].tool_call_id: required for role 'tool'")
+            content = openai_tools.tool_result_text(message.tool_call_id, _message_text(message, index))
+            out.append({"role": "user", "content": content})
+            continue
         role = _ROLES.get(message.role)
         if role is None:
-            hint = " (tools are not supported)" if message.role in ("tool", "function") else ""
             raise InvalidArgument(
                 f"messages[{index}].role: {message.role!r} is not one of system, developer, user, "
-                f"assistant{hint}"
+                "assistant, tool"
             )
         if message.content is None and role != "assistant":
             raise InvalidArgument(f"messages[{index}].content: required for role {message.role!r}")
-        entry = {"role": role, "content": _message_text(message, index)}
+        text = _message_text(message, index)
+        if message.tool_calls:
+            calls = openai_tools.assistant_calls_text(message.tool_calls, index)
+            text = f"{text}\n{calls}" if text else calls
+        entry = {"role": role, "content": text}
         if message.name is not None:
             entry["name"] = message.name
         out.append(entry)
     return out
+
+
+def _tools_in_use(req: ChatRequest) -> list[openai_tools.Tool]:
+    """The tools the model may call in this request ([] without tools or with tool_choice none)."""
+    if req.tools is None:
+        if req.tool_choice is not None:
+            raise InvalidArgument("tool_choice: only allowed when tools are specified")
+        if req.parallel_tool_calls is not None:
+            raise InvalidArgument("parallel_tool_calls: only allowed when tools are specified")
+        return []
+    if not req.tools:
+        raise InvalidArgument("tools: at least one tool is required (omit the field for none)")
+    return [] if req.tool_choice == "none" else req.tools
 
 
 def _json_schema(fmt: ResponseFormat | None) -> str:
@@ -422,29 +461,60 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     messages = _chat_messages(req.messages)
     params = _params(req)
     params.json_schema = _json_schema(req.response_format)
+    tools = _tools_in_use(req)
+    if tools:
+        if params.json_schema:
+            raise InvalidArgument("response_format: cannot be combined with tools")
+        parallel = req.parallel_tool_calls is not False
+        params.json_schema = openai_tools.tool_schema(tools, req.tool_choice, parallel)
+        messages = openai_tools.with_tools(messages, tools, parallel)
     prompt = model.chat_prompt(messages)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     first_delta = [True]
+    held: list[str] = []  # with tools: the JSON reply, parsed once complete
 
-    def make_chunk(chunk: GenerateChunk, usage_only: bool = False) -> dict[str, Any]:
-        delta: dict[str, Any] = {"content": chunk.text} if chunk.text else {}
-        if first_delta[0] and not usage_only:
-            delta["role"] = "assistant"
+    def chunk_payload(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        if first_delta[0]:
+            delta = {"role": "assistant", **delta}
             first_delta[0] = False
-        choices = [] if usage_only else [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": chunk.finish_reason}
-        ]
-        return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model.name, "choices": choices}
+        return {
+            "id": ident, "object": "chat.completion.chunk", "created": created, "model": model.name,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+
+    def make_chunk(chunk: GenerateChunk, usage_only: bool = False) -> dict[str, Any] | list[dict[str, Any]] | None:
+        if usage_only:
+            return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model.name, "choices": []}
+        if not tools:
+            return chunk_payload({"content": chunk.text} if chunk.text else {}, chunk.finish_reason)
+        held.append(chunk.text)
+        if chunk.finish_reason is None:
+            return None
+        content, calls = openai_tools.parse_reply("".join(held))
+        if not calls:
+            return [chunk_payload({"content": content} if content else {}, chunk.finish_reason)]
+        # OpenAI's stream shape: id and name first, then the arguments, then the finish.
+        events = []
+        for i, call in enumerate(calls):
+            head = {"index": i, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}
+            events.append(chunk_payload({"content": None, "tool_calls": [head]} if i == 0 else {"tool_calls": [head]}, None))
+            events.append(chunk_payload({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]}, None))
+        events.append(chunk_payload({}, "tool_calls"))
+        return events
 
     def make_final(text: str, last: GenerateChunk) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish: str | None = last.finish_reason
+        if tools:
+            content, calls = openai_tools.parse_reply(text)
+            message["content"] = content
+            if calls:
+                message["tool_calls"] = calls
+                finish = "tool_calls"
         return {
             "id": ident, "object": "chat.completion", "created": created, "model": model.name,
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": last.finish_reason,
-            }],
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
             "usage": _usage(last),
         }
 

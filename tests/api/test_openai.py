@@ -23,11 +23,11 @@ from daemon.testing_gguf import write_tiny_llama  # noqa: E402
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("llm-repo")
     (path / "tiny" / "1").mkdir(parents=True)
-    write_tiny_llama(path / "tiny" / "1" / "model.gguf", seed=1)
+    write_tiny_llama(path / "tiny" / "1" / "model.gguf", seed=1, n_ctx=1024)
     (path / "tiny" / "config.pbtxt").write_text(
         'backend: "llamacpp"\n'
         'parameters { key: "n_parallel" value { string_value: "4" } }\n'
-        'parameters { key: "n_ctx" value { string_value: "1024" } }\n'
+        'parameters { key: "n_ctx" value { string_value: "4096" } }\n'
     )
     (path / "embedder" / "1").mkdir(parents=True)
     write_tiny_llama(path / "embedder" / "1" / "model.gguf", seed=2, pooling=1)
@@ -147,8 +147,9 @@ def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
         with pytest.raises(openai.BadRequestError, match=pattern):
             client.chat.completions.create(model="tiny", messages=user, extra_body={field: value})
     for messages, pattern in [
-        ([{"role": "tool", "content": "x", "tool_call_id": "1"}], "tool_call_id"),
-        ([{"role": "tool", "content": "x"}], r"messages\[0\]\.role: 'tool' is not one of .* \(tools are not supported\)"),
+        ([{"role": "tool", "content": "x"}], r"messages\[0\]\.tool_call_id: required for role 'tool'"),
+        ([{"role": "user", "content": "x", "tool_call_id": "1"}], r"messages\[0\]\.tool_call_id: only on tool messages"),
+        ([{"role": "function", "content": "x"}], r"messages\[0\]\.role: 'function' is not one of"),
         ([{"role": "robot", "content": "x"}], r"messages\[0\]\.role: 'robot'"),
         ([{"role": "user", "content": None}], r"messages\[0\]\.content: required"),
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], r"messages\[0\]\.content\[0\]"),
@@ -229,11 +230,11 @@ def test_retrieve_model(client: openai.OpenAI) -> None:
 
 
 def test_default_max_tokens_is_the_rest_of_the_context(client: openai.OpenAI) -> None:
-    # 1024 cells over 4 slots: 256 per sequence, so generation ends there, not at 128.
+    # 4096 cells over 4 slots: 1024 per sequence, so generation ends there, not at 128.
     result = client.completions.create(model="tiny", prompt="Tell me everything", temperature=0)
     assert result.choices[0].finish_reason == "length"
     assert result.usage is not None
-    assert result.usage.prompt_tokens + result.usage.completion_tokens == 256 + 1
+    assert result.usage.prompt_tokens + result.usage.completion_tokens == 1024 + 1
 
 
 def test_max_completion_tokens_and_zero_tokens(client: openai.OpenAI) -> None:
@@ -335,3 +336,98 @@ def test_embedding_dimensions(client: openai.OpenAI) -> None:
     assert all(math.isclose(a, b / scale, rel_tol=1e-5, abs_tol=1e-7) for a, b in zip(short, full[:16], strict=True))
     with pytest.raises(openai.BadRequestError, match="dimensions: the model's embeddings have 64 dimensions, got 65"):
         client.embeddings.create(model="embedder", input="x", dimensions=65)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Oslo"]}, "celsius": {"type": "boolean"}},
+            "required": ["city", "celsius"],
+            "additionalProperties": False,
+        },
+    },
+}
+LIGHTS = {"type": "function", "function": {"name": "lights_off"}}
+
+
+def test_tool_calls_required_and_named(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    for seed in (1, 2):
+        result = client.chat.completions.create(
+            model="tiny", messages=messages, tools=[WEATHER, LIGHTS], tool_choice="required",
+            parallel_tool_calls=False, seed=seed, temperature=1.0, max_tokens=400,
+        )
+        choice = result.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.content is None
+        calls = choice.message.tool_calls or []
+        assert len(calls) == 1 and calls[0].id.startswith("call_") and calls[0].type == "function"
+        assert calls[0].function.name in ("get_weather", "lights_off")
+        arguments = json.loads(calls[0].function.arguments)
+        if calls[0].function.name == "get_weather":
+            assert arguments["city"] in ("Paris", "Oslo") and isinstance(arguments["celsius"], bool)
+        else:
+            assert arguments == {}
+    named = client.chat.completions.create(
+        model="tiny", messages=messages, tools=[WEATHER, LIGHTS],
+        tool_choice={"type": "function", "function": {"name": "lights_off"}}, parallel_tool_calls=False,
+        temperature=0, max_tokens=400,
+    )
+    calls = named.choices[0].message.tool_calls or []
+    assert calls and {c.function.name for c in calls} == {"lights_off"}
+    assert named.choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_call_streams_as_deltas(client: openai.OpenAI) -> None:
+    kwargs = {
+        "model": "tiny", "messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": False, "temperature": 0, "max_tokens": 400,
+    }
+    full = client.chat.completions.create(**kwargs)
+    expected = (full.choices[0].message.tool_calls or [])[0]
+    names, arguments, ids, finish = [], "", set(), None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for choice in chunk.choices:
+            assert not choice.delta.content
+            for call in choice.delta.tool_calls or []:
+                assert call.index == 0
+                if call.id:
+                    ids.add(call.id)
+                if call.function and call.function.name:
+                    names.append(call.function.name)
+                if call.function and call.function.arguments:
+                    arguments += call.function.arguments
+            finish = choice.finish_reason or finish
+    assert names == ["get_weather"] and len(ids) == 1 and finish == "tool_calls"
+    assert json.loads(arguments) == json.loads(expected.function.arguments)
+
+
+def test_tool_results_go_back_through_the_template(client: openai.OpenAI) -> None:
+    question = [{"role": "user", "content": "Weather in Paris?"}]
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "celsius": true}'}}
+    answered = [*question, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees and sunny"}]
+    base = client.chat.completions.create(model="tiny", messages=question, tools=[WEATHER], max_tokens=1)
+    after = client.chat.completions.create(model="tiny", messages=answered, tools=[WEATHER], max_tokens=1)
+    assert base.usage is not None and after.usage is not None
+    # The call and its result are in the prompt: at least the result's text in tokens more.
+    assert after.usage.prompt_tokens > base.usage.prompt_tokens + len("21 degrees and sunny")
+    with pytest.raises(openai.BadRequestError, match=r"messages\[1\]\.tool_calls\[0\]\.function\.arguments: not valid JSON"):
+        bad = {**call, "function": {"name": "get_weather", "arguments": "{nope"}}
+        client.chat.completions.create(model="tiny", messages=[question[0], {"role": "assistant", "tool_calls": [bad]}],
+                                       tools=[WEATHER], max_tokens=1)
+    for extra, pattern in [
+        ({"tool_choice": "auto"}, "tool_choice: only allowed when tools are specified"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "no tool named 'nope'"),
+        ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format: cannot be combined with tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+            "n": {"type": "integer", "maximum": 3}}}}}]}, "keyword 'maximum' is not supported"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=pattern):
+            client.chat.completions.create(model="tiny", messages=question, max_tokens=1, extra_body=extra)
