@@ -376,8 +376,21 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     json_schema: str = ""
     seed: int | None = None
     stop: list[str] = []
+    # None: no log probabilities; n >= 0: each generated token's log probability under the
+    # model (softmax of its logits, before any sampling step) and the n most likely tokens.
+    logprobs: int | None = None
     # Greedy decoding regardless of the fields above (temperature <= 0 means the same).
     greedy: bool = False
+
+
+class TokenLogprob(msgspec.Struct):
+    """A token's log probability; `top` holds the most likely alternatives at that step."""
+
+    token_id: int
+    # The token's bytes (a token can be part of a UTF-8 character).
+    piece: bytes
+    logprob: float
+    top: list[TokenLogprob] = []
 
 
 class GenerateChunk(msgspec.Struct):
@@ -390,6 +403,8 @@ class GenerateChunk(msgspec.Struct):
     completion_tokens: int = 0
     # Of `prompt_tokens`, how many were already in the KV cache (not evaluated again).
     cached_tokens: int = 0
+    # One per token of `token_ids` when GenerateParams.logprobs is set.
+    logprobs: list[TokenLogprob] = []
 
 
 class GenerationBackend(Backend):

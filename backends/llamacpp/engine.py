@@ -44,7 +44,7 @@ from typing import Any, Literal
 import llama_cpp.llama_cpp as llama
 import numpy as np
 
-from daemon.backend import GenerateChunk, GenerateParams
+from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
 from daemon.errors import (
     BackendError,
     EdgedError,
@@ -147,6 +147,7 @@ class _Sequence:
     next_token: int = -1  # sampled but not yet decoded; -1 while the prompt is prefilling
     generated: int = 0
     ids: list[int] = field(default_factory=list)  # sampled since the last emitted chunk
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per entry of `ids`
     decoded: list[int] = field(default_factory=list)  # generated tokens whose KV is cached
     cached: int = 0  # prompt tokens found in the slot's cache
     decoder: PieceDecoder = field(default_factory=PieceDecoder)
@@ -607,8 +608,26 @@ class Engine:
             self._fail_all(error)
             return
         for seq, index in outputs:
+            wanted = seq.request.params.logprobs
+            # Read before sampling: the model's own distribution, not the sampler's.
+            logprobs = self._log_softmax(index) if wanted is not None else None
             token = llama.llama_sampler_sample(seq.sampler, self._ctx, index)
+            if logprobs is not None and wanted is not None:
+                seq.logprobs.append(self._token_logprob(logprobs, token, wanted))
             self._accept(seq, token)
+
+    def _log_softmax(self, index: int) -> np.ndarray:
+        logits = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, index), shape=(self.n_vocab,))
+        shifted = logits.astype(np.float64) - float(logits.max())
+        return shifted - float(np.log(np.exp(shifted).sum()))
+
+    def _token_logprob(self, logprobs: np.ndarray, token: int, top: int) -> TokenLogprob:
+        best: list[TokenLogprob] = []
+        if top > 0:
+            ids = np.argpartition(-logprobs, top - 1)[:top]
+            ids = ids[np.argsort(-logprobs[ids], kind="stable")]
+            best = [TokenLogprob(int(t), self._piece(int(t)), float(logprobs[t])) for t in ids]
+        return TokenLogprob(token, self._piece(token), float(logprobs[token]), best)
 
     def _accept(self, seq: _Sequence, token: int) -> None:
         self._tokens_generated += 1
@@ -628,8 +647,9 @@ class Engine:
             return
         seq.next_token = token
         if text:
-            seq.request.emit(GenerateChunk(text=text, token_ids=seq.ids))
+            seq.request.emit(GenerateChunk(text=text, token_ids=seq.ids, logprobs=seq.logprobs))
             seq.ids = []
+            seq.logprobs = []
 
     def _finish(self, seq: _Sequence, reason: Literal["stop", "length"], text: str, *, flush: bool) -> None:
         if flush:
@@ -643,6 +663,7 @@ class Engine:
             GenerateChunk(
                 text=text,
                 token_ids=seq.ids,
+                logprobs=seq.logprobs,
                 finish_reason=reason,
                 prompt_tokens=len(seq.prompt),
                 completion_tokens=seq.generated,

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from daemon.api import openai_tools
 from daemon.api.state import daemon_of
-from daemon.backend import GenerateChunk, GenerateParams
+from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
 from daemon.core.model import LoadedVersion
 from daemon.errors import InvalidArgument, Unavailable
 
@@ -72,6 +72,8 @@ class CompletionRequest(_Sampling):
     # A string, a one-element list of strings, or token ids (msgspec allows one list type).
     prompt: str | list[str | int] = ""
     echo: bool = False
+    # Log probabilities of the generated tokens and this many alternatives (OpenAI: 0..5).
+    logprobs: int | None = None
 
 
 class ChatMessage(_Strict):
@@ -99,6 +101,9 @@ class ResponseFormat(_Strict):
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = []
     response_format: ResponseFormat | None = None
+    logprobs: bool = False
+    # Alternatives per token (0..20); needs logprobs.
+    top_logprobs: int | None = None
     tools: list[openai_tools.Tool] | None = None
     tool_choice: openai_tools.ToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -226,11 +231,16 @@ def _generation_model(request: web.Request, name: str, version: str | None = Non
 
 
 async def _collect(chunks: AsyncIterator[GenerateChunk]) -> tuple[str, GenerateChunk]:
+    """The whole text, and the last chunk carrying every chunk's logprobs."""
     parts: list[str] = []
+    logprobs: list[TokenLogprob] = []
     last = GenerateChunk(text="")
     async for chunk in chunks:
         parts.append(chunk.text)
+        logprobs.extend(chunk.logprobs)
         last = chunk
+    if logprobs:
+        last = msgspec.structs.replace(last, logprobs=logprobs)
     return "".join(parts), last
 
 
@@ -258,6 +268,11 @@ async def _send_all(response: web.StreamResponse, payload: dict[str, Any] | list
     """Send one event, several, or none (a chunk held back, e.g. a tool call still forming)."""
     for item in [payload] if isinstance(payload, dict) else payload or []:
         await _send(response, item)
+
+
+def _token_text(entry: TokenLogprob) -> str:
+    # A token holding part of a UTF-8 character shows as U+FFFD; `bytes` has the truth.
+    return entry.piece.decode("utf-8", errors="replace")
 
 
 def _usage(chunk: GenerateChunk) -> dict[str, Any]:
@@ -311,6 +326,8 @@ async def _stream_or_collect(
                 text = first.text + text
                 if last.finish_reason is None:
                     last = first
+                elif first.logprobs:
+                    last = msgspec.structs.replace(last, logprobs=first.logprobs + last.logprobs)
             return web.Response(body=_json.encode(make_final(text, last)), content_type="application/json")
         response = await _sse(request)
         last = GenerateChunk(text="")
@@ -352,12 +369,37 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise InvalidArgument("echo: only supported with a text prompt, not token ids")
     # Completions accept max_tokens 0 (OpenAI's legacy API: with echo, the prompt alone).
     params = _params(req, min_tokens=0)
+    if req.logprobs is not None:
+        if not 0 <= req.logprobs <= 5:
+            raise InvalidArgument(f"logprobs must be between 0 and 5, got {req.logprobs}")
+        if req.echo:
+            # OpenAI would score the prompt's tokens too; the engine computes none.
+            raise InvalidArgument("logprobs: not supported together with echo")
+        params.logprobs = req.logprobs
+    offset = [0]  # text_offset of the next token in the completion
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
+    def completion_logprobs(entries: list[TokenLogprob]) -> dict[str, Any] | None:
+        """OpenAI's legacy layout: parallel lists, alternatives as {token: logprob}."""
+        if params.logprobs is None:
+            return None
+        tokens, offsets = [], []
+        for entry in entries:
+            tokens.append(_token_text(entry))
+            offsets.append(offset[0])
+            offset[0] += len(tokens[-1])
+        return {
+            "tokens": tokens,
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{_token_text(t): t.logprob for t in e.top} for e in entries],
+            "text_offset": offsets,
+        }
+
     def make_chunk(chunk: GenerateChunk, usage_only: bool = False) -> dict[str, Any]:
-        choices = [] if usage_only else [
-            {"index": 0, "text": chunk.text, "logprobs": None, "finish_reason": chunk.finish_reason}
-        ]
+        choices = [] if usage_only else [{
+            "index": 0, "text": chunk.text, "logprobs": completion_logprobs(chunk.logprobs),
+            "finish_reason": chunk.finish_reason,
+        }]
         return {"id": ident, "object": "text_completion", "created": created, "model": model.name, "choices": choices}
 
     def make_final(text: str, last: GenerateChunk) -> dict[str, Any]:
@@ -365,7 +407,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
             text = prompt + text
         return {
             "id": ident, "object": "text_completion", "created": created, "model": model.name,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}],
+            "choices": [{
+                "index": 0, "text": text, "logprobs": completion_logprobs(last.logprobs),
+                "finish_reason": last.finish_reason,
+            }],
             "usage": _usage(last),
         }
 
@@ -461,8 +506,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     messages = _chat_messages(req.messages)
     params = _params(req)
     params.json_schema = _json_schema(req.response_format)
+    if req.top_logprobs is not None:
+        if not req.logprobs:
+            raise InvalidArgument("top_logprobs: requires logprobs to be true")
+        if not 0 <= req.top_logprobs <= 20:
+            raise InvalidArgument(f"top_logprobs must be between 0 and 20, got {req.top_logprobs}")
+    if req.logprobs:
+        params.logprobs = req.top_logprobs or 0
     tools = _tools_in_use(req)
     if tools:
+        if req.logprobs:
+            raise InvalidArgument("logprobs: not supported together with tools")
         if params.json_schema:
             raise InvalidArgument("response_format: cannot be combined with tools")
         parallel = req.parallel_tool_calls is not False
@@ -473,20 +527,33 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     first_delta = [True]
     held: list[str] = []  # with tools: the JSON reply, parsed once complete
 
-    def chunk_payload(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any] | None:
+        if not req.logprobs:
+            return None
+        return {"content": [
+            {
+                "token": _token_text(e), "logprob": e.logprob, "bytes": list(e.piece),
+                "top_logprobs": [
+                    {"token": _token_text(t), "logprob": t.logprob, "bytes": list(t.piece)} for t in e.top
+                ],
+            }
+            for e in entries
+        ]}
+
+    def chunk_payload(delta: dict[str, Any], finish: str | None, entries: list[TokenLogprob] | None = None) -> dict[str, Any]:
         if first_delta[0]:
             delta = {"role": "assistant", **delta}
             first_delta[0] = False
         return {
             "id": ident, "object": "chat.completion.chunk", "created": created, "model": model.name,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": chat_logprobs(entries or []), "finish_reason": finish}],
         }
 
     def make_chunk(chunk: GenerateChunk, usage_only: bool = False) -> dict[str, Any] | list[dict[str, Any]] | None:
         if usage_only:
             return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model.name, "choices": []}
         if not tools:
-            return chunk_payload({"content": chunk.text} if chunk.text else {}, chunk.finish_reason)
+            return chunk_payload({"content": chunk.text} if chunk.text else {}, chunk.finish_reason, chunk.logprobs)
         held.append(chunk.text)
         if chunk.finish_reason is None:
             return None
@@ -514,7 +581,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 finish = "tool_calls"
         return {
             "id": ident, "object": "chat.completion", "created": created, "model": model.name,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, "message": message, "logprobs": chat_logprobs(last.logprobs), "finish_reason": finish}],
             "usage": _usage(last),
         }
 

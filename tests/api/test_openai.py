@@ -142,7 +142,6 @@ def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
         ("max_tokens", 0, "max_tokens must be >= 1, got 0"),
         ("stream_options", {"include_usage": True}, "stream_options: only allowed when stream is true"),
         ("tools", [], "tools"),
-        ("logprobs", True, "logprobs"),
     ]:
         with pytest.raises(openai.BadRequestError, match=pattern):
             client.chat.completions.create(model="tiny", messages=user, extra_body={field: value})
@@ -431,3 +430,39 @@ def test_tool_results_go_back_through_the_template(client: openai.OpenAI) -> Non
     ]:
         with pytest.raises(openai.BadRequestError, match=pattern):
             client.chat.completions.create(model="tiny", messages=question, max_tokens=1, extra_body=extra)
+
+
+def test_logprobs(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Probabilities"}]
+    full = client.chat.completions.create(model="tiny", messages=messages, logprobs=True, top_logprobs=2, **GREEDY)
+    content = full.choices[0].logprobs.content if full.choices[0].logprobs else None
+    assert content is not None and len(content) == 12
+    assert "".join(e.token for e in content) == full.choices[0].message.content
+    for entry in content:
+        assert len(entry.top_logprobs) == 2 and entry.top_logprobs[0].logprob == entry.logprob <= 0
+        assert bytes(entry.bytes or []).decode() == entry.token
+    streamed = []
+    for chunk in client.chat.completions.create(
+        model="tiny", messages=messages, logprobs=True, top_logprobs=2, stream=True, **GREEDY
+    ):
+        for choice in chunk.choices:
+            streamed.extend(choice.logprobs.content or [] if choice.logprobs else [])
+    # The second request decodes from the prompt cache: float rounding may differ a little.
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-3)
+    completion = client.completions.create(model="tiny", prompt="Probabilities", logprobs=1, **GREEDY)
+    lp = completion.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.text_offset is not None
+    assert "".join(lp.tokens) == completion.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(len(top) == 1 for top in lp.top_logprobs or [])
+    plain = client.chat.completions.create(model="tiny", messages=messages, **GREEDY)
+    assert plain.choices[0].logprobs is None
+    for extra, pattern in [
+        ({"top_logprobs": 2}, "top_logprobs: requires logprobs to be true"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs must be between 0 and 20"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=pattern):
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=1, extra_body=extra)
+    with pytest.raises(openai.BadRequestError, match="logprobs must be between 0 and 5"):
+        client.completions.create(model="tiny", prompt="x", logprobs=6, max_tokens=1)

@@ -597,3 +597,24 @@ async def test_grammar_constrains_the_output(load: Loader, model_path: Path) -> 
         assert result.last.finish_reason == "stop"  # the grammar leaves only end-of-text
     with pytest.raises(InvalidArgument, match=r"grammar: llama\.cpp could not parse it"):
         await collect(backend.generate(PROMPTS[0], GenerateParams(grammar="root ::= (")))
+
+
+async def test_logprobs_are_the_models_distribution(load: Loader, model_path: Path) -> None:
+    prompt = [1, 300, 301, 320, 330, 270, 280]
+    backend = await load(model_path)
+    result = await collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=6, logprobs=3)))
+    entries = [e for chunk in result.chunks for e in chunk.logprobs]
+    assert [e.token_id for e in entries] == result.ids
+    weights = read_weights(model_path)
+    logits = reference_forward(weights, prompt)[-1] @ weights["output.weight"].T
+    expected = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+    first = entries[0]
+    assert first.logprob == pytest.approx(expected[first.token_id], abs=0.05)
+    assert [t.token_id for t in first.top] == list(np.argsort(-expected)[:3])
+    for entry in entries:
+        # Greedy: the chosen token is the most likely one; alternatives sorted, all <= 0.
+        assert entry.top[0].token_id == entry.token_id and entry.top[0].logprob == entry.logprob
+        assert [t.logprob for t in entry.top] == sorted((t.logprob for t in entry.top), reverse=True)
+        assert entry.logprob <= 0 and entry.piece
+    plain = await collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=6)))
+    assert plain.ids == result.ids and all(not c.logprobs for c in plain.chunks)
