@@ -18,6 +18,8 @@ Model parameters (config `parameters`, all strings):
     embedding     "true": an embedding model (serves embed(), not generate())
     pooling       mean | cls | last; default the GGUF's pooling, else mean
     max_queue     requests that may wait for a slot before new ones get 503 (default 64)
+    flash_attn    auto | on | off; default off on the CPU (measured faster there, see
+                  engine.FLASH_ATTN), llama.cpp's auto with GPU layers
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class LlamaCppOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     embedding: bool = False
     pooling: Literal["", "mean", "cls", "last"] = ""
     max_queue: Annotated[int, msgspec.Meta(ge=1)] = 64
+    flash_attn: Literal["", "auto", "on", "off"] = ""
 
     def __post_init__(self) -> None:
         if self.n_batch < self.n_parallel:
@@ -122,6 +125,7 @@ class LlamaCppBackend(GenerationBackend):
             pooling=options.pooling,
             max_queue=options.max_queue,
             chat_template=options.chat_template,
+            flash_attn=options.flash_attn,
         )
         engine = Engine(settings)
         # Set before waiting: if this load is cancelled, the daemon's unload() stops the

@@ -73,6 +73,15 @@ _GGML_LOG_WARN, _GGML_LOG_ERROR = 3, 4
 Emit = Callable[[GenerateChunk | EdgedError], None]
 EmbedDone = Callable[[tuple[list[list[float]], int] | EdgedError], None]
 
+# Flash attention on the CPU (llama.cpp's "auto" turns it on) made a chat's second turn ~8x
+# slower here: 84 new tokens after 1 973 cached ones took 733 ms with it, 86 ms without
+# (512x8 f16 model, 2 threads). llama-cpp-python's own default is off as well.
+FLASH_ATTN = {
+    "auto": llama.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
 POOLING = {
     "": llama.LLAMA_POOLING_TYPE_UNSPECIFIED,
     "mean": llama.LLAMA_POOLING_TYPE_MEAN,
@@ -96,6 +105,8 @@ class EngineSettings:
     pooling: str
     max_queue: int
     chat_template: str
+    # "auto" | "on" | "off"; "" = off on the CPU, llama.cpp's auto with GPU layers.
+    flash_attn: str = ""
 
 
 @dataclass
@@ -347,6 +358,7 @@ class Engine:
         params.n_threads = s.n_threads
         params.n_threads_batch = s.n_threads
         params.no_perf = True
+        params.flash_attn_type = FLASH_ATTN[s.flash_attn or ("auto" if s.n_gpu_layers else "off")]
         if s.embedding:
             # One stream that all texts of a batch share, cleared after every batch: llama.cpp
             # pools per ubatch, and a unified cache never splits a sequence across ubatches.

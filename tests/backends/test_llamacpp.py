@@ -441,6 +441,8 @@ async def test_invalid_parameters_name_the_field(load: Loader, model_path: Path)
         await load(model_path, n_batch="2")
     with pytest.raises(ConfigError, match="n_parallel"):
         await load(model_path, n_parallel="many")
+    with pytest.raises(ConfigError, match="flash_attn"):
+        await load(model_path, flash_attn="maybe")
 
 
 async def test_unreadable_gguf_fails_load(load: Loader, tmp_path: Path) -> None:
