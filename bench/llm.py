@@ -84,12 +84,16 @@ class Run:
 # --------------------------------------------------------------------------- ours, in-process
 
 
-async def bench_direct(model: Path, streams: list[int], max_tokens: int, threads: int) -> list[Run]:
+async def bench_direct(
+    model: Path, streams: list[int], max_tokens: int, threads: int, flash_attn: str = ""
+) -> list[Run]:
     registry = PluginRegistry([ROOT / "backends"])
     registry.scan()
     cls = registry.resolve("llamacpp")
     backend = cls(InstanceContext("bench", 1, threads=threads))
     parameters = {"n_parallel": str(max(streams)), "n_ctx": str(max(streams) * 512)}
+    if flash_attn:
+        parameters["flash_attn"] = flash_attn
     await backend.load(ModelConfig(name="bench", parameters=parameters), model, Device("cpu"))
     params = GenerateParams(greedy=True, max_tokens=max_tokens)
     runs = []
@@ -205,7 +209,8 @@ def with_server(args: list[str], port: int, ready_path: str, log: Path, body: Ca
 
 
 def bench_daemon(
-    model: Path, work: Path, streams: list[int], max_tokens: int, threads: int, endpoint: str
+    model: Path, work: Path, streams: list[int], max_tokens: int, threads: int, endpoint: str,
+    flash_attn: str = "",
 ) -> list[Run]:
     repo = work / "repo"
     (repo / "llm" / "1").mkdir(parents=True, exist_ok=True)
@@ -215,6 +220,7 @@ def bench_daemon(
     (repo / "llm" / "model.toml").write_text(
         'backend = "llamacpp"\n[parameters]\n'
         f'n_parallel = "{max(streams)}"\nn_ctx = "{max(streams) * 512}"\nn_threads = "{threads}"\n'
+        + (f'flash_attn = "{flash_attn}"\n' if flash_attn else "")
     )
     port = free_port()
     args = [
@@ -389,6 +395,7 @@ def main() -> None:
     parser.add_argument("--skip-daemon", action="store_true")
     parser.add_argument("--skip-server", action="store_true")
     parser.add_argument("--llama-server", type=Path, metavar="PATH", help="llama.cpp llama-server binary to compare to")
+    parser.add_argument("--flash-attn", choices=("auto", "on", "off"), help="ours: the flash_attn parameter")
     parser.add_argument("--cache", action="store_true", help="measure the prompt cache (repeat, turn 2) instead")
     parser.add_argument("--rounds", type=int, default=3, help="conversations per server with --cache")
     args = parser.parse_args()
@@ -411,11 +418,13 @@ def main() -> None:
         print(f"model {model} ({model.stat().st_size / 2**20:.1f} MiB), {args.threads} threads, "
               f"{args.max_tokens} tokens per stream, greedy")
         results: dict[str, list[Run]] = {}
-        results["ours (direct)"] = asyncio.run(bench_direct(model, streams, args.max_tokens, args.threads))
+        results["ours (direct)"] = asyncio.run(
+            bench_direct(model, streams, args.max_tokens, args.threads, args.flash_attn or "")
+        )
         report("ours (direct)", results["ours (direct)"])
         if not args.skip_daemon:
             results["ours (daemon)"] = bench_daemon(
-                model, work, streams, args.max_tokens, args.threads, args.endpoint
+                model, work, streams, args.max_tokens, args.threads, args.endpoint, args.flash_attn or ""
             )
             report("ours (daemon)", results["ours (daemon)"])
         if not args.skip_server:
