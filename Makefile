@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint clean
+.PHONY: serve test lint clean compat
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,9 +20,21 @@ test: $(STAMP)
 	$(BIN)/mypy daemon backends
 	$(BIN)/python -m pytest -q
 
+# Differential test against real Triton 2.51 (tritonserver from the nvidia-pytriton wheel, CPU,
+# python backend): same models, same requests, compared answers. Not part of `make test`.
+ORACLE := .oracle-venv
+$(ORACLE)/.installed:
+	$(PY) -m venv $(ORACLE)
+	# The wheel's python stub embeds the system libpython and needs numpy < 2.
+	$(ORACLE)/bin/pip install --quiet nvidia-pytriton==0.7.0 'numpy<2'
+	touch $@
+
+compat: $(STAMP) $(ORACLE)/.installed
+	EDGED_ORACLE=$(abspath $(ORACLE)) $(BIN)/python -m pytest -q tests/compat
+
 lint: $(STAMP)
 	$(BIN)/ruff check daemon backends tests bench packaging
 	$(BIN)/mypy daemon backends
 
 clean:
-	rm -rf $(VENV) build dist
+	rm -rf $(VENV) $(ORACLE) build dist

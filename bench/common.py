@@ -167,6 +167,7 @@ def running_daemon(
     ready_model: str | None = None,
     http: str | None = None,
     log_level: str = "warning",
+    flags: Sequence[str] = (),
 ) -> Iterator[Endpoint]:
     """`python -m daemon serve` on a Unix socket under `tmp` (and TCP `http` if given);
     yields its socket endpoint once `ready_model` (or the server) is ready."""
@@ -178,6 +179,7 @@ def running_daemon(
     ]
     if http:
         command += ["--http", http]
+    command += list(flags)
     proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         endpoint = Endpoint(unix=sock)

@@ -15,6 +15,7 @@ needs:
                        for this GPU); what selection needs besides that is in the manifest
     load(config, artifact, device)
     execute(batch)     a batch of requests in, one InferResponse or EdgedError per request out
+    execute_stream(request)  decoupled models only: 0..n responses for one request
     unload()
 
 Blocking runtime calls must go through `run_blocking`, which uses the instance's own thread:
@@ -31,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
@@ -126,6 +127,11 @@ def datatype_of(array: np.ndarray) -> str:
 # --------------------------------------------------------------------------- requests
 
 
+# Triton's TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END.
+REQUEST_FLAG_SEQUENCE_START = 1
+REQUEST_FLAG_SEQUENCE_END = 2
+
+
 @dataclass(slots=True)
 class InferRequest:
     """One decoded inference request, as the scheduler and backends see it."""
@@ -138,6 +144,10 @@ class InferRequest:
     priority: int = 0
     # 0 = the queue policy's default.
     timeout_us: int = 0
+    # Set by the sequence batcher (Triton's request correlation ID and flags): the sequence's
+    # ID (0 = none) and REQUEST_FLAG_SEQUENCE_START | _END.
+    correlation_id: int | str = 0
+    flags: int = 0
 
     def batch_size(self) -> int:
         """Rows along dim 0 (only meaningful when the model has max_batch_size > 0)."""
@@ -152,6 +162,12 @@ class InferResponse:
 
 
 ExecuteResult = InferResponse | EdgedError
+
+# (model name, version or None, request) -> the response; raises EdgedError.
+InferHook = Callable[[str, "str | None", InferRequest], Awaitable[InferResponse]]
+# The same for any number of responses (a decoupled model's, or a plain model's one), each an
+# InferResponse or an EdgedError; closing it early cancels the request.
+StreamHook = Callable[[str, "str | None", InferRequest], AsyncGenerator["InferResponse | EdgedError", None]]
 
 
 # --------------------------------------------------------------------------- metadata
@@ -243,6 +259,11 @@ class InstanceContext:
     state_dir: Path | None = None
     # CPU threads this instance may use, so N instances don't oversubscribe the cores.
     threads: int = 1
+    # Runs a request on another loaded model (model name, version or None for the served one):
+    # what Triton's BLS calls go through (`stream`: any number of responses). Set by the model
+    # loader; None where no registry runs.
+    infer: InferHook | None = None
+    stream: StreamHook | None = None
 
 
 # --------------------------------------------------------------------------- backends
@@ -307,6 +328,18 @@ class Backend:
 
     def unload_sync(self) -> None:
         """Release runtime objects. Default: nothing to do."""
+
+    # Decoupled models (`model_transaction_policy { decoupled: true }`): requests the daemon
+    # streams (generate_stream) bypass the batcher and pick the instance with the fewest
+    # `streams_active`, which a backend that streams keeps up to date.
+    streams_active: int = 0
+
+    def execute_stream(self, request: InferRequest) -> AsyncGenerator[ExecuteResult, None]:
+        """Decoupled execution of one request: yields 0..n responses, each an InferResponse or
+        an EdgedError (an error is one response; the stream may go on after it), and ends after
+        the model's final flag. Closing the iterator early means the client went away: the
+        backend marks the request cancelled so the model can stop."""
+        raise Unsupported(f"backend {self.name!r} does not run decoupled models")
 
 
 class TensorBackend(Backend):
@@ -466,3 +499,11 @@ def select_outputs(outputs: dict[str, np.ndarray], requested: tuple[str, ...]) -
     if not requested:
         return outputs
     return {name: outputs[name] for name in requested if name in outputs}
+
+
+def config_from_triton_json(text: str, *, source: str) -> tuple[ModelConfig, list[str]]:
+    """A config in Triton's JSON layout (what a Python model's `auto_complete_config` returns)
+    validated exactly like a written config.pbtxt; returns the config and parser warnings."""
+    from daemon.core.triton_config import PbtxtParser
+
+    return PbtxtParser().parse_json(text, source=source)

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from daemon.errors import ConfigError
+from daemon.model_config import parse_keep_alive, parse_memory_size
 
 ControlMode = Literal["none", "poll", "explicit"]
 
@@ -33,6 +34,23 @@ class ServerConfig(_Section):
     # uids allowed on the Unix socket (checked with SO_PEERCRED); empty = whoever can open it.
     allowed_uids: list[int] = []
     shutdown_timeout: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    # File holding the bearer token TCP callers must send (`Authorization: Bearer ...`) for
+    # admin routes (model load/unload, updates, logging, shared-memory registration), and for
+    # every route but health when `tcp-auth = "all"`. No token file = admin over TCP refused.
+    token_file: str = ""
+    # "admin": inference over TCP is open, admin needs the token; "all": everything but
+    # /v2/health/* needs it.
+    tcp_auth: Literal["admin", "all"] = "admin"
+    # Connections served at once (Unix socket and TCP together); more are answered 503 and closed.
+    max_connections: Annotated[int, msgspec.Meta(ge=1)] = 512
+    # A new connection must deliver its first request's headers within this many seconds.
+    header_timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    # Idle keep-alive connections are closed after this many seconds.
+    keepalive_timeout: Annotated[float, msgspec.Meta(gt=0)] = 15.0
+    # Who may register and use system shared memory regions: callers on the Unix socket
+    # ("socket"), those and TCP callers with the bearer token ("token"), any TCP caller as
+    # in Triton ("all"), or nobody ("off"). See docs/operations.md and docs/security.md.
+    shared_memory: Literal["socket", "token", "all", "off"] = "socket"
 
 
 class ModelsConfig(_Section):
@@ -63,9 +81,40 @@ class UpdatesConfig(_Section):
     keep_releases: Annotated[int, msgspec.Meta(ge=1)] = 3
 
 
+class ResidencyConfig(_Section):
+    """On-demand model residency (daemon.core.residency): the memory budget loaded models share."""
+
+    # "" = no budget; bytes ("6GiB", "512MiB", "2000000000") or a fraction of RAM ("75%").
+    memory_budget: str = ""
+    # keep_alive of an on-demand model whose config names none (Ollama duration: "5m", "30s", "-1").
+    default_keep_alive: str = "5m"
+    # A tensor model's estimated memory = its files' size x its backend's factor (default 1.5).
+    backend_factors: dict[str, Annotated[float, msgspec.Meta(gt=0)]] = {}
+    # Replace the estimate with the RSS growth measured around each on-demand load.
+    measure: bool = True
+
+    def __post_init__(self) -> None:
+        # ValueError: msgspec reports it with the key's path.
+        try:
+            if self.memory_budget:
+                parse_memory_size(self.memory_budget, total=1)
+        except ValueError as exc:
+            raise ValueError(f"memory-budget: {exc}") from None
+        try:
+            parse_keep_alive(self.default_keep_alive)
+        except ValueError as exc:
+            raise ValueError(f"default-keep-alive: {exc}") from None
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["text", "json"] = "text"
+
+
+class TraceConfig(_Section):
+    # Where traced requests' timestamps go (Triton's --trace-config triton,file=...); "" =
+    # tracing cannot be turned on. Not settable over HTTP, as in Triton.
+    file: str = ""
 
 
 class DaemonConfig(_Section):
@@ -76,7 +125,9 @@ class DaemonConfig(_Section):
     models: ModelsConfig = msgspec.field(default_factory=ModelsConfig)
     backends: BackendsConfig = msgspec.field(default_factory=BackendsConfig)
     updates: UpdatesConfig = msgspec.field(default_factory=UpdatesConfig)
+    residency: ResidencyConfig = msgspec.field(default_factory=ResidencyConfig)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+    trace: TraceConfig = msgspec.field(default_factory=TraceConfig)
 
 
 def load_config(path: Path | None) -> DaemonConfig:

@@ -45,10 +45,18 @@ class Unavailable(EdgedError):
     status = 503
 
 
-class QueueTimeout(EdgedError):
-    """The request waited in the queue longer than its timeout (Triton answers 429 over HTTP)."""
+class InsufficientMemory(EdgedError):
+    """A model cannot be loaded within the daemon's memory budget, even after evicting idle
+    models (507 Insufficient Storage: the request may succeed once other models go idle)."""
 
-    status = 429
+    status = 507
+
+
+class QueueTimeout(EdgedError):
+    """The request waited in the queue longer than its timeout. Triton's core reports this
+    as UNAVAILABLE, which its HTTP frontend answers with 503."""
+
+    status = 503
 
 
 class Conflict(EdgedError):

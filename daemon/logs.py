@@ -33,11 +33,83 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class Iso8601Formatter(TextFormatter):
+    """The text format with a full ISO 8601 UTC timestamp (microseconds, `Z`), as Triton's
+    `--log-format ISO8601` asks for."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        seconds = int(record.created)
+        micros = int((record.created - seconds) * 1_000_000)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
+        return stamp + line[line.index(" "):]
+
+
+# Triton's log format names, plus our JSON lines.
+LOG_FORMATS = {"default": TextFormatter, "ISO8601": Iso8601Formatter, "json": JsonFormatter}
+
+
+class LogSwitches(logging.Filter):
+    """Triton's run-time log settings on the daemon's handlers: each severity on or off, a
+    verbose level (edged has one verbose level, DEBUG: any level >= 1 enables it) and a format."""
+
+    def __init__(self, level: str = "info", fmt: str = "default") -> None:
+        super().__init__()
+        rank = ("debug", "info", "warning", "error").index(level.lower())
+        self.verbose = 1 if rank == 0 else 0
+        self.info = rank <= 1
+        self.warning = rank <= 2
+        self.error = True
+        self.format = "default" if fmt == "text" else fmt
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        level = record.levelno
+        if level >= logging.ERROR:
+            return self.error
+        if level >= logging.WARNING:
+            return self.warning
+        if level >= logging.INFO:
+            return self.info
+        return self.verbose > 0
+
+    def root_level(self) -> int:
+        """The lowest severity any switch lets through (records below it are never built)."""
+        for enabled, level in ((self.verbose > 0, logging.DEBUG), (self.info, logging.INFO),
+                               (self.warning, logging.WARNING)):
+            if enabled:
+                return level
+        return logging.ERROR
+
+    def apply(self) -> None:
+        """Make the root logger and every handler carrying these switches follow them."""
+        root = logging.getLogger()
+        for handler in root.handlers:
+            if self in handler.filters:
+                handler.setFormatter(LOG_FORMATS[self.format]())
+        root.setLevel(self.root_level())
+
+
+def log_switches() -> LogSwitches:
+    """The switches on the root logger's handlers (installed by `setup_logging`; attached to
+    whatever handlers there are when the daemon runs embedded, e.g. in tests)."""
+    root = logging.getLogger()
+    for handler in root.handlers:
+        for item in handler.filters:
+            if isinstance(item, LogSwitches):
+                return item
+    switches = LogSwitches(logging.getLevelName(root.getEffectiveLevel()).lower()
+                           if root.getEffectiveLevel() in (10, 20, 30, 40) else "info")
+    for handler in root.handlers:
+        handler.addFilter(switches)
+    return switches
+
+
 def setup_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    switches = LogSwitches(level, fmt)
+    handler.addFilter(switches)
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    switches.apply()
     # aiohttp's access log per request is noise on an edge box; errors still come through.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

@@ -8,6 +8,7 @@ config.pbtxt is stripped on the way in (see `normalize_datatype`).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -37,6 +38,65 @@ DATATYPES: frozenset[str] = frozenset(
 
 # config.pbtxt has no field for `backend_preference`: it travels as this parameter there.
 PREFERENCE_PARAMETER = "backend_preference"
+# Nor for residency (`load`, `keep_alive`): in config.pbtxt they are parameters of these names.
+RESIDENCY_PARAMETERS = ("load", "keep_alive")
+
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|ms|s|m|h)")
+_SIZE_UNITS = {
+    "": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "t": 1000**4, "tb": 1000**4,
+}
+
+
+def parse_keep_alive(value: str | float | int) -> float | None:
+    """Ollama's keep_alive: seconds (a number) or a Go duration ("5m", "1h30m", "300ms", "0").
+
+    Returns seconds; None = forever (any negative value, as in Ollama). ValueError otherwise.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"keep_alive must be a duration or a number of seconds, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        body = text.lstrip("+-")
+        if body in ("0", ""):
+            if not body:
+                raise ValueError("keep_alive must not be empty")
+            return 0.0
+        try:  # Ollama also takes a bare number of seconds as a string
+            seconds = sign * float(body)
+        except ValueError:
+            parts = _DURATION_PART.findall(body)
+            if not parts or "".join(n + u for n, u in parts) != body:
+                raise ValueError(
+                    f"keep_alive {value!r} is not a duration (e.g. \"5m\", \"30s\", \"1h\", \"-1\")"
+                ) from None
+            seconds = sign * sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise ValueError(f"keep_alive must be finite, got {value!r}")
+    return None if seconds < 0 else seconds
+
+
+def parse_memory_size(value: str, total: int | None = None) -> int:
+    """Bytes from "6GiB", "512MiB", "2000000000" or (with `total`) a fraction "75%"."""
+    text = value.strip().lower().replace(" ", "")
+    if text.endswith("%"):
+        if total is None:
+            raise ValueError(f"{value!r}: a fraction needs the total memory")
+        percent = float(text[:-1])
+        if not 0 < percent <= 100:
+            raise ValueError(f"{value!r}: a fraction must be in (0, 100]%")
+        return int(total * percent / 100)
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", text)
+    if match is None or match.group(2) not in _SIZE_UNITS:
+        raise ValueError(f"{value!r} is not a size (e.g. \"6GiB\", \"512MiB\", \"75%\")")
+    size = int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+    if size <= 0:
+        raise ValueError(f"{value!r}: a memory size must be > 0")
+    return size
 
 
 def normalize_datatype(value: str) -> str:
@@ -63,6 +123,9 @@ class TensorConfig(_Strict):
     optional: bool = False
     # Triton `reshape { shape: [...] }`; kept so configs round-trip.
     reshape: list[int] | None = None
+    # Outputs only: a file in the model directory, one class label a line, for the
+    # classification extension ("score:index:label").
+    label_filename: str = ""
 
     def __post_init__(self) -> None:
         # ValueError (not ConfigError) so msgspec reports the path, e.g. `$.input[0]`.
@@ -106,6 +169,98 @@ class DynamicBatching(_Strict):
             raise ValueError("default_priority_level must be <= priority_levels")
 
 
+ControlKind = Literal[
+    "CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_READY", "CONTROL_SEQUENCE_END", "CONTROL_SEQUENCE_CORRID"
+]
+
+
+class SequenceControl(_Strict):
+    """One `sequence_batching.control_input[].control[]`. The checks Triton makes across
+    controls (exactly two false/true values, one kind per tensor, CORRID types) live in
+    daemon.core.sequence, where the messages can name the model."""
+
+    # CONTROL_SEQUENCE_START is enum value 0, so protobuf's JSON leaves it out: the default.
+    kind: ControlKind = "CONTROL_SEQUENCE_START"
+    int32_false_true: list[int] = []
+    fp32_false_true: list[float] = []
+    bool_false_true: list[bool] = []
+    # Only CONTROL_SEQUENCE_CORRID uses it; "" = unset (TYPE_INVALID).
+    data_type: str = ""
+
+    def __post_init__(self) -> None:
+        if self.data_type:
+            try:
+                self.data_type = normalize_datatype(self.data_type)
+            except ConfigError as exc:
+                raise ValueError(exc.message) from None
+
+
+class SequenceControlInput(_Strict):
+    name: str = ""
+    control: list[SequenceControl] = []
+
+
+class SequenceInitialState(_Strict):
+    data_type: str = ""
+    dims: list[int] = []
+    zero_data: bool = False
+    # Relative to `<model>/initial_state/`, as in Triton.
+    data_file: str = ""
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.data_type:
+            try:
+                self.data_type = normalize_datatype(self.data_type)
+            except ConfigError as exc:
+                raise ValueError(exc.message) from None
+
+
+class SequenceState(_Strict):
+    """Implicit state: the server feeds `input_name` with the sequence's last `output_name`."""
+
+    input_name: str
+    output_name: str
+    data_type: str
+    # Without the batch dimension when max_batch_size > 0; -1 = variable (1 in the initial state).
+    dims: list[int] = []
+    initial_state: list[SequenceInitialState] = []
+
+    def __post_init__(self) -> None:
+        try:
+            self.data_type = normalize_datatype(self.data_type)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from None
+
+
+class SequenceStrategyDirect(_Strict):
+    max_queue_delay_microseconds: Annotated[int, msgspec.Meta(ge=0)] = 0
+    minimum_slot_utilization: float = 0.0
+
+
+class SequenceStrategyOldest(_Strict):
+    max_candidate_sequences: Annotated[int, msgspec.Meta(ge=0)] = 0
+    preferred_batch_size: list[int] = []
+    max_queue_delay_microseconds: Annotated[int, msgspec.Meta(ge=0)] = 0
+    preserve_ordering: bool = False
+
+
+class SequenceBatching(_Strict):
+    """Triton's `sequence_batching` (ModelSequenceBatching); see daemon.core.sequence."""
+
+    # 0 = Triton's default, one second.
+    max_sequence_idle_microseconds: Annotated[int, msgspec.Meta(ge=0)] = 0
+    control_input: list[SequenceControlInput] = []
+    # Neither set = direct, as in Triton.
+    direct: SequenceStrategyDirect | None = None
+    oldest: SequenceStrategyOldest | None = None
+    state: list[SequenceState] = []
+
+    def __post_init__(self) -> None:
+        if self.direct is not None and self.oldest is not None:
+            raise ValueError("sequence_batching: set at most one of direct and oldest")
+
+
 class VersionPolicy(_Strict):
     kind: Literal["latest", "all", "specific"] = "latest"
     num_versions: Annotated[int, msgspec.Meta(ge=1)] = 1
@@ -142,6 +297,7 @@ class ModelConfig(_Strict):
     # Triton's `parameters { key: "k" value { string_value: "v" } }`, flattened.
     parameters: dict[str, str] = {}
     dynamic_batching: DynamicBatching | None = None
+    sequence_batching: SequenceBatching | None = None
     ensemble_scheduling: EnsembleScheduling | None = None
     model_transaction_policy: TransactionPolicy = msgspec.field(
         default_factory=TransactionPolicy
@@ -149,6 +305,22 @@ class ModelConfig(_Strict):
     default_model_filename: str = ""
     # Ours: ordered backend preference for `backend: auto` (e.g. ["openvino", "onnxruntime"]).
     backend_preference: list[str] = []
+    # Ours: "on-demand" = loaded by the first request that needs it and unloaded after idling
+    # for `keep_alive` (an Ollama duration; "" = the daemon's residency.default-keep-alive).
+    load: Literal["startup", "on-demand"] = "startup"
+    keep_alive: str = ""
+
+    def __post_init__(self) -> None:
+        if self.keep_alive:
+            parse_keep_alive(self.keep_alive)  # ValueError -> msgspec names `$.keep_alive`
+        # Triton's `scheduling_choice` oneof (config.pbtxt gets this check from protobuf).
+        chosen = [
+            name
+            for name in ("dynamic_batching", "sequence_batching", "ensemble_scheduling")
+            if getattr(self, name) is not None
+        ]
+        if len(chosen) > 1:
+            raise ValueError(f"set at most one of {' and '.join(chosen)}")
 
     def int_parameter(self, key: str, default: int, *, minimum: int = 0) -> int:
         """`parameters[key]` as an integer >= minimum; ConfigError naming model and key."""
@@ -208,6 +380,11 @@ def to_triton_json(config: ModelConfig) -> dict[str, Any]:
                 tensor["reshape"] = {"shape": tensor["reshape"]}
             if kind == "output":
                 del tensor["optional"]  # Triton's ModelOutput has no such field
+            else:
+                del tensor["label_filename"]  # nor has its ModelInput this one
+    sequence = data.get("sequence_batching")
+    if sequence is not None:
+        _sequence_to_triton_json(sequence)
     policy = config.version_policy
     data["version_policy"] = (
         {"latest": {"num_versions": policy.num_versions}} if policy.kind == "latest"
@@ -215,8 +392,37 @@ def to_triton_json(config: ModelConfig) -> dict[str, Any]:
         else {"specific": {"versions": policy.versions}}
     )
     parameters = dict(config.parameters)
-    # Ours, not Triton's: config.pbtxt spells it as a parameter (see model_files).
+    # Ours, not Triton's: config.pbtxt spells it as a parameter (see triton_config).
     if data.pop("backend_preference"):
         parameters[PREFERENCE_PARAMETER] = ",".join(config.backend_preference)
+    for key in RESIDENCY_PARAMETERS:
+        value = data.pop(key)
+        if value and value != "startup":
+            parameters[key] = value
     data["parameters"] = {key: {"string_value": value} for key, value in parameters.items()}
     return {key: value for key, value in data.items() if value is not None}
+
+
+def _type_name(datatype: str) -> str:
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+def _sequence_to_triton_json(data: dict[str, Any]) -> None:
+    """`sequence_batching` in Triton's layout (in place): TYPE_ names, unset strategies and
+    control data types left out."""
+    for key in ("direct", "oldest"):
+        if data.get(key) is None:
+            data.pop(key, None)
+    for control_input in data["control_input"]:
+        for control in control_input["control"]:
+            if control["data_type"]:
+                control["data_type"] = _type_name(control["data_type"])
+            else:
+                del control["data_type"]
+    for state in data["state"]:
+        state["data_type"] = _type_name(state["data_type"])
+        for initial in state["initial_state"]:
+            if initial["data_type"]:
+                initial["data_type"] = _type_name(initial["data_type"])
+            if not initial["data_file"]:
+                del initial["data_file"]

@@ -12,67 +12,113 @@ import contextlib
 import logging
 import os
 import signal
+import socket
+import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
 
-from daemon.api.app import create_app
+from daemon.api.app import GUARD, create_app
 from daemon.config import DaemonConfig, parse_host_port, socket_path
+from daemon.errors import EdgedError
 from daemon.ops.systemd import Notifier, listen_fds, watchdog_interval, watchdog_loop
 from daemon.service import Service
 
 log = logging.getLogger(__name__)
 
 
-async def _start_unix_site(runner: web.AppRunner, path: Path, mode: int) -> web.UnixSite:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        # A stale socket from a crashed run would make bind() fail.
-        if path.is_socket():
-            path.unlink()
+def _check_socket_dir(directory: Path) -> None:
+    """Create the socket's directory, and refuse one that others could have planted.
+
+    Under a world-writable parent (/tmp) anyone could pre-create `/tmp/edged-<uid>` and swap
+    our socket for theirs: the directory must be ours and writable by nobody else.
+    """
+    parent_mode = directory.parent.stat().st_mode if directory.parent.exists() else 0
+    shared_parent = bool(parent_mode & stat.S_IWOTH)
+    directory.mkdir(mode=0o700 if shared_parent else 0o755, parents=True, exist_ok=True)
+    if not shared_parent:
+        return
+    st = directory.lstat()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise EdgedError(f"socket directory {directory} is not a plain directory; refusing to use it")
+    if st.st_uid != os.getuid():
+        raise EdgedError(
+            f"socket directory {directory} is owned by uid {st.st_uid}, not {os.getuid()}; refusing to use it"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise EdgedError(f"socket directory {directory} is writable by group or others; refusing to use it")
+
+
+def _claim_socket_path(path: Path) -> None:
+    """Unlink a stale socket left by a crashed run; refuse to take over a live one."""
+    if not path.is_socket():
+        if path.exists():
+            raise EdgedError(f"{path} exists and is not a socket; refusing to replace it")
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        path.unlink(missing_ok=True)  # nobody listens: a leftover
+        return
+    except OSError:
+        pass  # e.g. a timeout: someone holds it but does not answer; do not steal it either
+    finally:
+        probe.close()
+    raise EdgedError(f"another daemon is already listening on {path}; stop it or choose another --socket")
+
+
+async def _listen_unix(factory: Callable[[], asyncio.BaseProtocol], path: Path, mode: int) -> asyncio.Server:
     # The umask makes bind() create the socket with the right mode: no chmod race window.
     old = os.umask(0o777 & ~mode)
     try:
-        site = web.UnixSite(runner, str(path))
-        await site.start()
+        return await asyncio.get_running_loop().create_unix_server(factory, str(path))
     finally:
         os.umask(old)
-    return site
 
 
 async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> None:
     notifier = Notifier()
+    loop = asyncio.get_running_loop()
+    passed = listen_fds()
+    uds = socket_path(config) if not passed else None
+    if uds is not None:
+        # Before anything else (the release store's recovery included): a second instance
+        # must not touch a running one's state.
+        _check_socket_dir(uds.parent)
+        _claim_socket_path(uds)
     service = Service.build(config)
     app = create_app(service)
     runner = web.AppRunner(
         app,
         handler_cancellation=True,  # a client that goes away cancels its generation
+        # Bodies are inflated by daemon.api.body, off the event loop and with a size cap.
+        auto_decompress=False,
+        keepalive_timeout=config.server.keepalive_timeout,
         shutdown_timeout=config.server.shutdown_timeout,
         access_log=None,
     )
     notifier.status("loading models")
     await runner.setup()
-    sites: list[web.BaseSite] = []
-    passed = listen_fds()
+    assert runner.server is not None
+    factory = app[GUARD].factory(runner.server)
+    servers: list[asyncio.Server] = []
     for sock, name in passed:
-        sock_site = web.SockSite(runner, sock)
-        await sock_site.start()
-        sites.append(sock_site)
+        servers.append(await loop.create_server(factory, sock=sock))
         log.info("listening on systemd socket %s (%s)", name or "unnamed", sock.getsockname())
-    uds = socket_path(config)
-    if not passed and uds is not None:
-        sites.append(await _start_unix_site(runner, uds, int(config.server.socket_mode, 8)))
+    if uds is not None:
+        servers.append(await _listen_unix(factory, uds, int(config.server.socket_mode, 8)))
         log.info("listening on unix:%s  (try: curl --unix-socket %s http://localhost/v2/models/simple)", uds, uds)
     if config.server.http:
         host, port = parse_host_port(config.server.http)
-        tcp_site = web.TCPSite(runner, host, port, reuse_address=True)
-        await tcp_site.start()
-        sites.append(tcp_site)
+        servers.append(await loop.create_server(factory, host, port, reuse_address=True))
         log.info("listening on http://%s:%d", host, port)
 
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
     reloading = asyncio.Lock()
+    stopping = False
 
     async def reload() -> None:
         async with reloading:
@@ -86,6 +132,10 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
     reload_tasks: set[asyncio.Task[None]] = set()
 
     def on_hup() -> None:
+        if stopping:
+            # SIGHUP's default action would kill the process mid-drain: acknowledge, ignore.
+            log.info("SIGHUP ignored: shutting down")
+            return
         task = asyncio.create_task(reload())
         reload_tasks.add(task)
         task.add_done_callback(reload_tasks.discard)
@@ -102,16 +152,22 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
     try:
         await stop.wait()
     finally:
+        stopping = True
         notifier.stopping()
         log.info("shutting down: draining in-flight requests (up to %.0fs)", config.server.shutdown_timeout)
         service.accepting = False
         if watchdog is not None:
             watchdog.cancel()
+        for task in list(reload_tasks):
+            task.cancel()
+        for server in servers:
+            server.close()  # stop accepting; connections in flight drain below
+        await runner.cleanup()
+        # Signal handlers stay installed until here: SIGTERM/SIGINT repeat the stop, SIGHUP is
+        # ignored, and none of them kills the drain half-way.
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
-        await runner.cleanup()
-        if uds is not None and not passed:
+        if uds is not None:
             with contextlib.suppress(OSError):
                 uds.unlink()
         log.info("stopped")
-

@@ -28,6 +28,7 @@ from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
 from daemon.core.releases import ReleaseManager
 from daemon.core.repository import RepositoryManager
+from daemon.core.residency import Residency
 from daemon.core.stats import MetricsRegistry
 from daemon.updates.store import ReleaseStore
 
@@ -57,6 +58,8 @@ class Service:
     registry: ModelRegistry
     repository: RepositoryManager
     releases: ReleaseManager
+    # On-demand loading, keep_alive and the memory budget (daemon.core.residency).
+    residency: Residency | None = None
     # False once shutdown begins: new work is answered 503 while in-flight work drains.
     accepting: bool = True
     # True once the startup model set has been loaded (the readiness gate for /v2/health/ready).
@@ -86,6 +89,8 @@ class Service:
         repository = RepositoryManager(
             registry, repositories, config.models.control_mode, startup_models=config.models.load
         )
+        residency = Residency(registry, config.residency)
+        repository.on_demand = residency.on_demand
         control_lock = asyncio.Lock()
         releases = ReleaseManager(
             store, trusted_keys_dir(config), registry, repository, plugins, control_lock,
@@ -102,6 +107,7 @@ class Service:
             repository=repository,
             releases=releases,
             control_lock=control_lock,
+            residency=residency,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -136,6 +142,8 @@ class Service:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self.tasks.clear()
+        if self.residency is not None:
+            await self.residency.close()
         await self.registry.close()
 
     async def reload(self) -> None:

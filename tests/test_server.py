@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -56,7 +59,7 @@ def test_sighup_rescans_repository(start_daemon, tmp_path: Path) -> None:
     python_model(repo, "first", "y = x")
     daemon = start_daemon("--model-repository", str(repo))
     python_model(repo, "second", "y = x + 1")
-    assert daemon.request("GET", "/v2/models/second/ready").status == 404
+    assert daemon.request("GET", "/v2/models/second/ready").status == 400  # Triton: "Model version not ready"
     daemon.proc.send_signal(signal.SIGHUP)
     wait_until(lambda: daemon.request("GET", "/v2/models/second/ready").status == 200)
     reply = daemon.post_json("/v2/models/second/infer", _x([1, 2]))
@@ -70,7 +73,7 @@ def test_explicit_mode_load_unload(start_daemon, tmp_path: Path) -> None:
     daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit",
                           "--load-model", "a")
     index = {r["name"]: r for r in daemon.post_json("/v2/repository/index", {}).json()}
-    assert index["a"]["state"] == "READY" and index["b"]["state"] == "UNKNOWN"
+    assert index["a"]["state"] == "READY" and index["b"] == {"name": "b"}  # never loaded: name only, as Triton
     assert daemon.post_json("/v2/models/b/infer", _x([1])).status in (404, 503)
     assert daemon.request("POST", "/v2/repository/models/b/load").status == 200
     assert daemon.post_json("/v2/models/b/infer", _x([1])).json()["outputs"][0]["data"] == [4.0]
@@ -114,7 +117,7 @@ def test_poll_reload_swaps_without_failed_requests(start_daemon, tmp_path: Path)
     workers = [threading.Thread(target=hammer) for _ in range(3)]
     for w in workers:
         w.start()
-    time.sleep(0.5)
+    wait_until(lambda: 2.0 in seen, timeout=30)  # the old version answers first
     python_model(repo, "m", "import time\ntime.sleep(0.2)\ny = x + 100")  # rewrite in place
     wait_until(lambda: 101.0 in seen, timeout=30)
     time.sleep(0.5)
@@ -236,3 +239,110 @@ def test_bad_config_names_the_key(tmp_path: Path, bad: str) -> None:
     assert out.returncode == 2
     assert str(config) in out.stderr
     assert ("sockett" in out.stderr) or ("control-mode" in out.stderr)
+
+
+# --------------------------------------------------------------------------- hardening
+
+
+def test_a_second_instance_refuses_the_live_socket(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_model(repo, "m", "y = x")
+    first = start_daemon("--model-repository", str(repo))
+    second = subprocess.run(
+        [sys.executable, "-m", "daemon", "serve", "--socket", str(first.socket), "--state-dir",
+         str(tmp_path / "state2"), "--model-repository", str(repo)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert second.returncode == 2
+    assert f"another daemon is already listening on {first.socket}" in second.stderr
+    assert first.post_json("/v2/models/m/infer", _x([1])).status == 200
+    assert not (tmp_path / "state2").exists()  # it touched nothing
+
+
+def test_sighup_during_the_shutdown_drain_is_ignored(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    marker = tmp_path / "executing"
+    python_model(repo, "slow", f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(1.5)\ny = x * 2")
+    daemon = start_daemon("--model-repository", str(repo))
+    result: dict[str, object] = {}
+
+    def call() -> None:
+        result["status"] = daemon.post_json("/v2/models/slow/infer", _x([1])).status
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    wait_until(marker.exists)
+    daemon.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: "shutting down" in daemon.log())
+    daemon.proc.send_signal(signal.SIGHUP)
+    worker.join(30)
+    assert result["status"] == 200
+    assert daemon.proc.wait(30) == 0
+    assert "SIGHUP ignored: shutting down" in daemon.log()
+
+
+def test_wrong_method_is_405_unknown_path_404(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_model(repo, "m", "y = x")
+    daemon = start_daemon("--model-repository", str(repo))
+    reply = daemon.request("GET", "/v2/models/m/infer")
+    assert reply.status == 405 and reply.json() == {"error": "Method Not Allowed"}
+    assert daemon.request("DELETE", "/v2/health/live").status == 405
+    reply = daemon.request("GET", "/v2/nothing/here")
+    assert reply.status == 404 and reply.json() == {"error": "Not Found"}
+
+
+def test_socket_directory_planted_under_tmp_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp
+    planted = shared / "edged-dir"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)
+    result = subprocess.run(
+        [sys.executable, "-m", "daemon", "serve", "--socket", str(planted / "edged.sock"),
+         "--state-dir", str(tmp_path / "state"), "--model-repository", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert f"socket directory {planted} is writable by group or others" in result.stderr
+
+
+def test_connection_cap_and_header_deadline(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_model(repo, "m", "y = x")
+    config = tmp_path / "edged.toml"
+    config.write_text("[server]\nmax-connections = 2\nheader-timeout = 5.0\n")
+    daemon = start_daemon("--config", str(config), "--model-repository", str(repo))
+    held = []
+    for _ in range(2):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(str(daemon.socket))
+        s.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        held.append(s)
+    try:
+        # The daemon accepts the two held connections in its own time: ask until it has.
+        answer = b""
+        for _ in range(20):
+            third = socket.socket(socket.AF_UNIX)
+            third.settimeout(0.5)
+            third.connect(str(daemon.socket))
+            try:
+                answer = third.recv(4096)
+            except TimeoutError:
+                answer = b""
+            finally:
+                third.close()
+            if answer:
+                break
+        assert answer.startswith(b"HTTP/1.1 503 Service Unavailable"), answer
+        assert b"server.max-connections" in answer
+        # The silent ones are closed at their header deadline; then new clients get in.
+        for s in held:
+            s.settimeout(30)
+            assert s.recv(4096) == b""
+        assert daemon.request("GET", "/v2/health/ready").status == 200
+        assert "no request headers within server.header-timeout" in daemon.log()
+    finally:
+        for s in held:
+            s.close()

@@ -139,7 +139,7 @@ class OnnxRuntimeBackend(TensorBackend):
             # ORT silently falls back to the CPU when the CUDA EP fails to initialize (no driver,
             # no GPU); a model placed on a GPU must not quietly run on the CPU.
             raise BackendError(
-                f"onnxruntime: model {model_name!r} ({path}) was asked for device {device!r} but "
+                f"model {model_name!r} ({path}) was asked for device {device!r} but "
                 f"the CUDA execution provider did not initialize (session providers: "
                 f"{session.get_providers()})"
             )
@@ -187,7 +187,7 @@ def _artifact_file(artifact: Path, config: ModelConfig) -> Path:
         return artifact
     path = artifact / (config.default_model_filename or ARTIFACT)
     if not path.is_file():
-        raise BackendError(f"onnxruntime: no {path.name} in {artifact}")
+        raise BackendError(f"no {path.name} in {artifact}")
     return path
 
 
@@ -195,12 +195,12 @@ def _open_session(
     path: Path, model_name: str, options: ort.SessionOptions, providers: list[Any]
 ) -> ort.InferenceSession:
     if not path.is_file():
-        raise BackendError(f"onnxruntime: model {model_name!r}: {path} does not exist")
+        raise BackendError(f"model {model_name!r}: {path} does not exist")
     try:
         return ort.InferenceSession(str(path), sess_options=options, providers=providers)
     except Exception as exc:  # ORT raises its own exception types for bad files, ops, EPs
         raise BackendError(
-            f"onnxruntime: cannot load model {model_name!r} from {path}: {exc}"
+            f"cannot load model {model_name!r} from {path}: {exc}"
         ) from exc
 
 
@@ -211,18 +211,18 @@ def _providers(device: str, config: ModelConfig, model_name: str) -> list[Any]:
         return [CPU_PROVIDER]
     if not wanted.startswith(("GPU", "CUDA")):
         raise BackendError(
-            f"onnxruntime: model {model_name!r}: unknown device {device!r} (use CPU, GPU or GPU.<n>)"
+            f"model {model_name!r}: unknown device {device!r} (use CPU, GPU or GPU.<n>)"
         )
     available = ort.get_available_providers()
     if CUDA_PROVIDER not in available:
         raise BackendError(
-            f"onnxruntime: model {model_name!r}: device {device!r} needs the CUDA execution "
+            f"model {model_name!r}: device {device!r} needs the CUDA execution "
             f"provider (onnxruntime-gpu); this build has {available}"
         )
     match = re.fullmatch(r"(?:GPU|CUDA)(?:[.:](\d+))?", wanted)
     if match is None:
         raise BackendError(
-            f"onnxruntime: model {model_name!r}: cannot read a GPU index from {device!r}"
+            f"model {model_name!r}: cannot read a GPU index from {device!r}"
         )
     options = {"device_id": int(match.group(1) or 0)}
     providers: list[Any] = [(CUDA_PROVIDER, options), CPU_PROVIDER]
@@ -237,7 +237,7 @@ def _describe(arg: Any) -> _Port:
     datatype = KSERVE_TYPES.get(arg.type)
     if datatype is None:
         raise Unsupported(
-            f"onnxruntime: tensor {arg.name!r} has type {arg.type!r}, which has no KServe datatype"
+            f"tensor {arg.name!r} has type {arg.type!r}, which has no KServe datatype"
         )
     # Symbolic dims come back as strings, unknown ones as None.
     dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in arg.shape or ())

@@ -5,6 +5,21 @@ here never leak into another model or instance. An instance runs one synchronous
 `InferRequest` on its own executor thread: the daemon's instance count is the parallelism,
 and OpenVINO's thread pool is capped at `InstanceContext.threads` so N instances don't
 oversubscribe the cores.
+
+Model parameters (config.pbtxt `parameters` or model.toml `[parameters]`, all strings):
+
+    inference_precision  f32 | bf16 | f16: the precision the device computes in. Default f32
+                         on the CPU on every CPU: OpenVINO's own default is bf16 on CPUs with
+                         AMX / avx512_bf16, so the same model would give different numbers on
+                         different machines. bf16/f16 is an opt-in; a device that cannot
+                         compute in it is a load error naming this parameter, never a silent
+                         fallback. GPU/NPU keep their plugin's default (f16) unless it is set.
+    performance_hint     LATENCY (default) | THROUGHPUT | CUMULATIVE_THROUGHPUT
+    num_streams          CPU streams per instance (default 1)
+    device               CPU, GPU, GPU.1, NPU, AUTO... (default: CPU, AUTO with several devices)
+
+The precision actually compiled is read back from the compiled model and reported by
+`describe()` (model metadata).
 """
 
 from __future__ import annotations
@@ -44,6 +59,11 @@ KSERVE_TYPES: dict[str, str] = {
 
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 
+# `inference_precision` values -> the CPU plugin's OPTIMIZATION_CAPABILITIES entry that says the
+# CPU can compute in it (f32 always can).
+PRECISIONS: dict[str, str] = {"f32": "FP32", "bf16": "BF16", "f16": "FP16"}
+DEFAULT_PRECISION = "f32"
+
 # What autocomplete picks when every input and output has a dynamic first dimension and the
 # config says nothing about batching (same default as the ONNX Runtime backend).
 AUTO_MAX_BATCH_SIZE = 8
@@ -80,6 +100,8 @@ class OpenVinoBackend(TensorBackend):
         self._input_by_name: dict[str, _Port] = {}
         self._outputs: list[_Port] = []
         self._share_outputs = True
+        # What was compiled, for describe(): read back from the compiled model.
+        self._effective: dict[str, str] = {}
 
     # ------------------------------------------------------------------ metadata
 
@@ -125,6 +147,7 @@ class OpenVinoBackend(TensorBackend):
         # time, so more streams would only split its threads (the daemon's instance count is the
         # parallelism knob).
         streams = config.int_parameter("num_streams", 1, minimum=1)
+        precision = _precision_parameter(config, model_name)
 
         core = ov.Core()
         self.device = _choose_device(_openvino_device(device), config, core.available_devices)
@@ -142,8 +165,12 @@ class OpenVinoBackend(TensorBackend):
                 {
                     "INFERENCE_NUM_THREADS": max(self.context.threads, 0),
                     "NUM_STREAMS": streams,
+                    # Never the CPU's choice (bf16 on AMX / avx512_bf16 CPUs): the model's.
+                    "INFERENCE_PRECISION_HINT": precision or DEFAULT_PRECISION,
                 },
             )
+            if precision is not None and self.device == "CPU":
+                _check_cpu_precision(core, precision, model_name)
 
         model = _read_model(core, path, model_name, self.device)
         if config.max_batch_size > 0:
@@ -153,14 +180,31 @@ class OpenVinoBackend(TensorBackend):
         # Fail at load, not at the first request, when the config names tensors the model lacks.
         _check_config_names("input", inputs, config.input, model_name, path)
         _check_config_names("output", outputs, config.output, model_name, path)
+        compile_config: dict[str, Any] = {"PERFORMANCE_HINT": hint}
+        if precision is not None or self.device == "CPU":
+            # Also in the compile config (not only on the CPU plugin): it is then part of the
+            # compiled-blob cache key, and a GPU/NPU gets the model's explicit choice.
+            compile_config["INFERENCE_PRECISION_HINT"] = precision or DEFAULT_PRECISION
         try:
-            compiled = core.compile_model(model, self.device, {"PERFORMANCE_HINT": hint})
+            compiled = core.compile_model(model, self.device, compile_config)
             request = compiled.create_infer_request()
         except Exception as exc:
+            hint_note = (
+                f" with parameter inference_precision={precision!r}" if precision is not None else ""
+            )
             raise BackendError(
-                f"openvino: cannot compile model {model_name!r} ({path}) for device "
-                f"{self.device!r} (available: {core.available_devices}): {exc}"
+                f"cannot compile model {model_name!r} ({path}) for device "
+                f"{self.device!r}{hint_note} (available: {core.available_devices}): {exc}"
             ) from exc
+        effective = _compiled_precision(compiled, core)
+        if precision is not None and effective not in (precision, ""):
+            # The CPU plugin ignores a precision the CPU cannot compute in; never serve
+            # numbers the model did not ask for.
+            raise ConfigError(
+                f"model {model_name!r}: parameter inference_precision={precision!r}, but device "
+                f"{self.device!r} compiled the model in {effective}; this device cannot compute "
+                f"in {precision} (remove the parameter or use f32)"
+            )
         self._core = core
         self.model_path = path
         self.compiled_model = compiled
@@ -169,12 +213,22 @@ class OpenVinoBackend(TensorBackend):
         self._input_by_name = {alias: port for port in inputs for alias in port.aliases}
         self._outputs = outputs
         self._share_outputs = all(p.datatype != "BYTES" for p in outputs)
+        self._effective = {
+            "device": self.device,
+            "execution_devices": ",".join(_property(compiled, "EXECUTION_DEVICES", [])),
+            "inference_precision": effective or "unknown",
+            "performance_hint": str(_property(compiled, "PERFORMANCE_HINT", hint)),
+        }
+
+    def describe(self) -> dict[str, str]:
+        return dict(self._effective)
 
     def unload_sync(self) -> None:
         # Drop in dependency order: the request holds the compiled model, which holds the core.
         self._request = None
         self.compiled_model = None
         self._core = None
+        self._effective = {}
 
     # ------------------------------------------------------------------ inference
 
@@ -216,20 +270,75 @@ def _artifact_file(artifact: Path, config: ModelConfig) -> Path:
     for name in names:
         if (artifact / name).is_file():
             return artifact / name
-    raise BackendError(f"openvino: no {' or '.join(names)} in {artifact}")
+    raise BackendError(f"no {' or '.join(names)} in {artifact}")
 
 
 def _read_model(core: ov.Core, path: Path, model_name: str, device: str) -> ov.Model:
     where = f" for device {device!r}" if device else ""
     if path.suffix == ".xml" and not path.with_suffix(".bin").is_file():
         raise BackendError(
-            f"openvino: model {model_name!r}: {path.with_suffix('.bin')} (the weights of {path.name}) "
+            f"model {model_name!r}: {path.with_suffix('.bin')} (the weights of {path.name}) "
             "is missing"
         )
     try:
         return core.read_model(str(path))
     except Exception as exc:
-        raise BackendError(f"openvino: cannot read model {model_name!r} from {path}{where}: {exc}") from exc
+        raise BackendError(f"cannot read model {model_name!r} from {path}{where}: {exc}") from exc
+
+
+def _precision_parameter(config: ModelConfig, model_name: str) -> str | None:
+    """The model's `inference_precision`, lower-cased; None when the config does not set it."""
+    raw = config.parameters.get("inference_precision", "").strip().lower()
+    if not raw:
+        return None
+    if raw not in PRECISIONS:
+        raise ConfigError(
+            f"model {model_name!r}: parameter inference_precision={raw!r} must be one of "
+            f"{list(PRECISIONS)}"
+        )
+    return raw
+
+
+def _check_cpu_precision(core: ov.Core, precision: str, model_name: str) -> None:
+    """Fail before compiling when the CPU cannot compute in the precision the model asks for."""
+    capabilities = [str(c) for c in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")]
+    if PRECISIONS[precision] not in capabilities:
+        raise ConfigError(
+            f"model {model_name!r}: parameter inference_precision={precision!r}: this CPU cannot "
+            f"compute in {precision} (OpenVINO CPU capabilities: {capabilities}); remove the "
+            "parameter or use f32"
+        )
+
+
+def _compiled_precision(compiled: ov.CompiledModel, core: ov.Core) -> str:
+    """The precision the model was compiled in ("f32", "bf16", "f16"); "" when unknown.
+
+    AUTO's compiled model does not expose the property: then it is the precision each device
+    that AUTO runs the model on is configured with, when they all agree.
+    """
+    value = _property(compiled, "INFERENCE_PRECISION_HINT", None)
+    if value is None:
+        devices = [str(d).split("(")[0].strip() for d in _property(compiled, "EXECUTION_DEVICES", [])]
+        values = set()
+        for device in filter(None, devices):
+            try:
+                values.add(_type_name(core.get_property(device, "INFERENCE_PRECISION_HINT")))
+            except Exception:  # a device plugin without the property: unknown
+                return ""
+        return values.pop() if len(values) == 1 else ""
+    return _type_name(value)
+
+
+def _type_name(value: Any) -> str:
+    return (value.get_type_name() if isinstance(value, ov.Type) else str(value)).lower()
+
+
+def _property(compiled: ov.CompiledModel, key: str, default: Any) -> Any:
+    # AUTO and some device plugins do not expose every property of their compiled models.
+    try:
+        return compiled.get_property(key)
+    except Exception:
+        return default
 
 
 def _openvino_device(device: Device) -> str:
@@ -259,7 +368,7 @@ def _make_batch_dynamic(model: ov.Model, max_batch_size: int, model_name: str, p
         shape = port.get_partial_shape()
         if shape.rank.is_dynamic or len(shape) == 0:
             raise BackendError(
-                f"openvino: model {model_name!r} ({path.name}): input {port.get_names() or i} "
+                f"model {model_name!r} ({path.name}): input {port.get_names() or i} "
                 "has no batch dimension; set max_batch_size to 0"
             )
         dims = [ov.Dimension(1, max_batch_size), *list(shape)[1:]]
@@ -268,7 +377,7 @@ def _make_batch_dynamic(model: ov.Model, max_batch_size: int, model_name: str, p
         model.reshape(shapes)
     except Exception as exc:
         raise BackendError(
-            f"openvino: model {model_name!r} ({path.name}) cannot take a dynamic batch dimension "
+            f"model {model_name!r} ({path.name}) cannot take a dynamic batch dimension "
             f"(max_batch_size={max_batch_size}); set max_batch_size to 0: {exc}"
         ) from exc
 
@@ -289,7 +398,7 @@ def _describe(port: Any, index: int, model_name: str, preferred: Collection[str]
     datatype = KSERVE_TYPES.get(type_name)
     if datatype is None:
         raise Unsupported(
-            f"openvino: model {model_name!r}: tensor {name!r} has element type {type_name!r}, "
+            f"model {model_name!r}: tensor {name!r} has element type {type_name!r}, "
             "which has no KServe datatype"
         )
     shape = port.get_partial_shape()

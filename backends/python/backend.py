@@ -9,11 +9,20 @@ daemon process, is called on its instance's own thread, and sees the request arr
 Each instance imports its `model.py` under a unique module name: two models that both ship a
 `model.py` (or two instances of one model) never share module state, as with Triton's separate
 processes. The whole batch is handed to `execute` as a list, like Triton; nothing is merged.
+
+Decoupled models (and models whose `execute` returns None) answer through response senders:
+the model's threads push responses into a per-request queue on the event loop. `/infer` takes
+exactly one response per request; `execute_stream` (generate_stream) yields them all.
+`auto_complete_config` runs in `autocomplete`, before any instance loads, and its result is
+validated like a written config. BLS calls run other models through the registry's hook in the
+instance context, on the daemon's event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import importlib.util
 import inspect
 import json
@@ -22,7 +31,7 @@ import platform
 import re
 import sys
 import types
-from collections.abc import Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -38,6 +47,7 @@ from daemon.backend import (
     InferResponse,
     InstanceContext,
     Probe,
+    config_from_triton_json,
     datatype_of,
     select_outputs,
 )
@@ -72,7 +82,7 @@ class PythonBackend(Backend):
     name: ClassVar[str] = "python"
     # dynamic_batching: the scheduler may hand several requests to one execute(); they reach the
     # user's code as a list (Triton's contract), never merged along dim 0.
-    capabilities: ClassVar[Capabilities] = Capabilities(dynamic_batching=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(dynamic_batching=True, decoupled=True)
 
     def __init__(self, context: InstanceContext) -> None:
         super().__init__(context)
@@ -82,6 +92,17 @@ class PythonBackend(Backend):
         self._module_name = ""
         # What `requested_output_names()` reports when a client asks for no output: all of them.
         self._output_names: tuple[str, ...] = ()
+        self._decoupled = False
+        # The daemon's event loop: responses and BLS calls cross over to it from model threads.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.streams_active = 0
+        self._streams: set[_Stream] = set()
+        self._no_streams = asyncio.Event()
+        self._no_streams.set()
+        # How long unload lets open streams finish before it cancels them, then how long the
+        # models get to send their final flag before the streams are ended for them.
+        self.stream_drain_seconds = 10.0
+        self.stream_cancel_grace_seconds = 1.0
 
     @classmethod
     def probe(cls) -> Probe:
@@ -89,7 +110,55 @@ class PythonBackend(Backend):
             available=True, devices=("CPU",), runtime_version=f"CPython {platform.python_version()}"
         )
 
+    @classmethod
+    def autocomplete(cls, config: ModelConfig, artifact: Path) -> ModelConfig:
+        """Triton's `auto_complete_config(auto_complete_model_config)`, if the model has one:
+        it gets the config in Triton's JSON layout, and what it returns is validated exactly like
+        a written config (unknown fields, datatypes, dims), errors naming the model file."""
+        model_name = config.name
+        path = _artifact_file(artifact, config, model_name)
+        where = f"python: model {model_name!r} ({path})"
+        sys.modules[SHIM_MODULE] = pb_utils
+        module_name = f"edged_python_autocomplete_{re.sub(r'[^0-9A-Za-z_]', '_', model_name)}_{id(config):x}"
+        module = cls._import(module_name, path, where)
+        try:
+            model_class = getattr(module, MODEL_CLASS, None)
+            complete = getattr(model_class, "auto_complete_config", None)
+            if not callable(complete):
+                return config
+            layout = to_triton_json(config)
+            if not config.model_transaction_policy.decoupled:
+                # Our config cannot tell a written `decoupled: false` from none; as unset, the
+                # model may still declare itself decoupled (Triton's common case).
+                layout.pop("model_transaction_policy", None)
+            given = pb_utils.ModelConfig(msgspec.json.encode(layout).decode())
+            try:
+                result = complete(given)
+            except (Exception, SystemExit) as exc:
+                raise BackendError(
+                    f"{where}: auto_complete_config raised {type(exc).__name__}: {exc}"
+                ) from exc
+            if not callable(getattr(result, "as_dict", None)):
+                raise BackendError(
+                    f"{where}: auto_complete_config function in model '{model_name}' must return "
+                    f"a valid pb.ModelConfig object."
+                )
+            try:
+                text = json.dumps(result.as_dict())
+            except (TypeError, ValueError) as exc:
+                raise BackendError(f"{where}: auto_complete_config: {exc}") from exc
+        finally:
+            sys.modules.pop(module_name, None)
+        completed, warnings = config_from_triton_json(text, source=f"{where} auto_complete_config")
+        for warning in warnings:
+            log.warning("%s", warning)
+        return completed
+
     # ------------------------------------------------------------------ lifecycle
+
+    async def load(self, config: ModelConfig, artifact: Path, device: Device) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self.run_blocking(self.load_sync, config, artifact, device)
 
     def load_sync(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         model_name = self._model_name = config.name or self.context.model_name
@@ -107,7 +176,7 @@ class PythonBackend(Backend):
             model = model_class()
             initialize = getattr(model, "initialize", None)
             if callable(initialize):
-                initialize(triton_args(config, self.context, path, str(device)))
+                initialize(triton_args(config, self.context, path, device))
         except (Exception, SystemExit) as exc:
             sys.modules.pop(module_name, None)
             log.error("%s: initialize failed", where, exc_info=True)
@@ -119,6 +188,23 @@ class PythonBackend(Backend):
         self.model_path = path
         self._module_name = module_name
         self._output_names = tuple(t.name for t in config.output)
+        self._decoupled = config.model_transaction_policy.decoupled
+
+    async def unload(self) -> None:
+        """Open streams first finish (bounded), then are cancelled (the model sees
+        is_cancelled()), then ended; only then does `finalize` run."""
+        if self._streams:
+            await self._wait_streams(self.stream_drain_seconds)
+            for stream in self._streams:
+                stream.cancelled = True
+            await self._wait_streams(self.stream_cancel_grace_seconds)
+            for stream in list(self._streams):
+                stream.end(Unavailable(f"model {self._model_name!r} was unloaded"))
+        await super().unload()
+
+    async def _wait_streams(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._no_streams.wait(), seconds)
 
     def unload_sync(self) -> None:
         model, self.model = self.model, None
@@ -135,16 +221,8 @@ class PythonBackend(Backend):
     # ------------------------------------------------------------------ inference
 
     async def execute(self, batch: Sequence[InferRequest]) -> list[ExecuteResult]:
-        requests = [
-            pb_utils.InferenceRequest(
-                inputs=[pb_utils.Tensor(name, array) for name, array in request.inputs.items()],
-                request_id=request.id,
-                requested_output_names=request.requested_outputs or self._output_names,
-                parameters=json.dumps(request.parameters),
-                model_name=self._model_name,
-            )
-            for request in batch
-        ]
+        streams = [_Stream(self._loop) for _ in batch]
+        requests = [self._pb_request(r, s) for r, s in zip(batch, streams, strict=True)]
         try:
             responses = await self.run_blocking(self._call_execute, requests)
         except EdgedError as exc:
@@ -153,6 +231,12 @@ class PythonBackend(Backend):
             error = BackendError(
                 f"python: model {self._model_name!r}: execute failed: {type(exc).__name__}: {exc}"
             )
+            return [error for _ in batch]
+        if responses is None:
+            # Answered through response senders (decoupled, or Triton's non-decoupled sender).
+            return [await self._single(request, stream) for request, stream in zip(batch, streams, strict=True)]
+        if self._decoupled:
+            error = BackendError(self._decoupled_return_error())
             return [error for _ in batch]
         if not isinstance(responses, list | tuple) or len(responses) != len(batch):
             got = (
@@ -170,11 +254,97 @@ class PythonBackend(Backend):
             for request, response in zip(batch, responses, strict=True)
         ]
 
+    async def _single(self, request: InferRequest, stream: _Stream) -> ExecuteResult:
+        """The one response `/infer` can carry, as Triton: any other count is an error."""
+        results: list[ExecuteResult] = []
+        async for response in stream.responses():
+            results.append(self._result(request, response))
+        if len(results) == 1:
+            return results[0]
+        hint = (
+            f"; model {self._model_name!r} is decoupled: use generate_stream for any number of "
+            "responses"
+            if self._decoupled
+            else ""
+        )
+        return BackendError(f"expected a single response, got {len(results)}{hint}")
+
+    async def execute_stream(self, request: InferRequest) -> AsyncGenerator[ExecuteResult, None]:
+        stream = _Stream(self._loop)
+        pb_request = self._pb_request(request, stream)
+        self._streams.add(stream)
+        self._no_streams.clear()
+        self.streams_active = len(self._streams)
+        finished = False
+        try:
+            task = asyncio.ensure_future(self.run_blocking(self._call_execute, [pb_request]))
+            task.add_done_callback(lambda done: self._execute_returned(done, stream))
+            async for response in stream.responses():
+                yield response if isinstance(response, EdgedError) else self._result(request, response)
+            finished = True
+        finally:
+            if not finished:
+                # The consumer went away (client disconnect): the model sees is_cancelled().
+                stream.cancelled = True
+            self._streams.discard(stream)
+            self.streams_active = len(self._streams)
+            if not self._streams:
+                self._no_streams.set()
+
+    def _execute_returned(self, done: asyncio.Future[Any], stream: _Stream) -> None:
+        """On the loop, once `execute` returned for a streamed request: a raise or a returned
+        response ends the stream; None leaves it to the response sender."""
+        if done.cancelled():
+            stream.end(BackendError(f"python: model {self._model_name!r}: execute was cancelled"))
+            return
+        exc = done.exception()
+        if exc is not None:
+            error = exc if isinstance(exc, EdgedError) else BackendError(
+                f"python: model {self._model_name!r}: execute failed: {type(exc).__name__}: {exc}"
+            )
+            stream.end(error)
+            return
+        responses = done.result()
+        if responses is None:
+            return
+        if self._decoupled:
+            stream.end(BackendError(self._decoupled_return_error()))
+        elif isinstance(responses, list | tuple) and len(responses) == 1:
+            stream.end(responses[0])
+        else:
+            stream.end(BackendError(
+                f"python: model {self._model_name!r}: execute must return one InferenceResponse "
+                "per request"
+            ))
+
+    def _decoupled_return_error(self) -> str:
+        return (
+            f"python: model {self._model_name!r} is decoupled: execute must return None and send "
+            "responses through request.get_response_sender()"
+        )
+
+    def _pb_request(self, request: InferRequest, stream: _Stream) -> pb_utils.InferenceRequest:
+        pb_request = pb_utils.InferenceRequest(
+            inputs=[pb_utils.Tensor(name, array) for name, array in request.inputs.items()],
+            request_id=request.id,
+            requested_output_names=request.requested_outputs or self._output_names,
+            parameters=json.dumps(request.parameters),
+            model_name=self._model_name,
+            model_version=self.context.model_version,
+            correlation_id=request.correlation_id,
+            flags=request.flags,
+            timeout=request.timeout_us,
+        )
+        pb_request._sender = pb_utils.InferenceResponseSender(stream.push, stream.is_cancelled)
+        pb_request._is_cancelled = stream.is_cancelled
+        return pb_request
+
     def _call_execute(self, requests: list[pb_utils.InferenceRequest]) -> Any:
         """Runs on the instance thread."""
         model = self.model
         if model is None:
             raise BackendError(f"python: model {self._model_name!r} is not loaded")
+        token = pb_utils.BLS_EXECUTOR.set(self._bls)
         try:
             result = model.execute(requests)
             if inspect.isawaitable(result):
@@ -183,10 +353,56 @@ class PythonBackend(Backend):
                 result = asyncio.run(_wait(result))
         except (Exception, SystemExit) as exc:
             log.warning("python: model %r: execute raised", self._model_name, exc_info=True)
+            # Triton's words (without the traceback, which goes to the log).
+            instance = f"{self._model_name}_{self.context.instance_index}"
             raise BackendError(
-                f"python: model {self._model_name!r}: execute raised {type(exc).__name__}: {exc}"
+                f"Failed to process the request(s) for model '{instance}', message: "
+                f"{type(exc).__name__}: {exc}"
             ) from exc
+        finally:
+            pb_utils.BLS_EXECUTOR.reset(token)
         return result
+
+    # ------------------------------------------------------------------ BLS
+
+    def _bls(self, pb_request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+        """Start a BLS request on the daemon's loop (called on a model thread): a concurrent
+        future of the response, or for `decoupled` a ResponseIterator over the responses."""
+        loop = self._loop
+        hook = self.context.stream if decoupled else self.context.infer
+        if hook is None or loop is None:
+            raise pb_utils.TritonModelException(
+                "BLS calls are not available: this instance runs outside the daemon's registry"
+            )
+        try:
+            parameters = json.loads(pb_request.parameters())
+            inputs = {t.name(): _output_array(t.as_numpy()) for t in pb_request.inputs()}
+        except (EdgedError, TypeError, ValueError) as exc:
+            raise pb_utils.TritonModelException(f"BLS request: {exc}") from exc
+        if not isinstance(parameters, dict):
+            raise pb_utils.TritonModelException("BLS request: parameters must be a JSON object")
+        request = InferRequest(
+            inputs,
+            id=pb_request.request_id(),
+            requested_outputs=tuple(pb_request.requested_output_names()),
+            parameters=parameters,
+            timeout_us=pb_request.timeout(),
+        )
+        name = pb_request.model_name()
+        version = None if pb_request.model_version() < 0 else str(pb_request.model_version())
+        if decoupled:
+            assert self.context.stream is not None
+            return _bls_iterator(self.context.stream(name, version, request), loop)
+        assert self.context.infer is not None
+        infer = self.context.infer
+
+        async def call() -> pb_utils.InferenceResponse:
+            try:
+                return _pb_response(await infer(name, version, request))
+            except EdgedError as exc:
+                return _pb_response(exc)
+
+        return asyncio.run_coroutine_threadsafe(call(), loop)
 
     def _result(self, request: InferRequest, response: Any) -> ExecuteResult:
         """One user response -> the daemon's response or error (duck-typed: a model may hold
@@ -201,14 +417,19 @@ class PythonBackend(Backend):
         if error is not None:
             code = error.code() if callable(getattr(error, "code", None)) else 0
             message = error.message() if callable(getattr(error, "message", None)) else str(error)
-            return _ERROR_CLASSES.get(code, BackendError)(f"model {name!r}: {message}")
+            # The model's own message, as Triton passes it to the client.
+            return _ERROR_CLASSES.get(code, BackendError)(str(message))
         outputs: dict[str, np.ndarray] = {}
         for tensor in response.output_tensors():
             try:
                 outputs[tensor.name()] = _output_array(tensor.as_numpy())
             except (EdgedError, TypeError, ValueError) as exc:
                 return BackendError(f"python: model {name!r}: output {tensor.name()!r}: {exc}")
-        return InferResponse(select_outputs(outputs, request.requested_outputs))
+        parameters = getattr(response, "_parameters", None)
+        return InferResponse(
+            select_outputs(outputs, request.requested_outputs),
+            dict(parameters) if isinstance(parameters, dict) else {},
+        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -239,6 +460,106 @@ async def _wait(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
+class _Stream:
+    """The responses of one request, on their way from model threads to the event loop.
+
+    Made for every request (a model may ask for its sender from a thread it starts after
+    `execute` returned), so it is kept cheap: a deque and a future made only while waiting,
+    not an asyncio.Queue and a threading.Event (7 us per request measured here)."""
+
+    __slots__ = ("_items", "_loop", "_waiter", "cancelled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._loop = loop
+        # Items: (response or None or EdgedError, final).
+        self._items: collections.deque[tuple[Any, bool]] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        # Set on the loop when the consumer goes away; read by model threads (a bool is atomic).
+        self.cancelled = False
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+    def push(self, response: Any, flags: int) -> None:
+        """The response sender's callback (any thread)."""
+        item = (response, bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+        if self._loop is None:
+            raise pb_utils.TritonModelException("the model is not loaded")
+        try:
+            self._loop.call_soon_threadsafe(self._put, item)
+        except RuntimeError:  # the loop is closed: the daemon is stopping
+            self.cancelled = True
+
+    def end(self, last: Any) -> None:
+        """On the loop: a final item (a response or an EdgedError)."""
+        self._put((last, True))
+
+    def _put(self, item: tuple[Any, bool]) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def responses(self) -> AsyncIterator[Any]:
+        """Each response (pb_utils response or EdgedError) until the final flag."""
+        while True:
+            while not self._items:
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            response, final = self._items.popleft()
+            if response is not None:
+                yield response
+            if final:
+                return
+
+
+def _pb_response(result: ExecuteResult) -> pb_utils.InferenceResponse:
+    """A daemon response or error as the pb_utils response a BLS caller gets."""
+    if isinstance(result, EdgedError):
+        return pb_utils.InferenceResponse(
+            error=pb_utils.TritonError(result.message, _triton_code(result))
+        )
+    response = pb_utils.InferenceResponse(
+        [pb_utils.Tensor(name, array) for name, array in result.outputs.items()]
+    )
+    # Set directly: another backend's response parameters may hold what a model may not set.
+    response._parameters = dict(result.parameters)
+    return response
+
+
+def _bls_iterator(
+    results: AsyncGenerator[ExecuteResult, None], loop: asyncio.AbstractEventLoop
+) -> pb_utils.ResponseIterator:
+    """Drive a decoupled BLS stream, which lives on the loop, from a model thread."""
+
+    async def step() -> pb_utils.InferenceResponse | None:
+        try:
+            return _pb_response(await results.__anext__())
+        except StopAsyncIteration:
+            return None
+        except EdgedError as exc:  # refused before it ran: one error response, then the end
+            return _pb_response(exc)
+
+    def next_item() -> pb_utils.InferenceResponse | None:
+        return asyncio.run_coroutine_threadsafe(step(), loop).result()
+
+    def cancel() -> None:
+        # Not waited for: closing runs the callee's cleanup on the loop.
+        asyncio.run_coroutine_threadsafe(results.aclose(), loop)
+
+    return pb_utils.ResponseIterator(next_item, cancel)
+
+
+def _triton_code(exc: EdgedError) -> int:
+    for code, kind in _ERROR_CLASSES.items():
+        if isinstance(exc, kind):
+            return code
+    return pb_utils.TritonError.INTERNAL
+
+
 def _artifact_file(artifact: Path, config: ModelConfig, model_name: str) -> Path:
     path = artifact / (config.default_model_filename or ARTIFACT) if artifact.is_dir() else artifact
     if not path.is_file():
@@ -258,16 +579,16 @@ def _output_array(value: Any) -> np.ndarray:
 
 
 def triton_args(
-    config: ModelConfig, context: InstanceContext, path: Path, device: str
+    config: ModelConfig, context: InstanceContext, path: Path, device: Device
 ) -> dict[str, str]:
     """Triton's `initialize(args)` dict; every value is a string, as in Triton."""
     model_name = config.name or context.model_name
-    match = re.search(r"(\d+)$", device)
+    gpu = device.kind.startswith("gpu")
     return {
         "model_config": msgspec.json.encode(to_triton_json(config)).decode(),
-        "model_instance_kind": "GPU" if device.upper().startswith("GPU") else "CPU",
+        "model_instance_kind": "GPU" if gpu else "CPU",
         "model_instance_name": f"{model_name}_{context.instance_index}",
-        "model_instance_device_id": match.group(1) if match else "0",
+        "model_instance_device_id": str(device.index) if gpu else "0",
         # Triton's "repository" entry is the model's own directory (<repo>/<model>).
         "model_repository": str(path.parent.parent),
         "model_version": str(context.model_version),

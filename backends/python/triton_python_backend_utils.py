@@ -6,19 +6,30 @@ unchanged. Tensors wrap numpy arrays without copying: the request's arrays are h
 model as they are, and the model's outputs are returned as they are (no shared-memory hop, which
 is where Triton's separate stub process spends its 11-20 ms per request).
 
-Not provided: BLS (`InferenceRequest.exec`), decoupled response senders, DLPack, custom metrics.
+Decoupled models send through `request.get_response_sender()`; BLS calls
+(`InferenceRequest(...).exec()` / `async_exec()`) reach the daemon's other models through the
+hooks the python backend installs for the thread running `execute`.
+
+Not provided: DLPack, custom metrics, GPU tensors.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 log = logging.getLogger("edged.python_model")
+
+# Request flags, as in Triton (the sequence batcher sets them).
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 
 # Triton's `TYPE_*` config names -> numpy. TYPE_STRING is numpy object (Python bytes).
 _NUMPY_TYPES: dict[str, type[Any]] = {
@@ -40,8 +51,23 @@ _NUMPY_TYPES: dict[str, type[Any]] = {
 }
 
 
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+# The BLS executor of the model instance whose `execute` runs in this context. Set by the python
+# backend around each call on the instance thread (a ContextVar so the event loop an `async def
+# execute` runs on sees it too); threads a model starts itself have none.
+BLS_EXECUTOR: contextvars.ContextVar[Callable[[InferenceRequest, bool], Any] | None] = (
+    contextvars.ContextVar("edged_bls_executor", default=None)
+)
+
+
 class TritonModelException(Exception):
     """What Triton raises for a failed call; a model may raise it from execute too."""
+
+    def message(self) -> str:
+        return str(self)
 
 
 class TritonError:
@@ -65,6 +91,9 @@ class TritonError:
 
     def code(self) -> int:
         return self._code
+
+    def __str__(self) -> str:
+        return self._message
 
     def __repr__(self) -> str:
         return f"TritonError({self._message!r}, code={self._code})"
@@ -95,8 +124,12 @@ class Tensor:
         return f"Tensor({self._name!r}, shape={self.shape()}, dtype={self._array.dtype})"
 
 
+class _Trace:
+    """What `request.trace()` returns; edged does not trace, so BLS requests carry it inertly."""
+
+
 class InferenceRequest:
-    """One request of the batch handed to `execute`."""
+    """One request of the batch handed to `execute`, or a BLS request a model builds."""
 
     def __init__(
         self,
@@ -104,14 +137,26 @@ class InferenceRequest:
         request_id: str = "",
         requested_output_names: Sequence[str] = (),
         parameters: str | dict[str, Any] = "{}",
-        model_name: str = "",
-        **_: Any,
+        model_name: str | bytes = "",
+        model_version: int = -1,
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        timeout: int = 0,
+        trace: _Trace | None = None,
     ) -> None:
         self._inputs = list(inputs)
         self._request_id = request_id
         self._requested = list(requested_output_names)
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
-        self._model_name = model_name
+        # A BYTES input element is `bytes`: models pass one as a model name (Triton's bls_simple).
+        self._model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
+        self._model_version = int(model_version)
+        self._correlation_id = correlation_id
+        self._flags = flags
+        self._timeout = int(timeout)
+        # Set by the python backend on requests it hands to `execute`.
+        self._sender: InferenceResponseSender | None = None
+        self._is_cancelled: Callable[[], bool] | None = None
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -129,37 +174,168 @@ class InferenceRequest:
     def model_name(self) -> str:
         return self._model_name
 
-    def correlation_id(self) -> int:
-        return 0
+    def model_version(self) -> int:
+        return self._model_version
+
+    def correlation_id(self) -> int | str:
+        """The sequence ID (sequence batching), 0 otherwise."""
+        return self._correlation_id
 
     def flags(self) -> int:
-        return 0
+        """TRITONSERVER_REQUEST_FLAG_SEQUENCE_START | _END for sequence requests."""
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def trace(self) -> _Trace:
+        return _Trace()
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the client that sent this request went away (or the daemon dropped it)."""
+        return self._is_cancelled is not None and self._is_cancelled()
 
-    def exec(self, *_: Any, **__: Any) -> InferenceResponse:
-        raise TritonModelException(
-            "BLS requests (InferenceRequest.exec) are not supported by edged"
-        )
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException("this request has no response sender (it is a BLS request)")
+        return self._sender
 
-    def async_exec(self, *_: Any, **__: Any) -> InferenceResponse:
-        raise TritonModelException(
-            "BLS requests (InferenceRequest.async_exec) are not supported by edged"
-        )
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on another loaded model (BLS) and wait: its response, or with
+        `decoupled=True` an iterator over its responses (any number, blocking per item).
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException(
-            "decoupled models (get_response_sender) are not supported by edged"
-        )
+        Failures come back as a response with an error, as in Triton."""
+        result = self._submit(decoupled, "exec")
+        return result if decoupled else _bls_response(result.result())
+
+    def async_exec(self, decoupled: bool = False) -> Awaitable[Any]:
+        """`exec` for `async def execute`: await it (several may run at once)."""
+        import asyncio
+
+        result = self._submit(decoupled, "async_exec")
+
+        async def wait() -> Any:
+            return result if decoupled else _bls_response(await asyncio.wrap_future(result))
+
+        return wait()
+
+    def _submit(self, decoupled: bool, verb: str) -> Any:
+        if not self._model_name:
+            raise TritonModelException(f"InferenceRequest.{verb}: model_name is empty")
+        executor = BLS_EXECUTOR.get()
+        if executor is None:
+            raise TritonModelException(
+                f"InferenceRequest.{verb} must be called from the thread running the model's "
+                "execute (edged gives threads a model starts itself no BLS access)"
+            )
+        return executor(self, decoupled)
+
+
+class ResponseIterator:
+    """What `exec(decoupled=True)` returns: the called model's responses, one per `next()`
+    (each waits for it). `cancel()` tells the called model to stop (it sees is_cancelled());
+    iteration then ends."""
+
+    def __init__(self, next_item: Callable[[], InferenceResponse | None], cancel: Callable[[], None]) -> None:
+        self._next_item = next_item
+        self._cancel = cancel
+        self._done = False
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._done:
+            raise StopIteration
+        item = self._next_item()
+        if item is None:
+            self._done = True
+            raise StopIteration
+        return item
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            self._cancel()
+
+    def __del__(self) -> None:
+        # An iterator dropped half-way must not leave the called model streaming forever.
+        if not self._done:
+            # Interpreter shutdown or loop closed: nothing is left to stop.
+            with contextlib.suppress(Exception):
+                self.cancel()
+
+
+def _bls_response(result: Any) -> InferenceResponse:
+    if isinstance(result, InferenceResponse):
+        return result
+    raise TritonModelException(f"BLS call returned {type(result).__name__}")
+
+
+class InferenceResponseSender:
+    """`request.get_response_sender()`: any number of responses, then one with the final flag."""
+
+    def __init__(
+        self,
+        push: Callable[[InferenceResponse | None, int], None],
+        is_cancelled: Callable[[], bool],
+    ) -> None:
+        self._push = push
+        self._is_cancelled = is_cancelled
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException(f"send: unknown flags {flags}")
+        if response is None and flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            raise TritonModelException(
+                "send: a response is required unless flags is TRITONSERVER_RESPONSE_COMPLETE_FINAL"
+            )
+        if response is not None and not callable(getattr(response, "output_tensors", None)):
+            raise TritonModelException(
+                f"send: expected an InferenceResponse, got {type(response).__name__}"
+            )
+        with self._lock:
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed."
+                )
+            if flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self._closed = True
+            self._push(response, flags)
+
+    def is_cancelled(self) -> bool:
+        return self._is_cancelled()
 
 
 class InferenceResponse:
     def __init__(
-        self, output_tensors: Iterable[Tensor] = (), error: TritonError | None = None
+        self,
+        output_tensors: Iterable[Tensor] = (),
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | None = None,
     ) -> None:
         self._outputs = list(output_tensors)
         self._error = error
+        # Newer Triton: a dict of str keys to bool/int/str values (no floats), checked here.
+        if parameters is not None and not isinstance(parameters, dict):
+            raise TritonModelException(
+                f"InferenceResponse parameters must be a dict, got {type(parameters)}"
+            )
+        self._parameters: dict[str, Any] = dict(parameters or {})
+        for key, value in self._parameters.items():
+            if not isinstance(key, str):
+                raise TritonModelException(
+                    f"Expect parameters keys to have type str, found type {type(key)}"
+                )
+            if not isinstance(value, bool | int | str):
+                raise TritonModelException(
+                    f"Expect parameters values to have type bool/int/str, found type {type(value)}"
+                )
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -236,3 +412,104 @@ def numpy_to_triton_type(dtype: Any) -> str:
         if name != "TYPE_BF16" and np.dtype(numpy_type) == kind:
             return name
     raise TritonModelException(f"numpy dtype {kind} has no Triton data type")
+
+
+class ModelConfig:
+    """What `auto_complete_config(auto_complete_model_config)` receives: the model's config in
+    Triton's JSON layout, which the model may complete. The daemon validates the result exactly
+    like a written config."""
+
+    def __init__(self, model_config: str | dict[str, Any]) -> None:
+        config = json.loads(model_config) if isinstance(model_config, str) else model_config
+        self._model_config: dict[str, Any] = config
+        config.setdefault("input", [])
+        config.setdefault("output", [])
+        config.setdefault("max_batch_size", 0)
+
+    def _name(self) -> str:
+        return str(self._model_config.get("name", ""))
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._model_config
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        current = self._model_config["max_batch_size"]
+        if current > max_batch_size:
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but in auto-complete-config "
+                f"function for model '{self._name()}' specified max_batch_size {max_batch_size}"
+            )
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        for other in ("sequence_batching", "ensemble_scheduling"):
+            if other in self._model_config:
+                raise ValueError(
+                    f"Configuration specified scheduling_choice as '{other}', but "
+                    f"auto-complete-config function for model '{self._name()}' tries to set "
+                    "scheduling_choice as 'dynamic_batching'"
+                )
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        for key in transaction_policy_dict:
+            if key != "decoupled":
+                raise ValueError(
+                    f"model transaction property in auto-complete-config function for model "
+                    f"'{self._name()}' contains property other than 'decoupled'."
+                )
+        policy = self._model_config.setdefault("model_transaction_policy", {})
+        if "decoupled" in transaction_policy_dict:
+            wanted = transaction_policy_dict["decoupled"]
+            if "decoupled" in policy and policy["decoupled"] != wanted:
+                raise ValueError(
+                    f"trying to change decoupled property in auto-complete-config for model "
+                    f"'{self._name()}', which is already set to '{policy['decoupled']}'."
+                )
+            policy["decoupled"] = wanted
+
+    def add_input(self, input: dict[str, Any]) -> None:
+        self._add("input", input)
+
+    def add_output(self, output: dict[str, Any]) -> None:
+        self._add("output", output)
+
+    def _add(self, kind: str, tensor: dict[str, Any]) -> None:
+        name = tensor.get("name")
+        model = self._name()
+        allowed = ("name", "data_type", "dims", "optional") if kind == "input" else (
+            "name", "data_type", "dims"
+        )
+        for key in tensor:
+            if key not in allowed:
+                listed = ", ".join(repr(a) for a in allowed[:-1]) + f" and {allowed[-1]!r}"
+                raise ValueError(
+                    f"{kind} '{name}' in auto-complete-config function for model '{model}' "
+                    f"contains property other than {listed}."
+                )
+        if name is None:
+            raise ValueError(
+                f"{kind} in auto-complete-config function for model '{model}' is missing 'name' property."
+            )
+        for key in ("data_type", "dims"):
+            if key not in tensor:
+                raise ValueError(
+                    f"{kind} '{name}' in auto-complete-config function for model '{model}' is "
+                    f"missing '{key}' property."
+                )
+        for current in self._model_config[kind]:
+            if current.get("name") != name:
+                continue
+            if current.get("data_type", "TYPE_INVALID") not in ("TYPE_INVALID", tensor["data_type"]):
+                raise ValueError(
+                    f"unable to load model '{model}', configuration expects datatype "
+                    f"{current['data_type']} for {kind} '{name}', model provides {tensor['data_type']}"
+                )
+            if current.get("dims") and list(current["dims"]) != list(tensor["dims"]):
+                raise ValueError(
+                    f"model '{model}', tensor '{name}': the model expects dims {tensor['dims']} "
+                    f"but the model configuration specifies dims {current['dims']}"
+                )
+            current.update(tensor)
+            return
+        self._model_config[kind].append(dict(tensor))

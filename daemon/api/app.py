@@ -8,29 +8,42 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from daemon.api import admin, kserve, openai
-from daemon.api.errors import error_response, make_error_middleware
+from daemon.api import admin, kserve, logging_routes, ollama, openai, shm, trace
+from daemon.api.access import make_access_middleware, read_token
+from daemon.api.connections import ConnectionGuard
+from daemon.api.errors import make_error_middleware
 from daemon.api.kserve_codec import Codec
+from daemon.api.leases import release_leases
 from daemon.api.state import CODEC, SERVICE
 from daemon.service import Service
 
-
-async def _not_found(request: web.Request) -> web.Response:
-    return error_response(404, "Not Found")
+GUARD = web.AppKey("connection_guard", ConnectionGuard)
 
 
 def create_app(service: Service) -> web.Application:
     config = service.config
+    guard = ConnectionGuard(config.server.max_connections, config.server.header_timeout)
     app = web.Application(
         client_max_size=config.server.max_request_bytes,
-        middlewares=[make_error_middleware(frozenset(config.server.allowed_uids))],
+        middlewares=[
+            guard.middleware(),
+            make_access_middleware(config.server, read_token(config.server.token_file)),
+            make_error_middleware(),
+            release_leases,
+        ],
     )
     app[SERVICE] = service
+    app[GUARD] = guard
     app[CODEC] = Codec(max_request_bytes=config.server.max_request_bytes)
     kserve.add_routes(app)
+    shm.add_routes(app)
+    logging_routes.add_routes(app)
     openai.add_routes(app)
+    ollama.add_routes(app)
     admin.add_routes(app)
-    app.router.add_route("*", "/{tail:.*}", _not_found)
+    trace.add_routes(app, config.trace.file)
+    # No catch-all route: aiohttp answers an unknown path with 404 and a known path with the
+    # wrong method with 405 (both through the error middleware, as {"error": ...}).
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await service.start()

@@ -4,14 +4,15 @@ error class names (KServe/Triton convention)."""
 from __future__ import annotations
 
 import logging
-import socket
-import struct
 from collections.abc import Awaitable, Callable
 
 import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from aiohttp.web_protocol import RequestPayloadError
 
+from daemon.api.body import BodyTooLarge
+from daemon.api.kserve_codec import oversized_message
 from daemon.errors import EdgedError
 
 log = logging.getLogger(__name__)
@@ -40,23 +41,59 @@ def error_response(status: int, message: str, path: str = "") -> web.Response:
     return web.Response(status=status, body=_encode({"error": error}), content_type="application/json")
 
 
-def make_error_middleware(allowed_uids: frozenset[int]) -> Middleware:
+# Request body encodings Triton decodes; any other is its 501 "Unsupported compression type".
+_KSERVE_ENCODINGS = frozenset({"", "identity", "gzip", "deflate"})
+
+
+def _unsupported_encoding(request: web.Request) -> bool:
+    # aiohttp would also decode br/zstd (when their modules are installed) and pass unknown
+    # encodings through undecoded; Triton's clients get a 501 for both.
+    encoding = request.headers.get("Content-Encoding")
+    return (
+        encoding is not None
+        and encoding.strip().lower() not in _KSERVE_ENCODINGS
+        and request.path.startswith("/v2/")
+    )
+
+
+def _too_large(request: web.Request, exc: web.HTTPRequestEntityTooLarge) -> web.Response:
+    """Triton answers an oversized request with a 400 and this wording; OpenAI clients
+    expect a 413."""
+    limit = request.app._client_max_size  # the one limit aiohttp enforces
+    if request.path.startswith(_OPENAI_PREFIXES):
+        return error_response(413, f"request body exceeds the limit: {exc.text}", request.path)
+    size = request.content_length  # None for a chunked body: its size is not known
+    message = (
+        oversized_message(size, limit)
+        if size is not None and size > limit
+        else f"request size exceeds the maximum allowed input size of {limit} bytes"
+    )
+    return error_response(400, message, request.path)
+
+
+def make_error_middleware() -> Middleware:
     @web.middleware
     async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if allowed_uids and not _peer_allowed(request, allowed_uids):
-            return error_response(403, "caller's uid is not in server.allowed-uids", request.path)
+        if _unsupported_encoding(request):
+            return error_response(501, "Unsupported compression type", request.path)
         try:
             return await handler(request)
+        except BodyTooLarge as exc:
+            # Triton's clients get its 400; OpenAI clients expect a 413.
+            status = 413 if request.path.startswith(_OPENAI_PREFIXES) else 400
+            return error_response(status, exc.message, request.path)
         except EdgedError as exc:
             if exc.status >= 500:
                 log.warning("%s %s -> %d: %s", request.method, request.path, exc.status, exc.message)
             return error_response(exc.status, exc.message, request.path)
         except web.HTTPRequestEntityTooLarge as exc:
-            return error_response(413, f"request body exceeds the limit: {exc.text}", request.path)
+            return _too_large(request, exc)
+        except RequestPayloadError as exc:  # a body that does not decompress, a cut body
+            return error_response(400, f"failed to read the request body: {exc}", request.path)
         except web.HTTPNotFound:
             return error_response(404, "Not Found", request.path)
-        except web.HTTPMethodNotAllowed as exc:
-            return error_response(405, f"method {exc.method} not allowed for {request.path}", request.path)
+        except web.HTTPMethodNotAllowed:
+            return error_response(405, "Method Not Allowed", request.path)  # Triton's text
         except web.HTTPException as exc:
             return error_response(exc.status, exc.reason, request.path)
         except (ConnectionResetError, TimeoutError):
@@ -67,12 +104,3 @@ def make_error_middleware(allowed_uids: frozenset[int]) -> Middleware:
 
     return error_middleware
 
-
-def _peer_allowed(request: web.Request, allowed: frozenset[int]) -> bool:
-    """On the Unix socket, check the caller's uid with SO_PEERCRED; TCP callers have no uid."""
-    sock = request.transport.get_extra_info("socket") if request.transport else None
-    if sock is None or sock.family != socket.AF_UNIX:
-        return True
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid in allowed or uid == 0

@@ -11,9 +11,16 @@ import msgspec
 from aiohttp import web
 
 from daemon import __version__
+from daemon.api import repository_load as load_api
+from daemon.api.body import read_body
+from daemon.api.kserve_codec import parse_header_length
+from daemon.api.leases import hold
+from daemon.api.shm import shm_lookup
 from daemon.api.state import codec_of, daemon_of
+from daemon.api.trace import TRACER
 from daemon.core.model import LoadedVersion
-from daemon.errors import InvalidArgument, NotFound, Unavailable
+from daemon.core.registry import IndexEntry
+from daemon.errors import InvalidArgument, Unavailable
 from daemon.service import Service
 
 log = logging.getLogger(__name__)
@@ -22,6 +29,9 @@ _json = msgspec.json.Encoder()
 
 EXTENSIONS = [
     "classification",
+    # sequence_id / sequence_start / sequence_end (daemon.core.sequence); string IDs too.
+    "sequence",
+    "sequence(string_id)",
     "model_repository",
     "model_repository(unload_dependents)",
     "schedule_policy",
@@ -32,6 +42,7 @@ EXTENSIONS = [
     "parameters",
     "generate",
     "logging",
+    "trace",
 ]
 
 
@@ -74,6 +85,7 @@ def model_metadata_payload(daemon: Service, model: LoadedVersion) -> dict[str, o
 
 async def model_metadata(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
+    await hold(request, request.match_info["model"])  # clients read metadata before infer
     model = daemon.registry.get(request.match_info["model"], _version(request))
     return _json_response(model_metadata_payload(daemon, model))
 
@@ -83,12 +95,12 @@ async def model_ready(request: web.Request) -> web.Response:
     name = request.match_info["model"]
     if daemon.registry.is_ready(name, _version(request)):
         return _empty(200)
-    if daemon.registry.entry(name) is None:
-        raise NotFound(f"Request for unknown model: '{name}' is not found")
+    # Triton answers an unknown model the same way as a version that is not ready.
     return _json_response({"error": "Model version not ready"}, status=400)
 
 
 async def model_config(request: web.Request) -> web.Response:
+    await hold(request, request.match_info["model"])  # perf_analyzer reads it before infer
     model = daemon_of(request).registry.get(request.match_info["model"], _version(request))
     return _json_response(model.triton_config())
 
@@ -99,27 +111,43 @@ async def model_config(request: web.Request) -> web.Response:
 async def infer(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
     _check_accepting(daemon)
+    # Loads an on-demand model, held until the response is done.
+    await hold(request, request.match_info["model"])
     # Resolved once: this version decodes, runs and labels the request, even if a reload
     # swaps in another one while the body is still arriving.
     model = daemon.registry.get(request.match_info["model"], _version(request))
-    header = request.headers.get("Inference-Header-Content-Length")
-    try:
-        header_length = int(header) if header is not None else None
-    except ValueError:
-        raise InvalidArgument(
-            f"Inference-Header-Content-Length must be an integer, got {header!r}"
-        ) from None
-    body = await request.read()
+    # Triton's trace extension: None unless this request is sampled.
+    trace = request.app[TRACER].start(model.name, str(model.version), "")
+    if trace is not None:
+        trace.record("HTTP_RECV_START")
+    header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
+    body = await read_body(request, daemon.config.server.max_request_bytes)
+    if trace is not None:
+        trace.record("HTTP_RECV_END")
     config = model.config
-    single = config.input[0] if len(config.input) == 1 else None
     codec = codec_of(request)
-    decoded = codec.decode_infer_request(
-        body, header_length, single_input=single, max_batch_size=config.max_batch_size
-    )
-    response = await model.infer(decoded.request)
-    payload, json_length = codec.encode_infer_response(
-        model.name, str(model.version), decoded, response, config
-    )
+    decoded = codec.decode_infer_request(body, header_length, config=config, shm=shm_lookup(request))
+    try:  # the request holds its shared memory regions until its outputs are written
+        if trace is not None:
+            trace.request_id = decoded.request.id
+            trace.record("REQUEST_START")
+        response = await model.infer(decoded.request)
+        if trace is not None:
+            trace.record("REQUEST_END")
+        labels = None
+        if decoded.classification:
+            entry = daemon.registry.entry(model.name)
+            labels = codec.labels.for_outputs(
+                entry.path if entry else None, config, list(decoded.classification)
+            )
+        payload, json_length = codec.encode_infer_response(
+            model.name, str(model.version), decoded, response, config, labels
+        )
+    finally:
+        decoded.release()
+    if trace is not None:
+        trace.record("HTTP_SEND_START")
+        request.app[TRACER].finish(trace, model.name)
     if json_length is None:
         return web.Response(body=payload, content_type="application/json")
     # Content-Type among the headers rather than `content_type=`: the same bytes on the
@@ -147,7 +175,8 @@ async def model_stats(request: web.Request) -> web.Response:
     else:
         entry = daemon.registry.entry(name)
         if entry is None:
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
+            # Triton's wording and status (its core reports INVALID_ARG).
+            raise InvalidArgument(f"requested model '{name}' is not available")
         models = list(entry.versions.values())
     return _json_response(
         {"model_stats": [m.stats.to_triton_json(m.name, str(m.version)) for m in models]}
@@ -166,12 +195,12 @@ class _IndexRequest(msgspec.Struct, forbid_unknown_fields=True):
     ready: bool = False
 
 
-class _LoadRequest(msgspec.Struct, forbid_unknown_fields=True):
-    parameters: dict[str, object] = {}
+async def _body(request: web.Request) -> bytes:
+    return await read_body(request, daemon_of(request).config.server.max_request_bytes)
 
 
 async def _optional_body(request: web.Request, kind: type[msgspec.Struct]) -> msgspec.Struct:
-    body = await request.read()
+    body = await _body(request)
     if not body.strip():
         return kind()
     try:
@@ -184,24 +213,24 @@ async def repository_index(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
     body = await _optional_body(request, _IndexRequest)
     assert isinstance(body, _IndexRequest)
-    return _json_response(await daemon.repository.index(ready_only=body.ready))
+    # Triton lists a model it never tried to load by its name alone.
+    rows = [
+        IndexEntry(row.name) if row.state == "UNKNOWN" and not row.version else row
+        for row in await daemon.repository.index(ready_only=body.ready)
+    ]
+    return _json_response(rows)
 
 
 async def repository_load(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
     _check_accepting(daemon)
-    body = await _optional_body(request, _LoadRequest)
-    assert isinstance(body, _LoadRequest)
-    config_text = body.parameters.get("config")
-    if config_text is not None and not isinstance(config_text, str):
-        raise InvalidArgument("parameters.config must be a JSON string holding the model config")
-    await daemon.repository.load(request.match_info["model"], config_text)
+    await load_api.load_model(daemon, request.match_info["model"], await _body(request))
     return _empty(200)
 
 
 async def repository_unload(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
-    await daemon.repository.unload(request.match_info["model"])
+    await load_api.unload_model(daemon, request.match_info["model"], await _body(request))
     return _empty(200)
 
 
@@ -209,7 +238,8 @@ def add_routes(app: web.Application) -> None:
     r = app.router
     # aiohttp matches routes in registration order: the hot path goes first.
     r.add_post("/v2/models/{model}/infer", infer)
-    r.add_post("/v2/models/{model}/versions/{version}/infer", infer)
+    # Versions are digits, as in Triton's route patterns: /versions/x/... is a 404.
+    r.add_post("/v2/models/{model}/versions/{version:[0-9]+}/infer", infer)
     r.add_get("/v2/health/live", live)
     r.add_get("/v2/health/ready", ready)
     r.add_get("/v2", server_metadata)
@@ -218,7 +248,7 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/v2/repository/index", repository_index)
     r.add_post("/v2/repository/models/{model}/load", repository_load)
     r.add_post("/v2/repository/models/{model}/unload", repository_unload)
-    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version:[0-9]+}"):
         r.add_get(prefix, model_metadata)
         r.add_get(prefix + "/ready", model_ready)
         r.add_get(prefix + "/config", model_config)

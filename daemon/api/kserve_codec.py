@@ -10,8 +10,10 @@ Triton's binary tensor data extension:
   raw data of the model's only input (shape and datatype come from the model config).
 - Binary data is little-endian, row-major, unpadded; BOOL is one byte 0/1; each BYTES element
   is a 4-byte little-endian length followed by that many bytes.
-- Responses carry an output as JSON `data` unless the client asked for binary (per output
-  `parameters.binary_data`, defaulting to the request's `parameters.binary_data_output`).
+- Responses carry an output as JSON `data` unless the client asked for binary. As in Triton,
+  an output listed in the request's `outputs` is binary iff its own `parameters.binary_data`
+  is true; `parameters.binary_data_output` decides only for outputs the request does not list
+  (all of them when `outputs` is absent). A raw request (header length 0) is answered in binary.
 
 We are a superset of Triton in one respect: FP16 and BF16 travel in JSON too (Triton accepts
 them only as binary). BF16 has no numpy dtype; it lives as uint16 bit patterns.
@@ -24,20 +26,33 @@ from __future__ import annotations
 import math
 import struct
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
 
-from daemon.backend import NUMPY_DTYPES, InferRequest, InferResponse
-from daemon.errors import InvalidArgument, PayloadTooLarge
+from daemon.backend import (
+    NUMPY_DTYPES,
+    REQUEST_FLAG_SEQUENCE_END,
+    REQUEST_FLAG_SEQUENCE_START,
+    InferRequest,
+    InferResponse,
+)
+from daemon.core.labels import LabelCache
+from daemon.core.shm import Lease
+from daemon.errors import InvalidArgument
 from daemon.model_config import ModelConfig, TensorConfig
 
 # Triton's default request size cap.
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+# Triton (>= 2.58) rejects `data` nested this deep; deeper documents used to overflow stacks.
+MAX_JSON_NESTING_DEPTH = 100
+NESTING_MESSAGE = (
+    f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_NESTING_DEPTH})"
+)
 
 # Wire byte order is little-endian whatever the host is; on little-endian hosts these are the
 # native dtypes, so np.frombuffer is zero-copy and no byte swap happens.
@@ -52,9 +67,16 @@ _KNOWN_DATATYPES = ", ".join(sorted(NUMPY_DTYPES))
 _INT_DATATYPES = frozenset(
     {"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"}
 )
-# Request-level parameters that steer the transport or the scheduler; the rest are handed to
-# the backend untouched in InferRequest.parameters.
-_CONSUMED_REQUEST_PARAMETERS = frozenset({"binary_data_output", "priority", "timeout"})
+# Request-level parameters Triton reserves: they steer the transport, the scheduler or a
+# sequence, and never reach the backend as parameters. The sequence ones are validated and,
+# as Triton does for a model without a sequence batcher (edged has none), not used.
+_RESERVED_REQUEST_PARAMETERS = frozenset({
+    "binary_data_output", "priority", "timeout", "sequence_id", "sequence_start", "sequence_end",
+})
+_TRITON_PREFIX_MESSAGE = (
+    "parameter keys starting with 'triton_' are reserved for Triton usage and should not be "
+    "specified."
+)
 _U32 = struct.Struct("<I")
 # On little-endian hosts a native array already is in wire byte order.
 _LITTLE_ENDIAN_HOST = sys.byteorder == "little"
@@ -83,7 +105,8 @@ class RequestOutput(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 class InferRequestBody(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     inputs: list[RequestInput]
     id: str = ""
-    parameters: dict[str, Parameter] | None = None
+    # Values are checked by `_request_parameters`, which words errors as Triton does.
+    parameters: dict[str, Any] | None = None
     outputs: list[RequestOutput] | None = None
     # Triton's own protocol examples put these in the body; the URL is what counts, so they
     # are accepted and ignored rather than rejected as unknown fields.
@@ -119,13 +142,31 @@ class DecodedInfer:
     """A decoded request plus what the response encoder needs to know about it."""
 
     request: InferRequest
-    # Explicit per-output `binary_data` flags from the request's `outputs`.
+    # Every output listed in the request's `outputs`: its own `binary_data` flag (false when
+    # absent, as in Triton, whatever `binary_data_output` says).
     binary_outputs: dict[str, bool] = field(default_factory=dict)
     # The request's `parameters.binary_data_output`: the flag for outputs not listed above.
     binary_default: bool = False
+    # Shared memory: outputs written into a region, and every region lease the request holds
+    # (inputs are views of those mappings). `release()` once the response is encoded.
+    shm_outputs: dict[str, Lease] = field(default_factory=dict)
+    leases: list[Lease] = field(default_factory=list)
+    # Outputs asked for as top-K classification: output name -> K.
+    classification: dict[str, int] = field(default_factory=dict)
 
     def output_is_binary(self, name: str) -> bool:
         return self.binary_outputs.get(name, self.binary_default)
+
+    def release(self) -> None:
+        for lease in self.leases:
+            lease.release()
+        self.leases.clear()
+
+
+class SharedMemoryLookup(Protocol):
+    """Where a request's `shared_memory_region` names are resolved (daemon.core.shm)."""
+
+    def acquire(self, name: str, offset: int, byte_size: int) -> Lease: ...
 
 
 # --------------------------------------------------------------------------- codec
@@ -147,6 +188,8 @@ class Codec:
         self.max_request_bytes = max_request_bytes
         self._request_decoder = msgspec.json.Decoder(InferRequestBody)
         self._encoder = msgspec.json.Encoder(enc_hook=_numpy_enc_hook)
+        # Classification labels by model directory (read by the transport, not by the codec).
+        self.labels = LabelCache()
 
     # ------------------------------------------------------------------ requests
 
@@ -157,32 +200,30 @@ class Codec:
         *,
         single_input: TensorConfig | None = None,
         max_batch_size: int = 0,
+        config: ModelConfig | None = None,
+        shm: SharedMemoryLookup | None = None,
     ) -> DecodedInfer:
         """Decode an infer request body.
 
         `header_length` is the `Inference-Header-Content-Length` header (None when absent).
         `single_input` is the model's input when it has exactly one; it is needed only for a
         raw body (`header_length == 0`), whose shape gets a leading batch of 1 when
-        `max_batch_size > 0`, as in Triton.
+        `max_batch_size > 0`, as in Triton. A `config` gives both (and names the model in
+        errors). `shm` resolves `shared_memory_region` names; the result then holds leases on
+        those regions, which the caller must `release()`.
         """
+        if config is not None:
+            single_input = config.input[0] if len(config.input) == 1 else None
+            max_batch_size = config.max_batch_size
         if len(body) > self.max_request_bytes:
-            raise PayloadTooLarge(
-                f"request body of {len(body)} bytes exceeds the limit of {self.max_request_bytes} bytes"
-            )
+            raise InvalidArgument(oversized_message(len(body), self.max_request_bytes))
         has_header = header_length is not None
         if header_length is None:
             header_length = len(body)
-        elif header_length < 0:
-            raise InvalidArgument(
-                f"Inference-Header-Content-Length must be >= 0, got {header_length}"
-            )
-        elif header_length > len(body):
-            raise InvalidArgument(
-                f"Inference-Header-Content-Length {header_length} is larger than the "
-                f"{len(body)}-byte request body"
-            )
+        elif header_length < 0 or header_length > len(body):
+            raise InvalidArgument(_header_range_message(len(body), str(header_length)))
         elif header_length == 0:
-            return _decode_raw(body, single_input, max_batch_size)
+            return _decode_raw(body, single_input, max_batch_size, config)
 
         # A JSON-only body is decoded in place; a binary request's JSON header is short, and
         # slicing it off costs less than decoding through a memoryview.
@@ -191,12 +232,33 @@ class Codec:
             header = self._request_decoder.decode(json_part)
         except msgspec.DecodeError as exc:  # ValidationError included; its text has the path
             raise InvalidArgument(f"malformed JSON request header: {exc}") from None
+        except RecursionError:  # msgspec recurses per nesting level
+            raise InvalidArgument(NESTING_MESSAGE) from None
 
+        decoded = DecodedInfer(InferRequest(inputs={}))
+        try:
+            return self._decode_header(header, body, header_length, has_header, shm, decoded)
+        except BaseException:
+            decoded.release()  # a rejected request keeps no region leased
+            raise
+
+    def _decode_header(
+        self,
+        header: InferRequestBody,
+        body: bytes,
+        header_length: int,
+        has_header: bool,
+        shm: SharedMemoryLookup | None,
+        decoded: DecodedInfer,
+    ) -> DecodedInfer:
         inputs: dict[str, np.ndarray] = {}
         offset = header_length
         for tensor in header.inputs:
             if tensor.name in inputs:
                 raise InvalidArgument(f"input {tensor.name!r} appears more than once")
+            if tensor.parameters and "shared_memory_region" in tensor.parameters:
+                inputs[tensor.name] = _decode_shm_input(tensor, shm, decoded.leases)
+                continue
             array, offset = _decode_input(tensor, body, offset, has_header)
             inputs[tensor.name] = array
         if offset != len(body):
@@ -207,37 +269,48 @@ class Codec:
 
         params: dict[str, Parameter] = {}
         binary_default = False
-        priority = timeout_us = 0
+        priority = timeout_us = flags = 0
+        correlation_id: int | str = 0
         if header.parameters:
-            params = dict(header.parameters)
-            binary_default = _bool_parameter(params, "binary_data_output", "request parameter")
+            params = _request_parameters(header.parameters)
+            binary_default = _bool_parameter(params, "binary_data_output")
             priority = _uint_parameter(params, "priority")
             timeout_us = _uint_parameter(params, "timeout")
-            for key in _CONSUMED_REQUEST_PARAMETERS:
+            # Triton's sequence parameters become the request's correlation ID and flags,
+            # which only the sequence batcher reads.
+            correlation_id = params.get("sequence_id", 0)  # type: ignore[assignment]
+            flags = (REQUEST_FLAG_SEQUENCE_START if params.get("sequence_start") else 0) | (
+                REQUEST_FLAG_SEQUENCE_END if params.get("sequence_end") else 0
+            )
+            for key in _RESERVED_REQUEST_PARAMETERS:
                 params.pop(key, None)
 
         requested: list[str] = []
         binary_outputs: dict[str, bool] = {}
         for out in header.outputs or ():
-            if out.name in requested:
-                raise InvalidArgument(f"output {out.name!r} is requested more than once")
-            requested.append(out.name)
+            # Triton keeps one entry per name: a repeated output is answered once.
+            if out.name not in binary_outputs:
+                requested.append(out.name)
+            binary = False
             if out.parameters:
                 _reject_unsupported(out.parameters, "output", out.name)
-                if "binary_data" in out.parameters:
-                    binary_outputs[out.name] = _bool_parameter(
-                        out.parameters, "binary_data", f"output {out.name!r} parameter"
-                    )
+                binary = _bool_parameter(out.parameters, "binary_data")
+                _decode_output_extensions(out, shm, decoded)
+            binary_outputs[out.name] = binary
 
-        request = InferRequest(
+        decoded.request = InferRequest(
             inputs=inputs,
             id=header.id,
             requested_outputs=tuple(requested),
             parameters=params,
             priority=priority,
             timeout_us=timeout_us,
+            correlation_id=correlation_id,
+            flags=flags,
         )
-        return DecodedInfer(request, binary_outputs, binary_default)
+        decoded.binary_outputs = binary_outputs
+        decoded.binary_default = binary_default
+        return decoded
 
     # ------------------------------------------------------------------ responses
 
@@ -248,12 +321,16 @@ class Codec:
         decoded: DecodedInfer,
         response: InferResponse,
         config: ModelConfig | None = None,
+        labels: Mapping[str, Sequence[str]] | None = None,
     ) -> tuple[bytes, int | None]:
         """Encode a response; returns the body and the JSON header length.
 
         The length is None when every output is JSON (a plain `application/json` body);
         otherwise the transport sends it as `Inference-Header-Content-Length`. `config` lets
-        an output declared BF16 be labelled so (its numpy array is plain uint16).
+        an output declared BF16 be labelled so (its numpy array is plain uint16) and tells
+        whether dim 0 is the batch for classification; `labels` are the classification labels
+        per output (from the config's `label_filename`). Shared memory outputs are written
+        into their regions and carry no data in the body.
         """
         outputs: list[ResponseOutput] = []
         chunks: list[Any] = []
@@ -262,8 +339,16 @@ class Codec:
             if not array.dtype.isnative:  # e.g. '>f4': the datatype lookup is by native dtype
                 array = array.astype(array.dtype.newbyteorder("="))
             datatype = _output_datatype(name, array, config)
+            if decoded.classification and name in decoded.classification:
+                batching = config is not None and config.max_batch_size > 0
+                array = _classify(name, array, datatype, decoded.classification[name], batching,
+                                  (labels or {}).get(name))
+                datatype = "BYTES"
             shape = list(array.shape)
-            if decoded.output_is_binary(name):
+            if decoded.shm_outputs and name in decoded.shm_outputs:
+                _write_shm(name, array, datatype, decoded.shm_outputs[name])
+                outputs.append(ResponseOutput(name, datatype, shape))
+            elif decoded.output_is_binary(name):
                 raw = _to_binary(array, datatype)
                 chunks.append(raw)
                 outputs.append(
@@ -271,7 +356,7 @@ class Codec:
                 )
             else:
                 outputs.append(
-                    ResponseOutput(name, datatype, shape, data=_to_json(array, datatype))
+                    ResponseOutput(name, datatype, shape, data=_to_json(name, array, datatype))
                 )
         header = self._encoder.encode(
             InferResponseBody(
@@ -285,6 +370,33 @@ class Codec:
         if not chunks:
             return header, None
         return b"".join([header, *chunks]), len(header)
+
+
+def oversized_message(size: int, limit: int) -> str:
+    """Triton's wording for a request over the size cap (clients and its QA tests match it)."""
+    return (
+        f"request size of {size} bytes exceeds the maximum allowed input size of {limit} bytes"
+    )
+
+
+def parse_header_length(value: str | None, body_size: int | None = None) -> int | None:
+    """The `Inference-Header-Content-Length` header as Triton reads it (None when absent)."""
+    if value is None:
+        return None
+    try:
+        length = int(value.strip())
+    except ValueError:
+        raise InvalidArgument(
+            f"Unable to parse Inference-Header-Content-Length, got: {value}"
+        ) from None
+    if length < 0 or (body_size is not None and length > body_size):
+        raise InvalidArgument(_header_range_message(body_size, value))
+    return length
+
+
+def _header_range_message(body_size: int | None, value: str) -> str:
+    upper = "content length" if body_size is None else str(body_size)
+    return f"inference header size should be in range (0, {upper}), got: {value}"
 
 
 def encode_error(message: str) -> bytes:
@@ -306,10 +418,10 @@ def _check_shape(name: str, shape: list[int]) -> int:
 def _reject_unsupported(params: Mapping[str, Parameter], kind: str, name: str) -> None:
     # Silently ignoring these would answer with the wrong data, so say so instead.
     for key in params:
-        if key.startswith("shared_memory"):
-            raise InvalidArgument(f"{kind} {name!r}: shared memory ({key!r}) is not supported")
-        if key == "classification":
-            raise InvalidArgument(f"{kind} {name!r}: the classification extension is not supported")
+        if key.startswith("shared_memory") and key not in _SHM_PARAMETERS:
+            raise InvalidArgument(f"{kind} {name!r}: unknown shared memory parameter {key!r}")
+        if key == "classification" and kind == "input":
+            raise InvalidArgument(f"input {name!r}: 'classification' applies to outputs only")
 
 
 def _decode_input(
@@ -325,6 +437,7 @@ def _decode_input(
     size: int | None = None
     if tensor.parameters:
         _reject_unsupported(tensor.parameters, "input", name)
+        _reject_stray_shm(tensor.parameters, "input", name)
         raw_size = tensor.parameters.get("binary_data_size")
         if raw_size is not None:
             if type(raw_size) is not int or raw_size < 0:
@@ -424,7 +537,8 @@ def _object_array(items: list[Any]) -> np.ndarray:
 
 
 def _flatten(data: Any) -> list[Any]:
-    """Row-major flattening of arbitrarily (even raggedly) nested JSON arrays."""
+    """Row-major flattening of (even raggedly) nested JSON arrays, at most
+    MAX_JSON_NESTING_DEPTH - 1 arrays deep, as Triton reads `data`."""
     if not isinstance(data, list):
         return [data]
     flat: list[Any] = []
@@ -432,12 +546,26 @@ def _flatten(data: Any) -> list[Any]:
     while stack:
         for item in stack[-1]:
             if isinstance(item, list):
+                if len(stack) >= MAX_JSON_NESTING_DEPTH - 1:
+                    raise InvalidArgument(NESTING_MESSAGE)
                 stack.append(iter(item))
                 break
             flat.append(item)
         else:
             stack.pop()
     return flat
+
+
+def _check_depth(data: list[Any]) -> None:
+    """Reject `data` nested too deep along its first elements. A regular array is as deep
+    everywhere; a ragged one goes through `_flatten`, which checks every branch."""
+    depth = 1
+    item: Any = data
+    while item and isinstance(item[0], list):
+        item = item[0]
+        depth += 1
+        if depth >= MAX_JSON_NESTING_DEPTH:
+            raise InvalidArgument(NESTING_MESSAGE)
 
 
 def _from_json(name: str, datatype: str, data: Any, shape: list[int], count: int) -> np.ndarray:
@@ -453,6 +581,8 @@ def _from_json(name: str, datatype: str, data: Any, shape: list[int], count: int
             encoded.append(item.encode())
         values = _object_array(encoded)
     else:
+        if isinstance(data, list) and data and isinstance(data[0], list):
+            _check_depth(data)
         try:
             values = np.asarray(data)
         except ValueError:
@@ -510,24 +640,54 @@ def _float32_to_bf16(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _bool_parameter(params: Mapping[str, Parameter], key: str, where: str) -> bool:
+# Error texts start as Triton's do ("Unable to parse 'key'"); what follows says what we expected.
+
+
+def _bool_parameter(params: Mapping[str, Any], key: str) -> bool:
     value = params.get(key, False)
     if type(value) is not bool:
-        raise InvalidArgument(f"{where} {key!r} must be a boolean, got {value!r}")
+        raise InvalidArgument(f"Unable to parse '{key}': expected a boolean, got {value!r}")
     return value
 
 
-def _uint_parameter(params: Mapping[str, Parameter], key: str) -> int:
+def _uint_parameter(params: Mapping[str, Any], key: str) -> int:
     value = params.get(key, 0)
     if type(value) is not int or value < 0:
         raise InvalidArgument(
-            f"request parameter {key!r} must be a non-negative integer, got {value!r}"
+            f"Unable to parse '{key}': expected a non-negative integer, got {value!r}"
         )
     return value
 
 
+def _request_parameters(raw: Mapping[str, Any]) -> dict[str, Parameter]:
+    """Validate request-level parameters the way Triton's HTTP frontend does."""
+    params: dict[str, Parameter] = {}
+    for key, value in raw.items():
+        if key == "sequence_id":
+            # An unsigned integer or a string correlation id.
+            if not (type(value) is str or (type(value) is int and value >= 0)):
+                raise InvalidArgument(
+                    "Unable to parse 'sequence_id': expected a non-negative integer or a "
+                    f"string, got {value!r}"
+                )
+        elif key in ("sequence_start", "sequence_end"):
+            _bool_parameter(raw, key)
+        elif key.startswith("triton_"):
+            raise InvalidArgument(_TRITON_PREFIX_MESSAGE)
+        elif key not in _RESERVED_REQUEST_PARAMETERS and not isinstance(
+            value, (bool, int, float, str)
+        ):
+            raise InvalidArgument(
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', "
+                "or 'string'."
+            )
+        params[key] = value
+    return params
+
+
 def _decode_raw(
-    body: bytes, single_input: TensorConfig | None, max_batch_size: int
+    body: bytes, single_input: TensorConfig | None, max_batch_size: int,
+    config: ModelConfig | None,
 ) -> DecodedInfer:
     """`Inference-Header-Content-Length: 0`: the body is the model's only input, raw.
 
@@ -535,24 +695,27 @@ def _decode_raw(
     one -1 dim may be deduced from the body size. A BYTES input must have exactly one element,
     which is the whole body.
     """
+    # Error texts: Triton's (its QA tests match them).
     if single_input is None:
-        raise InvalidArgument(
-            "Inference-Header-Content-Length 0 (a raw binary body) needs a model with "
-            "exactly one input"
+        got = (
+            f"got {len(config.input)} inputs in '{config.name}' model configuration"
+            if config is not None
+            else "the model does not have exactly 1 input"
         )
+        raise InvalidArgument(f"Raw request must only have 1 input (found 1) to be deduced but {got}")
     name = single_input.name
     datatype = single_input.data_type
     shape = ([1] if max_batch_size > 0 else []) + list(single_input.dims)
     wildcards = [i for i, dim in enumerate(shape) if dim == -1]
     if len(wildcards) > 1:
         raise InvalidArgument(
-            f"raw input {name!r}: cannot deduce shape {shape} with more than one -1 dimension"
+            f"The shape of the raw input '{name}' can not be deduced because there are more "
+            "than one variable-sized dimension"
         )
     if datatype == "BYTES":
         if wildcards or math.prod(shape) != 1:
             raise InvalidArgument(
-                f"raw input {name!r}: a BYTES raw body needs an input of exactly one element, "
-                f"the model's is {shape}"
+                f"For BYTE datatype raw input '{name}', the model must have input shape [1]"
             )
         array = _object_array([bytes(body)]).reshape(shape)
     else:
@@ -566,7 +729,8 @@ def _decode_raw(
                 )
             shape[wildcards[0]] = len(body) // known
         array = _fixed_from_binary(name, datatype, body, 0, len(body), shape, math.prod(shape))
-    return DecodedInfer(InferRequest(inputs={name: array}))
+    # Triton answers a raw request in binary: its client has no JSON header to read.
+    return DecodedInfer(InferRequest(inputs={name: array}), binary_default=True)
 
 
 # --------------------------------------------------------------------------- response helpers
@@ -610,13 +774,194 @@ def _to_binary(array: np.ndarray, datatype: str) -> bytes | np.ndarray:
     return wire.reshape(-1).view(np.uint8)
 
 
-def _to_json(array: np.ndarray, datatype: str) -> list[Any]:
+def _to_json(name: str, array: np.ndarray, datatype: str) -> list[Any]:
     if datatype == "BYTES":
-        return [
-            item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
-            for item in array.ravel().tolist()
-        ]
+        try:
+            return [
+                item.decode() if isinstance(item, bytes) else str(item)
+                for item in array.ravel().tolist()
+            ]
+        except UnicodeDecodeError as exc:
+            # A JSON string cannot hold these bytes; replacing them would corrupt the data.
+            # (Triton 2.51 writes them raw and so sends invalid JSON.)
+            raise InvalidArgument(
+                f"output '{name}' holds BYTES that are not valid UTF-8 ({exc.reason} at byte "
+                f"{exc.start}), which JSON cannot carry: request it in binary with "
+                f'"parameters": {{"binary_data": true}} on the output (or '
+                f'"binary_data_output": true on the request)'
+            ) from None
     if datatype == "BF16":
         return (array.astype(np.uint32) << 16).view(np.float32).ravel().tolist()
     result: list[Any] = array.ravel().tolist()
     return result
+
+
+# --------------------------------------------------------------------------- shared memory
+
+_SHM_PARAMETERS = frozenset({"shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"})
+
+
+def _reject_stray_shm(params: Mapping[str, Parameter], kind: str, name: str) -> None:
+    for key in ("shared_memory_byte_size", "shared_memory_offset"):
+        if key in params:
+            raise InvalidArgument(f"{kind} {name!r}: {key!r} needs 'shared_memory_region'")
+
+
+def _shm_window(params: Mapping[str, Parameter], kind: str, name: str) -> tuple[str, int, int]:
+    """(region, offset, byte_size) from a tensor's shared memory parameters."""
+    region = params["shared_memory_region"]
+    if type(region) is not str or not region:
+        raise InvalidArgument(
+            f"{kind} {name!r}: 'shared_memory_region' must be a region name, got {region!r}"
+        )
+    size = params.get("shared_memory_byte_size")
+    if size is None:
+        raise InvalidArgument(f"{kind} {name!r}: 'shared_memory_region' needs 'shared_memory_byte_size'")
+    offset = params.get("shared_memory_offset", 0)
+    for key, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if type(value) is not int or value < 0:
+            raise InvalidArgument(
+                f"{kind} {name!r}: {key!r} must be a non-negative integer, got {value!r}"
+            )
+    assert isinstance(size, int) and isinstance(offset, int)
+    return region, offset, size
+
+
+def _decode_shm_input(
+    tensor: RequestInput, shm: SharedMemoryLookup | None, leases: list[Lease]
+) -> np.ndarray:
+    """An input read in place from a registered region: a read-only view, no copy."""
+    name = tensor.name
+    params = tensor.parameters or {}
+    if tensor.data is not None or "binary_data_size" in params:
+        given = " 'data'" if tensor.data is not None else ""
+        given += " 'binary_data_size'" if "binary_data_size" in params else ""
+        raise InvalidArgument(
+            f"input {name!r}: Input must set only one of the following fields: 'data', "
+            "'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'. "
+            f"But set{given} 'shared_memory_region'"
+        )
+    _reject_unsupported(params, "input", name)
+    region, offset, size = _shm_window(params, "input", name)
+    datatype = tensor.datatype
+    if datatype not in NUMPY_DTYPES:
+        raise InvalidArgument(
+            f"input {name!r}: unknown datatype {datatype!r}; expected one of {_KNOWN_DATATYPES}"
+        )
+    count = _check_shape(name, tensor.shape)
+    if datatype != "BYTES":
+        expected = count * _WIRE_DTYPES[datatype].itemsize
+        if size != expected:
+            raise InvalidArgument(
+                f"input {name!r}: shared_memory_byte_size {size} does not match shape "
+                f"{tensor.shape} of {datatype} ({expected} bytes expected)"
+            )
+    if shm is None:
+        raise InvalidArgument(f"input {name!r}: shared memory is not available on this endpoint")
+    lease = shm.acquire(region, offset, size)
+    leases.append(lease)
+    buffer, start = lease.buffer, lease.start
+    if datatype == "BYTES":  # parsed element by element into bytes objects anyway
+        return _split_bytes(name, buffer[start : start + size], 0, size, count).reshape(tensor.shape)
+    array = np.frombuffer(buffer, dtype=_WIRE_DTYPES[datatype], count=count, offset=start)
+    if not array.flags.aligned:  # an offset the dtype does not divide: runtimes want aligned data
+        array = array.copy()
+    # The client's memory: a backend must not write into it (Triton's inputs are const too).
+    array.flags.writeable = False
+    array = array.reshape(tensor.shape)
+    if datatype == "BOOL" and count and array.view(np.uint8).max() > 1:
+        raise InvalidArgument(f"input {name!r}: BOOL bytes must be 0 or 1")
+    return array
+
+
+def _decode_output_extensions(
+    out: RequestOutput, shm: SharedMemoryLookup | None, decoded: DecodedInfer
+) -> None:
+    """An output's `classification` and `shared_memory_*` parameters (Triton's rules)."""
+    params = out.parameters or {}
+    name = out.name
+    if "classification" in params:
+        count = params["classification"]
+        if type(count) is not int or count < 0:
+            raise InvalidArgument(
+                f"output {name!r}: 'classification' must be a non-negative integer, got {count!r}"
+            )
+        if count:
+            decoded.classification[name] = count
+    if "shared_memory_region" not in params:
+        _reject_stray_shm(params, "output", name)
+        return
+    if "classification" in params:
+        raise InvalidArgument(
+            f"output {name!r}: Output can't set both 'shared_memory_region' and 'classification'"
+        )
+    if params.get("binary_data") is True:
+        raise InvalidArgument(
+            f"output {name!r}: Output can't set both 'shared_memory_region' and 'binary_data'"
+        )
+    region, offset, size = _shm_window(params, "output", name)
+    if shm is None:
+        raise InvalidArgument(f"output {name!r}: shared memory is not available on this endpoint")
+    lease = shm.acquire(region, offset, size)
+    decoded.leases.append(lease)
+    decoded.shm_outputs[name] = lease
+
+
+def _write_shm(name: str, array: np.ndarray, datatype: str, lease: Lease) -> None:
+    """Write an output's wire bytes into its region (Triton's layout, as for binary data)."""
+    raw = _to_binary(array, datatype)
+    size = len(raw) if isinstance(raw, bytes) else raw.nbytes
+    if size > lease.byte_size:
+        raise InvalidArgument(
+            f"shared memory size specified with the request for output '{name}' "
+            f"({lease.byte_size} bytes) should be at least {size} bytes to hold the results"
+        )
+    if size:
+        target = np.frombuffer(lease.buffer, dtype=np.uint8, count=size, offset=lease.start)
+        np.copyto(target, np.frombuffer(raw, dtype=np.uint8))
+
+
+# --------------------------------------------------------------------------- classification
+
+# Triton's bound on the elements one classification may sort.
+_MAX_CLASSIFICATION_ELEMENTS = 1_000_000
+_CLASSIFIABLE = frozenset(
+    {"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP32", "FP64"}
+)
+
+
+def _classify(
+    name: str,
+    array: np.ndarray,
+    datatype: str,
+    count: int,
+    batching: bool,
+    labels: Sequence[str] | None,
+) -> np.ndarray:
+    """Top-`count` entries per batch item as BYTES "score:index[:label]", as Triton formats them.
+
+    Scores print like C++ `std::to_string` (`%f` for floats, plain integers otherwise); ties keep
+    the lower index first; shape is [batch, k] for a batching model, else [k].
+    """
+    if datatype not in _CLASSIFIABLE:
+        raise InvalidArgument(
+            f"output {name!r}: class result not available for output due to unsupported type "
+            f"'{datatype}'"
+        )
+    rows = array.reshape(array.shape[0], -1) if batching and array.ndim > 0 else array.reshape(1, -1)
+    if rows.shape[1] > _MAX_CLASSIFICATION_ELEMENTS:
+        raise InvalidArgument(f"output {name!r}: classification output tensor too large")
+    floating = array.dtype.kind == "f"
+    k = min(count, rows.shape[1])
+    items: list[bytes] = []
+    for row in rows:
+        # Stable descending order: sort the reversed row ascending, then reverse.
+        order = (len(row) - 1 - np.argsort(row[::-1], kind="stable"))[::-1][:k]
+        for index in order.tolist():
+            score = row[index]
+            text = f"{float(score):f}:{index}" if floating else f"{int(score)}:{index}"
+            if labels is not None and index < len(labels):
+                text += ":" + labels[index]
+            items.append(text.encode())
+    shape = (rows.shape[0], k) if batching and array.ndim > 0 else (k,)
+    return _object_array(items).reshape(shape)

@@ -24,11 +24,14 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
+from daemon.api import generate as generate_tensor
 from daemon.api import openai_tools
+from daemon.api.body import read_body
+from daemon.api.leases import hold
 from daemon.api.state import daemon_of
 from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
 from daemon.core.model import LoadedVersion
-from daemon.errors import InvalidArgument, Unavailable
+from daemon.errors import InvalidArgument, NotFound, Unavailable
 
 _json = msgspec.json.Encoder()
 
@@ -220,11 +223,16 @@ def _logit_bias(biases: dict[str, float]) -> dict[int, float]:
     return out
 
 
-def _generation_model(request: web.Request, name: str, version: str | None = None) -> LoadedVersion:
+async def _body(request: web.Request) -> bytes:
+    return await read_body(request, daemon_of(request).config.server.max_request_bytes)
+
+
+async def _generation_model(request: web.Request, name: str, version: str | None = None) -> LoadedVersion:
     """Resolve the model once; every later step of the request talks to this version."""
     daemon = daemon_of(request)
     if not daemon.accepting:
         raise Unavailable("server is shutting down")
+    await hold(request, name)  # loads an on-demand model; held until the response is done
     model = daemon.registry.get(name, version)
     model.require_generator()
     return model
@@ -295,14 +303,24 @@ def _model_card(model: LoadedVersion) -> dict[str, Any]:
 async def list_models(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
     data = [_model_card(m) for m in daemon.registry.loaded()]
-    unique = list({d["id"]: d for d in data}.values())
+    if daemon.residency is not None:  # not loaded yet, but the first request loads them
+        data += [{"id": n, "object": "model", "created": 0, "owned_by": "edged"}
+                 for n in daemon.residency.on_demand_models()]
+    unique = list({d["id"]: d for d in reversed(data)}.values())
     return web.Response(body=_json.encode({"object": "list", "data": unique}), content_type="application/json")
 
 
 async def retrieve_model(request: web.Request) -> web.Response:
-    """GET /v1/models/{id}: the served version's card; 404 (unknown model) otherwise."""
-    model = daemon_of(request).registry.get(request.match_info["model"])
-    return web.Response(body=_json.encode(_model_card(model)), content_type="application/json")
+    """GET /v1/models/{id}: the card `GET /v1/models` lists for it; 404 (unknown model) otherwise."""
+    daemon = daemon_of(request)
+    name = request.match_info["model"]
+    try:
+        card = _model_card(daemon.registry.get(name))
+    except NotFound:
+        if daemon.residency is None or name not in daemon.residency.on_demand_models():
+            raise
+        card = {"id": name, "object": "model", "created": 0, "owned_by": "edged"}
+    return web.Response(body=_json.encode(card), content_type="application/json")
 
 
 # ---------------------------------------------------------------------------- completions
@@ -354,8 +372,8 @@ async def _stream_or_collect(
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    req: CompletionRequest = _decode(await request.read(), CompletionRequest)
-    model = _generation_model(request, req.model)
+    req: CompletionRequest = _decode(await _body(request), CompletionRequest)
+    model = await _generation_model(request, req.model)
     prompt: str | list[int]
     if isinstance(req.prompt, str):
         prompt = req.prompt
@@ -499,10 +517,10 @@ def _message_text(message: ChatMessage, index: int) -> str:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    req: ChatRequest = _decode(await request.read(), ChatRequest)
+    req: ChatRequest = _decode(await _body(request), ChatRequest)
     if not req.messages:
         raise InvalidArgument("messages: at least one message is required")
-    model = _generation_model(request, req.model)
+    model = await _generation_model(request, req.model)
     messages = _chat_messages(req.messages)
     params = _params(req)
     params.json_schema = _json_schema(req.response_format)
@@ -615,8 +633,8 @@ def _encode_vector(vector: list[float], encoding: str) -> list[float] | str:
 
 
 async def embeddings(request: web.Request) -> web.Response:
-    req: EmbeddingRequest = _decode(await request.read(), EmbeddingRequest)
-    model = _generation_model(request, req.model)
+    req: EmbeddingRequest = _decode(await _body(request), EmbeddingRequest)
+    model = await _generation_model(request, req.model)
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts:
         raise InvalidArgument("input: at least one string is required")
@@ -641,13 +659,15 @@ async def embeddings(request: web.Request) -> web.Response:
 
 
 async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
+    if (tensor := generate_tensor.tensor_model(request)) is not None:  # any tensor model
+        return await generate_tensor.handle(request, tensor, stream)
     name = request.match_info["model"]
-    req: GenerateRequest = _decode(await request.read(), GenerateRequest)
+    req: GenerateRequest = _decode(await _body(request), GenerateRequest)
     if req.parameters:
         raise InvalidArgument(
             f"parameters: {sorted(req.parameters)} not supported; sampling fields go at the top level"
         )
-    model = _generation_model(request, name, request.match_info.get("version"))
+    model = await _generation_model(request, name, request.match_info.get("version"))
     params = _params(req)
     version = str(model.version)
 

@@ -9,15 +9,22 @@ decides *when* to load and swaps the result in; this module only builds `LoadedV
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
-import msgspec
-
-from daemon.backend import Backend, Device, InstanceContext
-from daemon.core import layout
+from daemon.backend import (
+    Backend,
+    Device,
+    ExecuteResult,
+    InferRequest,
+    InferResponse,
+    InstanceContext,
+)
+from daemon.core import decoupled, layout, sequence
 from daemon.core.ensemble import EnsembleRunner, Resolver
 from daemon.core.hardware import Hardware
 from daemon.core.model import LoadedVersion
@@ -51,6 +58,18 @@ class ModelLoader:
         # Ensembles find their step models through this (the registry's `get`).
         self.resolve_model = resolve_model
         self.cpu_count = cpu_count or os.cpu_count() or 1
+
+    async def _infer_other(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
+        """A request from inside a model (Triton BLS) to another loaded model."""
+        return await self.resolve_model(name, version).infer(request)
+
+    async def _stream_other(
+        self, name: str, version: str | None, request: InferRequest
+    ) -> AsyncGenerator[ExecuteResult, None]:
+        """A decoupled request from inside a model (Triton BLS with decoupled=True)."""
+        async with contextlib.aclosing(decoupled.responses(self.resolve_model(name, version), request)) as results:
+            async for result in results:
+                yield result
 
     async def fingerprint(self, model_dir: Path) -> str:
         return await asyncio.to_thread(layout.fingerprint, model_dir)
@@ -144,12 +163,16 @@ class ModelLoader:
         cls = await asyncio.to_thread(self.plugins.resolve, backend)
         try:
             # Reading the artifact can be slow (a TensorRT engine, a big ONNX file).
-            config = await asyncio.to_thread(cls.autocomplete, msgspec.structs.replace(config), artifact)
+            config = await asyncio.to_thread(cls.autocomplete, sequence.for_autocomplete(config), artifact)
         except EdgedError:
             raise
         except Exception as exc:
             raise BackendError(f"backend {backend!r} could not read {artifact}: {exc}") from exc
-        check_capabilities(backend, cls, config)
+        # Sequence models: clients see Triton's config (control and state tensors only under
+        # sequence_batching); backends load one where they are ordinary inputs and outputs.
+        config = sequence.client_config(config)
+        runtime = sequence.runtime_config(config)
+        check_capabilities(backend, cls, runtime)
         manifest = self.plugins.manifest(backend)
         count = sum(g.count for g in config.instance_group) or manifest.default_instances
         if cls.capabilities.kind == "generation":
@@ -161,10 +184,13 @@ class ModelLoader:
         started = time.monotonic()
         try:
             for index in range(count):
-                context = InstanceContext(name, version, index, count, state, threads)
+                # infer, stream: BLS calls from python models run other loaded models.
+                context = InstanceContext(
+                    name, version, index, count, state, threads, infer=self._infer_other, stream=self._stream_other
+                )
                 instance = cls(context)
                 instances.append(instance)
-                await instance.load(config, artifact, device)
+                await instance.load(runtime, artifact, device)
         except BaseException as exc:
             for instance in instances:
                 try:

@@ -106,12 +106,37 @@ def _fingerprint(directory: Path) -> str:
 
 
 def _check_ownership(path: Path) -> str:
-    """A plugin runs inside the daemon: refuse code anyone else could have written."""
-    st = path.stat()
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"plugin directory {path} is group- or world-writable; refusing to load it"
-    if st.st_uid not in (0, os.getuid()):
-        return f"plugin directory {path} is owned by uid {st.st_uid}, not root or the daemon user"
+    """A plugin runs inside the daemon: refuse code anyone else could have written.
+
+    Every directory, file and symlink under the plugin directory (and what a symlink points
+    to) must be owned by root or the daemon's user and writable by nobody else. The daemon's
+    own bytecode caches are skipped.
+    """
+    trusted = (0, os.getuid())
+
+    def problem(entry: Path, st: os.stat_result) -> str:
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"{entry} is group- or world-writable; refusing to load plugin {path.name!r}"
+        if st.st_uid not in trusted:
+            return f"{entry} is owned by uid {st.st_uid}, not root or the daemon user; refusing to load plugin {path.name!r}"
+        return ""
+
+    entries = [path]
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        entries.extend(Path(root) / name for name in [*dirs, *files])
+    for entry in entries:
+        try:
+            st = entry.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                # The link itself is always 0777 on Linux: judge its owner, then its target.
+                if st.st_uid not in trusted:
+                    return f"symlink {entry} is owned by uid {st.st_uid}; refusing to load plugin {path.name!r}"
+                st = entry.stat()
+        except OSError as exc:
+            return f"cannot check {entry}: {exc.strerror or exc}"
+        if reason := problem(entry, st):
+            return reason
     return ""
 
 
@@ -314,6 +339,7 @@ _CONTRACT_METHODS: tuple[tuple[type[Backend], str], ...] = (
     (Backend, "load"),
     (Backend, "load_sync"),
     (Backend, "execute"),
+    (Backend, "execute_stream"),
     (Backend, "unload"),
     (Backend, "unload_sync"),
     (Backend, "describe"),
@@ -345,9 +371,9 @@ def check_backend_class(cls: type[Backend]) -> str:
         if isinstance(theirs, classmethod) and not isinstance(mine, classmethod):
             return f"method {name!r}: must be a classmethod, as in daemon.backend.{base.__name__}"
         fn, ref = getattr(cls, name), getattr(base, name)
-        # generate() is declared plain in the base (it returns an async iterator); only
-        # coroutine-ness of the others matters.
-        if name != "generate" and _kind(fn) != _kind(ref):
+        # generate() and execute_stream() are declared plain in the base (they return async
+        # iterators); only coroutine-ness of the others matters.
+        if name not in ("generate", "execute_stream") and _kind(fn) != _kind(ref):
             return f"method {name!r}: must be {_kind(ref)}, is {_kind(fn)}"
         try:
             want = [p for p in inspect.signature(ref).parameters.values() if p.name != "self"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from daemon.config import ControlMode
@@ -35,6 +36,11 @@ class RepositoryManager:
         self.repositories = repositories
         self.mode = mode
         self.startup_models = startup_models or []
+        # Residency hook: models it says load on demand are left out of startup and rescans.
+        self.on_demand: Callable[[str, Path], bool] | None = None
+
+    def _on_demand(self, name: str, path: Path) -> bool:
+        return self.on_demand is not None and self.on_demand(name, path)
 
     def scan(self) -> dict[str, Path]:
         """Model name -> directory over every repository (the first repository wins a name)."""
@@ -56,6 +62,10 @@ class RepositoryManager:
             wanted = list(models) if "*" in self.startup_models else self.startup_models
         else:
             wanted = list(models)
+        deferred = [n for n in wanted if n in models and self._on_demand(n, models[n])]
+        if deferred:
+            log.info("models loaded on first request (load: on-demand): %s", ", ".join(deferred))
+        wanted = [n for n in wanted if n not in deferred]
         missing = [n for n in wanted if n not in models]
         for name in missing:
             log.error("model %s was asked for at start but is not in the repository", name)
@@ -82,10 +92,10 @@ class RepositoryManager:
             entry = self.registry.entry(name)
             if entry is None or entry.path != path:
                 self.registry.note_unknown(name, path)
-                if self.mode != "explicit":
+                if self.mode != "explicit" and not self._on_demand(name, path):
                     to_load[name] = path
                 continue
-            if not entry.versions and self.mode == "explicit":
+            if not entry.versions and (self.mode == "explicit" or self._on_demand(name, path)):
                 continue
             if entry.state == "UNAVAILABLE" and entry.reason == "unloaded":
                 continue
@@ -115,11 +125,18 @@ class RepositoryManager:
                            if self.mode == "poll"
                            else f"explicit model {action} is not allowed if model control mode is none")
 
-    async def load(self, name: str, config_json: str | None = None) -> None:
-        """Explicit load; `config_json` (Triton's JSON layout) replaces the config on disk."""
+    async def load(
+        self, name: str, config_json: str | None = None, model_dir: Path | None = None
+    ) -> None:
+        """Explicit load; `config_json` (Triton's JSON layout) replaces the config on disk.
+        `model_dir` (files sent in the load request, Triton's `file:` parameters) replaces
+        the repository's directory when given."""
         self._check_explicit("load / unload")
-        models = await asyncio.to_thread(self.scan)
-        path = models.get(name)
+        if model_dir is not None:
+            path: Path | None = model_dir
+        else:
+            models = await asyncio.to_thread(self.scan)
+            path = models.get(name)
         if path is None:
             raise NotFound(f"failed to load '{name}', failed to poll from model repository")
         override = None

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from daemon.backend import Backend, ExecuteResult, InferRequest, InferResponse
+from daemon.core.sequence import SequenceBatcher
 from daemon.core.stats import FailureReason, ModelStats
 from daemon.errors import (
     BackendError,
@@ -65,6 +66,8 @@ def make_scheduler(config: ModelConfig, instances: Sequence[Backend], stats: Mod
     - `DynamicBatcher` when the model batches (`max_batch_size > 0`) and its backend can take
       merged batches (`capabilities.dynamic_batching`).
     - `InstanceScheduler` otherwise (no batch dimension, or a backend that cannot merge).
+    - `SequenceBatcher` (daemon.core.sequence) for a model with `sequence_batching`, whatever
+      its batch dimension: it batches only requests of different sequences.
 
     A batching model whose config has no `dynamic_batching` block still gets a `DynamicBatcher`,
     with `max_queue_delay_microseconds: 0` and no preferred sizes. Unlike Triton (which then
@@ -74,6 +77,8 @@ def make_scheduler(config: ModelConfig, instances: Sequence[Backend], stats: Mod
     """
     if not instances:
         raise ConfigError(f"model '{config.name or stats.name}' has no backend instances")
+    if config.sequence_batching is not None:
+        return SequenceBatcher(config, instances, stats)
     merges = all(type(instance).capabilities.dynamic_batching for instance in instances)
     if config.max_batch_size > 0 and merges:
         return DynamicBatcher(config, instances, stats)
@@ -421,6 +426,9 @@ class _QueueScheduler:
             if items is None:
                 return
             await self._execute(instance, items)
+            # Drop the batch before waiting for the next: its inputs may be views of a client's
+            # shared memory region, which stays mapped while any view lives.
+            del items
 
     async def _next_batch(self) -> list[_Pending] | None:
         while True:

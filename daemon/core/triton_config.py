@@ -26,6 +26,7 @@ from google.protobuf.message import Message
 from daemon.errors import ConfigError
 from daemon.model_config import (
     PREFERENCE_PARAMETER,
+    RESIDENCY_PARAMETERS,
     ModelConfig,
     config_from_mapping,
 )
@@ -427,6 +428,10 @@ def _to_edged_shape(data: dict[str, Any]) -> None:
         preference = data["parameters"].pop(PREFERENCE_PARAMETER, "")
         if preference:
             data["backend_preference"] = [b.strip() for b in preference.split(",") if b.strip()]
+        # Residency settings are ours, not the backend's: lift them out of `parameters`.
+        for key in RESIDENCY_PARAMETERS:
+            if key in data["parameters"]:
+                data[key] = data["parameters"].pop(key).strip()
     for tensor in [*data.get("input", []), *data.get("output", [])]:
         if "reshape" in tensor:
             tensor["reshape"] = tensor["reshape"].get("shape", [])

@@ -85,17 +85,34 @@ def _check_shape(
     mbs = config.max_batch_size
     batched = mbs > 0
     if not (batched and not shape) and _dims_match(shape[1:] if batched else shape, dims):
-        if batched and not 1 <= shape[0] <= mbs:
+        if batched and shape[0] > mbs:
+            # Triton's wording (clients and its tests match it).
+            raise InvalidArgument(
+                f"inference request batch-size must be <= {mbs} for {config.name!r} "
+                f"(input {name!r} has {shape[0]})"
+            )
+        if batched and shape[0] < 1:
             raise InvalidArgument(
                 f"input {name!r} for model {config.name!r}: batch size {shape[0]} must be "
                 f"between 1 and max_batch_size {mbs}"
             )
         return
     expected = [-1, *dims] if batched else list(dims)
-    raise InvalidArgument(
+    # Triton's wording and its compact dims ("[-1,4]").
+    message = (
         f"unexpected shape for input {name!r} for model {config.name!r}. "
-        f"Expected {expected}, got {list(shape)}"
+        f"Expected {_dims(expected)}, got {_dims(shape)}"
     )
+    if batched:
+        message += (
+            ". NOTE: the model's max_batch_size > 0 means each input shape starts with the "
+            "batch dimension"
+        )
+    raise InvalidArgument(message)
+
+
+def _dims(shape: list[int] | tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 def _dims_match(shape: tuple[int, ...], dims: list[int]) -> bool:

@@ -112,6 +112,8 @@ def test_model_metadata_ready_config(daemon) -> None:
     assert not_ready.status == 400 and not_ready.json() == {"error": "Model version not ready"}
     config = daemon.request("GET", "/v2/models/simple/config").json()
     assert config["max_batch_size"] == 8 and config["name"] == "simple"
+    # Triton fills the backend from the platform.
+    assert config["platform"] == "onnxruntime_onnx" and config["backend"] == "onnxruntime"
 
 
 def test_repository_index_and_stats(daemon) -> None:
@@ -184,8 +186,33 @@ def test_bad_requests_get_clear_errors_and_daemon_keeps_serving(daemon) -> None:
     _assert_error(
         daemon.request("POST", "/v2/models/simple/infer", header,
                        {"Inference-Header-Content-Length": str(len(header) + 100)}),
-        400, "Inference-Header-Content-Length",
+        400, "inference header size should be in range (0, ",
     )
+    _assert_error(
+        daemon.request("POST", "/v2/models/simple/infer", header,
+                       {"Inference-Header-Content-Length": "twelve"}),
+        400, "Unable to parse Inference-Header-Content-Length, got: twelve",
+    )
+    # Triton's data nesting limit: a 400, never a RecursionError 500.
+    for depth in (120, 5000):
+        nested = json.dumps(good).replace(
+            json.dumps(good["inputs"][0]["data"]),
+            "[" * depth + json.dumps(good["inputs"][0]["data"]) + "]" * depth,
+        )
+        _assert_error(daemon.request("POST", "/v2/models/simple/infer", nested,
+                                     {"Content-Type": "application/json"}),
+                      400, "JSON nesting depth exceeds maximum allowed limit (100)")
+    reserved = {**good, "parameters": {"triton_x": 1}}
+    _assert_error(daemon.post_json("/v2/models/simple/infer", reserved), 400,
+                  "parameter keys starting with 'triton_' are reserved for Triton usage")
+    bad_priority = {**good, "parameters": {"priority": "high"}}
+    _assert_error(daemon.post_json("/v2/models/simple/infer", bad_priority), 400, "Unable to parse 'priority'")
+    _assert_error(daemon.request("POST", "/v2/models/simple/infer", json.dumps(good),
+                                 {"Content-Encoding": "br"}), 501, "Unsupported compression type")
+    # Triton's answers for unknown models on ready / stats, and its digits-only version routes.
+    _assert_error(daemon.request("GET", "/v2/models/nope/ready"), 400, "Model version not ready")
+    _assert_error(daemon.request("GET", "/v2/models/nope/stats"), 400, "requested model 'nope' is not available")
+    _assert_error(daemon.post_json("/v2/models/simple/versions/x/infer", good), 404, "Not Found")
     _assert_error(daemon.request("GET", "/v2/nowhere"), 404, "Not Found")
     # Still serving, models unaffected.
     reply = daemon.post_json("/v2/models/simple/infer", good)
@@ -209,6 +236,12 @@ def test_lying_bytes_lengths(start_daemon, tmp_path: Path) -> None:
         "    def execute(self, requests):\n"
         "        return [pb_utils.InferenceResponse([pb_utils.Tensor('OUT', pb_utils.get_input_tensor_by_name(r, 'IN').as_numpy())]) for r in requests]\n"
     )
+    shutil.copytree(repo / "echo", repo / "echo_fp32")
+    (repo / "echo_fp32" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+        'output [{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+    )
     daemon = start_daemon("--model-repository", str(repo))
     elements = [b"hello", b"", b"\xff\xfe binary"]
     raw = b"".join(struct.pack("<I", len(e)) + e for e in elements)
@@ -220,6 +253,23 @@ def test_lying_bytes_lengths(start_daemon, tmp_path: Path) -> None:
     assert reply.status == 200, reply.body
     n = int(reply.headers["inference-header-content-length"])
     assert reply.body[n:] == raw  # BYTES round trip, length-prefixed, binary-safe
+    # The same bytes asked for as JSON: a 400 naming the output and the remedy, never U+FFFD.
+    as_json = json.dumps({"inputs": [{"name": "IN", "shape": [3], "datatype": "BYTES",
+                                      "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    _assert_error(
+        daemon.request("POST", "/v2/models/echo/infer", as_json + raw,
+                       {"Inference-Header-Content-Length": str(len(as_json))}),
+        400, "output 'OUT' holds BYTES that are not valid UTF-8", '"binary_data": true',
+    )
+    # Inference-Header-Content-Length 0: the body is the only input, the answer is binary.
+    values = np.array([1.5, -2.0, 3.25], dtype=np.float32)
+    reply = daemon.request("POST", "/v2/models/echo_fp32/infer", values.tobytes(),
+                           {"Inference-Header-Content-Length": "0"})
+    assert reply.status == 200, reply.body
+    n = int(reply.headers["inference-header-content-length"])
+    output = json.loads(reply.body[:n])["outputs"][0]
+    assert output["shape"] == [3] and output["parameters"] == {"binary_data_size": 12}
+    assert reply.body[n:] == values.tobytes()
     lying = struct.pack("<I", 1000) + b"abc"
     header = json.dumps({"inputs": [{"name": "IN", "shape": [1], "datatype": "BYTES",
                                      "parameters": {"binary_data_size": len(lying)}}]}).encode()
@@ -231,15 +281,20 @@ def test_lying_bytes_lengths(start_daemon, tmp_path: Path) -> None:
     assert daemon.request("GET", "/v2/models/echo/ready").status == 200
 
 
-def test_body_over_limit_is_413(start_daemon, repo: Path, tmp_path: Path) -> None:
+def test_body_over_limit_is_400_as_in_triton(start_daemon, repo: Path, tmp_path: Path) -> None:
     config = tmp_path / "edged.toml"
     config.write_text("[server]\nmax-request-bytes = 4096\n")
     daemon = start_daemon("--config", str(config), "--model-repository", str(repo))
     a = np.zeros((8, 16), dtype=np.int32)
     payload = json.dumps(_json_infer(a, a)).encode() + b" " * 8192
     reply = daemon.request("POST", "/v2/models/simple/infer", payload, {"Content-Type": "application/json"})
-    assert reply.status == 413, reply.body
-    assert "limit" in reply.json()["error"]
+    assert reply.status == 400, reply.body
+    assert reply.json()["error"] == (
+        f"request size of {len(payload)} bytes exceeds the maximum allowed input size of 4096 bytes"
+    )
+    # OpenAI clients expect a 413.
+    openai = daemon.request("POST", "/v1/chat/completions", payload, {"Content-Type": "application/json"})
+    assert openai.status == 413, openai.body
     assert daemon.post_json("/v2/models/simple/infer", _json_infer(*_simple_inputs())).status == 200
 
 
@@ -276,3 +331,74 @@ def test_failing_plugin_load_and_execute(start_daemon, tmp_path: Path) -> None:
     _assert_error(daemon.post_json("/v2/models/bad_load/infer", x), 503, "bad_load")
     assert daemon.post_json("/v2/models/simple/infer", _json_infer(*_simple_inputs())).status == 200
     assert daemon.post_json("/v2/models/bad_exec/infer", x).status == 500  # and again: still there
+
+
+def test_repository_load_parameters(start_daemon, repo: Path, tmp_path: Path) -> None:
+    """Triton's load parameters: `config`, `file:<version>/<name>` (base64) — anything else
+    is a 400 naming it; a model that fails to load is Triton's 400 "load failed for model"."""
+    import base64
+
+    from daemon.demo import SIMPLE_PYTHON_MODEL
+
+    daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit",
+                          "--load-model", "simple")
+    load = "/v2/repository/models/uploaded/load"
+    _assert_error(daemon.post_json(load, {"parameters": {"bogus": "1"}}), 400, "unknown load parameter 'bogus'")
+    code = base64.b64encode(SIMPLE_PYTHON_MODEL.encode()).decode()
+    _assert_error(daemon.post_json(load, {"parameters": {"file:1/model.py": code}}), 400, "'config'")
+    config = json.dumps({
+        "name": "uploaded", "backend": "python", "max_batch_size": 8,
+        "input": [{"name": f"INPUT{i}", "data_type": "TYPE_INT32", "dims": [16]} for i in (0, 1)],
+        "output": [{"name": f"OUTPUT{i}", "data_type": "TYPE_INT32", "dims": [16]} for i in (0, 1)],
+    })
+    _assert_error(daemon.post_json(load, {"parameters": {"config": config, "file:1/model.py": "!!"}}),
+                  400, "'file:1/model.py' is not valid base64")
+    _assert_error(daemon.post_json(load, {"parameters": {"config": config, "file:../x.py": code}}),
+                  400, "relative to the model directory")
+    broken = base64.b64encode(b"raise RuntimeError('no such luck')\n").decode()
+    _assert_error(daemon.post_json(load, {"parameters": {"config": config, "file:1/model.py": broken}}),
+                  400, "load failed for model 'uploaded'", "no such luck")
+    reply = daemon.post_json(load, {"parameters": {"config": config, "file:1/model.py": code}})
+    assert reply.status == 200, reply.body
+    a, b = _simple_inputs()
+    body = daemon.post_json("/v2/models/uploaded/infer", _json_infer(a, b)).json()
+    assert body["outputs"][0]["data"] == (a + b).ravel().tolist()
+    # Unload accepts Triton's `unload_dependents` (tritonclient always sends it), nothing else.
+    unload = "/v2/repository/models/uploaded/unload"
+    _assert_error(daemon.post_json(unload, {"parameters": {"bogus": True}}), 400, "unknown unload parameter 'bogus'")
+    assert daemon.post_json(unload, {"parameters": {"unload_dependents": False}}).status == 200
+    assert daemon.request("GET", "/v2/models/uploaded/ready").status == 400
+    # As in Triton, unloading a model that is not loaded succeeds.
+    assert daemon.post_json("/v2/repository/models/nope/unload", {}).status == 200
+
+
+def test_unload_dependents_unloads_the_ensemble_steps(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    tensor = 'data_type: TYPE_FP32 dims: [ 2 ]'
+    (repo / "step" / "1").mkdir(parents=True)
+    (repo / "step" / "config.pbtxt").write_text(
+        f'backend: "python"\ninput [{{ name: "X" {tensor} }}]\noutput [{{ name: "Y" {tensor} }}]\n'
+    )
+    (repo / "step" / "1" / "model.py").write_text(
+        "import triton_python_backend_utils as pb_utils\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        return [pb_utils.InferenceResponse([pb_utils.Tensor('Y', pb_utils.get_input_tensor_by_name(r, 'X').as_numpy() * 2)]) for r in requests]\n"
+    )
+    (repo / "pipe" / "1").mkdir(parents=True)
+    (repo / "pipe" / "config.pbtxt").write_text(
+        f'platform: "ensemble"\ninput [{{ name: "IN" {tensor} }}]\noutput [{{ name: "OUT" {tensor} }}]\n'
+        'ensemble_scheduling { step [ { model_name: "step" model_version: -1 '
+        'input_map { key: "X" value: "IN" } output_map { key: "Y" value: "OUT" } } ] }\n'
+    )
+    daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit",
+                          "--load-model", "step", "--load-model", "pipe")
+    x = {"inputs": [{"name": "IN", "shape": [2], "datatype": "FP32", "data": [1, 2]}]}
+    assert daemon.post_json("/v2/models/pipe/infer", x).json()["outputs"][0]["data"] == [2.0, 4.0]
+    # Without the flag the step stays; with it, the step goes too (Triton's unload_dependents).
+    assert daemon.post_json("/v2/repository/models/pipe/unload", {"parameters": {"unload_dependents": False}}).status == 200
+    assert daemon.request("GET", "/v2/models/step/ready").status == 200
+    assert daemon.post_json("/v2/repository/models/pipe/load", {}).status == 200
+    assert daemon.post_json("/v2/repository/models/pipe/unload", {"parameters": {"unload_dependents": True}}).status == 200
+    assert daemon.request("GET", "/v2/models/pipe/ready").status == 400
+    assert daemon.request("GET", "/v2/models/step/ready").status == 400

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from daemon.api.kserve_codec import Codec, DecodedInfer, encode_error
+from daemon.api.kserve_codec import Codec, DecodedInfer, encode_error, parse_header_length
 from daemon.backend import InferRequest, InferResponse
-from daemon.errors import InvalidArgument, PayloadTooLarge
+from daemon.errors import InvalidArgument
 from daemon.model_config import ModelConfig, TensorConfig
 
 # One sample per datatype: (datatype, numpy array as decoded, JSON data to send).
@@ -214,10 +214,14 @@ def test_request_fields_and_parameters(codec: Codec) -> None:
     assert request.priority == 2
     assert request.timeout_us == 1500
     assert request.requested_outputs == ("Y", "Z")
-    assert request.parameters == {"sequence_id": 9, "custom": "x"}
+    # Reserved parameters are Triton's, not the backend's.
+    assert request.parameters == {"custom": "x"}
     assert decoded.binary_default is True
+    # As in Triton: a listed output is binary only by its own flag; binary_data_output
+    # decides for the outputs the request does not list.
     assert decoded.output_is_binary("Y") is False
-    assert decoded.output_is_binary("Z") is True
+    assert decoded.output_is_binary("Z") is False
+    assert decoded.output_is_binary("W") is True
 
 
 def test_defaults_without_parameters(codec: Codec) -> None:
@@ -240,6 +244,8 @@ def test_raw_body_deduces_variable_dim(codec: Codec) -> None:
     got = decoded.request.inputs["IN"]
     np.testing.assert_array_equal(got, data.reshape(1, 2, 3))
     assert decoded.request.requested_outputs == ()
+    # Triton answers a raw request in binary.
+    assert decoded.output_is_binary("OUT") is True
 
 
 def test_raw_body_fixed_shape_without_batching(codec: Codec) -> None:
@@ -262,7 +268,7 @@ def test_raw_body_bytes_is_one_element(codec: Codec) -> None:
 @pytest.mark.parametrize(
     ("single", "body", "message"),
     [
-        (None, b"1234", "needs a model with exactly one input"),
+        (None, b"1234", "Raw request must only have 1 input (found 1) to be deduced"),
         (
             TensorConfig(name="IN", data_type="FP32", dims=[-1]),
             b"12345",
@@ -273,14 +279,34 @@ def test_raw_body_bytes_is_one_element(codec: Codec) -> None:
             b"1234",
             "binary_data_size 4 does not match shape [2]",
         ),
-        (TensorConfig(name="IN", data_type="FP32", dims=[-1, -1]), b"1234", "more than one -1"),
-        (TensorConfig(name="IN", data_type="BYTES", dims=[2]), b"ab", "exactly one element"),
+        # Triton's wording (its L0_http tests match it).
+        (
+            TensorConfig(name="IN", data_type="FP32", dims=[-1, -1]),
+            b"1234",
+            "The shape of the raw input 'IN' can not be deduced because there are more than one "
+            "variable-sized dimension",
+        ),
+        (
+            TensorConfig(name="IN", data_type="BYTES", dims=[2]),
+            b"ab",
+            "For BYTE datatype raw input 'IN', the model must have input shape [1]",
+        ),
     ],
 )
 def test_raw_body_errors(
     codec: Codec, single: TensorConfig | None, body: bytes, message: str
 ) -> None:
     assert message in decode_error(codec, body, 0, single_input=single)
+
+
+def test_raw_body_with_several_inputs_names_the_model(codec: Codec) -> None:
+    config = ModelConfig(name="three", input=[
+        TensorConfig(name=f"IN{i}", data_type="FP32", dims=[8]) for i in range(3)
+    ])
+    assert decode_error(codec, b"1234", 0, config=config) == (
+        "Raw request must only have 1 input (found 1) to be deduced but got 3 inputs in "
+        "'three' model configuration"
+    )
 
 
 # --------------------------------------------------------------------------- malformed requests
@@ -362,9 +388,9 @@ MALFORMED_JSON: list[tuple[str, dict[str, Any], str]] = [
         "input 'INPUT0': binary_data_size needs the Inference-Header-Content-Length header",
     ),
     (
-        "shared memory",
+        "shared memory without byte size",
         one_input(parameters={"shared_memory_region": "r"}),
-        "input 'INPUT0': shared memory ('shared_memory_region') is not supported",
+        "input 'INPUT0': 'shared_memory_region' needs 'shared_memory_byte_size'",
     ),
     (
         "duplicate input",
@@ -372,17 +398,12 @@ MALFORMED_JSON: list[tuple[str, dict[str, Any], str]] = [
         "input 'INPUT0' appears more than once",
     ),
     (
-        "duplicate output",
-        {**one_input(shape=[0], data=[]), "outputs": [{"name": "Y"}, {"name": "Y"}]},
-        "output 'Y' is requested more than once",
-    ),
-    (
         "classification",
         {
             **one_input(shape=[0], data=[]),
-            "outputs": [{"name": "Y", "parameters": {"classification": 3}}],
+            "outputs": [{"name": "Y", "parameters": {"classification": "3"}}],
         },
-        "output 'Y': the classification extension is not supported",
+        "output 'Y': 'classification' must be a non-negative integer, got '3'",
     ),
     (
         "binary_data not bool",
@@ -390,22 +411,44 @@ MALFORMED_JSON: list[tuple[str, dict[str, Any], str]] = [
             **one_input(shape=[0], data=[]),
             "outputs": [{"name": "Y", "parameters": {"binary_data": 1}}],
         },
-        "output 'Y' parameter 'binary_data' must be a boolean, got 1",
+        "Unable to parse 'binary_data': expected a boolean, got 1",
     ),
     (
         "priority negative",
         {**one_input(shape=[0], data=[]), "parameters": {"priority": -1}},
-        "request parameter 'priority' must be a non-negative integer, got -1",
+        "Unable to parse 'priority': expected a non-negative integer, got -1",
     ),
     (
         "timeout not int",
         {**one_input(shape=[0], data=[]), "parameters": {"timeout": "soon"}},
-        "request parameter 'timeout' must be a non-negative integer, got 'soon'",
+        "Unable to parse 'timeout': expected a non-negative integer, got 'soon'",
     ),
     (
         "binary_data_output not bool",
         {**one_input(shape=[0], data=[]), "parameters": {"binary_data_output": "yes"}},
-        "request parameter 'binary_data_output' must be a boolean, got 'yes'",
+        "Unable to parse 'binary_data_output': expected a boolean, got 'yes'",
+    ),
+    # Triton's reserved request parameters and its wording.
+    (
+        "sequence_id float",
+        {**one_input(shape=[0], data=[]), "parameters": {"sequence_id": 1.5}},
+        "Unable to parse 'sequence_id': expected a non-negative integer or a string, got 1.5",
+    ),
+    (
+        "sequence_start not bool",
+        {**one_input(shape=[0], data=[]), "parameters": {"sequence_start": 1}},
+        "Unable to parse 'sequence_start': expected a boolean, got 1",
+    ),
+    (
+        "triton_ prefix",
+        {**one_input(shape=[0], data=[]), "parameters": {"triton_x": True}},
+        "parameter keys starting with 'triton_' are reserved for Triton usage and should not "
+        "be specified.",
+    ),
+    (
+        "null parameter",
+        {**one_input(shape=[0], data=[]), "parameters": {"p": None}},
+        "parameter 'p' has invalid type. It should be either 'int', 'bool', or 'string'.",
     ),
     # msgspec's own messages carry the JSON path of the bad field.
     (
@@ -426,7 +469,7 @@ MALFORMED_JSON: list[tuple[str, dict[str, Any], str]] = [
     (
         "nested parameter",
         {**one_input(shape=[0], data=[]), "parameters": {"p": {"a": 1}}},
-        "at `$.parameters[...]`",
+        "parameter 'p' has invalid type. It should be either 'int', 'bool', or 'string'.",
     ),
 ]
 
@@ -533,11 +576,58 @@ def test_bytes_after_json_only_request(codec: Codec) -> None:
 def test_header_length_out_of_range(codec: Codec) -> None:
     body = json_body(one_input(shape=[0], data=[]))
     message = decode_error(codec, body, len(body) + 1)
-    assert (
-        message
-        == f"Inference-Header-Content-Length {len(body) + 1} is larger than the {len(body)}-byte request body"
-    )
-    assert "must be >= 0, got -1" in decode_error(codec, body, -1)
+    # Triton's wording.
+    assert message == f"inference header size should be in range (0, {len(body)}), got: {len(body) + 1}"
+    assert decode_error(codec, body, -1).endswith("got: -1")
+
+
+def test_parse_header_length() -> None:
+    assert parse_header_length(None) is None
+    assert parse_header_length(" 12 ") == 12
+    with pytest.raises(InvalidArgument, match=r"^Unable to parse Inference-Header-Content-Length, got: abc$"):
+        parse_header_length("abc")
+    with pytest.raises(InvalidArgument, match=r"in range \(0, 5\), got: 6"):
+        parse_header_length("6", 5)
+
+
+def test_duplicate_output_is_answered_once(codec: Codec) -> None:
+    """Triton keeps one entry per output name."""
+    body = json_body({**one_input(shape=[0], data=[]), "outputs": [{"name": "Y"}, {"name": "Y"}]})
+    assert codec.decode_infer_request(body, None).request.requested_outputs == ("Y",)
+
+
+def test_reserved_parameters_do_not_reach_the_backend(codec: Codec) -> None:
+    params = {"sequence_id": "corr-1", "sequence_start": True, "sequence_end": False, "n": 2.5}
+    body = json_body({**one_input(shape=[0], data=[]), "parameters": params})
+    assert codec.decode_infer_request(body, None).request.parameters == {"n": 2.5}
+
+
+def _nested(depth: int) -> str:
+    return "[" * (depth - 1) + "[1.0]" + "]" * (depth - 1)
+
+
+def _fp32_body(shape: list[int], data: str) -> bytes:
+    # Built as text: json.dumps itself recurses on deep nesting.
+    head = f'{{"inputs": [{{"name": "INPUT0", "shape": {shape}, "datatype": "FP32", "data": '
+    return (head + data + "}]}").encode()
+
+
+@pytest.mark.parametrize("depth", [100, 120, 5000])
+def test_json_nesting_limit(codec: Codec, depth: int) -> None:
+    """Triton (>= 2.58) rejects data nested 100 arrays deep; never a RecursionError 500."""
+    body = _fp32_body([1], _nested(depth))
+    assert decode_error(codec, body) == "JSON nesting depth exceeds maximum allowed limit (100)"
+
+
+def test_json_nesting_ragged_deep_branch(codec: Codec) -> None:
+    data = "[1.0, " + _nested(150) + "]"
+    body = _fp32_body([2], data)
+    assert decode_error(codec, body) == "JSON nesting depth exceeds maximum allowed limit (100)"
+
+
+def test_json_nesting_99_is_accepted(codec: Codec) -> None:
+    body = _fp32_body([1], _nested(99))
+    assert codec.decode_infer_request(body, None).request.inputs["INPUT0"].tolist() == [1.0]
 
 
 def test_header_length_cuts_json_short(codec: Codec) -> None:
@@ -548,7 +638,10 @@ def test_header_length_cuts_json_short(codec: Codec) -> None:
 def test_request_size_cap() -> None:
     codec = Codec(max_request_bytes=100)
     body = json_body(one_input(shape=[40], data=[0.0] * 40))
-    with pytest.raises(PayloadTooLarge, match=f"{len(body)} bytes exceeds the limit of 100"):
+    with pytest.raises(
+        InvalidArgument,
+        match=f"^request size of {len(body)} bytes exceeds the maximum allowed input size of 100 bytes$",
+    ):
         codec.decode_infer_request(body, None)
 
 
@@ -631,15 +724,23 @@ def test_encode_mixed_outputs_id_parameters(codec: Codec) -> None:
     assert tail[24:] == b"\x00\x00\x00\x00" + b"\x04\x00\x00\x00\xff\x00ok"
 
 
-def test_encode_json_bytes_replaces_invalid_utf8_and_str_arrays(codec: Codec) -> None:
-    response = InferResponse(
-        {"S": np.array([b"ok", b"\xff"], dtype=object), "U": np.array(["x", "yz"])}
-    )
+def test_encode_json_bytes_refuses_invalid_utf8(codec: Codec) -> None:
+    """Never a U+FFFD: a 400 naming the output and the remedy."""
+    response = InferResponse({"S": np.array([b"ok", b"\xff"], dtype=object)})
+    with pytest.raises(InvalidArgument) as caught:
+        codec.encode_infer_response("m", "1", decoded_for(), response)
+    assert caught.value.message.startswith("output 'S' holds BYTES that are not valid UTF-8")
+    assert '"binary_data": true' in caught.value.message
+    # The same output in binary is fine, byte for byte.
+    body, length = codec.encode_infer_response("m", "1", decoded_for({"S": True}), response)
+    assert length is not None and body[length:] == b"\x02\x00\x00\x00ok\x01\x00\x00\x00\xff"
+
+
+def test_encode_json_str_arrays(codec: Codec) -> None:
+    response = InferResponse({"U": np.array(["x", "yz"])})
     body, length = codec.encode_infer_response("m", "1", decoded_for(), response)
     assert length is None
-    outputs = json.loads(body)["outputs"]
-    assert outputs[0]["datatype"] == "BYTES" and outputs[0]["data"] == ["ok", "\ufffd"]
-    assert outputs[1]["datatype"] == "BYTES" and outputs[1]["data"] == ["x", "yz"]
+    assert json.loads(body)["outputs"][0]["data"] == ["x", "yz"]
 
 
 def test_encode_uint16_without_config_is_uint16(codec: Codec) -> None:

@@ -22,10 +22,20 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+TOKEN = "test-token-0123456789abcdef"
+# Admin routes over TCP need the bearer token (docs/security.md); tritonclient passes headers.
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+
+
 @pytest.fixture
-def client(start_daemon, repo: Path):
-    daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit",
-                          "--load-model", "*", http=True)
+def client(start_daemon, repo: Path, tmp_path: Path):
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    config = tmp_path / "edged.toml"
+    config.write_text(f'[server]\ntoken-file = "{token}"\n')
+    daemon = start_daemon("--config", str(config), "--model-repository", str(repo),
+                          "--model-control-mode", "explicit", "--load-model", "*", http=True)
     client = httpclient.InferenceServerClient(url=f"127.0.0.1:{daemon.http_port}")
     yield client
     client.close()
@@ -87,17 +97,21 @@ def test_async_infer_many(client) -> None:
 def test_repository_and_stats(client) -> None:
     names = {m["name"] for m in client.get_model_repository_index()}
     assert {"simple", "simple_python"} <= names
-    client.unload_model("simple_python")
+    with pytest.raises(InferenceServerException, match=r"\[401\] missing or wrong bearer token"):
+        client.unload_model("simple_python")
+    with pytest.raises(InferenceServerException, match=r"\[401\] missing or wrong bearer token"):
+        client.unload_model("simple_python", headers={"Authorization": "Bearer wrong"})
+    client.unload_model("simple_python", headers=ADMIN)
     assert not client.is_model_ready("simple_python")
-    client.load_model("simple_python")
+    client.load_model("simple_python", headers=ADMIN)
     assert client.is_model_ready("simple_python")
     # A load with a config override, in Triton's JSON layout, as the client sends it.
     config = client.get_model_config("simple_python")
     config["max_batch_size"] = 4
-    client.load_model("simple_python", config=json.dumps(config))
+    client.load_model("simple_python", config=json.dumps(config), headers=ADMIN)
     assert client.get_model_config("simple_python")["max_batch_size"] == 4
     with pytest.raises(InferenceServerException, match="max_batch_sizee"):
-        client.load_model("simple_python", config=json.dumps({**config, "max_batch_sizee": 1}))
+        client.load_model("simple_python", config=json.dumps({**config, "max_batch_sizee": 1}), headers=ADMIN)
     assert client.is_model_ready("simple_python")
     inputs, _, _ = _inputs(True)
     client.infer("simple", inputs)

@@ -53,7 +53,8 @@ def _post(daemon, bundle: Path):
 def test_update_lifecycle_over_the_socket(start_daemon, tmp_path: Path) -> None:
     config, key = _setup(tmp_path)
     daemon = start_daemon("--config", str(config))
-    assert daemon.request("GET", "/v2/models/m/ready").status == 404
+    # Triton answers ready for an unknown model with 400 "Model version not ready".
+    assert daemon.request("GET", "/v2/models/m/ready").status == 400
 
     reply = _post(daemon, _bundle(tmp_path, key, "1.0.0", 1, "y = x + 1"))
     assert reply.status == 200, reply.body

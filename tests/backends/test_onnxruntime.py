@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -21,6 +22,7 @@ from daemon.backend import (
 from daemon.demo import build_dtype_zoo_onnx, build_simple_onnx
 from daemon.errors import BackendError, ConfigError, InvalidArgument
 from daemon.model_config import ModelConfig, TensorConfig
+from support import wait_until
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -374,3 +376,24 @@ async def test_non_utf8_bytes_are_invalid_argument(backend_class: ClassOf, tmp_p
     await backend.unload()
     assert isinstance(result, InvalidArgument)
     assert "INPUT_BYTES" in result.message and "UTF-8" in result.message
+
+
+def test_failed_load_names_the_backend_once(start_daemon: Callable[..., Any], tmp_path: Path) -> None:
+    # The daemon prefixes a load failure with the backend that failed (there may be several
+    # candidates); the backend's own message must not repeat its name.
+    repo = tmp_path / "repo"
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "1" / "model.onnx").write_bytes(b"this is not a protobuf \x00\xff" * 10)
+    (repo / "broken" / "config.pbtxt").write_text('backend: "onnxruntime"\n')
+    daemon = start_daemon("--model-repository", str(repo), wait=False)
+    reasons: dict[str, str] = {}
+
+    def failed() -> bool:
+        index = daemon.post_json("/v2/repository/index", {}).json()
+        reasons.update({r["name"]: r.get("reason", "") for r in index if r.get("state") == "UNAVAILABLE"})
+        return "broken" in reasons
+
+    wait_until(failed, timeout=60)
+    reason = reasons["broken"]
+    assert "onnxruntime: cannot load model 'broken'" in reason, reason
+    assert reason.count("onnxruntime:") == 1, reason

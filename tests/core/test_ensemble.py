@@ -170,3 +170,22 @@ async def test_unsatisfiable_graph_is_refused_at_load(tmp_path: Path) -> None:
         assert registry.entry("broken").state == "UNAVAILABLE"  # type: ignore[union-attr]
     finally:
         await registry.close()
+
+
+async def test_request_parameters_reach_every_step(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    # Each step adds the request's integer parameter "k" to its input.
+    prelude = "import json"
+    python_step(repo, "add_k", ["X"], {"Y": "X + json.loads(r.parameters())['k']"}, prelude=prelude)
+    python_step(repo, "add_k_again", ["X"], {"Y": "X + json.loads(r.parameters())['k']"}, prelude=prelude)
+    ensemble(repo, "twice", step("add_k", {"X": "IN"}, {"Y": "MID"}) + ", "
+             + step("add_k_again", {"X": "MID"}, {"Y": "OUT"}), ["IN"], ["OUT"])
+    registry = await make_registry(tmp_path)
+    try:
+        for name in ("add_k", "add_k_again", "twice"):
+            await registry.load(name, repo / name)
+        raw = np.arange(16, dtype=np.int32).reshape(1, 16)
+        response = await registry.get("twice").infer(InferRequest({"IN": raw}, parameters={"k": 5}))
+        np.testing.assert_array_equal(response.outputs["OUT"], raw + 10)
+    finally:
+        await registry.close()

@@ -197,3 +197,34 @@ def test_plugin_raising_base_exceptions_at_import_is_broken_not_fatal(tmp_path: 
     assert registry.resolve("fine").name == "fine"
     states = {info.name: info.state for info in registry.info()}
     assert states == {dies: "broken", "fine": "ready"}
+
+
+def test_writable_file_inside_a_plugin_is_refused(tmp_path: Path) -> None:
+    folder = write_plugin(tmp_path, "loosefile")
+    (folder / "impl.py").chmod(0o666)
+    registry = PluginRegistry([tmp_path])
+    assert registry.scan().broken == ["loosefile"]
+    assert f"{folder / 'impl.py'} is group- or world-writable" in registry.info()[0].reason
+
+
+def test_foreign_owned_file_and_symlink_target_are_refused(tmp_path: Path) -> None:
+    import os
+
+    if os.getuid() != 0:
+        pytest.skip("needs root to chown a file to another uid")
+    folder = write_plugin(tmp_path / "a", "foreign")
+    helper = folder / "helper.py"
+    helper.write_text("X = 1\n")
+    os.chown(helper, 65534, 65534)
+    registry = PluginRegistry([tmp_path / "a"])
+    assert registry.scan().broken == ["foreign"]
+    assert "is owned by uid 65534" in registry.info()[0].reason
+
+    outside = tmp_path / "outside.py"
+    outside.write_text("X = 2\n")
+    outside.chmod(0o666)
+    linked = write_plugin(tmp_path / "b", "linked")
+    (linked / "extra.py").symlink_to(outside)
+    registry = PluginRegistry([tmp_path / "b"])
+    assert registry.scan().broken == ["linked"]
+    assert f"{linked / 'extra.py'} is group- or world-writable" in registry.info()[0].reason

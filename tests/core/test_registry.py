@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -109,11 +110,18 @@ async def test_reload_swaps_without_failed_requests(tmp_path: Path) -> None:
                 errors.append(exc)
             await asyncio.sleep(0)
 
+    async def until(condition: Callable[[], bool]) -> None:
+        # On observable state, not a sleep that is long enough only on a fast machine.
+        async with asyncio.timeout(30):
+            while not condition():  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+
     tasks = [asyncio.create_task(client()) for _ in range(4)]
-    await asyncio.sleep(0.2)
+    await until(lambda: len(results) >= 4)
     python_model(repo, "m", "y = x + 100")
     await registry.load("m", repo / "m")
-    await asyncio.sleep(0.2)
+    served = len(results)
+    await until(lambda: len(results) >= served + 4)
     stop.set()
     await asyncio.gather(*tasks)
     await registry.close()

@@ -45,6 +45,8 @@ class Linear(TensorBackend):
         self.gate = threading.Event()
         self.gate.set()
         self.entered = threading.Event()
+        # execute() calls that have returned their results to the scheduler.
+        self.executed = 0
 
     def compute(self, x: np.ndarray) -> dict[str, np.ndarray]:
         return {"y": x @ self.weight + self.bias}
@@ -57,6 +59,11 @@ class Linear(TensorBackend):
         if not self.gate.wait(10):
             raise RuntimeError("test gate never opened")
         return self.compute(x)
+
+    async def execute(self, batch: Sequence[InferRequest]) -> list[ExecuteResult]:
+        results = await super().execute(batch)
+        self.executed += 1
+        return results
 
     def expected(self, x: np.ndarray) -> np.ndarray:
         return x @ self.weight + self.bias
@@ -369,7 +376,7 @@ async def test_reject_timeout_fires_while_instances_are_busy(harness: Harness) -
         await asyncio.wait_for(scheduler.submit(req(1)), 10)
     # The instance is still blocked: the timer, not a freed instance, rejected it.
     assert not inst.gate.is_set()
-    assert caught.value.status == 429
+    assert caught.value.status == 503
     assert "model 'm'" in caught.value.message
     assert "timed out in queue after 50000 us" in caught.value.message
     assert scheduler.pending() == 0
@@ -432,9 +439,18 @@ async def test_preserve_ordering_with_uneven_instances(harness: Harness, preserv
     second = asyncio.create_task(scheduler.submit(req(2)))
     second.add_done_callback(lambda _: finished.append(2))
     await wait_thread_event(fast.entered)
-    await asyncio.sleep(0.2)  # the fast instance has long finished request 2
+    if preserve:
+        # Wait on the fast instance having handed request 2's result back (not on a sleep long
+        # enough on this machine): the scheduler must still hold it behind request 1.
+        async with asyncio.timeout(10):
+            while fast.executed == 0:  # noqa: ASYNC110
+                await asyncio.sleep(0.001)
+        await settle()
+        assert not second.done()
+    else:
+        await asyncio.wait_for(asyncio.shield(second), 10)
+        assert not first.done()
     assert (slow.seen, fast.seen) == ([1], [2])
-    assert second.done() is not preserve
     slow.gate.set()
     await asyncio.gather(first, second)
     assert finished == ([1, 2] if preserve else [2, 1])

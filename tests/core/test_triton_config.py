@@ -331,11 +331,11 @@ def test_known_unsupported_fields_parse_with_warnings(parser: PbtxtParser) -> No
     config, warnings = parser.parse(text, source="densenet/config.pbtxt")
     assert config.input == [TensorConfig(name="data_0", data_type="FP32", dims=[3, 224, 224])]
     assert config.output[0].dims == [1000]
+    assert config.output[0].label_filename == "labels.txt"  # used by classification
     assert config.instance_group == [InstanceGroup(count=1, kind="KIND_GPU")]
     ignored = {w.removeprefix("densenet/config.pbtxt: ").split(" ")[0] for w in warnings}
     assert ignored == {
         "input[0].format",
-        "output[0].label_filename",
         "optimization",
         "model_warmup",
         "response_cache",
@@ -344,22 +344,33 @@ def test_known_unsupported_fields_parse_with_warnings(parser: PbtxtParser) -> No
     assert all(w.endswith("is not supported by edged and is ignored") for w in warnings)
 
 
-def test_sequence_batching_is_a_warning_not_an_error(parser: PbtxtParser) -> None:
+def test_sequence_batching_is_parsed_and_its_unsupported_fields_warned(parser: PbtxtParser) -> None:
     text = """
     max_batch_size: 2
     sequence_batching {
       max_sequence_idle_microseconds: 5000000
+      iterative_sequence: true
       control_input [
         { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] }
       ]
       oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] }
       state [ { input_name: "in" output_name: "out" data_type: TYPE_INT32 dims: [ 1 ]
+                use_same_buffer_for_input_output: true
                 initial_state: { name: "s" data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } } ]
     }
     """
     config, warnings = parser.parse(text, source="c")
     assert config.dynamic_batching is None
-    assert warnings == ["c: sequence_batching is not supported by edged and is ignored"]
+    sb = config.sequence_batching
+    assert sb is not None and sb.max_sequence_idle_microseconds == 5000000
+    assert sb.control_input[0].control[0].fp32_false_true == [0.0, 1.0]
+    assert sb.oldest is not None and sb.oldest.preferred_batch_size == [2]
+    assert sb.state[0].initial_state[0].zero_data
+    assert sorted(warnings) == [
+        "c: sequence_batching.iterative_sequence is not supported by edged and is ignored",
+        "c: sequence_batching.state[0].use_same_buffer_for_input_output is not supported by edged "
+        "and is ignored",
+    ]
 
 
 def test_syntax_error_names_file_line_and_column(parser: PbtxtParser) -> None:

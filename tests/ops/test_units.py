@@ -115,3 +115,13 @@ def test_sysusers_creates_the_user(tmp_path: Path) -> None:
     passwd = (tmp_path / "etc" / "passwd").read_text()
     assert re.search(r"^edged:x:\d+:\d+:[^:]*:/var/lib/edged:/usr/sbin/nologin$", passwd, re.M)
     assert re.search(r"^edged:x:\d+:", (tmp_path / "etc" / "group").read_text(), re.M)
+
+
+def test_service_sets_resource_limits() -> None:
+    text = (Path(__file__).resolve().parents[2] / "systemd" / "edged.service").read_text()
+    settings = dict(
+        line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#")
+    )
+    assert int(settings["LimitNOFILE"]) >= 4 * 512  # server.max-connections' default, with room
+    assert settings["MemoryMax"].endswith("%") and settings["MemoryHigh"].endswith("%")
+    assert "TasksMax" in settings

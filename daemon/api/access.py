@@ -1,0 +1,111 @@
+"""Who may call what: the Unix socket's peer uid, and a bearer token for TCP callers.
+
+- Unix socket: the socket file's mode is the first gate; `server.allowed-uids` (checked with
+  SO_PEERCRED) narrows it further for every route. Root is always allowed.
+- TCP: anyone who can reach the port. Admin routes (model load/unload, updates, logging)
+  need `Authorization: Bearer <token>`
+  with the token from `server.token-file`; without a token file they are refused over TCP.
+  With `server.tcp-auth = "all"` every route but `/v2/health/*` needs the token.
+- Shared-memory registration follows `server.shared-memory`: "socket" (default) and "off"
+  refuse TCP callers (daemon.api.shm answers 501), "token" admits TCP callers with the
+  token, "all" admits every TCP caller, as Triton does.
+
+Tokens are compared in constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import socket
+import stat
+import struct
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from daemon.api.errors import error_response
+from daemon.config import ServerConfig
+from daemon.errors import ConfigError
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_ADMIN_PATHS = re.compile(
+    r"^/v2/repository/models/[^/]+/(load|unload)$"
+    r"|^/v1/updates(/.*)?$"
+    r"|^/v2/logging$"
+)
+_READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_SHM_PATHS = re.compile(r"^/v2/(system|cuda)sharedmemory/")
+
+
+def is_admin(method: str, path: str) -> bool:
+    """Routes that change the daemon (not just ask it something)."""
+    return method not in _READ_METHODS and _ADMIN_PATHS.match(path) is not None
+
+
+def read_token(path: str) -> str | None:
+    """The bearer token from `server.token-file` ("" = none). Refuses a file others can read."""
+    if not path:
+        return None
+    file = Path(path)
+    try:
+        st = file.stat()
+        token = file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"server.token-file {path}: {exc.strerror or exc}") from None
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"server.token-file {path} is readable by group or others; chmod 600 it")
+    if len(token) < 16:
+        raise ConfigError(f"server.token-file {path} holds a token shorter than 16 characters")
+    return token
+
+
+def _peer_uid(request: web.Request) -> int | None:
+    """The caller's uid on the Unix socket (SO_PEERCRED); None for TCP callers."""
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is None or sock.family != socket.AF_UNIX:
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+def _bearer(request: web.Request) -> str:
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""
+
+
+def make_access_middleware(server: ServerConfig, token: str | None) -> Middleware:
+    allowed = frozenset(server.allowed_uids)
+    everything = server.tcp_auth == "all"
+    shm_token = server.shared_memory == "token"
+    expected = (token or "").encode()
+
+    @web.middleware
+    async def access(request: web.Request, handler: Handler) -> web.StreamResponse:
+        uid = _peer_uid(request)
+        if uid is not None:
+            if allowed and uid not in allowed and uid != 0:
+                return error_response(403, "caller's uid is not in server.allowed-uids", request.path)
+            return await handler(request)
+        path = request.path
+        needs_token = (
+            is_admin(request.method, path)
+            or (everything and not path.startswith("/v2/health/"))
+            or (shm_token and request.method not in _READ_METHODS and _SHM_PATHS.match(path) is not None)
+        )
+        if needs_token:
+            if not expected:
+                return error_response(
+                    403, f"{request.method} {path} is an admin route: over TCP it needs "
+                    "server.token-file set (or use the Unix socket)", path,
+                )
+            if not hmac.compare_digest(_bearer(request).encode(), expected):
+                response = error_response(401, "missing or wrong bearer token", path)
+                response.headers["WWW-Authenticate"] = 'Bearer realm="edged"'
+                return response
+        return await handler(request)
+
+    return access

@@ -1,0 +1,754 @@
+"""Ollama's REST API (`/api/*`, as Ollama documents it) on top of the generation backends.
+
+Streaming is NDJSON: one JSON object per line, the last with `done: true`, `done_reason` and the
+counts and nanosecond durations; an error after the stream has started is a line
+`{"error": "..."}`, as Ollama writes it. Errors before are `{"error": "..."}` bodies with
+Ollama's status codes (the error middleware writes them).
+
+Model names are `name[:tag]`: the repository model `name`, tag `latest` (the served version)
+or a version number. Everything Ollama accepts that edged cannot do (images, tools, constrained
+`format`, sampling options the engine lacks) is a 400 naming the field, never ignored; `think`
+is ignored, as Ollama does for models that do not think.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import re
+import struct
+import time
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+from aiohttp import web
+
+from daemon.api.body import read_body
+from daemon.api.leases import hold
+from daemon.api.state import daemon_of
+from daemon.backend import GenerateChunk, GenerateParams
+from daemon.core import layout
+from daemon.core.model import LoadedVersion
+from daemon.core.residency import gguf_context_per_sequence, read_gguf_metadata
+from daemon.errors import EdgedError, InvalidArgument, NotFound, Unavailable, Unsupported
+from daemon.model_config import parse_keep_alive
+from daemon.service import Service
+
+# The Ollama release whose API (docs/api.md) these routes follow: tools, `format` schemas,
+# /api/embed, `done_reason`. Clients compare it to decide which fields they may send.
+OLLAMA_VERSION = "0.6.0"
+
+_json = msgspec.json.Encoder()
+_FOREVER = "2318-01-01T00:00:00Z"  # what Ollama's expires_at reads like for keep_alive < 0
+# Generation runs until the context is full when num_predict is unset or negative (Ollama).
+_UNLIMITED = 1 << 30
+
+_SUPPORTED_OPTIONS = frozenset({
+    "num_ctx", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "num_predict",
+    "repeat_penalty", "repeat_last_n",
+})
+# The engine's penalty window (backends/llamacpp: PENALTY_LAST_N); other values are refused.
+_REPEAT_LAST_N = 64
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class GgufMetadata:
+    """GGUF metadata by (path, mtime, size): reading walks the whole vocabulary, so do it once.
+    `read` blocks (file reads): call it from an executor thread."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, int, int], dict[str, Any]] = {}
+
+    def read(self, path: Path) -> dict[str, Any]:
+        st = path.stat()
+        key = (str(path), st.st_mtime_ns, st.st_size)
+        found = self._cache.get(key)
+        if found is None:
+            if len(self._cache) > 256:  # bounded: repositories change, old keys go stale
+                self._cache.clear()
+            found = self._cache[key] = read_gguf_metadata(path)
+        return found
+
+
+_METADATA = web.AppKey("ollama-gguf-metadata", GgufMetadata)
+
+
+async def _in_thread(fn: Any, *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+KeepAlive = str | float | None
+
+
+class ToolCallFunction(msgspec.Struct):
+    name: str
+    arguments: dict[str, Any] = {}
+
+
+class ToolCall(msgspec.Struct):
+    function: ToolCallFunction
+
+
+class Message(_Strict):
+    role: str
+    content: str = ""
+    images: list[str] | None = None
+    thinking: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_name: str | None = None
+
+
+class _Generation(_Strict):
+    model: str
+    options: dict[str, Any] | None = None
+    format: str | dict[str, Any] | None = None
+    stream: bool = True
+    keep_alive: KeepAlive = None
+    think: bool | str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+class ChatRequest(_Generation):
+    messages: list[Message] = []
+    tools: list[dict[str, Any]] | None = None
+
+
+class GenerateRequest(_Generation):
+    prompt: str = ""
+    suffix: str = ""
+    system: str = ""
+    template: str = ""
+    context: list[int] | None = None
+    raw: bool = False
+    images: list[str] | None = None
+    width: int | None = None
+    height: int | None = None
+    steps: int | None = None
+
+
+class EmbedRequest(_Strict):
+    model: str
+    input: str | list[str] = ""
+    truncate: bool | None = None
+    options: dict[str, Any] | None = None
+    keep_alive: KeepAlive = None
+    dimensions: int | None = None
+
+
+class EmbeddingsRequest(_Strict):
+    model: str
+    prompt: str = ""
+    options: dict[str, Any] | None = None
+    keep_alive: KeepAlive = None
+
+
+class ModelRequest(_Strict):
+    """show / pull / delete: Ollama takes `model` (older clients send `name`)."""
+
+    model: str = ""
+    name: str = ""
+    verbose: bool = False
+    insecure: bool = False
+    stream: bool = True
+
+    def which(self) -> str:
+        if not (self.model or self.name):
+            raise InvalidArgument("model is required")
+        return self.model or self.name
+
+
+_DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {
+    kind: msgspec.json.Decoder(kind)
+    for kind in (ChatRequest, GenerateRequest, EmbedRequest, EmbeddingsRequest, ModelRequest)
+}
+
+
+async def _decode(request: web.Request, kind: type[Any]) -> Any:
+    body = await read_body(request, daemon_of(request).config.server.max_request_bytes)
+    try:
+        return _DECODERS[kind].decode(body)
+    except msgspec.ValidationError as exc:
+        raise InvalidArgument(f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise InvalidArgument(f"malformed JSON body: {exc}") from None
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _rfc3339(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _json_response(payload: object, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=_json.encode(payload), content_type="application/json")
+
+
+def _accepting(request: web.Request) -> Service:
+    daemon = daemon_of(request)
+    if not daemon.accepting:
+        raise Unavailable("server is shutting down")
+    return daemon
+
+
+# ---------------------------------------------------------------------------- names
+
+
+def _resolve(daemon: Service, raw: str) -> tuple[str, int | None]:
+    """`name[:tag]` -> (repository model, version or None for the served one)."""
+    name, tag = raw, "latest"
+    head, sep, tail = raw.rpartition(":")
+    if sep and "/" not in tail:
+        name, tag = head, tail or "latest"
+    entry = daemon.registry.entry(name)
+    if not name or entry is None or (entry.path is None and not entry.versions):
+        raise NotFound(f'model "{raw}" not found in the model repository')
+    if tag == "latest":
+        return name, None
+    if tag.isdigit() and not tag.startswith("0"):
+        return name, int(tag)
+    raise NotFound(f'model "{raw}" not found: tag must be "latest" or a version number')
+
+
+def _keep_alive(value: KeepAlive) -> float | Literal["default"] | None:
+    if value is None:
+        return "default"
+    try:
+        return parse_keep_alive(value)
+    except ValueError as exc:
+        raise InvalidArgument(f"keep_alive: {exc}") from None
+
+
+def _generation_model(daemon: Service, name: str, version: int | None, raw: str) -> LoadedVersion:
+    model = daemon.registry.get(name, version)
+    if model.generator is None:
+        raise InvalidArgument(f'"{raw}" does not support generate: it runs on backend '
+                              f"'{model.backend}', which does not generate text")
+    return model
+
+
+# ---------------------------------------------------------------------------- options
+
+
+def _context_per_sequence(metadata: GgufMetadata, model: LoadedVersion) -> int | None:
+    """Blocking (may read the GGUF file)."""
+    if model.artifact.suffix != ".gguf" or model.generator is None:
+        return None
+    try:
+        meta = metadata.read(model.artifact)
+    except (OSError, ValueError, struct.error):
+        return None
+    per_seq = gguf_context_per_sequence(meta, model.config.parameters)
+    return -(-per_seq // 256) * 256  # llama.cpp pads each sequence's context to 256
+
+
+async def _params(request: web.Request, options: dict[str, Any] | None, model: LoadedVersion) -> GenerateParams:
+    options = options or {}
+    unsupported = sorted(set(options) - _SUPPORTED_OPTIONS)
+    if unsupported:
+        raise InvalidArgument(
+            f"options.{unsupported[0]} is not supported by edged (supported: "
+            f"{', '.join(sorted(_SUPPORTED_OPTIONS))})"
+        )
+    try:
+        opts = msgspec.convert(options, _Options)
+    except msgspec.ValidationError as exc:
+        raise InvalidArgument(f"options: {exc}") from None
+    # Ollama's documented defaults (its Modelfile PARAMETER table), where the engine's differ.
+    params = GenerateParams(
+        max_tokens=_UNLIMITED, temperature=0.8, top_k=40, top_p=0.9, min_p=0.0, repeat_penalty=1.1
+    )
+    if opts.num_ctx is not None:
+        per_seq = await _in_thread(_context_per_sequence, request.app[_METADATA], model)
+        if per_seq is not None and opts.num_ctx > per_seq:
+            raise InvalidArgument(
+                f"options.num_ctx {opts.num_ctx} exceeds the {per_seq} tokens of context per "
+                f"sequence that model '{model.name}' was loaded with (its parameters n_ctx / "
+                "n_parallel set it)"
+            )
+    if opts.num_predict is not None:
+        if opts.num_predict == 0 or opts.num_predict < -2:
+            raise InvalidArgument(f"options.num_predict must be > 0, -1 or -2, got {opts.num_predict}")
+        if opts.num_predict > 0:
+            params.max_tokens = opts.num_predict
+    if opts.repeat_last_n is not None and opts.repeat_last_n != _REPEAT_LAST_N:
+        raise InvalidArgument(f"options.repeat_last_n: only {_REPEAT_LAST_N} is supported")
+    if opts.temperature is not None:
+        if opts.temperature < 0:
+            raise InvalidArgument(f"options.temperature must be >= 0, got {opts.temperature}")
+        params.temperature = opts.temperature
+        params.greedy = opts.temperature == 0
+    for key in ("top_p", "top_k", "min_p", "repeat_penalty"):
+        value = getattr(opts, key)
+        if value is not None:
+            setattr(params, key, value)
+    if opts.seed is not None:
+        params.seed = opts.seed
+    if opts.stop is not None:
+        params.stop = [opts.stop] if isinstance(opts.stop, str) else list(opts.stop)
+    return params
+
+
+class _Options(msgspec.Struct):
+    num_ctx: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    num_predict: int | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+
+
+def _refuse_unsupported(req: _Generation, raw: str) -> None:
+    if req.format not in (None, ""):
+        raise InvalidArgument(
+            f'format: constrained output (format "json" or a JSON schema) is not supported for "{raw}"'
+        )
+    if req.logprobs:
+        raise InvalidArgument("logprobs: log probabilities are not supported by edged")
+    if req.top_logprobs:
+        raise InvalidArgument("top_logprobs: log probabilities are not supported by edged")
+
+
+# ---------------------------------------------------------------------------- streaming
+
+
+class _Timing:
+    def __init__(self, started: int, load_ns: int) -> None:
+        self.started = started
+        self.load_ns = load_ns
+        self.gen_started = time.monotonic_ns()
+        self.first = 0
+
+    def final(self, last: GenerateChunk) -> dict[str, Any]:
+        end = time.monotonic_ns()
+        first = self.first or end
+        return {
+            "done": True,
+            "done_reason": last.finish_reason or "stop",
+            "total_duration": end - self.started,
+            "load_duration": self.load_ns,
+            "prompt_eval_count": last.prompt_tokens,
+            "prompt_eval_duration": first - self.gen_started,
+            "eval_count": last.completion_tokens,
+            "eval_duration": end - first,
+        }
+
+
+async def _respond(
+    request: web.Request,
+    chunks: AsyncGenerator[GenerateChunk, None],
+    *,
+    stream: bool,
+    timing: _Timing,
+    piece: Any,
+) -> web.StreamResponse:
+    """Stream NDJSON (`piece(text, done)` builds each object) or answer one object."""
+    async with contextlib.aclosing(chunks):
+        try:
+            first = await chunks.__anext__()  # errors before any output get a real status
+        except StopAsyncIteration:
+            first = GenerateChunk(text="", finish_reason="stop")
+        timing.first = time.monotonic_ns()
+        if not stream:
+            parts, last = [first.text], first
+            async for chunk in chunks:
+                parts.append(chunk.text)
+                last = chunk
+            return _json_response({**piece("".join(parts)), **timing.final(last)})
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        last = first
+        try:
+            if first.text:
+                await response.write(_json.encode({**piece(first.text), "done": False}) + b"\n")
+            async for chunk in chunks:
+                last = chunk
+                if chunk.text:
+                    await response.write(_json.encode({**piece(chunk.text), "done": False}) + b"\n")
+            await response.write(_json.encode({**piece(""), **timing.final(last)}) + b"\n")
+        except EdgedError as exc:
+            await response.write(_json.encode({"error": exc.message}) + b"\n")
+        await response.write_eof()
+        return response
+
+
+async def _load_or_unload(
+    request: web.Request, daemon: Service, raw: str, name: str, version: int | None,
+    keep: float | Literal["default"] | None, started: int, empty: dict[str, Any],
+) -> web.Response:
+    """An empty prompt (or no messages) loads the model; with keep_alive 0 it unloads it."""
+    base = {"model": raw, "created_at": _now(), **empty, "done": True}
+    if keep == 0:
+        if daemon.residency is None or not daemon.registry.entry(name):
+            raise Unsupported("unloading is not available")
+        await daemon.residency.unload(name)
+        return _json_response({**base, "done_reason": "unload"})
+    lease = await hold(request, name, keep)
+    _generation_model(daemon, name, version, raw)
+    return _json_response({**base, "done_reason": "load", "total_duration": time.monotonic_ns() - started,
+                           "load_duration": lease.load_ns})
+
+
+# ---------------------------------------------------------------------------- chat / generate
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    started = time.monotonic_ns()
+    req: ChatRequest = await _decode(request, ChatRequest)
+    daemon = _accepting(request)
+    name, version = _resolve(daemon, req.model)
+    keep = _keep_alive(req.keep_alive)
+    if not req.messages:
+        return await _load_or_unload(request, daemon, req.model, name, version, keep, started,
+                                     {"message": {"role": "assistant", "content": ""}})
+    _refuse_unsupported(req, req.model)
+    if req.tools:
+        raise InvalidArgument(f'"{req.model}" does not support tools')
+    for index, message in enumerate(req.messages):
+        if message.images:
+            raise InvalidArgument(f'messages[{index}].images: "{req.model}" does not support images')
+        if message.tool_calls:
+            raise InvalidArgument(f'messages[{index}].tool_calls: "{req.model}" does not support tools')
+    lease = await hold(request, name, keep)
+    model = _generation_model(daemon, name, version, req.model)
+    params = await _params(request, req.options, model)
+    prompt = model.chat_prompt([{"role": m.role, "content": m.content} for m in req.messages])
+    def piece(text: str) -> dict[str, Any]:
+        return {"model": req.model, "created_at": _now(), "message": {"role": "assistant", "content": text}}
+
+    timing = _Timing(started, lease.load_ns)
+    return await _respond(request, model.generate(prompt, params),
+                          stream=req.stream, timing=timing, piece=piece)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    started = time.monotonic_ns()
+    req: GenerateRequest = await _decode(request, GenerateRequest)
+    daemon = _accepting(request)
+    name, version = _resolve(daemon, req.model)
+    keep = _keep_alive(req.keep_alive)
+    if not req.prompt:
+        return await _load_or_unload(request, daemon, req.model, name, version, keep, started, {"response": ""})
+    _refuse_unsupported(req, req.model)
+    if req.images:
+        raise InvalidArgument(f'images: "{req.model}" does not support images')
+    if req.suffix:
+        raise InvalidArgument(f'suffix: "{req.model}" does not support insert (fill-in-the-middle)')
+    if req.context:
+        raise InvalidArgument("context: token context from an earlier response is not supported; "
+                              "send the conversation with /api/chat")
+    for key in ("width", "height", "steps"):
+        if getattr(req, key) is not None:
+            raise InvalidArgument(f"{key}: image generation is not supported by edged")
+    if req.raw and (req.template or req.system):
+        raise InvalidArgument("raw mode does not support template or system")
+    lease = await hold(request, name, keep)
+    model = _generation_model(daemon, name, version, req.model)
+    params = await _params(request, req.options, model)
+    if req.raw:
+        prompt = req.prompt
+    elif req.template:
+        prompt = render_template(req.template, system=req.system, prompt=req.prompt)
+    else:
+        messages = [{"role": "system", "content": req.system}] if req.system else []
+        messages.append({"role": "user", "content": req.prompt})
+        prompt = model.chat_prompt(messages)
+    def piece(text: str) -> dict[str, Any]:
+        return {"model": req.model, "created_at": _now(), "response": text}
+
+    timing = _Timing(started, lease.load_ns)
+    return await _respond(request, model.generate(prompt, params),
+                          stream=req.stream, timing=timing, piece=piece)
+
+
+_TEMPLATE_ACTION = re.compile(r"\{\{(-?)\s*(.*?)\s*(-?)\}\}", re.S)
+
+
+def render_template(template: str, *, system: str, prompt: str) -> str:
+    """The subset of Ollama's Go templates a /api/generate `template` needs: `.System`,
+    `.Prompt`, `.Response` (empty: the model writes it), `if`/`else`/`end` on those, and the
+    `{{-`/`-}}` whitespace trims. Anything else is a 400 naming the action."""
+    values = {".System": system, ".Prompt": prompt, ".Response": ""}
+    out: list[str] = []
+    conditions: list[bool] = []
+    position, trim_next = 0, False
+    for match in _TEMPLATE_ACTION.finditer(template):
+        text = template[position:match.start()]
+        if trim_next:
+            text = text.lstrip()
+        if match.group(1):
+            text = text.rstrip()
+        if all(conditions):
+            out.append(text)
+        action = match.group(2)
+        if action in values:
+            if all(conditions):
+                out.append(values[action])
+        elif action.startswith("if ") and action[3:].strip() in values:
+            conditions.append(bool(values[action[3:].strip()]))
+        elif action == "else" and conditions:
+            conditions[-1] = not conditions[-1]
+        elif action == "end" and conditions:
+            conditions.pop()
+        else:
+            raise InvalidArgument(
+                f"template: {{{{ {action} }}}} is not supported (edged renders .System, .Prompt, "
+                ".Response and if/else/end on them)"
+            )
+        trim_next = bool(match.group(3))
+        position = match.end()
+    if conditions:
+        raise InvalidArgument("template: an {{ if }} has no {{ end }}")
+    tail = template[position:]
+    out.append(tail.lstrip() if trim_next else tail)
+    return "".join(out)
+
+
+# ---------------------------------------------------------------------------- embeddings
+
+
+def _refuse_options(options: dict[str, Any] | None) -> None:
+    if options:
+        raise InvalidArgument(f"options.{sorted(options)[0]} is not supported for embeddings")
+
+
+async def _embed(request: web.Request, raw: str, texts: list[str], keep: KeepAlive) -> tuple[list[list[float]], int, int]:
+    daemon = _accepting(request)
+    name, version = _resolve(daemon, raw)
+    lease = await hold(request, name, _keep_alive(keep))
+    model = daemon.registry.get(name, version)
+    if model.generator is None:
+        raise InvalidArgument(f'"{raw}" does not support embeddings')
+    if not texts:
+        return [], 0, lease.load_ns
+    vectors, tokens = await model.embed(texts)
+    return vectors, tokens, lease.load_ns
+
+
+async def embed(request: web.Request) -> web.Response:
+    started = time.monotonic_ns()
+    req: EmbedRequest = await _decode(request, EmbedRequest)
+    _refuse_options(req.options)
+    if req.dimensions is not None:
+        raise InvalidArgument("dimensions: truncating embeddings is not supported by edged")
+    texts = ([req.input] if req.input else []) if isinstance(req.input, str) else req.input
+    # `truncate` (default true) is accepted: edged never truncates, so an input longer than the
+    # context is an error either way, which is what truncate=false asks for.
+    vectors, tokens, load_ns = await _embed(request, req.model, texts, req.keep_alive)
+    return _json_response({
+        "model": req.model, "embeddings": vectors, "total_duration": time.monotonic_ns() - started,
+        "load_duration": load_ns, "prompt_eval_count": tokens,
+    })
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    req: EmbeddingsRequest = await _decode(request, EmbeddingsRequest)
+    _refuse_options(req.options)
+    vectors, _, _ = await _embed(request, req.model, [req.prompt] if req.prompt else [], req.keep_alive)
+    return _json_response({"embedding": vectors[0] if vectors else []})
+
+
+# ---------------------------------------------------------------------------- models
+
+
+def _model_facts(metadata: GgufMetadata, path: Path) -> dict[str, Any]:
+    """Size, digest, mtime and details of a repository model (blocking: file reads)."""
+    config, _ = layout.read_model_config(path)
+    versions = layout.select_versions(layout.list_versions(path), config.version_policy)
+    files = [p for v in versions for p in (path / str(v)).rglob("*") if p.is_file()]
+    stats = [p.stat() for p in files]
+    ggufs = [p for p in files if p.suffix == ".gguf"]
+    meta: dict[str, Any] = {}
+    if ggufs:
+        with contextlib.suppress(OSError, ValueError, struct.error):
+            meta = metadata.read(ggufs[-1])
+    arch = str(meta.get("general.architecture", ""))
+    embedding = config.bool_parameter("embedding", False) if ggufs else False
+    details = {
+        "parent_model": "",
+        "format": "gguf" if ggufs else (files[0].suffix.lstrip(".") if files else ""),
+        "family": arch,
+        "families": [arch] if arch else None,
+        "parameter_size": "",
+        "quantization_level": _QUANT.get(int(meta.get("general.file_type", -1)), ""),
+    }
+    return {
+        "size": sum(s.st_size for s in stats),
+        "digest": layout.fingerprint(path),
+        "modified_at": _rfc3339(max((s.st_mtime for s in stats), default=path.stat().st_mtime)),
+        "details": details,
+        "meta": meta,
+        "generation": bool(ggufs) or config.backend == "llamacpp",
+        "capabilities": (["embedding"] if embedding else ["completion"]) if ggufs else [],
+        "path": path,
+    }
+
+
+_QUANT = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+          11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+          17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
+
+
+async def _facts(request: web.Request, name: str) -> dict[str, Any]:
+    entry = daemon_of(request).registry.entry(name)
+    if entry is None or entry.path is None:
+        raise NotFound(f'model "{name}" not found in the model repository')
+    try:
+        facts: dict[str, Any] = await _in_thread(_model_facts, request.app[_METADATA], entry.path)
+        return facts
+    except (OSError, EdgedError) as exc:
+        raise NotFound(f'model "{name}" cannot be read from the repository: {exc}') from None
+
+
+async def tags(request: web.Request) -> web.Response:
+    daemon = daemon_of(request)
+    models = []
+    for name in daemon.registry.names():
+        try:
+            facts = await _facts(request, name)
+        except NotFound:
+            continue
+        if not facts["generation"]:
+            continue  # /api/tags lists what Ollama clients can chat with or embed
+        models.append({
+            "name": f"{name}:latest", "model": f"{name}:latest", "modified_at": facts["modified_at"],
+            "size": facts["size"], "digest": facts["digest"], "details": facts["details"],
+        })
+    return _json_response({"models": models})
+
+
+async def show(request: web.Request) -> web.Response:
+    req: ModelRequest = await _decode(request, ModelRequest)
+    daemon = daemon_of(request)
+    raw = req.which()
+    name, _ = _resolve(daemon, raw)
+    facts = await _facts(request, name)
+    meta = facts["meta"]
+    info = {k: v for k, v in meta.items() if not k.startswith("tokenizer.chat_template")}
+    config, _ = layout.read_model_config(facts["path"])
+    parameters = "\n".join(f"{k} {v}" for k, v in sorted(config.parameters.items()))
+    return _json_response({
+        "modelfile": f"# served by edged from {facts['path']}\n",
+        "parameters": parameters,
+        "template": str(meta.get("tokenizer.chat_template", "")),
+        "details": facts["details"],
+        "model_info": info,
+        "capabilities": facts["capabilities"],
+        "modified_at": facts["modified_at"],
+    })
+
+
+async def ps(request: web.Request) -> web.Response:
+    daemon = daemon_of(request)
+    if daemon.residency is None:
+        return _json_response({"models": []})
+    models = []
+    now = time.time()
+    metadata = request.app[_METADATA]
+    for resident in daemon.residency.residents():
+        if resident.expires_at is not None:
+            expires = _rfc3339(resident.expires_at)
+        elif resident.on_demand and resident.keep_alive is not None:
+            expires = _rfc3339(now + resident.keep_alive)  # in use: counts from its last request
+        else:
+            expires = _FOREVER
+        entry = daemon.registry.entry(resident.name)
+        details: dict[str, Any] = {}
+        context: int | None = None
+        if entry is not None and entry.versions:
+            served = entry.versions[max(entry.versions)]
+            details = {"format": served.artifact.suffix.lstrip(".")}
+            if served.artifact.suffix == ".gguf":
+                with contextlib.suppress(OSError, ValueError, struct.error):
+                    meta = await _in_thread(metadata.read, served.artifact)
+                    details["family"] = str(meta.get("general.architecture", ""))
+                context = await _in_thread(_context_per_sequence, metadata, served)
+        models.append({
+            "name": f"{resident.name}:latest", "model": f"{resident.name}:latest",
+            "size": resident.cost, "size_vram": 0, "digest": "", "details": details,
+            "expires_at": expires, "context_length": context,
+            # Ours: residency state, for operators (Ollama lists loaded models only).
+            "edged": {
+                "state": resident.state, "in_flight": resident.in_flight,
+                "on_demand": resident.on_demand, "size_measured": resident.measured,
+                "load_seconds": round(resident.load_seconds, 3),
+            },
+        })
+    return _json_response({"models": models})
+
+
+async def pull(request: web.Request) -> web.StreamResponse:
+    """Offline: a model already in the repository "pulls" at once; nothing is downloaded."""
+    req: ModelRequest = await _decode(request, ModelRequest)
+    daemon = daemon_of(request)
+    raw = req.which()
+    try:
+        _resolve(daemon, raw)
+    except NotFound:
+        raise NotFound(
+            f'model "{raw}" is not in the model repository, and edged does not download models: '
+            "copy it into the repository (or install an update bundle) instead"
+        ) from None
+    if not req.stream:
+        return _json_response({"status": "success"})
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    await response.write(b'{"status":"success"}\n')
+    await response.write_eof()
+    return response
+
+
+async def delete(request: web.Request) -> web.Response:
+    req: ModelRequest = await _decode(request, ModelRequest)
+    daemon = daemon_of(request)
+    name, _ = _resolve(daemon, req.which())
+    entry = daemon.registry.entry(name)
+    raise Unsupported(
+        f"edged does not delete models: the repository is managed on disk (remove "
+        f"{entry.path if entry else name} and the next rescan drops it)"
+    )
+
+
+async def _not_offered(request: web.Request) -> web.Response:
+    raise Unsupported(f"{request.path} is not supported by edged (models come from its repository)")
+
+
+async def root(request: web.Request) -> web.Response:
+    return web.Response(text="Ollama is running")
+
+
+async def version(request: web.Request) -> web.Response:
+    from daemon import __version__
+
+    return _json_response({"version": OLLAMA_VERSION, "edged": __version__})
+
+
+def add_routes(app: web.Application) -> None:
+    app[_METADATA] = GgufMetadata()
+    r = app.router
+    r.add_get("/", root)  # also answers HEAD
+    r.add_get("/api/version", version)
+    r.add_get("/api/tags", tags)
+    r.add_get("/api/ps", ps)
+    r.add_post("/api/show", show)
+    r.add_post("/api/chat", chat)
+    r.add_post("/api/generate", generate)
+    r.add_post("/api/embed", embed)
+    r.add_post("/api/embeddings", embeddings)
+    r.add_post("/api/pull", pull)
+    r.add_delete("/api/delete", delete)
+    for path in ("/api/copy", "/api/create", "/api/push"):
+        r.add_post(path, _not_offered)
+    r.add_route("*", "/api/blobs/{digest}", _not_offered)

@@ -1,0 +1,80 @@
+"""Requests that may get any number of responses (Triton's decoupled models).
+
+A decoupled model answers 0..n times per request and says when it is done (the final flag).
+`/infer` still goes through the model's scheduler and takes exactly one response; the generate
+extension streams through here instead, straight to the instance with the fewest open streams
+(decoupled models in Triton are not batched either: each request gets its own sender).
+Closing the iterator early (the client went away) cancels the request in the backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
+
+from daemon.backend import ExecuteResult, InferRequest
+from daemon.core.stats import FailureReason
+from daemon.core.validate import validate_request
+from daemon.errors import EdgedError, QueueTimeout, Unavailable, Unsupported
+
+if TYPE_CHECKING:
+    from daemon.core.model import LoadedVersion
+
+
+async def responses(
+    model: LoadedVersion, request: InferRequest
+) -> AsyncGenerator[ExecuteResult, None]:
+    """Every response of `request`: a decoupled model's stream, else its one response.
+
+    Errors the model attaches to a response come as EdgedError items (the stream may go on);
+    a request that fails before any response (validation, queue full) raises.
+    """
+    if not model.config.model_transaction_policy.decoupled:
+        # As Triton: a request refused before it ran (bad input, queue full or timed out)
+        # raises; a failure of the model itself is its one response.
+        try:
+            validate_request(request, model.config)
+        except EdgedError:
+            model.stats.record_failure(0, "OTHER")
+            raise
+        try:
+            yield await model.infer(request)
+        except (Unavailable, QueueTimeout):
+            raise
+        except EdgedError as exc:
+            yield exc
+        return
+    async with contextlib.aclosing(stream(model, request)) as results:
+        async for result in results:
+            yield result
+
+
+async def stream(
+    model: LoadedVersion, request: InferRequest
+) -> AsyncGenerator[ExecuteResult, None]:
+    """A decoupled model's responses for one request, recorded in the model's statistics."""
+    try:
+        validate_request(request, model.config)
+    except EdgedError:
+        model.stats.record_failure(0, "OTHER")
+        raise
+    if not model.instances:
+        raise Unsupported(f"model '{model.name}' has no backend instances to stream from")
+    instance = min(model.instances, key=lambda backend: backend.streams_active)
+    started = time.monotonic_ns()
+    outcome: FailureReason | None = "CANCELED"
+    failed = False
+    try:
+        async with contextlib.aclosing(instance.execute_stream(request)) as results:
+            async for result in results:
+                failed = failed or isinstance(result, EdgedError)
+                yield result
+        outcome = "OTHER" if failed else None
+    finally:
+        elapsed = time.monotonic_ns() - started
+        if outcome is None:
+            model.stats.record_success(elapsed)
+        else:
+            model.stats.record_failure(elapsed, outcome)

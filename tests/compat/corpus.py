@@ -1,0 +1,300 @@
+"""The requests sent unchanged to tritonserver and to edged.
+
+Each case says how far the two answers must agree: always the status; for errors the body's
+shape (`{"error": str}`) and the phrases a client or Triton's own tests match on (`needles`,
+which must appear in both texts); for successes the header semantics and every tensor.
+A case with `deviation` documents a deliberate difference (docs/compatibility.md): there the
+test asserts edged's own status instead of Triton's.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compat.models import IDENTITY
+
+JSON = {"Content-Type": "application/json"}
+
+# Deliberate differences, each explained in docs/compatibility.md.
+BAD_INPUT_500 = (400, "Triton 2.51 answers 500 to this malformed request; bad input is a 400 here")
+NESTING = (400, "Triton >= 2.58 rejects data nested 100 deep (400); 2.51 accepts any depth")
+NO_WRAP = (400, "Triton wraps out-of-range integers silently; edged refuses to change a value")
+NO_FFFD = (400, "Triton 2.51 writes non-UTF-8 bytes into JSON (invalid JSON); edged says to use binary")
+NOT_IGNORED = (400, "Triton ignores this parameter; edged never accepts and ignores one")
+CATCH_ALL = (404, "edged's catch-all route answers 404 where Triton says 405 (route table in app.py)")
+UNKNOWN_404 = (404, "Triton answers 500 for a model the repository does not have; edged 404")
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    method: str
+    path: str
+    body: bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    # Phrases both error texts must contain (case-sensitive).
+    needles: tuple[str, ...] = ()
+    # Compare only these top-level keys of a JSON success body (None: the infer comparison).
+    keys: tuple[str, ...] | None = None
+    # A deliberate difference: (edged's status, why). Documented in docs/compatibility.md.
+    deviation: tuple[int, str] | None = None
+
+
+def _body(payload: object) -> bytes:
+    return json.dumps(payload).encode()
+
+
+def _tensor(name: str, datatype: str, shape: list[int], data: object) -> dict[str, object]:
+    return {"name": name, "datatype": datatype, "shape": shape, "data": data}
+
+
+def _add_sub(a: object = (1, 2, 3, 4), b: object = (10, 20, 30, 40), shape: tuple[int, ...] = (1, 4),
+             **extra: object) -> dict[str, object]:
+    return {"inputs": [_tensor("INPUT0", "INT32", list(shape), list(a)),
+                       _tensor("INPUT1", "INT32", list(shape), list(b))], **extra}
+
+
+def _binary(header: dict[str, object], *chunks: bytes, extra: dict[str, str] | None = None) -> tuple[bytes, dict[str, str]]:
+    head = _body(header)
+    return head + b"".join(chunks), {"Inference-Header-Content-Length": str(len(head)),
+                                     "Content-Type": "application/octet-stream", **(extra or {})}
+
+
+def _bytes_elements(*items: bytes) -> bytes:
+    return b"".join(struct.pack("<I", len(i)) + i for i in items)
+
+
+def _nested_body(depth: int) -> bytes:
+    """add_sub's request with INPUT0's data nested `depth` arrays deep (built as text:
+    json.dumps itself recurses)."""
+    template = _body({"inputs": [_tensor("INPUT0", "INT32", [1, 4], "@"),
+                                 _tensor("INPUT1", "INT32", [1, 4], [1, 1, 1, 1])]})
+    data = "[" * (depth - 1) + "[1, 2, 3, 4]" + "]" * (depth - 1)
+    return template.replace(b'"@"', data.encode())
+
+
+def cases() -> list[Case]:
+    a = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=np.int32)
+    b = np.array([[1, 1, 1, 1], [2, 2, 2, 2]], dtype=np.int32)
+    bin_inputs = [
+        {"name": "INPUT0", "datatype": "INT32", "shape": [2, 4], "parameters": {"binary_data_size": a.nbytes}},
+        {"name": "INPUT1", "datatype": "INT32", "shape": [2, 4], "parameters": {"binary_data_size": b.nbytes}},
+    ]
+    infer = "/v2/models/add_sub/infer"
+    out: list[Case] = []
+
+    def post(id_: str, payload: object, path: str = infer, **kw: object) -> None:
+        out.append(Case(id_, "POST", path, _body(payload), dict(JSON), **kw))  # type: ignore[arg-type]
+
+    def post_bin(id_: str, header: dict[str, object], *chunks: bytes, path: str = infer, **kw: object) -> None:
+        body, headers = _binary(header, *chunks)
+        out.append(Case(id_, "POST", path, body, headers, **kw))  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ valid inference
+    post("json-flat", _add_sub(id="r1"))
+    post("json-nested", {"inputs": [_tensor("INPUT0", "INT32", [2, 4], a.tolist()),
+                                    _tensor("INPUT1", "INT32", [2, 4], b.tolist())]})
+    # The document's own object and array levels count too: data at depth 97 is 100 levels.
+    out.append(Case("json-nested-100", "POST", infer, _nested_body(97), dict(JSON)))
+    post("json-output-subset", _add_sub(outputs=[{"name": "OUTPUT1"}]))
+    post("json-binary-data-output", _add_sub(parameters={"binary_data_output": True}))
+    post("json-bdo-true-output-false", _add_sub(
+        parameters={"binary_data_output": True},
+        outputs=[{"name": "OUTPUT0", "parameters": {"binary_data": False}}, {"name": "OUTPUT1"}]))
+    post("json-bdo-false-output-true", _add_sub(
+        parameters={"binary_data_output": False},
+        outputs=[{"name": "OUTPUT0", "parameters": {"binary_data": True}}, {"name": "OUTPUT1"}]))
+    post("json-bdo-true-outputs-listed-no-flag", _add_sub(
+        parameters={"binary_data_output": True}, outputs=[{"name": "OUTPUT0"}]))
+    post("json-custom-parameters", _add_sub(parameters={"my_string": "x", "my_int": 3, "my_bool": True}))
+    post("json-id-echo", _add_sub(id="request-42"))
+    post("json-model-name-in-body", _add_sub(model_name="add_sub"))
+    post("json-priority-timeout", _add_sub(parameters={"priority": 0, "timeout": 100000000}))
+    post("json-versioned-path", _add_sub(), path="/v2/models/add_sub/versions/1/infer")
+    post_bin("binary-inputs-json-outputs", {"inputs": bin_inputs}, a.tobytes(), b.tobytes())
+    post_bin("binary-inputs-binary-outputs", {"inputs": bin_inputs, "parameters": {"binary_data_output": True}},
+             a.tobytes(), b.tobytes())
+    post_bin("binary-output-flag", {"inputs": bin_inputs, "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]},
+             a.tobytes(), b.tobytes())
+    gz = gzip.compress(_body(_add_sub()))
+    out.append(Case("gzip-body", "POST", infer, gz, {**JSON, "Content-Encoding": "gzip"}))
+    fp = np.array([1.5, -2.25, 3.0], dtype=np.float32)
+    out.append(Case("raw-body-header-0", "POST", "/v2/models/identity_fp32/infer", fp.tobytes(),
+                    {"Inference-Header-Content-Length": "0", "Content-Type": "application/octet-stream"}))
+    post("fp32-json", {"inputs": [_tensor("INPUT0", "FP32", [3], fp.tolist())]}, path="/v2/models/identity_fp32/infer")
+    post("fp32-json-ints", {"inputs": [_tensor("INPUT0", "FP32", [2], [1, 2])]}, path="/v2/models/identity_fp32/infer")
+    post("bytes-json", {"inputs": [_tensor("INPUT0", "BYTES", [2], ["héllo", ""])]}, path="/v2/models/identity_bytes/infer")
+    raw = _bytes_elements(b"ok", b"\xff\xfe\x00")
+    bytes_bin = {"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [2], "parameters": {"binary_data_size": len(raw)}}]}
+    post_bin("bytes-non-utf8-binary-out", {**bytes_bin, "parameters": {"binary_data_output": True}}, raw,
+             path="/v2/models/identity_bytes/infer")
+    post_bin("bytes-non-utf8-json-out", bytes_bin, raw, path="/v2/models/identity_bytes/infer",
+             needles=("OUTPUT0", "binary_data"), deviation=NO_FFFD)
+    post("mixed-json", {"inputs": [_tensor("INPUT0", "INT32", [1, 2], [1, -2]),
+                                   _tensor("INPUT1", "FP32", [1, 2], [0.5, 1e30]),
+                                   _tensor("INPUT2", "BYTES", [1, 1], ["z"])]},
+         path="/v2/models/identity_mixed/infer")
+
+    # ------------------------------------------------------------------ malformed inference
+    out.append(Case("json-syntax", "POST", infer, b'{"inputs": [', dict(JSON), deviation=BAD_INPUT_500))
+    out.append(Case("json-empty-body", "POST", infer, b"", dict(JSON)))
+    out.append(Case("json-nested-101", "POST", infer, _nested_body(101), dict(JSON), deviation=NESTING))
+    out.append(Case("json-nested-120", "POST", infer, _nested_body(120), dict(JSON), deviation=NESTING))
+    out.append(Case("json-nested-1500", "POST", infer, _nested_body(1500), dict(JSON), deviation=NESTING))
+    post("missing-inputs-field", {"id": "x"}, deviation=BAD_INPUT_500)
+    post("inputs-not-array", {"inputs": {}}, deviation=BAD_INPUT_500)
+    post("missing-one-input", {"inputs": [_tensor("INPUT0", "INT32", [1, 4], [1, 2, 3, 4])]},
+         needles=("INPUT1",))
+    post("unknown-input", {"inputs": [*_add_sub()["inputs"], _tensor("INPUTX", "INT32", [1, 4], [1, 2, 3, 4])]},  # type: ignore[list-item]
+         needles=("INPUTX",))
+    post("duplicate-input", {"inputs": [*_add_sub()["inputs"], _tensor("INPUT0", "INT32", [1, 4], [1, 2, 3, 4])]},  # type: ignore[list-item]
+         needles=("INPUT0",))
+    post("unknown-datatype", {"inputs": [_tensor("INPUT0", "INT33", [1, 4], [1, 2, 3, 4]),
+                                         _tensor("INPUT1", "INT32", [1, 4], [1, 2, 3, 4])]})
+    post("wrong-datatype", {"inputs": [_tensor("INPUT0", "FP32", [1, 4], [1, 2, 3, 4]),
+                                       _tensor("INPUT1", "INT32", [1, 4], [1, 2, 3, 4])]},
+         needles=("INPUT0", "data-type is 'FP32', but model 'add_sub' expects 'INT32'"))
+    post("shape-mismatch", _add_sub(a=(1, 2, 3), b=(1, 2, 3), shape=(1, 3)),
+         needles=("unexpected shape for input", "for model 'add_sub'. Expected [-1,4], got [1,3]"))
+    post("count-mismatch", _add_sub(a=(1, 2, 3), shape=(1, 4)), deviation=BAD_INPUT_500)
+    post("batch-too-large", _add_sub(a=[1] * 36, b=[1] * 36, shape=(9, 4)),
+         needles=("inference request batch-size must be <= 8 for 'add_sub'",))
+    post("negative-shape", _add_sub(shape=(-1, 4)), deviation=BAD_INPUT_500)
+    post("float-for-int", _add_sub(a=(1.5, 2, 3, 4)), deviation=BAD_INPUT_500)
+    post("string-for-int", _add_sub(a=("1", 2, 3, 4)), deviation=BAD_INPUT_500)
+    post("int32-overflow", _add_sub(a=(2**31, 2, 3, 4)), deviation=NO_WRAP)
+    post("bytes-data-number", {"inputs": [_tensor("INPUT0", "BYTES", [1], [5])]}, path="/v2/models/identity_bytes/infer", deviation=BAD_INPUT_500)
+    post("data-and-binary-size", {"inputs": [{**_tensor("INPUT0", "FP32", [1], [1.0]), "parameters": {"binary_data_size": 4}}]},
+         path="/v2/models/identity_fp32/infer")
+    post("no-data", {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1]}]}, path="/v2/models/identity_fp32/infer")
+    post("duplicate-output", _add_sub(outputs=[{"name": "OUTPUT0"}, {"name": "OUTPUT0"}]), needles=("OUTPUT0",))
+    post("unknown-output", _add_sub(outputs=[{"name": "OUTPUTX"}]), needles=("OUTPUTX",))
+    post("output-binary-data-not-bool", _add_sub(outputs=[{"name": "OUTPUT0", "parameters": {"binary_data": "yes"}}]),
+         needles=("binary_data",), deviation=BAD_INPUT_500)
+    # Reserved request parameters.
+    post("param-sequence-id-non-sequence", _add_sub(parameters={"sequence_id": 7}))
+    post("param-sequence-id-string", _add_sub(parameters={"sequence_id": "abc"}))
+    post("param-sequence-id-float", _add_sub(parameters={"sequence_id": 1.5}), needles=("sequence_id",), deviation=BAD_INPUT_500)
+    post("param-sequence-start-not-bool", _add_sub(parameters={"sequence_start": 1}), needles=("sequence_start",), deviation=BAD_INPUT_500)
+    post("param-sequence-end-false", _add_sub(parameters={"sequence_end": False}))
+    post("param-priority-string", _add_sub(parameters={"priority": "high"}), needles=("priority",), deviation=BAD_INPUT_500)
+    post("param-priority-negative", _add_sub(parameters={"priority": -1}), needles=("priority",), deviation=BAD_INPUT_500)
+    post("param-timeout-string", _add_sub(parameters={"timeout": "1s"}), needles=("timeout",), deviation=BAD_INPUT_500)
+    post("param-bdo-not-bool", _add_sub(parameters={"binary_data_output": 1}), needles=("binary_data_output",), deviation=BAD_INPUT_500)
+    post("param-triton-prefix", _add_sub(parameters={"triton_enable_empty_final_response": True}),
+         needles=("triton_",))
+    post("param-array-value", _add_sub(parameters={"mine": [1, 2]}), needles=("mine",))
+    post("param-null-value", _add_sub(parameters={"mine": None}), needles=("mine",))
+    post("param-headers", _add_sub(parameters={"headers": {"a": "b"}}))
+    post("parameters-not-object", _add_sub(parameters=[1]), deviation=BAD_INPUT_500)
+    # Binary framing.
+    post_bin("binary-size-beyond-body", {"inputs": [bin_inputs[0], {**bin_inputs[1], "parameters": {"binary_data_size": 64}}]},
+             a.tobytes(), b.tobytes())
+    post_bin("binary-extra-bytes", {"inputs": bin_inputs}, a.tobytes(), b.tobytes(), b"xx")
+    post_bin("binary-size-wrong-for-shape", {"inputs": [{**bin_inputs[0], "parameters": {"binary_data_size": 28}},
+                                                         {**bin_inputs[1], "parameters": {"binary_data_size": 36}}]},
+             a.tobytes(), b.tobytes())
+    head = _body({"inputs": bin_inputs})
+    out.append(Case("header-length-too-big", "POST", infer, head + a.tobytes() + b.tobytes(),
+                    {"Inference-Header-Content-Length": str(len(head) + 1000)}))
+    out.append(Case("header-length-negative", "POST", infer, head + a.tobytes() + b.tobytes(),
+                    {"Inference-Header-Content-Length": "-5"}))
+    out.append(Case("header-length-garbage", "POST", infer, head + a.tobytes() + b.tobytes(),
+                    {"Inference-Header-Content-Length": "abc"}))
+    out.append(Case("binary-without-header-length", "POST", infer, head + a.tobytes() + b.tobytes(), dict(JSON), deviation=BAD_INPUT_500))
+    out.append(Case("raw-body-two-input-model", "POST", infer, a.tobytes(), {"Inference-Header-Content-Length": "0"},
+                    needles=("Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in "
+                             "'add_sub' model configuration",)))
+    out.append(Case("raw-body-bytes-many-elements", "POST", "/v2/models/identity_bytes/infer", b"427",
+                    {"Inference-Header-Content-Length": "0"},
+                    needles=("For BYTE datatype raw input 'INPUT0', the model must have input shape [1]",)))
+    out.append(Case("raw-body-bad-size", "POST", "/v2/models/identity_fp32/infer", b"abcde",
+                    {"Inference-Header-Content-Length": "0"}))
+    out.append(Case("unknown-content-encoding", "POST", infer, _body(_add_sub()), {**JSON, "Content-Encoding": "br"}))
+    out.append(Case("bad-gzip", "POST", infer, b"not gzip", {**JSON, "Content-Encoding": "gzip"}))
+    # Routing.
+    post("unknown-model", _add_sub(), path="/v2/models/nope/infer", needles=("Request for unknown model",))
+    post("unknown-version", _add_sub(), path="/v2/models/add_sub/versions/9/infer")
+    post("bad-version", _add_sub(), path="/v2/models/add_sub/versions/x/infer")
+    out.append(Case("get-on-infer", "GET", infer, deviation=CATCH_ALL))
+    out.append(Case("unknown-route", "GET", "/v2/nothing"))
+
+    # ------------------------------------------------------------------ other routes
+    out.append(Case("health-live", "GET", "/v2/health/live"))
+    out.append(Case("health-ready", "GET", "/v2/health/ready"))
+    out.append(Case("model-ready", "GET", "/v2/models/add_sub/ready"))
+    out.append(Case("model-ready-unknown-version", "GET", "/v2/models/add_sub/versions/3/ready"))
+    out.append(Case("model-ready-unknown", "GET", "/v2/models/nope/ready"))
+    out.append(Case("model-metadata", "GET", "/v2/models/add_sub",
+                    keys=("name", "versions", "platform", "inputs", "outputs")))
+    out.append(Case("model-metadata-bytes", "GET", "/v2/models/identity_bytes",
+                    keys=("name", "versions", "platform", "inputs", "outputs")))
+    out.append(Case("model-metadata-unknown", "GET", "/v2/models/nope", needles=("Request for unknown model",)))
+    out.append(Case("model-config", "GET", "/v2/models/add_sub/config",
+                    keys=("name", "backend", "platform", "max_batch_size", "version_policy")))
+    out.append(Case("repository-index", "POST", "/v2/repository/index", b"{}", dict(JSON)))
+    out.append(Case("repository-index-ready", "POST", "/v2/repository/index", _body({"ready": True}), dict(JSON)))
+    out.append(Case("repository-index-ready-not-bool", "POST", "/v2/repository/index", _body({"ready": "yes"}),
+                    dict(JSON), deviation=BAD_INPUT_500))
+    out.append(Case("repository-index-unknown-key", "POST", "/v2/repository/index", _body({"bogus": 1}),
+                    dict(JSON), needles=("bogus",), deviation=NOT_IGNORED))
+    out.append(Case("repository-index-not-object", "POST", "/v2/repository/index", _body([1]), dict(JSON),
+                    deviation=NOT_IGNORED))
+    out.append(Case("repository-index-bad-body", "POST", "/v2/repository/index", b"{", dict(JSON), deviation=BAD_INPUT_500))
+    load = "/v2/repository/models/scratch/load"
+    out.append(Case("load-unknown-parameter", "POST", load, _body({"parameters": {"bogus": 1}}), dict(JSON), deviation=BAD_INPUT_500))
+    out.append(Case("load-config-not-string", "POST", load, _body({"parameters": {"config": 5}}), dict(JSON), deviation=BAD_INPUT_500))
+    out.append(Case("load-config-bad-json", "POST", load, _body({"parameters": {"config": "{"}}), dict(JSON), deviation=BAD_INPUT_500))
+    out.append(Case("load-file-without-config", "POST", "/v2/repository/models/scratch_files/load",
+                    _body({"parameters": {"file:1/model.py": "aGVsbG8="}}), dict(JSON), deviation=BAD_INPUT_500))
+    out.append(Case("load-file-bad-base64", "POST", "/v2/repository/models/scratch_files/load",
+                    _body({"parameters": {"config": "{}", "file:1/model.py": "!!!"}}), dict(JSON)))
+    out.append(Case("load-unknown-model", "POST", "/v2/repository/models/nope/load", b"", dict(JSON),
+                    needles=("failed to load 'nope'",), deviation=UNKNOWN_404))
+    out.append(Case("load-unknown-string-parameter", "POST", load, _body({"parameters": {"bogus": "x"}}),
+                    dict(JSON), needles=("bogus",), deviation=BAD_INPUT_500))
+    out.append(Case("load-broken", "POST", "/v2/repository/models/broken/load", b"", dict(JSON),
+                    needles=("load failed for model 'broken'", "this model refuses to load")))
+    out.append(Case("load-ok", "POST", load, b"", dict(JSON)))
+    uploaded_config = json.dumps({
+        "name": "uploaded", "backend": "python", "max_batch_size": 0,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+    })
+    code = base64.b64encode(IDENTITY.encode()).decode()
+    out.append(Case("load-files", "POST", "/v2/repository/models/uploaded/load",
+                    _body({"parameters": {"config": uploaded_config, "file:1/model.py": code}}), dict(JSON)))
+    post("infer-uploaded", {"inputs": [_tensor("INPUT0", "FP32", [2], [0.25, -8.0])]},
+         path="/v2/models/uploaded/infer")
+    out.append(Case("unload-unknown-parameter", "POST", "/v2/repository/models/scratch/unload",
+                    _body({"parameters": {"bogus": 1}}), dict(JSON), deviation=NOT_IGNORED))
+    out.append(Case("unload-ok", "POST", "/v2/repository/models/scratch/unload", b"", dict(JSON)))
+    out.append(Case("unload-unknown-model", "POST", "/v2/repository/models/nope/unload", b"", dict(JSON)))
+    trace_keys = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_mode")
+    out.append(Case("trace-get", "GET", "/v2/trace/setting", keys=trace_keys))
+    out.append(Case("trace-get-model", "GET", "/v2/models/add_sub/trace/setting", keys=trace_keys))
+    out.append(Case("trace-get-unknown-model", "GET", "/v2/models/nope/trace/setting",
+                    needles=("Request for unknown model : nope",)))
+    out.append(Case("trace-timestamps-without-file", "POST", "/v2/trace/setting",
+                    _body({"trace_level": ["TIMESTAMPS"]}), dict(JSON), needles=("trace file name is not given",)))
+    out.append(Case("trace-set-file", "POST", "/v2/trace/setting", _body({"trace_file": "/tmp/x"}), dict(JSON),
+                    needles=("trace file location can not be updated through network protocol",)))
+    out.append(Case("trace-bad-rate", "POST", "/v2/trace/setting", _body({"trace_rate": "abc"}), dict(JSON),
+                    needles=("Unable to parse 'trace_rate', got: abc",)))
+    out.append(Case("trace-model-rate", "POST", "/v2/models/identity_mixed/trace/setting",
+                    _body({"trace_rate": "5", "trace_count": "3"}), dict(JSON), keys=trace_keys))
+    out.append(Case("trace-model-clear", "POST", "/v2/models/identity_mixed/trace/setting",
+                    _body({"trace_rate": None, "trace_count": None}), dict(JSON), keys=trace_keys))
+    out.append(Case("trace-unknown-key", "POST", "/v2/trace/setting", _body({"bogus": "1"}), dict(JSON),
+                    needles=("bogus",), deviation=NOT_IGNORED))
+    out.append(Case("trace-negative-rate", "POST", "/v2/trace/setting", _body({"trace_rate": "-1"}), dict(JSON),
+                    needles=("trace_rate",), deviation=NO_WRAP))
+    out.append(Case("stats-unknown-model", "GET", "/v2/models/nope/stats",
+                    needles=("requested model 'nope' is not available",)))
+    return out

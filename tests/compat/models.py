@@ -1,0 +1,112 @@
+"""Triton python-backend models that both tritonserver and edged load unchanged.
+
+Written as text into a tmp repository by `write_repository`; every model is plain
+`triton_python_backend_utils` code, so both servers run the same Python.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Sum and difference of two INT32 inputs (Triton's `simple`), batching.
+ADD_SUB = '''\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("OUTPUT0", (a + b).astype(a.dtype)),
+                pb_utils.Tensor("OUTPUT1", (a - b).astype(a.dtype)),
+            ]))
+        return responses
+'''
+
+# Every input copied to the output of the same index (INPUTn -> OUTPUTn).
+IDENTITY = '''\
+import json
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.pairs = [(i["name"], o["name"]) for i, o in zip(config["input"], config["output"])]
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            outputs = []
+            for src, dst in self.pairs:
+                tensor = pb_utils.get_input_tensor_by_name(request, src)
+                outputs.append(pb_utils.Tensor(dst, tensor.as_numpy()))
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses
+'''
+
+# A model whose initialize fails: the load-failure cases.
+BROKEN = '''\
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("this model refuses to load")
+
+    def execute(self, requests):
+        return []
+'''
+
+_TENSOR = '  {{ name: "{name}" data_type: {dtype} dims: [ {dims} ] }}'
+
+
+def _config(name: str, max_batch: int, inputs: list[tuple[str, str, str]],
+            outputs: list[tuple[str, str, str]]) -> str:
+    def block(rows: list[tuple[str, str, str]]) -> str:
+        return ",\n".join(_TENSOR.format(name=n, dtype=d, dims=s) for n, d, s in rows)
+
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch}\n'
+        f"input [\n{block(inputs)}\n]\noutput [\n{block(outputs)}\n]\n"
+        'instance_group [ { kind: KIND_CPU count: 1 } ]\n'
+    )
+
+
+MODELS: dict[str, tuple[str, str]] = {
+    # name: (model.py, config.pbtxt)
+    "add_sub": (ADD_SUB, _config(
+        "add_sub", 8,
+        [("INPUT0", "TYPE_INT32", "4"), ("INPUT1", "TYPE_INT32", "4")],
+        [("OUTPUT0", "TYPE_INT32", "4"), ("OUTPUT1", "TYPE_INT32", "4")],
+    )),
+    "identity_fp32": (IDENTITY, _config(
+        "identity_fp32", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")],
+    )),
+    "identity_bytes": (IDENTITY, _config(
+        "identity_bytes", 0, [("INPUT0", "TYPE_STRING", "-1")], [("OUTPUT0", "TYPE_STRING", "-1")],
+    )),
+    "identity_mixed": (IDENTITY, _config(
+        "identity_mixed", 4,
+        [("INPUT0", "TYPE_INT32", "2"), ("INPUT1", "TYPE_FP32", "2"), ("INPUT2", "TYPE_STRING", "1")],
+        [("OUTPUT0", "TYPE_INT32", "2"), ("OUTPUT1", "TYPE_FP32", "2"), ("OUTPUT2", "TYPE_STRING", "1")],
+    )),
+    # Loaded and unloaded by the repository cases; not loaded at start.
+    "scratch": (IDENTITY, _config(
+        "scratch", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")],
+    )),
+    "broken": (BROKEN, _config(
+        "broken", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")],
+    )),
+}
+
+# What both servers load at start (explicit control mode).
+STARTUP = ["add_sub", "identity_fp32", "identity_bytes", "identity_mixed"]
+
+
+def write_repository(repo: Path) -> None:
+    for name, (code, config) in MODELS.items():
+        (repo / name / "1").mkdir(parents=True, exist_ok=True)
+        (repo / name / "1" / "model.py").write_text(code, encoding="utf-8")
+        (repo / name / "config.pbtxt").write_text(config, encoding="utf-8")

@@ -1,0 +1,132 @@
+"""Differential test: every corpus request goes to real Triton 2.51 and to edged; the answers
+must agree (see compat/corpus.py for how far). Run with `make compat`.
+
+With EDGED_COMPAT_DUMP=<file>, both answers of every case are appended to that file as JSON
+lines, to read what Triton says where a case fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+from compat.corpus import Case, cases
+from compat.servers import Reply, Server
+
+CASES = cases()
+
+
+def _dump(case: Case, theirs: Reply, ours: Reply) -> None:
+    path = os.environ.get("EDGED_COMPAT_DUMP")
+    if not path:
+        return
+    def show(reply: Reply) -> dict[str, object]:
+        return {"status": reply.status, "ihcl": reply.headers.get("inference-header-content-length"),
+                "content-type": reply.headers.get("content-type"), "body": reply.body[:600].decode("latin-1")}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"case": case.id, "triton": show(theirs), "edged": show(ours)}) + "\n")
+
+
+def _split(reply: Reply) -> tuple[dict[str, Any], bytes]:
+    length = reply.headers.get("inference-header-content-length")
+    if length is None:
+        return json.loads(reply.body), b""
+    n = int(length)
+    return json.loads(reply.body[:n]), reply.body[n:]
+
+
+def _tensors(reply: Reply) -> dict[str, tuple[str, list[int], str, object]]:
+    """name -> (datatype, shape, 'json'|'binary', data) with binary data as raw bytes."""
+    header, rest = _split(reply)
+    found: dict[str, tuple[str, list[int], str, object]] = {}
+    offset = 0
+    for output in header["outputs"]:
+        size = (output.get("parameters") or {}).get("binary_data_size")
+        if size is None:
+            found[output["name"]] = (output["datatype"], output["shape"], "json", output["data"])
+        else:
+            found[output["name"]] = (output["datatype"], output["shape"], "binary", rest[offset : offset + size])
+            offset += size
+    assert offset == len(rest), "binary bytes not claimed by any output"
+    return found
+
+
+def _compare_error(case: Case, theirs: Reply, ours: Reply) -> None:
+    their_text = json.loads(theirs.body)["error"] if theirs.body else ""
+    body = json.loads(ours.body) if ours.body else {}
+    if their_text:
+        assert set(body) == {"error"} and isinstance(body["error"], str), ours.body
+    our_text = body.get("error", "")
+    for needle in case.needles:
+        assert needle in their_text, f"corpus needle {needle!r} not in Triton's {their_text!r}"
+        assert needle in our_text, f"{needle!r} missing from {our_text!r} (Triton: {their_text!r})"
+
+
+def _compare_success(case: Case, theirs: Reply, ours: Reply) -> None:
+    if not theirs.body:
+        assert not ours.body, ours.body
+        return
+    if case.keys is not None:
+        their_json, our_json = json.loads(theirs.body), json.loads(ours.body)
+        if isinstance(their_json, list):
+            assert our_json == their_json
+        else:
+            assert {k: our_json.get(k) for k in case.keys} == {k: their_json.get(k) for k in case.keys}
+        return
+    if case.path.endswith("/infer"):
+        # Same header semantics: binary answers iff Triton's is.
+        assert ("inference-header-content-length" in ours.headers) == (
+            "inference-header-content-length" in theirs.headers), ours.headers
+        their_header, _ = _split(theirs)
+        our_header, _ = _split(ours)
+        for key in ("model_name", "model_version", "id"):
+            assert our_header.get(key) == their_header.get(key), key
+        their_tensors, our_tensors = _tensors(theirs), _tensors(ours)
+        assert list(our_tensors) == list(their_tensors) or set(our_tensors) == set(their_tensors)
+        for name, (datatype, shape, kind, data) in their_tensors.items():
+            o_datatype, o_shape, o_kind, o_data = our_tensors[name]
+            assert (o_datatype, o_shape, o_kind) == (datatype, shape, kind), name
+            if kind == "json" and datatype in ("FP32", "FP64"):
+                np.testing.assert_array_equal(np.array(o_data, dtype=np.float64), np.array(data, dtype=np.float64))
+            else:
+                assert o_data == data, name
+        return
+    assert json.loads(ours.body) == json.loads(theirs.body)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_same_answer(case: Case, triton: Server, edged: Server) -> None:
+    theirs = triton.request(case.method, case.path, case.body, case.headers)
+    ours = edged.request(case.method, case.path, case.body, case.headers)
+    _dump(case, theirs, ours)
+    if case.deviation is not None:
+        # Triton's own answer must still be what the deviation describes, or it is stale.
+        assert theirs.status != case.deviation[0] or theirs.body != ours.body
+        assert ours.status == case.deviation[0], (ours.status, ours.body, "Triton:", theirs.status, theirs.body)
+        if ours.status >= 400:
+            text = json.loads(ours.body)["error"]
+            for needle in case.needles:
+                assert needle in text, (needle, text)
+        return
+    assert ours.status == theirs.status, (
+        f"edged {ours.status} {ours.body[:300]!r}; Triton {theirs.status} {theirs.body[:300]!r}")
+    if theirs.status >= 400:
+        _compare_error(case, theirs, ours)
+    else:
+        _compare_success(case, theirs, ours)
+
+
+def test_oversized_request(triton: Server, edged: Server) -> None:
+    """64 MiB is both servers' default cap. Triton 2.51 fails the body with a 500 (its JSON
+    parser gives up); Triton >= 2.58 answers 400 "... exceeds the maximum allowed input size",
+    which edged follows (docs/compatibility.md)."""
+    body = b" " * (64 * 1024 * 1024 + 1)
+    theirs = triton.request("POST", "/v2/models/add_sub/infer", body, {"Content-Type": "application/json"})
+    ours = edged.request("POST", "/v2/models/add_sub/infer", body, {"Content-Type": "application/json"})
+    assert theirs.status >= 400
+    assert ours.status == 400, ours.body
+    assert "exceeds the maximum allowed input size" in json.loads(ours.body)["error"]

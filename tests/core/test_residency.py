@@ -1,0 +1,319 @@
+"""On-demand residency with real backends (ONNX Runtime, the Python backend, llama.cpp's GGUF
+metadata): first request loads, concurrent first requests load once, idle unload, LRU eviction
+under a memory budget, in-flight requests never cut, cost estimates and their correction."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from daemon.backend import InferRequest
+from daemon.config import DaemonConfig, ResidencyConfig, load_config
+from daemon.core import layout
+from daemon.core.hardware import Hardware
+from daemon.core.plugins import PluginRegistry
+from daemon.core.registry import ModelRegistry
+from daemon.core.repository import RepositoryManager
+from daemon.core.residency import (
+    MiB,
+    Residency,
+    estimate_cost,
+    gguf_cost,
+    read_gguf_metadata,
+)
+from daemon.core.stats import MetricsRegistry
+from daemon.errors import ConfigError, InsufficientMemory, InvalidArgument
+from daemon.model_config import to_triton_json
+
+pytest.importorskip("onnxruntime")
+
+from daemon.demo import build_mlp_onnx, mlp_reference
+from support import REPO_BACKENDS, python_model
+
+ON_DEMAND = 'parameters { key: "load" value { string_value: "on-demand" } }\n'
+
+
+def keep(value: str) -> str:
+    return f'parameters {{ key: "keep_alive" value {{ string_value: "{value}" }} }}\n'
+
+
+def mlp(repo: Path, name: str, extra: str = ON_DEMAND) -> object:
+    (repo / name / "1").mkdir(parents=True)
+    weights = build_mlp_onnx(repo / name / "1" / "model.onnx", width=8, depth=1, seed=len(name))
+    (repo / name / "config.pbtxt").write_text('backend: "onnxruntime"\n' + extra)
+    return weights
+
+
+def slow_python(repo: Path, name: str, seconds: float, extra: str = ON_DEMAND) -> None:
+    python_model(repo, name, f"import time\ntime.sleep({seconds})\ny = x + 1")
+    config = repo / name / "config.pbtxt"
+    config.write_text(config.read_text() + extra)
+
+
+class World:
+    def __init__(self, tmp_path: Path, repo: Path, **residency: object) -> None:
+        plugins = PluginRegistry([REPO_BACKENDS])
+        plugins.scan()
+        self.registry = ModelRegistry(plugins, Hardware(openvino=False), MetricsRegistry(), tmp_path / "state")
+        # measure=False: costs are the (deterministic) estimates; test_measured_cost covers RSS.
+        config = ResidencyConfig(measure=False, **residency)  # type: ignore[arg-type]
+        self.residency = Residency(self.registry, config, memory_total=8 << 30)
+        self.repository = RepositoryManager(self.registry, [repo], "none")
+        self.repository.on_demand = self.residency.on_demand
+
+    def loaded(self) -> set[str]:
+        return {m.name for m in self.registry.loaded()}
+
+    async def infer(self, name: str, x: np.ndarray) -> np.ndarray:
+        lease = await self.residency.acquire(name)
+        try:
+            model = self.registry.get(name)
+            response = await model.infer(InferRequest({model.config.input[0].name: x}))
+            return next(iter(response.outputs.values()))
+        finally:
+            lease.release()
+
+    async def close(self) -> None:
+        await self.residency.close()
+        await self.registry.close()
+
+
+async def wait_for(condition: Callable[[], bool]) -> None:
+    """Poll observable state (bounded: 10 s)."""
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not met within 10 s")
+
+
+X = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
+
+
+async def test_first_request_loads_and_concurrent_first_requests_load_once(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    weights = mlp(repo, "lazy")
+    mlp(repo, "eager", extra="")
+    world = World(tmp_path, repo)
+    try:
+        assert await world.repository.startup() == []
+        assert world.loaded() == {"eager"}  # the on-demand model waits for its first request
+        assert world.registry.all_ready()
+        outputs = await asyncio.gather(*(world.infer("lazy", X) for _ in range(6)))
+        assert world.residency.loads == 1
+        for out in outputs:
+            np.testing.assert_allclose(out, mlp_reference(X, weights), rtol=1e-4, atol=1e-5)  # type: ignore[arg-type]
+        assert world.loaded() == {"eager", "lazy"}
+        # A poll/SIGHUP rescan leaves on-demand models alone, loaded or not.
+        await world.repository.rescan()
+        assert world.residency.loads == 1 and world.loaded() == {"eager", "lazy"}
+    finally:
+        await world.close()
+
+
+async def test_slow_load_is_visible_and_shared_by_concurrent_first_requests(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    slow_python(repo, "slowload", 0.0)
+    # A load that takes a while (initialize sleeps): every request that arrives meanwhile waits
+    # for the same load.
+    model_py = repo / "slowload" / "1" / "model.py"
+    model_py.write_text(model_py.read_text().replace(
+        "class TritonPythonModel:\n",
+        "class TritonPythonModel:\n    def initialize(self, args):\n        import time\n        time.sleep(0.5)\n\n",
+    ))
+    world = World(tmp_path, repo)
+    try:
+        await world.repository.startup()
+        x = np.array([1.0], dtype=np.float32)
+        first = asyncio.create_task(world.infer("slowload", x))
+        await wait_for(lambda: [r.state for r in world.residency.residents()] == ["loading"])
+        rest = [asyncio.create_task(world.infer("slowload", x)) for _ in range(4)]
+        for out in await asyncio.gather(first, *rest):
+            np.testing.assert_allclose(out, x + 1)
+        assert world.residency.loads == 1
+        assert [r.state for r in world.residency.residents()] == ["ready"]
+    finally:
+        await world.close()
+
+
+async def test_idle_model_unloads_after_keep_alive_and_reloads(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    mlp(repo, "lazy", ON_DEMAND + keep("200ms"))
+    world = World(tmp_path, repo)
+    try:
+        await world.repository.startup()
+        await world.infer("lazy", X)
+        (resident,) = world.residency.residents()
+        assert resident.keep_alive == pytest.approx(0.2) and resident.expires_at is not None
+        entry = world.registry.entry("lazy")
+        assert entry is not None
+        # The end of the unload (versions go first, the state when the backend has unloaded).
+        await wait_for(lambda: entry.state == "UNKNOWN")
+        assert "lazy" not in world.loaded() and not world.residency.residents()
+        assert world.registry.all_ready()  # idling out does not make the daemon unready
+        await world.repository.rescan()
+        assert "lazy" not in world.loaded()  # and a rescan does not bring it back
+        await world.infer("lazy", X)
+        assert world.residency.loads == 2
+        # Unloaded behind residency's back (explicit repository unload): the next request loads it.
+        await world.registry.unload("lazy")
+        await world.infer("lazy", X)
+        assert world.residency.loads == 3
+    finally:
+        await world.close()
+
+
+async def test_request_keep_alive_overrides_and_zero_unloads(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    mlp(repo, "lazy", ON_DEMAND + keep("1h"))
+    mlp(repo, "eager", extra="")
+    world = World(tmp_path, repo)
+    try:
+        await world.repository.startup()
+        lease = await world.residency.acquire("lazy", keep_alive=None)  # Ollama's negative: forever
+        lease.release()
+        (resident,) = [r for r in world.residency.residents() if r.name == "lazy"]
+        assert resident.keep_alive is None and resident.expires_at is None
+        assert await world.residency.unload("lazy") is True
+        assert "lazy" not in world.loaded()
+        assert await world.residency.unload("lazy") is False  # not loaded: nothing to do
+        with pytest.raises(InvalidArgument, match="load: startup"):
+            await world.residency.unload("eager")
+        with pytest.raises(InvalidArgument, match="keep_alive"):
+            await world.residency.acquire("eager", keep_alive=0)
+    finally:
+        await world.close()
+
+
+async def test_budget_evicts_least_recently_used_idle_model(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    for name in ("a", "b", "c"):
+        mlp(repo, name)
+    # Each tiny model is estimated at the 1 MiB floor: two fit.
+    world = World(tmp_path, repo, memory_budget="2MiB")
+    try:
+        await world.repository.startup()
+        assert world.residency.estimate("a") == MiB
+        await world.infer("a", X)
+        await world.infer("b", X)
+        await world.infer("a", X)  # b is now the least recently used
+        await world.infer("c", X)
+        assert world.loaded() == {"a", "c"}
+        await world.infer("b", X)
+        assert world.loaded() == {"b", "c"}
+        assert world.residency.loads == 4
+        text = world.registry.metrics.render().decode()
+        assert "edged_evictions_total 2.0" in text and "edged_on_demand_loads_total 4.0" in text
+        assert 'edged_model_memory_bytes{model="b",source="estimated",state="ready"} 1.048576e+06' in text
+        assert "edged_memory_budget_bytes 2.097152e+06" in text
+    finally:
+        await world.close()
+
+
+async def test_in_flight_requests_are_never_cut(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    slow_python(repo, "slow", 1.0, ON_DEMAND + keep("0s"))
+    mlp(repo, "other")
+    world = World(tmp_path, repo, memory_budget="1MiB")
+    try:
+        await world.repository.startup()
+        x = np.array([1.0, 2.0], dtype=np.float32)
+        running = asyncio.create_task(world.infer("slow", x))
+        await wait_for(lambda: any(r.in_flight for r in world.residency.residents()))
+        # The only model that could make room is in use: the load fails, naming the budget.
+        with pytest.raises(InsufficientMemory, match=r"memory-budget = 1MiB") as caught:
+            await world.infer("other", X)
+        assert "slow 1 MiB (in use)" in caught.value.message
+        # keep_alive 0 while in flight: unloads once the request is done, not before.
+        assert await world.residency.unload("slow") is True
+        assert "slow" in world.loaded()
+        np.testing.assert_allclose(await running, x + 1)
+        await wait_for(lambda: "slow" not in world.loaded())
+        await world.infer("other", X)  # room now
+        assert world.loaded() == {"other"}
+    finally:
+        await world.close()
+
+
+async def test_measured_rss_replaces_the_estimate(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    mlp(repo, "lazy")
+    readings = iter([100 * MiB, 107 * MiB])
+    world = World(tmp_path, repo)
+    world.residency.config = msgspec.structs.replace(world.residency.config, measure=True)
+    world.residency._rss = lambda: next(readings)
+    try:
+        await world.repository.startup()
+        await world.infer("lazy", X)
+        (resident,) = world.residency.residents()
+        assert resident.measured and resident.cost == 7 * MiB
+    finally:
+        await world.close()
+
+
+def test_tensor_estimate_is_file_size_times_backend_factor(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "big" / "1").mkdir(parents=True)
+    (repo / "big" / "1" / "model.onnx").write_bytes(b"\0" * (4 * MiB))
+    (repo / "big" / "config.pbtxt").write_text('backend: "onnxruntime"\n')
+    config, _ = layout.read_model_config(repo / "big")
+    assert estimate_cost(repo / "big", config, {}) == 6 * MiB  # default factor 1.5
+    assert estimate_cost(repo / "big", config, {"onnxruntime": 2.0}) == 8 * MiB
+
+
+def test_gguf_estimate_is_weights_plus_kv_cache(tmp_path: Path) -> None:
+    pytest.importorskip("gguf")
+    from daemon.testing_gguf import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "model.gguf", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ctx=256)
+    meta = read_gguf_metadata(path)
+    assert meta["general.architecture"] == "llama" and meta["llama.block_count"] == 2
+    size = path.stat().st_size
+    head_dim = 64 // 4
+    # Defaults: 4 slots x min(trained 256, 4096) tokens; K and V, f16, 2 KV heads, 2 layers.
+    assert gguf_cost(path, {}) == size + 2 * 256 * 4 * 2 * (2 * head_dim) * 2
+    # n_ctx is the total over the slots; each slot's share is padded to 256.
+    assert gguf_cost(path, {"n_ctx": "1000", "n_parallel": "2"}) == size + 2 * 512 * 2 * 2 * (2 * head_dim) * 2
+
+
+def test_residency_settings_in_model_toml_and_config_pbtxt(tmp_path: Path) -> None:
+    toml = tmp_path / "a"
+    toml.mkdir()
+    (toml / "model.toml").write_text('backend = "onnxruntime"\nload = "on-demand"\nkeep_alive = "10m"\n')
+    config, _ = layout.read_model_config(toml)
+    assert (config.load, config.keep_alive) == ("on-demand", "10m")
+    pbtxt = tmp_path / "b"
+    pbtxt.mkdir()
+    (pbtxt / "config.pbtxt").write_text(
+        'backend: "llamacpp"\n' + ON_DEMAND + keep("30s") + 'parameters { key: "n_ctx" value { string_value: "512" } }\n'
+    )
+    config, _ = layout.read_model_config(pbtxt)
+    # Lifted out of `parameters`, so a backend never sees them as its own options.
+    assert (config.load, config.keep_alive, config.parameters) == ("on-demand", "30s", {"n_ctx": "512"})
+    served = to_triton_json(config)["parameters"]
+    assert served["load"] == {"string_value": "on-demand"} and served["keep_alive"] == {"string_value": "30s"}
+    (toml / "model.toml").write_text('load = "on-demand"\nkeep_alive = "soon"\n')
+    with pytest.raises(ConfigError, match="keep_alive"):
+        layout.read_model_config(toml)
+    (toml / "model.toml").write_text('load = "lazy"\n')
+    with pytest.raises(ConfigError, match="load"):
+        layout.read_model_config(toml)
+
+
+def test_daemon_residency_config(tmp_path: Path) -> None:
+    path = tmp_path / "edged.toml"
+    path.write_text('[residency]\nmemory-budget = "75%"\ndefault-keep-alive = "30s"\n')
+    config = load_config(path)
+    assert config.residency.memory_budget == "75%"
+    assert DaemonConfig().residency.memory_budget == ""
+    path.write_text('[residency]\nmemory-budget = "lots"\n')
+    with pytest.raises(ConfigError, match="memory-budget"):
+        load_config(path)
+    path.write_text('[residency]\ndefault-keep-alive = "5 minutes"\n')
+    with pytest.raises(ConfigError, match="keep"):
+        load_config(path)

@@ -1,0 +1,37 @@
+"""Decoupled, from its own thread: sends a response every 50 ms until request.is_cancelled(),
+then writes "cancelled after N" to the file named by MARKER and sends the final flag. Gives up
+after 30 s (writes "not cancelled")."""
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            marker = Path(
+                pb_utils.get_input_tensor_by_name(request, "MARKER").as_numpy()[0].decode()
+            )
+            threading.Thread(target=self._run, args=(request, marker), daemon=True).start()
+        return None
+
+    def _run(self, request, marker):
+        sender = request.get_response_sender()
+        deadline = time.monotonic() + 30
+        sent = 0
+        while not request.is_cancelled():
+            if time.monotonic() > deadline:
+                marker.write_text("not cancelled")
+                break
+            sender.send(
+                pb_utils.InferenceResponse([pb_utils.Tensor("N", np.array([sent], dtype=np.int32))])
+            )
+            sent += 1
+            time.sleep(0.05)
+        else:
+            marker.write_text(f"cancelled after {sent}")
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
