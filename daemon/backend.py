@@ -409,6 +409,9 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     json_schema: str = ""
     seed: int | None = None
     stop: list[str] = []
+    # Fill-in-the-middle: the text after the insertion point (the prompt is the text
+    # before it); the backend builds the model's FIM prompt. None: plain completion.
+    suffix: str | None = None
     # None: no log probabilities; n >= 0: each generated token's log probability under the
     # model (softmax of its logits, before any sampling step) and the n most likely tokens.
     logprobs: int | None = None

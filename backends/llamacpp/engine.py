@@ -430,7 +430,7 @@ class Engine:
                     f"model '{self.name}' is loaded as an embedding model (embedding=true); "
                     "it does not generate text"
                 )
-            tokens = self._prompt_tokens(request.prompt)
+            tokens = self._prompt_tokens(request.prompt, request.params.suffix)
             params = request.params
             bad = next((t for t in params.logit_bias if not 0 <= t < self.n_vocab), None)
             if bad is not None:
@@ -455,8 +455,10 @@ class Engine:
             return
         self._waiting.append(Prepared(request, tokens, grammar))
 
-    def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
+    def _prompt_tokens(self, prompt: str | list[int], suffix: str | None = None) -> list[int]:
+        if suffix is not None:
+            tokens = self._infill_tokens(prompt, suffix)
+        elif isinstance(prompt, str):
             tokens = self._tokenize(prompt)
         else:
             tokens = list(prompt)
@@ -474,6 +476,27 @@ class Engine:
                 f"{self.n_ctx_seq} tokens per sequence; shorten the prompt or raise n_ctx"
             )
         return tokens
+
+    def _infill_tokens(self, prompt: str | list[int], suffix: str) -> list[int]:
+        """Fill-in-the-middle, llama-server's prefix-suffix-middle order:
+        [BOS] FIM_PRE prompt FIM_SUF suffix FIM_MID; the model writes the middle."""
+        pre, suf, mid = (
+            llama.llama_vocab_fim_pre(self._vocab),
+            llama.llama_vocab_fim_suf(self._vocab),
+            llama.llama_vocab_fim_mid(self._vocab),
+        )
+        if min(pre, suf, mid) < 0:
+            raise InvalidArgument(
+                f"suffix: model '{self.name}' has no fill-in-the-middle tokens (FIM prefix/suffix/middle)"
+            )
+        if not isinstance(prompt, str):
+            raise InvalidArgument("suffix: only supported with a text prompt, not token ids")
+        bos = llama.llama_vocab_bos(self._vocab)
+        head = [bos] if llama.llama_vocab_get_add_bos(self._vocab) and bos >= 0 else []
+        return [
+            *head, pre, *self._tokenize(prompt, add_special=False),
+            suf, *self._tokenize(suffix, add_special=False), mid,
+        ]
 
     def _drop_cancelled(self) -> None:
         for seq in self._slots:
@@ -768,15 +791,15 @@ class Engine:
 
     # --------------------------------------------------------------- text
 
-    def _tokenize(self, text: str) -> list[int]:
+    def _tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         data = text.encode("utf-8", errors="replace")
         capacity = len(data) + 8
         buffer = (llama.llama_token * capacity)()
-        count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, True, True)
+        count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, True)
         if count < 0 and count != -(2**31):
             capacity = -count
             buffer = (llama.llama_token * capacity)()
-            count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, True, True)
+            count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, True)
         if count < 0:
             raise InvalidArgument(f"prompt of {len(data)} bytes is too long to tokenize")
         return list(buffer[:count])

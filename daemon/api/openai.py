@@ -75,6 +75,8 @@ class CompletionRequest(_Sampling):
     # A string, a one-element list of strings, or token ids (msgspec allows one list type).
     prompt: str | list[str | int] = ""
     echo: bool = False
+    # Fill-in-the-middle: the text after the completion (models with FIM tokens; else 400).
+    suffix: str | None = None
     # Log probabilities of the generated tokens and this many alternatives (OpenAI: 0..5).
     logprobs: int | None = None
 
@@ -394,6 +396,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             # OpenAI would score the prompt's tokens too; the engine computes none.
             raise InvalidArgument("logprobs: not supported together with echo")
         params.logprobs = req.logprobs
+    params.suffix = req.suffix
     offset = [0]  # text_offset of the next token in the completion
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 

@@ -620,3 +620,35 @@ async def test_logprobs_are_the_models_distribution(load: Loader, model_path: Pa
         assert entry.logprob <= 0 and entry.piece
     plain = await collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=6)))
     assert plain.ids == result.ids and all(not c.logprobs for c in plain.chunks)
+
+
+def with_fim_tokens(source: Path, target: Path, pre: int, suf: int, mid: int) -> Path:
+    """A copy of a GGUF whose tokenizer names fill-in-the-middle tokens (llama.cpp's keys)."""
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(target), arch="llama", endianess=reader.endianess)
+    keys = gguf.Keys.Tokenizer
+    metadata = {
+        key: MetadataDetails(gguf.GGUFValueType.UINT32, value)
+        for key, value in ((keys.FIM_PRE_ID, pre), (keys.FIM_SUF_ID, suf), (keys.FIM_MID_ID, mid))
+    }
+    copy_with_new_metadata(reader, writer, metadata, [])
+    return target
+
+
+async def test_suffix_builds_the_fill_in_the_middle_prompt(load: Loader, model_path: Path, tmp_path: Path) -> None:
+    plain = await load(model_path)
+    with pytest.raises(InvalidArgument, match="suffix: model 'tiny' has no fill-in-the-middle tokens"):
+        await collect(plain.generate("def f(", GenerateParams(suffix="): pass")))
+    fim = await load(with_fim_tokens(model_path, tmp_path / "fim.gguf", 300, 301, 302))
+    result = await collect(fim.generate("def f(", GenerateParams(greedy=True, max_tokens=8, suffix="): pass")))
+    # The same tokens by hand: BOS, FIM prefix, the text before, FIM suffix, the text after, FIM middle.
+    from llama_cpp import Llama
+
+    vocab = Llama(str(model_path), vocab_only=True, verbose=False)
+    manual = [1, 300, *vocab.tokenize(b"def f(", add_bos=False), 301, *vocab.tokenize(b"): pass", add_bos=False), 302]
+    assert result.last.prompt_tokens == len(manual)
+    assert (await collect(fim.generate(manual, GenerateParams(greedy=True, max_tokens=8)))).ids == result.ids
+    with pytest.raises(InvalidArgument, match="suffix: only supported with a text prompt"):
+        await collect(fim.generate([1, 300], GenerateParams(suffix="x")))
