@@ -46,11 +46,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the model builders are test fixtures
+
+from gguf_builder import write_tiny_llama  # noqa: E402
 
 from daemon.backend import Device, GenerateParams, InstanceContext  # noqa: E402
 from daemon.core.plugins import PluginRegistry  # noqa: E402
 from daemon.model_config import ModelConfig  # noqa: E402
-from daemon.testing_gguf import write_tiny_llama  # noqa: E402
 
 PROMPT_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "seven", "wizards", "quietly", "hex"]
 

@@ -51,7 +51,7 @@ from daemon.errors import (
     Unavailable,
     Unsupported,
 )
-from daemon.model_config import ModelConfig, TensorConfig
+from daemon.model_config import ModelConfig, TensorConfig, to_triton_json
 
 __all__ = [
     "API_VERSION",
@@ -80,6 +80,7 @@ __all__ = [
     "Probe",
     "TensorBackend",
     "TensorConfig",
+    "TokenLogprob",
     "Unavailable",
     "Unsupported",
     "backend_failure",
@@ -87,6 +88,7 @@ __all__ = [
     "merge_batch",
     "select_outputs",
     "split_batch",
+    "to_triton_json",
 ]
 
 API_VERSION = 1

@@ -34,15 +34,18 @@ import msgspec
 
 from daemon.backend import (
     Capabilities,
+    ConfigError,
     Device,
+    EdgedError,
     GenerateChunk,
     GenerateParams,
     GenerationBackend,
     InstanceContext,
+    InvalidArgument,
+    ModelConfig,
     Probe,
+    Unavailable,
 )
-from daemon.errors import ConfigError, EdgedError, InvalidArgument, Unavailable
-from daemon.model_config import ModelConfig
 
 from .engine import Engine, EngineSettings
 from .grammar import schema_to_grammar

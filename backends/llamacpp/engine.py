@@ -44,11 +44,13 @@ from typing import Any, Literal
 import llama_cpp.llama_cpp as llama
 import numpy as np
 
-from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
-from daemon.errors import (
+from daemon.backend import (
     BackendError,
     EdgedError,
+    GenerateChunk,
+    GenerateParams,
     InvalidArgument,
+    TokenLogprob,
     Unavailable,
     Unsupported,
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from daemon.errors import InvalidArgument
+from daemon.backend import InvalidArgument
 
 # Keywords the converter enforces, plus annotations that constrain nothing.
 _ENFORCED = frozenset({

@@ -27,7 +27,7 @@ from typing import Any
 
 import llama_cpp.llama_cpp as llama
 
-from daemon.errors import BackendError, ConfigError, InvalidArgument, Unsupported
+from daemon.backend import BackendError, ConfigError, InvalidArgument, Unsupported
 
 from .text import chatml, message_pairs
 

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 ollama = pytest.importorskip("ollama")
 
-from daemon.testing_gguf import write_tiny_llama  # noqa: E402
+from gguf_builder import write_tiny_llama  # noqa: E402
 
 LLAMA = 'backend: "llamacpp"\nparameters { key: "n_parallel" value { string_value: "4" } }\n'
 ON_DEMAND = 'parameters { key: "load" value { string_value: "on-demand" } }\n'
@@ -34,7 +34,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         write_tiny_llama(path / name / "1" / "model.gguf", seed=seed, pooling=1 if name == "embedder" else None)
         (path / name / "config.pbtxt").write_text(config)
     pytest.importorskip("onnxruntime")
-    from daemon.demo import build_mlp_onnx
+    from model_builders import build_mlp_onnx
 
     (path / "mlp" / "1").mkdir(parents=True)
     build_mlp_onnx(path / "mlp" / "1" / "model.onnx", width=4, depth=1)
@@ -249,7 +249,7 @@ def test_load_that_cannot_fit_the_budget_is_507(tmp_path: Path, start_daemon) ->
     (repo / "lazy" / "1").mkdir(parents=True)
     write_tiny_llama(repo / "lazy" / "1" / "model.gguf", seed=3)
     (repo / "lazy" / "config.pbtxt").write_text(LLAMA + ON_DEMAND)
-    from daemon.demo import build_mlp_onnx
+    from model_builders import build_mlp_onnx
 
     (repo / "pinned" / "1").mkdir(parents=True)
     build_mlp_onnx(repo / "pinned" / "1" / "model.onnx", width=4, depth=1)

@@ -16,7 +16,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the installed openai
     httpx = pytest.importorskip("httpx")
 
-from daemon.testing_gguf import write_tiny_llama  # noqa: E402
+from gguf_builder import write_tiny_llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gguf_builder import SPACE, write_tiny_llama
 
 from daemon.backend import Device, GenerateChunk, GenerateParams, InstanceContext
 from daemon.errors import BackendError, ConfigError, InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig
-from daemon.testing_gguf import SPACE, write_tiny_llama
 
 gguf = pytest.importorskip("gguf")
 

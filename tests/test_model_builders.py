@@ -6,10 +6,10 @@ import ast
 from pathlib import Path
 from typing import Any
 
+import model_builders as demo
 import numpy as np
 import pytest
 
-from daemon import demo
 from daemon.core.layout import read_model_config
 
 onnx = pytest.importorskip("onnx")
