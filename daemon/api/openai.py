@@ -546,7 +546,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prompt = model.chat_prompt(messages)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     first_delta = [True]
-    held: list[str] = []  # with tools: the JSON reply, parsed once complete
+    stream_tools = openai_tools.ToolStream()  # with tools: the JSON reply, turned into deltas
 
     def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any] | None:
         if not req.logprobs:
@@ -575,20 +575,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model.name, "choices": []}
         if not tools:
             return chunk_payload({"content": chunk.text} if chunk.text else {}, chunk.finish_reason, chunk.logprobs)
-        held.append(chunk.text)
+        events = [chunk_payload(delta, None) for delta in stream_tools.feed(chunk.text)]
         if chunk.finish_reason is None:
-            return None
-        content, calls = openai_tools.parse_reply("".join(held))
-        if not calls:
-            return [chunk_payload({"content": content} if content else {}, chunk.finish_reason)]
-        # OpenAI's stream shape: id and name first, then the arguments, then the finish.
-        events = []
-        for i, call in enumerate(calls):
-            head = {"index": i, "id": call["id"], "type": "function",
-                    "function": {"name": call["function"]["name"], "arguments": ""}}
-            events.append(chunk_payload({"content": None, "tool_calls": [head]} if i == 0 else {"tool_calls": [head]}, None))
-            events.append(chunk_payload({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]}, None))
-        events.append(chunk_payload({}, "tool_calls"))
+            return events
+        if stream_tools.calls_sent:
+            events.append(chunk_payload({}, "tool_calls"))
+        elif not events and not stream_tools.sent_content:
+            # Cut off before the reply object said anything: the raw text, as unstreamed.
+            content, _ = openai_tools.parse_reply(stream_tools.text)
+            events.append(chunk_payload({"content": content} if content else {}, chunk.finish_reason))
+        else:
+            events.append(chunk_payload({}, chunk.finish_reason))
         return events
 
     def make_final(text: str, last: GenerateChunk) -> dict[str, Any]:

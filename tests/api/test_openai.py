@@ -389,7 +389,7 @@ def test_tool_call_streams_as_deltas(client: openai.OpenAI) -> None:
     }
     full = client.chat.completions.create(**kwargs)
     expected = (full.choices[0].message.tool_calls or [])[0]
-    names, arguments, ids, finish = [], "", set(), None
+    names, arguments, ids, finish, pieces = [], "", set(), None, 0
     for chunk in client.chat.completions.create(stream=True, **kwargs):
         for choice in chunk.choices:
             assert not choice.delta.content
@@ -401,8 +401,10 @@ def test_tool_call_streams_as_deltas(client: openai.OpenAI) -> None:
                     names.append(call.function.name)
                 if call.function and call.function.arguments:
                     arguments += call.function.arguments
+                    pieces += 1
             finish = choice.finish_reason or finish
     assert names == ["get_weather"] and len(ids) == 1 and finish == "tool_calls"
+    assert pieces > 3  # the arguments stream as they are generated, not in one piece
     assert json.loads(arguments) == json.loads(expected.function.arguments)
 
 
