@@ -20,6 +20,8 @@ Model parameters (config `parameters`, all strings):
     max_queue     requests that may wait for a slot before new ones get 503 (default 64)
     flash_attn    auto | on | off; default off on the CPU (measured faster there, see
                   engine.FLASH_ATTN), llama.cpp's auto with GPU layers
+    prefix_store_mib  host RAM (MiB) for the KV cells of conversations a new one pushed out
+                  of their slot, restored when they return (default 0: none)
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class LlamaCppOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pooling: Literal["", "mean", "cls", "last"] = ""
     max_queue: Annotated[int, msgspec.Meta(ge=1)] = 64
     flash_attn: Literal["", "auto", "on", "off"] = ""
+    prefix_store_mib: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     def __post_init__(self) -> None:
         if self.n_batch < self.n_parallel:
@@ -129,6 +132,7 @@ class LlamaCppBackend(GenerationBackend):
             max_queue=options.max_queue,
             chat_template=options.chat_template,
             flash_attn=options.flash_attn,
+            prefix_store_mib=options.prefix_store_mib,
         )
         engine = Engine(settings)
         # Set before waiting: if this load is cancelled, the daemon's unload() stops the

@@ -26,7 +26,10 @@ cells. A new request goes to the idle slot whose cached tokens share the longest
 its prompt (when that prefix is at least a tenth of the prompt, llama-server's default
 similarity), else to the least recently used idle slot; `llama_memory_seq_rm(seq, p0, -1)`
 drops the cells after the common prefix and only the rest of the prompt is decoded. A
-repeated prompt and a chat's next turn thus cost only their new tokens.
+repeated prompt and a chat's next turn thus cost only their new tokens. With a
+`prefix_store_mib` budget, a slot's cells that a new conversation is about to replace are
+first copied to host RAM (`llama_state_seq_get_data`), and a returning conversation is
+copied back (`llama_state_seq_set_data`) instead of being decoded again.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -109,6 +112,8 @@ class EngineSettings:
     chat_template: str
     # "auto" | "on" | "off"; "" = off on the CPU, llama.cpp's auto with GPU layers.
     flash_attn: str = ""
+    # Host RAM for the KV cells of conversations evicted from their slot; 0 = none.
+    prefix_store_mib: int = 0
 
 
 @dataclass
@@ -202,6 +207,11 @@ class Engine:
         self._cached: list[list[int]] = [[] for _ in range(settings.n_parallel)]
         self._last_used: list[int] = [0] * settings.n_parallel
         self._admitted = 0
+        # Host-RAM store of evicted slot caches (tokens -> llama_state_seq data), LRU order.
+        self._store: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        self._store_budget = settings.prefix_store_mib * 2**20
+        self._store_bytes = 0
+        self._store_hits = 0
         self._waiting: deque[Prepared] = deque()
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
@@ -248,6 +258,9 @@ class Engine:
             "prompt_tokens_evaluated": self._prompt_evaluated,
             "kv_cells_used": cells,
             "kv_cells_total": self.n_ctx_seq * self.settings.n_parallel,
+            "prefix_store_entries": len(self._store),
+            "prefix_store_bytes": self._store_bytes,
+            "prefix_store_hits": self._store_hits,
         }
 
     def stop(self, timeout: float = 60.0) -> None:
@@ -523,6 +536,7 @@ class Engine:
             self._release_pending()
             tokens = item.tokens
             slot, common = self._pick_slot(free, tokens)
+            common = self._use_store(slot, common, tokens)
             # At least the prompt's last token is decoded again: its logits give the first
             # sampled token (llama.cpp keeps no logits for cached positions).
             keep = min(common, len(tokens) - 1)
@@ -540,6 +554,52 @@ class Engine:
                 item.request, tokens, slot, sampler, n_past=keep, cached=keep,
                 stops=StopMatcher(item.request.params.stop),
             )
+
+    def _use_store(self, slot: int, common: int, tokens: list[int]) -> int:
+        """Save the slot's cells when a new conversation replaces them; restore a stored
+        conversation into the slot when it shares more with the prompt. Returns the common
+        prefix of the slot's (possibly restored) cache and the prompt."""
+        if self._store_budget <= 0:
+            return common
+        cached = self._cached[slot]
+        stored_key, stored_common = None, common
+        for key in self._store:
+            shared = _common_prefix(key, tokens)
+            if shared > stored_common:
+                stored_key, stored_common = key, shared
+        if stored_key is not None and stored_common <= SLOT_PROMPT_SIMILARITY * len(tokens):
+            stored_key = None
+        # The slot's cache is about to go (a restore replaces it, or most of it does not
+        # match): it belongs to another conversation, which may come back.
+        if cached and (stored_key is not None or common < len(cached) // 2):
+            self._save(slot, cached)
+        if stored_key is None:
+            return common
+        data = self._store[stored_key]
+        self._store.move_to_end(stored_key)
+        llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
+        if llama.llama_state_seq_set_data(self._ctx, data, len(data), slot) == 0:
+            log.warning("model '%s': restoring a stored prefix failed; decoding it again", self.name)
+            llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
+            self._cached[slot] = []
+            return 0
+        self._store_hits += 1
+        self._cached[slot] = list(stored_key)
+        return stored_common
+
+    def _save(self, slot: int, cached: list[int]) -> None:
+        key = tuple(cached)
+        size = llama.llama_state_seq_get_size(self._ctx, slot)
+        if key in self._store or size > self._store_budget:
+            return
+        data = (ctypes.c_uint8 * size)()
+        if llama.llama_state_seq_get_data(self._ctx, data, size, slot) != size:
+            return
+        self._store[key] = data
+        self._store_bytes += size
+        while self._store_bytes > self._store_budget:
+            _, evicted = self._store.popitem(last=False)
+            self._store_bytes -= len(evicted)
 
     def _pick_slot(self, free: list[int], tokens: list[int]) -> tuple[int, int]:
         """(slot, common prefix length): the idle slot sharing the longest prefix, else LRU."""

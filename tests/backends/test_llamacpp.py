@@ -652,3 +652,31 @@ async def test_suffix_builds_the_fill_in_the_middle_prompt(load: Loader, model_p
     assert (await collect(fim.generate(manual, GenerateParams(greedy=True, max_tokens=8)))).ids == result.ids
     with pytest.raises(InvalidArgument, match="suffix: only supported with a text prompt"):
         await collect(fim.generate([1, 300], GenerateParams(suffix="x")))
+
+
+async def test_prefix_store_brings_back_an_evicted_conversation(load: Loader, model_path: Path) -> None:
+    a, b = [1, *range(300, 340)], [1, *range(340, 378)]
+    cold = await load(model_path, n_parallel="1")
+    expected = [await collect(cold.generate(p, GREEDY)) for p in (a, b)]
+    # Without a store, one slot: b pushes a out, a is decoded again (only the BOS is shared).
+    await collect(cold.generate(a, GREEDY))
+    assert (await collect(cold.generate(a, GREEDY))).last.cached_tokens == len(a) - 1
+    await collect(cold.generate(b, GREEDY))
+    assert (await collect(cold.generate(a, GREEDY))).last.cached_tokens == 1
+
+    stored = await load(model_path, n_parallel="1", prefix_store_mib="16")
+    await collect(stored.generate(a, GREEDY))
+    await collect(stored.generate(b, GREEDY))  # a's cells go to the store
+    again = await collect(stored.generate(a, GREEDY))  # and come back from it
+    assert again.last.cached_tokens == len(a) - 1
+    assert again.ids == expected[0].ids
+    back = await collect(stored.generate(b, GREEDY))  # b was stored when a came back
+    assert back.last.cached_tokens == len(b) - 1 and back.ids == expected[1].ids
+    stats = stored.engine_stats()
+    assert stats["prefix_store_hits"] == 2 and stats["prefix_store_entries"] == 2
+    assert 0 < stats["prefix_store_bytes"] <= 16 * 2**20
+    # No budget, stated explicitly: nothing is stored.
+    tiny = await load(model_path, n_parallel="1", prefix_store_mib="0")
+    await collect(tiny.generate(a, GREEDY))
+    await collect(tiny.generate(b, GREEDY))
+    assert (await collect(tiny.generate(a, GREEDY))).last.cached_tokens == 1
