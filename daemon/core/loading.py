@@ -20,6 +20,7 @@ from daemon.backend import (
     Backend,
     Device,
     ExecuteResult,
+    GenerationBackend,
     InferRequest,
     InferResponse,
     InstanceContext,
@@ -205,6 +206,8 @@ class ModelLoader:
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
             raise
+        if isinstance(instances[0], GenerationBackend):
+            stats.engine_stats = instances[0].engine_stats
         scheduler: Scheduler | None = None
         if cls.capabilities.kind == "tensor":
             scheduler = make_scheduler(config, instances, stats)
