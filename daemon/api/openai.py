@@ -457,7 +457,9 @@ def _chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
         if message.role == "tool":
             if message.tool_call_id is None:
                 raise InvalidArgument(f"messages[{index}].tool_call_id: required for role 'tool'")
-            content = openai_tools.tool_result_text(message.tool_call_id, _message_text(message, index))
+            content = openai_tools.tool_result_text(
+                _message_text(message, index), tool_call_id=message.tool_call_id
+            )
             out.append({"role": "user", "content": content})
             continue
         role = _ROLES.get(message.role)

@@ -13,6 +13,10 @@ pieces. Earlier turns go back through the model's chat
 template in the same form: an assistant's `tool_calls` as that JSON, a `tool` message as a user
 message holding {"tool_response": {...}} (templates rarely know a `tool` role). The model's own
 native tool syntax (Hermes tags, Llama 3.1 JSON, ...) is not used.
+
+The format-neutral pieces (`tool_schema`, `with_tools`, `calls_text`, `tool_result_text`,
+`reply_calls`) are shared with the Ollama routes, which shape calls their own way (arguments
+as objects, each call whole).
 """
 
 from __future__ import annotations
@@ -142,16 +146,25 @@ def assistant_calls_text(calls: list[ToolCall], index: int) -> str:
             raise InvalidArgument(
                 f"messages[{index}].tool_calls[{i}].function.arguments: not valid JSON"
             ) from None
-        out.append({"name": call.function.name, "arguments": arguments})
-    return json.dumps({"tool_calls": out}, ensure_ascii=False)
+        out.append((call.function.name, arguments))
+    return calls_text(out)
 
 
-def tool_result_text(tool_call_id: str, content: str) -> str:
-    return json.dumps({"tool_response": {"tool_call_id": tool_call_id, "content": content}}, ensure_ascii=False)
+def calls_text(calls: list[tuple[str, Any]]) -> str:
+    """(name, arguments object) pairs as the reply object the model is asked to write."""
+    return json.dumps(
+        {"tool_calls": [{"name": name, "arguments": arguments} for name, arguments in calls]},
+        ensure_ascii=False,
+    )
 
 
-def parse_reply(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, OpenAI tool_calls) from the model's JSON reply; unparsable text is content."""
+def tool_result_text(content: str, **ident: str) -> str:
+    """A tool's result as the model sees it; `ident` names the call (tool_call_id or name)."""
+    return json.dumps({"tool_response": {**ident, "content": content}}, ensure_ascii=False)
+
+
+def reply_calls(text: str) -> tuple[str | None, list[tuple[str, Any]]]:
+    """(content, [(name, arguments object)]) from the model's JSON reply; unparsable text is content."""
     try:
         value = json.loads(text)
     except ValueError:
@@ -161,18 +174,24 @@ def parse_reply(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     if not isinstance(value, dict) or not isinstance(value.get("tool_calls"), list):
         return text, []
     calls = [
-        {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {
-                "name": call.get("name"),
-                "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False),
-            },
-        }
+        (str(call.get("name")), call.get("arguments", {}))
         for call in value["tool_calls"]
         if isinstance(call, dict)
     ]
     return None, calls
+
+
+def parse_reply(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, OpenAI tool_calls) from the model's JSON reply; unparsable text is content."""
+    content, calls = reply_calls(text)
+    return content, [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+        }
+        for name, arguments in calls
+    ]
 
 
 # --------------------------------------------------------------------------- streaming
