@@ -200,13 +200,7 @@ async def _body(request: web.Request) -> bytes:
 
 
 async def _optional_body(request: web.Request, kind: type[msgspec.Struct]) -> msgspec.Struct:
-    body = await _body(request)
-    if not body.strip():
-        return kind()
-    try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.DecodeError as exc:
-        raise InvalidArgument(f"malformed request body: {exc}") from None
+    return load_api.decode_body(await _body(request), kind)
 
 
 async def repository_index(request: web.Request) -> web.Response:
