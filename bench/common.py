@@ -30,6 +30,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# The model builders are test fixtures (tests/model_builders.py, tests/gguf_builder.py).
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))
 
 
 # --------------------------------------------------------------------------- statistics
@@ -239,9 +242,9 @@ def running_triton(venv: Path, repo: Path, workdir: Path, ready_model: str) -> I
 def write_mlp_model(
     repository: Path, name: str, width: int, depth: int, config: str, seed: int = 0
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """An FP32 MLP (see daemon.demo.build_mlp_onnx) as `<repository>/<name>/1/model.onnx` with
+    """An FP32 MLP (see tests/model_builders.py: build_mlp_onnx) as `<repository>/<name>/1/model.onnx` with
     `config` as its config.pbtxt; returns the weights for `mlp_reference`."""
-    from daemon.demo import build_mlp_onnx
+    from model_builders import build_mlp_onnx
 
     weights = build_mlp_onnx(repository / name / "1" / "model.onnx", width, depth, seed)
     (repository / name / "config.pbtxt").write_text(f'name: "{name}"\n{config}', encoding="utf-8")

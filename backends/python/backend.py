@@ -41,26 +41,25 @@ import numpy as np
 
 from daemon.backend import (
     Backend,
+    BackendError,
     Capabilities,
     Device,
+    EdgedError,
     ExecuteResult,
     InferRequest,
     InferResponse,
     InstanceContext,
+    InvalidArgument,
+    ModelConfig,
+    NotFound,
     Probe,
+    Unavailable,
+    Unsupported,
     config_from_triton_json,
     datatype_of,
     select_outputs,
+    to_triton_json,
 )
-from daemon.errors import (
-    BackendError,
-    EdgedError,
-    InvalidArgument,
-    NotFound,
-    Unavailable,
-    Unsupported,
-)
-from daemon.model_config import ModelConfig, to_triton_json
 
 from . import triton_python_backend_utils as pb_utils
 
