@@ -9,8 +9,9 @@ Models (Triton python-backend code, loaded unchanged by both servers):
   extension), reduced to a tiny strided sum, so the row measures moving the body.
 
 Rows (each once per server, interleaved round by round, TCP for both servers): simple with 1
-client (p50 latency), 8 and 32 clients (throughput), frame with 4 clients (throughput); `--json`
-adds simple with 8 clients in plain JSON. Every response of the warm-up is checked against numpy.
+client (p50 latency), 8 and 32 clients (throughput), frame with 4 clients (throughput), and
+`GET /v2/health/live` with 32 clients (the HTTP layer's floor, no model); `--json` adds simple
+with 8 clients in plain JSON. Every response of the warm-up is checked against numpy.
 
 Server CPU per request: utime + stime of the server process (and of its whole process tree:
 Triton's python models run in stub processes) from /proc/<pid>/stat, read at the start and the
@@ -237,6 +238,8 @@ def main() -> None:
         "simple c32": ([simple] * 32, SimpleCheck(a, b)),
         "frame 11MB c4": ([kserve_infer("frame", "INPUT0", f, binary=True) for f in frames], FrameCheck(frames)),
     }
+    # The HTTP floor: an empty GET through each server's whole request machinery, no model.
+    cases["health c32"] = ([Request(b"GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\n\r\n")] * 32, None)
     if args.json:
         cases["simple json c8"] = ([simple_request(a, b, binary=False)] * 8, SimpleCheck(a, b))
     oracle = os.environ.get("EDGED_ORACLE")
@@ -282,7 +285,7 @@ def main() -> None:
             print(f"  {case:<16} p50 latency {ours.p50_us / theirs.p50_us:5.2f}x (lower is better)")
         else:
             print(f"  {case:<16} throughput  {ours.throughput / theirs.throughput:5.2f}x (higher is better)")
-    for case in ("simple c1", "simple c32"):
+    for case in ("simple c1", "simple c32", "health c32"):
         _, cpu, tree = rows[f"edged {case}"]
         _, tcpu, ttree = rows[f"triton {case}"]
         print(f"  {case:<16} server CPU/request {cpu / tcpu:5.2f}x (process), {tree / ttree:5.2f}x (process tree)")
