@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint clean compat
+.PHONY: serve test lint image clean compat
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,12 @@ compat: $(STAMP) $(ORACLE)/.installed
 lint: $(STAMP)
 	$(BIN)/ruff check daemon backends tests bench packaging
 	$(BIN)/mypy daemon backends
+
+# OCI image (dist/oci/edged.oci.tar): PyInstaller onedir on a minimal Debian root, built with
+# mmdebstrap + umoci, no registry pull. Needs root; minutes; not part of `make test`.
+image: $(STAMP)
+	bash packaging/build.sh
+	bash packaging/oci/build-image.sh
 
 clean:
 	rm -rf $(VENV) $(ORACLE) build dist

@@ -50,8 +50,7 @@ from common import (
     running_daemon,
     write_mlp_model,
 )
-
-from daemon.demo import mlp_reference
+from model_builders import mlp_reference
 
 # (label, model name, batched)
 MODES = (("dynamic batching ON", "mlp_batched", True), ("dynamic batching OFF", "mlp_unbatched", False))

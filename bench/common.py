@@ -16,6 +16,7 @@ import functools
 import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -29,6 +30,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# The model builders are test fixtures (tests/model_builders.py, tests/gguf_builder.py).
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))
 
 
 # --------------------------------------------------------------------------- statistics
@@ -65,6 +69,8 @@ class Endpoint:
     unix: str | None = None
     host: str = "127.0.0.1"
     port: int = 0
+    # The server's process, when we started it (for its CPU time in /proc).
+    pid: int | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"unix:{self.unix}" if self.unix else f"tcp:{self.host}:{self.port}"
@@ -182,7 +188,7 @@ def running_daemon(
     command += list(flags)
     proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        endpoint = Endpoint(unix=sock)
+        endpoint = Endpoint(unix=sock, pid=proc.pid)
         deadline = time.monotonic() + 60
         while not os.path.exists(sock):
             if time.monotonic() > deadline or proc.poll() is not None:
@@ -195,15 +201,50 @@ def running_daemon(
         stop_process(proc)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_triton(venv: Path, repo: Path, workdir: Path, ready_model: str) -> Iterator[Endpoint]:
+    """Triton 2.51 from the nvidia-pytriton wheel in `venv` (see docs in DESIGN.md: the python
+    stub is copied next to the backend, the wheel's libraries go on LD_LIBRARY_PATH)."""
+    sites = sorted(venv.glob("lib/python3.*/site-packages"))
+    root = sites[0] / "pytriton" / "tritonserver" if sites else None
+    if root is None or not (root / "bin" / "tritonserver").exists():
+        raise SystemExit(f"EDGED_ORACLE={venv} holds no pytriton tritonserver")
+    stub = root / "backends" / "python" / "triton_python_backend_stub"
+    if not stub.exists():
+        shutil.copy2(root / "python_backend_stubs" / sites[0].parent.name.removeprefix("python") / stub.name, stub)
+    port = free_port()
+    env = {**os.environ, "LD_LIBRARY_PATH": str(sites[0] / "nvidia_pytriton.libs"),
+           "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    env.pop("PYTHONPATH", None)
+    with (workdir / "tritonserver.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [str(root / "bin" / "tritonserver"), "--model-repository", str(repo),
+             "--backend-directory", str(root / "backends"), "--http-port", str(port),
+             "--allow-grpc", "false", "--allow-metrics", "false"],
+            cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        endpoint = Endpoint(port=port, pid=proc.pid)
+        wait_until_ready(endpoint, f"/v2/models/{ready_model}/ready", proc, timeout=180, what="tritonserver")
+        yield endpoint
+    finally:
+        stop_process(proc)
+
+
 # --------------------------------------------------------------------------- models
 
 
 def write_mlp_model(
     repository: Path, name: str, width: int, depth: int, config: str, seed: int = 0
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """An FP32 MLP (see daemon.demo.build_mlp_onnx) as `<repository>/<name>/1/model.onnx` with
+    """An FP32 MLP (see tests/model_builders.py: build_mlp_onnx) as `<repository>/<name>/1/model.onnx` with
     `config` as its config.pbtxt; returns the weights for `mlp_reference`."""
-    from daemon.demo import build_mlp_onnx
+    from model_builders import build_mlp_onnx
 
     weights = build_mlp_onnx(repository / name / "1" / "model.onnx", width, depth, seed)
     (repository / name / "config.pbtxt").write_text(f'name: "{name}"\n{config}', encoding="utf-8")

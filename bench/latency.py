@@ -21,8 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import Endpoint, percentiles, running_daemon
-
-from daemon.demo import write_simple_repository
+from model_builders import write_simple_repository
 
 
 def bench_in_process(model: Path, a: np.ndarray, b: np.ndarray, n: int) -> list[float]:

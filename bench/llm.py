@@ -16,6 +16,11 @@ For each concurrency it runs that many streams at once (different prompts, greed
   127.0.0.1 with the same model, threads, slots (`-np` = the largest concurrency) and total
   context (`-c` = slots x 512, as ours), same endpoint and client.
 
+With `--cache` it measures the prompt cache instead: one slot of 4096 tokens, a chat whose first
+user message is ~1900 tokens; time to first token for that message cold, for the identical
+request again, and for the chat's second turn (history + reply + a short question), median of
+`--rounds` conversations with different openings, each server side by side.
+
 Then the ratio ours/theirs per concurrency (target: >= 4x at 8 streams over llama_cpp.server,
 >= 0.9x over llama-server). Without --model it writes a random llama GGUF (n_embd 512,
 8 layers, f16 or --dtype) to a temp dir. llama_cpp.server needs the package's [server]
@@ -41,11 +46,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the model builders are test fixtures
 
-from daemon.backend import GenerateParams, InstanceContext  # noqa: E402
+from gguf_builder import write_tiny_llama  # noqa: E402
+
+from daemon.backend import Device, GenerateParams, InstanceContext  # noqa: E402
 from daemon.core.plugins import PluginRegistry  # noqa: E402
 from daemon.model_config import ModelConfig  # noqa: E402
-from daemon.testing_gguf import write_tiny_llama  # noqa: E402
 
 PROMPT_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "seven", "wizards", "quietly", "hex"]
 
@@ -79,13 +86,17 @@ class Run:
 # --------------------------------------------------------------------------- ours, in-process
 
 
-async def bench_direct(model: Path, streams: list[int], max_tokens: int, threads: int) -> list[Run]:
+async def bench_direct(
+    model: Path, streams: list[int], max_tokens: int, threads: int, flash_attn: str = ""
+) -> list[Run]:
     registry = PluginRegistry([ROOT / "backends"])
     registry.scan()
     cls = registry.resolve("llamacpp")
     backend = cls(InstanceContext("bench", 1, threads=threads))
     parameters = {"n_parallel": str(max(streams)), "n_ctx": str(max(streams) * 512)}
-    await backend.load(ModelConfig(name="bench", parameters=parameters), model, "CPU")
+    if flash_attn:
+        parameters["flash_attn"] = flash_attn
+    await backend.load(ModelConfig(name="bench", parameters=parameters), model, Device("cpu"))
     params = GenerateParams(greedy=True, max_tokens=max_tokens)
     runs = []
     try:
@@ -200,7 +211,8 @@ def with_server(args: list[str], port: int, ready_path: str, log: Path, body: Ca
 
 
 def bench_daemon(
-    model: Path, work: Path, streams: list[int], max_tokens: int, threads: int, endpoint: str
+    model: Path, work: Path, streams: list[int], max_tokens: int, threads: int, endpoint: str,
+    flash_attn: str = "",
 ) -> list[Run]:
     repo = work / "repo"
     (repo / "llm" / "1").mkdir(parents=True, exist_ok=True)
@@ -210,6 +222,7 @@ def bench_daemon(
     (repo / "llm" / "model.toml").write_text(
         'backend = "llamacpp"\n[parameters]\n'
         f'n_parallel = "{max(streams)}"\nn_ctx = "{max(streams) * 512}"\nn_threads = "{threads}"\n'
+        + (f'flash_attn = "{flash_attn}"\n' if flash_attn else "")
     )
     port = free_port()
     args = [
@@ -258,6 +271,110 @@ def bench_llama_server(
     )
 
 
+# --------------------------------------------------------------------------- prompt cache
+
+
+@dataclass
+class CacheRun:
+    cold: list[float]
+    repeat: list[float]
+    turn2: list[float]
+
+
+def chat_ttft(port: int, model: str, messages: list[dict[str, str]], max_tokens: int) -> tuple[float, str]:
+    """One streaming chat request: (seconds to the first content, the whole reply)."""
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    start = time.perf_counter()
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"HTTP {response.status}: {response.read()[:300]!r}")
+    ttft, parts = 0.0, []
+    for raw in response:
+        line = raw.strip()
+        if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+            continue
+        for choice in json.loads(line[5:]).get("choices") or []:
+            text = (choice.get("delta") or {}).get("content")
+            if text:
+                ttft = ttft or time.perf_counter() - start
+                parts.append(text)
+    conn.close()
+    return ttft, "".join(parts)
+
+
+def long_message(round_: int, words: int = 400) -> str:
+    """~4.8 tokens per word on the random model's vocabulary: ~1950 tokens."""
+    return f"Conversation {round_}. " + " ".join(PROMPT_WORDS[(round_ + i) % len(PROMPT_WORDS)] for i in range(words))
+
+
+def bench_cache_http(port: int, model: str, rounds: int) -> CacheRun:
+    chat_ttft(port, model, [{"role": "user", "content": "warm up"}], 4)
+    run = CacheRun([], [], [])
+    for r in range(rounds):
+        first = [{"role": "user", "content": long_message(r)}]
+        cold, reply = chat_ttft(port, model, first, 16)
+        repeat, _ = chat_ttft(port, model, first, 16)
+        turn2 = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "Tell me more."}]
+        second, _ = chat_ttft(port, model, turn2, 16)
+        run.cold.append(cold)
+        run.repeat.append(repeat)
+        run.turn2.append(second)
+    return run
+
+
+def bench_cache(args: argparse.Namespace, model: Path, work: Path) -> None:
+    def median_ms(values: list[float]) -> float:
+        return 1000 * sorted(values)[len(values) // 2]
+
+    runs: dict[str, CacheRun] = {}
+    port = free_port()
+    repo = work / "repo-cache"
+    (repo / "llm" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "llm" / "1" / "model.gguf").symlink_to(model.resolve())
+    (repo / "llm" / "model.toml").write_text(
+        f'backend = "llamacpp"\n[parameters]\nn_parallel = "1"\nn_ctx = "4096"\nn_threads = "{args.threads}"\n'
+    )
+    daemon_args = [
+        sys.executable, "-m", "daemon", "serve", "--socket", "none", "--http", f"127.0.0.1:{port}",
+        "--model-repository", str(repo), "--state-dir", str(work / "state-cache"), "--log-level", "warning",
+    ]
+    holder: list[CacheRun] = []
+    with_server(daemon_args, port, "/v2/models/llm/ready", work / "daemon-cache.log",
+                lambda: holder.append(bench_cache_http(port, "llm", args.rounds)) or [])
+    runs["ours (daemon)"] = holder.pop()
+    if not args.skip_server:
+        port = free_port()
+        server_args = [
+            sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
+            "--port", str(port), "--n_ctx", "4096", "--n_threads", str(args.threads),
+            "--n_threads_batch", str(args.threads), "--verbose", "False",
+        ]
+        with_server(server_args, port, "/v1/models", work / "llama_cpp_server-cache.log",
+                    lambda: holder.append(bench_cache_http(port, str(model), args.rounds)) or [])
+        runs["llama_cpp.server"] = holder.pop()
+    if args.llama_server:
+        port = free_port()
+        server_args = [
+            str(args.llama_server), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+            "--threads", str(args.threads), "--threads-batch", str(args.threads),
+            "--parallel", "1", "--ctx-size", "4096", "--no-webui",
+        ]
+        with_server(server_args, port, "/health", work / "llama_server-cache.log",
+                    lambda: holder.append(bench_cache_http(port, "llm", args.rounds)) or [])
+        runs["llama-server"] = holder.pop()
+    for name, run in runs.items():
+        print(f"{name:<18} ttft median of {args.rounds}: cold {median_ms(run.cold):7.1f} ms  "
+              f"repeat {median_ms(run.repeat):7.1f} ms  turn 2 {median_ms(run.turn2):7.1f} ms")
+    ours = runs["ours (daemon)"]
+    for baseline in ("llama_cpp.server", "llama-server"):
+        if baseline in runs:
+            theirs = runs[baseline]
+            print(f"ratio theirs/ours vs {baseline:<16} repeat x{median_ms(theirs.repeat) / median_ms(ours.repeat):5.2f}"
+                  f"  turn 2 x{median_ms(theirs.turn2) / median_ms(ours.turn2):5.2f}  (goal >= 1)")
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -280,8 +397,20 @@ def main() -> None:
     parser.add_argument("--skip-daemon", action="store_true")
     parser.add_argument("--skip-server", action="store_true")
     parser.add_argument("--llama-server", type=Path, metavar="PATH", help="llama.cpp llama-server binary to compare to")
+    parser.add_argument("--flash-attn", choices=("auto", "on", "off"), help="ours: the flash_attn parameter")
+    parser.add_argument("--cache", action="store_true", help="measure the prompt cache (repeat, turn 2) instead")
+    parser.add_argument("--rounds", type=int, default=3, help="conversations per server with --cache")
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
+    if args.cache:
+        with tempfile.TemporaryDirectory(prefix="edged-bench-llm-cache-") as tmp:
+            work = Path(tmp)
+            model = args.model or write_tiny_llama(
+                work / "bench.gguf", n_embd=512, n_layer=8, n_head=8, n_ff=1536, n_ctx=4096, dtype=args.dtype
+            )
+            print(f"model {model} ({model.stat().st_size / 2**20:.1f} MiB), {args.threads} threads, prompt cache")
+            bench_cache(args, model, work)
+        return
 
     with tempfile.TemporaryDirectory(prefix="edged-bench-llm-") as tmp:
         work = Path(tmp)
@@ -291,11 +420,13 @@ def main() -> None:
         print(f"model {model} ({model.stat().st_size / 2**20:.1f} MiB), {args.threads} threads, "
               f"{args.max_tokens} tokens per stream, greedy")
         results: dict[str, list[Run]] = {}
-        results["ours (direct)"] = asyncio.run(bench_direct(model, streams, args.max_tokens, args.threads))
+        results["ours (direct)"] = asyncio.run(
+            bench_direct(model, streams, args.max_tokens, args.threads, args.flash_attn or "")
+        )
         report("ours (direct)", results["ours (direct)"])
         if not args.skip_daemon:
             results["ours (daemon)"] = bench_daemon(
-                model, work, streams, args.max_tokens, args.threads, args.endpoint
+                model, work, streams, args.max_tokens, args.threads, args.endpoint, args.flash_attn or ""
             )
             report("ours (daemon)", results["ours (daemon)"])
         if not args.skip_server:

@@ -65,8 +65,7 @@ from common import (
     wait_until_ready,
     write_mlp_model,
 )
-
-from daemon.demo import mlp_reference
+from model_builders import mlp_reference
 
 PEERS_VENV = ROOT / "bench" / ".peers-venv"
 # uvloop 0.22+ no longer creates a loop in get_event_loop(), which MLServer 1.7.1's inference

@@ -18,6 +18,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the model builders are test fixtures
+
+from model_builders import build_mlp_onnx  # noqa: E402
 
 from daemon.config import ResidencyConfig  # noqa: E402
 from daemon.core.hardware import Hardware  # noqa: E402
@@ -25,7 +28,6 @@ from daemon.core.plugins import PluginRegistry  # noqa: E402
 from daemon.core.registry import ModelRegistry  # noqa: E402
 from daemon.core.residency import Residency  # noqa: E402
 from daemon.core.stats import MetricsRegistry  # noqa: E402
-from daemon.demo import build_mlp_onnx  # noqa: E402
 
 
 async def run(requests: int) -> None:

@@ -32,9 +32,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import uuid
@@ -50,14 +47,14 @@ from common import (
     Request,
     Workload,
     WrongOutput,
+    free_port,
     http_request,
     interleaved,
     kserve_infer,
     kserve_output,
     machine,
     running_daemon,
-    stop_process,
-    wait_until_ready,
+    running_triton,
 )
 
 SHAPE = (1, 3, 720, 1280)
@@ -145,41 +142,6 @@ def register(endpoint: Endpoint, name: str, key: str, size: int) -> None:
         conn.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def running_triton(venv: Path, repo: Path, workdir: Path) -> Iterator[Endpoint]:
-    """Triton 2.51 from the nvidia-pytriton wheel in `venv` (see docs in DESIGN.md: the python
-    stub is copied next to the backend, the wheel's libraries go on LD_LIBRARY_PATH)."""
-    sites = sorted(venv.glob("lib/python3.*/site-packages"))
-    root = sites[0] / "pytriton" / "tritonserver" if sites else None
-    if root is None or not (root / "bin" / "tritonserver").exists():
-        raise SystemExit(f"EDGED_ORACLE={venv} holds no pytriton tritonserver")
-    stub = root / "backends" / "python" / "triton_python_backend_stub"
-    if not stub.exists():
-        shutil.copy2(root / "python_backend_stubs" / sites[0].parent.name.removeprefix("python") / stub.name, stub)
-    port = free_port()
-    env = {**os.environ, "LD_LIBRARY_PATH": str(sites[0] / "nvidia_pytriton.libs"),
-           "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    env.pop("PYTHONPATH", None)
-    with (workdir / "tritonserver.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [str(root / "bin" / "tritonserver"), "--model-repository", str(repo),
-             "--backend-directory", str(root / "backends"), "--http-port", str(port),
-             "--allow-grpc", "false", "--allow-metrics", "false"],
-            cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        endpoint = Endpoint(port=port)
-        wait_until_ready(endpoint, f"/v2/models/{MODEL}/ready", proc, timeout=180, what="tritonserver")
-        yield endpoint
-    finally:
-        stop_process(proc)
-
-
 def workloads_for(label: str, endpoint: Endpoint, frames: list[np.ndarray], checker: Checker,
                   keys: list[str]) -> dict[str, Workload]:
     size = frames[0].nbytes
@@ -227,7 +189,7 @@ def main() -> None:
         if oracle:
             triton_dir = tmp / "triton"
             triton_dir.mkdir()
-            triton = stack.enter_context(running_triton(Path(oracle), repo, triton_dir))
+            triton = stack.enter_context(running_triton(Path(oracle), repo, triton_dir, MODEL))
             workloads.update(workloads_for("triton tcp", triton, frames, checker, keys))
         results = interleaved(workloads, rounds=args.rounds, duration=args.duration, warmup=args.warmup)
     for label, result in results.items():

@@ -51,7 +51,7 @@ from daemon.errors import (
     Unavailable,
     Unsupported,
 )
-from daemon.model_config import ModelConfig, TensorConfig
+from daemon.model_config import ModelConfig, TensorConfig, to_triton_json
 
 __all__ = [
     "API_VERSION",
@@ -80,6 +80,7 @@ __all__ = [
     "Probe",
     "TensorBackend",
     "TensorConfig",
+    "TokenLogprob",
     "Unavailable",
     "Unsupported",
     "backend_failure",
@@ -87,6 +88,7 @@ __all__ = [
     "merge_batch",
     "select_outputs",
     "split_batch",
+    "to_triton_json",
 ]
 
 API_VERSION = 1
@@ -388,16 +390,45 @@ class TensorBackend(Backend):
 class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     """Sampling and stopping for one generation request (OpenAI/Triton generate fields)."""
 
-    max_tokens: int = 128
+    # None: until the context of the sequence is full (OpenAI's and llama-server's default).
+    # 0: no generation at all; the last chunk only reports the prompt's token count.
+    max_tokens: int | None = None
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
     repeat_penalty: float = 1.0
+    # OpenAI's penalties, in [-2, 2]: subtract `presence` once and `frequency` per occurrence
+    # from the logit of every token already in the prompt or the output.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # Token id -> value added to its logit (OpenAI's logit_bias, in [-100, 100]).
+    logit_bias: dict[int, float] = {}
+    # A GBNF grammar (root rule "root") the output must match; "" = free text.
+    grammar: str = ""
+    # A JSON schema (JSON text) the output must match, e.g. '{"type": "object"}' for any JSON
+    # object; the backend turns it into a grammar. Not together with `grammar`.
+    json_schema: str = ""
     seed: int | None = None
     stop: list[str] = []
+    # Fill-in-the-middle: the text after the insertion point (the prompt is the text
+    # before it); the backend builds the model's FIM prompt. None: plain completion.
+    suffix: str | None = None
+    # None: no log probabilities; n >= 0: each generated token's log probability under the
+    # model (softmax of its logits, before any sampling step) and the n most likely tokens.
+    logprobs: int | None = None
     # Greedy decoding regardless of the fields above (temperature <= 0 means the same).
     greedy: bool = False
+
+
+class TokenLogprob(msgspec.Struct):
+    """A token's log probability; `top` holds the most likely alternatives at that step."""
+
+    token_id: int
+    # The token's bytes (a token can be part of a UTF-8 character).
+    piece: bytes
+    logprob: float
+    top: list[TokenLogprob] = []
 
 
 class GenerateChunk(msgspec.Struct):
@@ -408,6 +439,10 @@ class GenerateChunk(msgspec.Struct):
     finish_reason: Literal["stop", "length", "cancelled", None] = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of `prompt_tokens`, how many were already in the KV cache (not evaluated again).
+    cached_tokens: int = 0
+    # One per token of `token_ids` when GenerateParams.logprobs is set.
+    logprobs: list[TokenLogprob] = []
 
 
 class GenerationBackend(Backend):
@@ -433,8 +468,8 @@ class GenerationBackend(Backend):
         """Embeddings for each text and the number of prompt tokens used."""
         raise Unsupported(f"backend {self.name!r} does not compute embeddings")
 
-    def engine_stats(self) -> dict[str, int]:
-        """Engine counters for model metadata (slots, busy, queued, tokens_generated...)."""
+    def engine_stats(self) -> dict[str, int | str]:
+        """Engine counters and facts for model metadata (slots, busy, queued, chat template...)."""
         return {}
 
 

@@ -16,6 +16,7 @@ import msgspec
 from daemon import __version__
 from daemon.config import DaemonConfig, load_config
 from daemon.errors import EdgedError
+from daemon.ops.kserve import add_kserve_flags, apply_kserve_flags
 
 
 def _serve_flags(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +34,7 @@ def _serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", help="writable state directory")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", choices=["text", "json"])
+    add_kserve_flags(parser)
 
 
 def apply_flags(config: DaemonConfig, args: argparse.Namespace) -> DaemonConfig:
@@ -71,7 +73,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from daemon.logs import setup_logging
     from daemon.server import serve
 
-    config = apply_flags(load_config(args.config), args)
+    config = apply_kserve_flags(apply_flags(load_config(args.config), args), args)
     setup_logging(config.logging.level, config.logging.format)
     asyncio.run(serve(config))
     return 0

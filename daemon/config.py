@@ -84,6 +84,9 @@ class UpdatesConfig(_Section):
     inbox: str = ""
     inbox_poll_secs: Annotated[float, msgspec.Meta(gt=0)] = 10.0
     keep_releases: Annotated[int, msgspec.Meta(ge=1)] = 3
+    # Largest bundle `POST /v1/updates` accepts, counted after any Content-Encoding is undone
+    # (a small gzip body must not inflate into a full disk).
+    max_bundle_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 8 * 1024**3
 
 
 class ResidencyConfig(_Section):

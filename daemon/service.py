@@ -87,7 +87,8 @@ class Service:
             plugins, hardware, metrics, state, drain_timeout=config.server.shutdown_timeout
         )
         repository = RepositoryManager(
-            registry, repositories, config.models.control_mode, startup_models=config.models.load
+            registry, repositories, config.models.control_mode, startup_models=config.models.load,
+            state_dir=state,
         )
         residency = Residency(registry, config.residency)
         repository.on_demand = residency.on_demand
@@ -147,9 +148,9 @@ class Service:
         await self.registry.close()
 
     async def reload(self) -> None:
-        """SIGHUP and updates: plugins first (models may need a new plugin), then models."""
-        await self.rescan_plugins()
-        await self.rescan_models()
+        """SIGHUP: serve the release store's `current` (`edged update` may have switched it),
+        plugins first (models may need a new plugin), then models."""
+        await self.releases.reload_current()
 
     async def rescan_plugins(self) -> None:
         """Pick up new, changed and removed plugins; reload models whose plugin changed."""

@@ -44,7 +44,7 @@ def test_a_python_model_with_model_toml_needs_neither_protobuf_nor_runtimes(tmp_
 
 def test_an_onnx_model_imports_only_the_runtime_chosen(tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime")
-    from daemon.demo import write_simple_repository
+    from model_builders import write_simple_repository
 
     write_simple_repository(tmp_path / "repo", python=False)
     # config.pbtxt needs protobuf; platform onnxruntime_onnx picks ONNX Runtime, nothing else.

@@ -13,11 +13,15 @@ Model parameters (config `parameters`, all strings):
     n_batch       tokens per llama_decode step, prompt chunks included (default 512)
     n_threads     CPU threads (default: the daemon's share for this instance)
     n_gpu_layers  layers offloaded to the GPU; default all on a GPU device, none on CPU
-    chat_template a llama.cpp built-in template name or template text; default the GGUF's,
-                  else ChatML
+    chat_template Jinja template text, or a llama.cpp built-in template name ("chatml",
+                  "llama3", ...); default the GGUF's Jinja template (see templates.py)
     embedding     "true": an embedding model (serves embed(), not generate())
     pooling       mean | cls | last; default the GGUF's pooling, else mean
     max_queue     requests that may wait for a slot before new ones get 503 (default 64)
+    flash_attn    auto | on | off; default off on the CPU (measured faster there, see
+                  engine.FLASH_ATTN), llama.cpp's auto with GPU layers
+    prefix_store_mib  host RAM (MiB) for the KV cells of conversations a new one pushed out
+                  of their slot, restored when they return (default 0: none)
 """
 
 from __future__ import annotations
@@ -32,18 +36,21 @@ import msgspec
 
 from daemon.backend import (
     Capabilities,
+    ConfigError,
     Device,
+    EdgedError,
     GenerateChunk,
     GenerateParams,
     GenerationBackend,
     InstanceContext,
+    InvalidArgument,
+    ModelConfig,
     Probe,
+    Unavailable,
 )
-from daemon.errors import ConfigError, EdgedError, InvalidArgument, Unavailable
-from daemon.model_config import ModelConfig
 
-from .engine import Engine, EngineSettings, apply_chat_template
-from .text import chatml, message_pairs
+from .engine import Engine, EngineSettings
+from .grammar import schema_to_grammar
 
 T = TypeVar("T")
 
@@ -60,6 +67,8 @@ class LlamaCppOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     embedding: bool = False
     pooling: Literal["", "mean", "cls", "last"] = ""
     max_queue: Annotated[int, msgspec.Meta(ge=1)] = 64
+    flash_attn: Literal["", "auto", "on", "off"] = ""
+    prefix_store_mib: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     def __post_init__(self) -> None:
         if self.n_batch < self.n_parallel:
@@ -122,6 +131,8 @@ class LlamaCppBackend(GenerationBackend):
             pooling=options.pooling,
             max_queue=options.max_queue,
             chat_template=options.chat_template,
+            flash_attn=options.flash_attn,
+            prefix_store_mib=options.prefix_store_mib,
         )
         engine = Engine(settings)
         # Set before waiting: if this load is cancelled, the daemon's unload() stops the
@@ -139,11 +150,19 @@ class LlamaCppBackend(GenerationBackend):
         if engine is not None:
             engine.stop()
 
-    def engine_stats(self) -> dict[str, int]:
-        """{"slots", "busy", "queued", "tokens_generated"} (zeros when not loaded)."""
-        if self._engine is None:
+    def engine_stats(self) -> dict[str, int | str]:
+        """Slots, queue, cache counters (Engine.stats) and the chat template used.
+
+        Zeros when not loaded.
+        """
+        engine = self._engine
+        if engine is None:
             return {"slots": 0, "busy": 0, "queued": 0, "tokens_generated": 0}
-        return self._engine.stats()
+        stats: dict[str, int | str] = dict(engine.stats())
+        stats["n_ctx_per_slot"] = engine.n_ctx_seq
+        if engine.chat_template is not None:
+            stats["chat_template"] = engine.chat_template.source
+        return stats
 
     def _require_engine(self) -> Engine:
         if self._engine is None:
@@ -167,6 +186,13 @@ class LlamaCppBackend(GenerationBackend):
         self, engine: Engine, prompt: str | list[int], params: GenerateParams
     ) -> AsyncGenerator[GenerateChunk, None]:
         _check_params(params)
+        if params.json_schema:
+            if params.grammar:
+                raise InvalidArgument("json_schema and grammar cannot be used together")
+            # Pure Python, milliseconds for any schema a client sends.
+            params = msgspec.structs.replace(
+                params, grammar=schema_to_grammar(params.json_schema, "json_schema"), json_schema=""
+            )
         queue: asyncio.Queue[GenerateChunk | EdgedError] = asyncio.Queue()
         request = engine.submit(prompt, params, _emitter(asyncio.get_running_loop(), queue.put_nowait))
         try:
@@ -182,11 +208,11 @@ class LlamaCppBackend(GenerationBackend):
             request.cancel()
 
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        """Messages (role, content, optional name) rendered with the model's chat template."""
         engine = self._require_engine()
-        pairs = message_pairs(messages)
-        if engine.chat_template is None:
-            return chatml(messages)
-        return apply_chat_template(engine.chat_template, pairs)
+        if engine.chat_template is None:  # an embedding model
+            raise InvalidArgument(f"model '{self.context.model_name}' is an embedding model; it does not chat")
+        return engine.chat_template.render(messages)
 
     async def embed(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
         """L2-normalised pooled embeddings (what OpenAI and llama-server return) + token count."""
@@ -216,8 +242,17 @@ class LlamaCppBackend(GenerationBackend):
 
 
 def _check_params(params: GenerateParams) -> None:
-    if params.max_tokens < 1:
-        raise InvalidArgument(f"max_tokens must be >= 1, got {params.max_tokens}")
+    if params.max_tokens is not None and params.max_tokens < 0:
+        raise InvalidArgument(f"max_tokens must be >= 0, got {params.max_tokens}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(params, name)
+        if not -2.0 <= value <= 2.0:
+            raise InvalidArgument(f"{name} must be in [-2, 2], got {value}")
+    if params.logprobs is not None and not 0 <= params.logprobs <= 20:
+        raise InvalidArgument(f"logprobs must be in [0, 20], got {params.logprobs}")
+    bad = next((b for b in params.logit_bias.values() if not -100.0 <= b <= 100.0), None)
+    if bad is not None:
+        raise InvalidArgument(f"logit_bias values must be in [-100, 100], got {bad}")
     if params.repeat_penalty <= 0:
         raise InvalidArgument(f"repeat_penalty must be > 0, got {params.repeat_penalty}")
     if not 0.0 <= params.top_p <= 1.0:

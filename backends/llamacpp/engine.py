@@ -19,7 +19,17 @@ llama.cpp's non-unified KV cache (`kv_unified = false`): each slot gets its own 
 sequence's arithmetic independent of what else is in the batch, so greedy output with 8
 concurrent requests equals the output of each alone (the tests check this exactly).
 llama.cpp splits a batch over non-unified streams into ubatches of *consecutive* seq ids, so
-the batch lists slots in ascending order and new requests take the lowest free slot.
+the batch lists slots in ascending order.
+
+Prefix cache (llama-server's slot reuse): a finished sequence leaves its tokens in its slot's
+cells. A new request goes to the idle slot whose cached tokens share the longest prefix with
+its prompt (when that prefix is at least a tenth of the prompt, llama-server's default
+similarity), else to the least recently used idle slot; `llama_memory_seq_rm(seq, p0, -1)`
+drops the cells after the common prefix and only the rest of the prompt is decoded. A
+repeated prompt and a chat's next turn thus cost only their new tokens. With a
+`prefix_store_mib` budget, a slot's cells that a new conversation is about to replace are
+first copied to host RAM (`llama_state_seq_get_data`), and a returning conversation is
+copied back (`llama_state_seq_set_data`) instead of being decoded again.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -37,16 +47,19 @@ from typing import Any, Literal
 import llama_cpp.llama_cpp as llama
 import numpy as np
 
-from daemon.backend import GenerateChunk, GenerateParams
-from daemon.errors import (
+from daemon.backend import (
     BackendError,
-    ConfigError,
     EdgedError,
+    GenerateChunk,
+    GenerateParams,
     InvalidArgument,
+    TokenLogprob,
     Unavailable,
     Unsupported,
 )
 
+from . import templates
+from .templates import ChatTemplate
 from .text import PieceDecoder, StopMatcher
 
 log = logging.getLogger(__name__)
@@ -56,11 +69,23 @@ log = logging.getLogger(__name__)
 DEFAULT_CTX_PER_SLOT = 4096
 # Tokens of history the repeat penalty looks at (llama.cpp's default penalty_last_n).
 PENALTY_LAST_N = 64
+# A slot's cached prefix must cover this share of a new prompt for the request to take that
+# slot rather than the least recently used one (llama-server's --slot-prompt-similarity).
+SLOT_PROMPT_SIMILARITY = 0.1
 # ggml log levels (ggml.h): forward warnings and errors to Python logging, drop the rest.
 _GGML_LOG_WARN, _GGML_LOG_ERROR = 3, 4
 
 Emit = Callable[[GenerateChunk | EdgedError], None]
 EmbedDone = Callable[[tuple[list[list[float]], int] | EdgedError], None]
+
+# Flash attention on the CPU (llama.cpp's "auto" turns it on) made a chat's second turn ~8x
+# slower here: 84 new tokens after 1 973 cached ones took 733 ms with it, 86 ms without
+# (512x8 f16 model, 2 threads). llama-cpp-python's own default is off as well.
+FLASH_ATTN = {
+    "auto": llama.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
 
 POOLING = {
     "": llama.LLAMA_POOLING_TYPE_UNSPECIFIED,
@@ -85,6 +110,19 @@ class EngineSettings:
     pooling: str
     max_queue: int
     chat_template: str
+    # "auto" | "on" | "off"; "" = off on the CPU, llama.cpp's auto with GPU layers.
+    flash_attn: str = ""
+    # Host RAM for the KV cells of conversations evicted from their slot; 0 = none.
+    prefix_store_mib: int = 0
+
+
+@dataclass
+class Prepared:
+    """A tokenized, validated request waiting for a slot."""
+
+    request: Request
+    tokens: list[int]
+    grammar: Any = None  # a llama_sampler for the request's grammar, built at intake
 
 
 class Request:
@@ -127,6 +165,9 @@ class _Sequence:
     next_token: int = -1  # sampled but not yet decoded; -1 while the prompt is prefilling
     generated: int = 0
     ids: list[int] = field(default_factory=list)  # sampled since the last emitted chunk
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per entry of `ids`
+    decoded: list[int] = field(default_factory=list)  # generated tokens whose KV is cached
+    cached: int = 0  # prompt tokens found in the slot's cache
     decoder: PieceDecoder = field(default_factory=PieceDecoder)
     stops: StopMatcher = field(default_factory=lambda: StopMatcher(()))
 
@@ -142,7 +183,7 @@ class Engine:
         self.n_ctx_seq = 0
         self.n_vocab = 0
         self.n_embd = 0
-        self.chat_template: str | None = None
+        self.chat_template: ChatTemplate | None = None
 
         self._cond = threading.Condition()
         self._inbox: deque[Request | EmbedJob] = deque()
@@ -150,6 +191,8 @@ class Engine:
         self._stopping = False
         self._failure = ""  # set when the engine thread died: why new requests are refused
         self._tokens_generated = 0  # sampled tokens since load, every sequence together
+        self._prompt_cached = 0  # prompt tokens served from a slot's cache
+        self._prompt_evaluated = 0  # prompt tokens decoded
 
         # Engine-thread state.
         self._model: Any = None
@@ -159,7 +202,17 @@ class Engine:
         self._batch: Any = None
         self._n_batch = 0
         self._slots: list[_Sequence | None] = [None] * settings.n_parallel
-        self._waiting: deque[tuple[Request, list[int]]] = deque()
+        # Tokens whose KV cells each slot holds (also while idle: the prefix cache), and
+        # when each slot was last given a request (LRU order).
+        self._cached: list[list[int]] = [[] for _ in range(settings.n_parallel)]
+        self._last_used: list[int] = [0] * settings.n_parallel
+        self._admitted = 0
+        # Host-RAM store of evicted slot caches (tokens -> llama_state_seq data), LRU order.
+        self._store: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        self._store_budget = settings.prefix_store_mib * 2**20
+        self._store_bytes = 0
+        self._store_hits = 0
+        self._waiting: deque[Prepared] = deque()
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
 
@@ -189,13 +242,25 @@ class Engine:
         return job
 
     def stats(self) -> dict[str, int]:
-        """Slots and queue, for metrics and tests (a racy but harmless read of engine state)."""
-        busy = sum(1 for seq in self._slots if seq is not None)
+        """Slots, queue and cache counters (a racy but harmless read of engine state)."""
+        slots = list(self._slots)
+        busy = sum(1 for seq in slots if seq is not None)
+        cells = sum(
+            seq.n_past if seq is not None else len(cached)
+            for seq, cached in zip(slots, list(self._cached), strict=True)
+        )
         return {
             "slots": self.settings.n_parallel,
             "busy": busy,
             "queued": self._pending,
             "tokens_generated": self._tokens_generated,
+            "prompt_tokens_cached": self._prompt_cached,
+            "prompt_tokens_evaluated": self._prompt_evaluated,
+            "kv_cells_used": cells,
+            "kv_cells_total": self.n_ctx_seq * self.settings.n_parallel,
+            "prefix_store_entries": len(self._store),
+            "prefix_store_bytes": self._store_bytes,
+            "prefix_store_hits": self._store_hits,
         }
 
     def stop(self, timeout: float = 60.0) -> None:
@@ -308,6 +373,7 @@ class Engine:
         params.n_threads = s.n_threads
         params.n_threads_batch = s.n_threads
         params.no_perf = True
+        params.flash_attn_type = FLASH_ATTN[s.flash_attn or ("auto" if s.n_gpu_layers else "off")]
         if s.embedding:
             # One stream that all texts of a batch share, cleared after every batch: llama.cpp
             # pools per ubatch, and a unified cache never splits a sequence across ubatches.
@@ -327,30 +393,23 @@ class Engine:
             )
         return ctx
 
-    def _resolve_chat_template(self) -> str | None:
-        """The configured template, else the GGUF's; None means the ChatML fallback."""
-        configured = self.settings.chat_template
-        if configured:
-            try:
-                apply_chat_template(configured, [("user", "hi")])
-            except Unsupported:
-                raise ConfigError(
-                    f"model '{self.name}': chat_template {configured[:60]!r} is not one llama.cpp "
-                    "knows (a built-in name such as 'chatml', 'llama3', 'zephyr', or such a template)"
-                ) from None
-            return configured
+    def _resolve_chat_template(self) -> ChatTemplate:
         raw = llama.llama_model_chat_template(self._model, None)
-        if not raw:
-            return None
-        template = raw.decode("utf-8", errors="replace")
-        try:
-            apply_chat_template(template, [("user", "hi")])
-        except Unsupported:
-            # llama.cpp matches known formats and runs no Jinja: a novel template is not
-            # an error in the model, so serve it with the most common format instead.
-            log.warning("model '%s': llama.cpp does not recognise its chat template; using ChatML", self.name)
-            return None
-        return template
+        bos, eos = llama.llama_vocab_bos(self._vocab), llama.llama_vocab_eos(self._vocab)
+        return templates.resolve(
+            self.name,
+            self.settings.chat_template,
+            raw.decode("utf-8", errors="replace") if raw else None,
+            bos=self._token_text(bos),
+            eos=self._token_text(eos),
+            strip_bos=bool(llama.llama_vocab_get_add_bos(self._vocab)),
+        )
+
+    def _token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        text = llama.llama_vocab_get_text(self._vocab, token)
+        return text.decode("utf-8", errors="replace") if text else ""
 
     def _loop(self) -> None:
         while True:
@@ -379,21 +438,42 @@ class Engine:
         if request.cancelled:
             self._release_pending()
             return
+        grammar = None
         try:
             if self.settings.embedding:
                 raise InvalidArgument(
                     f"model '{self.name}' is loaded as an embedding model (embedding=true); "
                     "it does not generate text"
                 )
-            tokens = self._prompt_tokens(request.prompt)
+            tokens = self._prompt_tokens(request.prompt, request.params.suffix)
+            params = request.params
+            bad = next((t for t in params.logit_bias if not 0 <= t < self.n_vocab), None)
+            if bad is not None:
+                raise InvalidArgument(
+                    f"logit_bias: token id {bad} is out of range for model '{self.name}' "
+                    f"(vocabulary of {self.n_vocab} tokens)"
+                )
+            if params.grammar:
+                grammar = llama.llama_sampler_init_grammar(self._vocab, params.grammar.encode(), b"root")
+                if not grammar:
+                    raise InvalidArgument("grammar: llama.cpp could not parse it (the daemon log has why)")
         except EdgedError as exc:
             self._release_pending()
             request.emit(exc)
             return
-        self._waiting.append((request, tokens))
+        if params.max_tokens == 0:
+            # Nothing to generate (OpenAI's completions accept max_tokens 0, e.g. with echo).
+            self._release_pending()
+            if grammar:
+                llama.llama_sampler_free(grammar)
+            request.emit(GenerateChunk(text="", finish_reason="length", prompt_tokens=len(tokens)))
+            return
+        self._waiting.append(Prepared(request, tokens, grammar))
 
-    def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
+    def _prompt_tokens(self, prompt: str | list[int], suffix: str | None = None) -> list[int]:
+        if suffix is not None:
+            tokens = self._infill_tokens(prompt, suffix)
+        elif isinstance(prompt, str):
             tokens = self._tokenize(prompt)
         else:
             tokens = list(prompt)
@@ -412,39 +492,150 @@ class Engine:
             )
         return tokens
 
+    def _infill_tokens(self, prompt: str | list[int], suffix: str) -> list[int]:
+        """Fill-in-the-middle, llama-server's prefix-suffix-middle order:
+        [BOS] FIM_PRE prompt FIM_SUF suffix FIM_MID; the model writes the middle."""
+        pre, suf, mid = (
+            llama.llama_vocab_fim_pre(self._vocab),
+            llama.llama_vocab_fim_suf(self._vocab),
+            llama.llama_vocab_fim_mid(self._vocab),
+        )
+        if min(pre, suf, mid) < 0:
+            raise InvalidArgument(
+                f"suffix: model '{self.name}' has no fill-in-the-middle tokens (FIM prefix/suffix/middle)"
+            )
+        if not isinstance(prompt, str):
+            raise InvalidArgument("suffix: only supported with a text prompt, not token ids")
+        bos = llama.llama_vocab_bos(self._vocab)
+        head = [bos] if llama.llama_vocab_get_add_bos(self._vocab) and bos >= 0 else []
+        return [
+            *head, pre, *self._tokenize(prompt, add_special=False),
+            suf, *self._tokenize(suffix, add_special=False), mid,
+        ]
+
     def _drop_cancelled(self) -> None:
         for seq in self._slots:
             if seq is not None and seq.request.cancelled:
                 self._free_sequence(seq)
-        if any(request.cancelled for request, _ in self._waiting):
-            kept = deque(item for item in self._waiting if not item[0].cancelled)
+        if any(item.request.cancelled for item in self._waiting):
+            kept: deque[Prepared] = deque()
+            for item in self._waiting:
+                if not item.request.cancelled:
+                    kept.append(item)
+                elif item.grammar:
+                    llama.llama_sampler_free(item.grammar)
             self._release_pending(len(self._waiting) - len(kept))
             self._waiting = kept
 
     def _admit(self) -> None:
         while self._waiting:
-            slot = next((i for i, seq in enumerate(self._slots) if seq is None), None)
-            if slot is None:
+            free = [i for i, seq in enumerate(self._slots) if seq is None]
+            if not free:
                 return
-            request, tokens = self._waiting.popleft()
+            item = self._waiting.popleft()
             self._release_pending()
-            sampler = self._make_sampler(request.params, tokens)
+            tokens = item.tokens
+            slot, common = self._pick_slot(free, tokens)
+            common = self._use_store(slot, common, tokens)
+            # At least the prompt's last token is decoded again: its logits give the first
+            # sampled token (llama.cpp keeps no logits for cached positions).
+            keep = min(common, len(tokens) - 1)
+            if keep < len(self._cached[slot]) and not llama.llama_memory_seq_rm(self._memory, slot, keep, -1):
+                # A memory that cannot drop a tail (recurrent models): start the slot afresh.
+                llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
+                keep = 0
+            self._cached[slot] = tokens[:keep]
+            self._admitted += 1
+            self._last_used[slot] = self._admitted
+            self._prompt_cached += keep
+            self._prompt_evaluated += len(tokens) - keep
+            sampler = self._make_sampler(item.request.params, tokens, item.grammar)
             self._slots[slot] = _Sequence(
-                request, tokens, slot, sampler, stops=StopMatcher(request.params.stop)
+                item.request, tokens, slot, sampler, n_past=keep, cached=keep,
+                stops=StopMatcher(item.request.params.stop),
             )
 
-    def _make_sampler(self, params: GenerateParams, prompt: Sequence[int]) -> Any:
+    def _use_store(self, slot: int, common: int, tokens: list[int]) -> int:
+        """Save the slot's cells when a new conversation replaces them; restore a stored
+        conversation into the slot when it shares more with the prompt. Returns the common
+        prefix of the slot's (possibly restored) cache and the prompt."""
+        if self._store_budget <= 0:
+            return common
+        cached = self._cached[slot]
+        stored_key, stored_common = None, common
+        for key in self._store:
+            shared = _common_prefix(key, tokens)
+            if shared > stored_common:
+                stored_key, stored_common = key, shared
+        if stored_key is not None and stored_common <= SLOT_PROMPT_SIMILARITY * len(tokens):
+            stored_key = None
+        # The slot's cache is about to go (a restore replaces it, or most of it does not
+        # match): it belongs to another conversation, which may come back.
+        if cached and (stored_key is not None or common < len(cached) // 2):
+            self._save(slot, cached)
+        if stored_key is None:
+            return common
+        data = self._store[stored_key]
+        self._store.move_to_end(stored_key)
+        llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
+        if llama.llama_state_seq_set_data(self._ctx, data, len(data), slot) == 0:
+            log.warning("model '%s': restoring a stored prefix failed; decoding it again", self.name)
+            llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
+            self._cached[slot] = []
+            return 0
+        self._store_hits += 1
+        self._cached[slot] = list(stored_key)
+        return stored_common
+
+    def _save(self, slot: int, cached: list[int]) -> None:
+        key = tuple(cached)
+        size = llama.llama_state_seq_get_size(self._ctx, slot)
+        if key in self._store or size > self._store_budget:
+            return
+        data = (ctypes.c_uint8 * size)()
+        if llama.llama_state_seq_get_data(self._ctx, data, size, slot) != size:
+            return
+        self._store[key] = data
+        self._store_bytes += size
+        while self._store_bytes > self._store_budget:
+            _, evicted = self._store.popitem(last=False)
+            self._store_bytes -= len(evicted)
+
+    def _pick_slot(self, free: list[int], tokens: list[int]) -> tuple[int, int]:
+        """(slot, common prefix length): the idle slot sharing the longest prefix, else LRU."""
+        best, best_common = -1, 0
+        for slot in free:
+            common = _common_prefix(self._cached[slot], tokens)
+            if common > best_common or (
+                common == best_common and best >= 0 and self._last_used[slot] < self._last_used[best]
+            ):
+                best, best_common = slot, common
+        if best >= 0 and best_common > SLOT_PROMPT_SIMILARITY * len(tokens):
+            return best, best_common
+        lru = min(free, key=lambda slot: self._last_used[slot])
+        return lru, _common_prefix(self._cached[lru], tokens)
+
+    def _make_sampler(self, params: GenerateParams, prompt: Sequence[int], grammar: Any = None) -> Any:
         chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
-        if params.repeat_penalty != 1.0:
+        if params.logit_bias:
+            biases = (llama.llama_logit_bias * len(params.logit_bias))()
+            for i, (token, bias) in enumerate(params.logit_bias.items()):
+                biases[i] = llama.llama_logit_bias(token, bias)
             llama.llama_sampler_chain_add(
-                chain,
-                llama.llama_sampler_init_penalties(
-                    self.n_vocab, PENALTY_LAST_N, params.repeat_penalty, 0.0, 0.0
-                ),
+                chain, llama.llama_sampler_init_logit_bias(self.n_vocab, len(params.logit_bias), biases)
             )
-            # The penalty also looks at the end of the prompt, as in llama.cpp's tools.
-            for token in prompt[-PENALTY_LAST_N:]:
-                llama.llama_sampler_accept(chain, token)
+        if params.repeat_penalty != 1.0:
+            # llama.cpp's repeat penalty over its usual window of recent tokens.
+            self._add_penalties(chain, prompt, PENALTY_LAST_N, params.repeat_penalty, 0.0, 0.0)
+        if params.presence_penalty or params.frequency_penalty:
+            # OpenAI's penalties count every token of the text so far: the whole context.
+            self._add_penalties(
+                chain, prompt, self.n_ctx_seq, 1.0, params.frequency_penalty, params.presence_penalty
+            )
+        if grammar:
+            # After the biases and penalties, before truncation: the grammar masks the
+            # tokens it does not allow, so top-k & co. pick only among allowed ones.
+            llama.llama_sampler_chain_add(chain, grammar)
         if params.greedy or params.temperature <= 0:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
             return chain
@@ -458,6 +649,16 @@ class Engine:
         seed = llama.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
         llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_dist(seed))
         return chain
+
+    def _add_penalties(
+        self, chain: Any, prompt: Sequence[int], last_n: int, repeat: float, freq: float, present: float
+    ) -> None:
+        sampler = llama.llama_sampler_init_penalties(self.n_vocab, last_n, repeat, freq, present)
+        # The penalties also look at the end of the prompt, as in llama.cpp's tools. Primed
+        # on its own: accepting through the chain would feed the prompt to a grammar too.
+        for token in prompt[-last_n:]:
+            llama.llama_sampler_accept(sampler, token)
+        llama.llama_sampler_chain_add(chain, sampler)
 
     def _step(self) -> None:
         """One llama_decode over every active sequence, then sample those that need it."""
@@ -483,6 +684,7 @@ class Engine:
             if seq.next_token >= 0:
                 outputs.append((seq, n_tokens))
                 add(seq.next_token, seq.n_past, seq.slot, True)
+                seq.decoded.append(seq.next_token)
                 seq.n_past += 1
             elif prefill_budget > 0:
                 chunk = seq.prompt[seq.n_past : seq.n_past + prefill_budget]
@@ -503,8 +705,26 @@ class Engine:
             self._fail_all(error)
             return
         for seq, index in outputs:
+            wanted = seq.request.params.logprobs
+            # Read before sampling: the model's own distribution, not the sampler's.
+            logprobs = self._log_softmax(index) if wanted is not None else None
             token = llama.llama_sampler_sample(seq.sampler, self._ctx, index)
+            if logprobs is not None and wanted is not None:
+                seq.logprobs.append(self._token_logprob(logprobs, token, wanted))
             self._accept(seq, token)
+
+    def _log_softmax(self, index: int) -> np.ndarray:
+        logits = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, index), shape=(self.n_vocab,))
+        shifted = logits.astype(np.float64) - float(logits.max())
+        return shifted - float(np.log(np.exp(shifted).sum()))
+
+    def _token_logprob(self, logprobs: np.ndarray, token: int, top: int) -> TokenLogprob:
+        best: list[TokenLogprob] = []
+        if top > 0:
+            ids = np.argpartition(-logprobs, top - 1)[:top]
+            ids = ids[np.argsort(-logprobs[ids], kind="stable")]
+            best = [TokenLogprob(int(t), self._piece(int(t)), float(logprobs[t])) for t in ids]
+        return TokenLogprob(token, self._piece(token), float(logprobs[token]), best)
 
     def _accept(self, seq: _Sequence, token: int) -> None:
         self._tokens_generated += 1
@@ -518,13 +738,15 @@ class Engine:
             self._finish(seq, "stop", text, flush=False)
             return
         # The next step would decode this token at position n_past: is there room for it?
-        if seq.generated >= seq.request.params.max_tokens or seq.n_past >= self.n_ctx_seq:
+        limit = seq.request.params.max_tokens
+        if (limit is not None and seq.generated >= limit) or seq.n_past >= self.n_ctx_seq:
             self._finish(seq, "length", text, flush=True)
             return
         seq.next_token = token
         if text:
-            seq.request.emit(GenerateChunk(text=text, token_ids=seq.ids))
+            seq.request.emit(GenerateChunk(text=text, token_ids=seq.ids, logprobs=seq.logprobs))
             seq.ids = []
+            seq.logprobs = []
 
     def _finish(self, seq: _Sequence, reason: Literal["stop", "length"], text: str, *, flush: bool) -> None:
         if flush:
@@ -538,14 +760,21 @@ class Engine:
             GenerateChunk(
                 text=text,
                 token_ids=seq.ids,
+                logprobs=seq.logprobs,
                 finish_reason=reason,
                 prompt_tokens=len(seq.prompt),
                 completion_tokens=seq.generated,
+                cached_tokens=seq.cached,
             )
         )
 
-    def _free_sequence(self, seq: _Sequence) -> None:
-        llama.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
+    def _free_sequence(self, seq: _Sequence, *, keep_cache: bool = True) -> None:
+        """Give the slot back; its cells stay as the slot's prefix cache unless told not to."""
+        if keep_cache:
+            self._cached[seq.slot] = (seq.prompt + seq.decoded)[: seq.n_past]
+        else:
+            llama.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
+            self._cached[seq.slot] = []
         llama.llama_sampler_free(seq.sampler)
         self._slots[seq.slot] = None
 
@@ -624,15 +853,15 @@ class Engine:
 
     # --------------------------------------------------------------- text
 
-    def _tokenize(self, text: str) -> list[int]:
+    def _tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         data = text.encode("utf-8", errors="replace")
         capacity = len(data) + 8
         buffer = (llama.llama_token * capacity)()
-        count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, True, True)
+        count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, True)
         if count < 0 and count != -(2**31):
             capacity = -count
             buffer = (llama.llama_token * capacity)()
-            count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, True, True)
+            count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, True)
         if count < 0:
             raise InvalidArgument(f"prompt of {len(data)} bytes is too long to tokenize")
         return list(buffer[:count])
@@ -654,7 +883,8 @@ class Engine:
     def _fail_all(self, error: EdgedError) -> None:
         for seq in self._slots:
             if seq is not None:
-                self._free_sequence(seq)
+                # The failed decode may have left any cells of it: keep none as cache.
+                self._free_sequence(seq, keep_cache=False)
                 seq.request.emit(error)
 
     def _shutdown(self) -> None:
@@ -670,7 +900,10 @@ class Engine:
                 self._free_sequence(seq)
         with self._cond:
             self._stopping = True
-            leftovers: list[Request | EmbedJob] = [request for request, _ in self._waiting]
+            leftovers: list[Request | EmbedJob] = [item.request for item in self._waiting]
+            for prepared in self._waiting:
+                if prepared.grammar:
+                    llama.llama_sampler_free(prepared.grammar)
             leftovers.extend(self._inbox)
             self._inbox.clear()
             self._waiting.clear()
@@ -699,29 +932,12 @@ class Engine:
         self._model = None
 
 
-def apply_chat_template(template: str, messages: Sequence[tuple[str, str]]) -> str:
-    """Render (role, content) pairs with one of llama.cpp's built-in templates.
-
-    llama.cpp matches the template text (or a name such as "chatml") against the formats it
-    knows; it does not run Jinja. Raises Unsupported when it recognises none.
-    """
-    encoded = [(role.encode("utf-8"), content.encode("utf-8")) for role, content in messages]
-    array = (llama.llama_chat_message * max(1, len(encoded)))()
-    for i, (role, content) in enumerate(encoded):
-        array[i].role = role
-        array[i].content = content
-    size = 2 * sum(len(r) + len(c) for r, c in encoded) + 256
-    for _ in range(2):
-        buffer = ctypes.create_string_buffer(size)
-        needed = llama.llama_chat_apply_template(
-            template.encode("utf-8"), array, len(encoded), True, buffer, size
-        )
-        if needed < 0:
-            raise Unsupported(f"llama.cpp does not support the chat template {template[:60]!r}")
-        if needed <= size:
-            return buffer.raw[:needed].decode("utf-8", errors="replace")
-        size = needed
-    raise BackendError("llama_chat_apply_template kept growing its output")
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def _install_log_callback() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Mapping, Sequence
 
-from daemon.errors import InvalidArgument
+from daemon.backend import InvalidArgument
 
 
 class PieceDecoder:

@@ -19,9 +19,20 @@ import msgspec
 import numpy as np
 import onnxruntime as ort
 
-from daemon.backend import NUMPY_DTYPES, Capabilities, Device, InstanceContext, Probe, TensorBackend
-from daemon.errors import BackendError, ConfigError, InvalidArgument, Unsupported
-from daemon.model_config import ModelConfig, TensorConfig
+from daemon.backend import (
+    NUMPY_DTYPES,
+    BackendError,
+    Capabilities,
+    ConfigError,
+    Device,
+    InstanceContext,
+    InvalidArgument,
+    ModelConfig,
+    Probe,
+    TensorBackend,
+    TensorConfig,
+    Unsupported,
+)
 
 ARTIFACT = "model.onnx"
 

@@ -32,9 +32,20 @@ import msgspec
 import numpy as np
 import openvino as ov
 
-from daemon.backend import NUMPY_DTYPES, Capabilities, Device, InstanceContext, Probe, TensorBackend
-from daemon.errors import BackendError, ConfigError, InvalidArgument, Unsupported
-from daemon.model_config import ModelConfig, TensorConfig
+from daemon.backend import (
+    NUMPY_DTYPES,
+    BackendError,
+    Capabilities,
+    ConfigError,
+    Device,
+    InstanceContext,
+    InvalidArgument,
+    ModelConfig,
+    Probe,
+    TensorBackend,
+    TensorConfig,
+    Unsupported,
+)
 
 # Artifact names this backend reads, in order of preference (same order as manifest.toml).
 ARTIFACTS = ("model.xml", "model.onnx")

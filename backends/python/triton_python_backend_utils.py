@@ -3,8 +3,9 @@
 A Triton Python model does `import triton_python_backend_utils as pb_utils`; the python backend
 registers this module under that name before it imports the model, so existing models run
 unchanged. Tensors wrap numpy arrays without copying: the request's arrays are handed to the
-model as they are, and the model's outputs are returned as they are (no shared-memory hop, which
-is where Triton's separate stub process spends its 11-20 ms per request).
+model as they are, and the model's outputs are returned as they are (no shared-memory hop to a
+separate stub process as in Triton; that hop is cheap for small tensors, but an 11 MB input is
+copied into it).
 
 Decoupled models send through `request.get_response_sender()`; BLS calls
 (`InferenceRequest(...).exec()` / `async_exec()`) reach the daemon's other models through the

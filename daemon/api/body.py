@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import zlib
 
+import numpy as np
 from aiohttp import web
 
 from daemon.api.kserve_codec import oversized_message
@@ -19,6 +20,12 @@ from daemon.errors import InvalidArgument
 
 # Bodies below this inflate faster than a thread hand-off costs.
 _INLINE_BYTES = 64 * 1024
+# Bodies from this size on are read straight into one aligned buffer (read_tensor_body); below
+# it, the one `bytes` of readexactly and the codec's small alignment copy cost less.
+_DIRECT_BYTES = 64 * 1024
+# Alignment of the tensor data in a directly read body (a cache line; numpy and the runtimes
+# need at most the element size).
+_ALIGN = 64
 
 
 class BodyTooLarge(InvalidArgument):
@@ -65,6 +72,44 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     if len(raw) <= _INLINE_BYTES:
         return inflate(raw, encoding, limit)
     return await asyncio.to_thread(inflate, raw, encoding, limit)
+
+
+async def read_tensor_body(request: web.Request, limit: int, binary_offset: int | None) -> bytes | memoryview:
+    """Like `read_body`, for a KServe infer body whose binary tensor data starts at `binary_offset`
+    (its `Inference-Header-Content-Length`; None for a JSON-only body).
+
+    A large uncompressed binary body with a Content-Length is copied once, chunk by chunk as
+    aiohttp hands the chunks over, into one buffer placed so that `binary_offset` is aligned:
+    the codec's tensors are then views of it. `readexactly` instead joins the chunks into a new
+    `bytes` whose tensor data is misaligned behind the JSON header, so the codec copied the
+    tensors a second time (measured: an 11 MB tensor spent ~15 ms of the loop in the two copies).
+    The result is read-only, like the `bytes` of the other paths.
+    """
+    length = request.content_length
+    if (
+        binary_offset is None
+        or length is None
+        or length < _DIRECT_BYTES
+        or length > limit
+        or not 0 <= binary_offset <= length
+        or request.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity")
+    ):
+        return await read_body(request, limit)
+    buffer = np.empty(length + _ALIGN, dtype=np.uint8)
+    start = -(buffer.ctypes.data + binary_offset) % _ALIGN
+    view = buffer.data[start : start + length]
+    filled = 0
+    content = request.content
+    while filled < length:
+        chunk, _ = await content.readchunk()
+        if not chunk:  # end of stream: the client sent less than it announced
+            raise InvalidArgument(f"request body ended after {filled} of {length} bytes")
+        end = filled + len(chunk)
+        if end > length:  # aiohttp's parser stops at Content-Length; never trust that blindly
+            raise InvalidArgument(f"request body is longer than its Content-Length of {length} bytes")
+        view[filled:end] = chunk
+        filled = end
+    return view.toreadonly()
 
 
 def inflate(raw: bytes, encoding: str, limit: int) -> bytes:

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from daemon import __version__
 from daemon.api import repository_load as load_api
-from daemon.api.body import read_body
+from daemon.api.body import read_body, read_tensor_body
 from daemon.api.kserve_codec import parse_header_length
 from daemon.api.leases import hold
 from daemon.api.shm import shm_lookup
@@ -20,7 +20,7 @@ from daemon.api.state import codec_of, daemon_of
 from daemon.api.trace import TRACER
 from daemon.core.model import LoadedVersion
 from daemon.core.registry import IndexEntry
-from daemon.errors import InvalidArgument, Unavailable
+from daemon.errors import BackendError, InvalidArgument, Unavailable
 from daemon.service import Service
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ async def infer(request: web.Request) -> web.Response:
     if trace is not None:
         trace.record("HTTP_RECV_START")
     header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
-    body = await read_body(request, daemon.config.server.max_request_bytes)
+    body = await read_tensor_body(request, daemon.config.server.max_request_bytes, header_length)
     if trace is not None:
         trace.record("HTTP_RECV_END")
     config = model.config
@@ -200,13 +200,7 @@ async def _body(request: web.Request) -> bytes:
 
 
 async def _optional_body(request: web.Request, kind: type[msgspec.Struct]) -> msgspec.Struct:
-    body = await _body(request)
-    if not body.strip():
-        return kind()
-    try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.DecodeError as exc:
-        raise InvalidArgument(f"malformed request body: {exc}") from None
+    return load_api.decode_body(await _body(request), kind)
 
 
 async def repository_index(request: web.Request) -> web.Response:
@@ -224,13 +218,19 @@ async def repository_index(request: web.Request) -> web.Response:
 async def repository_load(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
     _check_accepting(daemon)
-    await load_api.load_model(daemon, request.match_info["model"], await _body(request))
+    name = request.match_info["model"]
+    config_json, files = load_api.parse_load(await _body(request))
+    try:
+        await daemon.repository.load(name, config_json, files)
+    except BackendError as exc:
+        raise load_api.load_failure(name, exc) from None
     return _empty(200)
 
 
 async def repository_unload(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
-    await load_api.unload_model(daemon, request.match_info["model"], await _body(request))
+    dependents = load_api.parse_unload(await _body(request))
+    await daemon.repository.unload(request.match_info["model"], dependents=dependents)
     return _empty(200)
 
 

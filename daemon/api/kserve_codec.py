@@ -211,7 +211,7 @@ class Codec:
 
     def decode_infer_request(
         self,
-        body: bytes,
+        body: bytes | memoryview,
         header_length: int | None,
         *,
         single_input: TensorConfig | None = None,
@@ -261,7 +261,7 @@ class Codec:
     def _decode_header(
         self,
         header: InferRequestBody,
-        body: bytes,
+        body: bytes | memoryview,
         header_length: int,
         has_header: bool,
         shm: SharedMemoryLookup | None,
@@ -472,7 +472,7 @@ def _reject_unsupported(params: Mapping[str, Parameter], kind: str, name: str) -
 
 
 def _decode_input(
-    tensor: RequestInput, body: bytes, offset: int, has_header: bool
+    tensor: RequestInput, body: bytes | memoryview, offset: int, has_header: bool
 ) -> tuple[np.ndarray, int]:
     name = tensor.name
     datatype = tensor.datatype
@@ -520,7 +520,7 @@ def _decode_input(
 
 
 def _fixed_from_binary(
-    name: str, datatype: str, body: bytes, offset: int, size: int, shape: list[int], count: int
+    name: str, datatype: str, body: bytes | memoryview, offset: int, size: int, shape: list[int], count: int
 ) -> np.ndarray:
     dtype = _WIRE_DTYPES[datatype]
     expected = count * dtype.itemsize
@@ -545,7 +545,7 @@ def _fixed_from_binary(
     return array
 
 
-def _split_bytes(name: str, body: bytes, start: int, end: int, count: int) -> np.ndarray:
+def _split_bytes(name: str, body: bytes | memoryview, start: int, end: int, count: int) -> np.ndarray:
     """BYTES elements from `body[start:end]`: each a u32 LE length, then that many bytes."""
     items: list[bytes] = []
     pos = start
@@ -565,7 +565,7 @@ def _split_bytes(name: str, body: bytes, start: int, end: int, count: int) -> np
                 f"input {name!r}: BYTES element {len(items)} length prefix {length} exceeds "
                 f"remaining {left} bytes"
             )
-        items.append(body[pos : pos + length])
+        items.append(bytes(body[pos : pos + length]))  # bytes even from a memoryview body
         pos += length
     if len(items) != count:
         raise InvalidArgument(
@@ -753,7 +753,7 @@ def _request_parameters(raw: Mapping[str, Any]) -> dict[str, Parameter]:
 
 
 def _decode_raw(
-    body: bytes, single_input: TensorConfig | None, max_batch_size: int,
+    body: bytes | memoryview, single_input: TensorConfig | None, max_batch_size: int,
     config: ModelConfig | None,
 ) -> DecodedInfer:
     """`Inference-Header-Content-Length: 0`: the body is the model's only input, raw.

@@ -6,9 +6,14 @@ counts and nanosecond durations; an error after the stream has started is a line
 Ollama's status codes (the error middleware writes them).
 
 Model names are `name[:tag]`: the repository model `name`, tag `latest` (the served version)
-or a version number. Everything Ollama accepts that edged cannot do (images, tools, constrained
-`format`, sampling options the engine lacks) is a 400 naming the field, never ignored; `think`
-is ignored, as Ollama does for models that do not think.
+or a version number. Everything Ollama accepts that edged cannot do (images, sampling options
+the engine lacks, ...) is a 400 naming the field, never ignored; `think` is ignored, as Ollama
+does for models that do not think.
+
+`format` ("json" or a JSON schema) and `tools` use the same machinery as the OpenAI routes: a
+grammar the engine enforces, and for tools the generic JSON reply of `openai_tools` (Ollama
+has no tool_choice: the model may call tools or answer, as with OpenAI's "auto"). Tool calls
+come back as Ollama shapes them: arguments as an object, each call whole, also when streaming.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import json
 import re
 import struct
 import time
+import uuid
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +33,7 @@ from typing import Any, Literal
 import msgspec
 from aiohttp import web
 
+from daemon.api import openai_tools
 from daemon.api.body import read_body
 from daemon.api.leases import hold
 from daemon.api.state import daemon_of
@@ -101,7 +109,9 @@ class Message(_Strict):
     images: list[str] | None = None
     thinking: str | None = None
     tool_calls: list[ToolCall] | None = None
+    # A `tool` message's call: the tool's name (Ollama) and/or the call's id (newer clients).
     tool_name: str | None = None
+    tool_call_id: str | None = None
 
 
 class _Generation(_Strict):
@@ -117,7 +127,8 @@ class _Generation(_Strict):
 
 class ChatRequest(_Generation):
     messages: list[Message] = []
-    tools: list[dict[str, Any]] | None = None
+    # Ollama's tool shape is OpenAI's: {type: function, function: {name, description, parameters}}.
+    tools: list[openai_tools.Tool] | None = None
 
 
 class GenerateRequest(_Generation):
@@ -297,6 +308,18 @@ async def _params(request: web.Request, options: dict[str, Any] | None, model: L
     return params
 
 
+def _format_schema(value: str | dict[str, Any] | None) -> str:
+    """The JSON schema (text) `format` asks for; "" for free text. The backend turns it into a
+    grammar and refuses (400, naming the keyword) what it cannot enforce."""
+    if value is None or value == "":
+        return ""
+    if value == "json":
+        return '{"type": "object"}'  # Ollama's JSON mode: one JSON object
+    if isinstance(value, str):
+        raise InvalidArgument(f'format: {value!r} is not "json" or a JSON schema object')
+    return json.dumps(value)
+
+
 class _Options(msgspec.Struct):
     num_ctx: int | None = None
     temperature: float | None = None
@@ -310,11 +333,7 @@ class _Options(msgspec.Struct):
     repeat_last_n: int | None = None
 
 
-def _refuse_unsupported(req: _Generation, raw: str) -> None:
-    if req.format not in (None, ""):
-        raise InvalidArgument(
-            f'format: constrained output (format "json" or a JSON schema) is not supported for "{raw}"'
-        )
+def _refuse_unsupported(req: _Generation) -> None:
     if req.logprobs:
         raise InvalidArgument("logprobs: log probabilities are not supported by edged")
     if req.top_logprobs:
@@ -346,15 +365,81 @@ class _Timing:
         }
 
 
+class _Text:
+    """Generated text as Ollama's pieces: `piece(text)` builds the object for a piece."""
+
+    def __init__(self, piece: Any) -> None:
+        self.piece = piece
+
+    def stream(self, text: str) -> list[dict[str, Any]]:
+        return [self.piece(text)] if text else []
+
+    def end(self) -> list[dict[str, Any]]:
+        return []
+
+    def whole(self, text: str) -> dict[str, Any]:
+        return dict(self.piece(text))
+
+
+class _ToolReply:
+    """A chat reply with tools: the model writes the JSON reply object of `openai_tools`.
+    Its `response` text streams as content while it grows; tool calls go out whole, in one
+    object, once the reply is complete (Ollama sends calls whole, never in pieces). The
+    unstreamed reply is what the stream adds up to, also when it was cut short."""
+
+    def __init__(self, piece: Any) -> None:
+        self.piece = piece  # piece(message) -> the object carrying that message
+        self._reply = openai_tools.ToolStream()
+
+    def stream(self, text: str) -> list[dict[str, Any]]:
+        return [self.piece(m) for m in self._messages(text)]
+
+    def end(self) -> list[dict[str, Any]]:
+        return [self.piece(m) for m in self._last_messages()]
+
+    def whole(self, text: str) -> dict[str, Any]:
+        reply = _ToolReply(self.piece)
+        messages = [*reply._messages(text), *reply._last_messages()]
+        with_calls = [m for m in messages if "tool_calls" in m]
+        if with_calls:
+            return dict(self.piece(with_calls[0]))
+        return dict(self.piece({"role": "assistant", "content": "".join(m["content"] for m in messages)}))
+
+    def _messages(self, text: str) -> list[dict[str, Any]]:
+        return [{"role": "assistant", "content": d["content"]} for d in self._reply.feed(text) if "content" in d]
+
+    def _last_messages(self) -> list[dict[str, Any]]:
+        content, calls = openai_tools.reply_calls(self._reply.text)
+        if calls:
+            return [_tool_message(calls)]
+        if content and not self._reply.sent_content:
+            # Cut short before the reply said anything: the raw text, as the OpenAI route does.
+            return [{"role": "assistant", "content": content}]
+        return []
+
+
+def _tool_message(calls: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Ollama's assistant message with tool calls: arguments are objects; `id` and
+    `function.index` as current Ollama releases send them."""
+    return {
+        "role": "assistant", "content": "",
+        "tool_calls": [
+            {"id": f"call_{uuid.uuid4().hex[:8]}",
+             "function": {"index": index, "name": name, "arguments": arguments}}
+            for index, (name, arguments) in enumerate(calls)
+        ],
+    }
+
+
 async def _respond(
     request: web.Request,
     chunks: AsyncGenerator[GenerateChunk, None],
     *,
     stream: bool,
     timing: _Timing,
-    piece: Any,
+    shape: _Text | _ToolReply,
 ) -> web.StreamResponse:
-    """Stream NDJSON (`piece(text, done)` builds each object) or answer one object."""
+    """Stream NDJSON (`shape` turns text into Ollama's objects) or answer one object."""
     async with contextlib.aclosing(chunks):
         try:
             first = await chunks.__anext__()  # errors before any output get a real status
@@ -366,18 +451,20 @@ async def _respond(
             async for chunk in chunks:
                 parts.append(chunk.text)
                 last = chunk
-            return _json_response({**piece("".join(parts)), **timing.final(last)})
+            return _json_response({**shape.whole("".join(parts)), **timing.final(last)})
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         last = first
         try:
-            if first.text:
-                await response.write(_json.encode({**piece(first.text), "done": False}) + b"\n")
+            for item in shape.stream(first.text):
+                await response.write(_json.encode({**item, "done": False}) + b"\n")
             async for chunk in chunks:
                 last = chunk
-                if chunk.text:
-                    await response.write(_json.encode({**piece(chunk.text), "done": False}) + b"\n")
-            await response.write(_json.encode({**piece(""), **timing.final(last)}) + b"\n")
+                for item in shape.stream(chunk.text):
+                    await response.write(_json.encode({**item, "done": False}) + b"\n")
+            for item in shape.end():
+                await response.write(_json.encode({**item, "done": False}) + b"\n")
+            await response.write(_json.encode({**shape.whole(""), **timing.final(last)}) + b"\n")
         except EdgedError as exc:
             await response.write(_json.encode({"error": exc.message}) + b"\n")
         await response.write_eof()
@@ -413,24 +500,56 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if not req.messages:
         return await _load_or_unload(request, daemon, req.model, name, version, keep, started,
                                      {"message": {"role": "assistant", "content": ""}})
-    _refuse_unsupported(req, req.model)
-    if req.tools:
-        raise InvalidArgument(f'"{req.model}" does not support tools')
-    for index, message in enumerate(req.messages):
-        if message.images:
-            raise InvalidArgument(f'messages[{index}].images: "{req.model}" does not support images')
-        if message.tool_calls:
-            raise InvalidArgument(f'messages[{index}].tool_calls: "{req.model}" does not support tools')
+    _refuse_unsupported(req)
+    schema = _format_schema(req.format)
+    tools = req.tools or []  # Ollama treats an empty list as no tools
+    if tools and schema:
+        raise InvalidArgument("format: cannot be combined with tools")
+    messages = _chat_messages(req.messages, req.model)
+    if tools:
+        schema = openai_tools.tool_schema(tools, "auto", parallel=True)
+        messages = openai_tools.with_tools(messages, tools, parallel=True)
     lease = await hold(request, name, keep)
     model = _generation_model(daemon, name, version, req.model)
     params = await _params(request, req.options, model)
-    prompt = model.chat_prompt([{"role": m.role, "content": m.content} for m in req.messages])
-    def piece(text: str) -> dict[str, Any]:
-        return {"model": req.model, "created_at": _now(), "message": {"role": "assistant", "content": text}}
+    params.json_schema = schema
+    prompt = model.chat_prompt(messages)
 
+    def piece(message: dict[str, Any]) -> dict[str, Any]:
+        return {"model": req.model, "created_at": _now(), "message": message}
+
+    shape: _Text | _ToolReply = (
+        _ToolReply(piece) if tools else _Text(lambda text: piece({"role": "assistant", "content": text}))
+    )
     timing = _Timing(started, lease.load_ns)
     return await _respond(request, model.generate(prompt, params),
-                          stream=req.stream, timing=timing, piece=piece)
+                          stream=req.stream, timing=timing, shape=shape)
+
+
+def _chat_messages(messages: list[Message], raw: str) -> list[dict[str, str]]:
+    """Ollama messages -> the chat template's: an assistant's tool calls and a `tool` result
+    in the form the model is asked to write / read them (see openai_tools)."""
+    out = []
+    for index, message in enumerate(messages):
+        if message.images:
+            raise InvalidArgument(f'messages[{index}].images: "{raw}" does not support images')
+        if message.tool_calls and message.role != "assistant":
+            raise InvalidArgument(f"messages[{index}].tool_calls: only on assistant messages")
+        for key in ("tool_name", "tool_call_id"):
+            if getattr(message, key) is not None and message.role != "tool":
+                raise InvalidArgument(f"messages[{index}].{key}: only on tool messages")
+        if message.role == "tool":
+            ident = {"name": message.tool_name} if message.tool_name else {}
+            if message.tool_call_id:
+                ident["tool_call_id"] = message.tool_call_id
+            out.append({"role": "user", "content": openai_tools.tool_result_text(message.content, **ident)})
+            continue
+        content = message.content
+        if message.tool_calls:
+            calls = openai_tools.calls_text([(c.function.name, c.function.arguments) for c in message.tool_calls])
+            content = f"{content}\n{calls}" if content else calls
+        out.append({"role": message.role, "content": content})
+    return out
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -441,7 +560,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     keep = _keep_alive(req.keep_alive)
     if not req.prompt:
         return await _load_or_unload(request, daemon, req.model, name, version, keep, started, {"response": ""})
-    _refuse_unsupported(req, req.model)
+    _refuse_unsupported(req)
+    schema = _format_schema(req.format)
     if req.images:
         raise InvalidArgument(f'images: "{req.model}" does not support images')
     if req.suffix:
@@ -457,6 +577,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     lease = await hold(request, name, keep)
     model = _generation_model(daemon, name, version, req.model)
     params = await _params(request, req.options, model)
+    params.json_schema = schema
     if req.raw:
         prompt = req.prompt
     elif req.template:
@@ -470,7 +591,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
     timing = _Timing(started, lease.load_ns)
     return await _respond(request, model.generate(prompt, params),
-                          stream=req.stream, timing=timing, piece=piece)
+                          stream=req.stream, timing=timing, shape=_Text(piece))
 
 
 _TEMPLATE_ACTION = re.compile(r"\{\{(-?)\s*(.*?)\s*(-?)\}\}", re.S)

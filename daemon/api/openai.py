@@ -3,12 +3,18 @@ extension, on top of a generation backend's `generate` / `chat_prompt` / `embed`
 
 Streaming is Server-Sent Events ending in `data: [DONE]`. A client that disconnects cancels its
 sequence: aiohttp cancels the handler, and closing the chunk iterator tells the engine.
+
+Every field a request may carry either has its effect or is a 400 naming it (unknown fields
+are rejected by the decoders, `forbid_unknown_fields`); ranges are OpenAI's: temperature
+[0, 2], top_p [0, 1], presence/frequency penalty [-2, 2], logit_bias values [-100, 100].
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import json
+import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -19,12 +25,13 @@ import numpy as np
 from aiohttp import web
 
 from daemon.api import generate as generate_tensor
+from daemon.api import openai_tools
 from daemon.api.body import read_body
 from daemon.api.leases import hold
 from daemon.api.state import daemon_of
-from daemon.backend import GenerateChunk, GenerateParams
+from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
 from daemon.core.model import LoadedVersion
-from daemon.errors import InvalidArgument, Unavailable
+from daemon.errors import InvalidArgument, NotFound, Unavailable
 
 _json = msgspec.json.Encoder()
 
@@ -41,19 +48,22 @@ class _Sampling(_Strict):
     """Fields shared by completions and chat completions (OpenAI names)."""
 
     model: str
+    # None: until the context is full (OpenAI's and llama-server's default).
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    # Several choices per request are not implemented: anything but 1 is a 400.
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    # Accepted for client compatibility; llama.cpp's repeat penalty covers the common need.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # Token id (as a string, OpenAI's form) -> bias added to its logit.
     logit_bias: dict[str, float] | None = None
+    # End-user id for abuse tracking at OpenAI; it changes no output there either.
     user: str | None = None
     # Extensions llama.cpp's server also accepts.
     top_k: int | None = None
@@ -65,16 +75,43 @@ class CompletionRequest(_Sampling):
     # A string, a one-element list of strings, or token ids (msgspec allows one list type).
     prompt: str | list[str | int] = ""
     echo: bool = False
+    # Fill-in-the-middle: the text after the completion (models with FIM tokens; else 400).
+    suffix: str | None = None
+    # Log probabilities of the generated tokens and this many alternatives (OpenAI: 0..5).
+    logprobs: int | None = None
 
 
 class ChatMessage(_Strict):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    # An assistant turn that called tools, and a tool's result answering one call.
+    tool_calls: list[openai_tools.ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class JsonSchemaFormat(_Strict):
+    name: str
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    # Enforced by grammar either way: the output always matches the schema.
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = []
+    response_format: ResponseFormat | None = None
+    logprobs: bool = False
+    # Alternatives per token (0..20); needs logprobs.
+    top_logprobs: int | None = None
+    tools: list[openai_tools.Tool] | None = None
+    tool_choice: openai_tools.ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class EmbeddingRequest(_Strict):
@@ -90,6 +127,7 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
     """Triton's generate extension: text_input plus sampling fields at the top level."""
 
     text_input: str
+    # None: until the context is full.
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -97,6 +135,8 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
+    # Triton's generate extension allows a `parameters` object; none is implemented here,
+    # so a non-empty one is a 400 rather than ignored.
     parameters: dict[str, Any] = {}
 
 
@@ -116,35 +156,73 @@ def _decode(body: bytes, kind: type[Any]) -> Any:
         raise InvalidArgument(f"malformed JSON body: {exc}") from None
 
 
-def _params(req: _Sampling | GenerateRequest) -> GenerateParams:
-    params = GenerateParams()
-    max_tokens = req.max_tokens
+def _in_range(name: str, value: float, low: float, high: float) -> None:
+    if not (math.isfinite(value) and low <= value <= high):
+        raise InvalidArgument(f"{name} must be between {low:g} and {high:g}, got {value}")
+
+
+def _max_tokens(req: _Sampling | GenerateRequest, minimum: int) -> int | None:
+    """The output limit, from max_completion_tokens (OpenAI's current name) or max_tokens."""
+    field, value = "max_tokens", req.max_tokens
+    if isinstance(req, _Sampling) and req.max_completion_tokens is not None:
+        if req.max_tokens is not None and req.max_tokens != req.max_completion_tokens:
+            raise InvalidArgument("max_tokens and max_completion_tokens disagree; send one of them")
+        field, value = "max_completion_tokens", req.max_completion_tokens
+    if value is not None and value < minimum:
+        raise InvalidArgument(f"{field} must be >= {minimum}, got {value}")
+    return value
+
+
+def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> GenerateParams:
+    params = GenerateParams(max_tokens=_max_tokens(req, min_tokens))
     if isinstance(req, _Sampling):
         if req.n != 1:
             raise InvalidArgument("n: only n=1 is supported")
-        max_tokens = req.max_completion_tokens or req.max_tokens
+        if req.stream_options is not None and not req.stream:
+            raise InvalidArgument("stream_options: only allowed when stream is true")
         if req.min_p is not None:
+            _in_range("min_p", req.min_p, 0.0, 1.0)
             params.min_p = req.min_p
         if req.repeat_penalty is not None:
+            if not req.repeat_penalty > 0:
+                raise InvalidArgument(f"repeat_penalty must be > 0, got {req.repeat_penalty}")
             params.repeat_penalty = req.repeat_penalty
-    if max_tokens is not None:
-        if max_tokens < 1:
-            raise InvalidArgument(f"max_tokens must be >= 1, got {max_tokens}")
-        params.max_tokens = max_tokens
+        if req.presence_penalty is not None:
+            _in_range("presence_penalty", req.presence_penalty, -2.0, 2.0)
+            params.presence_penalty = req.presence_penalty
+        if req.frequency_penalty is not None:
+            _in_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0)
+            params.frequency_penalty = req.frequency_penalty
+        if req.logit_bias:
+            params.logit_bias = _logit_bias(req.logit_bias)
     if req.temperature is not None:
-        if req.temperature < 0:
-            raise InvalidArgument(f"temperature must be >= 0, got {req.temperature}")
+        _in_range("temperature", req.temperature, 0.0, 2.0)
         params.temperature = req.temperature
         params.greedy = req.temperature == 0
     if req.top_p is not None:
+        _in_range("top_p", req.top_p, 0.0, 1.0)
         params.top_p = req.top_p
     if req.top_k is not None:
+        if req.top_k < 0:
+            raise InvalidArgument(f"top_k must be >= 0, got {req.top_k}")
         params.top_k = req.top_k
     if req.seed is not None:
         params.seed = req.seed
     if req.stop is not None:
         params.stop = [req.stop] if isinstance(req.stop, str) else list(req.stop)
     return params
+
+
+def _logit_bias(biases: dict[str, float]) -> dict[int, float]:
+    out = {}
+    for key, bias in biases.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise InvalidArgument(f"logit_bias: key {key!r} is not a token id") from None
+        _in_range(f"logit_bias[{key}]", bias, -100.0, 100.0)
+        out[token] = bias
+    return out
 
 
 async def _body(request: web.Request) -> bytes:
@@ -163,11 +241,16 @@ async def _generation_model(request: web.Request, name: str, version: str | None
 
 
 async def _collect(chunks: AsyncIterator[GenerateChunk]) -> tuple[str, GenerateChunk]:
+    """The whole text, and the last chunk carrying every chunk's logprobs."""
     parts: list[str] = []
+    logprobs: list[TokenLogprob] = []
     last = GenerateChunk(text="")
     async for chunk in chunks:
         parts.append(chunk.text)
+        logprobs.extend(chunk.logprobs)
         last = chunk
+    if logprobs:
+        last = msgspec.structs.replace(last, logprobs=logprobs)
     return "".join(parts), last
 
 
@@ -191,28 +274,55 @@ async def _send(response: web.StreamResponse, payload: object) -> None:
     await response.write(b"data: " + _json.encode(payload) + b"\n\n")
 
 
-def _usage(chunk: GenerateChunk) -> dict[str, int]:
+async def _send_all(response: web.StreamResponse, payload: dict[str, Any] | list[dict[str, Any]] | None) -> None:
+    """Send one event, several, or none (a chunk held back, e.g. a tool call still forming)."""
+    for item in [payload] if isinstance(payload, dict) else payload or []:
+        await _send(response, item)
+
+
+def _token_text(entry: TokenLogprob) -> str:
+    # A token holding part of a UTF-8 character shows as U+FFFD; `bytes` has the truth.
+    return entry.piece.decode("utf-8", errors="replace")
+
+
+def _usage(chunk: GenerateChunk) -> dict[str, Any]:
     return {
         "prompt_tokens": chunk.prompt_tokens,
         "completion_tokens": chunk.completion_tokens,
         "total_tokens": chunk.prompt_tokens + chunk.completion_tokens,
+        # OpenAI's and llama-server's field for prompt tokens served from the cache.
+        "prompt_tokens_details": {"cached_tokens": chunk.cached_tokens},
     }
 
 
 # ---------------------------------------------------------------------------- /v1/models
 
 
+def _model_card(model: LoadedVersion) -> dict[str, Any]:
+    return {"id": model.name, "object": "model", "created": 0, "owned_by": f"edged/{model.backend}"}
+
+
 async def list_models(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
-    data = [
-        {"id": m.name, "object": "model", "created": 0, "owned_by": f"edged/{m.backend}"}
-        for m in daemon.registry.loaded()
-    ]
+    data = [_model_card(m) for m in daemon.registry.loaded()]
     if daemon.residency is not None:  # not loaded yet, but the first request loads them
         data += [{"id": n, "object": "model", "created": 0, "owned_by": "edged"}
                  for n in daemon.residency.on_demand_models()]
     unique = list({d["id"]: d for d in reversed(data)}.values())
     return web.Response(body=_json.encode({"object": "list", "data": unique}), content_type="application/json")
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    """GET /v1/models/{id}: the card `GET /v1/models` lists for it; 404 (unknown model) otherwise."""
+    daemon = daemon_of(request)
+    name = request.match_info["model"]
+    try:
+        card = _model_card(daemon.registry.get(name))
+    except NotFound:
+        if daemon.residency is None or name not in daemon.residency.on_demand_models():
+            raise
+        card = {"id": name, "object": "model", "created": 0, "owned_by": "edged"}
+    return web.Response(body=_json.encode(card), content_type="application/json")
 
 
 # ---------------------------------------------------------------------------- completions
@@ -226,6 +336,7 @@ async def _stream_or_collect(
     include_usage: bool,
     make_chunk: Any,
     make_final: Any,
+    echo: str = "",
 ) -> web.StreamResponse:
     async with contextlib.aclosing(chunks):
         first = await _first(chunks)
@@ -235,9 +346,14 @@ async def _stream_or_collect(
                 text = first.text + text
                 if last.finish_reason is None:
                     last = first
+                elif first.logprobs:
+                    last = msgspec.structs.replace(last, logprobs=first.logprobs + last.logprobs)
             return web.Response(body=_json.encode(make_final(text, last)), content_type="application/json")
         response = await _sse(request)
         last = GenerateChunk(text="")
+        if echo:
+            # The echoed prompt streams first, as its own chunk (OpenAI and llama-server).
+            await _send_all(response, make_chunk(GenerateChunk(text=echo)))
         pending = [first] if first is not None else []
         async def all_chunks() -> AsyncIterator[GenerateChunk]:
             for c in pending:
@@ -247,7 +363,7 @@ async def _stream_or_collect(
         async for chunk in all_chunks():
             last = chunk
             if chunk.text or chunk.finish_reason:
-                await _send(response, make_chunk(chunk))
+                await _send_all(response, make_chunk(chunk))
         if include_usage:
             final = make_chunk(GenerateChunk(text=""), usage_only=True)
             final["usage"] = _usage(last)
@@ -269,13 +385,42 @@ async def completions(request: web.Request) -> web.StreamResponse:
         prompt = str(req.prompt[0])
     else:
         raise InvalidArgument("prompt: one string, a one-element list of strings, or token ids")
-    params = _params(req)
+    if req.echo and not isinstance(prompt, str):
+        raise InvalidArgument("echo: only supported with a text prompt, not token ids")
+    # Completions accept max_tokens 0 (OpenAI's legacy API: with echo, the prompt alone).
+    params = _params(req, min_tokens=0)
+    if req.logprobs is not None:
+        if not 0 <= req.logprobs <= 5:
+            raise InvalidArgument(f"logprobs must be between 0 and 5, got {req.logprobs}")
+        if req.echo:
+            # OpenAI would score the prompt's tokens too; the engine computes none.
+            raise InvalidArgument("logprobs: not supported together with echo")
+        params.logprobs = req.logprobs
+    params.suffix = req.suffix
+    offset = [0]  # text_offset of the next token in the completion
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
+    def completion_logprobs(entries: list[TokenLogprob]) -> dict[str, Any] | None:
+        """OpenAI's legacy layout: parallel lists, alternatives as {token: logprob}."""
+        if params.logprobs is None:
+            return None
+        tokens, offsets = [], []
+        for entry in entries:
+            tokens.append(_token_text(entry))
+            offsets.append(offset[0])
+            offset[0] += len(tokens[-1])
+        return {
+            "tokens": tokens,
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{_token_text(t): t.logprob for t in e.top} for e in entries],
+            "text_offset": offsets,
+        }
+
     def make_chunk(chunk: GenerateChunk, usage_only: bool = False) -> dict[str, Any]:
-        choices = [] if usage_only else [
-            {"index": 0, "text": chunk.text, "logprobs": None, "finish_reason": chunk.finish_reason}
-        ]
+        choices = [] if usage_only else [{
+            "index": 0, "text": chunk.text, "logprobs": completion_logprobs(chunk.logprobs),
+            "finish_reason": chunk.finish_reason,
+        }]
         return {"id": ident, "object": "text_completion", "created": created, "model": model.name, "choices": choices}
 
     def make_final(text: str, last: GenerateChunk) -> dict[str, Any]:
@@ -283,56 +428,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
             text = prompt + text
         return {
             "id": ident, "object": "text_completion", "created": created, "model": model.name,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}],
-            "usage": _usage(last),
-        }
-
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return await _stream_or_collect(
-        request, model.generate(prompt, params), stream=req.stream,
-        include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
-    )
-
-
-def _message_text(message: ChatMessage) -> str:
-    if message.content is None or isinstance(message.content, str):
-        return message.content or ""
-    texts = []
-    for i, part in enumerate(message.content):
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise InvalidArgument(f"messages content[{i}]: only parts of type 'text' are supported")
-        texts.append(part["text"])
-    return "".join(texts)
-
-
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    req: ChatRequest = _decode(await _body(request), ChatRequest)
-    if not req.messages:
-        raise InvalidArgument("messages: at least one message is required")
-    model = await _generation_model(request, req.model)
-    messages = [{"role": m.role, "content": _message_text(m)} for m in req.messages]
-    prompt = model.chat_prompt(messages)
-    params = _params(req)
-    ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    first_delta = [True]
-
-    def make_chunk(chunk: GenerateChunk, usage_only: bool = False) -> dict[str, Any]:
-        delta: dict[str, Any] = {"content": chunk.text} if chunk.text else {}
-        if first_delta[0] and not usage_only:
-            delta["role"] = "assistant"
-            first_delta[0] = False
-        choices = [] if usage_only else [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": chunk.finish_reason}
-        ]
-        return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model.name, "choices": choices}
-
-    def make_final(text: str, last: GenerateChunk) -> dict[str, Any]:
-        return {
-            "id": ident, "object": "chat.completion", "created": created, "model": model.name,
             "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "index": 0, "text": text, "logprobs": completion_logprobs(last.logprobs),
                 "finish_reason": last.finish_reason,
             }],
             "usage": _usage(last),
@@ -342,7 +439,193 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _stream_or_collect(
         request, model.generate(prompt, params), stream=req.stream,
         include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
+        echo=prompt if req.echo and isinstance(prompt, str) else "",
     )
+
+
+# Roles a chat template can take; "developer" is OpenAI's newer name for "system".
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def _chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    out = []
+    for index, message in enumerate(messages):
+        if message.tool_calls is not None and message.role != "assistant":
+            raise InvalidArgument(f"messages[{index}].tool_calls: only on assistant messages")
+        if message.tool_call_id is not None and message.role != "tool":
+            raise InvalidArgument(f"messages[{index}].tool_call_id: only on tool messages")
+        if message.role == "tool":
+            if message.tool_call_id is None:
+                raise InvalidArgument(f"messages[{index}].tool_call_id: required for role 'tool'")
+            content = openai_tools.tool_result_text(
+                _message_text(message, index), tool_call_id=message.tool_call_id
+            )
+            out.append({"role": "user", "content": content})
+            continue
+        role = _ROLES.get(message.role)
+        if role is None:
+            raise InvalidArgument(
+                f"messages[{index}].role: {message.role!r} is not one of system, developer, user, "
+                "assistant, tool"
+            )
+        if message.content is None and role != "assistant":
+            raise InvalidArgument(f"messages[{index}].content: required for role {message.role!r}")
+        text = _message_text(message, index)
+        if message.tool_calls:
+            calls = openai_tools.assistant_calls_text(message.tool_calls, index)
+            text = f"{text}\n{calls}" if text else calls
+        entry = {"role": role, "content": text}
+        if message.name is not None:
+            entry["name"] = message.name
+        out.append(entry)
+    return out
+
+
+def _tools_in_use(req: ChatRequest) -> list[openai_tools.Tool]:
+    """The tools the model may call in this request ([] without tools or with tool_choice none)."""
+    if req.tools is None:
+        if req.tool_choice is not None:
+            raise InvalidArgument("tool_choice: only allowed when tools are specified")
+        if req.parallel_tool_calls is not None:
+            raise InvalidArgument("parallel_tool_calls: only allowed when tools are specified")
+        return []
+    if not req.tools:
+        raise InvalidArgument("tools: at least one tool is required (omit the field for none)")
+    return [] if req.tool_choice == "none" else req.tools
+
+
+def _json_schema(fmt: ResponseFormat | None) -> str:
+    """The JSON schema (text) response_format asks for; "" for free text."""
+    if fmt is None or fmt.type == "text":
+        if fmt is not None and fmt.json_schema is not None:
+            raise InvalidArgument("response_format.json_schema: only with type 'json_schema'")
+        return ""
+    if fmt.type == "json_object":
+        if fmt.json_schema is not None:
+            raise InvalidArgument("response_format.json_schema: only with type 'json_schema'")
+        return '{"type": "object"}'
+    if fmt.json_schema is None:
+        raise InvalidArgument("response_format.json_schema: required with type 'json_schema'")
+    # No schema: any JSON value's object form, as OpenAI's json_object.
+    return json.dumps(fmt.json_schema.schema if fmt.json_schema.schema is not None else {"type": "object"})
+
+
+def _message_text(message: ChatMessage, index: int) -> str:
+    if message.content is None or isinstance(message.content, str):
+        return message.content or ""
+    texts = []
+    for i, part in enumerate(message.content):
+        if part.get("type") != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+            raise InvalidArgument(f"messages[{index}].content[{i}]: only parts of type 'text' are supported")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    req: ChatRequest = _decode(await _body(request), ChatRequest)
+    if not req.messages:
+        raise InvalidArgument("messages: at least one message is required")
+    model = await _generation_model(request, req.model)
+    messages = _chat_messages(req.messages)
+    params = _params(req)
+    params.json_schema = _json_schema(req.response_format)
+    if req.top_logprobs is not None:
+        if not req.logprobs:
+            raise InvalidArgument("top_logprobs: requires logprobs to be true")
+        if not 0 <= req.top_logprobs <= 20:
+            raise InvalidArgument(f"top_logprobs must be between 0 and 20, got {req.top_logprobs}")
+    if req.logprobs:
+        params.logprobs = req.top_logprobs or 0
+    tools = _tools_in_use(req)
+    if tools:
+        if req.logprobs:
+            raise InvalidArgument("logprobs: not supported together with tools")
+        if params.json_schema:
+            raise InvalidArgument("response_format: cannot be combined with tools")
+        parallel = req.parallel_tool_calls is not False
+        params.json_schema = openai_tools.tool_schema(tools, req.tool_choice, parallel)
+        messages = openai_tools.with_tools(messages, tools, parallel)
+    prompt = model.chat_prompt(messages)
+    ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    first_delta = [True]
+    stream_tools = openai_tools.ToolStream()  # with tools: the JSON reply, turned into deltas
+
+    def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any] | None:
+        if not req.logprobs:
+            return None
+        return {"content": [
+            {
+                "token": _token_text(e), "logprob": e.logprob, "bytes": list(e.piece),
+                "top_logprobs": [
+                    {"token": _token_text(t), "logprob": t.logprob, "bytes": list(t.piece)} for t in e.top
+                ],
+            }
+            for e in entries
+        ]}
+
+    def chunk_payload(delta: dict[str, Any], finish: str | None, entries: list[TokenLogprob] | None = None) -> dict[str, Any]:
+        if first_delta[0]:
+            delta = {"role": "assistant", **delta}
+            first_delta[0] = False
+        return {
+            "id": ident, "object": "chat.completion.chunk", "created": created, "model": model.name,
+            "choices": [{"index": 0, "delta": delta, "logprobs": chat_logprobs(entries or []), "finish_reason": finish}],
+        }
+
+    def make_chunk(chunk: GenerateChunk, usage_only: bool = False) -> dict[str, Any] | list[dict[str, Any]] | None:
+        if usage_only:
+            return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model.name, "choices": []}
+        if not tools:
+            return chunk_payload({"content": chunk.text} if chunk.text else {}, chunk.finish_reason, chunk.logprobs)
+        events = [chunk_payload(delta, None) for delta in stream_tools.feed(chunk.text)]
+        if chunk.finish_reason is None:
+            return events
+        if stream_tools.calls_sent:
+            events.append(chunk_payload({}, "tool_calls"))
+        elif not events and not stream_tools.sent_content:
+            # Cut off before the reply object said anything: the raw text, as unstreamed.
+            content, _ = openai_tools.parse_reply(stream_tools.text)
+            events.append(chunk_payload({"content": content} if content else {}, chunk.finish_reason))
+        else:
+            events.append(chunk_payload({}, chunk.finish_reason))
+        return events
+
+    def make_final(text: str, last: GenerateChunk) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish: str | None = last.finish_reason
+        if tools:
+            content, calls = openai_tools.parse_reply(text)
+            message["content"] = content
+            if calls:
+                message["tool_calls"] = calls
+                finish = "tool_calls"
+        return {
+            "id": ident, "object": "chat.completion", "created": created, "model": model.name,
+            "choices": [{"index": 0, "message": message, "logprobs": chat_logprobs(last.logprobs), "finish_reason": finish}],
+            "usage": _usage(last),
+        }
+
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await _stream_or_collect(
+        request, model.generate(prompt, params), stream=req.stream,
+        include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
+    )
+
+
+def _shorten(vectors: list[list[float]], dimensions: int) -> list[list[float]]:
+    """OpenAI's `dimensions`: the first `dimensions` components, L2-normalised again.
+
+    This is how Matryoshka-trained models (OpenAI's text-embedding-3, nomic-embed, ...) are
+    shortened; more dimensions than the model has is a 400.
+    """
+    size = len(vectors[0]) if vectors else 0
+    if dimensions > size:
+        raise InvalidArgument(f"dimensions: the model's embeddings have {size} dimensions, got {dimensions}")
+    if dimensions == size:
+        return vectors
+    cut = np.asarray(vectors, dtype=np.float64)[:, :dimensions]
+    norms = np.linalg.norm(cut, axis=1, keepdims=True)
+    return (cut / np.where(norms > 0, norms, 1.0)).tolist()
 
 
 def _encode_vector(vector: list[float], encoding: str) -> list[float] | str:
@@ -357,7 +640,11 @@ async def embeddings(request: web.Request) -> web.Response:
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts:
         raise InvalidArgument("input: at least one string is required")
+    if req.dimensions is not None and req.dimensions < 1:
+        raise InvalidArgument(f"dimensions must be >= 1, got {req.dimensions}")
     vectors, tokens = await model.embed(texts)
+    if req.dimensions is not None:
+        vectors = _shorten(vectors, req.dimensions)
     payload = {
         "object": "list",
         "model": model.name,
@@ -378,6 +665,10 @@ async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
         return await generate_tensor.handle(request, tensor, stream)
     name = request.match_info["model"]
     req: GenerateRequest = _decode(await _body(request), GenerateRequest)
+    if req.parameters:
+        raise InvalidArgument(
+            f"parameters: {sorted(req.parameters)} not supported; sampling fields go at the top level"
+        )
     model = await _generation_model(request, name, request.match_info.get("version"))
     params = _params(req)
     version = str(model.version)
@@ -409,6 +700,7 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
 def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/v1/models", list_models)
+    r.add_get("/v1/models/{model}", retrieve_model)
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/chat/completions", chat_completions)
     r.add_post("/v1/embeddings", embeddings)

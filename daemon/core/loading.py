@@ -20,6 +20,7 @@ from daemon.backend import (
     Backend,
     Device,
     ExecuteResult,
+    GenerationBackend,
     InferRequest,
     InferResponse,
     InstanceContext,
@@ -57,7 +58,7 @@ class ModelLoader:
         self.state_dir = state_dir
         # Ensembles find their step models through this (the registry's `get`).
         self.resolve_model = resolve_model
-        self.cpu_count = cpu_count or os.cpu_count() or 1
+        self.cpu_count = cpu_count or usable_cpus()
 
     async def _infer_other(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
         """A request from inside a model (Triton BLS) to another loaded model."""
@@ -207,6 +208,8 @@ class ModelLoader:
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
             raise
+        if isinstance(instances[0], GenerationBackend):
+            stats.engine_stats = instances[0].engine_stats
         scheduler: Scheduler | None = None
         if cls.capabilities.kind == "tensor":
             scheduler = make_scheduler(config, instances, stats)
@@ -218,6 +221,15 @@ class ModelLoader:
         explain["threads_per_instance"] = threads
         explain["load_seconds"] = round(time.monotonic() - started, 3)
         return LoadedVersion(name, version, config, backend, artifact, instances, stats, scheduler, explain)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (taskset, cgroup cpusets), not the
+    machine's count, so instances in a 1-CPU container do not oversubscribe it."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
 
 
 def check_capabilities(backend: str, cls: type[Backend], config: ModelConfig) -> None:

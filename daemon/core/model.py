@@ -9,6 +9,7 @@ instances and scheduler until the last request on it has finished.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -49,6 +50,21 @@ class LoadedVersion:
     # generation backends, whose own engine loop schedules.
     scheduler: Scheduler | None
     selection: dict[str, object] = field(default_factory=dict)
+    # Generations and embeddings running on this version; retire() waits for them.
+    _running: int = field(default=0, init=False, repr=False)
+    _idle: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._idle.set()
+
+    def _enter(self) -> None:
+        self._running += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self._running -= 1
+        if not self._running:
+            self._idle.set()
 
     # ------------------------------------------------------------------ what it is
 
@@ -119,6 +135,7 @@ class LoadedVersion:
         generator = self.require_generator()
         started = time.monotonic_ns()
         outcome: FailureReason | None = "CANCELED"
+        self._enter()
         try:
             async with contextlib.aclosing(generator.generate(prompt, params)) as chunks:
                 async for chunk in chunks:
@@ -128,6 +145,7 @@ class LoadedVersion:
             outcome = "OTHER"
             raise
         finally:
+            self._leave()
             elapsed = time.monotonic_ns() - started
             if outcome is None:
                 self.stats.record_success(elapsed)
@@ -137,11 +155,14 @@ class LoadedVersion:
     async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
         generator = self.require_generator()
         started = time.monotonic_ns()
+        self._enter()
         try:
             result = await generator.embed(texts)
         except EdgedError:
             self.stats.record_failure(time.monotonic_ns() - started)
             raise
+        finally:
+            self._leave()
         self.stats.record_success(time.monotonic_ns() - started, len(texts))
         return result
 
@@ -151,9 +172,18 @@ class LoadedVersion:
     # ------------------------------------------------------------------ retiring
 
     async def retire(self, drain_timeout: float) -> None:
-        """Drain the scheduler, then unload every instance (after a swap or an unload)."""
+        """Drain, then unload every instance (after a swap or an unload).
+
+        Tensor models drain their scheduler; generation models let the generations running on
+        this version finish (new ones already go to the version swapped in), up to
+        `drain_timeout`, after which the engine's stop cancels what is left."""
         if self.scheduler is not None:
             await self.scheduler.stop(drain_timeout)
+        if self._running:
+            log.info("model %s version %d: waiting for %d running generation(s) before unloading",
+                     self.name, self.version, self._running)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), drain_timeout)
         for instance in self.instances:
             try:
                 await instance.unload()

@@ -6,11 +6,16 @@ a name) and *last* among the plugin directories (its plugins override shipped on
 an update switches the release store, points the daemon at the new directories, reloads, and
 health-checks every model of the release with a warm-up request; on failure the store switches
 back and the daemon reloads the old release.
+
+The store, not this object, says what is served: every reload (SIGHUP, an update, a rollback,
+the `edged update` command asking over the socket) re-reads `current`, so a release switched by
+another process is picked up, and the daemon records what it serves so prune keeps it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -25,11 +30,11 @@ from daemon.core.registry import ModelRegistry
 from daemon.core.repository import RepositoryManager
 from daemon.errors import EdgedError
 from daemon.model_config import ModelConfig
-from daemon.updates.errors import HealthCheckFailed
+from daemon.updates.errors import HealthCheckFailed, StoreBusy
 from daemon.updates.store import ReleaseStore, StoreStatus
 
 if TYPE_CHECKING:
-    from daemon.updates.apply import AppliedUpdate
+    from daemon.updates.apply import AppliedUpdate, Committed
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +80,7 @@ class ReleaseManager:
 
     def point_at(self, release: Path | None) -> None:
         """Make the repository and plugin search paths those of `release` (None = no release)."""
+        self.store.set_active(release)
         models = release / "models" if release is not None else None
         plugins = release / "plugins" if release is not None else None
         self.repository.repositories = (
@@ -90,6 +96,27 @@ class ReleaseManager:
             self.point_at(release)
             await self.registry.sync_plugins()
             await self.repository.rescan()
+
+    async def reload_current(self) -> Path | None:
+        """SIGHUP: finish or undo an update another process left interrupted (unless one holds
+        the store right now), then serve whatever `current` names."""
+        # StoreBusy: an apply is in progress; it asks us to reload once it has switched.
+        with contextlib.suppress(StoreBusy):
+            await asyncio.to_thread(self.store.recover)
+        release = self.store.current_release()
+        await self.reload(release)
+        return release
+
+    async def check_current(self) -> list[str]:
+        """Reload `current` and health-check it (the `edged update` command's health check, asked
+        over the socket while it holds the store). Returns the release's model names."""
+        release = self.store.current_release()
+        if release is None:
+            await self.reload(None)
+            return []
+        await self.health_check(release)
+        models = release / "models"
+        return sorted(scan_repository(models)) if models.is_dir() else []
 
     async def health_check(self, release: Path) -> None:
         await self.reload(release)
@@ -118,7 +145,9 @@ class ReleaseManager:
         except EdgedError as exc:
             raise HealthCheckFailed(f"model '{name}' failed its warm-up request: {exc.message}") from exc
 
-    async def apply(self, bundle: Path, progress: Callable[[str], None] | None = None) -> AppliedUpdate:
+    async def apply(
+        self, bundle: Path, progress: Callable[[str], None] | None = None, *, commit: bool = True
+    ) -> AppliedUpdate:
         def report(line: str) -> None:
             log.info("update: %s", line)
             if progress is not None:
@@ -127,20 +156,20 @@ class ReleaseManager:
         # Imported on first use: verifying bundles needs `cryptography`; serving does not.
         from daemon.updates.apply import apply_update
 
-        try:
-            return await apply_update(
-                bundle, self.store, self.trusted_keys, self.health_check, report,
-                restore=self.reload, keep=self.keep,
-            )
-        except HealthCheckFailed:
-            if self.store.current_release() is None:
-                await self.reload(None)  # the first release failed: back to the base setup
-            raise
+        return await apply_update(
+            bundle, self.store, self.trusted_keys, self.health_check, report,
+            restore=self.reload, keep=self.keep, commit=commit,
+        )
 
-    async def rollback(self) -> Path:
-        previous = await asyncio.to_thread(self.store.rollback)
-        await self.reload(previous)
-        return previous
+    async def commit(self) -> Committed:
+        from daemon.updates.apply import commit_update
+
+        return await commit_update(self.store, keep=self.keep)
+
+    async def rollback(self, *, only_pending: bool = False) -> Path | None:
+        from daemon.updates.apply import rollback_update
+
+        return await rollback_update(self.store, self.reload, only_pending=only_pending)
 
     def status(self) -> StoreStatus:
         return self.store.status()

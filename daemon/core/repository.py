@@ -11,12 +11,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from daemon.config import ControlMode
-from daemon.core import layout
+from daemon.core import layout, uploads
 from daemon.core.registry import IndexEntry, ModelRegistry
 from daemon.errors import Conflict, EdgedError, NotFound
 
@@ -31,8 +33,11 @@ class RepositoryManager:
         mode: ControlMode,
         *,
         startup_models: list[str] | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         self.registry = registry
+        # Where model files sent in load requests are written (uploads).
+        self.state_dir = state_dir or Path(tempfile.gettempdir()) / "edged"
         self.repositories = repositories
         self.mode = mode
         self.startup_models = startup_models or []
@@ -126,19 +131,29 @@ class RepositoryManager:
                            else f"explicit model {action} is not allowed if model control mode is none")
 
     async def load(
-        self, name: str, config_json: str | None = None, model_dir: Path | None = None
+        self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
     ) -> None:
         """Explicit load; `config_json` (Triton's JSON layout) replaces the config on disk.
-        `model_dir` (files sent in the load request, Triton's `file:` parameters) replaces
-        the repository's directory when given."""
+        `files` (relative path -> contents, Triton's `file:` load parameters) are written to a
+        fresh directory under the state dir, which then replaces the repository's directory;
+        it is removed again if the load fails, and older uploads of the model are pruned."""
         self._check_explicit("load / unload")
-        if model_dir is not None:
-            path: Path | None = model_dir
-        else:
+        if not files:
             models = await asyncio.to_thread(self.scan)
             path = models.get(name)
-        if path is None:
-            raise NotFound(f"failed to load '{name}', failed to poll from model repository")
+            if path is None:
+                raise NotFound(f"failed to load '{name}', failed to poll from model repository")
+            await self._load(name, path, config_json)
+            return
+        uploaded = await asyncio.to_thread(uploads.write, self.state_dir, name, files)
+        try:
+            await self._load(name, uploaded, config_json)
+        except BaseException:
+            await asyncio.to_thread(uploads.remove, uploaded)
+            raise
+        await asyncio.to_thread(uploads.prune, self.state_dir, name, uploaded)
+
+    async def _load(self, name: str, path: Path, config_json: str | None) -> None:
         override = None
         if config_json is not None:
             from daemon.core.triton_config import PbtxtParser
@@ -150,9 +165,20 @@ class RepositoryManager:
                 log.warning("model %s: %s", name, warning)
         await self.registry.load(name, path, override)
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, *, dependents: bool = False) -> None:
+        """Explicit unload. A model that is not loaded is already unloaded (as in Triton).
+        With `dependents` (Triton's `unload_dependents`), an ensemble's step models go too."""
         self._check_explicit("load / unload")
-        await self.registry.unload(name)
+        steps: list[str] = []
+        entry = self.registry.entry(name)
+        if dependents and entry is not None:
+            for model in entry.versions.values():
+                ensemble = model.config.ensemble_scheduling
+                if ensemble is not None:
+                    steps += [s.model_name for s in ensemble.step if s.model_name not in steps]
+        for target in [name, *steps]:
+            with contextlib.suppress(NotFound):
+                await self.registry.unload(target)
 
     async def index(self, ready_only: bool = False) -> list[IndexEntry]:
         # Models present on disk but never seen are listed too, like Triton.

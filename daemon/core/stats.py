@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -78,6 +78,9 @@ class ModelStats:
         self.batch_stats: dict[int, BatchStats] = {}
         # Requests waiting in the scheduler queue, set by the scheduler.
         self.pending = 0
+        # Generation models: the engine's own counters (slots, cache, KV cells), set by the
+        # loader and exported as edged_llm_* gauges.
+        self.engine_stats: Callable[[], Mapping[str, object]] | None = None
         self._metrics = metrics
         if metrics is not None:
             metrics.add(self)
@@ -229,6 +232,42 @@ class _TritonCollector(Collector):
         for (model, version), stats in rows:
             pending.add_sample(pending.name, {"model": model, "version": version}, sum(s.pending for s in stats))
         yield pending
+        yield from _engine_families(rows)
+
+
+# Generation engines' counters (GenerationBackend.engine_stats keys) exported per model version.
+_ENGINE_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("slots", "edged_llm_slots", "Sequence slots of the generation engine"),
+    ("busy", "edged_llm_slots_busy", "Slots generating now"),
+    ("queued", "edged_llm_queue_length", "Generation requests waiting for a slot"),
+    ("kv_cells_used", "edged_llm_kv_cells_used", "KV cache cells holding tokens"),
+    ("kv_cells_total", "edged_llm_kv_cells_total", "KV cache cells in all slots"),
+)
+_ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("tokens_generated", "edged_llm_tokens_generated", "Tokens generated since the model was loaded"),
+    ("prompt_tokens_cached", "edged_llm_prompt_tokens_cached",
+     "Prompt tokens served from a slot's prefix cache instead of being evaluated"),
+    ("prompt_tokens_evaluated", "edged_llm_prompt_tokens_evaluated", "Prompt tokens evaluated"),
+)
+
+
+def _engine_families(rows: list[tuple[tuple[str, str], list[ModelStats]]]) -> Iterator[Metric]:
+    engines = [
+        (key, stats.engine_stats())
+        for key, group in rows
+        for stats in group
+        if stats.engine_stats is not None
+    ]
+    if not engines:
+        return
+    for kind, table in (("gauge", _ENGINE_GAUGES), ("counter", _ENGINE_COUNTERS)):
+        for field_name, name, doc in table:
+            family = Metric(name, doc, kind)
+            for (model, version), values in engines:
+                value = values.get(field_name)
+                if isinstance(value, int | float):
+                    family.add_sample(name, {"model": model, "version": version}, float(value))
+            yield family
 
 
 class MetricsRegistry:

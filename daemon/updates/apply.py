@@ -18,6 +18,8 @@ from daemon.updates.store import Checkpoint, ReleaseStore
 log = logging.getLogger(__name__)
 
 HealthCheck = Callable[[Path], Awaitable[None]]
+# Bring the server in line with a release again (None: no release) after a switch back.
+Restore = Callable[[Path | None], Awaitable[object]]
 
 
 class AppliedUpdate(msgspec.Struct, forbid_unknown_fields=True):
@@ -26,6 +28,8 @@ class AppliedUpdate(msgspec.Struct, forbid_unknown_fields=True):
     release: str
     pruned: list[str]
     health_checked: bool
+    # False for a two-phase apply: the release is pending until commit or rollback.
+    committed: bool = True
 
 
 def _noop(_: str) -> None:
@@ -39,12 +43,15 @@ async def apply_update(
     health_check: HealthCheck | None,
     progress: Callable[[str], None] = _noop,
     *,
-    restore: HealthCheck | None = None,
+    restore: Restore | None = None,
     daemon_version: str = __version__,
     keep: int = 3,
     checkpoint: Checkpoint | None = None,
+    commit: bool = True,
 ) -> AppliedUpdate:
-    """Apply the bundle at `path` to `store`.
+    """Apply the bundle at `path` to `store`. The one apply path: the daemon's HTTP route and
+    inbox and the `edged update apply` command all come here; they differ only in the health
+    check they pass (in-process reload, or asking the running daemon over its socket).
 
     `health_check(release_dir)` runs after `current` points at the new release (the daemon
     reloads its models from it and sends each a warm-up request); any exception fails the update:
@@ -52,6 +59,10 @@ async def apply_update(
     daemon reloads the old models) and HealthCheckFailed is raised. `checkpoint(step)` is called
     at each step boundary (a fault-injection hook for tests). Disk work runs in a thread: the
     event loop, and with it the systemd watchdog, keeps running during a multi-GB extraction.
+
+    With `commit=False` (two-phase, for fleet managers) a healthy release is left *installed*:
+    `current` points at it, it survives restarts, and `commit_update` or `rollback_update`
+    finishes it.
     """
     path = Path(path)
     step = checkpoint or _noop
@@ -63,6 +74,7 @@ async def apply_update(
     progress(f"verified bundle {label}")
     with store.locked():
         await asyncio.to_thread(store._recover)
+        store.require_no_pending()
         store.check_sequence(manifest)
         progress(f"staging {label}")
         release = await asyncio.to_thread(store.stage, path, manifest, checkpoint)
@@ -82,7 +94,7 @@ async def apply_update(
                 if not isinstance(exc, Exception):
                     raise
                 restored = ""
-                if restore is not None and previous is not None:
+                if restore is not None:
                     try:
                         await restore(previous)
                     except Exception as restore_exc:
@@ -93,14 +105,45 @@ async def apply_update(
                     f"switched back to {back}{restored}"
                 ) from exc
             step("checked")
-        name = await asyncio.to_thread(store.commit)
-        step("committed")
-        pruned = await asyncio.to_thread(store._prune, keep)
-    progress(f"committed {name}" + (f", pruned {', '.join(pruned)}" if pruned else ""))
+        if commit:
+            name = await asyncio.to_thread(store.commit)
+            step("committed")
+            pruned = await asyncio.to_thread(store._prune, keep)
+        else:
+            name = await asyncio.to_thread(store.mark_installed)
+            step("installed")
+            pruned = []
+    if commit:
+        progress(f"committed {name}" + (f", pruned {', '.join(pruned)}" if pruned else ""))
+    else:
+        progress(f"installed {name}, not committed: `edged update commit` or `edged update rollback`")
     return AppliedUpdate(
         bundle_version=manifest.bundle_version,
         sequence=manifest.sequence,
         release=name,
         pruned=pruned,
         health_checked=health_check is not None,
+        committed=commit,
     )
+
+
+class Committed(msgspec.Struct, forbid_unknown_fields=True):
+    release: str
+    pruned: list[str]
+
+
+async def commit_update(store: ReleaseStore, *, keep: int = 3) -> Committed:
+    """Second phase: make the installed pending release the committed one, then prune."""
+    name, pruned = await asyncio.to_thread(store.commit_pending, keep)
+    return Committed(release=name, pruned=pruned)
+
+
+async def rollback_update(
+    store: ReleaseStore, restore: Restore | None = None, *, only_pending: bool = False
+) -> Path | None:
+    """Undo the pending release, or go back to the previous committed one; `restore(release)`
+    (the daemon's reload) is awaited afterwards. Returns the release now current."""
+    release = await asyncio.to_thread(store.rollback, only_pending=only_pending)
+    if restore is not None:
+        await restore(release)
+    return release

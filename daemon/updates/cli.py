@@ -1,7 +1,10 @@
-"""`edged bundle keygen|create|verify` and `edged update apply|rollback|status`.
+"""`edged bundle keygen|create|verify` and `edged update apply|commit|rollback|status`.
 
-These work offline, on the release store directly, without a running daemon. Handlers return
-an exit code; EdgedErrors propagate to `daemon.cli.main`, which prints them and exits 2.
+`edged update` works on the release store directly, through the same `apply_update` as the
+daemon's HTTP route. When a daemon answers on its socket, it is asked to serve the switched
+release and health-check it (that is the apply's health check); otherwise the apply is offline
+and the daemon serves `current` when it starts or reloads (SIGHUP). Handlers return an exit
+code; EdgedErrors propagate to `daemon.cli.main`, which prints them and exits 2.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from pathlib import Path
 
 import msgspec
 
-from daemon.config import DaemonConfig, trusted_keys_dir, updates_root
-from daemon.updates.apply import apply_update
+from daemon.config import DaemonConfig, default_socket_path, trusted_keys_dir, updates_root
+from daemon.updates.apply import apply_update, commit_update, rollback_update
 from daemon.updates.bundle import create_bundle, verify_bundle
+from daemon.updates.daemon_link import DaemonLink
 from daemon.updates.errors import UpdateError
 from daemon.updates.keys import keygen
 from daemon.updates.store import ReleaseStore
@@ -24,6 +28,7 @@ from daemon.updates.store import ReleaseStore
 # The daemon's defaults ([updates] root = <state-dir>/releases, keys = <config dir>/keys).
 DEFAULT_ROOT = updates_root(DaemonConfig())
 DEFAULT_KEYS = trusted_keys_dir(DaemonConfig())
+DEFAULT_SOCKET = default_socket_path()
 
 
 def _out(text: str) -> None:
@@ -74,22 +79,61 @@ def _check_owner(root: Path) -> None:
                           f"`runuser -u edged -- edged update ...`")
 
 
+def _daemon(args: argparse.Namespace) -> DaemonLink | None:
+    """The running daemon to reload and health-check through, or None (offline)."""
+    link = None if args.offline else DaemonLink(args.socket, timeout=args.timeout)
+    if link is not None and link.reachable():
+        _out(f"daemon at {args.socket}: it will serve and health-check the release")
+        return link
+    why = "--offline" if link is None else f"no daemon answers on {args.socket}"
+    _out(f"note: {why}: offline, no health check. The daemon serves the store's current "
+         "release when it starts or reloads (systemctl reload edged).")
+    return None
+
+
 def _cmd_apply(args: argparse.Namespace) -> int:
     _check_owner(args.root)
     store = ReleaseStore(args.root)
-    _out("note: offline apply, no daemon involved: the health check is skipped. Reload the "
-         "daemon (systemctl reload edged) to serve the new release.")
+    link = _daemon(args)
     result = asyncio.run(apply_update(
-        args.bundle, store, args.keys, health_check=None, progress=_out, keep=args.keep,
+        args.bundle, store, args.keys,
+        health_check=link.health_check if link else None,
+        restore=link.restore if link else None,
+        progress=_out, keep=args.keep, commit=not args.no_commit,
     ))
-    _out(f"current -> {result.release}")
+    _out(f"current -> {result.release}" + ("" if result.committed else " (pending)"))
+    return 0
+
+
+def _cmd_commit(args: argparse.Namespace) -> int:
+    _check_owner(args.root)
+    done = asyncio.run(commit_update(ReleaseStore(args.root), keep=args.keep))
+    _out(f"committed {done.release}" + (f", pruned {', '.join(done.pruned)}" if done.pruned else ""))
     return 0
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
     _check_owner(args.root)
-    release = ReleaseStore(args.root).rollback()
-    _out(f"current -> {release.name}. Reload the daemon (systemctl reload edged) to serve it.")
+    store = ReleaseStore(args.root)
+    before = store.current_release()
+    link = _daemon(args)
+    failed: list[str] = []
+
+    async def restore(release: Path | None) -> None:
+        if link is None:
+            return
+        try:
+            await link.restore(release)
+        except UpdateError as exc:  # the switch back stands; say what the daemon reported
+            failed.append(exc.message)
+
+    release = asyncio.run(rollback_update(store, restore, only_pending=args.if_pending))
+    if args.if_pending and release == before:
+        _out(f"nothing pending; current stays {release.name if release else 'nothing'}")
+        return 0
+    _out(f"current -> {release.name if release else 'nothing'}")
+    for message in failed:
+        _out(f"warning: the daemon reloaded, but its health check failed: {message}")
     return 0
 
 
@@ -100,7 +144,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return 0
     _out(f"store:         {status.root}")
     _out(f"current:       {status.current or '-'}")
-    _out(f"pending:       {status.pending or '-'}")
+    _out(f"pending:       {status.pending or '-'}"
+         + (" (installed: commit or roll back)" if status.pending_installed else ""))
     _out(f"rollback to:   {status.rollback_to or '-'}")
     _out(f"last sequence: {status.last_sequence}")
     _out(f"releases:      {', '.join(status.releases) or '-'}")
@@ -112,6 +157,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _store_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT,
                         help=f"release store directory (default {DEFAULT_ROOT})")
+
+
+def _daemon_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--socket", type=Path, default=DEFAULT_SOCKET,
+                        help=f"the running daemon's Unix socket (default {DEFAULT_SOCKET})")
+    parser.add_argument("--offline", action="store_true",
+                        help="do not contact a running daemon (no health check)")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds to wait for the daemon's reload and health check")
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -147,16 +201,29 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     update = subparsers.add_parser("update", help="apply bundles to the release store")
     update_sub = update.add_subparsers(dest="update_command", required=True)
 
-    p = update_sub.add_parser("apply", help="verify and apply a bundle (offline)")
+    p = update_sub.add_parser("apply", help="verify, apply and health-check a bundle")
     p.add_argument("bundle", type=Path)
     _store_flags(p)
+    _daemon_flags(p)
     p.add_argument("--keys", type=Path, default=DEFAULT_KEYS,
                    help=f"trusted public keys directory (default {DEFAULT_KEYS})")
     p.add_argument("--keep", type=int, default=3, help="releases to keep (default 3)")
+    p.add_argument("--no-commit", action="store_true",
+                   help="two-phase: leave the release installed but pending until "
+                        "`edged update commit` or `edged update rollback`")
     p.set_defaults(handler=_cmd_apply)
 
-    p = update_sub.add_parser("rollback", help="switch back to the previous committed release")
+    p = update_sub.add_parser("commit", help="commit the pending release (after apply --no-commit)")
     _store_flags(p)
+    p.add_argument("--keep", type=int, default=3, help="releases to keep (default 3)")
+    p.set_defaults(handler=_cmd_commit)
+
+    p = update_sub.add_parser("rollback", help="undo the pending release, or switch back to the "
+                                               "previous committed release")
+    _store_flags(p)
+    _daemon_flags(p)
+    p.add_argument("--if-pending", action="store_true",
+                   help="only undo a pending release; with none, do nothing (exit 0)")
     p.set_defaults(handler=_cmd_rollback)
 
     p = update_sub.add_parser("status", help="show the release store")

@@ -26,3 +26,7 @@ class HealthCheckFailed(UpdateError):
 
 class StoreBusy(UpdateConflict):
     """Another update holds the release store's lock; trying again later may work."""
+
+
+class PendingRelease(UpdateConflict):
+    """A two-phase update waits for commit or rollback; another apply must wait for that."""

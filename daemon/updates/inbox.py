@@ -10,7 +10,7 @@ from pathlib import Path
 
 from daemon.errors import EdgedError
 from daemon.updates.bundle import BUNDLE_SUFFIX
-from daemon.updates.errors import StoreBusy
+from daemon.updates.errors import PendingRelease, StoreBusy
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,8 @@ async def watch_inbox(
     A file is picked up only once its size and mtime held still for one interval (a copy to the
     stick may be in progress). Bundles are remembered by sha256 once they reached a verdict
     (applied, or rejected with an EdgedError), so a bad bundle is reported once instead of every
-    poll; an I/O error (stick pulled out mid-read) or a busy store is retried. A missing inbox is waited for.
+    poll; an I/O error (stick pulled out mid-read), a busy store or a two-phase release waiting for
+    commit is retried. A missing inbox is waited for.
     Nothing short of cancellation stops the loop.
     """
     seen: set[str] = set()
@@ -78,7 +79,7 @@ async def _poll(
         try:
             log.info("update inbox: applying %s", path)
             await apply(path)
-        except StoreBusy as exc:
+        except (StoreBusy, PendingRelease) as exc:  # not a verdict on the bundle: retried
             log.info("update inbox: %s deferred: %s", path.name, exc.message)
         except EdgedError as exc:
             if path.exists():  # else the medium went away mid-read: not a verdict on the bundle

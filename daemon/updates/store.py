@@ -6,10 +6,16 @@
       staging/                       (releases being built; never pointed at)
       state.json                     (committed releases, pending switch, last sequence, history)
       lock                           (flock: one writer at a time, daemon or CLI)
+      active                         (written by a running daemon: the release it serves, its pid)
 
 Invariant: `current` always names a complete release, because a release is built under
 staging/ and renamed into releases/ only once every file is written and synced. state.json
 records intent before the link moves, so recover() can finish or undo any interrupted step.
+
+Two-phase updates: a pending release is either *switching* (an apply holds the lock; a crash
+leaves it for recover() to undo) or *installed* (`apply --no-commit` finished: `current` points at
+it and it waits for `commit` or `rollback`; recover() keeps it). Prune never removes the live,
+the pending, the `current` or the daemon's active release.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Literal
 
 import msgspec
 
-from daemon.updates.errors import StoreBusy, UpdateConflict, UpdateError
+from daemon.updates.errors import PendingRelease, StoreBusy, UpdateConflict, UpdateError
 from daemon.updates.fsutil import atomic_write, fsync_dir, link_or_copy_tree, seal_tree
 from daemon.updates.manifest import CATEGORIES, Manifest, encode_manifest, split_path
 
@@ -54,6 +60,9 @@ class StoreState(msgspec.Struct, forbid_unknown_fields=True):
     committed: list[str] = []
     # Release that `current` was (or is about to be) switched to but not yet committed.
     pending: str | None = None
+    # True once the pending release finished installing (two-phase apply): it survives restarts
+    # and waits for commit or rollback. False while an apply is still switching to it.
+    pending_installed: bool = False
     history: list[HistoryEntry] = []
 
     @property
@@ -61,10 +70,18 @@ class StoreState(msgspec.Struct, forbid_unknown_fields=True):
         return self.committed[-1] if self.committed else None
 
 
+class ActiveRelease(msgspec.Struct, forbid_unknown_fields=True):
+    """What a running daemon serves (the `active` file); prune keeps it while `pid` lives."""
+
+    release: str | None
+    pid: int
+
+
 class StoreStatus(msgspec.Struct, forbid_unknown_fields=True):
     root: str
     current: str | None
     pending: str | None
+    pending_installed: bool
     last_sequence: int
     rollback_to: str | None
     releases: list[str]
@@ -73,6 +90,16 @@ class StoreStatus(msgspec.Struct, forbid_unknown_fields=True):
 
 def _now() -> str:
     return datetime.now(UTC).replace(microsecond=0).isoformat()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
 
 
 def release_sequence(name: str) -> int:
@@ -91,6 +118,7 @@ class ReleaseStore:
         self.staging = self.root / "staging"
         self.current = self.root / "current"
         self._state_path = self.root / "state.json"
+        self._active_path = self.root / "active"
         self._lock_fd: int | None = None
 
     # --- locking and state -----------------------------------------------------------------
@@ -171,11 +199,30 @@ class ReleaseStore:
             root=str(self.root),
             current=current.name if current else None,
             pending=state.pending,
+            pending_installed=state.pending is not None and state.pending_installed,
             last_sequence=state.last_sequence,
             rollback_to=state.committed[-2] if len(state.committed) > 1 else None,
             releases=names,
             history=state.history[-20:],
         )
+
+    def set_active(self, release: Path | None) -> None:
+        """Record the release this process now serves (a daemon calls this on every reload)."""
+        if not self.root.is_dir():
+            return  # no store yet: nothing for a prune to protect
+        record = ActiveRelease(release=release.name if release is not None else None, pid=os.getpid())
+        try:
+            atomic_write(self._active_path, msgspec.json.encode(record))
+        except OSError as exc:  # a read-only store still serves; prune just cannot see us
+            log.warning("cannot record the active release in %s: %s", self._active_path, exc)
+
+    def active_release(self) -> str | None:
+        """The release a live daemon serves, from the `active` file; None if no daemon lives."""
+        try:
+            record = msgspec.json.decode(self._active_path.read_bytes(), type=ActiveRelease)
+        except (OSError, msgspec.DecodeError):
+            return None
+        return record.release if _pid_alive(record.pid) else None
 
     def check_sequence(self, manifest: Manifest) -> None:
         last = self.load_state().last_sequence
@@ -265,8 +312,28 @@ class ReleaseStore:
         self._require_lock()
         state = self.load_state()
         state.pending = release.name
+        state.pending_installed = False
         self._save(state)
         self.switch(release)
+
+    def mark_installed(self) -> str:
+        """Two-phase apply: the switched-to release stays pending across restarts until commit
+        or rollback; returns its name."""
+        self._require_lock()
+        state = self.load_state()
+        if state.pending is None:
+            raise UpdateConflict(f"release store {self.root} has no pending release")
+        state.pending_installed = True
+        self._save(state)
+        return state.pending
+
+    def require_no_pending(self) -> None:
+        state = self.load_state()
+        if state.pending is not None:
+            raise PendingRelease(
+                f"release {state.pending} is installed and waits for `edged update commit` or "
+                "`edged update rollback`; finish that first"
+            )
 
     def commit(self) -> str:
         """Make the pending release the committed, live one; returns its name."""
@@ -277,6 +344,7 @@ class ReleaseStore:
         name = state.pending
         state.committed.append(name)
         state.pending = None
+        state.pending_installed = False
         state.last_sequence = max(state.last_sequence, release_sequence(name))
         self._record(state, "committed", name)
         self._save(state)
@@ -291,6 +359,7 @@ class ReleaseStore:
         if state.pending is not None:
             self._record(state, action, state.pending, detail)
             state.pending = None
+            state.pending_installed = False
             self._save(state)
         return live
 
@@ -316,23 +385,41 @@ class ReleaseStore:
         except FileNotFoundError:
             pass
         state = self.load_state()
-        if state.pending is not None:
+        if state.pending is not None and not (
+            state.pending_installed and self.release_path(state.pending).is_dir()
+        ):
             notes.append(f"update to {state.pending} was interrupted before commit; back to "
                          f"{state.live or 'no release'}")
             self.abort("interrupted before commit (crash or restart)", action="interrupted")
-        live = self.release_path(state.live) if state.live else None
-        if self.current_release() != (live.resolve() if live else None):
-            self.switch(live)
-            notes.append(f"current repointed to {state.live or 'nothing'}")
+            state = self.load_state()
+        # An installed pending release stays current until commit or rollback.
+        serve = state.pending or state.live
+        target = self.release_path(serve) if serve else None
+        if self.current_release() != (target.resolve() if target else None):
+            self.switch(target)
+            notes.append(f"current repointed to {serve or 'nothing'}")
         for note in notes:
             log.warning("release store %s: %s", self.root, note)
         return notes
 
-    def rollback(self) -> Path:
-        """Go back to the release committed before the live one; returns it."""
+    def commit_pending(self, keep: int = 3) -> tuple[str, list[str]]:
+        """Second phase: commit the installed pending release, then prune; (name, pruned)."""
+        with self.locked():
+            self._recover()
+            name = self.commit()
+            return name, self._prune(keep)
+
+    def rollback(self, *, only_pending: bool = False) -> Path | None:
+        """Undo the pending release if there is one (back to the live release, None when there
+        is none); otherwise go back to the release committed before the live one. With
+        `only_pending`, no pending release means nothing to do: returns `current` unchanged."""
         with self.locked():
             self._recover()
             state = self.load_state()
+            if state.pending is not None:
+                return self.abort("rolled back before commit", action="rolled-back")
+            if only_pending:
+                return self.current_release()
             if len(state.committed) < 2:
                 raise UpdateConflict(f"release store {self.root} has no earlier release to roll "
                                      "back to")
@@ -350,18 +437,21 @@ class ReleaseStore:
             return self._prune(keep)
 
     def _prune(self, keep: int) -> list[str]:
-        """Delete all but the newest `keep` committed releases (the live one always stays),
-        and any release directory that is neither committed nor pending."""
+        """Delete all but the newest `keep` committed releases and any release directory that is
+        neither committed nor pending. Never removed: the live and the pending release, the one
+        `current` names, and the one a running daemon serves (it may not have reloaded yet)."""
         self._require_lock()
         keep = max(keep, 1)
         state = self.load_state()
         kept = set(state.committed[-keep:])
-        if state.pending:
-            kept.add(state.pending)
+        current = self.current_release()
+        for name in (state.pending, current.name if current else None, self.active_release()):
+            if name:
+                kept.add(name)
         removed = [p.name for p in self.releases.iterdir() if p.name not in kept]
         if not removed:
             return []
-        state.committed = state.committed[-keep:]
+        state.committed = [name for name in state.committed if name not in removed]
         for name in removed:
             self._record(state, "pruned", name)
         self._save(state)  # forget them first: a crash mid-delete leaves only unreferenced dirs

@@ -14,7 +14,7 @@ from support import python_model
 
 pytest.importorskip("onnxruntime")
 
-from daemon.demo import build_mlp_onnx, mlp_reference
+from model_builders import build_mlp_onnx, mlp_reference
 
 
 def _infer_body(name: str, x: np.ndarray) -> str:

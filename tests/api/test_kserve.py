@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from daemon.demo import write_simple_repository
+from model_builders import write_simple_repository
 
 
 @pytest.fixture(scope="module")
@@ -338,7 +338,7 @@ def test_repository_load_parameters(start_daemon, repo: Path, tmp_path: Path) ->
     is a 400 naming it; a model that fails to load is Triton's 400 "load failed for model"."""
     import base64
 
-    from daemon.demo import SIMPLE_PYTHON_MODEL
+    from model_builders import SIMPLE_PYTHON_MODEL
 
     daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit",
                           "--load-model", "simple")

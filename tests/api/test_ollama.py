@@ -1,5 +1,6 @@
 """The official `ollama` Python client against the daemon over TCP, serving tiny GGUF models on
-llama.cpp (one loaded at start, others on demand) and an on-demand ONNX model over KServe."""
+llama.cpp (one loaded at start, others on demand) and an on-demand ONNX model over KServe;
+structured output (`format`) and tools."""
 
 from __future__ import annotations
 
@@ -14,11 +15,15 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 ollama = pytest.importorskip("ollama")
+jsonschema = pytest.importorskip("jsonschema")
 
-from daemon.testing_gguf import write_tiny_llama  # noqa: E402
+from gguf_builder import write_tiny_llama  # noqa: E402
 
 LLAMA = 'backend: "llamacpp"\nparameters { key: "n_parallel" value { string_value: "4" } }\n'
 ON_DEMAND = 'parameters { key: "load" value { string_value: "on-demand" } }\n'
+# Room for the tools' description in the prompt (one sequence of 2048 tokens).
+AGENT = ('backend: "llamacpp"\nparameters { key: "n_ctx" value { string_value: "2048" } }\n'
+         'parameters { key: "n_parallel" value { string_value: "1" } }\n')
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +34,16 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("embedder", 2, 'backend: "llamacpp"\nparameters { key: "embedding" value { string_value: "true" } }\n'),
         ("lazy", 3, LLAMA + ON_DEMAND),
         ("crowd", 4, LLAMA + ON_DEMAND),
+        # Seed 4: greedy, this random model calls the weather tool below (and stops after one
+        # call), where most seeds answer in text; see test_tool_call_comes_back_whole.
+        ("agent", 4, AGENT),
     ):
         (path / name / "1").mkdir(parents=True)
-        write_tiny_llama(path / name / "1" / "model.gguf", seed=seed, pooling=1 if name == "embedder" else None)
+        write_tiny_llama(path / name / "1" / "model.gguf", seed=seed, pooling=1 if name == "embedder" else None,
+                         n_ctx=2048 if name == "agent" else 256)
         (path / name / "config.pbtxt").write_text(config)
     pytest.importorskip("onnxruntime")
-    from daemon.demo import build_mlp_onnx
+    from model_builders import build_mlp_onnx
 
     (path / "mlp" / "1").mkdir(parents=True)
     build_mlp_onnx(path / "mlp" / "1" / "model.onnx", width=4, depth=1)
@@ -76,13 +85,13 @@ def test_root_version_and_head(daemon) -> None:
 def test_openai_model_list_includes_on_demand_models(daemon) -> None:
     with urllib.request.urlopen(f"http://127.0.0.1:{daemon.http_port}/v1/models") as reply:
         ids = [m["id"] for m in json.load(reply)["data"]]
-    assert {"tiny", "embedder", "lazy", "crowd", "mlp"} <= set(ids) and len(ids) == len(set(ids))
+    assert {"tiny", "embedder", "lazy", "crowd", "agent", "mlp"} <= set(ids) and len(ids) == len(set(ids))
 
 
 def test_list_and_show(client: ollama.Client) -> None:
     models = {m.model: m for m in client.list().models}
     # Text models of the repository, loaded or not; the ONNX model is not an Ollama model.
-    assert set(models) == {"tiny:latest", "embedder:latest", "lazy:latest", "crowd:latest"}
+    assert set(models) == {"tiny:latest", "embedder:latest", "lazy:latest", "crowd:latest", "agent:latest"}
     tiny = models["tiny:latest"]
     assert tiny.details is not None and tiny.details.format == "gguf" and tiny.details.family == "llama"
     assert tiny.size and tiny.size > 100_000 and tiny.digest
@@ -137,9 +146,6 @@ def test_unsupported_fields_are_400_naming_them(client: ollama.Client) -> None:
     cases = [
         (lambda: client.chat(model="tiny", messages=chat, options={"mirostat": 2}), "options.mirostat"),
         (lambda: client.chat(model="tiny", messages=chat, options={"num_ctx": 8192}), "num_ctx 8192"),
-        (lambda: client.chat(model="tiny", messages=chat, format="json"), "format"),
-        (lambda: client.chat(model="tiny", messages=chat, tools=[{"type": "function", "function": {"name": "f"}}]),
-         "does not support tools"),
         (lambda: client.chat(model="tiny", messages=[{"role": "user", "content": "x", "images": [b"\x89PNG"]}]),
          "images"),
         (lambda: client.generate(model="tiny", prompt="x", template="{{ range .Messages }}{{ end }}"), "template"),
@@ -249,7 +255,7 @@ def test_load_that_cannot_fit_the_budget_is_507(tmp_path: Path, start_daemon) ->
     (repo / "lazy" / "1").mkdir(parents=True)
     write_tiny_llama(repo / "lazy" / "1" / "model.gguf", seed=3)
     (repo / "lazy" / "config.pbtxt").write_text(LLAMA + ON_DEMAND)
-    from daemon.demo import build_mlp_onnx
+    from model_builders import build_mlp_onnx
 
     (repo / "pinned" / "1").mkdir(parents=True)
     build_mlp_onnx(repo / "pinned" / "1" / "model.onnx", width=4, depth=1)
@@ -265,3 +271,110 @@ def test_load_that_cannot_fit_the_budget_is_507(tmp_path: Path, start_daemon) ->
     assert "memory budget (residency.memory-budget = 1MiB" in caught.value.error
     assert "pinned 1 MiB" in caught.value.error
     assert loaded(client) == {"pinned:latest"} and daemon.alive()
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Oslo"]}, "celsius": {"type": "boolean"}},
+            "required": ["city", "celsius"],
+        },
+    },
+}
+MOOD = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "mood": {"enum": ["happy", "sad"]}},
+    "required": ["ok", "mood"],
+    "additionalProperties": False,
+}
+
+
+def test_format_json_and_schema(client: ollama.Client, daemon) -> None:
+    # JSON mode: one JSON object (greedy, this model closes it at once).
+    greedy = {"temperature": 0, "num_predict": 100}
+    reply = client.generate(model="tiny", prompt="JSON please", format="json", options=greedy)
+    assert reply.done_reason == "stop" and isinstance(json.loads(reply.response), dict)
+    chat = client.chat(model="tiny", messages=[{"role": "user", "content": "JSON please"}], format="json", options=greedy)
+    assert chat.done_reason == "stop" and isinstance(json.loads(chat.message.content or ""), dict)
+    # A schema: the output validates against it, sampled or streamed.
+    for seed in (1, 2, 3):
+        answer = client.chat(model="tiny", messages=[{"role": "user", "content": "Answer in JSON"}], format=MOOD,
+                             options={"seed": seed, "temperature": 1.0, "num_predict": 60})
+        assert answer.done_reason == "stop"
+        jsonschema.validate(json.loads(answer.message.content or ""), MOOD)
+    parts = list(client.generate(model="tiny", prompt="Answer in JSON", format=MOOD, stream=True,
+                                 options={"seed": 4, "temperature": 1.0, "num_predict": 60}))
+    assert parts[-1].done and parts[-1].done_reason == "stop"
+    jsonschema.validate(json.loads("".join(p.response for p in parts)), MOOD)
+    # What the grammar cannot enforce is a 400 naming the keyword, as on the OpenAI route.
+    bad = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}
+    with pytest.raises(ollama.ResponseError) as caught:
+        list(client.generate(model="tiny", prompt="x", format=bad, stream=True))  # refused before streaming
+    assert caught.value.status_code == 400
+    assert "properties.age: keyword 'minimum' is not supported" in caught.value.error
+    # The client refuses other strings itself; over plain HTTP they are a 400 too.
+    reply = daemon.post_json("/api/generate", {"model": "tiny", "prompt": "x", "format": "yaml"})
+    assert reply.status == 400 and "format: 'yaml' is not \"json\" or a JSON schema" in reply.json()["error"]
+
+
+def test_tool_call_comes_back_whole(client: ollama.Client, daemon) -> None:
+    kwargs = {"model": "agent", "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER],
+              "options": {"temperature": 0, "num_predict": 300}}
+    full = client.chat(**kwargs)
+    assert full.done and full.done_reason == "stop" and full.message.content == ""
+    (call,) = full.message.tool_calls or []
+    assert call.function.name == "get_weather"
+    jsonschema.validate(call.function.arguments, WEATHER["function"]["parameters"])
+    # On the wire, arguments are an object (not OpenAI's string), with Ollama's id and index.
+    raw = daemon.post_json("/api/chat", {**kwargs, "stream": False}).json()
+    (wire,) = raw["message"]["tool_calls"]
+    assert wire["function"] == {"index": 0, "name": "get_weather", "arguments": dict(call.function.arguments)}
+    assert wire["id"].startswith("call_")
+    # Streamed, the call comes whole in one object, never as pieces of text.
+    parts = list(client.chat(stream=True, **kwargs))
+    with_calls = [p for p in parts if p.message.tool_calls]
+    assert len(with_calls) == 1 and not with_calls[0].done
+    assert [c.function for c in with_calls[0].message.tool_calls or []] == [call.function]
+    assert not any(p.message.content for p in parts)
+    assert parts[-1].done and parts[-1].done_reason == "stop" and parts[-1].eval_count == full.eval_count
+    # Cut short (num_predict) before the call is complete: no call but the raw text, streamed or not.
+    short = {**kwargs, "options": {"temperature": 0, "num_predict": 10}}
+    cut = client.chat(**short)
+    assert cut.done_reason == "length" and not cut.message.tool_calls
+    assert (cut.message.content or "").startswith("{")
+    assert "".join(p.message.content or "" for p in client.chat(stream=True, **short)) == cut.message.content
+
+
+def test_tool_result_goes_back_through_the_template(client: ollama.Client, daemon) -> None:
+    question = [{"role": "user", "content": "Weather in Paris?"}]
+    call = {"function": {"name": "get_weather", "arguments": {"city": "Paris", "celsius": True}}}
+    result = "21 degrees and sunny"
+    answered = [*question, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_name": "get_weather", "content": result}]
+    one = {"num_predict": 1}
+    base = client.chat(model="agent", messages=question, tools=[WEATHER], options=one)
+    after = client.chat(model="agent", messages=answered, tools=[WEATHER], options=one)
+    # The call and its result are in the prompt: at least the result's characters in tokens more.
+    assert after.prompt_eval_count > base.prompt_eval_count + len(result)
+    longer = [*answered[:2], {**answered[2], "content": result + " with a light breeze from the west"}]
+    assert client.chat(model="agent", messages=longer, tools=[WEATHER], options=one).prompt_eval_count > \
+        after.prompt_eval_count
+    # Newer clients also name the call by id (the installed client cannot send it).
+    with_id = [*answered[:2], {**answered[2], "tool_call_id": "call_1"}]
+    reply = daemon.post_json("/api/chat", {"model": "agent", "messages": with_id, "tools": [WEATHER], "options": one,
+                                           "stream": False})
+    assert reply.status == 200 and reply.json()["prompt_eval_count"] > after.prompt_eval_count
+    for kwargs, words in [
+        ({"messages": [{"role": "user", "content": "x", "tool_calls": [call]}], "tools": [WEATHER]},
+         "messages[0].tool_calls: only on assistant messages"),
+        ({"messages": [{"role": "user", "content": "x", "tool_name": "get_weather"}]},
+         "messages[0].tool_name: only on tool messages"),
+        ({"messages": question, "tools": [WEATHER], "format": "json"}, "format: cannot be combined with tools"),
+    ]:
+        with pytest.raises(ollama.ResponseError) as caught:
+            client.chat(model="agent", options=one, **kwargs)
+        assert caught.value.status_code == 400 and words in caught.value.error, caught.value.error

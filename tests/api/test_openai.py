@@ -16,18 +16,18 @@ try:
 except ImportError:  # pragma: no cover - depends on the installed openai
     httpx = pytest.importorskip("httpx")
 
-from daemon.testing_gguf import write_tiny_llama  # noqa: E402
+from gguf_builder import write_tiny_llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("llm-repo")
     (path / "tiny" / "1").mkdir(parents=True)
-    write_tiny_llama(path / "tiny" / "1" / "model.gguf", seed=1)
+    write_tiny_llama(path / "tiny" / "1" / "model.gguf", seed=1, n_ctx=1024)
     (path / "tiny" / "config.pbtxt").write_text(
         'backend: "llamacpp"\n'
         'parameters { key: "n_parallel" value { string_value: "4" } }\n'
-        'parameters { key: "n_ctx" value { string_value: "1024" } }\n'
+        'parameters { key: "n_ctx" value { string_value: "4096" } }\n'
     )
     (path / "embedder" / "1").mkdir(parents=True)
     write_tiny_llama(path / "embedder" / "1" / "model.gguf", seed=2, pooling=1)
@@ -126,8 +126,39 @@ def test_embeddings(client: openai.OpenAI) -> None:
 
 
 def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
+    user = [{"role": "user", "content": "x"}]
     with pytest.raises(openai.BadRequestError, match="n: only n=1"):
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=2)
+        client.chat.completions.create(model="tiny", messages=user, n=2)
+    for field, value, pattern in [
+        ("temperature", 2.5, "temperature must be between 0 and 2"),
+        ("temperature", -0.1, "temperature must be between 0 and 2"),
+        ("top_p", 1.5, "top_p must be between 0 and 1"),
+        ("presence_penalty", 2.5, "presence_penalty must be between -2 and 2"),
+        ("frequency_penalty", -3, "frequency_penalty must be between -2 and 2"),
+        ("logit_bias", {"5": 101}, r"logit_bias\[5\] must be between -100 and 100"),
+        ("logit_bias", {"hello": 1}, "logit_bias: key 'hello' is not a token id"),
+        ("logit_bias", {"99999": 1}, "logit_bias: token id 99999 is out of range"),
+        ("max_completion_tokens", 0, "max_completion_tokens must be >= 1, got 0"),
+        ("max_tokens", 0, "max_tokens must be >= 1, got 0"),
+        ("stream_options", {"include_usage": True}, "stream_options: only allowed when stream is true"),
+        ("tools", [], "tools"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=pattern):
+            client.chat.completions.create(model="tiny", messages=user, extra_body={field: value})
+    for messages, pattern in [
+        ([{"role": "tool", "content": "x"}], r"messages\[0\]\.tool_call_id: required for role 'tool'"),
+        ([{"role": "user", "content": "x", "tool_call_id": "1"}], r"messages\[0\]\.tool_call_id: only on tool messages"),
+        ([{"role": "function", "content": "x"}], r"messages\[0\]\.role: 'function' is not one of"),
+        ([{"role": "robot", "content": "x"}], r"messages\[0\]\.role: 'robot'"),
+        ([{"role": "user", "content": None}], r"messages\[0\]\.content: required"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], r"messages\[0\]\.content\[0\]"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=pattern):
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=1)
+    with pytest.raises(openai.BadRequestError, match="echo: only supported with a text prompt"):
+        client.completions.create(model="tiny", prompt=[1, 300], echo=True, max_tokens=1)
+    with pytest.raises(openai.BadRequestError, match="suffix"):
+        client.completions.create(model="tiny", prompt="x", suffix="y", max_tokens=1)
     with pytest.raises(openai.BadRequestError, match="context"):
         client.completions.create(model="tiny", prompt="word " * 3000, max_tokens=4)
     with pytest.raises(openai.NotFoundError, match="unknown model"):
@@ -188,3 +219,252 @@ def test_generation_requests_show_in_statistics(daemon, client: openai.OpenAI) -
     assert after["inference_stats"]["success"]["count"] == before + 1
     metrics = daemon.request("GET", "/metrics").body.decode()
     assert 'nv_inference_request_success{model="tiny",version="1"}' in metrics
+
+
+def test_retrieve_model(client: openai.OpenAI) -> None:
+    card = client.models.retrieve("tiny")
+    assert card.id == "tiny" and card.owned_by == "edged/llamacpp"
+    with pytest.raises(openai.NotFoundError, match="unknown model"):
+        client.models.retrieve("nope")
+
+
+def test_default_max_tokens_is_the_rest_of_the_context(client: openai.OpenAI) -> None:
+    # 4096 cells over 4 slots: 1024 per sequence, so generation ends there, not at 128.
+    result = client.completions.create(model="tiny", prompt="Tell me everything", temperature=0)
+    assert result.choices[0].finish_reason == "length"
+    assert result.usage is not None
+    assert result.usage.prompt_tokens + result.usage.completion_tokens == 1024 + 1
+
+
+def test_max_completion_tokens_and_zero_tokens(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Count"}]
+    limited = client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=3, temperature=0)
+    assert limited.usage is not None and limited.usage.completion_tokens == 3
+    # Completions with max_tokens 0 and echo: the prompt alone, streamed or not.
+    echoed = client.completions.create(model="tiny", prompt="Score this", max_tokens=0, echo=True)
+    assert echoed.choices[0].text == "Score this" and echoed.choices[0].finish_reason == "length"
+    assert echoed.usage is not None and echoed.usage.completion_tokens == 0 and echoed.usage.prompt_tokens > 0
+
+
+def test_echo_streams_the_prompt_first(client: openai.OpenAI) -> None:
+    full = client.completions.create(model="tiny", prompt="Echo me", echo=True, **GREEDY)
+    chunks = [c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt="Echo me", echo=True, stream=True, **GREEDY) if c.choices]
+    assert chunks[0] == "Echo me"
+    assert "".join(chunks) == full.choices[0].text
+    assert full.choices[0].text.startswith("Echo me") and len(full.choices[0].text) > len("Echo me")
+
+
+def test_sampling_parameters_have_their_effect(client: openai.OpenAI) -> None:
+    prompt = "Parameters matter"
+    base = client.completions.create(model="tiny", prompt=prompt, **GREEDY).choices[0].text
+    forced = client.completions.create(model="tiny", prompt=prompt, logit_bias={"300": 100}, **GREEDY)
+    # Token 300 is a single printable character of the tiny vocabulary.
+    text = forced.choices[0].text
+    assert len(set(text)) == 1 and len(text) == 12 and text != base
+    # The bias makes token 300 win every step by a wide margin; a frequency penalty grows
+    # with each repeat until other tokens win, a presence penalty does not grow.
+    long = {"temperature": 0.0, "max_tokens": 120, "logit_bias": {"300": 100}}
+    repeated = client.completions.create(model="tiny", prompt=prompt, **long).choices[0].text
+    assert len(set(repeated)) == 1 and len(repeated) == 120
+    present = client.completions.create(model="tiny", prompt=prompt, presence_penalty=2, **long).choices[0].text
+    assert present == repeated
+    frequent = client.completions.create(model="tiny", prompt=prompt, frequency_penalty=2, **long).choices[0].text
+    assert len(set(frequent)) > 1 and frequent[0] == repeated[0]
+
+
+def test_prompt_cache_shows_in_usage_and_engine_stats(daemon, client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "A long enough question about caching " * 4}]
+    first = client.chat.completions.create(model="tiny", messages=messages, **GREEDY)
+    again = client.chat.completions.create(model="tiny", messages=messages, **GREEDY)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    turn2 = [
+        *messages,
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "and then?"},
+    ]
+    second = client.chat.completions.create(model="tiny", messages=turn2, **GREEDY)
+    assert second.usage is not None and second.usage.prompt_tokens_details is not None
+    assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens
+    engine = daemon.request("GET", "/v2/models/tiny").json()["engine"]
+    assert engine["prompt_tokens_cached"] > 0 and engine["kv_cells_used"] > 0
+    assert engine["chat_template"] == "gguf (jinja)"
+
+
+def test_json_schema_response_format(client: openai.OpenAI) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "mood": {"enum": ["happy", "sad"]}},
+        "required": ["ok", "mood"],
+        "additionalProperties": False,
+    }
+    for seed in (1, 2, 3):
+        result = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Answer in JSON"}], seed=seed,
+            temperature=1.0, max_tokens=60,
+            response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}},
+        )
+        value = json.loads(result.choices[0].message.content or "")
+        assert isinstance(value["ok"], bool) and value["mood"] in ("happy", "sad") and set(value) == {"ok", "mood"}
+        assert result.choices[0].finish_reason == "stop"
+    # json_object: any JSON object ("}" pushed up so the random model closes it quickly).
+    close = str(259 + 1 + ord("}") - 0x21)
+    obj = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "JSON please"}], temperature=0, max_tokens=40,
+        response_format={"type": "json_object"}, logit_bias={close: 50},
+    )
+    assert isinstance(json.loads(obj.choices[0].message.content or ""), dict)
+    bad = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}
+    with pytest.raises(openai.BadRequestError, match=r"json_schema\.properties\.age: keyword 'minimum' is not supported"):
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": bad}},
+        )
+
+
+def test_embedding_dimensions(client: openai.OpenAI) -> None:
+    import math
+
+    full = client.embeddings.create(model="embedder", input="shorten me").data[0].embedding
+    short = client.embeddings.create(model="embedder", input="shorten me", dimensions=16).data[0].embedding
+    assert len(short) == 16
+    assert math.isclose(sum(v * v for v in short), 1.0, rel_tol=1e-6)
+    scale = math.sqrt(sum(v * v for v in full[:16]))
+    assert all(math.isclose(a, b / scale, rel_tol=1e-5, abs_tol=1e-7) for a, b in zip(short, full[:16], strict=True))
+    with pytest.raises(openai.BadRequestError, match="dimensions: the model's embeddings have 64 dimensions, got 65"):
+        client.embeddings.create(model="embedder", input="x", dimensions=65)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Oslo"]}, "celsius": {"type": "boolean"}},
+            "required": ["city", "celsius"],
+            "additionalProperties": False,
+        },
+    },
+}
+LIGHTS = {"type": "function", "function": {"name": "lights_off"}}
+
+
+def test_tool_calls_required_and_named(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    for seed in (1, 2):
+        result = client.chat.completions.create(
+            model="tiny", messages=messages, tools=[WEATHER, LIGHTS], tool_choice="required",
+            parallel_tool_calls=False, seed=seed, temperature=1.0, max_tokens=400,
+        )
+        choice = result.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.content is None
+        calls = choice.message.tool_calls or []
+        assert len(calls) == 1 and calls[0].id.startswith("call_") and calls[0].type == "function"
+        assert calls[0].function.name in ("get_weather", "lights_off")
+        arguments = json.loads(calls[0].function.arguments)
+        if calls[0].function.name == "get_weather":
+            assert arguments["city"] in ("Paris", "Oslo") and isinstance(arguments["celsius"], bool)
+        else:
+            assert arguments == {}
+    named = client.chat.completions.create(
+        model="tiny", messages=messages, tools=[WEATHER, LIGHTS],
+        tool_choice={"type": "function", "function": {"name": "lights_off"}}, parallel_tool_calls=False,
+        temperature=0, max_tokens=400,
+    )
+    calls = named.choices[0].message.tool_calls or []
+    assert calls and {c.function.name for c in calls} == {"lights_off"}
+    assert named.choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_call_streams_as_deltas(client: openai.OpenAI) -> None:
+    kwargs = {
+        "model": "tiny", "messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": False, "temperature": 0, "max_tokens": 400,
+    }
+    full = client.chat.completions.create(**kwargs)
+    expected = (full.choices[0].message.tool_calls or [])[0]
+    names, arguments, ids, finish, pieces = [], "", set(), None, 0
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for choice in chunk.choices:
+            assert not choice.delta.content
+            for call in choice.delta.tool_calls or []:
+                assert call.index == 0
+                if call.id:
+                    ids.add(call.id)
+                if call.function and call.function.name:
+                    names.append(call.function.name)
+                if call.function and call.function.arguments:
+                    arguments += call.function.arguments
+                    pieces += 1
+            finish = choice.finish_reason or finish
+    assert names == ["get_weather"] and len(ids) == 1 and finish == "tool_calls"
+    assert pieces > 3  # the arguments stream as they are generated, not in one piece
+    assert json.loads(arguments) == json.loads(expected.function.arguments)
+
+
+def test_tool_results_go_back_through_the_template(client: openai.OpenAI) -> None:
+    question = [{"role": "user", "content": "Weather in Paris?"}]
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "celsius": true}'}}
+    answered = [*question, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees and sunny"}]
+    base = client.chat.completions.create(model="tiny", messages=question, tools=[WEATHER], max_tokens=1)
+    after = client.chat.completions.create(model="tiny", messages=answered, tools=[WEATHER], max_tokens=1)
+    assert base.usage is not None and after.usage is not None
+    # The call and its result are in the prompt: at least the result's text in tokens more.
+    assert after.usage.prompt_tokens > base.usage.prompt_tokens + len("21 degrees and sunny")
+    with pytest.raises(openai.BadRequestError, match=r"messages\[1\]\.tool_calls\[0\]\.function\.arguments: not valid JSON"):
+        bad = {**call, "function": {"name": "get_weather", "arguments": "{nope"}}
+        client.chat.completions.create(model="tiny", messages=[question[0], {"role": "assistant", "tool_calls": [bad]}],
+                                       tools=[WEATHER], max_tokens=1)
+    for extra, pattern in [
+        ({"tool_choice": "auto"}, "tool_choice: only allowed when tools are specified"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "no tool named 'nope'"),
+        ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format: cannot be combined with tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+            "n": {"type": "integer", "maximum": 3}}}}}]}, "keyword 'maximum' is not supported"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=pattern):
+            client.chat.completions.create(model="tiny", messages=question, max_tokens=1, extra_body=extra)
+
+
+def test_logprobs(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Probabilities"}]
+    full = client.chat.completions.create(model="tiny", messages=messages, logprobs=True, top_logprobs=2, **GREEDY)
+    content = full.choices[0].logprobs.content if full.choices[0].logprobs else None
+    assert content is not None and len(content) == 12
+    assert "".join(e.token for e in content) == full.choices[0].message.content
+    for entry in content:
+        assert len(entry.top_logprobs) == 2 and entry.top_logprobs[0].logprob == entry.logprob <= 0
+        assert bytes(entry.bytes or []).decode() == entry.token
+    streamed = []
+    for chunk in client.chat.completions.create(
+        model="tiny", messages=messages, logprobs=True, top_logprobs=2, stream=True, **GREEDY
+    ):
+        for choice in chunk.choices:
+            streamed.extend(choice.logprobs.content or [] if choice.logprobs else [])
+    # The second request decodes from the prompt cache: float rounding may differ a little.
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-3)
+    completion = client.completions.create(model="tiny", prompt="Probabilities", logprobs=1, **GREEDY)
+    lp = completion.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.text_offset is not None
+    assert "".join(lp.tokens) == completion.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(len(top) == 1 for top in lp.top_logprobs or [])
+    plain = client.chat.completions.create(model="tiny", messages=messages, **GREEDY)
+    assert plain.choices[0].logprobs is None
+    for extra, pattern in [
+        ({"top_logprobs": 2}, "top_logprobs: requires logprobs to be true"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs must be between 0 and 20"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=pattern):
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=1, extra_body=extra)
+    with pytest.raises(openai.BadRequestError, match="logprobs must be between 0 and 5"):
+        client.completions.create(model="tiny", prompt="x", logprobs=6, max_tokens=1)

@@ -17,10 +17,10 @@ import pytest
 pytest.importorskip("onnxruntime")
 httpclient = pytest.importorskip("tritonclient.http")
 shm = pytest.importorskip("tritonclient.utils.shared_memory")
+from model_builders import write_simple_repository  # noqa: E402
 from tritonclient import utils  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from daemon.demo import write_simple_repository  # noqa: E402
 from support import DaemonProcess, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")

@@ -12,9 +12,8 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 httpclient = pytest.importorskip("tritonclient.http")
+from model_builders import write_simple_repository  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
-
-from daemon.demo import write_simple_repository  # noqa: E402
 
 DEFAULTS = {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "log_frequency": "0",
             "trace_mode": "triton"}

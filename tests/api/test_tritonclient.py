@@ -10,9 +10,8 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 httpclient = pytest.importorskip("tritonclient.http")
+from model_builders import write_simple_repository  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
-
-from daemon.demo import write_simple_repository  # noqa: E402
 
 
 @pytest.fixture(scope="module")

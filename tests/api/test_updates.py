@@ -3,13 +3,22 @@ watched inbox, health check with automatic rollback, replay refusal, manual roll
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
+import zlib
 from pathlib import Path
 
 from daemon.updates.bundle import create_bundle
 from daemon.updates.keys import keygen
 from support import python_model, wait_until
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _x() -> str:
@@ -107,3 +116,201 @@ def test_inbox_applies_bundles_dropped_in(start_daemon, tmp_path: Path) -> None:
     shutil.copy(bundle, inbox / bundle.name)
     wait_until(lambda: daemon.request("GET", "/v2/models/m/ready").status == 200, timeout=60)
     assert _value(daemon) == 10.0
+
+
+# --- the command line and the daemon: one apply path --------------------------------------
+
+def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "daemon", "update", *argv], cwd=REPO_ROOT,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                          capture_output=True, text=True, timeout=300)
+
+
+def _store_flags(tmp_path: Path) -> list[str]:
+    return ["--root", str(tmp_path / "store")]
+
+
+def test_offline_cli_apply_then_sighup_switches_and_prune_keeps_reload_working(
+    start_daemon, tmp_path: Path
+) -> None:
+    """Issue 19 item 1: `edged update apply` from the CLI + SIGHUP served the old release, and
+    a later prune deleted the directory the daemon still served, breaking the next reload."""
+    config, key = _setup(tmp_path)
+    daemon = start_daemon("--config", str(config))
+    keys = ["--keys", str(tmp_path / "keys"), "--offline", "--keep", "1"]
+    for n, body, expected in ((1, "y = x + 1", 2.0), (2, "y = x + 2", 3.0), (3, "y = x + 3", 4.0)):
+        done = _cli("apply", str(_bundle(tmp_path, key, f"{n}.0.0", n, body)),
+                    *_store_flags(tmp_path), *keys)
+        assert done.returncode == 0, done.stderr
+        assert "offline, no health check" in done.stdout
+        if n > 1:
+            assert _value(daemon) == expected - 1  # not reloaded yet: the old release serves
+        daemon.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda want=expected: daemon.request("GET", "/v2/models/m/ready").status == 200
+                   and _value(daemon) == want, timeout=60)
+    status = daemon.request("GET", "/v1/updates").json()
+    # keep=1, yet 2-2.0.0 survived the apply of 3: the daemon served it at that moment.
+    assert status["current"] == "3-3.0.0" and status["releases"] == ["2-2.0.0", "3-3.0.0"]
+    # With keep=1 and no SIGHUP in between, the release the daemon serves is kept until it moves.
+    done = _cli("apply", str(_bundle(tmp_path, key, "4.0.0", 4, "y = x + 4")),
+                *_store_flags(tmp_path), *keys)
+    assert done.returncode == 0, done.stderr
+    done = _cli("apply", str(_bundle(tmp_path, key, "5.0.0", 5, "y = x + 5")),
+                *_store_flags(tmp_path), *keys)
+    assert done.returncode == 0, done.stderr
+    assert daemon.request("GET", "/v1/updates").json()["releases"] == ["3-3.0.0", "5-5.0.0"]
+    assert _value(daemon) == 4.0
+    daemon.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: _value(daemon) == 6.0, timeout=60)
+    assert daemon.alive()
+
+
+def test_cli_apply_is_health_checked_by_the_running_daemon(start_daemon, tmp_path: Path) -> None:
+    config, key = _setup(tmp_path)
+    daemon = start_daemon("--config", str(config))
+    flags = [*_store_flags(tmp_path), "--keys", str(tmp_path / "keys"), "--socket", str(daemon.socket)]
+    done = _cli("apply", str(_bundle(tmp_path, key, "1.0.0", 1, "y = x + 1")), *flags)
+    assert done.returncode == 0, done.stderr
+    assert "will serve and health-check" in done.stdout
+    assert _value(daemon) == 2.0  # no SIGHUP needed
+
+    broken = _bundle(tmp_path, key, "2.0.0", 2, "raise RuntimeError('corrupt weights')\ny = x")
+    done = _cli("apply", str(broken), *flags)
+    assert done.returncode == 2
+    assert "health check" in done.stderr and "corrupt weights" in done.stderr
+    assert _value(daemon) == 2.0
+    assert daemon.request("GET", "/v1/updates").json()["current"] == "1-1.0.0"
+
+
+def test_two_phase_from_the_cli(start_daemon, tmp_path: Path) -> None:
+    """apply --no-commit -> (fleet manager's health check) -> commit; then rollback of a second
+    pending release; the pending release survives a daemon restart."""
+    config, key = _setup(tmp_path)
+    daemon = start_daemon("--config", str(config))
+    flags = [*_store_flags(tmp_path), "--socket", str(daemon.socket)]
+    keys = ["--keys", str(tmp_path / "keys")]
+    assert _cli("apply", str(_bundle(tmp_path, key, "1.0.0", 1, "y = x + 1")), *flags, *keys).returncode == 0
+
+    done = _cli("apply", "--no-commit", str(_bundle(tmp_path, key, "2.0.0", 2, "y = x + 2")),
+                *flags, *keys)
+    assert done.returncode == 0, done.stderr
+    assert "current -> 2-2.0.0 (pending)" in done.stdout
+    assert _value(daemon) == 3.0
+    status = daemon.request("GET", "/v1/updates").json()
+    assert (status["pending"], status["pending_installed"], status["last_sequence"]) == (
+        "2-2.0.0", True, 1)
+
+    assert daemon.stop() == 0  # a restart keeps the installed release
+    daemon = start_daemon("--config", str(config))
+    assert _value(daemon) == 3.0
+    flags[-1] = str(daemon.socket)
+    done = _cli("commit", *_store_flags(tmp_path))
+    assert done.returncode == 0 and "committed 2-2.0.0" in done.stdout, done.stderr
+    status = daemon.request("GET", "/v1/updates").json()
+    assert (status["pending"], status["last_sequence"], status["rollback_to"]) == (None, 2, "1-1.0.0")
+
+    done = _cli("apply", "--no-commit", str(_bundle(tmp_path, key, "3.0.0", 3, "y = x + 3")),
+                *flags, *keys)
+    assert done.returncode == 0, done.stderr
+    assert _value(daemon) == 4.0
+    done = _cli("rollback", *flags)
+    assert done.returncode == 0 and "current -> 2-2.0.0" in done.stdout, done.stderr
+    assert _value(daemon) == 3.0
+    done = _cli("rollback", "--if-pending", *flags)
+    assert done.returncode == 0 and "nothing pending" in done.stdout, done.stderr
+    assert daemon.request("GET", "/v1/updates").json()["current"] == "2-2.0.0"
+
+
+def test_two_phase_over_http(start_daemon, tmp_path: Path) -> None:
+    config, key = _setup(tmp_path)
+    daemon = start_daemon("--config", str(config))
+    assert _post(daemon, _bundle(tmp_path, key, "1.0.0", 1, "y = x + 1")).status == 200
+    body = _bundle(tmp_path, key, "2.0.0", 2, "y = x + 2").read_bytes()
+
+    bad = daemon.request("POST", "/v1/updates?commit=maybe", body)
+    assert bad.status == 400 and "'commit' must be true or false" in bad.json()["error"]
+    bad = daemon.request("POST", "/v1/updates?force=1", body)
+    assert bad.status == 400 and "unknown query parameter(s) for /v1/updates: force" in bad.json()["error"]
+
+    reply = daemon.request("POST", "/v1/updates?commit=false", body)
+    assert reply.status == 200, reply.body
+    assert reply.json()["applied"]["committed"] is False
+    assert _value(daemon) == 3.0
+    again = daemon.request("POST", "/v1/updates", _bundle(tmp_path, key, "3.0.0", 3, "y = x").read_bytes())
+    assert again.status == 409 and "waits for `edged update commit`" in again.json()["error"]
+    reply = daemon.request("POST", "/v1/updates/commit")
+    assert reply.status == 200 and reply.json()["committed"]["release"] == "2-2.0.0"
+    assert daemon.request("POST", "/v1/updates/commit").status == 409
+
+    assert daemon.request("POST", "/v1/updates?commit=false",
+                          _bundle(tmp_path, key, "3.0.0", 3, "y = x + 3").read_bytes()).status == 200
+    assert _value(daemon) == 4.0
+    reply = daemon.request("POST", "/v1/updates/rollback?only_pending=true")
+    assert reply.status == 200 and reply.json() == {"current": "2-2.0.0"}
+    assert _value(daemon) == 3.0
+
+
+def test_bundle_size_caps_and_partial_uploads(start_daemon, tmp_path: Path) -> None:
+    """Issue 19 items 3 and 13: a size cap before and after Content-Encoding; partial uploads
+    under incoming/ are removed on failure and at start."""
+    config, key = _setup(tmp_path)
+    config.write_text(config.read_text().replace("[updates]\n", "[updates]\nmax-bundle-bytes = 65536\n"))
+    state = tmp_path / "state"
+    (state / "incoming").mkdir(parents=True)
+    stale = state / "incoming" / "0123.edgebundle.part"
+    stale.write_bytes(b"half a bundle from a daemon killed mid-upload")
+    daemon = start_daemon("--config", str(config), "--state-dir", str(state))
+    assert not stale.exists()
+
+    too_big = daemon.request("POST", "/v1/updates", b"\0" * 70000)
+    assert too_big.status == 413
+    assert "bundle of 70000 bytes exceeds updates.max-bundle-bytes (65536 bytes)" in too_big.json()["error"]
+
+    bomb = gzip.compress(b"\0" * (4 << 20))  # ~4 KiB on the wire, 4 MiB inflated
+    assert len(bomb) < 65536
+    reply = daemon.request("POST", "/v1/updates", bomb, {"Content-Encoding": "gzip"})
+    assert reply.status == 413, reply.body
+    assert reply.json()["error"] == ("bundle exceeds updates.max-bundle-bytes (65536 bytes, "
+                                     "counted after gzip decoding)")
+
+    corrupt = daemon.request("POST", "/v1/updates", b"\x1f\x8b\x08\x00garbage" * 10,
+                             {"Content-Encoding": "gzip"})
+    assert corrupt.status == 400, corrupt.body
+    assert corrupt.json()["error"].startswith("body is not valid gzip data")
+    truncated = daemon.request("POST", "/v1/updates", gzip.compress(b"x" * 5000)[:-20],
+                               {"Content-Encoding": "gzip"})
+    assert truncated.status == 400 and truncated.json()["error"] == "gzip body is truncated"
+    brotli = daemon.request("POST", "/v1/updates", b"x", {"Content-Encoding": "br"})
+    assert brotli.status == 400 and "unsupported Content-Encoding 'br'" in brotli.json()["error"]
+
+    # A valid gzip-encoded bundle under the cap still applies.
+    small = _bundle(tmp_path, key, "1.0.0", 1, "y = x + 1").read_bytes()
+    reply = daemon.request("POST", "/v1/updates", gzip.compress(small), {"Content-Encoding": "gzip"})
+    assert reply.status == 200, reply.body
+    assert _value(daemon) == 2.0
+    # "deflate" arrives zlib-wrapped or raw, depending on the client: both are taken.
+    for n, wbits in ((2, zlib.MAX_WBITS), (3, -zlib.MAX_WBITS)):
+        packer = zlib.compressobj(wbits=wbits)
+        plain = _bundle(tmp_path, key, f"{n}.0.0", n, f"y = x + {n}").read_bytes()
+        reply = daemon.request("POST", "/v1/updates", packer.compress(plain) + packer.flush(),
+                               {"Content-Encoding": "deflate"})
+        assert reply.status == 200, reply.body
+        assert _value(daemon) == 1.0 + n
+    assert list((state / "incoming").iterdir()) == []
+    assert daemon.alive()
+
+
+def test_client_hanging_up_does_not_cancel_the_update(start_daemon, tmp_path: Path) -> None:
+    config, key = _setup(tmp_path)
+    daemon = start_daemon("--config", str(config))
+    # The warm-up request of this release takes seconds: the client leaves during the check.
+    body = _bundle(tmp_path, key, "1.0.0", 1, "import time\ntime.sleep(2)\ny = x + 1").read_bytes()
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(daemon.socket))
+        s.sendall(b"POST /v1/updates HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        wait_until(lambda: daemon.request("GET", "/v1/updates").json()["pending"] is not None,
+                   timeout=60, interval=0.02)
+    wait_until(lambda: daemon.request("GET", "/v1/updates").json()["current"] == "1-1.0.0"
+               and daemon.request("GET", "/v1/updates").json()["pending"] is None, timeout=60)
+    assert _value(daemon) == 2.0
+    assert list((daemon.state_dir / "incoming").iterdir()) == []

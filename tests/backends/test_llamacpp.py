@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gguf_builder import SPACE, write_tiny_llama
 
 from daemon.backend import Device, GenerateChunk, GenerateParams, InstanceContext
 from daemon.errors import BackendError, ConfigError, InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig
-from daemon.testing_gguf import SPACE, write_tiny_llama
 
 gguf = pytest.importorskip("gguf")
 
@@ -369,22 +369,69 @@ async def test_unload_cancels_running_sequences(load: Loader, model_path: Path) 
 # --------------------------------------------------------------------------- chat, config
 
 
+# A template llama.cpp's built-in matcher does not know (no marker of a known format), with a
+# default system prompt, a BOS, names, and an error for a bad role order (Qwen-like features).
+CUSTOM_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages[0]['role'] != 'system' %}[SYS]You are helpful.[/SYS]{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'user' and loop.index0 > 0 and messages[loop.index0 - 1]['role'] == 'user' %}"
+    "{{ raise_exception('two user messages in a row') }}{% endif %}"
+    "[{{ m['role'] | upper }}{% if m.name %} {{ m.name }}{% endif %}]{{ m['content'] }}{{ eos_token }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}[ASSISTANT]{% endif %}"
+)
+
+
 async def test_chat_prompt_uses_the_gguf_template(load: Loader, model_path: Path, tmp_path: Path) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     chatml = "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    assert (await load(model_path)).chat_prompt(messages) == chatml
-    # No template in the GGUF: ChatML fallback, same text.
-    bare = write_tiny_llama(tmp_path / "bare.gguf", chat_template=None)
-    assert (await load(bare)).chat_prompt(messages) == chatml
+    plain = await load(model_path)
+    assert plain.chat_prompt(messages) == chatml
+    assert plain.engine_stats()["chat_template"] == "gguf (jinja)"
+    # No template in the GGUF: ChatML fallback, same text, and the metadata says so.
+    bare = await load(write_tiny_llama(tmp_path / "bare.gguf", chat_template=None))
+    assert bare.chat_prompt(messages) == chatml
+    assert bare.engine_stats()["chat_template"] == "chatml (fallback)"
     # A llama.cpp built-in template chosen by name in the config.
     zephyr = await load(model_path, chat_template="zephyr")
     assert zephyr.chat_prompt(messages) == (
         "<|system|>\nbe brief<|endoftext|>\n<|user|>\nhi<|endoftext|>\n<|assistant|>\n"
     )
+    assert zephyr.engine_stats()["chat_template"].startswith("config (llama.cpp built-in")
     with pytest.raises(InvalidArgument, match=r"messages\[1\]: 'content'"):
         zephyr.chat_prompt([messages[0], {"role": "user"}])
-    with pytest.raises(ConfigError, match=r"chat_template '\{\{ made up \}\}' is not one llama\.cpp knows"):
+    # The built-in formats cannot show a name: an error, not a silently dropped field.
+    with pytest.raises(InvalidArgument, match=r"messages\[1\]\.name"):
+        zephyr.chat_prompt([messages[0], {"role": "user", "content": "hi", "name": "bob"}])
+    with pytest.raises(ConfigError, match="chat_template does not render as Jinja"):
         await load(model_path, chat_template="{{ made up }}")
+    with pytest.raises(ConfigError, match=r"neither Jinja nor a template llama\.cpp knows"):
+        await load(model_path, chat_template="made up")
+
+
+async def test_custom_jinja_template_from_the_gguf(load: Loader, tmp_path: Path) -> None:
+    path = write_tiny_llama(tmp_path / "custom.gguf", chat_template=CUSTOM_TEMPLATE)
+    backend = await load(path)
+    assert backend.engine_stats()["chat_template"] == "gguf (jinja)"
+    # Its default system prompt and EOS text are there; the leading BOS text is cut because
+    # the tokenizer adds BOS itself (one BOS token, not two).
+    prompt = backend.chat_prompt([{"role": "user", "content": "hi", "name": "bob"}])
+    assert prompt == "[SYS]You are helpful.[/SYS][USER bob]hi</s>[ASSISTANT]"
+    result = await collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=2)))
+    with_bos = await collect(backend.generate("<s>" + prompt, GenerateParams(greedy=True, max_tokens=2)))
+    assert with_bos.last.prompt_tokens == result.last.prompt_tokens + 1
+    with pytest.raises(InvalidArgument, match="two user messages in a row"):
+        backend.chat_prompt([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    # A template that is not valid Jinja but carries a known format's markers: llama.cpp's matcher.
+    broken = write_tiny_llama(tmp_path / "broken.gguf", chat_template="<|im_start|>{% bogus %}")
+    matched = await load(broken)
+    assert matched.engine_stats()["chat_template"] == "gguf (llama.cpp built-in match)"
+    assert matched.chat_prompt([{"role": "user", "content": "hi"}]).startswith("<|im_start|>user\nhi")
+    # A Jinja override in the config wins over the GGUF's template.
+    override = await load(path, chat_template="{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}")
+    assert override.chat_prompt([{"role": "user", "content": "hi"}]) == "<user>hi"
+    assert override.engine_stats()["chat_template"] == "config (jinja)"
 
 
 async def test_invalid_parameters_name_the_field(load: Loader, model_path: Path) -> None:
@@ -394,6 +441,8 @@ async def test_invalid_parameters_name_the_field(load: Loader, model_path: Path)
         await load(model_path, n_batch="2")
     with pytest.raises(ConfigError, match="n_parallel"):
         await load(model_path, n_parallel="many")
+    with pytest.raises(ConfigError, match="flash_attn"):
+        await load(model_path, flash_attn="maybe")
 
 
 async def test_unreadable_gguf_fails_load(load: Loader, tmp_path: Path) -> None:
@@ -434,3 +483,200 @@ async def test_generation_model_refuses_embeddings(load: Loader, model_path: Pat
     backend = await load(model_path)
     with pytest.raises(InvalidArgument, match="embedding=true"):
         await backend.embed(["hello"])
+
+
+# --------------------------------------------------------------------------- prefix cache
+
+
+async def test_repeat_prompt_decodes_only_its_last_token(load: Loader, model_path: Path) -> None:
+    prompt = [1, *range(300, 340)]
+    backend = await load(model_path, n_parallel="2")
+    cold = await collect(backend.generate(prompt, GREEDY))
+    assert cold.last.cached_tokens == 0
+    before = backend.engine_stats()
+    again = await collect(backend.generate(prompt, GREEDY))
+    after = backend.engine_stats()
+    assert again.ids == cold.ids
+    # Every prompt token but the last came from the slot's cache (the last one is decoded
+    # again for its logits).
+    assert again.last.cached_tokens == len(prompt) - 1
+    assert after["prompt_tokens_cached"] - before["prompt_tokens_cached"] == len(prompt) - 1
+    assert after["prompt_tokens_evaluated"] - before["prompt_tokens_evaluated"] == 1
+    # The idle slot keeps its cells: prompt + generated tokens but the last (never decoded).
+    assert after["kv_cells_used"] == len(prompt) + len(cold.ids) - 1
+
+
+async def test_next_turn_reuses_the_conversation_and_matches_cold(load: Loader, model_path: Path) -> None:
+    first = [1, *range(300, 330)]
+    backend = await load(model_path, n_parallel="2")
+    turn1 = await collect(backend.generate(first, GREEDY))
+    # Another conversation in between takes the other (least recently used) slot.
+    other = [1, *range(340, 360)]
+    await collect(backend.generate(other, GREEDY))
+    second = first + turn1.ids + [350, 351, 352]
+    turn2 = await collect(backend.generate(second, GREEDY))
+    # The prompt, and what was generated for it, came from the cache.
+    assert turn2.last.cached_tokens == len(first) + len(turn1.ids) - 1
+    back = await collect(backend.generate([*other, 360], GREEDY))
+    assert back.last.cached_tokens == len(other)
+    # Same greedy tokens as a cold engine computing everything from scratch.
+    cold = await load(model_path, n_parallel="1")
+    assert (await collect(cold.generate(second, GREEDY))).ids == turn2.ids
+    assert (await collect(cold.generate([*other, 360], GREEDY))).ids == back.ids
+
+
+async def test_unrelated_prompt_takes_the_least_recently_used_slot(load: Loader, model_path: Path) -> None:
+    a, b, c = ([1, *range(start, start + 20)] for start in (260, 290, 320))
+    backend = await load(model_path, n_parallel="2")
+    # c evicts a's slot (used longest ago), not b's; it shares only the BOS with a.
+    for prompt, cached in ((a, 0), (b, 0), (c, 1)):
+        assert (await collect(backend.generate(prompt, GREEDY))).last.cached_tokens == cached
+    assert (await collect(backend.generate(b, GREEDY))).last.cached_tokens == len(b) - 1
+    assert (await collect(backend.generate(c, GREEDY))).last.cached_tokens == len(c) - 1
+    assert (await collect(backend.generate(a, GREEDY))).last.cached_tokens == 1
+
+
+# --------------------------------------------------------------------------- sampling parameters
+
+
+async def test_logit_bias_and_penalties_change_the_output(load: Loader, model_path: Path) -> None:
+    prompt = [1, *range(300, 320)]
+    backend = await load(model_path)
+    base = await collect(backend.generate(prompt, GREEDY))
+    forced = await collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=6, logit_bias={305: 100.0})))
+    assert forced.ids == [305] * 6
+    banned = await collect(
+        backend.generate(prompt, GenerateParams(greedy=True, max_tokens=24, logit_bias={base.ids[0]: -100.0}))
+    )
+    assert base.ids[0] not in banned.ids
+    # OpenAI's penalties: logit - frequency * count - presence * [count > 0], counting the
+    # prompt's tokens too. Find prompts (numpy reference logits) where that changes the first
+    # greedy token, with clear margins, and check llama.cpp picks the predicted one.
+    weights = read_weights(model_path)
+    rng = np.random.default_rng(0)
+    checked = {"frequency_penalty": 0, "presence_penalty": 0}
+    for _ in range(200):
+        candidate = [1, *(int(t) for t in rng.integers(300, 379, 12)), *([int(rng.integers(300, 379))] * 3)]
+        logits = reference_forward(weights, candidate)[-1] @ weights["output.weight"].T
+        counts = np.bincount(candidate, minlength=len(logits)).astype(np.float64)
+        for name, penalty in (("frequency_penalty", 1.5 * counts), ("presence_penalty", 1.5 * (counts > 0))):
+            if checked[name] >= 2:
+                continue
+            penalised = np.sort(logits - penalty)
+            if int(np.argmax(logits - penalty)) == int(np.argmax(logits)) or penalised[-1] - penalised[-2] < 0.1:
+                continue
+            params = GenerateParams(greedy=True, max_tokens=1, **{name: 1.5})
+            first = await collect(backend.generate(candidate, params))
+            assert first.ids == [int(np.argmax(logits - penalty))], name
+            checked[name] += 1
+        if min(checked.values()) >= 2:
+            break
+    assert min(checked.values()) >= 2, checked
+    with pytest.raises(InvalidArgument, match="logit_bias: token id 99999"):
+        await collect(backend.generate(prompt, GenerateParams(logit_bias={99999: 1.0})))
+    with pytest.raises(InvalidArgument, match=r"presence_penalty must be in \[-2, 2\]"):
+        await collect(backend.generate(prompt, GenerateParams(presence_penalty=3.0)))
+
+
+async def test_default_max_tokens_is_the_rest_of_the_context(load: Loader, model_path: Path) -> None:
+    backend = await load(model_path, n_parallel="1", n_ctx="256")
+    prompt = [1, *range(300, 340)]
+    result = await collect(backend.generate(prompt, GenerateParams(greedy=True)))
+    assert result.last.finish_reason == "length"
+    assert result.last.completion_tokens == 256 - len(prompt) + 1
+    nothing = await collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=0)))
+    assert (nothing.text, nothing.last.finish_reason, nothing.last.prompt_tokens) == ("", "length", len(prompt))
+    assert nothing.last.completion_tokens == 0
+
+
+async def test_grammar_constrains_the_output(load: Loader, model_path: Path) -> None:
+    backend = await load(model_path)
+    grammar = 'root ::= "yes" | "no"'
+    for seed in range(3):
+        params = GenerateParams(temperature=1.0, seed=seed, max_tokens=20, grammar=grammar)
+        result = await collect(backend.generate(PROMPTS[seed], params))
+        assert result.text in ("yes", "no")
+        assert result.last.finish_reason == "stop"  # the grammar leaves only end-of-text
+    with pytest.raises(InvalidArgument, match=r"grammar: llama\.cpp could not parse it"):
+        await collect(backend.generate(PROMPTS[0], GenerateParams(grammar="root ::= (")))
+
+
+async def test_logprobs_are_the_models_distribution(load: Loader, model_path: Path) -> None:
+    prompt = [1, 300, 301, 320, 330, 270, 280]
+    backend = await load(model_path)
+    result = await collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=6, logprobs=3)))
+    entries = [e for chunk in result.chunks for e in chunk.logprobs]
+    assert [e.token_id for e in entries] == result.ids
+    weights = read_weights(model_path)
+    logits = reference_forward(weights, prompt)[-1] @ weights["output.weight"].T
+    expected = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+    first = entries[0]
+    assert first.logprob == pytest.approx(expected[first.token_id], abs=0.05)
+    assert [t.token_id for t in first.top] == list(np.argsort(-expected)[:3])
+    for entry in entries:
+        # Greedy: the chosen token is the most likely one; alternatives sorted, all <= 0.
+        assert entry.top[0].token_id == entry.token_id and entry.top[0].logprob == entry.logprob
+        assert [t.logprob for t in entry.top] == sorted((t.logprob for t in entry.top), reverse=True)
+        assert entry.logprob <= 0 and entry.piece
+    plain = await collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=6)))
+    assert plain.ids == result.ids and all(not c.logprobs for c in plain.chunks)
+
+
+def with_fim_tokens(source: Path, target: Path, pre: int, suf: int, mid: int) -> Path:
+    """A copy of a GGUF whose tokenizer names fill-in-the-middle tokens (llama.cpp's keys)."""
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(target), arch="llama", endianess=reader.endianess)
+    keys = gguf.Keys.Tokenizer
+    metadata = {
+        key: MetadataDetails(gguf.GGUFValueType.UINT32, value)
+        for key, value in ((keys.FIM_PRE_ID, pre), (keys.FIM_SUF_ID, suf), (keys.FIM_MID_ID, mid))
+    }
+    copy_with_new_metadata(reader, writer, metadata, [])
+    return target
+
+
+async def test_suffix_builds_the_fill_in_the_middle_prompt(load: Loader, model_path: Path, tmp_path: Path) -> None:
+    plain = await load(model_path)
+    with pytest.raises(InvalidArgument, match="suffix: model 'tiny' has no fill-in-the-middle tokens"):
+        await collect(plain.generate("def f(", GenerateParams(suffix="): pass")))
+    fim = await load(with_fim_tokens(model_path, tmp_path / "fim.gguf", 300, 301, 302))
+    result = await collect(fim.generate("def f(", GenerateParams(greedy=True, max_tokens=8, suffix="): pass")))
+    # The same tokens by hand: BOS, FIM prefix, the text before, FIM suffix, the text after, FIM middle.
+    from llama_cpp import Llama
+
+    vocab = Llama(str(model_path), vocab_only=True, verbose=False)
+    manual = [1, 300, *vocab.tokenize(b"def f(", add_bos=False), 301, *vocab.tokenize(b"): pass", add_bos=False), 302]
+    assert result.last.prompt_tokens == len(manual)
+    assert (await collect(fim.generate(manual, GenerateParams(greedy=True, max_tokens=8)))).ids == result.ids
+    with pytest.raises(InvalidArgument, match="suffix: only supported with a text prompt"):
+        await collect(fim.generate([1, 300], GenerateParams(suffix="x")))
+
+
+async def test_prefix_store_brings_back_an_evicted_conversation(load: Loader, model_path: Path) -> None:
+    a, b = [1, *range(300, 340)], [1, *range(340, 378)]
+    cold = await load(model_path, n_parallel="1")
+    expected = [await collect(cold.generate(p, GREEDY)) for p in (a, b)]
+    # Without a store, one slot: b pushes a out, a is decoded again (only the BOS is shared).
+    await collect(cold.generate(a, GREEDY))
+    assert (await collect(cold.generate(a, GREEDY))).last.cached_tokens == len(a) - 1
+    await collect(cold.generate(b, GREEDY))
+    assert (await collect(cold.generate(a, GREEDY))).last.cached_tokens == 1
+
+    stored = await load(model_path, n_parallel="1", prefix_store_mib="16")
+    await collect(stored.generate(a, GREEDY))
+    await collect(stored.generate(b, GREEDY))  # a's cells go to the store
+    again = await collect(stored.generate(a, GREEDY))  # and come back from it
+    assert again.last.cached_tokens == len(a) - 1
+    assert again.ids == expected[0].ids
+    back = await collect(stored.generate(b, GREEDY))  # b was stored when a came back
+    assert back.last.cached_tokens == len(b) - 1 and back.ids == expected[1].ids
+    stats = stored.engine_stats()
+    assert stats["prefix_store_hits"] == 2 and stats["prefix_store_entries"] == 2
+    assert 0 < stats["prefix_store_bytes"] <= 16 * 2**20
+    # No budget, stated explicitly: nothing is stored.
+    tiny = await load(model_path, n_parallel="1", prefix_store_mib="0")
+    await collect(tiny.generate(a, GREEDY))
+    await collect(tiny.generate(b, GREEDY))
+    assert (await collect(tiny.generate(a, GREEDY))).last.cached_tokens == 1

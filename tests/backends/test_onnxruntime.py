@@ -1,4 +1,4 @@
-"""The ONNX Runtime backend against the real onnxruntime, with models built here by daemon.demo."""
+"""The ONNX Runtime backend against the real onnxruntime, with models built here by tests/model_builders.py."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+from model_builders import build_dtype_zoo_onnx, build_simple_onnx
 
 from daemon.backend import (
     NUMPY_DTYPES,
@@ -19,7 +20,6 @@ from daemon.backend import (
     InstanceContext,
     TensorBackend,
 )
-from daemon.demo import build_dtype_zoo_onnx, build_simple_onnx
 from daemon.errors import BackendError, ConfigError, InvalidArgument
 from daemon.model_config import ModelConfig, TensorConfig
 from support import wait_until

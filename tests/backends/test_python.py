@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from model_builders import write_simple_repository
 
 from daemon.backend import Backend, Device, InferRequest, InferResponse, InstanceContext
-from daemon.demo import write_simple_repository
 from daemon.errors import BackendError, InvalidArgument
 from daemon.model_config import ModelConfig, TensorConfig
 

@@ -1,6 +1,6 @@
 """One contract suite for every tensor backend, run against the real runtimes.
 
-Each backend gets the same ONNX MLP built by daemon.demo, under the artifact name it accepts, and
+Each backend gets the same ONNX MLP built by tests/model_builders.py, under the artifact name it accepts, and
 must give numpy's numbers, batch without changing any request's result, run two instances at the
 same time on their own threads with the thread budget the daemon gave them, and fail cleanly once
 unloaded. To add a backend: append its name to BACKENDS, its artifact name to ARTIFACT_FOR, and
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from cpu_limits import openvino_threads
+from model_builders import build_mlp_onnx, mlp_reference
 
 from daemon.backend import (
     Backend,
@@ -27,7 +28,6 @@ from daemon.backend import (
     InstanceContext,
     TensorBackend,
 )
-from daemon.demo import build_mlp_onnx, mlp_reference
 from daemon.errors import EdgedError
 from daemon.model_config import ModelConfig
 

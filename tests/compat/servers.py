@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from support import free_port
@@ -34,12 +34,15 @@ class Server:
     port: int
     proc: subprocess.Popen[bytes]
     log_path: Path
+    # Sent with every request: edged's admin routes over TCP need its bearer token (Triton has
+    # no such rule, so the oracle compares the answers behind it).
+    auth: dict[str, str] = field(default_factory=dict)
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 headers: dict[str, str] | None = None, timeout: float = 60.0) -> Reply:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
-            conn.request(method, path, body=body, headers=headers or {})
+            conn.request(method, path, body=body, headers={**(headers or {}), **self.auth})
             resp = conn.getresponse()
             return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
         finally:
@@ -133,9 +136,18 @@ def start_triton(venv: Path, repo: Path, workdir: Path, models: list[str]) -> Se
 def start_edged(repo: Path, workdir: Path, models: list[str]) -> Server:
     from support import start_daemon_process
 
-    flags = ["--model-repository", str(repo), "--model-control-mode", "explicit"]
+    token = workdir / "token"
+    token.write_text(EDGED_TOKEN)
+    token.chmod(0o600)
+    config = workdir / "edged.toml"
+    config.write_text(f'[server]\ntoken-file = "{token}"\n')
+    flags = ["--config", str(config), "--model-repository", str(repo), "--model-control-mode", "explicit"]
     for model in models:
         flags += ["--load-model", model]
     daemon = start_daemon_process(workdir, *flags, http=True)
     assert daemon.http_port is not None
-    return Server("edged", daemon.http_port, daemon.proc, daemon.log_path)
+    return Server("edged", daemon.http_port, daemon.proc, daemon.log_path,
+                  {"Authorization": f"Bearer {EDGED_TOKEN}"})
+
+
+EDGED_TOKEN = "compat-oracle-token-0123456789"

@@ -16,7 +16,8 @@ from daemon.errors import ConfigError, EdgedError
 
 pytest.importorskip("onnxruntime")
 
-from daemon.demo import build_simple_onnx
+from model_builders import build_simple_onnx
+
 from support import REPO_BACKENDS
 
 TENSOR = 'data_type: TYPE_INT32 dims: [ 16 ]'

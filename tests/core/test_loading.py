@@ -111,3 +111,15 @@ async def test_a_failed_load_keeps_nothing_loaded(tmp_path: Path) -> None:
         assert registry.metrics.totals() == []
     finally:
         await registry.close()
+
+
+def test_thread_budget_follows_the_cpu_affinity_not_the_machine() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
+        "from daemon.core.loading import usable_cpus; print(usable_cpus())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "1", out.stderr

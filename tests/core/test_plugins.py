@@ -228,3 +228,26 @@ def test_foreign_owned_file_and_symlink_target_are_refused(tmp_path: Path) -> No
     registry = PluginRegistry([tmp_path / "b"])
     assert registry.scan().broken == ["linked"]
     assert f"{linked / 'extra.py'} is group- or world-writable" in registry.info()[0].reason
+
+
+def test_shipped_plugins_import_only_the_contract() -> None:
+    """A plugin imports nothing of the daemon's but daemon.backend (which re-exports errors,
+    config and hardware types): the rest of the daemon can change without breaking plugins."""
+    import ast
+
+    from support import REPO_BACKENDS
+
+    offenders = []
+    for source in sorted(REPO_BACKENDS.glob("*/*.py")):
+        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+            names = (
+                [alias.name for alias in node.names] if isinstance(node, ast.Import)
+                else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            offenders += [
+                f"{source.relative_to(REPO_BACKENDS)}: {name}"
+                for name in names
+                if (name == "daemon" or name.startswith("daemon.")) and name != "daemon.backend"
+            ]
+    assert offenders == []

@@ -18,7 +18,8 @@ from daemon.errors import BackendError, NotFound, Unavailable
 
 pytest.importorskip("onnxruntime")
 
-from daemon.demo import build_mlp_onnx, mlp_reference
+from model_builders import build_mlp_onnx, mlp_reference
+
 from support import REPO_BACKENDS, python_model
 
 

@@ -32,7 +32,8 @@ from daemon.model_config import to_triton_json
 
 pytest.importorskip("onnxruntime")
 
-from daemon.demo import build_mlp_onnx, mlp_reference
+from model_builders import build_mlp_onnx, mlp_reference
+
 from support import REPO_BACKENDS, python_model
 
 ON_DEMAND = 'parameters { key: "load" value { string_value: "on-demand" } }\n'
@@ -268,7 +269,7 @@ def test_tensor_estimate_is_file_size_times_backend_factor(tmp_path: Path) -> No
 
 def test_gguf_estimate_is_weights_plus_kv_cache(tmp_path: Path) -> None:
     pytest.importorskip("gguf")
-    from daemon.testing_gguf import write_tiny_llama
+    from gguf_builder import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "model.gguf", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ctx=256)
     meta = read_gguf_metadata(path)

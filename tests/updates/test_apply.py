@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from daemon.updates.apply import apply_update
+from daemon.updates.apply import apply_update, commit_update
 from daemon.updates.errors import HealthCheckFailed, StoreBusy, UpdateConflict
 from daemon.updates.manifest import Manifest
 from daemon.updates.store import ReleaseStore
@@ -257,10 +257,11 @@ async def test_apply_keeps_n_releases(tmp_path: Path, make_bundle: BundleMaker,
 _CRASHING_APPLY = """
 import asyncio, os, sys
 from pathlib import Path
-from daemon.updates.apply import apply_update
+from daemon.updates.apply import apply_update, commit_update
 from daemon.updates.store import ReleaseStore
 
-bundle, root, keys, crash_at = sys.argv[1:]
+bundle, root, keys, crash_at = sys.argv[1:5]
+commit = sys.argv[5:] != ["no-commit"]
 
 def checkpoint(step: str) -> None:
     if step == crash_at:
@@ -270,7 +271,7 @@ async def healthy(release: Path) -> None:
     pass
 
 asyncio.run(apply_update(Path(bundle), ReleaseStore(Path(root)), Path(keys), healthy,
-                         checkpoint=checkpoint))
+                         checkpoint=checkpoint, commit=commit))
 print("finished")
 """
 
@@ -323,3 +324,41 @@ async def test_crash_at_each_step_leaves_a_complete_release(
     else:
         with pytest.raises(UpdateConflict):
             await apply_update(b2, store, trusted_keys, None)
+
+
+@pytest.mark.parametrize("step", ["switched", "checked", "installed", "never"])
+async def test_crash_during_a_two_phase_apply(
+    step: str, tmp_path: Path, make_bundle: BundleMaker, trusted_keys: Path,
+    read_tree: ReadTree, v1: Tree, v2_payload: Tree, v2: Tree
+) -> None:
+    """kill -9 during `apply --no-commit`: before the release is marked installed, recovery
+    goes back; once installed, the pending release survives the crash and a restart, and
+    commit or rollback finishes it."""
+    store = ReleaseStore(tmp_path / "store")
+    b1, _ = make_bundle(v1, sequence=1)
+    b2, _ = make_bundle(v2_payload, sequence=2, remove=["models/old"])
+    await apply_update(b1, store, trusted_keys, None)
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CRASHING_APPLY, str(b2), str(store.root), str(trusted_keys), step,
+        "no-commit", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == (0 if step == "never" else 1), err.decode()
+
+    store.recover()  # what the daemon does at start-up
+    status = store.status()
+    if step in ("switched", "checked"):
+        assert (status.current, status.pending) == ("1-1.0.0", None)
+        assert read_tree(store.current) == v1
+        return
+    assert (status.current, status.pending, status.pending_installed) == ("2-1.0.0", "2-1.0.0", True)
+    assert read_tree(store.current) == v2
+    assert store.recover() == []  # a second restart keeps it too
+    with pytest.raises(UpdateConflict, match=r"waits for `edged update commit`"):
+        await apply_update(b2, store, trusted_keys, None)
+    done = await commit_update(store)
+    assert done.release == "2-1.0.0"
+    status = store.status()
+    assert (status.current, status.pending, status.last_sequence) == ("2-1.0.0", None, 2)

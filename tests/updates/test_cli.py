@@ -49,9 +49,9 @@ def test_keygen_create_verify_apply_status_rollback(
     root = tmp_path / "store"
     for bundle in bundles:
         assert _run("update", "apply", str(bundle), "--root", str(root),
-                    "--keys", str(pub.parent)) == 0
+                    "--keys", str(pub.parent), "--socket", str(tmp_path / "no.sock")) == 0
     out = capsys.readouterr().out
-    assert "health check is skipped" in out
+    assert "offline, no health check" in out
     assert "current -> 2-1.2.0" in out
 
     assert _run("update", "status", "--root", str(root), "--json") == 0
@@ -59,16 +59,17 @@ def test_keygen_create_verify_apply_status_rollback(
     assert (status["current"], status["rollback_to"], status["last_sequence"]) == (
         "2-1.2.0", "1-1.1.0", 2)
 
-    assert _run("update", "rollback", "--root", str(root)) == 0
+    assert _run("update", "rollback", "--root", str(root), "--offline") == 0
     assert "current -> 1-1.1.0" in capsys.readouterr().out
     assert (root / "current" / "models" / "m" / "1" / "model.onnx").read_bytes() == b"weights 1"
     assert _run("update", "status", "--root", str(root)) == 0
     assert "current:       1-1.1.0" in capsys.readouterr().out
 
     with pytest.raises(UpdateConflict, match=r"no earlier release"):
-        _run("update", "rollback", "--root", str(root))
+        _run("update", "rollback", "--root", str(root), "--offline")
     with pytest.raises(UpdateConflict, match=r"sequence 2, not newer"):
-        _run("update", "apply", str(bundles[1]), "--root", str(root), "--keys", str(pub.parent))
+        _run("update", "apply", str(bundles[1]), "--root", str(root), "--keys", str(pub.parent),
+             "--offline")
 
 
 def test_verify_reports_a_bad_bundle(tmp_path: Path) -> None:

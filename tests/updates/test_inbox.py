@@ -97,3 +97,35 @@ async def test_inbox_waits_for_a_copy_to_finish(tmp_path: Path, make_bundle: Bun
         watcher.cancel()
         with pytest.raises(asyncio.CancelledError):
             await watcher
+
+
+async def test_inbox_waits_while_a_two_phase_release_is_pending(
+    tmp_path: Path, make_bundle: BundleMaker, trusted_keys: Path
+) -> None:
+    """A bundle dropped while a fleet manager's release waits for commit is retried once that
+    is finished, not written off as rejected."""
+    from daemon.updates.apply import commit_update
+
+    store = ReleaseStore(tmp_path / "store")
+    inbox = tmp_path / "usb"
+    inbox.mkdir()
+    b1, _ = make_bundle({"models/m/1/model.onnx": b"w1"}, sequence=1)
+    await apply_update(b1, store, trusted_keys, None, commit=False)
+    calls: list[str] = []
+
+    async def apply(path: Path) -> None:
+        calls.append(path.name)
+        await apply_update(path, store, trusted_keys, None)
+
+    b2, _ = make_bundle({"models/m/1/model.onnx": b"w2"}, sequence=2)
+    shutil.copy(b2, inbox / "fleet-2.edgebundle")
+    watcher = asyncio.create_task(watch_inbox(inbox, apply, interval=0.02))
+    try:
+        await _until(lambda: len(calls) >= 2)  # tried, deferred, tried again
+        assert store.status().pending == "1-1.0.0"
+        await commit_update(store)
+        await _until(lambda: store.status().current == "2-1.0.0")
+    finally:
+        watcher.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await watcher

@@ -6,10 +6,10 @@ import ast
 from pathlib import Path
 from typing import Any
 
+import model_builders as demo
 import numpy as np
 import pytest
 
-from daemon import demo
 from daemon.core.layout import read_model_config
 
 onnx = pytest.importorskip("onnx")
@@ -122,3 +122,12 @@ def test_dtype_zoo_has_every_datatype(tmp_path: Path) -> None:
     assert types["INPUT_BOOL"] == "tensor(bool)"
     assert len(types) == len(demo.ZOO_DATATYPES) == 13
     assert {o.name for o in sess.get_outputs()} == {o for _, o in names.values()}
+
+
+def test_shipped_demo_repository_is_what_the_builders_write(tmp_path: Path) -> None:
+    """daemon/demo_models (package data, served with no flags) and the test builders agree."""
+    shipped = Path(__file__).resolve().parent.parent / "daemon" / "demo_models"
+    demo.write_simple_repository(tmp_path)
+    for relative in ("simple/config.pbtxt", "simple_python/config.pbtxt", "simple_python/1/model.py"):
+        assert (shipped / relative).read_text() == (tmp_path / relative).read_text(), relative
+    assert onnx.load(str(shipped / "simple/1/model.onnx")) == onnx.load(str(tmp_path / "simple/1/model.onnx"))

@@ -1,0 +1,93 @@
+"""JSON Schema -> GBNF for structured output, refusing what the conversion would not enforce.
+
+llama-cpp-python's `json_schema_to_gbnf` (a port of llama.cpp's json-schema-to-grammar)
+turns a schema into a grammar that llama.cpp's grammar sampler enforces token by token. It
+silently skips keywords it does not implement (`minimum`, `uniqueItems`, `not`, ...), so a
+schema is checked first against the keywords it does honour: anything else is a 400 naming
+the keyword and where it is, never a constraint that quietly does not hold.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from daemon.backend import InvalidArgument
+
+# Keywords the converter enforces, plus annotations that constrain nothing.
+_ENFORCED = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
+    "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "pattern",
+    "format", "minLength", "maxLength",
+})
+_ANNOTATIONS = frozenset({
+    "$schema", "$id", "$defs", "definitions", "title", "description", "default", "examples",
+    "$comment", "deprecated", "readOnly", "writeOnly",
+})
+# String formats the converter has rules for.
+_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
+_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
+
+# Any JSON object: OpenAI's response_format {"type": "json_object"}.
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+
+
+def schema_to_grammar(schema_json: str, where: str) -> str:
+    """GBNF for a JSON schema (JSON text); InvalidArgument naming `where` for what we cannot enforce."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        schema = json.loads(schema_json)
+    except ValueError as exc:
+        raise InvalidArgument(f"{where}: not valid JSON: {exc}") from None
+    _check(schema, where)
+    try:
+        return json_schema_to_gbnf(schema_json)
+    except (ValueError, AssertionError, KeyError, TypeError, RecursionError) as exc:
+        raise InvalidArgument(f"{where}: cannot be turned into a grammar: {exc}") from None
+
+
+def _check(schema: Any, where: str) -> None:
+    if isinstance(schema, bool):
+        if schema is False:
+            raise InvalidArgument(f"{where}: the schema `false` matches nothing")
+        return
+    if not isinstance(schema, dict):
+        raise InvalidArgument(f"{where}: a schema must be an object")
+    for key in schema:
+        if key not in _ENFORCED and key not in _ANNOTATIONS:
+            raise InvalidArgument(f"{where}: keyword '{key}' is not supported for structured output")
+    kinds = schema.get("type")
+    for kind in kinds if isinstance(kinds, list) else [kinds] if kinds is not None else []:
+        if kind not in _TYPES:
+            raise InvalidArgument(f"{where}.type: unknown type {kind!r}")
+    if "format" in schema:
+        if schema["format"] not in _FORMATS:
+            raise InvalidArgument(f"{where}.format: '{schema['format']}' is not supported for structured output")
+        if {"pattern", "minLength", "maxLength"} & schema.keys():
+            raise InvalidArgument(f"{where}: 'format' cannot be combined with pattern/minLength/maxLength")
+    if "pattern" in schema and {"minLength", "maxLength"} & schema.keys():
+        raise InvalidArgument(f"{where}: 'pattern' cannot be combined with minLength/maxLength")
+    ref = schema.get("$ref")
+    if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
+        raise InvalidArgument(f"{where}.$ref: only local references ('#/...') are supported")
+    if "allOf" in schema and kinds not in (None, "object"):
+        raise InvalidArgument(f"{where}.allOf: only supported for objects")
+    for key in ("properties", "$defs", "definitions"):
+        children = schema.get(key, {})
+        if not isinstance(children, dict):
+            raise InvalidArgument(f"{where}.{key}: must be an object")
+        for name, child in children.items():
+            _check(child, f"{where}.{key}.{name}")
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        for index, child in enumerate(schema.get(key, [])):
+            _check(child, f"{where}.{key}[{index}]")
+    items = schema.get("items")
+    if isinstance(items, list):
+        for index, child in enumerate(items):
+            _check(child, f"{where}.items[{index}]")
+    elif items is not None:
+        _check(items, f"{where}.items")
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        _check(extra, f"{where}.additionalProperties")

@@ -1,0 +1,85 @@
+"""Generation models across a reload, and their engine counters in /metrics."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from gguf_builder import write_tiny_llama
+
+from support import UnixHTTPConnection, wait_until
+
+
+def _model(repo: Path, n_ctx: int = 2048) -> None:
+    (repo / "tiny" / "1").mkdir(parents=True, exist_ok=True)
+    write_tiny_llama(repo / "tiny" / "1" / "model.gguf", seed=1, n_ctx=n_ctx)
+    (repo / "tiny" / "config.pbtxt").write_text(
+        'backend: "llamacpp"\nparameters { key: "n_parallel" value { string_value: "2" } }\n'
+    )
+
+
+def test_a_reload_lets_running_generations_finish(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _model(repo)
+    daemon = start_daemon("--model-repository", str(repo))
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 400, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    chunks: list[dict[str, object]] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        conn = UnixHTTPConnection(daemon.socket, timeout=120)
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        assert reply.status == 200
+        for raw in reply:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+                started.set()
+        conn.close()
+
+    worker = threading.Thread(target=stream)
+    worker.start()
+    assert started.wait(60)
+    # A new version of the model appears mid-generation: SIGHUP loads it, swaps, retires the old.
+    (repo / "tiny" / "config.pbtxt").write_text(
+        'backend: "llamacpp"\nparameters { key: "n_parallel" value { string_value: "3" } }\n'
+    )
+    daemon.proc.send_signal(signal.SIGHUP)
+    worker.join(120)
+    finals = [c for c in chunks if c.get("choices") and c["choices"][0].get("finish_reason")]  # type: ignore[index]
+    assert finals, chunks[-3:]
+    assert finals[-1]["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
+    usage = [c["usage"] for c in chunks if c.get("usage")]
+    assert usage and usage[-1]["completion_tokens"] == 400  # type: ignore[index]
+    # ...and the new version serves afterwards.
+    wait_until(lambda: json.loads(daemon.request("GET", "/v2/models/tiny").body)["engine"]["slots"] == 3)
+
+
+def test_engine_counters_are_prometheus_metrics(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _model(repo)
+    daemon = start_daemon("--model-repository", str(repo))
+    prompt = {"model": "tiny", "prompt": "the same prompt twice", "max_tokens": 4, "temperature": 0}
+    for _ in range(2):
+        assert daemon.post_json("/v1/completions", prompt).status == 200
+    text = daemon.request("GET", "/metrics").body.decode()
+    values = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("edged_llm_") and 'model="tiny"' in line
+    }
+    assert values["edged_llm_slots"] == 2
+    assert values["edged_llm_slots_busy"] == 0
+    assert values["edged_llm_tokens_generated"] >= 8
+    # The second identical prompt came from the slot's prefix cache.
+    assert values["edged_llm_prompt_tokens_cached"] > 0
+    assert values["edged_llm_kv_cells_total"] >= values["edged_llm_kv_cells_used"] > 0
+    assert "# TYPE edged_llm_prompt_tokens_evaluated counter" in text
