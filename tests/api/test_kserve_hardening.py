@@ -360,3 +360,13 @@ def test_load_error_names_the_backend_once(daemon: DaemonProcess) -> None:
     assert "python: model 'broken'" in error
     assert "python: python:" not in error
     _assert_serving(daemon)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_body_that_does_not_decompress_is_a_400(daemon: DaemonProcess, encoding: str) -> None:
+    # aiohttp raises RequestPayloadError while reading such a body.
+    reply = daemon.request("POST", "/v2/models/ident/infer", b"\x1f\x8b\x08\x00garbage",
+                           {"Content-Encoding": encoding, "Content-Type": "application/json"})
+    assert reply.status == 400, reply.body
+    assert "error" in reply.json()
+    _assert_serving(daemon)
