@@ -18,8 +18,7 @@ Model parameters (config `parameters`, all strings):
     embedding     "true": an embedding model (serves embed(), not generate())
     pooling       mean | cls | last; default the GGUF's pooling, else mean
     max_queue     requests that may wait for a slot before new ones get 503 (default 64)
-    flash_attn    auto | on | off; default off on the CPU (measured faster there, see
-                  engine.FLASH_ATTN), llama.cpp's auto with GPU layers
+    flash_attn    auto | on | off; default llama.cpp's auto (on for the CPU too)
     prefix_store_mib  host RAM (MiB) for the KV cells of conversations a new one pushed out
                   of their slot, restored when they return (default 0: none)
 """
