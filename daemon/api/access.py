@@ -63,11 +63,14 @@ def read_token(path: str) -> str | None:
     return token
 
 
-def _peer_uid(request: web.Request) -> int | None:
-    """The caller's uid on the Unix socket (SO_PEERCRED); None for TCP callers."""
+def _unix_socket(request: web.Request) -> socket.socket | None:
+    """The connection's socket when the caller came over the Unix socket; None for TCP."""
     sock = request.transport.get_extra_info("socket") if request.transport else None
-    if sock is None or sock.family != socket.AF_UNIX:
-        return None
+    return sock if sock is not None and sock.family == socket.AF_UNIX else None
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    """The caller's uid (SO_PEERCRED)."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return int(struct.unpack("3i", creds)[1])
 
@@ -85,9 +88,10 @@ def make_access_middleware(server: ServerConfig, token: str | None) -> Middlewar
 
     @web.middleware
     async def access(request: web.Request, handler: Handler) -> web.StreamResponse:
-        uid = _peer_uid(request)
-        if uid is not None:
-            if allowed and uid not in allowed and uid != 0:
+        unix = _unix_socket(request)
+        if unix is not None:
+            # The syscall only when there is an allow-list: the socket's mode is the gate else.
+            if allowed and (uid := _peer_uid(unix)) not in allowed and uid != 0:
                 return error_response(403, "caller's uid is not in server.allowed-uids", request.path)
             return await handler(request)
         path = request.path
