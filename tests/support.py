@@ -157,6 +157,8 @@ def start_daemon_process(
                 except OSError:
                     pass
             if time.monotonic() > deadline:
+                # Never leave a daemon behind: the caller gets no handle to stop it.
+                daemon.stop(signal.SIGKILL, timeout=10)
                 raise AssertionError(f"daemon not ready after {timeout}s:\n{daemon.log()}")
             time.sleep(0.1)
     return daemon
