@@ -305,15 +305,18 @@ def test_mender_client_install_commit_rollback_and_refusals(mender: Mender) -> N
     assert box.value() == 2.0
 
 
-def _pids_running(needle: bytes) -> list[int]:
+def _pids_running(*needles: bytes) -> list[int]:
+    """Processes whose command line holds every needle (name this test's store among them,
+    so processes of other tests or runs on the machine never count)."""
     pids = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                if needle in (proc / "cmdline").read_bytes():
-                    pids.append(int(proc.name))
+                cmdline = (proc / "cmdline").read_bytes()
             except OSError:
-                pass
+                continue
+            if all(needle in cmdline for needle in needles):
+                pids.append(int(proc.name))
     return pids
 
 
@@ -338,7 +341,7 @@ def test_mender_client_killed_during_install(mender: Mender, victims: str) -> No
             for pid in _pids_running(b"edged-bundle\0ArtifactInstall"):
                 os.killpg(os.getpgid(pid), signal.SIGKILL)
         proc.wait()
-    wait_until(lambda: not _pids_running(b"daemon\0update\0apply"), timeout=120)
+    wait_until(lambda: not _pids_running(b"daemon\0update\0apply", str(box.store).encode()), timeout=120)
     state = json.loads((box.store / "state.json").read_bytes())
     assert state["pending"] == "2-2.0.0"
     assert state["pending_installed"] is (victims == "client")
