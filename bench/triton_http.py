@@ -77,30 +77,11 @@ output [{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [16] },
         { name: "OUTPUT1" data_type: TYPE_INT32 dims: [16] }]
 instance_group [{ count: 1 kind: KIND_CPU }]
 '''
-FRAME_SHAPE = (1, 3, 720, 1280)
-STRIDE = 97
-FRAME_PY = f'''\
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            y = x[:, :, ::{STRIDE}, ::{STRIDE}].sum(axis=(2, 3), dtype=np.float32)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", y)]))
-        return responses
-'''
-FRAME_CONFIG = f'''\
-name: "frame"
-backend: "python"
-max_batch_size: 0
-input [{{ name: "INPUT0" data_type: TYPE_FP32 dims: {list(FRAME_SHAPE)} }}]
-output [{{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [1, 3] }}]
-instance_group [{{ count: 2 kind: KIND_CPU }}]
-'''
+# The 11 MB frame model is bench/shm.py's: the same model measures body vs shared memory there.
+from shm import CONFIG as FRAME_CONFIG  # noqa: E402
+from shm import MODEL_PY as FRAME_PY  # noqa: E402
+from shm import SHAPE as FRAME_SHAPE  # noqa: E402
+from shm import STRIDE  # noqa: E402
 
 
 def write_repository(repo: Path) -> None:

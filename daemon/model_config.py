@@ -111,6 +111,15 @@ def normalize_datatype(value: str) -> str:
     return name
 
 
+def _field_datatype(value: str) -> str:
+    """normalize_datatype for a Struct field: a ValueError (not ConfigError) so msgspec reports
+    the field's path, e.g. `$.input[0]`."""
+    try:
+        return normalize_datatype(value)
+    except ConfigError as exc:
+        raise ValueError(exc.message) from None
+
+
 class _Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=False):
     pass
 
@@ -128,11 +137,7 @@ class TensorConfig(_Strict):
     label_filename: str = ""
 
     def __post_init__(self) -> None:
-        # ValueError (not ConfigError) so msgspec reports the path, e.g. `$.input[0]`.
-        try:
-            self.data_type = normalize_datatype(self.data_type)
-        except ConfigError as exc:
-            raise ValueError(exc.message) from None
+        self.data_type = _field_datatype(self.data_type)
         if any(d < -1 for d in self.dims):
             raise ValueError(f"tensor {self.name!r}: dims must be >= -1, got {self.dims}")
 
@@ -189,10 +194,7 @@ class SequenceControl(_Strict):
 
     def __post_init__(self) -> None:
         if self.data_type:
-            try:
-                self.data_type = normalize_datatype(self.data_type)
-            except ConfigError as exc:
-                raise ValueError(exc.message) from None
+            self.data_type = _field_datatype(self.data_type)
 
 
 class SequenceControlInput(_Strict):
@@ -210,10 +212,7 @@ class SequenceInitialState(_Strict):
 
     def __post_init__(self) -> None:
         if self.data_type:
-            try:
-                self.data_type = normalize_datatype(self.data_type)
-            except ConfigError as exc:
-                raise ValueError(exc.message) from None
+            self.data_type = _field_datatype(self.data_type)
 
 
 class SequenceState(_Strict):
@@ -227,10 +226,7 @@ class SequenceState(_Strict):
     initial_state: list[SequenceInitialState] = []
 
     def __post_init__(self) -> None:
-        try:
-            self.data_type = normalize_datatype(self.data_type)
-        except ConfigError as exc:
-            raise ValueError(exc.message) from None
+        self.data_type = _field_datatype(self.data_type)
 
 
 class SequenceStrategyDirect(_Strict):
