@@ -19,7 +19,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from daemon.api.app import GUARD, create_app
+from daemon.api.app import create_app
+from daemon.api.front import RELAY_KEEPALIVE_S, Front
+from daemon.api.kserve import INFER
+from daemon.api.shm import SHM
 from daemon.config import DaemonConfig, parse_host_port, socket_path
 from daemon.errors import EdgedError
 from daemon.ops.systemd import Notifier, listen_fds, watchdog_interval, watchdog_loop
@@ -96,14 +99,18 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
         handler_cancellation=True,  # a client that goes away cancels its generation
         # Bodies are inflated by daemon.api.body, off the event loop and with a size cap.
         auto_decompress=False,
-        keepalive_timeout=config.server.keepalive_timeout,
+        # Idle connections are the front's to close (server.keepalive-timeout).
+        keepalive_timeout=RELAY_KEEPALIVE_S,
         shutdown_timeout=config.server.shutdown_timeout,
         access_log=None,
     )
     notifier.status("loading models")
     await runner.setup()
     assert runner.server is not None
-    factory = app[GUARD].factory(runner.server)
+    # Every connection goes through the front; what it does not serve itself it relays to
+    # aiohttp's request handlers (runner.server makes one per connection that needs it).
+    front = Front(config.server, app[INFER], app[SHM], runner.server)
+    factory = front.factory
     servers: list[asyncio.Server] = []
     for sock, name in passed:
         servers.append(await loop.create_server(factory, sock=sock))
@@ -162,7 +169,11 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
             task.cancel()
         for server in servers:
             server.close()  # stop accepting; connections in flight drain below
+        # The front's own requests first (they need the models that cleanup unloads), then
+        # aiohttp drains what it was relayed and stops the service.
+        await front.drain(config.server.shutdown_timeout)
         await runner.cleanup()
+        front.close_all()
         # Signal handlers stay installed until here: SIGTERM/SIGINT repeat the stop, SIGHUP is
         # ignored, and none of them kills the drain half-way.
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

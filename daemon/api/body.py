@@ -95,9 +95,7 @@ async def read_tensor_body(request: web.Request, limit: int, binary_offset: int 
         or request.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity")
     ):
         return await read_body(request, limit)
-    buffer = np.empty(length + _ALIGN, dtype=np.uint8)
-    start = -(buffer.ctypes.data + binary_offset) % _ALIGN
-    view = buffer.data[start : start + length]
+    view = aligned_buffer(length, binary_offset)
     filled = 0
     content = request.content
     while filled < length:
@@ -110,6 +108,18 @@ async def read_tensor_body(request: web.Request, limit: int, binary_offset: int 
         view[filled:end] = chunk
         filled = end
     return view.toreadonly()
+
+
+def direct_read(length: int | None, binary_offset: int | None) -> bool:
+    """Whether an uncompressed body of `length` bytes is worth reading into an aligned buffer."""
+    return binary_offset is not None and length is not None and length >= _DIRECT_BYTES and 0 <= binary_offset <= length
+
+
+def aligned_buffer(length: int, binary_offset: int) -> memoryview:
+    """A writable buffer of `length` bytes whose byte `binary_offset` is 64-byte aligned."""
+    buffer = np.empty(length + _ALIGN, dtype=np.uint8)
+    start = -(buffer.ctypes.data + binary_offset) % _ALIGN
+    return buffer.data[start : start + length]
 
 
 def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
