@@ -24,8 +24,8 @@ response's end is found by parsing it (httptools' response parser), so the next 
 connection may again be served by the front.
 
 Connection limits live here, for both paths: `server.max-connections` (503 and close),
-`server.header-timeout` (the first request's headers), `server.keepalive-timeout` (idle between
-requests). Each limit logs one line per minute with a count.
+`server.header-timeout` (a new connection's first request, and any request whose headers
+arrive in pieces), `server.keepalive-timeout` (idle between requests). Each limit logs one line per minute with a count.
 """
 
 from __future__ import annotations
@@ -39,18 +39,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httptools
 import msgspec
 
-from daemon.api.body import aligned_buffer, direct_read
-from daemon.api.infer import InferEndpoint
+from daemon.api.buffers import aligned_buffer, direct_read
 from daemon.api.kserve_codec import parse_header_length
-from daemon.api.shm import CallerShm, refusal
 from daemon.config import ServerConfig
-from daemon.core.shm import SharedMemoryRegistry
 from daemon.errors import EdgedError
+from daemon.service import Service
+
+if TYPE_CHECKING:
+    from daemon.api.infer import InferEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -114,26 +115,37 @@ def _status_line(status: int) -> bytes:
 
 
 class Front:
-    """The connections' shared state: what they serve with, their limits, their drain."""
+    """The connections' shared state: what they serve with, their limits, their drain.
 
-    def __init__(
-        self,
-        server: ServerConfig,
-        endpoint: InferEndpoint,
-        shm: SharedMemoryRegistry,
-        relay: Callable[[], asyncio.Protocol],
-    ) -> None:
+    The front listens as soon as the service has started; the aiohttp side (the infer
+    endpoint and the relay) is attached once it has been imported and built (daemon.server does
+    that after the daemon is ready: it is most of the start time). Until then health requests
+    are answered and every other request waits for `attach`, in order.
+    """
+
+    def __init__(self, server: ServerConfig, service: Service) -> None:
         self.server = server
-        self.endpoint = endpoint
-        self.shm = shm
+        self.service = service
+        self.endpoint: InferEndpoint | None = None
         # Makes an aiohttp request handler (aiohttp's `web.Server` instance).
-        self.relay = relay
+        self.relay: Callable[[], asyncio.Protocol] | None = None
+        self._on_attach: list[Callable[[], None]] = []
         self.connections: set[_Connection] = set()
         self.stopping = False
         self.allowed_uids = frozenset(server.allowed_uids)
         self.over_cap = RateLimitedLog("connection refused: server.max-connections reached")
         self.silent = RateLimitedLog("connection closed: no request headers within server.header-timeout")
         self._status_lines = {status: _status_line(status) for status in (200, 400, 404, 503)}
+
+    def attach(self, endpoint: InferEndpoint, relay: Callable[[], asyncio.Protocol]) -> None:
+        self.endpoint = endpoint
+        self.relay = relay
+        waiting, self._on_attach = self._on_attach, []
+        for resume in waiting:
+            resume()
+
+    def when_attached(self, resume: Callable[[], None]) -> None:
+        self._on_attach.append(resume)
 
     def status_line(self, status: int) -> bytes:
         line = self._status_lines.get(status)
@@ -206,8 +218,9 @@ class _Connection(asyncio.Protocol):
         self.active: _Request | None = None  # being answered
         self.waiting: deque[_Request] = deque()
         self.task: asyncio.Task[None] | None = None
-        self.shm: CallerShm | None = None
+        self.unix = False
         self.relay_only = False
+        self.relaying: _Request | None = None  # the request being fed to aiohttp
         self.handler: asyncio.Protocol | None = None  # the aiohttp handler, made on first use
         self.relay: _Relay | None = None
         self.tracker: httptools.HttpResponseParser | None = None
@@ -227,14 +240,13 @@ class _Connection(asyncio.Protocol):
         front.connections.add(self)
         server = front.server
         sock = transport.get_extra_info("socket")
-        unix = sock is not None and sock.family == socket.AF_UNIX
+        unix = self.unix = sock is not None and sock.family == socket.AF_UNIX
         if unix:
             # The syscall only when there is an allow-list (the socket's mode is the gate
             # else); a refused caller's requests go to aiohttp, whose middleware answers 403.
             self.relay_only = bool(front.allowed_uids) and not self._uid_allowed(sock)
         else:
             self.relay_only = server.tcp_auth == "all"  # every TCP request needs the token
-        self.shm = CallerShm(front.shm, refusal(server.shared_memory, unix))
         self.timer = asyncio.get_running_loop().call_later(server.header_timeout, self._header_deadline)
 
     def _uid_allowed(self, sock: Any) -> bool:
@@ -274,7 +286,8 @@ class _Connection(asyncio.Protocol):
 
     def _header_deadline(self) -> None:
         self.timer = None
-        if not self.seen_request:
+        request = self.current
+        if not self.seen_request or (request is not None and not request.method):
             self.front.silent()
             self.close()
 
@@ -296,6 +309,13 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
+            request = self.current
+            if request is not None and not request.method and self.timer is None:
+                # A request's headers are arriving in pieces: they get header-timeout too (a
+                # keep-alive connection must not trickle headers forever).
+                self.timer = asyncio.get_running_loop().call_later(
+                    self.front.server.header_timeout, self._header_deadline
+                )
         except httptools.HttpParserUpgrade:
             # Nothing here upgrades; the request itself was relayed and aiohttp answers it.
             self._fail_parse("connection upgrades are not supported")
@@ -316,8 +336,8 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self.current = _Request()
-        if self.timer is not None and self.seen_request:
-            self._cancel_timer()  # the idle timer; the header deadline runs until the headers
+        if self.seen_request:
+            self._cancel_timer()  # the idle timer (a first request's header deadline stays)
 
     def on_url(self, url: bytes) -> None:
         assert self.current is not None
@@ -346,9 +366,8 @@ class _Connection(asyncio.Protocol):
         parser = self.parser
         request.method = parser.get_method()
         request.keep_alive = parser.should_keep_alive()
-        if not self.seen_request:
-            self.seen_request = True
-            self._cancel_timer()
+        self.seen_request = True
+        self._cancel_timer()  # the header deadline
         version = parser.get_http_version()
         if not self.relay_only and not request.not_plain and version == "1.1":
             self._classify(request)
@@ -389,7 +408,7 @@ class _Connection(asyncio.Protocol):
         if request.kind == _RELAY:
             if request.chunked:
                 data = b"%x\r\n%s\r\n" % (len(data), data)
-            if request is self.active:
+            if request is self.relaying:
                 self._feed_relay(data)
                 return
         elif request.body is not None:
@@ -408,7 +427,7 @@ class _Connection(asyncio.Protocol):
         self.current = None
         request.complete = True
         if request.kind == _RELAY and request.chunked:
-            if request is self.active:
+            if request is self.relaying:
                 self._feed_relay(b"0\r\n\r\n")
             else:
                 request.parts.append(b"0\r\n\r\n")
@@ -438,7 +457,7 @@ class _Connection(asyncio.Protocol):
     def _finish(self) -> None:
         """The active request's response has been written."""
         request = self.active
-        self.active = None
+        self.active = self.relaying = None
         if self.waiting and self.waiting[0] is request:
             self.waiting.popleft()
         if self.transport is None:
@@ -455,19 +474,30 @@ class _Connection(asyncio.Protocol):
                 self.front.server.keepalive_timeout, self._idle_deadline
             )
 
+    def _resume(self, request: _Request, step: Callable[[_Request], None]) -> Callable[[], None]:
+        def resume() -> None:
+            if self.transport is not None and self.active is request:
+                step(request)
+
+        return resume
+
     def _serve(self, request: _Request) -> None:
         if request.kind == _INFER:
+            if self.front.endpoint is None:
+                self.front.when_attached(self._resume(request, self._serve))
+                return
             self.task = asyncio.get_running_loop().create_task(self._infer(request))
         elif request.kind == _LIVE:
             self._write(200, None, b"", None, close=not request.keep_alive)
             self._finish()
         else:
-            ready = self.front.endpoint.service.ready()
+            ready = self.front.service.ready()
             self._write(200 if ready else 400, None, b"", None, close=not request.keep_alive)
             self._finish()
 
     async def _infer(self, request: _Request) -> None:
         endpoint = self.front.endpoint
+        assert endpoint is not None
         try:
             if request.body is not None:
                 body: bytes | memoryview = request.body.toreadonly()
@@ -481,8 +511,8 @@ class _Connection(asyncio.Protocol):
                     trace.record("HTTP_RECV_START")
                     trace.record("HTTP_RECV_END")
                 header_length = parse_header_length(request.header_length)
-                assert self.shm is not None
-                payload, json_length = await endpoint.run(model, body, header_length, self.shm, trace)
+                shm = endpoint.caller_shm(self.unix)
+                payload, json_length = await endpoint.run(model, body, header_length, shm, trace)
             finally:
                 lease.release()
         except EdgedError as exc:
@@ -531,6 +561,10 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ relaying to aiohttp
 
     def _start_relay(self, request: _Request) -> None:
+        if self.front.relay is None:
+            self.front.when_attached(self._resume(request, self._start_relay))
+            return
+        self.relaying = request
         if self.handler is None:
             self.handler = self.front.relay()
             self.relay = _Relay(self)
