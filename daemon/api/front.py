@@ -224,7 +224,6 @@ class _Connection(asyncio.Protocol):
         self.handler: asyncio.Protocol | None = None  # the aiohttp handler, made on first use
         self.relay: _Relay | None = None
         self.tracker: httptools.HttpResponseParser | None = None
-        self.tracked_status = 0
         self.timer: asyncio.TimerHandle | None = None
         self.seen_request = False
         self.paused_by_relay = False
@@ -316,9 +315,14 @@ class _Connection(asyncio.Protocol):
                 self.timer = asyncio.get_running_loop().call_later(
                     self.front.server.header_timeout, self._header_deadline
                 )
-        except httptools.HttpParserUpgrade:
-            # Nothing here upgrades; the request itself was relayed and aiohttp answers it.
-            self._fail_parse("connection upgrades are not supported")
+        except httptools.HttpParserUpgrade as exc:
+            # Nothing here switches protocols (h2c from `curl --http2`, websockets): the request
+            # was relayed like any other and aiohttp answers it in HTTP/1.1; what follows it is
+            # parsed as the next request, by a fresh parser (llhttp stops at an upgrade).
+            offset = int(exc.args[0]) if exc.args and isinstance(exc.args[0], int) else len(data)
+            self.parser = httptools.HttpRequestParser(self)
+            if offset < len(data):
+                self.data_received(data[offset:])
         except httptools.HttpParserError as exc:
             self._fail_parse(f"malformed HTTP request: {exc}")
 

@@ -159,3 +159,17 @@ def test_http_1_0_and_oversized_bodies_go_to_aiohttp(daemon) -> None:
         answer = sock.recv(65536)
     assert answer.startswith(b"HTTP/1.1 400 ")
     assert b"request size of 134217728 bytes exceeds the maximum allowed input size" in answer
+
+
+def test_an_upgrade_request_is_answered_in_http_1_1_and_the_connection_goes_on(daemon) -> None:
+    """`curl --http2` on http:// asks for h2c: nothing here switches protocols, the request is
+    answered like any other and the next one on the connection is parsed as usual."""
+    body, total, _ = _infer_body()
+    raw = _request(
+        "GET", "/v2",
+        headers=("Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA"),
+    ) + _request("POST", "/v2/models/simple/infer", body, ("Connection: close",))
+    responses = _exchange(daemon.socket, raw)
+    assert [status for status, _, _ in responses] == [200, 200]
+    assert json.loads(responses[0][2])["name"] == "edged"
+    assert _outputs(responses[1][2])["OUTPUT0"] == total.ravel().tolist()
