@@ -66,6 +66,8 @@ _NOT_PLAIN = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 # Pipelined requests waiting behind the active one: stop reading the socket beyond these.
 _MAX_WAITING = 16
 _MAX_WAITING_BYTES = 4 * 1024 * 1024
+# A request's line and headers together, at most (llhttp itself has no limit).
+MAX_HEAD_BYTES = 64 * 1024
 # Larger bodies are written as header + body (no concatenation copy).
 _JOIN_BELOW = 16 * 1024
 # aiohttp's own keep-alive timer must never close a connection the front still serves; the
@@ -178,17 +180,22 @@ class Front:
             connection.close()
 
 
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback: stops parsing (httptools reports it as a parser error)."""
+
+
 class _Request:
     """One parsed request, from its first byte until its response is written."""
 
     __slots__ = (
-        "body", "chunked", "complete", "filled", "header_length", "headers", "keep_alive",
+        "body", "chunked", "complete", "filled", "head_bytes", "header_length", "headers", "keep_alive",
         "kind", "length", "method", "model", "not_plain", "parts", "parts_bytes", "responded",
         "url", "version",
     )
 
     def __init__(self) -> None:
         self.url = b""
+        self.head_bytes = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.method = b""
         self.keep_alive = True
@@ -324,15 +331,18 @@ class _Connection(asyncio.Protocol):
             if offset < len(data):
                 self.data_received(data[offset:])
         except httptools.HttpParserError as exc:
-            self._fail_parse(f"malformed HTTP request: {exc}")
+            if isinstance(exc.__context__, _HeadTooLarge):
+                self._fail_parse(431, f"request line and headers exceed {MAX_HEAD_BYTES} bytes")
+            else:
+                self._fail_parse(400, f"malformed HTTP request: {exc}")
 
-    def _fail_parse(self, message: str) -> None:
+    def _fail_parse(self, status: int, message: str) -> None:
         # After a framing error nothing later on this connection can be trusted: answer (if
         # nothing is in flight) and close.
         if self.transport is None:
             return
         if self.active is None:
-            self._write(400, b"application/json", _encode({"error": message}), None, close=True)
+            self._write(status, b"application/json", _encode({"error": message}), None, close=True)
         else:
             self.close()
 
@@ -344,12 +354,19 @@ class _Connection(asyncio.Protocol):
             self._cancel_timer()  # the idle timer (a first request's header deadline stays)
 
     def on_url(self, url: bytes) -> None:
-        assert self.current is not None
-        self.current.url += url
+        request = self.current
+        assert request is not None
+        request.url += url
+        request.head_bytes += len(url)
+        if request.head_bytes > MAX_HEAD_BYTES:
+            raise _HeadTooLarge
 
     def on_header(self, name: bytes, value: bytes) -> None:
         request = self.current
         assert request is not None
+        request.head_bytes += len(name) + len(value) + 4
+        if request.head_bytes > MAX_HEAD_BYTES:
+            raise _HeadTooLarge
         request.headers.append((name, value))
         lowered = name.lower()
         if lowered == b"content-length":

@@ -173,3 +173,11 @@ def test_an_upgrade_request_is_answered_in_http_1_1_and_the_connection_goes_on(d
     assert [status for status, _, _ in responses] == [200, 200]
     assert json.loads(responses[0][2])["name"] == "edged"
     assert _outputs(responses[1][2])["OUTPUT0"] == total.ravel().tolist()
+
+
+def test_oversized_request_head_is_a_431_and_the_connection_closes(daemon) -> None:
+    raw = _request("GET", "/v2/health/live", headers=("X-Padding: " + "a" * 70_000,))
+    responses = _exchange(daemon.socket, raw)
+    assert [status for status, _, _ in responses] == [431]
+    assert json.loads(responses[0][2]) == {"error": "request line and headers exceed 65536 bytes"}
+    assert daemon.request("GET", "/v2/health/live").status == 200
