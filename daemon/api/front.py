@@ -231,7 +231,13 @@ class _Connection(asyncio.Protocol):
         self.handler: asyncio.Protocol | None = None  # the aiohttp handler, made on first use
         self.relay: _Relay | None = None
         self.tracker: httptools.HttpResponseParser | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.loop = asyncio.get_running_loop()
+        # The header deadline (a new connection's first request, or headers arriving in
+        # pieces) and the idle timer. The idle timer is armed once and re-armed only when it
+        # fires early (`idle_since` moved): no timer handle per request.
+        self.header_timer: asyncio.TimerHandle | None = None
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self.idle_since = 0.0
         self.seen_request = False
         self.paused_by_relay = False
         self.paused_by_front = False
@@ -253,7 +259,7 @@ class _Connection(asyncio.Protocol):
             self.relay_only = bool(front.allowed_uids) and not self._uid_allowed(sock)
         else:
             self.relay_only = server.tcp_auth == "all"  # every TCP request needs the token
-        self.timer = asyncio.get_running_loop().call_later(server.header_timeout, self._header_deadline)
+        self.header_timer = self.loop.call_later(server.header_timeout, self._header_deadline)
 
     def _uid_allowed(self, sock: Any) -> bool:
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -262,7 +268,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.front.connections.discard(self)
-        self._cancel_timer()
+        for timer in (self.header_timer, self.idle_timer):
+            if timer is not None:
+                timer.cancel()
         if self.task is not None:
             self.task.cancel()  # the client is gone: nobody reads the answer
         if self.handler is not None:
@@ -285,21 +293,22 @@ class _Connection(asyncio.Protocol):
         if self.handler is not None:
             self.handler.resume_writing()
 
-    def _cancel_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
     def _header_deadline(self) -> None:
-        self.timer = None
+        self.header_timer = None
         request = self.current
         if not self.seen_request or (request is not None and not request.method):
             self.front.silent()
             self.close()
 
     def _idle_deadline(self) -> None:
-        self.timer = None
-        self.close_if_idle()
+        self.idle_timer = None
+        if self.active is not None or self.waiting or self.current is not None:
+            return  # busy: re-armed when the connection is idle again
+        left = self.idle_since + self.front.server.keepalive_timeout - self.loop.time()
+        if left > 0:
+            self.idle_timer = self.loop.call_later(left, self._idle_deadline)
+        else:
+            self.close()
 
     def _update_reading(self) -> None:
         if self.transport is None:
@@ -316,12 +325,10 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
             request = self.current
-            if request is not None and not request.method and self.timer is None:
+            if request is not None and not request.method and self.header_timer is None:
                 # A request's headers are arriving in pieces: they get header-timeout too (a
                 # keep-alive connection must not trickle headers forever).
-                self.timer = asyncio.get_running_loop().call_later(
-                    self.front.server.header_timeout, self._header_deadline
-                )
+                self.header_timer = self.loop.call_later(self.front.server.header_timeout, self._header_deadline)
         except httptools.HttpParserUpgrade as exc:
             # Nothing here switches protocols (h2c from `curl --http2`, websockets): the request
             # was relayed like any other and aiohttp answers it in HTTP/1.1; what follows it is
@@ -350,8 +357,6 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self.current = _Request()
-        if self.seen_request:
-            self._cancel_timer()  # the idle timer (a first request's header deadline stays)
 
     def on_url(self, url: bytes) -> None:
         request = self.current
@@ -388,7 +393,9 @@ class _Connection(asyncio.Protocol):
         request.method = parser.get_method()
         request.keep_alive = parser.should_keep_alive()
         self.seen_request = True
-        self._cancel_timer()  # the header deadline
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
         version = parser.get_http_version()
         if not self.relay_only and not request.not_plain and version == "1.1":
             self._classify(request)
@@ -490,10 +497,10 @@ class _Connection(asyncio.Protocol):
             self._check_backlog()
         if self.waiting:
             self._start_next()
-        elif self.current is None and self.timer is None:
-            self.timer = asyncio.get_running_loop().call_later(
-                self.front.server.keepalive_timeout, self._idle_deadline
-            )
+        else:
+            self.idle_since = self.loop.time()
+            if self.idle_timer is None:
+                self.idle_timer = self.loop.call_later(self.front.server.keepalive_timeout, self._idle_deadline)
 
     def _resume(self, request: _Request, step: Callable[[_Request], None]) -> Callable[[], None]:
         def resume() -> None:
@@ -507,7 +514,7 @@ class _Connection(asyncio.Protocol):
             if self.front.endpoint is None:
                 self.front.when_attached(self._resume(request, self._serve))
                 return
-            self.task = asyncio.get_running_loop().create_task(self._infer(request))
+            self.task = self.loop.create_task(self._infer(request))
         elif request.kind == _LIVE:
             self._write(200, None, b"", None, close=not request.keep_alive)
             self._finish()
@@ -621,7 +628,7 @@ class _Connection(asyncio.Protocol):
         request.responded = True
         if request.complete:
             # Not from inside aiohttp's write: it has not finished its own bookkeeping yet.
-            asyncio.get_running_loop().call_soon(self._finish_relayed, request)
+            self.loop.call_soon(self._finish_relayed, request)
 
     def _finish_relayed(self, request: _Request) -> None:
         if self.active is request:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -181,3 +182,24 @@ def test_oversized_request_head_is_a_431_and_the_connection_closes(daemon) -> No
     assert [status for status, _, _ in responses] == [431]
     assert json.loads(responses[0][2]) == {"error": "request line and headers exceed 65536 bytes"}
     assert daemon.request("GET", "/v2/health/live").status == 200
+
+
+def test_idle_connections_close_after_keepalive_timeout_busy_ones_stay(
+    start_daemon: Callable[..., object], repo: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text("[server]\nkeepalive-timeout = 2.0\n")
+    daemon = start_daemon("--config", str(config), "--model-repository", str(repo))
+    live = _request("GET", "/v2/health/live")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)
+        sock.connect(str(daemon.socket))
+        # Busy for 3 s (longer than the timeout), a request every 0.2 s: never closed.
+        for _ in range(15):
+            sock.sendall(live)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200 OK")
+            time.sleep(0.2)
+        # Then idle: closed by the daemon (recv returns b"" rather than timing out).
+        started = time.monotonic()
+        assert sock.recv(4096) == b""
+        assert time.monotonic() - started >= 1.0
