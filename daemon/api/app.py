@@ -1,39 +1,37 @@
-"""Builds the aiohttp application over a `Service`: routes, error mapping, and the service's
-start/stop hooked into aiohttp's `cleanup_ctx` (stop runs after aiohttp has stopped accepting
-and drained in-flight requests for `shutdown_timeout`)."""
+"""Builds the aiohttp application over a `Service`: routes, middlewares, error mapping.
+
+It serves what the lean front (daemon.api.front) relays to it. The service's lifecycle is the
+server's (daemon.server), not the app's: the app is built after the daemon is ready."""
 
 from __future__ import annotations
-
-from collections.abc import AsyncIterator
 
 from aiohttp import web
 
 from daemon.api import admin, kserve, logging_routes, ollama, openai, shm, trace
-from daemon.api.access import make_access_middleware, read_token
-from daemon.api.connections import ConnectionGuard
+from daemon.api.access import make_access_middleware
 from daemon.api.errors import make_error_middleware
+from daemon.api.infer import InferEndpoint
+from daemon.api.kserve import INFER
 from daemon.api.kserve_codec import Codec
 from daemon.api.leases import release_leases
 from daemon.api.state import CODEC, SERVICE
+from daemon.api.trace import TRACER
 from daemon.service import Service
 
-GUARD = web.AppKey("connection_guard", ConnectionGuard)
 
-
-def create_app(service: Service) -> web.Application:
+def create_app(service: Service, token: str | None) -> web.Application:
+    """`token`: the bearer token of `server.token-file` (daemon.config.read_token), read before
+    the daemon reports ready so that a bad file stops it at start."""
     config = service.config
-    guard = ConnectionGuard(config.server.max_connections, config.server.header_timeout)
     app = web.Application(
         client_max_size=config.server.max_request_bytes,
         middlewares=[
-            guard.middleware(),
-            make_access_middleware(config.server, read_token(config.server.token_file)),
+            make_access_middleware(config.server, token),
             make_error_middleware(),
             release_leases,
         ],
     )
     app[SERVICE] = service
-    app[GUARD] = guard
     app[CODEC] = Codec(
         max_request_bytes=config.server.max_request_bytes,
         max_tensor_elements=config.server.max_tensor_elements,
@@ -46,13 +44,8 @@ def create_app(service: Service) -> web.Application:
     ollama.add_routes(app)
     admin.add_routes(app)
     trace.add_routes(app, config.trace.file)
+    # The infer route's work, shared with the lean front (daemon.api.front).
+    app[INFER] = InferEndpoint(service, app[CODEC], app[TRACER], app[shm.SHM])
     # No catch-all route: aiohttp answers an unknown path with 404 and a known path with the
     # wrong method with 405 (both through the error middleware, as {"error": ...}).
-
-    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        await service.start()
-        yield
-        await service.stop()
-
-    app.cleanup_ctx.append(lifecycle)
     return app

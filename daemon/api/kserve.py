@@ -13,11 +13,11 @@ from aiohttp import web
 from daemon import __version__
 from daemon.api import repository_load as load_api
 from daemon.api.body import read_body, read_tensor_body
+from daemon.api.infer import InferEndpoint
 from daemon.api.kserve_codec import parse_header_length
 from daemon.api.leases import hold
 from daemon.api.shm import shm_lookup
-from daemon.api.state import codec_of, daemon_of
-from daemon.api.trace import TRACER
+from daemon.api.state import daemon_of
 from daemon.core.model import LoadedVersion
 from daemon.core.registry import IndexEntry
 from daemon.errors import BackendError, InvalidArgument, Unavailable
@@ -108,46 +108,24 @@ async def model_config(request: web.Request) -> web.Response:
 # ---------------------------------------------------------------------------- inference
 
 
+INFER = web.AppKey("infer", InferEndpoint)
+
+
 async def infer(request: web.Request) -> web.Response:
-    daemon = daemon_of(request)
-    _check_accepting(daemon)
+    """The infer route for what the lean front (daemon.api.front) relays: compressed or
+    chunked bodies, callers that need a bearer token, HTTP/1.0."""
+    endpoint = request.app[INFER]
     # Loads an on-demand model, held until the response is done.
     await hold(request, request.match_info["model"])
-    # Resolved once: this version decodes, runs and labels the request, even if a reload
-    # swaps in another one while the body is still arriving.
-    model = daemon.registry.get(request.match_info["model"], _version(request))
-    # Triton's trace extension: None unless this request is sampled.
-    trace = request.app[TRACER].start(model.name, str(model.version), "")
+    model = endpoint.resolve(request.match_info["model"], _version(request))
+    trace = endpoint.trace(model)
     if trace is not None:
         trace.record("HTTP_RECV_START")
     header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
-    body = await read_tensor_body(request, daemon.config.server.max_request_bytes, header_length)
+    body = await read_tensor_body(request, endpoint.service.config.server.max_request_bytes, header_length)
     if trace is not None:
         trace.record("HTTP_RECV_END")
-    config = model.config
-    codec = codec_of(request)
-    decoded = codec.decode_infer_request(body, header_length, config=config, shm=shm_lookup(request))
-    try:  # the request holds its shared memory regions until its outputs are written
-        if trace is not None:
-            trace.request_id = decoded.request.id
-            trace.record("REQUEST_START")
-        response = await model.infer(decoded.request)
-        if trace is not None:
-            trace.record("REQUEST_END")
-        labels = None
-        if decoded.classification:
-            entry = daemon.registry.entry(model.name)
-            labels = codec.labels.for_outputs(
-                entry.path if entry else None, config, list(decoded.classification)
-            )
-        payload, json_length = codec.encode_infer_response(
-            model.name, str(model.version), decoded, response, config, labels
-        )
-    finally:
-        decoded.release()
-    if trace is not None:
-        trace.record("HTTP_SEND_START")
-        request.app[TRACER].finish(trace, model.name)
+    payload, json_length = await endpoint.run(model, body, header_length, shm_lookup(request), trace)
     if json_length is None:
         return web.Response(body=payload, content_type="application/json")
     # Content-Type among the headers rather than `content_type=`: the same bytes on the

@@ -34,43 +34,49 @@ class _RegisterRequest(msgspec.Struct, forbid_unknown_fields=True):
     offset: int = 0
 
 
-class _CallerShm:
-    """The registry as one infer request may use it: whether the caller may use shared memory
-    is checked only when the request names a region (most never do)."""
+class CallerShm:
+    """The registry as one caller may use it: whether the caller may use shared memory is
+    checked only when a request names a region (most never do)."""
 
-    __slots__ = ("request",)
+    __slots__ = ("refusal", "registry")
 
-    def __init__(self, request: web.Request) -> None:
-        self.request = request
+    def __init__(self, registry: SharedMemoryRegistry, refusal: str | None) -> None:
+        self.registry = registry
+        self.refusal = refusal
 
     def acquire(self, name: str, offset: int, byte_size: int) -> Lease:
-        _check_allowed(self.request)
-        return self.request.app[SHM].acquire(name, offset, byte_size)
+        if self.refusal is not None:
+            raise Unsupported(self.refusal)
+        return self.registry.acquire(name, offset, byte_size)
 
 
-def _refusal(request: web.Request) -> str | None:
-    """Why this caller may not use shared memory, or None when it may."""
-    mode = daemon_of(request).config.server.shared_memory
+def refusal(mode: str, unix: bool) -> str | None:
+    """Why a caller may not use shared memory under `server.shared-memory = mode`, or None
+    when it may. `unix`: the caller came over the Unix socket."""
     if mode in ("all", "token"):  # "token": the access middleware already checked TCP callers
         return None
     if mode == "off":
         return "Client shared memory is disabled; set server.shared-memory to \"socket\" or \"all\" to enable it."
-    sock = request.transport.get_extra_info("socket") if request.transport else None
-    if sock is not None and sock.family == socket.AF_UNIX:
+    if unix:
         return None
     return ("Client shared memory is disabled for callers over TCP; use the Unix socket or set "
             "server.shared-memory = \"all\".")
 
 
+def is_unix(request: web.Request) -> bool:
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    return sock is not None and sock.family == socket.AF_UNIX
+
+
 def shm_lookup(request: web.Request) -> SharedMemoryLookup:
     """Where an infer request's `shared_memory_region` names resolve, for this caller."""
-    return _CallerShm(request)
+    return CallerShm(request.app[SHM], refusal(daemon_of(request).config.server.shared_memory, is_unix(request)))
 
 
 def _check_allowed(request: web.Request) -> None:
-    refusal = _refusal(request)
-    if refusal is not None:
-        raise Unsupported(refusal)
+    why = refusal(daemon_of(request).config.server.shared_memory, is_unix(request))
+    if why is not None:
+        raise Unsupported(why)
 
 
 def _json_response(payload: object) -> web.Response:

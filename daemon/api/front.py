@@ -1,0 +1,739 @@
+"""The HTTP/1.1 front: owns every client connection, serves the hot routes itself, and relays
+every other request to aiohttp in-process.
+
+Why: under small Triton infer requests the event-loop thread is the bottleneck, and aiohttp's
+per-request machinery (URL objects, multidicts, routing, middlewares, Request/Response objects,
+a task per request) was the largest share of it after the socket calls themselves
+(docs/performance.md). The front parses with httptools (llhttp, C) and serves, for a *plain*
+request, with nothing else in between:
+
+- `POST /v2/models/{m}[/versions/{v}]/infer` (daemon.api.infer does the work), and
+- `GET /v2/health/live`, `GET /v2/health/ready`.
+
+Plain means: HTTP/1.1, a `Content-Length` body within `server.max-request-bytes` (none for
+GET), no `Transfer-Encoding`, `Content-Encoding`, `Expect` or `Upgrade`, no query string, no
+percent-encoding in the path, and a caller that needs no bearer token (see daemon.api.access).
+Anything else, on any route, is re-serialized as it was parsed (headers verbatim, the body
+re-framed) and fed to an aiohttp request handler attached to the same connection through
+`_Relay`, an in-process transport: aiohttp answers it exactly as it did before the front
+existed (routes, middlewares, access checks, streaming, compression, error texts).
+
+One connection answers its requests in order, one at a time, as aiohttp does; pipelined
+requests wait, buffered (the socket stops being read once too much waits). A relayed
+response's end is found by parsing it (httptools' response parser), so the next request on the
+connection may again be served by the front.
+
+Connection limits live here, for both paths: `server.max-connections` (503 and close),
+`server.header-timeout` (a new connection's first request, and any request whose headers
+arrive in pieces), `server.keepalive-timeout` (idle between requests). Each limit logs one line per minute with a count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import socket
+import struct
+import time
+from collections import deque
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+
+import httptools
+import msgspec
+
+from daemon.api.buffers import aligned_buffer, direct_read
+from daemon.api.kserve_codec import parse_header_length
+from daemon.config import ServerConfig
+from daemon.errors import EdgedError
+from daemon.service import Service
+
+if TYPE_CHECKING:
+    from daemon.api.infer import InferEndpoint
+
+log = logging.getLogger(__name__)
+
+_encode = msgspec.json.Encoder().encode
+
+# Model names and versions as the aiohttp routes match them, minus what a plain request never has.
+_INFER_PATH = re.compile(rb"/v2/models/([^/?#%]+)(?:/versions/([0-9]+))?/infer")
+_RELAY, _INFER, _LIVE, _READY = range(4)
+_HEALTH = {b"/v2/health/live": _LIVE, b"/v2/health/ready": _READY}
+# Headers that make a request not plain (lower-case, as compared).
+_NOT_PLAIN = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
+# Pipelined requests waiting behind the active one: stop reading the socket beyond these.
+_MAX_WAITING = 16
+_MAX_WAITING_BYTES = 4 * 1024 * 1024
+# A request's line and headers together, at most (llhttp itself has no limit).
+MAX_HEAD_BYTES = 64 * 1024
+# Larger bodies are written as header + body (no concatenation copy).
+_JOIN_BELOW = 16 * 1024
+# aiohttp's own keep-alive timer must never close a connection the front still serves; the
+# front closes idle connections itself.
+RELAY_KEEPALIVE_S = 10 * 365 * 24 * 3600.0
+
+_BUSY_BODY = b'{"error":"server has reached server.max-connections; try again later"}'
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+)
+
+
+class RateLimitedLog:
+    """At most one log line per `interval` seconds for a repeated event, with the count."""
+
+    def __init__(self, what: str, interval: float = 60.0) -> None:
+        self.what = what
+        self.interval = interval
+        self._count = 0
+        self._last = -interval
+
+    def __call__(self) -> None:
+        self._count += 1
+        now = time.monotonic()
+        if now - self._last >= self.interval:
+            log.warning("%s (%d time(s) in the last %.0f s)", self.what, self._count, self.interval)
+            self._count = 0
+            self._last = now
+
+
+class _Refuse(asyncio.Protocol):
+    """Answers 503 and closes: what a connection over the cap gets."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(_BUSY)
+        transport.close()
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Unknown"
+    return b"HTTP/1.1 %d %s\r\n" % (status, phrase.encode())
+
+
+class Front:
+    """The connections' shared state: what they serve with, their limits, their drain.
+
+    The front listens as soon as the service has started; the aiohttp side (the infer
+    endpoint and the relay) is attached once it has been imported and built (daemon.server does
+    that after the daemon is ready: it is most of the start time). Until then health requests
+    are answered and every other request waits for `attach`, in order.
+    """
+
+    def __init__(self, server: ServerConfig, service: Service) -> None:
+        self.server = server
+        self.service = service
+        self.endpoint: InferEndpoint | None = None
+        # Makes an aiohttp request handler (aiohttp's `web.Server` instance).
+        self.relay: Callable[[], asyncio.Protocol] | None = None
+        self._on_attach: list[Callable[[], None]] = []
+        self.connections: set[_Connection] = set()
+        self.stopping = False
+        self.allowed_uids = frozenset(server.allowed_uids)
+        self.over_cap = RateLimitedLog("connection refused: server.max-connections reached")
+        self.silent = RateLimitedLog("connection closed: no request headers within server.header-timeout")
+        self._status_lines = {status: _status_line(status) for status in (200, 400, 404, 503)}
+
+    def attach(self, endpoint: InferEndpoint, relay: Callable[[], asyncio.Protocol]) -> None:
+        self.endpoint = endpoint
+        self.relay = relay
+        waiting, self._on_attach = self._on_attach, []
+        for resume in waiting:
+            resume()
+
+    def when_attached(self, resume: Callable[[], None]) -> None:
+        self._on_attach.append(resume)
+
+    def status_line(self, status: int) -> bytes:
+        line = self._status_lines.get(status)
+        if line is None:
+            line = self._status_lines[status] = _status_line(status)
+        return line
+
+    def factory(self) -> asyncio.BaseProtocol:
+        """The protocol factory for loop.create_server / create_unix_server."""
+        if len(self.connections) >= self.server.max_connections:
+            self.over_cap()
+            return _Refuse()
+        return _Connection(self)
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop: idle connections close now, busy ones after their current response; requests
+        the front serves get `grace_s` seconds to finish, then are cancelled. (Relayed requests
+        are aiohttp's: its runner drains them.)"""
+        self.stopping = True
+        for connection in list(self.connections):
+            connection.close_if_idle()
+        tasks = [c.task for c in self.connections if c.task is not None]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=grace_s)
+            for task in late:
+                task.cancel()
+
+    def close_all(self) -> None:
+        for connection in list(self.connections):
+            connection.close()
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback: stops parsing (httptools reports it as a parser error)."""
+
+
+class _Request:
+    """One parsed request, from its first byte until its response is written."""
+
+    __slots__ = (
+        "body", "chunked", "complete", "filled", "head_bytes", "header_length", "headers", "keep_alive",
+        "kind", "length", "method", "model", "not_plain", "parts", "parts_bytes", "responded",
+        "url", "version",
+    )
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.head_bytes = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.method = b""
+        self.keep_alive = True
+        self.kind = _RELAY
+        self.length: int | None = None
+        self.header_length: str | None = None
+        self.not_plain = False
+        self.chunked = False
+        self.model = ""
+        self.version: str | None = None
+        # The body: `body` (an aligned buffer, filled in place) or `parts` (joined at the end,
+        # or, for a relayed request, framed pieces waiting to be forwarded).
+        self.body: memoryview | None = None
+        self.filled = 0
+        self.parts: list[bytes] = []
+        self.parts_bytes = 0
+        self.complete = False  # the whole request has been received
+        self.responded = False  # a relayed request's response has been written completely
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, front: Front) -> None:
+        self.front = front
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.current: _Request | None = None  # being parsed
+        self.active: _Request | None = None  # being answered
+        self.waiting: deque[_Request] = deque()
+        self.task: asyncio.Task[None] | None = None
+        self.unix = False
+        self.relay_only = False
+        self.relaying: _Request | None = None  # the request being fed to aiohttp
+        self.handler: asyncio.Protocol | None = None  # the aiohttp handler, made on first use
+        self.relay: _Relay | None = None
+        self.tracker: httptools.HttpResponseParser | None = None
+        self.loop = asyncio.get_running_loop()
+        # The header deadline (a new connection's first request, or headers arriving in
+        # pieces) and the idle timer. The idle timer is armed once and re-armed only when it
+        # fires early (`idle_since` moved): no timer handle per request.
+        self.header_timer: asyncio.TimerHandle | None = None
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self.idle_since = 0.0
+        self.seen_request = False
+        self.paused_by_relay = False
+        self.paused_by_front = False
+        self.reading_paused = False
+
+    # ------------------------------------------------------------------ connection
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        front = self.front
+        front.connections.add(self)
+        server = front.server
+        sock = transport.get_extra_info("socket")
+        unix = self.unix = sock is not None and sock.family == socket.AF_UNIX
+        if unix:
+            # The syscall only when there is an allow-list (the socket's mode is the gate
+            # else); a refused caller's requests go to aiohttp, whose middleware answers 403.
+            self.relay_only = bool(front.allowed_uids) and not self._uid_allowed(sock)
+        else:
+            self.relay_only = server.tcp_auth == "all"  # every TCP request needs the token
+        self.header_timer = self.loop.call_later(server.header_timeout, self._header_deadline)
+
+    def _uid_allowed(self, sock: Any) -> bool:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        uid = int(struct.unpack("3i", creds)[1])
+        return uid == 0 or uid in self.front.allowed_uids
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.front.connections.discard(self)
+        for timer in (self.header_timer, self.idle_timer):
+            if timer is not None:
+                timer.cancel()
+        if self.task is not None:
+            self.task.cancel()  # the client is gone: nobody reads the answer
+        if self.handler is not None:
+            self.handler.connection_lost(exc)
+        self.transport = None
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def close_if_idle(self) -> None:
+        if self.active is None and not self.waiting and self.current is None:
+            self.close()
+
+    def pause_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.resume_writing()
+
+    def _header_deadline(self) -> None:
+        self.header_timer = None
+        request = self.current
+        if not self.seen_request or (request is not None and not request.method):
+            self.front.silent()
+            self.close()
+
+    def _idle_deadline(self) -> None:
+        self.idle_timer = None
+        if self.active is not None or self.waiting or self.current is not None:
+            return  # busy: re-armed when the connection is idle again
+        left = self.idle_since + self.front.server.keepalive_timeout - self.loop.time()
+        if left > 0:
+            self.idle_timer = self.loop.call_later(left, self._idle_deadline)
+        else:
+            self.close()
+
+    def _update_reading(self) -> None:
+        if self.transport is None:
+            return
+        pause = self.paused_by_relay or self.paused_by_front
+        if pause != self.reading_paused:
+            self.reading_paused = pause
+            if pause:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+            request = self.current
+            if request is not None and not request.method and self.header_timer is None:
+                # A request's headers are arriving in pieces: they get header-timeout too (a
+                # keep-alive connection must not trickle headers forever).
+                self.header_timer = self.loop.call_later(self.front.server.header_timeout, self._header_deadline)
+        except httptools.HttpParserUpgrade as exc:
+            # Nothing here switches protocols (h2c from `curl --http2`, websockets): the request
+            # was relayed like any other and aiohttp answers it in HTTP/1.1; what follows it is
+            # parsed as the next request, by a fresh parser (llhttp stops at an upgrade).
+            offset = int(exc.args[0]) if exc.args and isinstance(exc.args[0], int) else len(data)
+            self.parser = httptools.HttpRequestParser(self)
+            if offset < len(data):
+                self.data_received(data[offset:])
+        except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, _HeadTooLarge):
+                self._fail_parse(431, f"request line and headers exceed {MAX_HEAD_BYTES} bytes")
+            else:
+                self._fail_parse(400, f"malformed HTTP request: {exc}")
+
+    def _fail_parse(self, status: int, message: str) -> None:
+        # After a framing error nothing later on this connection can be trusted: answer (if
+        # nothing is in flight) and close.
+        if self.transport is None:
+            return
+        if self.active is None:
+            self._write(status, b"application/json", _encode({"error": message}), None, close=True)
+        else:
+            self.close()
+
+    # ------------------------------------------------------------------ parser callbacks
+
+    def on_message_begin(self) -> None:
+        self.current = _Request()
+
+    def on_url(self, url: bytes) -> None:
+        request = self.current
+        assert request is not None
+        request.url += url
+        request.head_bytes += len(url)
+        if request.head_bytes > MAX_HEAD_BYTES:
+            raise _HeadTooLarge
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        request = self.current
+        assert request is not None
+        request.head_bytes += len(name) + len(value) + 4
+        if request.head_bytes > MAX_HEAD_BYTES:
+            raise _HeadTooLarge
+        request.headers.append((name, value))
+        lowered = name.lower()
+        if lowered == b"content-length":
+            request.length = int(value)  # llhttp has validated it
+        elif lowered == b"inference-header-content-length":
+            request.header_length = value.decode("latin-1")
+        elif lowered == b"content-encoding":
+            if value.strip().lower() not in (b"", b"identity"):
+                request.not_plain = True
+        elif lowered in _NOT_PLAIN:
+            request.not_plain = True
+            if lowered == b"transfer-encoding":
+                request.chunked = True
+
+    def on_headers_complete(self) -> None:
+        request = self.current
+        assert request is not None
+        parser = self.parser
+        request.method = parser.get_method()
+        request.keep_alive = parser.should_keep_alive()
+        self.seen_request = True
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
+        version = parser.get_http_version()
+        if not self.relay_only and not request.not_plain and version == "1.1":
+            self._classify(request)
+        if request.kind == _RELAY:
+            request.parts.append(self._relay_head(request, version))
+        elif request.kind == _INFER and request.length:
+            offset = _offset(request.header_length)
+            if direct_read(request.length, offset):
+                assert offset is not None
+                request.body = aligned_buffer(request.length, offset)
+        self.waiting.append(request)
+        if self.active is None:
+            self._start_next()
+        else:
+            self._check_backlog()
+
+    def _classify(self, request: _Request) -> None:
+        if request.method == b"POST":
+            match = _INFER_PATH.fullmatch(request.url)
+            if match is None or request.length is None or request.length > self.front.server.max_request_bytes:
+                return
+            request.kind = _INFER
+            request.model = match[1].decode()
+            request.version = match[2].decode() if match[2] is not None else None
+        elif request.method == b"GET" and not request.length:
+            request.kind = _HEALTH.get(request.url, _RELAY)
+
+    def _relay_head(self, request: _Request, version: str) -> bytes:
+        lines = [request.method, b" ", request.url, b" HTTP/", version.encode(), b"\r\n"]
+        for name, value in request.headers:
+            lines += (name, b": ", value, b"\r\n")
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+    def on_body(self, data: bytes) -> None:
+        request = self.current
+        assert request is not None
+        if request.kind == _RELAY:
+            if request.chunked:
+                data = b"%x\r\n%s\r\n" % (len(data), data)
+            if request is self.relaying:
+                self._feed_relay(data)
+                return
+        elif request.body is not None:
+            end = request.filled + len(data)
+            request.body[request.filled : end] = data  # llhttp never passes Content-Length
+            request.filled = end
+            return
+        request.parts.append(data)
+        request.parts_bytes += len(data)
+        if request is not self.active:
+            self._check_backlog()
+
+    def on_message_complete(self) -> None:
+        request = self.current
+        assert request is not None
+        self.current = None
+        request.complete = True
+        if request.kind == _RELAY and request.chunked:
+            if request is self.relaying:
+                self._feed_relay(b"0\r\n\r\n")
+            else:
+                request.parts.append(b"0\r\n\r\n")
+        if request is self.active:
+            if request.kind == _RELAY:
+                if request.responded:
+                    self._finish()
+            else:
+                self._serve(request)
+
+    # ------------------------------------------------------------------ answering in order
+
+    def _check_backlog(self) -> None:
+        waiting_bytes = sum(r.parts_bytes for r in self.waiting if r is not self.active)
+        self.paused_by_front = len(self.waiting) > _MAX_WAITING or waiting_bytes > _MAX_WAITING_BYTES
+        self._update_reading()
+
+    def _start_next(self) -> None:
+        if not self.waiting or self.transport is None:
+            return
+        request = self.active = self.waiting[0]
+        if request.kind == _RELAY:
+            self._start_relay(request)
+        elif request.complete:
+            self._serve(request)
+
+    def _finish(self) -> None:
+        """The active request's response has been written."""
+        request = self.active
+        self.active = self.relaying = None
+        if self.waiting and self.waiting[0] is request:
+            self.waiting.popleft()
+        if self.transport is None:
+            return
+        if request is not None and (not request.keep_alive or self.front.stopping):
+            self.close()
+            return
+        if self.paused_by_front:
+            self._check_backlog()
+        if self.waiting:
+            self._start_next()
+        else:
+            self.idle_since = self.loop.time()
+            if self.idle_timer is None:
+                self.idle_timer = self.loop.call_later(self.front.server.keepalive_timeout, self._idle_deadline)
+
+    def _resume(self, request: _Request, step: Callable[[_Request], None]) -> Callable[[], None]:
+        def resume() -> None:
+            if self.transport is not None and self.active is request:
+                step(request)
+
+        return resume
+
+    def _serve(self, request: _Request) -> None:
+        if request.kind == _INFER:
+            if self.front.endpoint is None:
+                self.front.when_attached(self._resume(request, self._serve))
+                return
+            self.task = self.loop.create_task(self._infer(request))
+        elif request.kind == _LIVE:
+            self._write(200, None, b"", None, close=not request.keep_alive)
+            self._finish()
+        else:
+            ready = self.front.service.ready()
+            self._write(200 if ready else 400, None, b"", None, close=not request.keep_alive)
+            self._finish()
+
+    async def _infer(self, request: _Request) -> None:
+        endpoint = self.front.endpoint
+        assert endpoint is not None
+        try:
+            if request.body is not None:
+                body: bytes | memoryview = request.body.toreadonly()
+            else:
+                body = b"".join(request.parts) if len(request.parts) != 1 else request.parts[0]
+            lease = await endpoint.hold(request.model)
+            try:
+                model = endpoint.resolve(request.model, request.version)
+                trace = endpoint.trace(model)
+                if trace is not None:  # the body is in before the route is known
+                    trace.record("HTTP_RECV_START")
+                    trace.record("HTTP_RECV_END")
+                header_length = parse_header_length(request.header_length)
+                shm = endpoint.caller_shm(self.unix)
+                payload, json_length = await endpoint.run(model, body, header_length, shm, trace)
+            finally:
+                lease.release()
+        except EdgedError as exc:
+            if exc.status >= 500:
+                log.warning("POST %s -> %d: %s", request.url.decode("latin-1"), exc.status, exc.message)
+            self._respond_error(request, exc.status, exc.message)
+        except asyncio.CancelledError:
+            raise  # the client went away (or the drain ran out of time)
+        except Exception as exc:  # never let a request take the daemon down
+            log.exception("unhandled error on POST %s", request.url.decode("latin-1"))
+            self._respond_error(request, 500, f"internal error: {type(exc).__name__}: {exc}")
+        else:
+            if json_length is None:
+                self._write(200, b"application/json", payload, None, close=not request.keep_alive)
+            else:
+                self._write(200, b"application/octet-stream", payload, json_length, close=not request.keep_alive)
+        finally:
+            self.task = None
+        self._finish()
+
+    def _respond_error(self, request: _Request, status: int, message: str) -> None:
+        self._write(status, b"application/json", _encode({"error": message}), None, close=not request.keep_alive)
+
+    def _write(
+        self, status: int, content_type: bytes | None, body: bytes, json_length: int | None, *, close: bool
+    ) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        head = [self.front.status_line(status)]
+        if content_type is not None:
+            head += (b"Content-Type: ", content_type, b"\r\n")
+        if json_length is not None:
+            head.append(b"Inference-Header-Content-Length: %d\r\n" % json_length)
+        if close or self.front.stopping:
+            head.append(b"Connection: close\r\n")
+        head.append(b"Content-Length: %d\r\n\r\n" % len(body))
+        if len(body) < _JOIN_BELOW:
+            head.append(body)
+            transport.write(b"".join(head))
+        else:
+            transport.writelines([b"".join(head), body])
+        if close:
+            transport.close()
+
+    # ------------------------------------------------------------------ relaying to aiohttp
+
+    def _start_relay(self, request: _Request) -> None:
+        if self.front.relay is None:
+            self.front.when_attached(self._resume(request, self._start_relay))
+            return
+        self.relaying = request
+        if self.handler is None:
+            self.handler = self.front.relay()
+            self.relay = _Relay(self)
+            self.handler.connection_made(self.relay)
+        self.tracker = httptools.HttpResponseParser(_Tracker(self, request.method == b"HEAD"))
+        parts, request.parts, request.parts_bytes = request.parts, [], 0
+        for part in parts:
+            self._feed_relay(part)
+        if self.paused_by_front:
+            self._check_backlog()
+
+    def _feed_relay(self, data: bytes) -> None:
+        if self.handler is not None and self.relay is not None and not self.relay.closing:
+            self.handler.data_received(data)
+
+    def relay_write(self, data: bytes | bytearray | memoryview) -> None:
+        """What aiohttp writes: to the client, and through the tracker that finds its end."""
+        if self.transport is None:
+            return
+        self.transport.write(data)
+        if self.tracker is not None:
+            try:
+                self.tracker.feed_data(bytes(data))
+            except httptools.HttpParserError:
+                log.exception("relayed response did not parse; closing the connection")
+                self.close()
+
+    def relay_response_done(self) -> None:
+        self.tracker = None
+        request = self.active
+        if request is None:
+            return
+        request.responded = True
+        if request.complete:
+            # Not from inside aiohttp's write: it has not finished its own bookkeeping yet.
+            self.loop.call_soon(self._finish_relayed, request)
+
+    def _finish_relayed(self, request: _Request) -> None:
+        if self.active is request:
+            self._finish()
+
+    def relay_closed(self) -> None:
+        """aiohttp closes the connection (Connection: close, an error, its shutdown)."""
+        self.close()
+
+    def relay_pause(self, paused: bool) -> None:
+        self.paused_by_relay = paused
+        self._update_reading()
+
+
+class _Tracker:
+    """Finds where a relayed response ends (1xx interim responses do not count)."""
+
+    __slots__ = ("connection", "head", "status")
+
+    def __init__(self, connection: _Connection, head: bool) -> None:
+        self.connection = connection
+        self.head = head
+        self.status = 0
+
+    def on_headers_complete(self) -> None:
+        tracker = self.connection.tracker
+        assert tracker is not None
+        self.status = tracker.get_status_code()
+        if self.head and self.status >= 200:  # a response to HEAD has no body, whatever it says
+            self.connection.relay_response_done()
+
+    def on_message_complete(self) -> None:
+        # An interim response (100 Continue) is not the end: the final one follows, parsed as
+        # the next message by the same parser.
+        if self.status >= 200 and not self.head:
+            self.connection.relay_response_done()
+
+
+class _Relay(asyncio.Transport):
+    """The transport an aiohttp request handler sees: its writes go to the client (through the
+    front's tracker), its flow control and extra info are the client connection's."""
+
+    def __init__(self, connection: _Connection) -> None:
+        super().__init__()
+        self.connection = connection
+        self.closing = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        transport = self.connection.transport
+        return transport.get_extra_info(name, default) if transport is not None else default
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self.closing:
+            self.connection.relay_write(data)
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.write(b"".join(list_of_data))
+
+    def is_closing(self) -> bool:
+        transport = self.connection.transport
+        return self.closing or transport is None or transport.is_closing()
+
+    def close(self) -> None:
+        if not self.closing:
+            self.closing = True
+            self.connection.relay_closed()
+
+    def abort(self) -> None:
+        self.closing = True
+        transport = self.connection.transport
+        if transport is not None:
+            transport.abort()
+
+    def pause_reading(self) -> None:
+        self.connection.relay_pause(True)
+
+    def resume_reading(self) -> None:
+        self.connection.relay_pause(False)
+
+    def is_reading(self) -> bool:
+        return not self.connection.paused_by_relay
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        transport = self.connection.transport
+        return transport.get_write_buffer_size() if transport is not None else 0
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        transport = self.connection.transport
+        if transport is not None:
+            transport.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        transport = self.connection.transport
+        return transport.get_write_buffer_limits() if transport is not None else (0, 0)
+
+
+def _offset(value: str | None) -> int | None:
+    """`Inference-Header-Content-Length` as a number, for placing the body; None when absent or
+    invalid (the codec then reports it with Triton's wording)."""
+    if value is None:
+        return None
+    try:
+        return int(value.strip())
+    except ValueError:
+        return None

@@ -1,0 +1,205 @@
+"""The lean HTTP front (daemon.api.front) over a real Unix socket: plain infer and health
+requests are served by the front, everything else is relayed to aiohttp on the same connection,
+and one connection's answers come back in request order whichever path served them."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from model_builders import write_simple_repository
+
+Response = tuple[int, dict[str, str], bytes]
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("repo")
+    write_simple_repository(path)
+    return path
+
+
+@pytest.fixture
+def daemon(start_daemon: Callable[..., object], repo: Path) -> object:
+    return start_daemon("--model-repository", str(repo))
+
+
+def _infer_body() -> tuple[bytes, np.ndarray, np.ndarray]:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.full((1, 16), 3, dtype=np.int32)
+    body = json.dumps({"inputs": [
+        {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": a.ravel().tolist()},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": b.ravel().tolist()},
+    ]}).encode()
+    return body, a + b, a - b
+
+
+def _exchange(path: Path, raw: bytes, heads: frozenset[int] = frozenset()) -> list[Response]:
+    """Send `raw` at once (pipelined); every response, read until the server closes.
+    `heads`: the indexes of HEAD requests (their responses have no body)."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)
+        sock.connect(str(path))
+        sock.sendall(raw)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    responses: list[Response] = []
+    answered = 0
+    while data:
+        head, _, data = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ")[1])
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        length = 0 if answered in heads else int(headers.get("content-length", "0"))
+        answered += status >= 200  # an interim 100 Continue answers nothing yet
+        responses.append((status, headers, data[:length]))
+        data = data[length:]
+    return responses
+
+
+def _request(method: str, target: str, body: bytes = b"", headers: tuple[str, ...] = ()) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", "Host: localhost", *headers]
+    if body and not any(h.lower().startswith("transfer-encoding") for h in headers):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def _chunked(body: bytes) -> bytes:
+    half = len(body) // 2
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:half], body[half:])) + b"0\r\n\r\n"
+
+
+def _outputs(body: bytes) -> dict[str, list[int]]:
+    return {o["name"]: o["data"] for o in json.loads(body)["outputs"]}
+
+
+def test_pipelined_requests_on_both_paths_are_answered_in_order(daemon) -> None:
+    body, total, difference = _infer_body()
+    raw = b"".join([
+        _request("GET", "/v2/health/live"),                                     # front
+        _request("GET", "/v2"),                                                 # relayed
+        _request("POST", "/v2/models/simple/infer", body),                      # front
+        _request("HEAD", "/v2/models/simple"),                                  # relayed, no body
+        _request("POST", "/v2/models/simple/infer", body, ("Expect: 100-continue",)),  # relayed
+        _request("POST", "/v2/models/simple/infer", _chunked(body), ("Transfer-Encoding: chunked",)),
+        _request("POST", "/v2/models/simple/infer", gzip.compress(body), ("Content-Encoding: gzip",)),
+        _request("POST", "/v2/models/simple_python/versions/1/infer", body),    # front, versioned
+        _request("POST", "/v2/models/nope/infer", body),                        # front, an error
+        _request("GET", "/v2/health/ready"),                                    # front
+        _request("GET", "/v2/models/nope", headers=("Connection: close",)),     # relayed, last
+    ])
+    responses = _exchange(daemon.socket, raw, heads=frozenset({3}))
+    assert [status for status, _, _ in responses] == [200, 200, 200, 200, 100, 200, 200, 200, 200, 404, 200, 404]
+    # Which path answered: aiohttp names itself in `Server`, the front sends no such header.
+    # (aiohttp's interim 100 Continue carries no headers at all.)
+    served_by_aiohttp = ["server" in headers for _, headers, _ in responses]
+    assert served_by_aiohttp == [False, True, False, True, False, True, True, True, False, False, False, True]
+    assert json.loads(responses[1][2])["name"] == "edged"
+    assert responses[3][2] == b""  # HEAD: headers only, and the next response still parses
+    expected = {"OUTPUT0": total.ravel().tolist(), "OUTPUT1": difference.ravel().tolist()}
+    for index in (2, 5, 6, 7, 8):
+        assert _outputs(responses[index][2]) == expected, index
+    assert responses[2][1]["content-type"] == "application/json"
+    assert json.loads(responses[9][2]) == {"error": "Request for unknown model: 'nope' is not found"}
+    assert json.loads(responses[11][2]) == {"error": "Request for unknown model: 'nope' is not found"}
+
+
+def test_binary_infer_on_the_front(daemon) -> None:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.arange(16, 32, dtype=np.int32).reshape(1, 16)
+    header = json.dumps({
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}},
+        ],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+    }).encode()
+    raw = _request(
+        "POST", "/v2/models/simple/infer", header + a.tobytes() + b.tobytes(),
+        (f"Inference-Header-Content-Length: {len(header)}", "Connection: close"),
+    )
+    (status, headers, payload), = _exchange(daemon.socket, raw)
+    assert status == 200 and "server" not in headers
+    assert headers["content-type"] == "application/octet-stream"
+    json_length = int(headers["inference-header-content-length"])
+    assert json.loads(payload[:json_length])["outputs"][0]["parameters"] == {"binary_data_size": 64}
+    np.testing.assert_array_equal(np.frombuffer(payload[json_length:], dtype=np.int32), (a + b).ravel())
+
+
+def test_malformed_request_is_a_400_and_the_connection_closes(daemon) -> None:
+    responses = _exchange(daemon.socket, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\nNOT HTTP AT ALL\r\n\r\n")
+    assert [status for status, _, _ in responses] == [200, 400]
+    assert json.loads(responses[1][2])["error"].startswith("malformed HTTP request")
+    assert responses[1][1]["connection"] == "close"
+    assert daemon.request("GET", "/v2/health/live").status == 200  # the daemon is fine
+
+
+def test_http_1_0_and_oversized_bodies_go_to_aiohttp(daemon) -> None:
+    body, total, _ = _infer_body()
+    raw = b"POST /v2/models/simple/infer HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    (status, headers, payload), = _exchange(daemon.socket, raw)
+    assert status == 200 and "server" in headers
+    assert _outputs(payload)["OUTPUT0"] == total.ravel().tolist()
+    # Over max-request-bytes (64 MiB by default): Triton's 400 text, from aiohttp's route,
+    # without the body ever being sent.
+    raw = _request("POST", "/v2/models/simple/infer", headers=(f"Content-Length: {1 << 27}",))
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)
+        sock.connect(str(daemon.socket))
+        sock.sendall(raw)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert b"request size of 134217728 bytes exceeds the maximum allowed input size" in answer
+
+
+def test_an_upgrade_request_is_answered_in_http_1_1_and_the_connection_goes_on(daemon) -> None:
+    """`curl --http2` on http:// asks for h2c: nothing here switches protocols, the request is
+    answered like any other and the next one on the connection is parsed as usual."""
+    body, total, _ = _infer_body()
+    raw = _request(
+        "GET", "/v2",
+        headers=("Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA"),
+    ) + _request("POST", "/v2/models/simple/infer", body, ("Connection: close",))
+    responses = _exchange(daemon.socket, raw)
+    assert [status for status, _, _ in responses] == [200, 200]
+    assert json.loads(responses[0][2])["name"] == "edged"
+    assert _outputs(responses[1][2])["OUTPUT0"] == total.ravel().tolist()
+
+
+def test_oversized_request_head_is_a_431_and_the_connection_closes(daemon) -> None:
+    raw = _request("GET", "/v2/health/live", headers=("X-Padding: " + "a" * 70_000,))
+    responses = _exchange(daemon.socket, raw)
+    assert [status for status, _, _ in responses] == [431]
+    assert json.loads(responses[0][2]) == {"error": "request line and headers exceed 65536 bytes"}
+    assert daemon.request("GET", "/v2/health/live").status == 200
+
+
+def test_idle_connections_close_after_keepalive_timeout_busy_ones_stay(
+    start_daemon: Callable[..., object], repo: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text("[server]\nkeepalive-timeout = 2.0\n")
+    daemon = start_daemon("--config", str(config), "--model-repository", str(repo))
+    live = _request("GET", "/v2/health/live")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)
+        sock.connect(str(daemon.socket))
+        # Busy for 3 s (longer than the timeout), a request every 0.2 s: never closed.
+        for _ in range(15):
+            sock.sendall(live)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200 OK")
+            time.sleep(0.2)
+        # Then idle: closed by the daemon (recv returns b"" rather than timing out).
+        started = time.monotonic()
+        assert sock.recv(4096) == b""
+        assert time.monotonic() - started >= 1.0
