@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
+import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -271,6 +271,23 @@ class InstanceContext:
 # --------------------------------------------------------------------------- backends
 
 
+def _settle_threadsafe(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[T], result: T | None, error: BaseException | None
+) -> None:
+    """From a worker thread: complete `future` on its loop (nothing to do once the loop is closed)."""
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for the outcome
+        loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)  # type: ignore[arg-type]
+
+
 class Backend:
     """Base class of every backend. Subclasses set `name` and `capabilities`."""
 
@@ -310,10 +327,27 @@ class Backend:
         return {}
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` on this instance's thread. Cancelling the caller before the
+        call starts means it never runs; once started, it runs to its end.
+
+        The thread hands the outcome straight to an asyncio future (one callback on the loop),
+        where `loop.run_in_executor` chains a concurrent future to an asyncio one: a small
+        request's latency pays for every layer."""
         loop = asyncio.get_running_loop()
-        if kwargs:  # run_in_executor passes positional arguments only
-            fn = functools.partial(fn, **kwargs)
-        return await loop.run_in_executor(self._executor, fn, *args)
+        future: asyncio.Future[T] = loop.create_future()
+
+        def call() -> None:
+            if future.cancelled():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # re-raised in the caller, as run_in_executor does
+                _settle_threadsafe(loop, future, None, exc)
+            else:
+                _settle_threadsafe(loop, future, result, None)
+
+        self._executor.submit(call)
+        return await future
 
     async def load(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         await self.run_blocking(self.load_sync, config, artifact, device)
