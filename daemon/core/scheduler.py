@@ -114,8 +114,8 @@ class _Pending:
     level: int
     rows: int
     arrival_ns: int
-    # Requests that may share a batch have equal keys.
-    key: Hashable
+    # Requests that may share a batch have equal keys (set when the request is queued).
+    key: Hashable = None
     deadline_ns: int | None = None
     timeout_us: int = 0
     delay_on_timeout: bool = False
@@ -235,13 +235,13 @@ class _QueueScheduler:
             level=level_no,
             rows=rows,
             arrival_ns=now,
-            key=self._key(request),
         )
         self._next_seq += 1
         if self._pending == 0 and self._state is _State.RUNNING and self._sends_alone(item, now):
             instance = self._idle_instance()
             if instance is not None:
                 return await self._run_direct(instance, item, now)
+        item.key = self._key(request)  # only a queued request is ever compared with others
         timeout_us = self._timeout_us(request, policy)
         if timeout_us:
             item.timeout_us = timeout_us
