@@ -3,9 +3,10 @@
 Both schedulers share one queue (`_QueueScheduler`): Triton's priority levels, per-level queue
 policies (max queue size, timeouts with REJECT or DELAY, per-request override), optional
 in-order delivery, one asyncio worker per backend instance pulling work from the queue, and a
-drain on stop. A request that finds nothing queued and an instance idle, and that the plan would
-send alone right away, runs at once in the caller's task: the worker hop (waking the worker, then
-waking the caller with the result) is two event-loop iterations of a small request's latency.
+drain on stop. A request that finds nothing queued, an instance idle and no other work due in this
+loop iteration, and that the plan would send alone right away, runs at once in the caller's task:
+the worker hop (waking the worker, then waking the caller with the result) is two event-loop
+iterations of a small request's latency.
 They differ only in how work leaves the queue:
 
 - `DynamicBatcher` merges requests along dim 0 (Triton `dynamic_batching`).
@@ -228,16 +229,22 @@ class _QueueScheduler:
                 f"inference request queue for model '{self.model}' is full "
                 f"(max_queue_size {policy.max_queue_size})"
             )
+        loop = asyncio.get_running_loop()
         item = _Pending(
             request=request,
-            future=asyncio.get_running_loop().create_future(),
+            future=loop.create_future(),
             seq=self._next_seq,
             level=level_no,
             rows=rows,
             arrival_ns=now,
         )
         self._next_seq += 1
-        if self._pending == 0 and self._state is _State.RUNNING and self._sends_alone(item, now):
+        if (
+            self._pending == 0
+            and self._state is _State.RUNNING
+            and self._sends_alone(item, now)
+            and not _others_ready(loop)
+        ):
             instance = self._idle_instance()
             if instance is not None:
                 return await self._run_direct(instance, item, now)
@@ -634,6 +641,15 @@ class _QueueScheduler:
         else:
             self.stats.record_failure(duration, reason)
             item.future.set_exception(_fresh(outcome))
+
+
+def _others_ready(loop: asyncio.AbstractEventLoop) -> bool:
+    """Are other callbacks due in this loop iteration (e.g. the tasks of requests that arrived
+    together with this one)? Then a request must not run directly: through the queue, the
+    worker wakes after them and sends them all as one batch, as it always did. Reads asyncio's
+    ready queue, which has no public accessor; on another loop, assume there are."""
+    ready = getattr(loop, "_ready", None)
+    return ready is None or len(ready) > 0
 
 
 def _set_done(future: asyncio.Future[None]) -> None:

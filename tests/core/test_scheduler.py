@@ -620,6 +620,20 @@ async def test_requests_arriving_during_a_direct_execution_queue_and_batch(harne
     assert inst.callers[-1] is again
 
 
+async def test_requests_arriving_together_still_share_one_batch(harness: Harness) -> None:
+    # Their tasks are due in the same loop iteration: none runs directly, the worker wakes
+    # after all of them and sends one batch, as with no direct dispatch at all.
+    scheduler, (inst,), stats = await harness(make_config(8))
+    requests = [req(i) for i in range(4)]
+    tasks = [asyncio.create_task(scheduler.submit(r)) for r in requests]
+    results = await asyncio.gather(*tasks)
+    assert inst.batches == [4]
+    assert inst.callers[0] not in tasks
+    assert stats.execution_count == 1
+    for request, result in zip(requests, results, strict=True):
+        np.testing.assert_array_equal(result.outputs["y"], inst.expected(request.inputs["x"]))
+
+
 async def test_a_request_that_must_wait_for_company_goes_through_the_queue(harness: Harness) -> None:
     scheduler, (inst,), _ = await harness(make_config(8, {"max_queue_delay_microseconds": 20_000}))
     task = asyncio.create_task(scheduler.submit(req(1)))
