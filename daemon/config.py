@@ -7,6 +7,7 @@ default Unix socket. Unknown keys are errors that name the key and the file.
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
@@ -207,3 +208,20 @@ def updates_root(config: DaemonConfig) -> Path:
 
 def trusted_keys_dir(config: DaemonConfig) -> Path:
     return Path(config.updates.keys) if config.updates.keys else default_config_dir() / "keys"
+
+
+def read_token(path: str) -> str | None:
+    """The bearer token from `server.token-file` ("" = none). Refuses a file others can read."""
+    if not path:
+        return None
+    file = Path(path)
+    try:
+        st = file.stat()
+        token = file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"server.token-file {path}: {exc.strerror or exc}") from None
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"server.token-file {path} is readable by group or others; chmod 600 it")
+    if len(token) < 16:
+        raise ConfigError(f"server.token-file {path} holds a token shorter than 16 characters")
+    return token

@@ -1,7 +1,8 @@
 """Running the daemon: listeners (Unix socket, TCP, sockets passed by systemd), signals, sd_notify.
 
 Shutdown order (SIGTERM/SIGINT): STOPPING=1 -> stop accepting connections -> in-flight requests
-drain for `shutdown_timeout` -> remaining handlers cancelled -> models unloaded (cleanup_ctx).
+drain for `shutdown_timeout` (the front's, then aiohttp's) -> remaining handlers cancelled -> models
+unloaded.
 SIGHUP: RELOADING=1 -> rescan plugins and repository -> READY=1.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import os
 import signal
@@ -16,17 +18,16 @@ import socket
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from aiohttp import web
-
-from daemon.api.app import create_app
 from daemon.api.front import RELAY_KEEPALIVE_S, Front
-from daemon.api.kserve import INFER
-from daemon.api.shm import SHM
-from daemon.config import DaemonConfig, parse_host_port, socket_path
+from daemon.config import DaemonConfig, parse_host_port, read_token, socket_path
 from daemon.errors import EdgedError
 from daemon.ops.systemd import Notifier, listen_fds, watchdog_interval, watchdog_loop
 from daemon.service import Service
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -92,24 +93,13 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
         # must not touch a running one's state.
         _check_socket_dir(uds.parent)
         _claim_socket_path(uds)
+    token = read_token(config.server.token_file)  # a bad token file stops the daemon here
     service = Service.build(config)
-    app = create_app(service)
-    runner = web.AppRunner(
-        app,
-        handler_cancellation=True,  # a client that goes away cancels its generation
-        # Bodies are inflated by daemon.api.body, off the event loop and with a size cap.
-        auto_decompress=False,
-        # Idle connections are the front's to close (server.keepalive-timeout).
-        keepalive_timeout=RELAY_KEEPALIVE_S,
-        shutdown_timeout=config.server.shutdown_timeout,
-        access_log=None,
-    )
     notifier.status("loading models")
-    await runner.setup()
-    assert runner.server is not None
+    await service.start()
     # Every connection goes through the front; what it does not serve itself it relays to
-    # aiohttp's request handlers (runner.server makes one per connection that needs it).
-    front = Front(config.server, app[INFER], app[SHM], runner.server)
+    # aiohttp, which is attached once loaded (see _start_http).
+    front = Front(config.server, service)
     factory = front.factory
     servers: list[asyncio.Server] = []
     for sock, name in passed:
@@ -156,6 +146,14 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
         watchdog = asyncio.create_task(watchdog_loop(notifier, interval))
     notifier.ready(service.status())
     log.info("ready: %s", service.status())
+    http = asyncio.create_task(_start_http(service, front, token))
+
+    def http_done(task: asyncio.Task[web.AppRunner]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.critical("the HTTP layer failed to start: %r", task.exception())
+            stop.set()
+
+    http.add_done_callback(http_done)
     try:
         await stop.wait()
     finally:
@@ -169,10 +167,14 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
             task.cancel()
         for server in servers:
             server.close()  # stop accepting; connections in flight drain below
-        # The front's own requests first (they need the models that cleanup unloads), then
-        # aiohttp drains what it was relayed and stops the service.
+        # The front's own requests first, then aiohttp drains what it was relayed; the models
+        # go last, once nothing uses them.
         await front.drain(config.server.shutdown_timeout)
-        await runner.cleanup()
+        await asyncio.wait([http])  # an import in progress cannot be cut short
+        runner = None if http.cancelled() or http.exception() is not None else http.result()
+        if runner is not None:
+            await runner.cleanup()
+        await service.stop()
         front.close_all()
         # Signal handlers stay installed until here: SIGTERM/SIGINT repeat the stop, SIGHUP is
         # ignored, and none of them kills the drain half-way.
@@ -182,3 +184,34 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
             with contextlib.suppress(OSError):
                 uds.unlink()
         log.info("stopped")
+    if not http.cancelled() and (error := http.exception()) is not None:
+        raise error  # the HTTP layer never came up: the daemon fails (after a clean stop)
+
+
+async def _start_http(service: Service, front: Front, token: str | None) -> web.AppRunner:
+    """Import and build the aiohttp side and attach it to the front.
+
+    aiohttp and the route modules are most of the daemon's start time (~0.2 s of imports on a
+    2-core box): they load on a worker thread after the daemon is ready, while health requests
+    are answered and other requests wait (daemon.api.front)."""
+    await asyncio.to_thread(importlib.import_module, "daemon.api.app")
+    from aiohttp import web
+
+    from daemon.api.app import create_app
+    from daemon.api.kserve import INFER
+
+    app = create_app(service, token)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,  # a client that goes away cancels its generation
+        # Bodies are inflated by daemon.api.body, off the event loop and with a size cap.
+        auto_decompress=False,
+        # Idle connections are the front's to close (server.keepalive-timeout).
+        keepalive_timeout=RELAY_KEEPALIVE_S,
+        shutdown_timeout=service.config.server.shutdown_timeout,
+        access_log=None,
+    )
+    await runner.setup()
+    assert runner.server is not None
+    front.attach(app[INFER], runner.server)
+    return runner

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from daemon.config import DaemonConfig, state_dir, trusted_keys_dir, updates_root
+from daemon.core import uploads
 from daemon.core.hardware import Hardware
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
@@ -114,6 +115,7 @@ class Service:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        await asyncio.to_thread(uploads.clean_incoming, self.state_dir)
         await asyncio.to_thread(self.plugins.scan)
         failed = await self.repository.startup()
         if failed:

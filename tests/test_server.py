@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from support import REPO_BACKENDS, python_model, wait_until
+from support import REPO_BACKENDS, REPO_ROOT, python_model, wait_until
 
 
 def _x(values: list[float]) -> dict[str, object]:
@@ -315,10 +315,11 @@ def test_connection_cap_and_header_deadline(start_daemon, tmp_path: Path) -> Non
     config.write_text("[server]\nmax-connections = 2\nheader-timeout = 5.0\n")
     daemon = start_daemon("--config", str(config), "--model-repository", str(repo))
     held = []
-    for _ in range(2):
+    for first in (b"", b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"):
         s = socket.socket(socket.AF_UNIX)
         s.connect(str(daemon.socket))
-        s.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        # Headers never finished: on a new connection, and on one after a finished request.
+        s.sendall(first + b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n")
         held.append(s)
     try:
         # The daemon accepts the two held connections in its own time: ask until it has.
@@ -338,11 +339,39 @@ def test_connection_cap_and_header_deadline(start_daemon, tmp_path: Path) -> Non
         assert answer.startswith(b"HTTP/1.1 503 Service Unavailable"), answer
         assert b"server.max-connections" in answer
         # The silent ones are closed at their header deadline; then new clients get in.
+        answers = []
         for s in held:
             s.settimeout(30)
-            assert s.recv(4096) == b""
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+            answers.append(data)
+        assert answers[0] == b""
+        assert answers[1].startswith(b"HTTP/1.1 200 OK") and answers[1].count(b"HTTP/1.1") == 1
         assert daemon.request("GET", "/v2/health/ready").status == 200
         assert "no request headers within server.header-timeout" in daemon.log()
     finally:
         for s in held:
             s.close()
+
+
+def test_ready_before_the_http_layer_loads_and_requests_wait_for_it(tmp_path: Path) -> None:
+    """The daemon is ready (health answers) before aiohttp is imported; a request for a route
+    aiohttp serves, sent meanwhile, waits and is answered once it has loaded."""
+    repository = tmp_path / "repo"
+    repository.mkdir()
+    script = Path(__file__).resolve().parent / "fixtures" / "gated_http.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "s.sock"), str(repository), str(tmp_path / "state")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=180,
+    )
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line is not None, done.stdout + done.stderr
+    assert json.loads(line.removeprefix("RESULT ")) == {
+        "aiohttp_at_ready": False,
+        "before_gate": None,
+        "live_while_gated": "HTTP/1.1 200 OK",
+        "after_gate_status": "HTTP/1.1 200 OK",
+        "after_gate_name": "edged",
+    }
+    assert done.returncode == 0, done.stderr

@@ -18,17 +18,14 @@ from __future__ import annotations
 import hmac
 import re
 import socket
-import stat
 import struct
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from daemon.api.errors import error_response
 from daemon.config import ServerConfig
-from daemon.errors import ConfigError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -44,23 +41,6 @@ _SHM_PATHS = re.compile(r"^/v2/(system|cuda)sharedmemory/")
 def is_admin(method: str, path: str) -> bool:
     """Routes that change the daemon (not just ask it something)."""
     return method not in _READ_METHODS and _ADMIN_PATHS.match(path) is not None
-
-
-def read_token(path: str) -> str | None:
-    """The bearer token from `server.token-file` ("" = none). Refuses a file others can read."""
-    if not path:
-        return None
-    file = Path(path)
-    try:
-        st = file.stat()
-        token = file.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"server.token-file {path}: {exc.strerror or exc}") from None
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(f"server.token-file {path} is readable by group or others; chmod 600 it")
-    if len(token) < 16:
-        raise ConfigError(f"server.token-file {path} holds a token shorter than 16 characters")
-    return token
 
 
 def _unix_socket(request: web.Request) -> socket.socket | None:

@@ -14,14 +14,14 @@ import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from daemon.api.state import SERVICE, daemon_of
+from daemon.api.state import daemon_of
+from daemon.core import uploads
 from daemon.errors import InvalidArgument, PayloadTooLarge
 
 log = logging.getLogger(__name__)
 
 _json = msgspec.json.Encoder()
 _CHUNK = 1 << 20
-_INCOMING_SUFFIX = ".edgebundle.part"
 
 
 def _json_response(payload: object, status: int = 200) -> web.Response:
@@ -148,7 +148,7 @@ async def apply_update(request: web.Request) -> web.Response:
                               f"updates.max-bundle-bytes ({limit} bytes)")
     incoming = daemon.state_dir / "incoming"
     incoming.mkdir(parents=True, exist_ok=True)
-    path = incoming / f"{uuid.uuid4().hex}{_INCOMING_SUFFIX}"
+    path = incoming / f"{uuid.uuid4().hex}{uploads.INCOMING_SUFFIX}"
     progress: list[str] = []
 
     async def receive_and_apply() -> object:
@@ -197,24 +197,7 @@ async def reload(request: web.Request) -> web.Response:
     return _json_response({"current": current.name if current else None, "models": models})
 
 
-def clean_incoming(state_dir: Path) -> None:
-    """Partial uploads from a daemon killed mid-upload (each request removes its own file)."""
-    incoming = state_dir / "incoming"
-    if not incoming.is_dir():
-        return
-    for leftover in incoming.iterdir():
-        if leftover.name.endswith((_INCOMING_SUFFIX, ".edgebundle")) and leftover.is_file():
-            with contextlib.suppress(FileNotFoundError):
-                leftover.unlink()
-            log.warning("removed a partial update upload %s", leftover)
-
-
-async def _clean_incoming_at_start(app: web.Application) -> None:
-    await asyncio.to_thread(clean_incoming, app[SERVICE].state_dir)
-
-
 def add_routes(app: web.Application) -> None:
-    app.on_startup.append(_clean_incoming_at_start)
     app.router.add_get("/v2/backends", backends)
     app.router.add_get("/v2/hardware", hardware)
     app.router.add_get("/v1/updates", update_status)

@@ -1,15 +1,14 @@
-"""Builds the aiohttp application over a `Service`: routes, error mapping, and the service's
-start/stop hooked into aiohttp's `cleanup_ctx` (stop runs after aiohttp has stopped accepting
-and drained in-flight requests for `shutdown_timeout`)."""
+"""Builds the aiohttp application over a `Service`: routes, middlewares, error mapping.
+
+It serves what the lean front (daemon.api.front) relays to it. The service's lifecycle is the
+server's (daemon.server), not the app's: the app is built after the daemon is ready."""
 
 from __future__ import annotations
-
-from collections.abc import AsyncIterator
 
 from aiohttp import web
 
 from daemon.api import admin, kserve, logging_routes, ollama, openai, shm, trace
-from daemon.api.access import make_access_middleware, read_token
+from daemon.api.access import make_access_middleware
 from daemon.api.errors import make_error_middleware
 from daemon.api.infer import InferEndpoint
 from daemon.api.kserve import INFER
@@ -20,12 +19,14 @@ from daemon.api.trace import TRACER
 from daemon.service import Service
 
 
-def create_app(service: Service) -> web.Application:
+def create_app(service: Service, token: str | None) -> web.Application:
+    """`token`: the bearer token of `server.token-file` (daemon.config.read_token), read before
+    the daemon reports ready so that a bad file stops it at start."""
     config = service.config
     app = web.Application(
         client_max_size=config.server.max_request_bytes,
         middlewares=[
-            make_access_middleware(config.server, read_token(config.server.token_file)),
+            make_access_middleware(config.server, token),
             make_error_middleware(),
             release_leases,
         ],
@@ -44,14 +45,7 @@ def create_app(service: Service) -> web.Application:
     admin.add_routes(app)
     trace.add_routes(app, config.trace.file)
     # The infer route's work, shared with the lean front (daemon.api.front).
-    app[INFER] = InferEndpoint(service, app[CODEC], app[TRACER])
+    app[INFER] = InferEndpoint(service, app[CODEC], app[TRACER], app[shm.SHM])
     # No catch-all route: aiohttp answers an unknown path with 404 and a known path with the
     # wrong method with 405 (both through the error middleware, as {"error": ...}).
-
-    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        await service.start()
-        yield
-        await service.stop()
-
-    app.cleanup_ctx.append(lifecycle)
     return app

@@ -12,20 +12,14 @@ from __future__ import annotations
 import asyncio
 import zlib
 
-import numpy as np
 from aiohttp import web
 
+from daemon.api.buffers import aligned_buffer, direct_read
 from daemon.api.kserve_codec import oversized_message
 from daemon.errors import InvalidArgument
 
 # Bodies below this inflate faster than a thread hand-off costs.
 _INLINE_BYTES = 64 * 1024
-# Bodies from this size on are read straight into one aligned buffer (read_tensor_body); below
-# it, the one `bytes` of readexactly and the codec's small alignment copy cost less.
-_DIRECT_BYTES = 64 * 1024
-# Alignment of the tensor data in a directly read body (a cache line; numpy and the runtimes
-# need at most the element size).
-_ALIGN = 64
 
 
 class BodyTooLarge(InvalidArgument):
@@ -87,11 +81,10 @@ async def read_tensor_body(request: web.Request, limit: int, binary_offset: int 
     """
     length = request.content_length
     if (
-        binary_offset is None
-        or length is None
-        or length < _DIRECT_BYTES
+        not direct_read(length, binary_offset)
+        or length is None  # (for the type checker: direct_read says it is not)
+        or binary_offset is None
         or length > limit
-        or not 0 <= binary_offset <= length
         or request.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity")
     ):
         return await read_body(request, limit)
@@ -108,18 +101,6 @@ async def read_tensor_body(request: web.Request, limit: int, binary_offset: int 
         view[filled:end] = chunk
         filled = end
     return view.toreadonly()
-
-
-def direct_read(length: int | None, binary_offset: int | None) -> bool:
-    """Whether an uncompressed body of `length` bytes is worth reading into an aligned buffer."""
-    return binary_offset is not None and length is not None and length >= _DIRECT_BYTES and 0 <= binary_offset <= length
-
-
-def aligned_buffer(length: int, binary_offset: int) -> memoryview:
-    """A writable buffer of `length` bytes whose byte `binary_offset` is 64-byte aligned."""
-    buffer = np.empty(length + _ALIGN, dtype=np.uint8)
-    start = -(buffer.ctypes.data + binary_offset) % _ALIGN
-    return buffer.data[start : start + length]
 
 
 def inflate(raw: bytes, encoding: str, limit: int) -> bytes:

@@ -24,8 +24,8 @@ response's end is found by parsing it (httptools' response parser), so the next 
 connection may again be served by the front.
 
 Connection limits live here, for both paths: `server.max-connections` (503 and close),
-`server.header-timeout` (the first request's headers), `server.keepalive-timeout` (idle between
-requests). Each limit logs one line per minute with a count.
+`server.header-timeout` (a new connection's first request, and any request whose headers
+arrive in pieces), `server.keepalive-timeout` (idle between requests). Each limit logs one line per minute with a count.
 """
 
 from __future__ import annotations
@@ -39,18 +39,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httptools
 import msgspec
 
-from daemon.api.body import aligned_buffer, direct_read
-from daemon.api.infer import InferEndpoint
+from daemon.api.buffers import aligned_buffer, direct_read
 from daemon.api.kserve_codec import parse_header_length
-from daemon.api.shm import CallerShm, refusal
 from daemon.config import ServerConfig
-from daemon.core.shm import SharedMemoryRegistry
 from daemon.errors import EdgedError
+from daemon.service import Service
+
+if TYPE_CHECKING:
+    from daemon.api.infer import InferEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ _NOT_PLAIN = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 # Pipelined requests waiting behind the active one: stop reading the socket beyond these.
 _MAX_WAITING = 16
 _MAX_WAITING_BYTES = 4 * 1024 * 1024
+# A request's line and headers together, at most (llhttp itself has no limit).
+MAX_HEAD_BYTES = 64 * 1024
 # Larger bodies are written as header + body (no concatenation copy).
 _JOIN_BELOW = 16 * 1024
 # aiohttp's own keep-alive timer must never close a connection the front still serves; the
@@ -114,26 +117,37 @@ def _status_line(status: int) -> bytes:
 
 
 class Front:
-    """The connections' shared state: what they serve with, their limits, their drain."""
+    """The connections' shared state: what they serve with, their limits, their drain.
 
-    def __init__(
-        self,
-        server: ServerConfig,
-        endpoint: InferEndpoint,
-        shm: SharedMemoryRegistry,
-        relay: Callable[[], asyncio.Protocol],
-    ) -> None:
+    The front listens as soon as the service has started; the aiohttp side (the infer
+    endpoint and the relay) is attached once it has been imported and built (daemon.server does
+    that after the daemon is ready: it is most of the start time). Until then health requests
+    are answered and every other request waits for `attach`, in order.
+    """
+
+    def __init__(self, server: ServerConfig, service: Service) -> None:
         self.server = server
-        self.endpoint = endpoint
-        self.shm = shm
+        self.service = service
+        self.endpoint: InferEndpoint | None = None
         # Makes an aiohttp request handler (aiohttp's `web.Server` instance).
-        self.relay = relay
+        self.relay: Callable[[], asyncio.Protocol] | None = None
+        self._on_attach: list[Callable[[], None]] = []
         self.connections: set[_Connection] = set()
         self.stopping = False
         self.allowed_uids = frozenset(server.allowed_uids)
         self.over_cap = RateLimitedLog("connection refused: server.max-connections reached")
         self.silent = RateLimitedLog("connection closed: no request headers within server.header-timeout")
         self._status_lines = {status: _status_line(status) for status in (200, 400, 404, 503)}
+
+    def attach(self, endpoint: InferEndpoint, relay: Callable[[], asyncio.Protocol]) -> None:
+        self.endpoint = endpoint
+        self.relay = relay
+        waiting, self._on_attach = self._on_attach, []
+        for resume in waiting:
+            resume()
+
+    def when_attached(self, resume: Callable[[], None]) -> None:
+        self._on_attach.append(resume)
 
     def status_line(self, status: int) -> bytes:
         line = self._status_lines.get(status)
@@ -166,17 +180,22 @@ class Front:
             connection.close()
 
 
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback: stops parsing (httptools reports it as a parser error)."""
+
+
 class _Request:
     """One parsed request, from its first byte until its response is written."""
 
     __slots__ = (
-        "body", "chunked", "complete", "filled", "header_length", "headers", "keep_alive",
+        "body", "chunked", "complete", "filled", "head_bytes", "header_length", "headers", "keep_alive",
         "kind", "length", "method", "model", "not_plain", "parts", "parts_bytes", "responded",
         "url", "version",
     )
 
     def __init__(self) -> None:
         self.url = b""
+        self.head_bytes = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.method = b""
         self.keep_alive = True
@@ -206,13 +225,19 @@ class _Connection(asyncio.Protocol):
         self.active: _Request | None = None  # being answered
         self.waiting: deque[_Request] = deque()
         self.task: asyncio.Task[None] | None = None
-        self.shm: CallerShm | None = None
+        self.unix = False
         self.relay_only = False
+        self.relaying: _Request | None = None  # the request being fed to aiohttp
         self.handler: asyncio.Protocol | None = None  # the aiohttp handler, made on first use
         self.relay: _Relay | None = None
         self.tracker: httptools.HttpResponseParser | None = None
-        self.tracked_status = 0
-        self.timer: asyncio.TimerHandle | None = None
+        self.loop = asyncio.get_running_loop()
+        # The header deadline (a new connection's first request, or headers arriving in
+        # pieces) and the idle timer. The idle timer is armed once and re-armed only when it
+        # fires early (`idle_since` moved): no timer handle per request.
+        self.header_timer: asyncio.TimerHandle | None = None
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self.idle_since = 0.0
         self.seen_request = False
         self.paused_by_relay = False
         self.paused_by_front = False
@@ -227,15 +252,14 @@ class _Connection(asyncio.Protocol):
         front.connections.add(self)
         server = front.server
         sock = transport.get_extra_info("socket")
-        unix = sock is not None and sock.family == socket.AF_UNIX
+        unix = self.unix = sock is not None and sock.family == socket.AF_UNIX
         if unix:
             # The syscall only when there is an allow-list (the socket's mode is the gate
             # else); a refused caller's requests go to aiohttp, whose middleware answers 403.
             self.relay_only = bool(front.allowed_uids) and not self._uid_allowed(sock)
         else:
             self.relay_only = server.tcp_auth == "all"  # every TCP request needs the token
-        self.shm = CallerShm(front.shm, refusal(server.shared_memory, unix))
-        self.timer = asyncio.get_running_loop().call_later(server.header_timeout, self._header_deadline)
+        self.header_timer = self.loop.call_later(server.header_timeout, self._header_deadline)
 
     def _uid_allowed(self, sock: Any) -> bool:
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -244,7 +268,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.front.connections.discard(self)
-        self._cancel_timer()
+        for timer in (self.header_timer, self.idle_timer):
+            if timer is not None:
+                timer.cancel()
         if self.task is not None:
             self.task.cancel()  # the client is gone: nobody reads the answer
         if self.handler is not None:
@@ -267,20 +293,22 @@ class _Connection(asyncio.Protocol):
         if self.handler is not None:
             self.handler.resume_writing()
 
-    def _cancel_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
     def _header_deadline(self) -> None:
-        self.timer = None
-        if not self.seen_request:
+        self.header_timer = None
+        request = self.current
+        if not self.seen_request or (request is not None and not request.method):
             self.front.silent()
             self.close()
 
     def _idle_deadline(self) -> None:
-        self.timer = None
-        self.close_if_idle()
+        self.idle_timer = None
+        if self.active is not None or self.waiting or self.current is not None:
+            return  # busy: re-armed when the connection is idle again
+        left = self.idle_since + self.front.server.keepalive_timeout - self.loop.time()
+        if left > 0:
+            self.idle_timer = self.loop.call_later(left, self._idle_deadline)
+        else:
+            self.close()
 
     def _update_reading(self) -> None:
         if self.transport is None:
@@ -296,19 +324,32 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # Nothing here upgrades; the request itself was relayed and aiohttp answers it.
-            self._fail_parse("connection upgrades are not supported")
+            request = self.current
+            if request is not None and not request.method and self.header_timer is None:
+                # A request's headers are arriving in pieces: they get header-timeout too (a
+                # keep-alive connection must not trickle headers forever).
+                self.header_timer = self.loop.call_later(self.front.server.header_timeout, self._header_deadline)
+        except httptools.HttpParserUpgrade as exc:
+            # Nothing here switches protocols (h2c from `curl --http2`, websockets): the request
+            # was relayed like any other and aiohttp answers it in HTTP/1.1; what follows it is
+            # parsed as the next request, by a fresh parser (llhttp stops at an upgrade).
+            offset = int(exc.args[0]) if exc.args and isinstance(exc.args[0], int) else len(data)
+            self.parser = httptools.HttpRequestParser(self)
+            if offset < len(data):
+                self.data_received(data[offset:])
         except httptools.HttpParserError as exc:
-            self._fail_parse(f"malformed HTTP request: {exc}")
+            if isinstance(exc.__context__, _HeadTooLarge):
+                self._fail_parse(431, f"request line and headers exceed {MAX_HEAD_BYTES} bytes")
+            else:
+                self._fail_parse(400, f"malformed HTTP request: {exc}")
 
-    def _fail_parse(self, message: str) -> None:
+    def _fail_parse(self, status: int, message: str) -> None:
         # After a framing error nothing later on this connection can be trusted: answer (if
         # nothing is in flight) and close.
         if self.transport is None:
             return
         if self.active is None:
-            self._write(400, b"application/json", _encode({"error": message}), None, close=True)
+            self._write(status, b"application/json", _encode({"error": message}), None, close=True)
         else:
             self.close()
 
@@ -316,16 +357,21 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self.current = _Request()
-        if self.timer is not None and self.seen_request:
-            self._cancel_timer()  # the idle timer; the header deadline runs until the headers
 
     def on_url(self, url: bytes) -> None:
-        assert self.current is not None
-        self.current.url += url
+        request = self.current
+        assert request is not None
+        request.url += url
+        request.head_bytes += len(url)
+        if request.head_bytes > MAX_HEAD_BYTES:
+            raise _HeadTooLarge
 
     def on_header(self, name: bytes, value: bytes) -> None:
         request = self.current
         assert request is not None
+        request.head_bytes += len(name) + len(value) + 4
+        if request.head_bytes > MAX_HEAD_BYTES:
+            raise _HeadTooLarge
         request.headers.append((name, value))
         lowered = name.lower()
         if lowered == b"content-length":
@@ -346,9 +392,10 @@ class _Connection(asyncio.Protocol):
         parser = self.parser
         request.method = parser.get_method()
         request.keep_alive = parser.should_keep_alive()
-        if not self.seen_request:
-            self.seen_request = True
-            self._cancel_timer()
+        self.seen_request = True
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
         version = parser.get_http_version()
         if not self.relay_only and not request.not_plain and version == "1.1":
             self._classify(request)
@@ -389,7 +436,7 @@ class _Connection(asyncio.Protocol):
         if request.kind == _RELAY:
             if request.chunked:
                 data = b"%x\r\n%s\r\n" % (len(data), data)
-            if request is self.active:
+            if request is self.relaying:
                 self._feed_relay(data)
                 return
         elif request.body is not None:
@@ -408,7 +455,7 @@ class _Connection(asyncio.Protocol):
         self.current = None
         request.complete = True
         if request.kind == _RELAY and request.chunked:
-            if request is self.active:
+            if request is self.relaying:
                 self._feed_relay(b"0\r\n\r\n")
             else:
                 request.parts.append(b"0\r\n\r\n")
@@ -438,7 +485,7 @@ class _Connection(asyncio.Protocol):
     def _finish(self) -> None:
         """The active request's response has been written."""
         request = self.active
-        self.active = None
+        self.active = self.relaying = None
         if self.waiting and self.waiting[0] is request:
             self.waiting.popleft()
         if self.transport is None:
@@ -450,24 +497,35 @@ class _Connection(asyncio.Protocol):
             self._check_backlog()
         if self.waiting:
             self._start_next()
-        elif self.current is None and self.timer is None:
-            self.timer = asyncio.get_running_loop().call_later(
-                self.front.server.keepalive_timeout, self._idle_deadline
-            )
+        else:
+            self.idle_since = self.loop.time()
+            if self.idle_timer is None:
+                self.idle_timer = self.loop.call_later(self.front.server.keepalive_timeout, self._idle_deadline)
+
+    def _resume(self, request: _Request, step: Callable[[_Request], None]) -> Callable[[], None]:
+        def resume() -> None:
+            if self.transport is not None and self.active is request:
+                step(request)
+
+        return resume
 
     def _serve(self, request: _Request) -> None:
         if request.kind == _INFER:
-            self.task = asyncio.get_running_loop().create_task(self._infer(request))
+            if self.front.endpoint is None:
+                self.front.when_attached(self._resume(request, self._serve))
+                return
+            self.task = self.loop.create_task(self._infer(request))
         elif request.kind == _LIVE:
             self._write(200, None, b"", None, close=not request.keep_alive)
             self._finish()
         else:
-            ready = self.front.endpoint.service.ready()
+            ready = self.front.service.ready()
             self._write(200 if ready else 400, None, b"", None, close=not request.keep_alive)
             self._finish()
 
     async def _infer(self, request: _Request) -> None:
         endpoint = self.front.endpoint
+        assert endpoint is not None
         try:
             if request.body is not None:
                 body: bytes | memoryview = request.body.toreadonly()
@@ -481,8 +539,8 @@ class _Connection(asyncio.Protocol):
                     trace.record("HTTP_RECV_START")
                     trace.record("HTTP_RECV_END")
                 header_length = parse_header_length(request.header_length)
-                assert self.shm is not None
-                payload, json_length = await endpoint.run(model, body, header_length, self.shm, trace)
+                shm = endpoint.caller_shm(self.unix)
+                payload, json_length = await endpoint.run(model, body, header_length, shm, trace)
             finally:
                 lease.release()
         except EdgedError as exc:
@@ -531,6 +589,10 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ relaying to aiohttp
 
     def _start_relay(self, request: _Request) -> None:
+        if self.front.relay is None:
+            self.front.when_attached(self._resume(request, self._start_relay))
+            return
+        self.relaying = request
         if self.handler is None:
             self.handler = self.front.relay()
             self.relay = _Relay(self)
@@ -566,7 +628,7 @@ class _Connection(asyncio.Protocol):
         request.responded = True
         if request.complete:
             # Not from inside aiohttp's write: it has not finished its own bookkeeping yet.
-            asyncio.get_running_loop().call_soon(self._finish_relayed, request)
+            self.loop.call_soon(self._finish_relayed, request)
 
     def _finish_relayed(self, request: _Request) -> None:
         if self.active is request:

@@ -9,20 +9,27 @@ Each transport reads the body its own way; what happens to it from there is here
 from __future__ import annotations
 
 from daemon.api.kserve_codec import Codec, SharedMemoryLookup
+from daemon.api.shm import CallerShm, refusal
 from daemon.api.trace import Trace, TraceManager
 from daemon.core.model import LoadedVersion
 from daemon.core.residency import Lease
+from daemon.core.shm import SharedMemoryRegistry
 from daemon.errors import Unavailable
 from daemon.service import Service
 
 
 class InferEndpoint:
-    __slots__ = ("codec", "service", "tracer")
+    __slots__ = ("codec", "service", "shm", "tracer")
 
-    def __init__(self, service: Service, codec: Codec, tracer: TraceManager) -> None:
+    def __init__(self, service: Service, codec: Codec, tracer: TraceManager, shm: SharedMemoryRegistry) -> None:
         self.service = service
         self.codec = codec
         self.tracer = tracer
+        self.shm = shm
+
+    def caller_shm(self, unix: bool) -> CallerShm:
+        """Shared memory as a caller may use it (`unix`: it came over the Unix socket)."""
+        return CallerShm(self.shm, refusal(self.service.config.server.shared_memory, unix))
 
     async def hold(self, name: str) -> Lease:
         """Load an on-demand model if needed and lease it; the caller releases the lease once

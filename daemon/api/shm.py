@@ -63,18 +63,18 @@ def refusal(mode: str, unix: bool) -> str | None:
             "server.shared-memory = \"all\".")
 
 
-def _is_unix(request: web.Request) -> bool:
+def is_unix(request: web.Request) -> bool:
     sock = request.transport.get_extra_info("socket") if request.transport else None
     return sock is not None and sock.family == socket.AF_UNIX
 
 
 def shm_lookup(request: web.Request) -> SharedMemoryLookup:
     """Where an infer request's `shared_memory_region` names resolve, for this caller."""
-    return CallerShm(request.app[SHM], refusal(daemon_of(request).config.server.shared_memory, _is_unix(request)))
+    return CallerShm(request.app[SHM], refusal(daemon_of(request).config.server.shared_memory, is_unix(request)))
 
 
 def _check_allowed(request: web.Request) -> None:
-    why = refusal(daemon_of(request).config.server.shared_memory, _is_unix(request))
+    why = refusal(daemon_of(request).config.server.shared_memory, is_unix(request))
     if why is not None:
         raise Unsupported(why)
 

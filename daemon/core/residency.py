@@ -29,19 +29,18 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
-
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
 from daemon.core import layout
 from daemon.errors import EdgedError, InsufficientMemory, InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig, parse_keep_alive, parse_memory_size
 
 if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
     from daemon.config import ResidencyConfig
     from daemon.core.registry import ModelRegistry
 
@@ -258,7 +257,7 @@ class Residency:
         self.evictions = 0
         self.idle_unloads = 0
         # Exported on /metrics beside Triton's families (the registry's private collector registry).
-        registry.metrics.registry.register(_ResidencyCollector(self))
+        registry.metrics.register(lambda: _residency_families(self))
 
     # ------------------------------------------------------------------ policy
 
@@ -559,31 +558,29 @@ class Residency:
                 await task
 
 
-class _ResidencyCollector(Collector):
-    def __init__(self, owner: Residency) -> None:
-        self._owner = owner
+def _residency_families(owner: Residency) -> Iterator[Metric]:
+    from prometheus_client.metrics_core import Metric
 
-    def collect(self) -> Iterable[Metric]:
-        owner = self._owner
-        size = Metric("edged_model_memory_bytes",
-                      "Memory a loaded or loading model counts against the budget (estimated or measured)", "gauge")
-        in_flight = Metric("edged_model_requests_in_flight", "Requests holding a model loaded", "gauge")
-        for resident in owner.residents():
-            labels = {"model": resident.name, "state": resident.state,
-                      "source": "measured" if resident.measured else "estimated"}
-            size.add_sample(size.name, labels, resident.cost)
-            in_flight.add_sample(in_flight.name, {"model": resident.name}, resident.in_flight)
-        yield size
-        yield in_flight
-        if owner.budget is not None:
-            budget = Metric("edged_memory_budget_bytes", "residency.memory-budget in bytes", "gauge")
-            budget.add_sample(budget.name, {}, owner.budget)
-            yield budget
-        for name, doc, value in (
-            ("edged_on_demand_loads", "Models loaded on demand by a request", owner.loads),
-            ("edged_evictions", "Idle models unloaded to make room within the memory budget", owner.evictions),
-            ("edged_idle_unloads", "On-demand models unloaded after idling for keep_alive", owner.idle_unloads),
-        ):
-            family = Metric(name, doc, "counter")
-            family.add_sample(name + "_total", {}, value)
-            yield family
+    size = Metric("edged_model_memory_bytes",
+                  "Memory a loaded or loading model counts against the budget (estimated or measured)", "gauge")
+    in_flight = Metric("edged_model_requests_in_flight", "Requests holding a model loaded", "gauge")
+    for resident in owner.residents():
+        labels = {"model": resident.name, "state": resident.state,
+                  "source": "measured" if resident.measured else "estimated"}
+        size.add_sample(size.name, labels, resident.cost)
+        in_flight.add_sample(in_flight.name, {"model": resident.name}, resident.in_flight)
+    yield size
+    yield in_flight
+    if owner.budget is not None:
+        budget = Metric("edged_memory_budget_bytes", "residency.memory-budget in bytes", "gauge")
+        budget.add_sample(budget.name, {}, owner.budget)
+        yield budget
+    for name, doc, value in (
+        ("edged_on_demand_loads", "Models loaded on demand by a request", owner.loads),
+        ("edged_evictions", "Idle models unloaded to make room within the memory budget", owner.evictions),
+        ("edged_idle_unloads", "On-demand models unloaded after idling for keep_alive", owner.idle_unloads),
+    ):
+        family = Metric(name, doc, "counter")
+        family.add_sample(name + "_total", {}, value)
+        yield family
+

@@ -7,8 +7,9 @@ never disagree.
 Why a custom collector instead of `prometheus_client.Counter`: Triton exposes its counters
 under their bare names (`nv_inference_count{model="m",version="1"} 5`), and dashboards written
 for Triton query those names. prometheus_client's own counters always append `_total` (and
-`_created`), so `MetricsRegistry` registers one collector that builds the families from the
-live `ModelStats` at scrape time, and `render()` writes the classic text format itself.
+`_created`), so `MetricsRegistry` builds the families from the live `ModelStats` at scrape
+time, and `render()` writes the classic text format itself. prometheus_client (its `Metric`
+data model) is imported at the first scrape, not at start.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector, CollectorRegistry
-from prometheus_client.utils import floatToGoString
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+# What contributes metric families to /metrics: called at every scrape.
+Collect = Callable[[], Iterable["Metric"]]
 
 # Triton's `reason` label values for nv_inference_request_failure.
 FailureReason = Literal["REJECTED", "CANCELED", "BACKEND", "OTHER"]
@@ -202,37 +205,35 @@ _COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
 )
 
 
-class _TritonCollector(Collector):
-    def __init__(self, owner: MetricsRegistry) -> None:
-        self._owner = owner
+def _triton_families(owner: MetricsRegistry) -> Iterator[Metric]:
+    from prometheus_client.metrics_core import Metric
 
-    def collect(self) -> Iterable[Metric]:
-        rows = self._owner.totals()
-        for name, doc, value in _COUNTERS:
-            family = Metric(name, doc, "counter")
-            for (model, version), stats in rows:
-                family.add_sample(name, {"model": model, "version": version}, sum(value(s) for s in stats))
-            yield family
-        failure = Metric(
-            "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter"
-        )
+    rows = owner.totals()
+    for name, doc, value in _COUNTERS:
+        family = Metric(name, doc, "counter")
         for (model, version), stats in rows:
-            for reason in FAILURE_REASONS:
-                failure.add_sample(
-                    failure.name,
-                    {"model": model, "reason": reason, "version": version},
-                    sum(s.failures[reason] for s in stats),
-                )
-        yield failure
-        pending = Metric(
-            "nv_inference_pending_request_count",
-            "Instantaneous number of pending requests awaiting execution per-model.",
-            "gauge",
-        )
-        for (model, version), stats in rows:
-            pending.add_sample(pending.name, {"model": model, "version": version}, sum(s.pending for s in stats))
-        yield pending
-        yield from _engine_families(rows)
+            family.add_sample(name, {"model": model, "version": version}, sum(value(s) for s in stats))
+        yield family
+    failure = Metric(
+        "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter"
+    )
+    for (model, version), stats in rows:
+        for reason in FAILURE_REASONS:
+            failure.add_sample(
+                failure.name,
+                {"model": model, "reason": reason, "version": version},
+                sum(s.failures[reason] for s in stats),
+            )
+    yield failure
+    pending = Metric(
+        "nv_inference_pending_request_count",
+        "Instantaneous number of pending requests awaiting execution per-model.",
+        "gauge",
+    )
+    for (model, version), stats in rows:
+        pending.add_sample(pending.name, {"model": model, "version": version}, sum(s.pending for s in stats))
+    yield pending
+    yield from _engine_families(rows)
 
 
 # Generation engines' counters (GenerationBackend.engine_stats keys) exported per model version.
@@ -252,6 +253,8 @@ _ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
 
 
 def _engine_families(rows: list[tuple[tuple[str, str], list[ModelStats]]]) -> Iterator[Metric]:
+    from prometheus_client.metrics_core import Metric
+
     engines = [
         (key, stats.engine_stats())
         for key, group in rows
@@ -271,8 +274,8 @@ def _engine_families(rows: list[tuple[tuple[str, str], list[ModelStats]]]) -> It
 
 
 class MetricsRegistry:
-    """The daemon's metrics: a private `CollectorRegistry` (never prometheus_client's global one,
-    so two daemons in one process, or two tests, don't share counters).
+    """The daemon's metrics, private to it (never prometheus_client's global registry, so two
+    daemons in one process, or two tests, don't share counters).
 
     Each `ModelStats` created with this registry is exported until `remove()`. Objects are held
     weakly: a version whose load failed disappears from `/metrics` with its last reference.
@@ -281,10 +284,13 @@ class MetricsRegistry:
     """
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
         # (model, version) -> live objects, oldest first.
         self._stats: dict[tuple[str, str], list[weakref.ref[ModelStats]]] = {}
-        self.registry.register(_TritonCollector(self))
+        self._sources: list[Collect] = [lambda: _triton_families(self)]
+
+    def register(self, collect: Collect) -> None:
+        """Add families to /metrics (e.g. residency's), built at every scrape."""
+        self._sources.append(collect)
 
     def add(self, stats: ModelStats) -> None:
         self._stats.setdefault((stats.name, stats.version), []).append(weakref.ref(stats))
@@ -320,7 +326,7 @@ class MetricsRegistry:
 
     def render(self) -> bytes:
         """Prometheus text exposition format 0.0.4 of everything in the registry."""
-        return "".join(_render_family(metric) for metric in self.registry.collect()).encode()
+        return "".join(_render_family(metric) for collect in self._sources for metric in collect()).encode()
 
 
 # Classic text format type names (prometheus_client's data model uses OpenMetrics names).
@@ -336,6 +342,8 @@ def _render_family(metric: Metric) -> str:
 
 
 def _family_lines(metric: Metric) -> Iterator[str]:
+    from prometheus_client.utils import floatToGoString
+
     doc = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
     yield f"# HELP {metric.name} {doc}\n"
     yield f"# TYPE {metric.name} {_TEXT_TYPES.get(metric.type, metric.type)}\n"

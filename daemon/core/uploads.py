@@ -1,14 +1,21 @@
-"""Model files sent in a load request (Triton's `file:` load parameters), kept under the state
-directory: one fresh directory per load, the previous ones of the model pruned once a new one
-serves. Blocking file I/O: call these on a worker thread."""
+"""Uploads kept under the state directory. Model files sent in a load request (Triton's `file:`
+load parameters): one fresh directory per load, the previous ones of the model pruned once a
+new one serves. Update bundles being received (`POST /v1/updates`): `incoming/*.part`, removed
+by their request, or at the next start when the daemon died mid-upload. Blocking file I/O:
+call these on a worker thread."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import shutil
 import tempfile
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 UPLOADS = "uploaded-models"
+INCOMING_SUFFIX = ".edgebundle.part"
 
 
 def write(state_dir: Path, name: str, files: dict[str, bytes]) -> Path:
@@ -37,3 +44,15 @@ def prune(state_dir: Path, name: str, keep: Path | None) -> None:
         # mkdtemp's suffix has no '-': "a-x1y2z3w4" is model a's, not model "a-x"'s.
         if path != keep and path.is_dir() and "-" not in suffix:
             remove(path)
+
+
+def clean_incoming(state_dir: Path) -> None:
+    """Partial uploads from a daemon killed mid-upload (each request removes its own file)."""
+    incoming = state_dir / "incoming"
+    if not incoming.is_dir():
+        return
+    for leftover in incoming.iterdir():
+        if leftover.name.endswith((INCOMING_SUFFIX, ".edgebundle")) and leftover.is_file():
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+            log.warning("removed a partial update upload %s", leftover)

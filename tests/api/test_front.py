@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -159,3 +160,46 @@ def test_http_1_0_and_oversized_bodies_go_to_aiohttp(daemon) -> None:
         answer = sock.recv(65536)
     assert answer.startswith(b"HTTP/1.1 400 ")
     assert b"request size of 134217728 bytes exceeds the maximum allowed input size" in answer
+
+
+def test_an_upgrade_request_is_answered_in_http_1_1_and_the_connection_goes_on(daemon) -> None:
+    """`curl --http2` on http:// asks for h2c: nothing here switches protocols, the request is
+    answered like any other and the next one on the connection is parsed as usual."""
+    body, total, _ = _infer_body()
+    raw = _request(
+        "GET", "/v2",
+        headers=("Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA"),
+    ) + _request("POST", "/v2/models/simple/infer", body, ("Connection: close",))
+    responses = _exchange(daemon.socket, raw)
+    assert [status for status, _, _ in responses] == [200, 200]
+    assert json.loads(responses[0][2])["name"] == "edged"
+    assert _outputs(responses[1][2])["OUTPUT0"] == total.ravel().tolist()
+
+
+def test_oversized_request_head_is_a_431_and_the_connection_closes(daemon) -> None:
+    raw = _request("GET", "/v2/health/live", headers=("X-Padding: " + "a" * 70_000,))
+    responses = _exchange(daemon.socket, raw)
+    assert [status for status, _, _ in responses] == [431]
+    assert json.loads(responses[0][2]) == {"error": "request line and headers exceed 65536 bytes"}
+    assert daemon.request("GET", "/v2/health/live").status == 200
+
+
+def test_idle_connections_close_after_keepalive_timeout_busy_ones_stay(
+    start_daemon: Callable[..., object], repo: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text("[server]\nkeepalive-timeout = 2.0\n")
+    daemon = start_daemon("--config", str(config), "--model-repository", str(repo))
+    live = _request("GET", "/v2/health/live")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)
+        sock.connect(str(daemon.socket))
+        # Busy for 3 s (longer than the timeout), a request every 0.2 s: never closed.
+        for _ in range(15):
+            sock.sendall(live)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200 OK")
+            time.sleep(0.2)
+        # Then idle: closed by the daemon (recv returns b"" rather than timing out).
+        started = time.monotonic()
+        assert sock.recv(4096) == b""
+        assert time.monotonic() - started >= 1.0

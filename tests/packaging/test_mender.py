@@ -344,7 +344,12 @@ def test_mender_client_killed_during_install(mender: Mender, victims: str) -> No
     wait_until(lambda: not _pids_running(b"daemon\0update\0apply", str(box.store).encode()), timeout=120)
     state = json.loads((box.store / "state.json").read_bytes())
     assert state["pending"] == "2-2.0.0"
-    assert state["pending_installed"] is (victims == "client")
+    if victims == "client and module":
+        assert state["pending_installed"] is False
+    # Killing only the client usually orphans a module that finishes the install; but the
+    # orphan writes to pipes whose reader is gone, and one that dies of it leaves the same
+    # half-done switch as killing both (seen ~1 run in 6 here). Both must end well.
+    installed = state["pending_installed"]
     assert box.value() in (2.0, 3.0)  # serving all along, the old or the new release
 
     mender.run("rollback")  # standalone Mender may not remember the install: rc 2 is fine
@@ -357,6 +362,6 @@ def test_mender_client_killed_during_install(mender: Mender, victims: str) -> No
     assert (status["current"], status["pending"], status["last_sequence"]) == ("3-3.0.0", None, 3)
     # The orphaned, finished install was undone by the next ArtifactInstall; the half-done
     # switch was undone by recovery.
-    undone = "rolled-back" if victims == "client" else "interrupted"
+    undone = "rolled-back" if installed else "interrupted"
     assert {"action": undone, "release": "2-2.0.0"}.items() <= next(
         h for h in status["history"] if h["release"] == "2-2.0.0").items()
