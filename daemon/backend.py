@@ -336,6 +336,9 @@ class _InstanceThread:
                         job()
                     except BaseException:  # a job reports its own outcome; never end the thread
                         logging.getLogger(__name__).exception("%s: a call escaped", self._name)
+                    # Drop it before waiting for the next: its arguments may be views of a
+                    # client's shared memory region, which stays mapped while any view lives.
+                    del job
         finally:
             os.close(read_fd)
             os.close(write_fd)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 
 import pytest
 
@@ -103,3 +105,22 @@ async def test_instances_run_in_parallel_and_unload_ends_the_thread() -> None:
         assert not thread.is_alive()
     with pytest.raises(RuntimeError, match="after shutdown"):
         await first.run_blocking(lambda: None)
+
+
+async def test_the_thread_keeps_no_reference_to_a_finished_call() -> None:
+    # A call's arguments may be views of a client's shared memory region, which stays mapped
+    # while any view lives: once the call returned, the idle thread must hold none of them.
+    backend = instance()
+
+    class Payload:
+        pass
+
+    payload = Payload()
+    gone = weakref.ref(payload)
+    try:
+        assert await backend.run_blocking(id, payload) == id(payload)
+        del payload
+        gc.collect()
+        assert gone() is None
+    finally:
+        await backend.unload()
