@@ -19,7 +19,9 @@ For each concurrency it runs that many streams at once (different prompts, greed
 With `--cache` it measures the prompt cache instead: one slot of 4096 tokens, a chat whose first
 user message is ~1900 tokens; time to first token for that message cold, for the identical
 request again, and for the chat's second turn (history + reply + a short question), median of
-`--rounds` conversations with different openings, each server side by side.
+`--rounds` conversations with different openings. The servers run at the same time and take
+turns, one conversation each, in alternating order (ABBA...), so that load from other work on
+a shared machine falls on all of them alike.
 
 Then the ratio ours/theirs per concurrency (target: >= 4x at 8 streams over llama_cpp.server,
 >= 0.9x over llama-server). Without --model it writes a random llama GGUF (n_embd 512,
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import http.client
 import json
 import os
@@ -40,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,18 +199,25 @@ def wait_http(port: int, proc: subprocess.Popen[bytes], path: str, timeout: floa
     raise RuntimeError(f"server on port {port} not ready after {timeout}s")
 
 
-def with_server(args: list[str], port: int, ready_path: str, log: Path, body: Callable[[], list[Run]]) -> list[Run]:
+@contextlib.contextmanager
+def running_server(args: list[str], port: int, ready_path: str, log: Path) -> Iterator[None]:
+    """A server process, ready to serve; its log's tail is printed when the body fails."""
     with log.open("wb") as out:
         proc = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_http(port, proc, ready_path)
-        return body()
+        yield
     except Exception:
         print(f"--- {log} ---\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
         raise
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def with_server(args: list[str], port: int, ready_path: str, log: Path, body: Callable[[], list[Run]]) -> list[Run]:
+    with running_server(args, port, ready_path, log):
+        return body()
 
 
 def bench_daemon(
@@ -309,26 +319,27 @@ def long_message(round_: int, words: int = 400) -> str:
     return f"Conversation {round_}. " + " ".join(PROMPT_WORDS[(round_ + i) % len(PROMPT_WORDS)] for i in range(words))
 
 
-def bench_cache_http(port: int, model: str, rounds: int) -> CacheRun:
-    chat_ttft(port, model, [{"role": "user", "content": "warm up"}], 4)
-    run = CacheRun([], [], [])
-    for r in range(rounds):
-        first = [{"role": "user", "content": long_message(r)}]
-        cold, reply = chat_ttft(port, model, first, 16)
-        repeat, _ = chat_ttft(port, model, first, 16)
-        turn2 = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "Tell me more."}]
-        second, _ = chat_ttft(port, model, turn2, 16)
-        run.cold.append(cold)
-        run.repeat.append(repeat)
-        run.turn2.append(second)
-    return run
+def cache_conversation(port: int, model: str, round_: int, run: CacheRun) -> None:
+    """One conversation: its first message cold, the same again, then its second turn."""
+    first = [{"role": "user", "content": long_message(round_)}]
+    cold, reply = chat_ttft(port, model, first, 16)
+    repeat, _ = chat_ttft(port, model, first, 16)
+    turn2 = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "Tell me more."}]
+    second, _ = chat_ttft(port, model, turn2, 16)
+    run.cold.append(cold)
+    run.repeat.append(repeat)
+    run.turn2.append(second)
 
 
 def bench_cache(args: argparse.Namespace, model: Path, work: Path) -> None:
     def median_ms(values: list[float]) -> float:
         return 1000 * sorted(values)[len(values) // 2]
 
-    runs: dict[str, CacheRun] = {}
+    def paired(theirs: list[float], ours: list[float]) -> float:
+        return sorted(t / o for t, o in zip(theirs, ours, strict=True))[len(ours) // 2]
+
+    # name -> (server command, port, readiness path, model name in requests)
+    servers: dict[str, tuple[list[str], int, str, str]] = {}
     port = free_port()
     repo = work / "repo-cache"
     (repo / "llm" / "1").mkdir(parents=True, exist_ok=True)
@@ -340,10 +351,7 @@ def bench_cache(args: argparse.Namespace, model: Path, work: Path) -> None:
         sys.executable, "-m", "daemon", "serve", "--socket", "none", "--http", f"127.0.0.1:{port}",
         "--model-repository", str(repo), "--state-dir", str(work / "state-cache"), "--log-level", "warning",
     ]
-    holder: list[CacheRun] = []
-    with_server(daemon_args, port, "/v2/models/llm/ready", work / "daemon-cache.log",
-                lambda: holder.append(bench_cache_http(port, "llm", args.rounds)) or [])
-    runs["ours (daemon)"] = holder.pop()
+    servers["ours (daemon)"] = (daemon_args, port, "/v2/models/llm/ready", "llm")
     if not args.skip_server:
         port = free_port()
         server_args = [
@@ -351,9 +359,7 @@ def bench_cache(args: argparse.Namespace, model: Path, work: Path) -> None:
             "--port", str(port), "--n_ctx", "4096", "--n_threads", str(args.threads),
             "--n_threads_batch", str(args.threads), "--verbose", "False",
         ]
-        with_server(server_args, port, "/v1/models", work / "llama_cpp_server-cache.log",
-                    lambda: holder.append(bench_cache_http(port, str(model), args.rounds)) or [])
-        runs["llama_cpp.server"] = holder.pop()
+        servers["llama_cpp.server"] = (server_args, port, "/v1/models", str(model))
     if args.llama_server:
         port = free_port()
         server_args = [
@@ -361,9 +367,21 @@ def bench_cache(args: argparse.Namespace, model: Path, work: Path) -> None:
             "--threads", str(args.threads), "--threads-batch", str(args.threads),
             "--parallel", "1", "--ctx-size", "4096", "--no-webui",
         ]
-        with_server(server_args, port, "/health", work / "llama_server-cache.log",
-                    lambda: holder.append(bench_cache_http(port, "llm", args.rounds)) or [])
-        runs["llama-server"] = holder.pop()
+        servers["llama-server"] = (server_args, port, "/health", "llm")
+    runs = {name: CacheRun([], [], []) for name in servers}
+    with contextlib.ExitStack() as stack:
+        for name, (command, port, ready, _) in servers.items():
+            log = work / f"{name.split()[0].replace('.', '_')}-cache.log"
+            stack.enter_context(running_server(command, port, ready, log))
+        for _, port, _, model_name in servers.values():
+            chat_ttft(port, model_name, [{"role": "user", "content": "warm up"}], 4)
+        order = list(servers)
+        for r in range(args.rounds):
+            # Idle servers wait on the one running: alternate who goes first.
+            for name in order if r % 2 == 0 else order[::-1]:
+                _, port, _, model_name = servers[name]
+                cache_conversation(port, model_name, r, runs[name])
+    print("load average (1, 5, 15 min) at the end: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     for name, run in runs.items():
         print(f"{name:<18} ttft median of {args.rounds}: cold {median_ms(run.cold):7.1f} ms  "
               f"repeat {median_ms(run.repeat):7.1f} ms  turn 2 {median_ms(run.turn2):7.1f} ms")
@@ -373,6 +391,10 @@ def bench_cache(args: argparse.Namespace, model: Path, work: Path) -> None:
             theirs = runs[baseline]
             print(f"ratio theirs/ours vs {baseline:<16} repeat x{median_ms(theirs.repeat) / median_ms(ours.repeat):5.2f}"
                   f"  turn 2 x{median_ms(theirs.turn2) / median_ms(ours.turn2):5.2f}  (goal >= 1)")
+            # Each conversation's ratio, ours and theirs run back to back: less of the drift in
+            # the machine's load between the two.
+            print(f"  median of per-conversation ratios   repeat x{paired(theirs.repeat, ours.repeat):5.2f}"
+                  f"  turn 2 x{paired(theirs.turn2, ours.turn2):5.2f}")
 
 
 # --------------------------------------------------------------------------- main

@@ -194,12 +194,18 @@ class LlamaCppBackend(GenerationBackend):
             )
         queue: asyncio.Queue[GenerateChunk | EdgedError] = asyncio.Queue()
         request = engine.submit(prompt, params, _emitter(asyncio.get_running_loop(), queue.put_nowait))
+        first = True
         try:
             while True:
                 item = await queue.get()
                 if isinstance(item, EdgedError):
                     raise item
                 yield item
+                if first:
+                    # Back for more: the consumer has sent the first chunk on, which the
+                    # engine waits for before its next decode (Engine._hand_over_first_chunks).
+                    request.took_first()
+                    first = False
                 if item.finish_reason is not None:
                     return
         finally:

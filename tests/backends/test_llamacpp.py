@@ -525,6 +525,50 @@ async def test_next_turn_reuses_the_conversation_and_matches_cold(load: Loader, 
     assert (await collect(cold.generate([*other, 360], GREEDY))).ids == back.ids
 
 
+async def test_long_prompts_share_exactly_their_common_prefix(load: Loader, tmp_path: Path) -> None:
+    # Prompts longer than the prefix search's 256-token blocks, differing inside the third block.
+    rng = np.random.default_rng(7)
+    first = [1, *(int(t) for t in rng.integers(3, 379, 700))]
+    second = [*first[:600], *(int(t) for t in rng.integers(3, 379, 50))]
+    assert second[600] != first[600]
+    path = write_tiny_llama(tmp_path / "long.gguf", n_ctx=1024)
+    backend = await load(path, n_parallel="1", n_ctx="1024")
+    await collect(backend.generate(first, GREEDY))
+    turn = await collect(backend.generate(second, GREEDY))
+    assert turn.last.cached_tokens == 600
+    cold = await load(path, n_parallel="1", n_ctx="1024")
+    assert (await collect(cold.generate(second, GREEDY))).ids == turn.ids
+
+
+async def test_repeated_text_prompt_matches_cold(load: Loader, model_path: Path) -> None:
+    # A text prompt seen before skips the tokenizer (the engine remembers recent prompts):
+    # same tokens, same output, and every prompt token but the last from the cache.
+    backend = await load(model_path, n_parallel="1")
+    text = PROMPTS[7]
+    cold = await collect(backend.generate(text, GREEDY))
+    # More other prompts than the engine remembers: the first repeat is tokenized afresh,
+    # the second comes from the memo.
+    for i in range(10):
+        await collect(backend.generate(f"{PROMPTS[i % 7]} {i}", GenerateParams(greedy=True, max_tokens=2)))
+    again = [await collect(backend.generate(text, GREEDY)) for _ in range(2)]
+    assert [r.ids for r in again] == [cold.ids, cold.ids]
+    assert again[0].last.prompt_tokens == cold.last.prompt_tokens
+    assert again[1].last.cached_tokens == cold.last.prompt_tokens - 1
+
+
+async def test_held_first_chunk_does_not_stall_other_sequences(load: Loader, model_path: Path) -> None:
+    # After a request's first chunk the engine waits for its consumer to send it on, but only
+    # briefly: a consumer that never comes back must not hold up anyone else.
+    backend = await load(model_path, n_parallel="2")
+    alone = [await collect(backend.generate(p, GREEDY)) for p in (PROMPTS[0], PROMPTS[3])]
+    held = backend.generate(PROMPTS[0], GREEDY)
+    first = await anext(held)  # and not back for more until the other request is done
+    other = await asyncio.wait_for(collect(backend.generate(PROMPTS[3], GREEDY)), 30)
+    assert other.ids == alone[1].ids and other.last.finish_reason == "length"
+    rest = await collect(held)
+    assert first.token_ids + rest.ids == alone[0].ids
+
+
 async def test_unrelated_prompt_takes_the_least_recently_used_slot(load: Loader, model_path: Path) -> None:
     a, b, c = ([1, *range(start, start + 20)] for start in (260, 290, 320))
     backend = await load(model_path, n_parallel="2")
