@@ -3,7 +3,11 @@
 Both schedulers share one queue (`_QueueScheduler`): Triton's priority levels, per-level queue
 policies (max queue size, timeouts with REJECT or DELAY, per-request override), optional
 in-order delivery, one asyncio worker per backend instance pulling work from the queue, and a
-drain on stop. They differ only in how work leaves the queue:
+drain on stop. A request that finds nothing queued, an instance idle and no other work due in this
+loop iteration, and that the plan would send alone right away, runs at once in the caller's task:
+the worker hop (waking the worker, then waking the caller with the result) is two event-loop
+iterations of a small request's latency.
+They differ only in how work leaves the queue:
 
 - `DynamicBatcher` merges requests along dim 0 (Triton `dynamic_batching`).
 - `InstanceScheduler` hands one request at a time to an instance.
@@ -111,8 +115,8 @@ class _Pending:
     level: int
     rows: int
     arrival_ns: int
-    # Requests that may share a batch have equal keys.
-    key: Hashable
+    # Requests that may share a batch have equal keys (set when the request is queued).
+    key: Hashable = None
     deadline_ns: int | None = None
     timeout_us: int = 0
     delay_on_timeout: bool = False
@@ -178,6 +182,14 @@ class _QueueScheduler:
         self._pending = 0
         self._pending_rows = 0
         self._running: set[_Pending] = set()
+        # Instances running an execution (a worker's or a direct one), and the workers waiting
+        # for a direct execution to give their instance back.
+        self._busy: set[Backend] = set()
+        self._idle_waiters: dict[Backend, asyncio.Future[None]] = {}
+        # The instance of the worker that forms batches while it sleeps (see `_sleep`).
+        self._former_instance: Backend | None = None
+        # Direct executions in flight: the task that runs each (cancelled by a stop that times out).
+        self._direct: dict[_Pending, asyncio.Task[object]] = {}
         self._next_seq = 0
         # preserve_ordering: finished requests wait here until every earlier one is delivered.
         self._held: dict[int, tuple[_Pending, ExecuteResult | None, FailureReason]] = {}
@@ -217,16 +229,26 @@ class _QueueScheduler:
                 f"inference request queue for model '{self.model}' is full "
                 f"(max_queue_size {policy.max_queue_size})"
             )
+        loop = asyncio.get_running_loop()
         item = _Pending(
             request=request,
-            future=asyncio.get_running_loop().create_future(),
+            future=loop.create_future(),
             seq=self._next_seq,
             level=level_no,
             rows=rows,
             arrival_ns=now,
-            key=self._key(request),
         )
         self._next_seq += 1
+        if (
+            self._pending == 0
+            and self._state is _State.RUNNING
+            and self._sends_alone(item, now)
+            and not _others_ready(loop)
+        ):
+            instance = self._idle_instance()
+            if instance is not None:
+                return await self._run_direct(instance, item, now)
+        item.key = self._key(request)  # only a queued request is ever compared with others
         timeout_us = self._timeout_us(request, policy)
         if timeout_us:
             item.timeout_us = timeout_us
@@ -284,6 +306,10 @@ class _QueueScheduler:
                 Unavailable(f"model '{self.model}' was unloaded before the request finished"),
                 "REJECTED",
             )
+        # A direct execution is cut like a worker's, after its request got the outcome above,
+        # which its caller then raises (see `_run_direct`).
+        for task in list(self._direct.values()):
+            task.cancel()
 
     # ------------------------------------------------------------------ subclass hooks
 
@@ -299,6 +325,10 @@ class _QueueScheduler:
         or (None, wake_at_ns) to wait for more requests until that time (None = until woken)."""
         head = next(self._queued())
         return [head], None
+
+    def _sends_alone(self, item: _Pending, now_ns: int) -> bool:
+        """Would `_plan`, with `item` alone in the queue, send it now? (Then it may skip the queue.)"""
+        return True
 
     # ------------------------------------------------------------------ queue helpers
 
@@ -336,6 +366,10 @@ class _QueueScheduler:
     def _wake_former(self) -> None:
         if self._former is not None:
             _set_done(self._former)
+        if self._idle_waiters:
+            # A worker parked by a direct execution that has ended may form in its place.
+            for instance in [i for i in self._idle_waiters if i not in self._busy]:
+                _set_done(self._idle_waiters.pop(instance))
 
     def _check_drained(self) -> None:
         if self._state is not _State.RUNNING and not self._running and self._pending == 0:
@@ -422,16 +456,28 @@ class _QueueScheduler:
             # One worker at a time forms a batch; the other free ones queue on the lock, so
             # the queue feeds whichever instance is free first.
             async with self._form_lock:
-                items = await self._next_batch()
+                items = await self._next_batch(instance)
             if items is None:
                 return
-            await self._execute(instance, items)
+            if not items:
+                # A direct execution holds this instance: wait for it outside the lock, so
+                # that another idle instance's worker can form the next batch meanwhile.
+                await self._until_idle(instance)
+                continue
+            try:
+                await self._execute(instance, items)
+            finally:
+                self._release(instance)
             # Drop the batch before waiting for the next: its inputs may be views of a client's
             # shared memory region, which stays mapped while any view lives.
             del items
 
-    async def _next_batch(self) -> list[_Pending] | None:
+    async def _next_batch(self, instance: Backend) -> list[_Pending] | None:
+        """The next batch for `instance` (marked busy), None when stopped, [] when a direct
+        execution took the instance."""
         while True:
+            if instance in self._busy:
+                return []
             now = time.monotonic_ns()
             self._expire(now)
             wake_at: int | None = None
@@ -439,10 +485,73 @@ class _QueueScheduler:
                 items, wake_at = self._plan(now)
                 if items is not None:
                     self._take(items, now)
+                    self._busy.add(instance)
                     return items
             elif self._state is not _State.RUNNING:
                 return None
-            await self._sleep(wake_at, now)
+            self._former_instance = instance
+            try:
+                await self._sleep(wake_at, now)
+            finally:
+                self._former_instance = None
+
+    # ------------------------------------------------------------------ direct dispatch
+
+    def _idle_instance(self) -> Backend | None:
+        """An instance with no execution in flight: the batch former's, which is the one the
+        request would have gone to through the queue, else the first idle one."""
+        former = self._former_instance
+        if former is not None and former not in self._busy:
+            return former
+        if len(self._busy) >= len(self.instances):
+            return None
+        return next((i for i in self.instances if i not in self._busy), None)
+
+    async def _run_direct(self, instance: Backend, item: _Pending, now_ns: int) -> InferResponse:
+        """Run `item` alone on idle `instance` in the caller's task, with the queue's
+        bookkeeping (stats, ordered delivery, drain) as if a worker had taken it."""
+        item.stage = _Stage.RUNNING
+        item.queue_ns = now_ns - item.arrival_ns
+        self._running.add(item)
+        self._busy.add(instance)
+        task = asyncio.current_task()
+        assert task is not None
+        self._direct[item] = task
+        try:
+            await self._execute(instance, [item])
+        except asyncio.CancelledError:
+            if item.stage is _Stage.DONE and self._state is _State.STOPPED:
+                # `stop` cut the execution after its drain timeout and failed the request, as it
+                # does a worker's: the caller gets that outcome, not a cancellation.
+                task.uncancel()
+            else:
+                # The caller went away mid-execution: like a stop, the backend call is cut.
+                self._complete(item, None, "CANCELED")
+                raise
+        finally:
+            del self._direct[item]
+            self._release(instance)
+        return await item.future
+
+    def _release(self, instance: Backend) -> None:
+        """`instance` finished an execution. Its worker, if a direct execution parked it, goes
+        back to forming batches only when there is work (or a stop): with nothing queued, the
+        next request runs directly anyway, and waking it for nothing is a loop iteration."""
+        self._busy.discard(instance)
+        if instance in self._idle_waiters and (self._pending or self._state is not _State.RUNNING):
+            _set_done(self._idle_waiters.pop(instance))
+
+    async def _until_idle(self, instance: Backend) -> None:
+        """Park until `instance` is free and there is work for it (`_release`, `_wake_former`)."""
+        if instance not in self._busy:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._idle_waiters[instance] = waiter
+        try:
+            await waiter
+        finally:
+            if self._idle_waiters.get(instance) is waiter:
+                del self._idle_waiters[instance]
 
     async def _sleep(self, wake_at: int | None, now_ns: int) -> None:
         """Wait until `_wake_former` is called or, if given, until `wake_at` (monotonic ns).
@@ -534,6 +643,15 @@ class _QueueScheduler:
             item.future.set_exception(_fresh(outcome))
 
 
+def _others_ready(loop: asyncio.AbstractEventLoop) -> bool:
+    """Are other callbacks due in this loop iteration (e.g. the tasks of requests that arrived
+    together with this one)? Then a request must not run directly: through the queue, the
+    worker wakes after them and sends them all as one batch, as it always did. Reads asyncio's
+    ready queue, which has no public accessor; on another loop, assume there are."""
+    ready = getattr(loop, "_ready", None)
+    return ready is None or len(ready) > 0
+
+
 def _set_done(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -599,6 +717,14 @@ class DynamicBatcher(_QueueScheduler):
             rows = array.shape[0]
             parts.append((name, array.dtype.str, array.shape[1:]))
         return tuple(parts)
+
+    def _sends_alone(self, item: _Pending, now_ns: int) -> bool:
+        # `_plan` with only `item` queued: full, at a preferred size, or no delay to wait out.
+        return (
+            item.rows >= self.max_rows
+            or item.rows in self.preferred
+            or now_ns >= item.arrival_ns + self.delay_ns
+        )
 
     def _plan(self, now_ns: int) -> tuple[list[_Pending] | None, int | None]:
         queued = self._queued()

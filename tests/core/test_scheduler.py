@@ -47,6 +47,9 @@ class Linear(TensorBackend):
         self.entered = threading.Event()
         # execute() calls that have returned their results to the scheduler.
         self.executed = 0
+        # The asyncio task that called execute(), per call: the request's own task when it
+        # ran directly, a scheduler worker's when it went through the queue.
+        self.callers: list[asyncio.Task[Any] | None] = []
 
     def compute(self, x: np.ndarray) -> dict[str, np.ndarray]:
         return {"y": x @ self.weight + self.bias}
@@ -61,6 +64,7 @@ class Linear(TensorBackend):
         return self.compute(x)
 
     async def execute(self, batch: Sequence[InferRequest]) -> list[ExecuteResult]:
+        self.callers.append(asyncio.current_task())
         results = await super().execute(batch)
         self.executed += 1
         return results
@@ -567,6 +571,126 @@ async def test_cancelled_request_leaves_the_queue(harness: Harness) -> None:
     await kept
     assert inst.seen == [100, 2]
     assert stats.failures["CANCELED"] == 1
+
+
+# ---------------------------------------------------------------------------- direct dispatch
+# A request that finds nothing queued and an instance idle, and that the plan would send alone
+# at once, runs in its caller's task (no worker hop); everything else goes through the queue.
+
+
+@pytest.mark.parametrize("batching", [True, False])
+async def test_idle_request_runs_in_its_own_task_with_the_same_stats(harness: Harness, batching: bool) -> None:
+    scheduler, (inst,), stats = await harness(make_config(8 if batching else 0))
+    assert isinstance(scheduler, DynamicBatcher if batching else InstanceScheduler)
+    request = req(1)
+    task = asyncio.create_task(scheduler.submit(request))
+    result = await task
+    assert inst.callers == [task]
+    np.testing.assert_array_equal(result.outputs["y"], inst.expected(request.inputs["x"]))
+
+    doc = stats.to_triton_json("m", "1")
+    assert (doc["inference_count"], doc["execution_count"]) == (1, 1)
+    inference = doc["inference_stats"]
+    for phase in ("success", "queue", "compute_infer"):
+        assert inference[phase]["count"] == 1, phase
+    assert inference["compute_infer"]["ns"] > 0
+    assert inference["fail"] == {"count": 0, "ns": 0}
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in doc["batch_stats"]] == [(1, 1)]
+    assert stats.pending == 0
+
+
+async def test_requests_arriving_during_a_direct_execution_queue_and_batch(harness: Harness) -> None:
+    scheduler, (inst,), stats = await harness(make_config(8))
+    first = await occupy(scheduler, inst)
+    assert inst.callers == [first]
+    later = [asyncio.create_task(scheduler.submit(req(i))) for i in (1, 2, 3)]
+    await settle()
+    assert scheduler.pending() == 3
+    assert inst.batches == [1]  # the busy instance is not given a second execution
+    inst.gate.set()
+    results = await asyncio.gather(first, *later)
+    assert inst.batches == [1, 3]
+    assert inst.callers[1] not in (first, *later)  # the worker ran the batch
+    for ident, result in zip((100, 1, 2, 3), results, strict=True):
+        np.testing.assert_array_equal(result.outputs["y"], inst.expected(rows(ident)))
+    assert stats.execution_count == 2
+    # And once idle again, the next request runs directly again.
+    again = asyncio.create_task(scheduler.submit(req(4)))
+    await again
+    assert inst.callers[-1] is again
+
+
+async def test_requests_arriving_together_still_share_one_batch(harness: Harness) -> None:
+    # Their tasks are due in the same loop iteration: none runs directly, the worker wakes
+    # after all of them and sends one batch, as with no direct dispatch at all.
+    scheduler, (inst,), stats = await harness(make_config(8))
+    requests = [req(i) for i in range(4)]
+    tasks = [asyncio.create_task(scheduler.submit(r)) for r in requests]
+    results = await asyncio.gather(*tasks)
+    assert inst.batches == [4]
+    assert inst.callers[0] not in tasks
+    assert stats.execution_count == 1
+    for request, result in zip(requests, results, strict=True):
+        np.testing.assert_array_equal(result.outputs["y"], inst.expected(request.inputs["x"]))
+
+
+async def test_a_request_that_must_wait_for_company_goes_through_the_queue(harness: Harness) -> None:
+    scheduler, (inst,), _ = await harness(make_config(8, {"max_queue_delay_microseconds": 20_000}))
+    task = asyncio.create_task(scheduler.submit(req(1)))
+    await task
+    assert inst.callers and inst.callers[0] is not task
+    # At a preferred size there is nothing to wait for: it runs directly.
+    scheduler, (inst,), _ = await harness(
+        make_config(8, {"max_queue_delay_microseconds": 60_000_000, "preferred_batch_size": [2]})
+    )
+    task = asyncio.create_task(scheduler.submit(req(2, 2)))
+    await asyncio.wait_for(task, 10)
+    assert inst.callers == [task]
+
+
+async def test_direct_executions_use_every_idle_instance(harness: Harness) -> None:
+    scheduler, (one, two), _ = await harness(make_config(8), count=2)
+    first = await occupy(scheduler, one, 1)
+    second = await occupy(scheduler, two, 2)
+    assert (one.callers, two.callers) == ([first], [second])
+    third = asyncio.create_task(scheduler.submit(req(3)))
+    await settle()
+    assert scheduler.pending() == 1  # both busy: it queues
+    two.gate.set()
+    await second
+    await third
+    assert two.batches == [1, 1] and one.batches == [1]
+    one.gate.set()
+    np.testing.assert_array_equal((await first).outputs["y"], one.expected(rows(1)))
+
+
+async def test_cancelled_direct_request(harness: Harness) -> None:
+    """The caller of a direct execution goes away: the backend call is cut as a stop cuts a
+    worker's (so no execution is counted), the request counts as CANCELED, and the instance
+    serves the next request (the runtime thread finishes the cut call first)."""
+    scheduler, (inst,), stats = await harness(make_config(8))
+    gone = await occupy(scheduler, inst)
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert stats.failures["CANCELED"] == 1
+    nxt = asyncio.create_task(scheduler.submit(req(5)))
+    await settle()
+    inst.gate.set()
+    np.testing.assert_array_equal((await asyncio.wait_for(nxt, 10)).outputs["y"], inst.expected(rows(5)))
+    assert inst.seen == [100, 5]
+    assert stats.execution_count == 1
+
+
+async def test_stop_timeout_fails_a_direct_execution_as_unavailable(harness: Harness) -> None:
+    scheduler, (inst,), stats = await harness(make_config(8))
+    first = await occupy(scheduler, inst)
+    assert inst.callers == [first]
+    await scheduler.stop(0.05)
+    with pytest.raises(Unavailable, match="unloaded before the request finished"):
+        await first
+    assert stats.failures["REJECTED"] == 1
+    assert not first.cancelled()
 
 
 # ---------------------------------------------------------------------------- statistics

@@ -1,0 +1,126 @@
+"""`Backend.run_blocking`: the instance's own thread, driven with real threads and asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import weakref
+
+import pytest
+
+from daemon.backend import Backend, InstanceContext
+
+
+class Plain(Backend):
+    name = "plain"
+
+
+def instance(index: int = 0) -> Backend:
+    return Plain(InstanceContext("m", 1, instance_index=index))
+
+
+async def test_calls_run_in_order_on_one_thread_of_their_own() -> None:
+    backend = instance()
+    seen: list[tuple[int, str]] = []
+
+    def work(n: int, *, scale: int) -> int:
+        seen.append((n, threading.current_thread().name))
+        return n * scale
+
+    try:
+        # Far more calls than one wake-up each: the thread drains whatever is queued.
+        results = await asyncio.gather(*(backend.run_blocking(work, n, scale=3) for n in range(500)))
+    finally:
+        await backend.unload()
+    assert results == [n * 3 for n in range(500)]
+    assert [n for n, _ in seen] == list(range(500))
+    names = {name for _, name in seen}
+    assert names == {"plain-m-0"}
+    assert threading.current_thread().name not in names
+
+
+async def test_errors_reach_the_caller() -> None:
+    backend = instance()
+
+    def fail() -> None:
+        raise ValueError("bad input")
+
+    def leave() -> None:
+        raise SystemExit(3)
+
+    try:
+        with pytest.raises(ValueError, match="bad input"):
+            await backend.run_blocking(fail)
+        with pytest.raises(SystemExit):
+            await backend.run_blocking(leave)
+        assert await backend.run_blocking(lambda: 7) == 7  # the thread lives on
+    finally:
+        await backend.unload()
+
+
+async def test_a_call_cancelled_before_it_starts_never_runs() -> None:
+    backend = instance()
+    gate = threading.Event()
+    entered = threading.Event()
+    ran: list[str] = []
+
+    def hold() -> str:
+        entered.set()
+        gate.wait(10)
+        return "held"
+
+    try:
+        first = asyncio.create_task(backend.run_blocking(hold))
+        assert await asyncio.to_thread(entered.wait, 10)
+        second = asyncio.create_task(backend.run_blocking(ran.append, "second"))
+        await asyncio.sleep(0)
+        second.cancel()
+        gate.set()
+        assert await first == "held"
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        assert await backend.run_blocking(ran.append, "third") is None
+    finally:
+        gate.set()
+        await backend.unload()
+    assert ran == ["third"]
+
+
+async def test_instances_run_in_parallel_and_unload_ends_the_thread() -> None:
+    first, second = instance(0), instance(1)
+    barrier = threading.Barrier(2, timeout=10)
+
+    def meet() -> str:
+        barrier.wait()  # passes only if both calls run at the same moment
+        return threading.current_thread().name
+
+    names = await asyncio.gather(first.run_blocking(meet), second.run_blocking(meet))
+    assert names == ["plain-m-0", "plain-m-1"]
+    threads = [t for t in threading.enumerate() if t.name in names]
+    await first.unload()
+    await second.unload()
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        await first.run_blocking(lambda: None)
+
+
+async def test_the_thread_keeps_no_reference_to_a_finished_call() -> None:
+    # A call's arguments may be views of a client's shared memory region, which stays mapped
+    # while any view lives: once the call returned, the idle thread must hold none of them.
+    backend = instance()
+
+    class Payload:
+        pass
+
+    payload = Payload()
+    gone = weakref.ref(payload)
+    try:
+        assert await backend.run_blocking(id, payload) == id(payload)
+        del payload
+        gc.collect()
+        assert gone() is None
+    finally:
+        await backend.unload()
