@@ -16,21 +16,13 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from model_builders import write_simple_repository
 
 Response = tuple[int, dict[str, str], bytes]
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("repo")
-    write_simple_repository(path)
-    return path
-
-
 @pytest.fixture
-def daemon(start_daemon: Callable[..., object], repo: Path) -> object:
-    return start_daemon("--model-repository", str(repo))
+def daemon(start_daemon: Callable[..., object], simple_repo: Path) -> object:
+    return start_daemon("--model-repository", str(simple_repo))
 
 
 def _infer_body() -> tuple[bytes, np.ndarray, np.ndarray]:
@@ -185,11 +177,11 @@ def test_oversized_request_head_is_a_431_and_the_connection_closes(daemon) -> No
 
 
 def test_idle_connections_close_after_keepalive_timeout_busy_ones_stay(
-    start_daemon: Callable[..., object], repo: Path, tmp_path: Path
+    start_daemon: Callable[..., object], simple_repo: Path, tmp_path: Path
 ) -> None:
     config = tmp_path / "edged.toml"
     config.write_text("[server]\nkeepalive-timeout = 2.0\n")
-    daemon = start_daemon("--config", str(config), "--model-repository", str(repo))
+    daemon = start_daemon("--config", str(config), "--model-repository", str(simple_repo))
     live = _request("GET", "/v2/health/live")
     with socket.socket(socket.AF_UNIX) as sock:
         sock.settimeout(30)

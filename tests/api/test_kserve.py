@@ -19,16 +19,9 @@ pytest.importorskip("onnxruntime")
 from model_builders import write_simple_repository
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("repo")
-    write_simple_repository(path)
-    return path
-
-
 @pytest.fixture
-def daemon(start_daemon: Callable[..., object], repo: Path) -> object:
-    return start_daemon("--model-repository", str(repo))
+def daemon(start_daemon: Callable[..., object], simple_repo: Path) -> object:
+    return start_daemon("--model-repository", str(simple_repo))
 
 
 def _simple_inputs(rows: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -281,10 +274,10 @@ def test_lying_bytes_lengths(start_daemon, tmp_path: Path) -> None:
     assert daemon.request("GET", "/v2/models/echo/ready").status == 200
 
 
-def test_body_over_limit_is_400_as_in_triton(start_daemon, repo: Path, tmp_path: Path) -> None:
+def test_body_over_limit_is_400_as_in_triton(start_daemon, simple_repo: Path, tmp_path: Path) -> None:
     config = tmp_path / "edged.toml"
     config.write_text("[server]\nmax-request-bytes = 4096\n")
-    daemon = start_daemon("--config", str(config), "--model-repository", str(repo))
+    daemon = start_daemon("--config", str(config), "--model-repository", str(simple_repo))
     a = np.zeros((8, 16), dtype=np.int32)
     payload = json.dumps(_json_infer(a, a)).encode() + b" " * 8192
     reply = daemon.request("POST", "/v2/models/simple/infer", payload, {"Content-Type": "application/json"})
@@ -333,14 +326,14 @@ def test_failing_plugin_load_and_execute(start_daemon, tmp_path: Path) -> None:
     assert daemon.post_json("/v2/models/bad_exec/infer", x).status == 500  # and again: still there
 
 
-def test_repository_load_parameters(start_daemon, repo: Path, tmp_path: Path) -> None:
+def test_repository_load_parameters(start_daemon, simple_repo: Path, tmp_path: Path) -> None:
     """Triton's load parameters: `config`, `file:<version>/<name>` (base64) — anything else
     is a 400 naming it; a model that fails to load is Triton's 400 "load failed for model"."""
     import base64
 
     from model_builders import SIMPLE_PYTHON_MODEL
 
-    daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit",
+    daemon = start_daemon("--model-repository", str(simple_repo), "--model-control-mode", "explicit",
                           "--load-model", "simple")
     load = "/v2/repository/models/uploaded/load"
     _assert_error(daemon.post_json(load, {"parameters": {"bogus": "1"}}), 400, "unknown load parameter 'bogus'")

@@ -10,16 +10,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 httpclient = pytest.importorskip("tritonclient.http")
-from model_builders import write_simple_repository  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("repo")
-    write_simple_repository(path)
-    return path
-
 
 TOKEN = "test-token-0123456789abcdef"
 # Admin routes over TCP need the bearer token (docs/security.md); tritonclient passes headers.
@@ -27,13 +18,13 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
-def client(start_daemon, repo: Path, tmp_path: Path):
+def client(start_daemon, simple_repo: Path, tmp_path: Path):
     token = tmp_path / "token"
     token.write_text(TOKEN)
     token.chmod(0o600)
     config = tmp_path / "edged.toml"
     config.write_text(f'[server]\ntoken-file = "{token}"\n')
-    daemon = start_daemon("--config", str(config), "--model-repository", str(repo),
+    daemon = start_daemon("--config", str(config), "--model-repository", str(simple_repo),
                           "--model-control-mode", "explicit", "--load-model", "*", http=True)
     client = httpclient.InferenceServerClient(url=f"127.0.0.1:{daemon.http_port}")
     yield client
