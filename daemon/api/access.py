@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import hmac
 import re
-import socket
-import struct
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from daemon.api.errors import error_response
+from daemon.api.peers import peer_uid, uid_allowed, unix_socket
 from daemon.config import ServerConfig
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -43,18 +42,6 @@ def is_admin(method: str, path: str) -> bool:
     return method not in _READ_METHODS and _ADMIN_PATHS.match(path) is not None
 
 
-def _unix_socket(request: web.Request) -> socket.socket | None:
-    """The connection's socket when the caller came over the Unix socket; None for TCP."""
-    sock = request.transport.get_extra_info("socket") if request.transport else None
-    return sock if sock is not None and sock.family == socket.AF_UNIX else None
-
-
-def _peer_uid(sock: socket.socket) -> int:
-    """The caller's uid (SO_PEERCRED)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
-
-
 def _bearer(request: web.Request) -> str:
     scheme, _, value = request.headers.get("Authorization", "").partition(" ")
     return value.strip() if scheme.lower() == "bearer" else ""
@@ -68,10 +55,10 @@ def make_access_middleware(server: ServerConfig, token: str | None) -> Middlewar
 
     @web.middleware
     async def access(request: web.Request, handler: Handler) -> web.StreamResponse:
-        unix = _unix_socket(request)
+        unix = unix_socket(request.transport)
         if unix is not None:
             # The syscall only when there is an allow-list: the socket's mode is the gate else.
-            if allowed and (uid := _peer_uid(unix)) not in allowed and uid != 0:
+            if allowed and not uid_allowed(peer_uid(unix), allowed):
                 return error_response(403, "caller's uid is not in server.allowed-uids", request.path)
             return await handler(request)
         path = request.path

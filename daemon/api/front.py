@@ -33,8 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import socket
-import struct
 import time
 from collections import deque
 from collections.abc import Callable
@@ -46,6 +44,7 @@ import msgspec
 
 from daemon.api.buffers import aligned_buffer, direct_read
 from daemon.api.kserve_codec import parse_header_length
+from daemon.api.peers import peer_uid, uid_allowed, unix_socket
 from daemon.config import ServerConfig
 from daemon.errors import EdgedError
 from daemon.service import Service
@@ -251,20 +250,16 @@ class _Connection(asyncio.Protocol):
         front = self.front
         front.connections.add(self)
         server = front.server
-        sock = transport.get_extra_info("socket")
-        unix = self.unix = sock is not None and sock.family == socket.AF_UNIX
-        if unix:
+        sock = unix_socket(transport)
+        self.unix = sock is not None
+        if sock is not None:
             # The syscall only when there is an allow-list (the socket's mode is the gate
             # else); a refused caller's requests go to aiohttp, whose middleware answers 403.
-            self.relay_only = bool(front.allowed_uids) and not self._uid_allowed(sock)
+            allowed = front.allowed_uids
+            self.relay_only = bool(allowed) and not uid_allowed(peer_uid(sock), allowed)
         else:
             self.relay_only = server.tcp_auth == "all"  # every TCP request needs the token
         self.header_timer = self.loop.call_later(server.header_timeout, self._header_deadline)
-
-    def _uid_allowed(self, sock: Any) -> bool:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        uid = int(struct.unpack("3i", creds)[1])
-        return uid == 0 or uid in self.front.allowed_uids
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.front.connections.discard(self)

@@ -16,7 +16,7 @@ from daemon.api.body import read_body, read_tensor_body
 from daemon.api.infer import InferEndpoint
 from daemon.api.kserve_codec import parse_header_length
 from daemon.api.leases import hold
-from daemon.api.shm import shm_lookup
+from daemon.api.shm import is_unix
 from daemon.api.state import daemon_of
 from daemon.core.model import LoadedVersion
 from daemon.core.registry import IndexEntry
@@ -125,7 +125,7 @@ async def infer(request: web.Request) -> web.Response:
     body = await read_tensor_body(request, endpoint.service.config.server.max_request_bytes, header_length)
     if trace is not None:
         trace.record("HTTP_RECV_END")
-    payload, json_length = await endpoint.run(model, body, header_length, shm_lookup(request), trace)
+    payload, json_length = await endpoint.run(model, body, header_length, endpoint.caller_shm(is_unix(request)), trace)
     if json_length is None:
         return web.Response(body=payload, content_type="application/json")
     # Content-Type among the headers rather than `content_type=`: the same bytes on the

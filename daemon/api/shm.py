@@ -11,14 +11,13 @@ for register/unregister and for any infer request naming a region, like Triton's
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 
 import msgspec
 from aiohttp import web
 
 from daemon.api.body import read_body
-from daemon.api.kserve_codec import SharedMemoryLookup
+from daemon.api.peers import unix_socket
 from daemon.api.state import daemon_of
 from daemon.core.shm import Lease, SharedMemoryRegistry
 from daemon.errors import InvalidArgument, NotFound, Unsupported
@@ -64,13 +63,7 @@ def refusal(mode: str, unix: bool) -> str | None:
 
 
 def is_unix(request: web.Request) -> bool:
-    sock = request.transport.get_extra_info("socket") if request.transport else None
-    return sock is not None and sock.family == socket.AF_UNIX
-
-
-def shm_lookup(request: web.Request) -> SharedMemoryLookup:
-    """Where an infer request's `shared_memory_region` names resolve, for this caller."""
-    return CallerShm(request.app[SHM], refusal(daemon_of(request).config.server.shared_memory, is_unix(request)))
+    return unix_socket(request.transport) is not None
 
 
 def _check_allowed(request: web.Request) -> None:
