@@ -146,7 +146,7 @@ async def apply_update(request: web.Request) -> web.Response:
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"bundle of {request.content_length} bytes exceeds "
                               f"updates.max-bundle-bytes ({limit} bytes)")
-    incoming = daemon.state_dir / "incoming"
+    incoming = uploads.incoming_dir(daemon.state_dir)
     incoming.mkdir(parents=True, exist_ok=True)
     path = incoming / f"{uuid.uuid4().hex}{uploads.INCOMING_SUFFIX}"
     progress: list[str] = []

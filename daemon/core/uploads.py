@@ -18,6 +18,11 @@ UPLOADS = "uploaded-models"
 INCOMING_SUFFIX = ".edgebundle.part"
 
 
+def incoming_dir(state_dir: Path) -> Path:
+    """Where update bundles are written while they arrive."""
+    return state_dir / "incoming"
+
+
 def write(state_dir: Path, name: str, files: dict[str, bytes]) -> Path:
     """Write `files` (relative path -> contents, already validated) into a fresh model dir."""
     root = state_dir / UPLOADS
@@ -48,7 +53,7 @@ def prune(state_dir: Path, name: str, keep: Path | None) -> None:
 
 def clean_incoming(state_dir: Path) -> None:
     """Partial uploads from a daemon killed mid-upload (each request removes its own file)."""
-    incoming = state_dir / "incoming"
+    incoming = incoming_dir(state_dir)
     if not incoming.is_dir():
         return
     for leftover in incoming.iterdir():
