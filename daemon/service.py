@@ -21,6 +21,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from daemon.config import DaemonConfig, state_dir, trusted_keys_dir, updates_root
 from daemon.core import uploads
@@ -29,7 +30,7 @@ from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
 from daemon.core.releases import ReleaseManager
 from daemon.core.repository import RepositoryManager
-from daemon.core.residency import Residency
+from daemon.core.residency import Lease, Residency
 from daemon.core.stats import MetricsRegistry
 from daemon.updates.store import ReleaseStore
 
@@ -162,6 +163,17 @@ class Service:
     async def rescan_models(self) -> None:
         async with self.control_lock:
             await self.repository.rescan()
+
+    # ------------------------------------------------------------------ requests
+
+    async def hold(self, name: str, keep_alive: float | Literal["default"] | None = "default") -> Lease:
+        """Load an on-demand model if needed and lease it for one request: while the lease is
+        held, no idle unload or eviction takes the model. The caller releases it once its
+        response is written. No loads once shutdown has begun."""
+        residency = self.residency
+        if residency is None or not self.accepting:
+            return Lease(None, None)
+        return residency.try_acquire(name, keep_alive) or await residency.acquire(name, keep_alive)
 
     # ------------------------------------------------------------------ state
 

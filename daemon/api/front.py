@@ -526,7 +526,7 @@ class _Connection(asyncio.Protocol):
                 body: bytes | memoryview = request.body.toreadonly()
             else:
                 body = b"".join(request.parts) if len(request.parts) != 1 else request.parts[0]
-            lease = await endpoint.hold(request.model)
+            lease = await self.front.service.hold(request.model)
             try:
                 model = endpoint.resolve(request.model, request.version)
                 trace = endpoint.trace(model)

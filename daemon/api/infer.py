@@ -12,7 +12,6 @@ from daemon.api.kserve_codec import Codec, SharedMemoryLookup
 from daemon.api.shm import CallerShm, refusal
 from daemon.api.trace import Trace, TraceManager
 from daemon.core.model import LoadedVersion
-from daemon.core.residency import Lease
 from daemon.core.shm import SharedMemoryRegistry
 from daemon.errors import Unavailable
 from daemon.service import Service
@@ -30,15 +29,6 @@ class InferEndpoint:
     def caller_shm(self, unix: bool) -> CallerShm:
         """Shared memory as a caller may use it (`unix`: it came over the Unix socket)."""
         return CallerShm(self.shm, refusal(self.service.config.server.shared_memory, unix))
-
-    async def hold(self, name: str) -> Lease:
-        """Load an on-demand model if needed and lease it; the caller releases the lease once
-        its response is written (an idle unload or an eviction never cuts a request)."""
-        service = self.service
-        residency = service.residency
-        if residency is None or not service.accepting:  # no loads once shutdown has begun
-            return Lease(None, None)
-        return residency.try_acquire(name) or await residency.acquire(name)
 
     def resolve(self, name: str, version: str | None) -> LoadedVersion:
         """The version that decodes, runs and labels this request, resolved once: a reload that

@@ -21,11 +21,7 @@ _LEASES = "edged.leases"
 async def hold(
     request: web.Request, name: str, keep_alive: float | Literal["default"] | None = "default"
 ) -> Lease:
-    service = daemon_of(request)
-    residency = service.residency
-    if residency is None or not service.accepting:  # no loads once shutdown has begun
-        return Lease(None, None)
-    lease = residency.try_acquire(name, keep_alive) or await residency.acquire(name, keep_alive)
+    lease = await daemon_of(request).hold(name, keep_alive)
     request.setdefault(_LEASES, []).append(lease)
     return lease
 
