@@ -344,7 +344,7 @@ class _Connection(asyncio.Protocol):
         if self.transport is None:
             return
         if self.active is None:
-            self._write(status, b"application/json", _encode({"error": message}), None, close=True)
+            self._write_error(status, message, close=True)
         else:
             self.close()
 
@@ -541,12 +541,12 @@ class _Connection(asyncio.Protocol):
         except EdgedError as exc:
             if exc.status >= 500:
                 log.warning("POST %s -> %d: %s", request.url.decode("latin-1"), exc.status, exc.message)
-            self._respond_error(request, exc.status, exc.message)
+            self._write_error(exc.status, exc.message, close=not request.keep_alive)
         except asyncio.CancelledError:
             raise  # the client went away (or the drain ran out of time)
         except Exception as exc:  # never let a request take the daemon down
             log.exception("unhandled error on POST %s", request.url.decode("latin-1"))
-            self._respond_error(request, 500, f"internal error: {type(exc).__name__}: {exc}")
+            self._write_error(500, f"internal error: {type(exc).__name__}: {exc}", close=not request.keep_alive)
         else:
             if json_length is None:
                 self._write(200, b"application/json", payload, None, close=not request.keep_alive)
@@ -556,8 +556,10 @@ class _Connection(asyncio.Protocol):
             self.task = None
         self._finish()
 
-    def _respond_error(self, request: _Request, status: int, message: str) -> None:
-        self._write(status, b"application/json", _encode({"error": message}), None, close=not request.keep_alive)
+    def _write_error(self, status: int, message: str, *, close: bool) -> None:
+        """Triton's error body, `{"error": "..."}` (daemon.api.errors writes the same for aiohttp's
+        routes)."""
+        self._write(status, b"application/json", _encode({"error": message}), None, close=close)
 
     def _write(
         self, status: int, content_type: bytes | None, body: bytes, json_length: int | None, *, close: bool
