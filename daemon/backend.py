@@ -318,8 +318,9 @@ class _InstanceThread:
                 self._wake()
 
     def _wake(self) -> None:
-        # Under the lock, before the thread can have closed the pipe (it does so only after
-        # the shutdown marker). A full pipe already holds a wake-up for the thread.
+        # Under the lock: the thread closes the pipe under it too, so a shutdown marker the
+        # thread takes between the append and this write cannot leave the write to a closed
+        # (or reused) descriptor. A full pipe already holds a wake-up for the thread.
         with contextlib.suppress(BlockingIOError):
             os.write(self._wake_fd, b"\0")
 
@@ -340,8 +341,10 @@ class _InstanceThread:
                     # client's shared memory region, which stays mapped while any view lives.
                     del job
         finally:
-            os.close(read_fd)
-            os.close(write_fd)
+            with self._lock:
+                os.close(read_fd)
+                os.close(write_fd)
+                self._wake_fd = -1
 
 
 def _settle_threadsafe(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import threading
+import time
 import weakref
 
 import pytest
 
-from daemon.backend import Backend, InstanceContext
+from daemon.backend import Backend, InstanceContext, _InstanceThread
 
 
 class Plain(Backend):
@@ -124,3 +126,33 @@ async def test_the_thread_keeps_no_reference_to_a_finished_call() -> None:
         assert gone() is None
     finally:
         await backend.unload()
+
+
+def test_shutdown_wakes_the_thread_before_it_can_close_the_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The race CI hit: the thread finishes its last call right after shutdown queued the end
+    # marker, takes the marker and closes the pipe before shutdown's wake-up write. Here the
+    # write itself lets the running call finish and gives the thread time to get that far.
+    instance = _InstanceThread("race")
+    release = threading.Event()
+    finished = threading.Event()
+
+    def last_call() -> None:
+        release.wait(5)
+        finished.set()
+
+    instance.submit(last_call)
+    real_write = os.write
+
+    def write_after_the_call_finished(fd: int, data: bytes) -> int:
+        release.set()
+        finished.wait(5)
+        time.sleep(0.05)  # the thread, unhindered, would now take the marker and close the pipe
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write_after_the_call_finished)
+    instance.shutdown()  # raised OSError (EBADF) when the thread closed the pipe unlocked
+    monkeypatch.setattr(os, "write", real_write)
+    deadline = time.monotonic() + 5
+    while any(thread.name == "race" for thread in threading.enumerate()):
+        assert time.monotonic() < deadline, "the thread did not end after shutdown"
+        time.sleep(0.01)
