@@ -23,6 +23,13 @@ request again, and for the chat's second turn (history + reply + a short questio
 turns, one conversation each, in alternating order (ABBA...), so that load from other work on
 a shared machine falls on all of them alike.
 
+With `--interleave R` the HTTP servers (ours through the daemon, llama-server, llama_cpp.server
+unless skipped) run at the same time and take turns: R rounds, each measuring every concurrency
+on every server in alternating order (ABBA...), then medians per server and the median of the
+per-round ratios. One measurement of a few hundred tokens lasts under a second, so a burst of
+other work on a shared machine swings a single sequential run by +-30 %; interleaved rounds
+spread it over all servers alike.
+
 Then the ratio ours/theirs per concurrency (target: >= 4x at 8 streams over llama_cpp.server,
 >= 0.9x over llama-server). Without --model it writes a random llama GGUF (n_embd 512,
 8 layers, f16 or --dtype) to a temp dir. llama_cpp.server needs the package's [server]
@@ -281,6 +288,67 @@ def bench_llama_server(
     )
 
 
+def bench_interleaved(args: argparse.Namespace, model: Path, work: Path, streams: list[int]) -> None:
+    """All HTTP servers up at once; rounds of every concurrency on each, in alternating order."""
+    slots = max(streams)
+    servers: dict[str, tuple[list[str], int, str, str]] = {}
+    repo = work / "repo"
+    (repo / "llm" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "llm" / "1" / "model.gguf").symlink_to(model.resolve())
+    (repo / "llm" / "model.toml").write_text(
+        'backend = "llamacpp"\n[parameters]\n'
+        f'n_parallel = "{slots}"\nn_ctx = "{slots * 512}"\nn_threads = "{args.threads}"\n'
+        + (f'flash_attn = "{args.flash_attn}"\n' if args.flash_attn else "")
+    )
+    port = free_port()
+    servers["ours (daemon)"] = ([
+        sys.executable, "-m", "daemon", "serve", "--socket", "none", "--http", f"127.0.0.1:{port}",
+        "--model-repository", str(repo), "--state-dir", str(work / "state"), "--log-level", "warning",
+    ], port, "/v2/models/llm/ready", "llm")
+    if args.llama_server:
+        port = free_port()
+        servers["llama-server"] = ([
+            str(args.llama_server), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+            "--threads", str(args.threads), "--threads-batch", str(args.threads),
+            "--parallel", str(slots), "--ctx-size", str(slots * 512), "--no-kv-unified", "--no-webui",
+        ], port, "/health", "llm")
+    if not args.skip_server:
+        port = free_port()
+        servers["llama_cpp.server"] = ([
+            sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
+            "--port", str(port), "--n_ctx", "2048", "--n_threads", str(args.threads),
+            "--n_threads_batch", str(args.threads), "--verbose", "False", "--interrupt_requests", "False",
+        ], port, "/v1/models", str(model))
+    runs: dict[tuple[str, int], list[Run]] = {(name, n): [] for name in servers for n in streams}
+    with contextlib.ExitStack() as stack:
+        for name, (command, port, ready, _) in servers.items():
+            log = work / f"{name.split()[0].replace('.', '_').strip('()')}-interleaved.log"
+            stack.enter_context(running_server(command, port, ready, log))
+        order = list(servers)
+        for r in range(args.interleave):
+            for n in streams:
+                for name in order if r % 2 == 0 else order[::-1]:
+                    _, port, _, model_name = servers[name]
+                    runs[(name, n)] += bench_http(port, model_name, [n], args.max_tokens, args.endpoint)
+    print(f"{args.interleave} rounds, load average (1, 5, 15 min) at the end: "
+          + " ".join(f"{v:.2f}" for v in os.getloadavg()))
+    for (name, n), measured in runs.items():
+        rates = sorted(run.tokens_per_s for run in measured)
+        ttfts = sorted(run.mean_ttft_ms for run in measured)
+        print(f"{name:<18} streams={n:<2} median {rates[len(rates) // 2]:7.1f} tok/s "
+              f"(min {rates[0]:.1f}, max {rates[-1]:.1f})  ttft median {ttfts[len(ttfts) // 2]:7.1f} ms")
+    for baseline in ("llama-server", "llama_cpp.server"):
+        if baseline not in servers:
+            continue
+        for n in streams:
+            ours, theirs = runs[("ours (daemon)", n)], runs[(baseline, n)]
+            ratios = sorted(o.tokens_per_s / t.tokens_per_s for o, t in zip(ours, theirs, strict=True))
+            ttft = sorted(t.mean_ttft_ms / o.mean_ttft_ms for o, t in zip(ours, theirs, strict=True))
+            print(f"ours (daemon) / {baseline:<16} streams={n:<2} tok/s: median of per-round ratios "
+                  f"x{ratios[len(ratios) // 2]:5.2f} (range {ratios[0]:.2f}-{ratios[-1]:.2f})  "
+                  f"ttft theirs/ours x{ttft[len(ttft) // 2]:5.2f}")
+
+
 # --------------------------------------------------------------------------- prompt cache
 
 
@@ -422,6 +490,8 @@ def main() -> None:
     parser.add_argument("--flash-attn", choices=("auto", "on", "off"), help="ours: the flash_attn parameter")
     parser.add_argument("--cache", action="store_true", help="measure the prompt cache (repeat, turn 2) instead")
     parser.add_argument("--rounds", type=int, default=3, help="conversations per server with --cache")
+    parser.add_argument("--interleave", type=int, default=0, metavar="R",
+                        help="HTTP servers side by side, R alternating rounds (no in-process run)")
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     if args.cache:
@@ -441,6 +511,9 @@ def main() -> None:
         )
         print(f"model {model} ({model.stat().st_size / 2**20:.1f} MiB), {args.threads} threads, "
               f"{args.max_tokens} tokens per stream, greedy")
+        if args.interleave:
+            bench_interleaved(args, model, work, streams)
+            return
         results: dict[str, list[Run]] = {}
         results["ours (direct)"] = asyncio.run(
             bench_direct(model, streams, args.max_tokens, args.threads, args.flash_attn or "")

@@ -20,13 +20,16 @@ Model parameters (config `parameters`, all strings):
     max_queue     requests that may wait for a slot before new ones get 503 (default 64)
     flash_attn    auto | on | off; default llama.cpp's auto (on for the CPU too)
     prefix_store_mib  host RAM (MiB) for the KV cells of conversations a new one pushed out
-                  of their slot, restored when they return (default 0: none)
+                  of their slot, restored when they return; 0 turns it off. Default:
+                  llama-server's (`--cache-ram 8192`), at most an eighth of the machine's
+                  memory (an edge box's RAM is also its model's)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal, TypeVar
@@ -67,12 +70,28 @@ class LlamaCppOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pooling: Literal["", "mean", "cls", "last"] = ""
     max_queue: Annotated[int, msgspec.Meta(ge=1)] = 64
     flash_attn: Literal["", "auto", "on", "off"] = ""
-    prefix_store_mib: Annotated[int, msgspec.Meta(ge=0)] = 0
+    prefix_store_mib: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
     def __post_init__(self) -> None:
         if self.n_batch < self.n_parallel:
             # Every generating slot puts one token into each step's batch.
             raise ValueError(f"n_batch ({self.n_batch}) must be >= n_parallel ({self.n_parallel})")
+
+
+# llama-server's host-RAM prompt cache is on by default (`--cache-ram 8192`, MiB): a
+# conversation that another pushed out of its slot comes back without its prompt being
+# decoded again. Clients tuned against it expect that.
+LLAMA_SERVER_CACHE_RAM_MIB = 8192
+
+
+def default_prefix_store_mib() -> int:
+    """llama-server's budget, capped at an eighth of physical memory: the cap only holds
+    what is stored, but on a small box the model and its KV cache need the rest."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # no such sysconf name here: keep llama-server's
+        return LLAMA_SERVER_CACHE_RAM_MIB
+    return max(0, min(LLAMA_SERVER_CACHE_RAM_MIB, physical // 8 // 2**20))
 
 
 def parse_options(config: ModelConfig) -> LlamaCppOptions:
@@ -131,7 +150,9 @@ class LlamaCppBackend(GenerationBackend):
             max_queue=options.max_queue,
             chat_template=options.chat_template,
             flash_attn=options.flash_attn,
-            prefix_store_mib=options.prefix_store_mib,
+            prefix_store_mib=(
+                options.prefix_store_mib if options.prefix_store_mib is not None else default_prefix_store_mib()
+            ),
         )
         engine = Engine(settings)
         # Set before waiting: if this load is cancelled, the daemon's unload() stops the

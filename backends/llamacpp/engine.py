@@ -29,10 +29,11 @@ cells. A new request goes to the idle slot whose cached tokens share the longest
 its prompt (when that prefix is at least a tenth of the prompt, llama-server's default
 similarity), else to the least recently used idle slot; `llama_memory_seq_rm(seq, p0, -1)`
 drops the cells after the common prefix and only the rest of the prompt is decoded. A
-repeated prompt and a chat's next turn thus cost only their new tokens. With a
-`prefix_store_mib` budget, a slot's cells that a new conversation is about to replace are
-first copied to host RAM (`llama_state_seq_get_data`), and a returning conversation is
-copied back (`llama_state_seq_set_data`) instead of being decoded again.
+repeated prompt and a chat's next turn thus cost only their new tokens. Within the
+`prefix_store_mib` budget (on by default, as llama-server's `--cache-ram`), a slot's cells
+that a new conversation is about to replace are first copied to host RAM
+(`llama_state_seq_get_data`), and a returning conversation is copied back
+(`llama_state_seq_set_data`) instead of being decoded again.
 """
 
 from __future__ import annotations
@@ -279,6 +280,7 @@ class Engine:
             "prompt_tokens_evaluated": self._prompt_evaluated,
             "kv_cells_used": cells,
             "kv_cells_total": self.n_ctx_seq * self.settings.n_parallel,
+            "prefix_store_budget_bytes": self._store_budget,
             "prefix_store_entries": len(self._store),
             "prefix_store_bytes": self._store_bytes,
             "prefix_store_hits": self._store_hits,

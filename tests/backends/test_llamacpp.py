@@ -9,6 +9,8 @@ gives alone, cancellation frees slots, stop strings, limits, queue and context e
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -571,7 +573,8 @@ async def test_held_first_chunk_does_not_stall_other_sequences(load: Loader, mod
 
 async def test_unrelated_prompt_takes_the_least_recently_used_slot(load: Loader, model_path: Path) -> None:
     a, b, c = ([1, *range(start, start + 20)] for start in (260, 290, 320))
-    backend = await load(model_path, n_parallel="2")
+    # Slots alone: with the host-RAM store (on by default) an evicted prompt comes back from it.
+    backend = await load(model_path, n_parallel="2", prefix_store_mib="0")
     # c evicts a's slot (used longest ago), not b's; it shares only the BOS with a.
     for prompt, cached in ((a, 0), (b, 0), (c, 1)):
         assert (await collect(backend.generate(prompt, GREEDY))).last.cached_tokens == cached
@@ -698,17 +701,26 @@ async def test_suffix_builds_the_fill_in_the_middle_prompt(load: Loader, model_p
         await collect(fim.generate([1, 300], GenerateParams(suffix="x")))
 
 
-async def test_prefix_store_brings_back_an_evicted_conversation(load: Loader, model_path: Path) -> None:
+@pytest.fixture
+def plugin(backend_class: Callable[[str], type[Any]]) -> Any:
+    """The plugin's module, as the registry imported it (for its module-level helpers)."""
+    return sys.modules[backend_class("llamacpp").__module__]
+
+
+async def test_prefix_store_brings_back_an_evicted_conversation(load: Loader, model_path: Path, plugin: Any) -> None:
     a, b = [1, *range(300, 340)], [1, *range(340, 378)]
-    cold = await load(model_path, n_parallel="1")
+    # Without a store (turned off), one slot: b pushes a out, a is decoded again (only the
+    # BOS is shared).
+    cold = await load(model_path, n_parallel="1", prefix_store_mib="0")
     expected = [await collect(cold.generate(p, GREEDY)) for p in (a, b)]
-    # Without a store, one slot: b pushes a out, a is decoded again (only the BOS is shared).
     await collect(cold.generate(a, GREEDY))
     assert (await collect(cold.generate(a, GREEDY))).last.cached_tokens == len(a) - 1
     await collect(cold.generate(b, GREEDY))
     assert (await collect(cold.generate(a, GREEDY))).last.cached_tokens == 1
+    assert cold.engine_stats()["prefix_store_budget_bytes"] == 0
 
-    stored = await load(model_path, n_parallel="1", prefix_store_mib="16")
+    # On by default, as llama-server's --cache-ram: a comes back from host RAM.
+    stored = await load(model_path, n_parallel="1")
     await collect(stored.generate(a, GREEDY))
     await collect(stored.generate(b, GREEDY))  # a's cells go to the store
     again = await collect(stored.generate(a, GREEDY))  # and come back from it
@@ -718,9 +730,11 @@ async def test_prefix_store_brings_back_an_evicted_conversation(load: Loader, mo
     assert back.last.cached_tokens == len(b) - 1 and back.ids == expected[1].ids
     stats = stored.engine_stats()
     assert stats["prefix_store_hits"] == 2 and stats["prefix_store_entries"] == 2
-    assert 0 < stats["prefix_store_bytes"] <= 16 * 2**20
-    # No budget, stated explicitly: nothing is stored.
-    tiny = await load(model_path, n_parallel="1", prefix_store_mib="0")
-    await collect(tiny.generate(a, GREEDY))
-    await collect(tiny.generate(b, GREEDY))
-    assert (await collect(tiny.generate(a, GREEDY))).last.cached_tokens == 1
+    assert stats["prefix_store_budget_bytes"] == plugin.default_prefix_store_mib() * 2**20
+    assert 0 < stats["prefix_store_bytes"] <= stats["prefix_store_budget_bytes"]
+
+
+def test_default_prefix_store_is_llama_servers_capped_by_memory(plugin: Any) -> None:
+    physical_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    assert plugin.LLAMA_SERVER_CACHE_RAM_MIB == 8192  # llama-server's --cache-ram default
+    assert plugin.default_prefix_store_mib() == min(8192, physical_mib // 8)
