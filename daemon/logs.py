@@ -104,6 +104,28 @@ def log_switches() -> LogSwitches:
     return switches
 
 
+class ClientFaults(logging.Filter):
+    """aiohttp logs what a client did wrong as a server error with a traceback: a request its
+    parser refuses (it has answered 400 already) or a client gone while a response was being
+    written. On a daemon any client can reach, that lets a client fill the log; such records
+    become one DEBUG line. aiohttp is not imported here (it loads after the daemon is ready):
+    its HTTP errors are told by module and status code."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None:
+            return True
+        client_fault = isinstance(exc, ConnectionResetError) or (
+            type(exc).__module__.startswith("aiohttp") and 400 <= getattr(exc, "code", 0) < 500
+        )
+        if client_fault:
+            reason = " ".join(str(exc).split())
+            record.msg, record.args = f"{record.getMessage()}: {type(exc).__name__}: {reason}", ()
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
 def setup_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     switches = LogSwitches(level, fmt)
@@ -113,3 +135,6 @@ def setup_logging(level: str, fmt: str) -> None:
     switches.apply()
     # aiohttp's access log per request is noise on an edge box; errors still come through.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    server = logging.getLogger("aiohttp.server")
+    if not any(isinstance(item, ClientFaults) for item in server.filters):
+        server.addFilter(ClientFaults())

@@ -183,6 +183,11 @@ class _HeadTooLarge(Exception):
     """Raised from a parser callback: stops parsing (httptools reports it as a parser error)."""
 
 
+class _Unsupported(Exception):
+    """Raised from a parser callback for a request this server does not take: its text is the
+    400's message."""
+
+
 class _Request:
     """One parsed request, from its first byte until its response is written."""
 
@@ -335,6 +340,8 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             if isinstance(exc.__context__, _HeadTooLarge):
                 self._fail_parse(431, f"request line and headers exceed {MAX_HEAD_BYTES} bytes")
+            elif isinstance(exc.__context__, _Unsupported):
+                self._fail_parse(400, str(exc.__context__))
             else:
                 self._fail_parse(400, f"malformed HTTP request: {exc}")
 
@@ -392,6 +399,10 @@ class _Connection(asyncio.Protocol):
             self.header_timer.cancel()
             self.header_timer = None
         version = parser.get_http_version()
+        if version == "0.9":
+            # A request line without a version: an HTTP/0.9 client reads a bare body, which
+            # none of the routes can answer with (aiohttp would send "HTTP/0.9 200" + headers).
+            raise _Unsupported("HTTP/0.9 requests are not supported: send HTTP/1.0 or HTTP/1.1")
         if not self.relay_only and not request.not_plain and version == "1.1":
             self._classify(request)
         if request.kind == _RELAY:
@@ -420,8 +431,14 @@ class _Connection(asyncio.Protocol):
 
     def _relay_head(self, request: _Request, version: str) -> bytes:
         lines = [request.method, b" ", request.url, b" HTTP/", version.encode(), b"\r\n"]
+        host = False
         for name, value in request.headers:
             lines += (name, b": ", value, b"\r\n")
+            host = host or name.lower() == b"host"
+        if not host and version == "1.1":
+            # aiohttp refuses an HTTP/1.1 request without Host (a 400 and a logged traceback);
+            # Triton answers it, and so do the routes served here. No route reads Host.
+            lines.append(b"Host: localhost\r\n")
         lines.append(b"\r\n")
         return b"".join(lines)
 

@@ -136,6 +136,34 @@ def test_malformed_request_is_a_400_and_the_connection_closes(daemon) -> None:
     assert daemon.request("GET", "/v2/health/live").status == 200  # the daemon is fine
 
 
+def test_a_request_line_without_version_is_a_400_and_the_connection_closes(daemon) -> None:
+    # HTTP/0.9: a bare body would be the only answer such a client reads; Triton closes
+    # without a word, aiohttp would answer "HTTP/0.9 200" with headers.
+    responses = _exchange(daemon.socket, b"GET /v2\r\n\r\n")
+    assert [status for status, _, _ in responses] == [400]
+    assert json.loads(responses[0][2]) == {
+        "error": "HTTP/0.9 requests are not supported: send HTTP/1.0 or HTTP/1.1"
+    }
+    assert responses[0][1]["connection"] == "close"
+
+
+def test_http_1_1_without_host_is_answered_on_both_paths(daemon) -> None:
+    """Triton answers HTTP/1.1 requests that lack Host; so does the front, and a relayed one
+    must not meet aiohttp's 400 (and its logged traceback) instead."""
+    body, total, _ = _infer_body()
+    raw = (
+        b"GET /v2 HTTP/1.1\r\n\r\n"
+        b"GET /v2/health/live HTTP/1.1\r\n\r\n"
+        b"POST /v2/models/simple/infer HTTP/1.1\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+        % (len(body), body)
+    )
+    responses = _exchange(daemon.socket, raw)
+    assert [status for status, _, _ in responses] == [200, 200, 200]
+    assert json.loads(responses[0][2])["name"] == "edged"
+    assert _outputs(responses[2][2])["OUTPUT0"] == total.ravel().tolist()
+    assert "Traceback" not in daemon.log()
+
+
 def test_http_1_0_and_oversized_bodies_go_to_aiohttp(daemon) -> None:
     body, total, _ = _infer_body()
     raw = b"POST /v2/models/simple/infer HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
