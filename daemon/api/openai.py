@@ -53,9 +53,10 @@ class _Sampling(_Strict):
     max_completion_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    # Several choices per request are not implemented: anything but 1 is a 400.
-    n: int = 1
-    stream: bool = False
+    # Several choices per request are not implemented: anything but 1 is a 400. OpenAI's
+    # schema makes these nullable (null: the default), and its client sends null for None.
+    n: int | None = None
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
@@ -74,7 +75,7 @@ class _Sampling(_Strict):
 class CompletionRequest(_Sampling):
     # A string, a one-element list of strings, or token ids (msgspec allows one list type).
     prompt: str | list[str | int] = ""
-    echo: bool = False
+    echo: bool | None = None
     # Fill-in-the-middle: the text after the completion (models with FIM tokens; else 400).
     suffix: str | None = None
     # Log probabilities of the generated tokens and this many alternatives (OpenAI: 0..5).
@@ -106,7 +107,7 @@ class ResponseFormat(_Strict):
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = []
     response_format: ResponseFormat | None = None
-    logprobs: bool = False
+    logprobs: bool | None = None
     # Alternatives per token (0..20); needs logprobs.
     top_logprobs: int | None = None
     tools: list[openai_tools.Tool] | None = None
@@ -176,7 +177,7 @@ def _max_tokens(req: _Sampling | GenerateRequest, minimum: int) -> int | None:
 def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> GenerateParams:
     params = GenerateParams(max_tokens=_max_tokens(req, min_tokens))
     if isinstance(req, _Sampling):
-        if req.n != 1:
+        if req.n not in (None, 1):
             raise InvalidArgument("n: only n=1 is supported")
         if req.stream_options is not None and not req.stream:
             raise InvalidArgument("stream_options: only allowed when stream is true")
@@ -437,7 +438,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _stream_or_collect(
-        request, model.generate(prompt, params), stream=req.stream,
+        request, model.generate(prompt, params), stream=bool(req.stream),
         include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
         echo=prompt if req.echo and isinstance(prompt, str) else "",
     )
@@ -607,7 +608,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _stream_or_collect(
-        request, model.generate(prompt, params), stream=req.stream,
+        request, model.generate(prompt, params), stream=bool(req.stream),
         include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
     )
 

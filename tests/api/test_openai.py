@@ -171,6 +171,22 @@ def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
     assert client.completions.create(model="tiny", prompt="ok", max_tokens=2).choices[0].text is not None
 
 
+def test_null_means_the_default_as_in_openais_schema(client: openai.OpenAI) -> None:
+    """OpenAI's schema makes these nullable, and its client sends null for an explicit None."""
+    messages = [{"role": "user", "content": "Hello there"}]
+    plain = client.chat.completions.create(model="tiny", messages=messages, **GREEDY)
+    nulls = client.chat.completions.create(
+        model="tiny", messages=messages, n=None, stream=None, logprobs=None, **GREEDY
+    )
+    assert len(nulls.choices) == 1 and nulls.choices[0].logprobs is None
+    assert nulls.choices[0].message.content == plain.choices[0].message.content
+    text = client.completions.create(model="tiny", prompt="Once upon", **GREEDY).choices[0].text
+    completion = client.completions.create(
+        model="tiny", prompt="Once upon", n=None, stream=None, echo=None, **GREEDY
+    )
+    assert completion.choices[0].text == text  # not echoed, not streamed
+
+
 def test_triton_generate_extension(daemon) -> None:
     body = json.dumps({"text_input": "Hi", "max_tokens": 6, "temperature": 0})
     reply = daemon.request("POST", "/v2/models/tiny/generate", body, {"Content-Type": "application/json"})
