@@ -53,6 +53,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -227,98 +228,104 @@ def with_server(args: list[str], port: int, ready_path: str, log: Path, body: Ca
         return body()
 
 
-def bench_daemon(
-    model: Path, work: Path, streams: list[int], max_tokens: int, threads: int, endpoint: str,
-    flash_attn: str = "",
-) -> list[Run]:
-    repo = work / "repo"
+class Server(NamedTuple):
+    """A server to start: its command, port, readiness path, and the model name requests use."""
+
+    command: list[str]
+    port: int
+    ready: str
+    model: str
+
+
+def daemon_server(model: Path, work: Path, parameters: dict[str, str], tag: str = "") -> Server:
+    """`python -m daemon serve` on TCP with a repository serving `model` as `llm` (llamacpp
+    backend, these parameters) under `work/repo{tag}`."""
+    repo = work / f"repo{tag}"
     (repo / "llm" / "1").mkdir(parents=True, exist_ok=True)
     target = repo / "llm" / "1" / "model.gguf"
     if not target.exists():
         target.symlink_to(model.resolve())
     (repo / "llm" / "model.toml").write_text(
-        'backend = "llamacpp"\n[parameters]\n'
-        f'n_parallel = "{max(streams)}"\nn_ctx = "{max(streams) * 512}"\nn_threads = "{threads}"\n'
-        + (f'flash_attn = "{flash_attn}"\n' if flash_attn else "")
+        'backend = "llamacpp"\n[parameters]\n' + "".join(f'{k} = "{v}"\n' for k, v in parameters.items())
     )
     port = free_port()
-    args = [
+    command = [
         sys.executable, "-m", "daemon", "serve", "--socket", "none", "--http", f"127.0.0.1:{port}",
-        "--model-repository", str(repo), "--state-dir", str(work / "state"), "--log-level", "warning",
+        "--model-repository", str(repo), "--state-dir", str(work / f"state{tag}"), "--log-level", "warning",
     ]
-    return with_server(
-        args, port, "/v2/models/llm/ready", work / "daemon.log",
-        lambda: bench_http(port, "llm", streams, max_tokens, endpoint),
-    )
+    return Server(command, port, "/v2/models/llm/ready", "llm")
 
 
-def bench_llama_cpp_server(
-    model: Path, work: Path, streams: list[int], max_tokens: int, threads: int, endpoint: str
-) -> list[Run]:
+def llama_cpp_server(model: Path, threads: int, n_ctx: int, *extra: str) -> Server:
     port = free_port()
-    args = [
+    command = [
         sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-        "--port", str(port), "--n_ctx", "2048", "--n_threads", str(threads),
-        "--n_threads_batch", str(threads), "--verbose", "False",
-        # By default a new request aborts the one running; let each finish (queue) instead.
-        "--interrupt_requests", "False",
+        "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", str(threads),
+        "--n_threads_batch", str(threads), "--verbose", "False", *extra,
     ]
-    return with_server(
-        args, port, "/v1/models", work / "llama_cpp_server.log",
-        lambda: bench_http(port, str(model), streams, max_tokens, endpoint),
-    )
+    return Server(command, port, "/v1/models", str(model))
 
 
-def bench_llama_server(
-    binary: Path, model: Path, work: Path, streams: list[int], max_tokens: int, threads: int, endpoint: str
-) -> list[Run]:
+def llama_server(binary: Path, model: Path, threads: int, slots: int, n_ctx: int, *extra: str) -> Server:
     port = free_port()
-    slots = max(streams)
-    args = [
+    command = [
         str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
         "--threads", str(threads), "--threads-batch", str(threads),
-        # Same layout as our engine: one KV stream per slot, 512 tokens each.
-        "--parallel", str(slots), "--ctx-size", str(slots * 512), "--no-kv-unified",
-        "--no-webui",
+        "--parallel", str(slots), "--ctx-size", str(n_ctx), "--no-webui", *extra,
     ]
     # /health answers 503 until the model is loaded, then 200.
+    return Server(command, port, "/health", "llm")
+
+
+# Same layout as our engine: one KV stream per slot, 512 tokens each.
+SLOT_TOKENS = 512
+# llama_cpp.server aborts the running request when a new one comes by default; let each finish
+# (queue) instead, as the others do.
+NO_INTERRUPT = ("--interrupt_requests", "False")
+
+
+def throughput_parameters(args: argparse.Namespace, slots: int) -> dict[str, str]:
+    parameters = {"n_parallel": str(slots), "n_ctx": str(slots * SLOT_TOKENS), "n_threads": str(args.threads)}
+    if args.flash_attn:
+        parameters["flash_attn"] = args.flash_attn
+    return parameters
+
+
+def bench_daemon(args: argparse.Namespace, model: Path, work: Path, streams: list[int]) -> list[Run]:
+    server = daemon_server(model, work, throughput_parameters(args, max(streams)))
     return with_server(
-        args, port, "/health", work / "llama_server.log",
-        lambda: bench_http(port, "llm", streams, max_tokens, endpoint),
+        server.command, server.port, server.ready, work / "daemon.log",
+        lambda: bench_http(server.port, server.model, streams, args.max_tokens, args.endpoint),
+    )
+
+
+def bench_llama_cpp_server(args: argparse.Namespace, model: Path, work: Path, streams: list[int]) -> list[Run]:
+    server = llama_cpp_server(model, args.threads, 2048, *NO_INTERRUPT)
+    return with_server(
+        server.command, server.port, server.ready, work / "llama_cpp_server.log",
+        lambda: bench_http(server.port, server.model, streams, args.max_tokens, args.endpoint),
+    )
+
+
+def bench_llama_server(args: argparse.Namespace, model: Path, work: Path, streams: list[int]) -> list[Run]:
+    slots = max(streams)
+    server = llama_server(args.llama_server, model, args.threads, slots, slots * SLOT_TOKENS, "--no-kv-unified")
+    return with_server(
+        server.command, server.port, server.ready, work / "llama_server.log",
+        lambda: bench_http(server.port, server.model, streams, args.max_tokens, args.endpoint),
     )
 
 
 def bench_interleaved(args: argparse.Namespace, model: Path, work: Path, streams: list[int]) -> None:
     """All HTTP servers up at once; rounds of every concurrency on each, in alternating order."""
     slots = max(streams)
-    servers: dict[str, tuple[list[str], int, str, str]] = {}
-    repo = work / "repo"
-    (repo / "llm" / "1").mkdir(parents=True, exist_ok=True)
-    (repo / "llm" / "1" / "model.gguf").symlink_to(model.resolve())
-    (repo / "llm" / "model.toml").write_text(
-        'backend = "llamacpp"\n[parameters]\n'
-        f'n_parallel = "{slots}"\nn_ctx = "{slots * 512}"\nn_threads = "{args.threads}"\n'
-        + (f'flash_attn = "{args.flash_attn}"\n' if args.flash_attn else "")
-    )
-    port = free_port()
-    servers["ours (daemon)"] = ([
-        sys.executable, "-m", "daemon", "serve", "--socket", "none", "--http", f"127.0.0.1:{port}",
-        "--model-repository", str(repo), "--state-dir", str(work / "state"), "--log-level", "warning",
-    ], port, "/v2/models/llm/ready", "llm")
+    servers = {"ours (daemon)": daemon_server(model, work, throughput_parameters(args, slots))}
     if args.llama_server:
-        port = free_port()
-        servers["llama-server"] = ([
-            str(args.llama_server), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-            "--threads", str(args.threads), "--threads-batch", str(args.threads),
-            "--parallel", str(slots), "--ctx-size", str(slots * 512), "--no-kv-unified", "--no-webui",
-        ], port, "/health", "llm")
+        servers["llama-server"] = llama_server(
+            args.llama_server, model, args.threads, slots, slots * SLOT_TOKENS, "--no-kv-unified"
+        )
     if not args.skip_server:
-        port = free_port()
-        servers["llama_cpp.server"] = ([
-            sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-            "--port", str(port), "--n_ctx", "2048", "--n_threads", str(args.threads),
-            "--n_threads_batch", str(args.threads), "--verbose", "False", "--interrupt_requests", "False",
-        ], port, "/v1/models", str(model))
+        servers["llama_cpp.server"] = llama_cpp_server(model, args.threads, 2048, *NO_INTERRUPT)
     runs: dict[tuple[str, int], list[Run]] = {(name, n): [] for name in servers for n in streams}
     with contextlib.ExitStack() as stack:
         for name, (command, port, ready, _) in servers.items():
@@ -406,36 +413,14 @@ def bench_cache(args: argparse.Namespace, model: Path, work: Path) -> None:
     def paired(theirs: list[float], ours: list[float]) -> float:
         return sorted(t / o for t, o in zip(theirs, ours, strict=True))[len(ours) // 2]
 
-    # name -> (server command, port, readiness path, model name in requests)
-    servers: dict[str, tuple[list[str], int, str, str]] = {}
-    port = free_port()
-    repo = work / "repo-cache"
-    (repo / "llm" / "1").mkdir(parents=True, exist_ok=True)
-    (repo / "llm" / "1" / "model.gguf").symlink_to(model.resolve())
-    (repo / "llm" / "model.toml").write_text(
-        f'backend = "llamacpp"\n[parameters]\nn_parallel = "1"\nn_ctx = "4096"\nn_threads = "{args.threads}"\n'
-    )
-    daemon_args = [
-        sys.executable, "-m", "daemon", "serve", "--socket", "none", "--http", f"127.0.0.1:{port}",
-        "--model-repository", str(repo), "--state-dir", str(work / "state-cache"), "--log-level", "warning",
-    ]
-    servers["ours (daemon)"] = (daemon_args, port, "/v2/models/llm/ready", "llm")
+    # One slot of 4096 tokens on every server.
+    servers = {"ours (daemon)": daemon_server(
+        model, work, {"n_parallel": "1", "n_ctx": "4096", "n_threads": str(args.threads)}, "-cache"
+    )}
     if not args.skip_server:
-        port = free_port()
-        server_args = [
-            sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-            "--port", str(port), "--n_ctx", "4096", "--n_threads", str(args.threads),
-            "--n_threads_batch", str(args.threads), "--verbose", "False",
-        ]
-        servers["llama_cpp.server"] = (server_args, port, "/v1/models", str(model))
+        servers["llama_cpp.server"] = llama_cpp_server(model, args.threads, 4096)
     if args.llama_server:
-        port = free_port()
-        server_args = [
-            str(args.llama_server), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-            "--threads", str(args.threads), "--threads-batch", str(args.threads),
-            "--parallel", "1", "--ctx-size", "4096", "--no-webui",
-        ]
-        servers["llama-server"] = (server_args, port, "/health", "llm")
+        servers["llama-server"] = llama_server(args.llama_server, model, args.threads, 1, 4096)
     runs = {name: CacheRun([], [], []) for name in servers}
     with contextlib.ExitStack() as stack:
         for name, (command, port, ready, _) in servers.items():
@@ -520,19 +505,13 @@ def main() -> None:
         )
         report("ours (direct)", results["ours (direct)"])
         if not args.skip_daemon:
-            results["ours (daemon)"] = bench_daemon(
-                model, work, streams, args.max_tokens, args.threads, args.endpoint, args.flash_attn or ""
-            )
+            results["ours (daemon)"] = bench_daemon(args, model, work, streams)
             report("ours (daemon)", results["ours (daemon)"])
         if not args.skip_server:
-            results["llama_cpp.server"] = bench_llama_cpp_server(
-                model, work, streams, args.max_tokens, args.threads, args.endpoint
-            )
+            results["llama_cpp.server"] = bench_llama_cpp_server(args, model, work, streams)
             report("llama_cpp.server", results["llama_cpp.server"])
         if args.llama_server:
-            results["llama-server"] = bench_llama_server(
-                args.llama_server, model, work, streams, args.max_tokens, args.threads, args.endpoint
-            )
+            results["llama-server"] = bench_llama_server(args, model, work, streams)
             report("llama-server", results["llama-server"])
         for baseline in ("llama_cpp.server", "llama-server"):
             theirs = results.get(baseline, [])
