@@ -91,7 +91,7 @@ def default_prefix_store_mib() -> int:
         physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):  # no such sysconf name here: keep llama-server's
         return LLAMA_SERVER_CACHE_RAM_MIB
-    return max(0, min(LLAMA_SERVER_CACHE_RAM_MIB, physical // 8 // 2**20))
+    return min(LLAMA_SERVER_CACHE_RAM_MIB, physical // 8 // 2**20)
 
 
 def parse_options(config: ModelConfig) -> LlamaCppOptions:
