@@ -179,13 +179,18 @@ class Front:
             connection.close()
 
 
-class _HeadTooLarge(Exception):
-    """Raised from a parser callback: stops parsing (httptools reports it as a parser error)."""
+class _Reject(Exception):
+    """Raised from a parser callback: stops parsing (httptools reports it as a parser error)
+    and is answered with `status` and `message`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
-class _Unsupported(Exception):
-    """Raised from a parser callback for a request this server does not take: its text is the
-    400's message."""
+def _head_too_large() -> _Reject:
+    return _Reject(431, f"request line and headers exceed {MAX_HEAD_BYTES} bytes")
 
 
 class _Request:
@@ -338,10 +343,9 @@ class _Connection(asyncio.Protocol):
             if offset < len(data):
                 self.data_received(data[offset:])
         except httptools.HttpParserError as exc:
-            if isinstance(exc.__context__, _HeadTooLarge):
-                self._fail_parse(431, f"request line and headers exceed {MAX_HEAD_BYTES} bytes")
-            elif isinstance(exc.__context__, _Unsupported):
-                self._fail_parse(400, str(exc.__context__))
+            reason = exc.__context__
+            if isinstance(reason, _Reject):
+                self._fail_parse(reason.status, reason.message)
             else:
                 self._fail_parse(400, f"malformed HTTP request: {exc}")
 
@@ -366,14 +370,14 @@ class _Connection(asyncio.Protocol):
         request.url += url
         request.head_bytes += len(url)
         if request.head_bytes > MAX_HEAD_BYTES:
-            raise _HeadTooLarge
+            raise _head_too_large()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         request = self.current
         assert request is not None
         request.head_bytes += len(name) + len(value) + 4
         if request.head_bytes > MAX_HEAD_BYTES:
-            raise _HeadTooLarge
+            raise _head_too_large()
         request.headers.append((name, value))
         lowered = name.lower()
         if lowered == b"content-length":
@@ -402,7 +406,7 @@ class _Connection(asyncio.Protocol):
         if version == "0.9":
             # A request line without a version: an HTTP/0.9 client reads a bare body, which
             # none of the routes can answer with (aiohttp would send "HTTP/0.9 200" + headers).
-            raise _Unsupported("HTTP/0.9 requests are not supported: send HTTP/1.0 or HTTP/1.1")
+            raise _Reject(400, "HTTP/0.9 requests are not supported: send HTTP/1.0 or HTTP/1.1")
         if not self.relay_only and not request.not_plain and version == "1.1":
             self._classify(request)
         if request.kind == _RELAY:
