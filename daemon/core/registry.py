@@ -24,7 +24,7 @@ from daemon.core.loading import ModelLoader
 from daemon.core.model import LoadedVersion
 from daemon.core.plugins import PluginRegistry
 from daemon.core.stats import MetricsRegistry
-from daemon.errors import EdgedError, InvalidArgument, NotFound, Unavailable
+from daemon.errors import EdgedError, InvalidArgument, NotFound
 from daemon.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,11 @@ class ModelEntry:
     versions: dict[int, LoadedVersion] = field(default_factory=dict)
     fingerprint: str = ""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def unloaded(self) -> bool:
+        """Unloaded on request (not a failed load): Triton then answers as for an unknown model."""
+        return self.state == "UNAVAILABLE" and self.reason == "unloaded"
 
 
 class IndexEntry(msgspec.Struct, omit_defaults=True):
@@ -85,13 +90,13 @@ class ModelRegistry:
         return sorted(self._models)
 
     def get(self, name: str, version: str | int | None = None) -> LoadedVersion:
-        """The version to serve: the given one, else the highest loaded. Raises NotFound/Unavailable."""
+        """The version to serve: the given one, else the highest loaded. Raises NotFound."""
         entry = self._models.get(name)
-        if entry is None or (not entry.versions and entry.state == "UNKNOWN"):
+        if entry is None or (not entry.versions and (entry.state == "UNKNOWN" or entry.unloaded)):
             raise NotFound(f"Request for unknown model: '{name}' is not found")
         if version in (None, "", -1, "-1"):
-            if not entry.versions:
-                raise Unavailable(f"Request for unknown model: '{name}' has no available versions")
+            if not entry.versions:  # loading, failed to load, or unloading: Triton's 404 too
+                raise NotFound(f"Request for unknown model: '{name}' has no available versions")
             return entry.versions[max(entry.versions)]
         try:
             number = int(version)

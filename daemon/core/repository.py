@@ -102,7 +102,7 @@ class RepositoryManager:
                 continue
             if not entry.versions and (self.mode == "explicit" or self._on_demand(name, path)):
                 continue
-            if entry.state == "UNAVAILABLE" and entry.reason == "unloaded":
+            if entry.unloaded:
                 continue
             if await asyncio.to_thread(layout.fingerprint, path) != entry.fingerprint:
                 to_load[name] = path

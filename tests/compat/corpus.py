@@ -260,6 +260,10 @@ def cases() -> list[Case]:
                     dict(JSON), needles=("bogus",), deviation=BAD_INPUT_500))
     out.append(Case("load-broken", "POST", "/v2/repository/models/broken/load", b"", dict(JSON),
                     needles=("load failed for model 'broken'", "this model refuses to load")))
+    post("infer-never-loaded", {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]}, path="/v2/models/scratch/infer")
+    post("infer-load-failed", {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]}, path="/v2/models/broken/infer")
+    out.append(Case("metadata-load-failed", "GET", "/v2/models/broken"))
+    out.append(Case("ready-load-failed", "GET", "/v2/models/broken/ready"))
     out.append(Case("load-ok", "POST", load, b"", dict(JSON)))
     uploaded_config = json.dumps({
         "name": "uploaded", "backend": "python", "max_batch_size": 0,
@@ -274,6 +278,9 @@ def cases() -> list[Case]:
     out.append(Case("unload-unknown-parameter", "POST", "/v2/repository/models/scratch/unload",
                     _body({"parameters": {"bogus": 1}}), dict(JSON), deviation=NOT_IGNORED))
     out.append(Case("unload-ok", "POST", "/v2/repository/models/scratch/unload", b"", dict(JSON)))
+    post("infer-unloaded", {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]}, path="/v2/models/scratch/infer")
+    out.append(Case("ready-unloaded", "GET", "/v2/models/scratch/ready"))
+    out.append(Case("metadata-unloaded", "GET", "/v2/models/scratch"))
     out.append(Case("unload-unknown-model", "POST", "/v2/repository/models/nope/unload", b"", dict(JSON)))
     trace_keys = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_mode")
     out.append(Case("trace-get", "GET", "/v2/trace/setting", keys=trace_keys))
