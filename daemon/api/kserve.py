@@ -148,14 +148,15 @@ async def model_stats(request: web.Request) -> web.Response:
     version = _version(request)
     if name is None:
         models = daemon.registry.loaded()
-    elif version is not None:
-        models = [daemon.registry.get(name, version)]
     else:
         entry = daemon.registry.entry(name)
-        if entry is None:
-            # Triton's wording and status (its core reports INVALID_ARG).
+        models = list(entry.versions.values()) if entry is not None else []
+        if version is not None:
+            models = [m for m in models if str(m.version) == version]
+        if not models:
+            # Triton's wording and status (its core reports INVALID_ARG), also for a known
+            # model or version that is not loaded.
             raise InvalidArgument(f"requested model '{name}' is not available")
-        models = list(entry.versions.values())
     return _json_response(
         {"model_stats": [m.stats.to_triton_json(m.name, str(m.version)) for m in models]}
     )

@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import AsyncGenerator
 from pathlib import Path
+from typing import NamedTuple
 
 from daemon.backend import (
     Backend,
@@ -37,6 +38,15 @@ from daemon.errors import BackendError, ConfigError, EdgedError, NotFound, Plugi
 from daemon.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
+
+
+class LoadPlan(NamedTuple):
+    """What one load will try: the model's config and the versions its policy selects."""
+
+    name: str
+    model_dir: Path
+    config: ModelConfig
+    versions: list[int]
 
 
 class ModelLoader:
@@ -75,15 +85,19 @@ class ModelLoader:
     async def fingerprint(self, model_dir: Path) -> str:
         return await asyncio.to_thread(layout.fingerprint, model_dir)
 
-    async def load(
-        self, name: str, model_dir: Path, override: ModelConfig | None = None
-    ) -> dict[int, LoadedVersion]:
-        """Every version the config's policy selects, all loaded, or an EdgedError and none."""
+    async def plan(self, name: str, model_dir: Path, override: ModelConfig | None = None) -> LoadPlan:
+        """The config and the versions its policy selects (ConfigError if none)."""
         config, versions = await asyncio.to_thread(self._plan, name, model_dir, override)
+        return LoadPlan(name, model_dir, config, versions)
+
+    async def load(self, plan: LoadPlan) -> dict[int, LoadedVersion]:
+        """Every version of the plan, all loaded, or an EdgedError and none."""
         loaded: dict[int, LoadedVersion] = {}
         try:
-            for version in versions:
-                loaded[version] = await self._load_version(name, version, model_dir / str(version), config)
+            for version in plan.versions:
+                loaded[version] = await self._load_version(
+                    plan.name, version, plan.model_dir / str(version), plan.config
+                )
         except BaseException:
             for model in loaded.values():
                 await model.retire(0)

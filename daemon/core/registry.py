@@ -24,7 +24,7 @@ from daemon.core.loading import ModelLoader
 from daemon.core.model import LoadedVersion
 from daemon.core.plugins import PluginRegistry
 from daemon.core.stats import MetricsRegistry
-from daemon.errors import EdgedError, InvalidArgument, NotFound
+from daemon.errors import EdgedError, InvalidArgument, NotFound, Unavailable
 from daemon.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,9 @@ class ModelEntry:
     reason: str = ""
     versions: dict[int, LoadedVersion] = field(default_factory=dict)
     fingerprint: str = ""
+    # Every version a load has tried (loaded or not): like Triton, a request naming one of
+    # them that is not loaded is "not at ready state" (503), any other is "not found" (404).
+    tried: set[int] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -90,22 +93,31 @@ class ModelRegistry:
         return sorted(self._models)
 
     def get(self, name: str, version: str | int | None = None) -> LoadedVersion:
-        """The version to serve: the given one, else the highest loaded. Raises NotFound."""
+        """The version to serve: the given one, else the highest loaded.
+
+        Raises Triton's errors: NotFound (404) for an unknown model or version, Unavailable
+        (503) for a version a load tried that is not loaded now.
+        """
         entry = self._models.get(name)
-        if entry is None or (not entry.versions and (entry.state == "UNKNOWN" or entry.unloaded)):
+        if entry is None or (entry.state == "UNKNOWN" and not entry.versions and not entry.tried):
             raise NotFound(f"Request for unknown model: '{name}' is not found")
         if version in (None, "", -1, "-1"):
-            if not entry.versions:  # loading, failed to load, or unloading: Triton's 404 too
-                raise NotFound(f"Request for unknown model: '{name}' has no available versions")
-            return entry.versions[max(entry.versions)]
+            if entry.versions:
+                return entry.versions[max(entry.versions)]
+            if entry.unloaded:
+                raise NotFound(f"Request for unknown model: '{name}' is not found")
+            # Loading, failed to load, or unloading: Triton's 404 too.
+            raise NotFound(f"Request for unknown model: '{name}' has no available versions")
         try:
             number = int(version)
         except ValueError:
             raise InvalidArgument(f"model version must be an integer, got {version!r}") from None
         loaded = entry.versions.get(number)
-        if loaded is None:
-            raise NotFound(f"Request for unknown model: '{name}' version {number} is not found")
-        return loaded
+        if loaded is not None:
+            return loaded
+        if number in entry.tried:
+            raise Unavailable(f"Request for unknown model: '{name}' version {number} is not at ready state")
+        raise NotFound(f"Request for unknown model: '{name}' version {number} is not found")
 
     def is_ready(self, name: str, version: str | None = None) -> bool:
         try:
@@ -154,7 +166,9 @@ class ModelRegistry:
                 entry.state = "LOADING"
             fingerprint = await self.loader.fingerprint(model_dir)
             try:
-                new_versions = await self.loader.load(name, model_dir, override)
+                plan = await self.loader.plan(name, model_dir, override)
+                entry.tried.update(plan.versions)
+                new_versions = await self.loader.load(plan)
             except EdgedError as exc:
                 entry.reason = exc.message
                 # Seen: a poller retries only once the directory changes again.

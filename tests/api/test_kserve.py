@@ -362,6 +362,15 @@ def test_repository_load_parameters(start_daemon, simple_repo: Path, tmp_path: P
     _assert_error(daemon.post_json(unload, {"parameters": {"bogus": True}}), 400, "unknown unload parameter 'bogus'")
     assert daemon.post_json(unload, {"parameters": {"unload_dependents": False}}).status == 200
     assert daemon.request("GET", "/v2/models/uploaded/ready").status == 400
+    # Triton 2.51's answers for an unloaded model (tests/compat has them side by side): unknown
+    # without a version, "not at ready state" for a version it had loaded, stats refused.
+    infer = _json_infer(a, b)
+    _assert_error(daemon.post_json("/v2/models/uploaded/infer", infer), 404, "'uploaded' is not found")
+    _assert_error(daemon.post_json("/v2/models/uploaded/versions/1/infer", infer), 503,
+                  "'uploaded' version 1 is not at ready state")
+    _assert_error(daemon.post_json("/v2/models/uploaded/versions/2/infer", infer), 404,
+                  "'uploaded' version 2 is not found")
+    _assert_error(daemon.request("GET", "/v2/models/uploaded/stats"), 400, "requested model 'uploaded' is not available")
     # As in Triton, unloading a model that is not loaded succeeds.
     assert daemon.post_json("/v2/repository/models/nope/unload", {}).status == 200
 

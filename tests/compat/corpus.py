@@ -260,11 +260,20 @@ def cases() -> list[Case]:
                     dict(JSON), needles=("bogus",), deviation=BAD_INPUT_500))
     out.append(Case("load-broken", "POST", "/v2/repository/models/broken/load", b"", dict(JSON),
                     needles=("load failed for model 'broken'", "this model refuses to load")))
+    post("infer-versioned-never-loaded", {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]},
+         path="/v2/models/scratch/versions/1/infer")
+    out.append(Case("stats-never-loaded", "GET", "/v2/models/scratch/stats"))
     post("infer-never-loaded", {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]}, path="/v2/models/scratch/infer")
     post("infer-load-failed", {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]}, path="/v2/models/broken/infer")
     out.append(Case("metadata-load-failed", "GET", "/v2/models/broken"))
     out.append(Case("ready-load-failed", "GET", "/v2/models/broken/ready"))
+    out.append(Case("stats-load-failed", "GET", "/v2/models/broken/stats"))
+    post("infer-versioned-load-failed", {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]},
+         path="/v2/models/broken/versions/1/infer")
+    out.append(Case("ready-versioned-load-failed", "GET", "/v2/models/broken/versions/1/ready"))
+    out.append(Case("config-load-failed", "GET", "/v2/models/broken/config"))
     out.append(Case("load-ok", "POST", load, b"", dict(JSON)))
+    out.append(Case("load-ok-again", "POST", load, b"", dict(JSON)))
     uploaded_config = json.dumps({
         "name": "uploaded", "backend": "python", "max_batch_size": 0,
         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
@@ -281,6 +290,14 @@ def cases() -> list[Case]:
     post("infer-unloaded", {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]}, path="/v2/models/scratch/infer")
     out.append(Case("ready-unloaded", "GET", "/v2/models/scratch/ready"))
     out.append(Case("metadata-unloaded", "GET", "/v2/models/scratch"))
+    post("infer-versioned-unloaded", {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]},
+         path="/v2/models/scratch/versions/1/infer")
+    out.append(Case("stats-unloaded", "GET", "/v2/models/scratch/stats"))
+    out.append(Case("stats-versioned-unloaded", "GET", "/v2/models/scratch/versions/1/stats"))
+    out.append(Case("ready-versioned-unloaded", "GET", "/v2/models/scratch/versions/1/ready"))
+    out.append(Case("metadata-versioned-unloaded", "GET", "/v2/models/scratch/versions/1"))
+    out.append(Case("config-unloaded", "GET", "/v2/models/scratch/config"))
+    out.append(Case("unload-again", "POST", "/v2/repository/models/scratch/unload", b"", dict(JSON)))
     out.append(Case("unload-unknown-model", "POST", "/v2/repository/models/nope/unload", b"", dict(JSON)))
     trace_keys = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_mode")
     out.append(Case("trace-get", "GET", "/v2/trace/setting", keys=trace_keys))
@@ -301,6 +318,8 @@ def cases() -> list[Case]:
                     needles=("bogus",), deviation=NOT_IGNORED))
     out.append(Case("trace-negative-rate", "POST", "/v2/trace/setting", _body({"trace_rate": "-1"}), dict(JSON),
                     needles=("trace_rate",), deviation=NO_WRAP))
+    out.append(Case("stats-unknown-version", "GET", "/v2/models/add_sub/versions/9/stats"))
+    out.append(Case("stats-versioned", "GET", "/v2/models/add_sub/versions/1/stats", keys=()))  # counts differ
     out.append(Case("stats-unknown-model", "GET", "/v2/models/nope/stats",
                     needles=("requested model 'nope' is not available",)))
     return out

@@ -14,7 +14,7 @@ from daemon.core.hardware import CpuInfo, Hardware, HardwareInfo, NvidiaGpu
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
 from daemon.core.stats import MetricsRegistry
-from daemon.errors import BackendError, NotFound
+from daemon.errors import BackendError, NotFound, Unavailable
 
 pytest.importorskip("onnxruntime")
 
@@ -159,9 +159,36 @@ async def test_versions_and_unload(tmp_path: Path) -> None:
         with pytest.raises(NotFound, match="version 1"):
             registry.get("m", "1")
         await registry.unload("m")
-        # Triton's answer for a model unloaded on request: unknown (404), not unavailable.
+        # Triton's answers for a model unloaded on request: unknown (404) without a version,
+        # "not at ready state" (503) for a version it had loaded, unknown for any other.
         with pytest.raises(NotFound, match="'m' is not found"):
             registry.get("m")
+        with pytest.raises(Unavailable, match="'m' version 2 is not at ready state"):
+            registry.get("m", "2")
+        with pytest.raises(NotFound, match="'m' version 1 is not found"):
+            registry.get("m", "1")  # the policy never tried it
         assert [r.state for r in registry.index()] == ["UNAVAILABLE"]
+    finally:
+        await registry.close()
+
+
+async def test_a_model_that_failed_to_load_answers_as_triton(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "m" / "3").mkdir(parents=True)
+    (repo / "m" / "config.pbtxt").write_text(
+        'backend: "python"\ninput [{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+        'output [{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+    )
+    (repo / "m" / "3" / "model.py").write_text("raise RuntimeError('bad weights')\n")
+    registry = registry_for(tmp_path)
+    try:
+        with pytest.raises(BackendError, match="bad weights"):
+            await registry.load("m", repo / "m")
+        with pytest.raises(NotFound, match="'m' has no available versions"):
+            registry.get("m")
+        with pytest.raises(Unavailable, match="'m' version 3 is not at ready state"):
+            registry.get("m", 3)
+        with pytest.raises(NotFound, match="'m' version 4 is not found"):
+            registry.get("m", 4)
     finally:
         await registry.close()
