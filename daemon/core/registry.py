@@ -112,6 +112,11 @@ class ModelRegistry:
             number = int(version)
         except ValueError:
             raise InvalidArgument(f"model version must be an integer, got {version!r}") from None
+        if not -(2**63) <= number < 2**63:  # Triton parses it as a 64-bit integer
+            raise InvalidArgument(
+                f"failed to get model version from specified version string '{version}': "
+                "version should be an integral value > 0"
+            )
         loaded = entry.versions.get(number)
         if loaded is not None:
             return loaded

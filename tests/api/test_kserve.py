@@ -206,6 +206,11 @@ def test_bad_requests_get_clear_errors_and_daemon_keeps_serving(daemon) -> None:
     _assert_error(daemon.request("GET", "/v2/models/nope/ready"), 400, "Model version not ready")
     _assert_error(daemon.request("GET", "/v2/models/nope/stats"), 400, "requested model 'nope' is not available")
     _assert_error(daemon.post_json("/v2/models/simple/versions/x/infer", good), 404, "Not Found")
+    # A version beyond 64 bits: Triton's 400, on both the lean infer path and aiohttp's routes.
+    huge = "9223372036854775808"
+    for reply in (daemon.post_json(f"/v2/models/simple/versions/{huge}/infer", good),
+                  daemon.request("GET", f"/v2/models/simple/versions/{huge}")):
+        _assert_error(reply, 400, f"failed to get model version from specified version string '{huge}'")
     _assert_error(daemon.request("GET", "/v2/nowhere"), 404, "Not Found")
     # Still serving, models unaffected.
     reply = daemon.post_json("/v2/models/simple/infer", good)

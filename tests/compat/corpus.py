@@ -28,6 +28,7 @@ NO_WRAP = (400, "Triton wraps out-of-range integers silently; edged refuses to c
 NO_FFFD = (400, "Triton 2.51 writes non-UTF-8 bytes into JSON (invalid JSON); edged says to use binary")
 NOT_IGNORED = (400, "Triton ignores this parameter; edged never accepts and ignores one")
 UNKNOWN_404 = (404, "Triton answers 500 for a model the repository does not have; edged 404")
+DECODED = (200, "edged decodes percent-escapes in the path (tritonclient quotes names); Triton 2.51 does not")
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,36 @@ def cases() -> list[Case]:
     post("bad-version", _add_sub(), path="/v2/models/add_sub/versions/x/infer")
     out.append(Case("get-on-infer", "GET", infer))
     out.append(Case("unknown-route", "GET", "/v2/nothing"))
+    post("version-leading-zero", _add_sub(), path="/v2/models/add_sub/versions/01/infer")
+    post("version-zero", _add_sub(), path="/v2/models/add_sub/versions/0/infer")
+    post("version-huge", _add_sub(), path="/v2/models/add_sub/versions/99999999999999999999/infer",
+         needles=("failed to get model version from specified version string '99999999999999999999'",))
+    post("version-negative", _add_sub(), path="/v2/models/add_sub/versions/-1/infer")
+    post("version-empty", _add_sub(), path="/v2/models/add_sub/versions//infer")
+    post("trailing-slash", _add_sub(), path="/v2/models/add_sub/infer/")
+    post("query-string", _add_sub(), path="/v2/models/add_sub/infer?x=1")
+    post("double-slash", _add_sub(), path="/v2//models/add_sub/infer")
+    post("encoded-model-name", _add_sub(), path="/v2/models/add%5Fsub/infer", deviation=DECODED)
+    post("model-name-case", _add_sub(), path="/v2/models/ADD_SUB/infer")
+    out.append(Case("put-on-infer", "PUT", infer, _body(_add_sub()), dict(JSON)))
+    out.append(Case("delete-on-model", "DELETE", "/v2/models/add_sub"))
+    out.append(Case("post-on-health", "POST", "/v2/health/live", b"", dict(JSON)))
+    out.append(Case("health-query", "GET", "/v2/health/ready?verbose=1"))
+    out.append(Case("server-metadata-slash", "GET", "/v2/"))
+    out.append(Case("metadata-versioned", "GET", "/v2/models/add_sub/versions/1",
+                    keys=("name", "versions", "platform", "inputs", "outputs")))
+    out.append(Case("config-versioned", "GET", "/v2/models/add_sub/versions/1/config",
+                    keys=("name", "backend", "max_batch_size")))
+    out.append(Case("config-unknown-version", "GET", "/v2/models/add_sub/versions/9/config"))
+    out.append(Case("config-unknown-model", "GET", "/v2/models/nope/config"))
+    out.append(Case("metadata-unknown-version", "GET", "/v2/models/add_sub/versions/9"))
+    out.append(Case("ready-version-huge", "GET", "/v2/models/add_sub/versions/99999999999999999999/ready"))
+    out.append(Case("metadata-version-huge", "GET", "/v2/models/add_sub/versions/99999999999999999999"))
+    out.append(Case("stats-version-huge", "GET", "/v2/models/add_sub/versions/99999999999999999999/stats"))
+    post("version-int64-max", _add_sub(), path="/v2/models/add_sub/versions/9223372036854775807/infer")
+    post("version-int64-max-plus-1", _add_sub(), path="/v2/models/add_sub/versions/9223372036854775808/infer")
+    out.append(Case("metadata-encoded-name", "GET", "/v2/models/add%5Fsub", deviation=DECODED))
+    out.append(Case("ready-encoded-name", "GET", "/v2/models/add%5Fsub/ready", deviation=DECODED))
 
     # ------------------------------------------------------------------ other routes
     out.append(Case("health-live", "GET", "/v2/health/live"))
