@@ -181,8 +181,9 @@ class Service:
         return self.accepting and self.started and self.registry.all_ready()
 
     def status(self) -> str:
-        ready = sum(1 for e in self.registry.index() if e.state == "READY")
-        return f"{ready}/{len(self.registry.names())} models ready"
+        names = self.registry.names()
+        ready = sum(1 for name in names if self.registry.is_ready(name))
+        return f"{ready}/{len(names)} models ready"
 
     def _every(self, interval: float, action: Callable[[], Awaitable[None]], what: str) -> None:
         async def loop() -> None:

@@ -62,6 +62,11 @@ class IndexEntry(msgspec.Struct, omit_defaults=True):
     reason: str = ""
 
 
+def _not_loaded(entry: ModelEntry) -> ModelState:
+    """The state of a version that a load tried but that is not loaded now."""
+    return entry.state if entry.state in ("LOADING", "UNLOADING", "UNAVAILABLE") else "UNAVAILABLE"
+
+
 class ModelRegistry:
     def __init__(
         self,
@@ -138,10 +143,13 @@ class ModelRegistry:
         rows: list[IndexEntry] = []
         for name in self.names():
             entry = self._models[name]
-            if entry.versions:
+            if entry.versions or entry.tried:
+                # As Triton: a row per version tried, loaded or not (a failed load, an unload).
                 rows.extend(
                     IndexEntry(name=name, version=str(v), state=entry.state, reason=entry.reason)
-                    for v in sorted(entry.versions)
+                    if v in entry.versions
+                    else IndexEntry(name=name, version=str(v), state=_not_loaded(entry), reason=entry.reason)
+                    for v in sorted(set(entry.versions) | entry.tried)
                 )
             elif not ready_only:
                 rows.append(IndexEntry(name=name, state=entry.state, reason=entry.reason))

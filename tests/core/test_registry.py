@@ -167,7 +167,8 @@ async def test_versions_and_unload(tmp_path: Path) -> None:
             registry.get("m", "2")
         with pytest.raises(NotFound, match="'m' version 1 is not found"):
             registry.get("m", "1")  # the policy never tried it
-        assert [r.state for r in registry.index()] == ["UNAVAILABLE"]
+        # Triton's index: a row for the version it had loaded.
+        assert [(r.version, r.state, r.reason) for r in registry.index()] == [("2", "UNAVAILABLE", "unloaded")]
     finally:
         await registry.close()
 
@@ -190,5 +191,6 @@ async def test_a_model_that_failed_to_load_answers_as_triton(tmp_path: Path) -> 
             registry.get("m", 3)
         with pytest.raises(NotFound, match="'m' version 4 is not found"):
             registry.get("m", 4)
+        assert [(r.version, r.state) for r in registry.index()] == [("3", "UNAVAILABLE")]
     finally:
         await registry.close()
