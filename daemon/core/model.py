@@ -110,6 +110,9 @@ class LoadedVersion:
         data = to_triton_json(self.config)
         if not data.get("backend") and self.backend != "ensemble":
             data["backend"] = self.backend
+        for index, group in enumerate(data.get("instance_group", [])):
+            if not group.get("name"):
+                group["name"] = f"{self.name}_{index}"  # Triton's name for an unnamed group
         return data
 
     # ------------------------------------------------------------------ running requests

@@ -35,6 +35,8 @@ def test_concurrent_requests_are_batched_and_exact(start_daemon, tmp_path: Path)
     daemon = start_daemon("--model-repository", str(repo))
     meta = daemon.request("GET", "/v2/models/mlp").json()
     input_name = meta["inputs"][0]["name"]
+    # Triton names an unnamed instance group <model>_<index> (model_analyzer reads it).
+    assert [g["name"] for g in daemon.request("GET", "/v2/models/mlp/config").json()["instance_group"]] == ["mlp_0"]
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((rows, 64)).astype(np.float32) for rows in (1, 2, 3, 1, 2, 1, 3, 1)]
 

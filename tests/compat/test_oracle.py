@@ -136,3 +136,11 @@ def test_oversized_request(triton: Server, edged: Server) -> None:
     assert theirs.status >= 400
     assert ours.status == 400, ours.body
     assert "exceeds the maximum allowed input size" in json.loads(ours.body)["error"]
+
+
+def test_instance_group_names(triton: Server, edged: Server) -> None:
+    """Triton names an unnamed instance group <model>_<index> in the config it serves."""
+    path = "/v2/models/add_sub/config"
+    theirs = json.loads(triton.request("GET", path, None, {}).body)["instance_group"]
+    ours = json.loads(edged.request("GET", path, None, {}).body)["instance_group"]
+    assert [g["name"] for g in ours] == [g["name"] for g in theirs] == ["add_sub_0"]
