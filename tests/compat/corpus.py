@@ -357,6 +357,28 @@ def cases() -> list[Case]:
                     needles=("bogus",), deviation=NOT_IGNORED))
     out.append(Case("trace-negative-rate", "POST", "/v2/trace/setting", _body({"trace_rate": "-1"}), dict(JSON),
                     needles=("trace_rate",), deviation=NO_WRAP))
+    # Shared memory and logging extensions.
+    out.append(Case("shm-status", "GET", "/v2/systemsharedmemory/status", keys=()))
+    out.append(Case("shm-region-status-unknown", "GET", "/v2/systemsharedmemory/region/nope/status"))
+    out.append(Case("shm-unregister-unknown", "POST", "/v2/systemsharedmemory/region/nope/unregister", b"", dict(JSON)))
+    out.append(Case("shm-unregister-all", "POST", "/v2/systemsharedmemory/unregister", b"", dict(JSON)))
+    out.append(Case("shm-register-missing-key", "POST", "/v2/systemsharedmemory/region/r/register",
+                    _body({"offset": 0, "byte_size": 16}), dict(JSON)))
+    out.append(Case("shm-register-no-such-key", "POST", "/v2/systemsharedmemory/region/r/register",
+                    _body({"key": "/edged-compat-none", "offset": 0, "byte_size": 16}), dict(JSON),
+                    needles=("Unable to open shared memory region: '/edged-compat-none'",), deviation=BAD_INPUT_500))
+    out.append(Case("shm-register-bad-json", "POST", "/v2/systemsharedmemory/region/r/register", b"{", dict(JSON),
+                    deviation=BAD_INPUT_500))
+    out.append(Case("cuda-shm-status", "GET", "/v2/cudasharedmemory/status", keys=()))
+    out.append(Case("cuda-shm-register", "POST", "/v2/cudasharedmemory/region/r/register",
+                    _body({"raw_handle": {"b64": "AAAA"}, "device_id": 0, "byte_size": 16}), dict(JSON)))
+    out.append(Case("cuda-shm-unregister-unknown", "POST", "/v2/cudasharedmemory/region/nope/unregister", b"", dict(JSON)))
+    out.append(Case("logging-get", "GET", "/v2/logging", keys=("log_info", "log_warning", "log_error")))
+    out.append(Case("logging-bad-type", "POST", "/v2/logging", _body({"log_info": "yes"}), dict(JSON),
+                    needles=("log_info",), deviation=BAD_INPUT_500))
+    out.append(Case("logging-unknown-key", "POST", "/v2/logging", _body({"bogus": True}), dict(JSON),
+                    needles=("bogus",), deviation=NOT_IGNORED))
+    out.append(Case("logging-bad-json", "POST", "/v2/logging", b"{", dict(JSON), deviation=BAD_INPUT_500))
     out.append(Case("stats-unknown-version", "GET", "/v2/models/add_sub/versions/9/stats"))
     out.append(Case("stats-versioned", "GET", "/v2/models/add_sub/versions/1/stats", keys=()))  # counts differ
     out.append(Case("stats-unknown-model", "GET", "/v2/models/nope/stats",

@@ -140,7 +140,8 @@ def start_edged(repo: Path, workdir: Path, models: list[str]) -> Server:
     token.write_text(EDGED_TOKEN)
     token.chmod(0o600)
     config = workdir / "edged.toml"
-    config.write_text(f'[server]\ntoken-file = "{token}"\n')
+    # Shared memory as Triton offers it (to TCP callers; these carry the token).
+    config.write_text(f'[server]\ntoken-file = "{token}"\nshared-memory = "token"\n')
     flags = ["--config", str(config), "--model-repository", str(repo), "--model-control-mode", "explicit"]
     for model in models:
         flags += ["--load-model", model]

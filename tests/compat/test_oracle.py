@@ -144,3 +144,43 @@ def test_instance_group_names(triton: Server, edged: Server) -> None:
     theirs = json.loads(triton.request("GET", path, None, {}).body)["instance_group"]
     ours = json.loads(edged.request("GET", path, None, {}).body)["instance_group"]
     assert [g["name"] for g in ours] == [g["name"] for g in theirs] == ["add_sub_0"]
+
+
+def test_system_shared_memory_round_trip(triton: Server, edged: Server) -> None:
+    """Inputs read from and outputs written to a registered POSIX region, on both servers:
+    the same statuses, the same response header, the same bytes in the region."""
+    from multiprocessing import shared_memory
+
+    region = shared_memory.SharedMemory(create=True, size=64)
+    try:
+        a, b = np.array([1, 2, 3, 4], np.int32), np.array([10, 20, 30, 40], np.int32)
+        register = json.dumps({"key": f"/{region.name}", "offset": 0, "byte_size": 64}).encode()
+
+        def shm(offset: int) -> dict[str, object]:
+            return {"shared_memory_region": "io", "shared_memory_byte_size": 16, "shared_memory_offset": offset}
+
+        infer = json.dumps({
+            "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 4], "parameters": shm(0)},
+                       {"name": "INPUT1", "datatype": "INT32", "shape": [1, 4], "parameters": shm(16)}],
+            "outputs": [{"name": "OUTPUT0", "parameters": shm(32)}, {"name": "OUTPUT1", "parameters": shm(48)}],
+        }).encode()
+        answers = []
+        for server in (triton, edged):
+            region.buf[:64] = a.tobytes() + b.tobytes() + bytes(32)
+            got = [server.request("POST", "/v2/systemsharedmemory/region/io/register", register,
+                                  {"Content-Type": "application/json"}).status]
+            reply = server.request("POST", "/v2/models/add_sub/infer", infer, {"Content-Type": "application/json"})
+            got += [reply.status, json.loads(reply.body), bytes(region.buf[32:64])]
+            status = json.loads(server.request("GET", "/v2/systemsharedmemory/region/io/status").body)
+            got.append([{k: r[k] for k in ("name", "key", "offset", "byte_size")} for r in status])
+            got.append(server.request("POST", "/v2/systemsharedmemory/region/io/unregister", b"",
+                                      {"Content-Type": "application/json"}).status)
+            got.append(server.request("POST", "/v2/models/add_sub/infer", infer,
+                                      {"Content-Type": "application/json"}).status)
+            answers.append(got)
+        theirs, ours = answers
+        assert theirs[3] == (a + b).tobytes() + (a - b).tobytes()
+        assert ours == theirs
+    finally:
+        region.close()
+        region.unlink()
