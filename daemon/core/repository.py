@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from daemon.config import ControlMode
@@ -42,10 +42,10 @@ class RepositoryManager:
         self.mode = mode
         self.startup_models = startup_models or []
         # Residency hook: models it says load on demand are left out of startup and rescans.
-        self.on_demand: Callable[[str, Path], bool] | None = None
+        self.on_demand: Callable[[str, Path], Awaitable[bool]] | None = None
 
-    def _on_demand(self, name: str, path: Path) -> bool:
-        return self.on_demand is not None and self.on_demand(name, path)
+    async def _on_demand(self, name: str, path: Path) -> bool:
+        return self.on_demand is not None and await self.on_demand(name, path)
 
     def scan(self) -> dict[str, Path]:
         """Model name -> directory over every repository (the first repository wins a name)."""
@@ -67,7 +67,7 @@ class RepositoryManager:
             wanted = list(models) if "*" in self.startup_models else self.startup_models
         else:
             wanted = list(models)
-        deferred = [n for n in wanted if n in models and self._on_demand(n, models[n])]
+        deferred = [n for n in wanted if n in models and await self._on_demand(n, models[n])]
         if deferred:
             log.info("models loaded on first request (load: on-demand): %s", ", ".join(deferred))
         wanted = [n for n in wanted if n not in deferred]
@@ -97,10 +97,10 @@ class RepositoryManager:
             entry = self.registry.entry(name)
             if entry is None or entry.path != path:
                 self.registry.note_unknown(name, path)
-                if self.mode != "explicit" and not self._on_demand(name, path):
+                if self.mode != "explicit" and not await self._on_demand(name, path):
                     to_load[name] = path
                 continue
-            if not entry.versions and (self.mode == "explicit" or self._on_demand(name, path)):
+            if not entry.versions and (self.mode == "explicit" or await self._on_demand(name, path)):
                 continue
             if entry.unloaded:
                 continue

@@ -17,8 +17,9 @@ An in-flight request holds a `Lease`; eviction and idle unloads pick only models
 decided and marked in one synchronous step on the event loop, so a request is never cut.
 
 Hooks (the only coupling to the rest of the daemon): handlers call `await acquire(name)` before
-resolving a model and release the lease when the response is done; the repository asks
-`on_demand(name, path)` to leave such models out of its startup and rescan loads.
+resolving a model and release the lease when the response is done; the repository awaits
+`on_demand(name, path)` to leave such models out of its startup and rescan loads. Config files
+and cost estimates are read in worker threads, never on the event loop.
 """
 
 from __future__ import annotations
@@ -105,12 +106,28 @@ def read_gguf_metadata(path: Path, *, keep_arrays: bool = False) -> dict[str, An
             if kind == _GGUF_ARRAY:
                 (item_kind,) = struct.unpack("<I", f.read(4))
                 (count,) = struct.unpack("<Q", f.read(8))
-                items = [_gguf_value(f, item_kind) for _ in range(count)]
                 if keep_arrays:
-                    metadata[key] = items
+                    metadata[key] = [_gguf_value(f, item_kind) for _ in range(count)]
+                else:
+                    _skip_array(f, item_kind, count)
             else:
                 metadata[key] = _gguf_value(f, kind)
         return metadata
+
+
+def _skip_array(f: BinaryIO, kind: int, count: int) -> None:
+    """Past an array without decoding it: one seek for fixed-size items; strings are walked
+    by their lengths (a 128k-token vocabulary and its merges: ~0.3 s decoded, far less so)."""
+    if kind == _GGUF_STRING:
+        length = struct.Struct("<Q")
+        for _ in range(count):
+            (n,) = length.unpack(f.read(8))
+            f.seek(n, os.SEEK_CUR)
+        return
+    fmt = _GGUF_SCALARS.get(kind)
+    if fmt is None:
+        raise ValueError(f"unknown GGUF array item type {kind}")
+    f.seek(count * struct.calcsize(fmt), os.SEEK_CUR)
 
 
 def _gguf_string(f: BinaryIO) -> str:
@@ -169,6 +186,17 @@ def _int(raw: str | None, default: int) -> int:
         return int(raw) if raw and raw.strip() else default
     except ValueError:
         return default
+
+
+def _estimate(model_dir: Path, config: ModelConfig | None, factors: dict[str, float]) -> int:
+    """`estimate_cost`, reading the config when not given; the 1 MiB floor if unreadable.
+    Blocking (file reads): a worker thread's job."""
+    try:
+        if config is None:
+            config = layout.read_model_config(model_dir)[0]
+        return estimate_cost(model_dir, config, factors)
+    except (OSError, EdgedError):
+        return MiB
 
 
 def estimate_cost(model_dir: Path, config: ModelConfig, factors: dict[str, float]) -> int:
@@ -250,6 +278,8 @@ class Residency:
         self._residents: dict[str, Resident] = {}
         self._loads: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # Cost estimates running in worker threads; a budget decision waits for them.
+        self._estimates: set[asyncio.Task[None]] = set()
         # Loads and evictions one at a time: the budget check and the RSS measurement need it.
         self._lock = asyncio.Lock()
         self._policies: dict[str, tuple[Path, bool, float | None]] = {}
@@ -261,9 +291,9 @@ class Residency:
 
     # ------------------------------------------------------------------ policy
 
-    def on_demand(self, name: str, path: Path) -> bool:
+    async def on_demand(self, name: str, path: Path) -> bool:
         """Does this repository model load on demand? (Repository hook; reads its config.)"""
-        return self._policy(name, path)[0]
+        return (await self._policy(name, path))[0]
 
     def on_demand_models(self) -> list[str]:
         """Repository models that load on demand (as last seen by the repository; no file reads)."""
@@ -272,36 +302,28 @@ class Residency:
             if on_demand and (entry := self.registry.entry(name)) is not None and entry.path == path
         )
 
-    def _policy(self, name: str, path: Path) -> tuple[bool, float | None]:
+    async def _policy(self, name: str, path: Path) -> tuple[bool, float | None]:
         try:
-            config, _ = layout.read_model_config(path)
+            config, _ = await asyncio.to_thread(layout.read_model_config, path)
         except EdgedError:
             cached = self._policies.get(name)
             return (cached[1], cached[2]) if cached and cached[0] == path else (False, None)
+        on_demand, keep = self._policy_of(config)
+        self._policies[name] = (path, on_demand, keep)
+        return on_demand, keep
+
+    def _policy_of(self, config: ModelConfig) -> tuple[bool, float | None]:
         keep = parse_keep_alive(config.keep_alive) if config.keep_alive else self.default_keep_alive
-        self._policies[name] = (path, config.load == "on-demand", keep)
         return config.load == "on-demand", keep
 
-    def _config_of(self, name: str) -> tuple[ModelConfig, Path] | None:
+    async def estimate(self, name: str) -> int:
+        """Bytes `name` is expected to hold once loaded. The files (and a GGUF's metadata,
+        hundreds of milliseconds for a large vocabulary) are read in a worker thread."""
         entry = self.registry.entry(name)
         if entry is None or entry.path is None:
-            return None
-        if entry.versions:
-            return entry.versions[max(entry.versions)].config, entry.path
-        try:
-            return layout.read_model_config(entry.path)[0], entry.path
-        except EdgedError:
-            return None
-
-    def estimate(self, name: str) -> int:
-        found = self._config_of(name)
-        if found is None:
             return MiB
-        config, path = found
-        try:
-            return estimate_cost(path, config, self.factors)
-        except (OSError, EdgedError):
-            return MiB
+        config = entry.versions[max(entry.versions)].config if entry.versions else None
+        return await asyncio.to_thread(_estimate, entry.path, config, self.factors)
 
     # ------------------------------------------------------------------ hooks
 
@@ -321,7 +343,7 @@ class Residency:
             if resident is not None:
                 return self._lease(resident, keep_alive, load_ns)
             entry = self.registry.entry(name)
-            if entry is None or entry.path is None or not self._policy(name, entry.path)[0]:
+            if entry is None or entry.path is None or not await self.on_demand(name, entry.path):
                 return Lease(None, None)
             started = time.monotonic_ns()
             await self._ensure_loaded(name)
@@ -359,10 +381,20 @@ class Residency:
             return None
         resident = self._residents.get(name)
         if resident is None:
-            on_demand, keep = self._policy(name, entry.path) if entry.path else (False, None)
-            resident = Resident(name, on_demand, keep if on_demand else None, self.estimate(name))
+            # Loaded at start or by an explicit load: its policy is in the config it was loaded
+            # with; its cost is estimated in a worker thread (0 until then, see _make_room).
+            on_demand, keep = self._policy_of(entry.versions[max(entry.versions)].config)
+            resident = Resident(name, on_demand, keep if on_demand else None, 0)
             self._residents[name] = resident
+            task = asyncio.create_task(self._estimate_into(resident))
+            self._estimates.add(task)
+            task.add_done_callback(self._estimates.discard)
         return resident if resident.state == "ready" else None
+
+    async def _estimate_into(self, resident: Resident) -> None:
+        cost = await self.estimate(resident.name)
+        if not resident.measured:
+            resident.cost = cost
 
     def _release(self, resident: Resident) -> None:
         resident.in_flight -= 1
@@ -414,8 +446,8 @@ class Residency:
             if entry is None or entry.path is None:
                 raise Unavailable(f"model '{name}' left the repository")
             path = entry.path
-            _, keep = self._policy(name, path)
-            cost = self.estimate(name)
+            _, keep = await self._policy(name, path)
+            cost = await self.estimate(name)
             await self._make_room(name, cost)
             resident = Resident(name, True, keep, cost, state="loading")
             self._residents[name] = resident
@@ -451,6 +483,9 @@ class Residency:
         """Evict least recently used idle on-demand models until `cost` fits the budget."""
         if self.budget is None:
             return
+        self._sync()  # tracks what others loaded meanwhile: their estimates start now
+        if self._estimates:
+            await asyncio.gather(*self._estimates, return_exceptions=True)
         used = self._used(name)
         if used + cost <= self.budget:
             return
@@ -551,9 +586,9 @@ class Residency:
             if resident.timer is not None:
                 resident.timer.cancel()
                 resident.timer = None
-        for task in [*self._tasks, *self._loads.values()]:
+        for task in [*self._tasks, *self._estimates, *self._loads.values()]:
             task.cancel()
-        for task in [*self._tasks, *self._loads.values()]:
+        for task in [*self._tasks, *self._estimates, *self._loads.values()]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 

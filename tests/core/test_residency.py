@@ -199,7 +199,7 @@ async def test_budget_evicts_least_recently_used_idle_model(tmp_path: Path) -> N
     world = World(tmp_path, repo, memory_budget="2MiB")
     try:
         await world.repository.startup()
-        assert world.residency.estimate("a") == MiB
+        assert await world.residency.estimate("a") == MiB
         await world.infer("a", X)
         await world.infer("b", X)
         await world.infer("a", X)  # b is now the least recently used
@@ -318,3 +318,41 @@ def test_daemon_residency_config(tmp_path: Path) -> None:
     path.write_text('[residency]\ndefault-keep-alive = "5 minutes"\n')
     with pytest.raises(ConfigError, match="keep"):
         load_config(path)
+
+
+async def test_configs_and_costs_are_read_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule for blocking work: reading a model's config and its files for the cost estimate
+    (a GGUF's metadata walks the whole vocabulary: ~0.3 s for a 128k-token one) happens in a
+    worker thread, for the first request to a startup model as for an on-demand load."""
+    import threading
+
+    from daemon.core import residency as residency_module
+
+    repo = tmp_path / "repo"
+    mlp(repo, "startup", extra="")
+    mlp(repo, "lazy")
+    loop_thread = threading.current_thread()
+    reads: list[tuple[str, bool]] = []
+    real_cost, real_config = residency_module.estimate_cost, layout.read_model_config
+
+    def cost(*args: object) -> int:
+        reads.append(("cost", threading.current_thread() is loop_thread))
+        return real_cost(*args)  # type: ignore[arg-type]
+
+    def config(*args: object) -> object:
+        reads.append(("config", threading.current_thread() is loop_thread))
+        return real_config(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(residency_module, "estimate_cost", cost)
+    monkeypatch.setattr(layout, "read_model_config", config)
+    world = World(tmp_path, repo, memory_budget="1GiB")
+    try:
+        await world.repository.startup()
+        await world.infer("startup", X)  # first request: the startup model gets tracked
+        await world.infer("lazy", X)  # on-demand: policy, estimate, budget (waits for the other)
+        assert world.loaded() == {"startup", "lazy"}
+        assert {kind for kind, _ in reads} == {"cost", "config"}
+        assert not [kind for kind, on_loop in reads if on_loop], reads
+        assert all(r.cost == MiB for r in world.residency.residents())
+    finally:
+        await world.close()
