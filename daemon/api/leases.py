@@ -15,7 +15,7 @@ from daemon.api.errors import Handler
 from daemon.api.state import daemon_of
 from daemon.core.residency import Lease
 
-_LEASES = "edged.leases"
+_LEASES = web.RequestKey("edged.leases", list[Lease])
 
 
 async def hold(
