@@ -49,6 +49,28 @@ class Iso8601Formatter(TextFormatter):
 LOG_FORMATS = {"default": TextFormatter, "ISO8601": Iso8601Formatter, "json": JsonFormatter}
 
 
+class Throttled:
+    """At most one line per `interval` seconds for each kind of repeated event (e.g. an HTTP
+    status answered by the server's fault); the next line says how many were held back, so a
+    client retrying in a loop cannot fill the journal."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 60.0) -> None:
+        self.logger = logger
+        self.interval = interval
+        self._seen: dict[object, tuple[float, int]] = {}
+
+    def warning(self, kind: object, message: str, *args: object) -> None:
+        now = time.monotonic()
+        last, held = self._seen.get(kind, (-self.interval, 0))
+        if now - last < self.interval:
+            self._seen[kind] = (last, held + 1)
+            return
+        if held:
+            message += f" ({held} more like it held back in the last {self.interval:.0f} s)"
+        self._seen[kind] = (now, 0)
+        self.logger.warning(message, *args)
+
+
 class LogSwitches(logging.Filter):
     """Triton's run-time log settings on the daemon's handlers: each severity on or off, a
     verbose level (edged has one verbose level, DEBUG: any level >= 1 enables it) and a format."""

@@ -46,3 +46,23 @@ def test_a_server_fault_keeps_its_level_and_traceback(exc: BaseException) -> Non
     assert ClientFaults().filter(record)
     assert record.levelno == logging.ERROR
     assert record.exc_info is not None and record.exc_info[1] is exc
+
+
+def test_throttled_says_how_many_lines_it_held_back(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from daemon import logs
+
+    now = [1000.0]
+    monkeypatch.setattr(logs.time, "monotonic", lambda: now[0])
+    throttled = logs.Throttled(logging.getLogger("edged.test.throttled"), interval=60.0)
+    with caplog.at_level(logging.WARNING, logger="edged.test.throttled"):
+        for _ in range(5):
+            throttled.warning(503, "queue full for %s", "m")
+        throttled.warning(500, "model %s failed", "m")  # another kind: its own line
+        now[0] += 61
+        throttled.warning(503, "queue full for %s", "m")
+        throttled.warning(503, "queue full for %s", "m")
+    assert [r.getMessage() for r in caplog.records] == [
+        "queue full for m",
+        "model m failed",
+        "queue full for m (4 more like it held back in the last 60 s)",
+    ]

@@ -14,6 +14,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from daemon.api.body import BodyTooLarge
 from daemon.api.kserve_codec import oversized_message
 from daemon.errors import EdgedError
+from daemon.logs import Throttled
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ def _too_large(request: web.Request, exc: web.HTTPRequestEntityTooLarge) -> web.
 
 
 def make_error_middleware() -> Middleware:
+    server_faults = Throttled(log)  # per status: one line a minute at most
+
     @web.middleware
     async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if _unsupported_encoding(request):
@@ -84,7 +87,7 @@ def make_error_middleware() -> Middleware:
             return error_response(status, exc.message, request.path)
         except EdgedError as exc:
             if exc.status >= 500:
-                log.warning("%s %s -> %d: %s", request.method, request.path, exc.status, exc.message)
+                server_faults.warning(exc.status, "%s %s -> %d: %s", request.method, request.path, exc.status, exc.message)
             return error_response(exc.status, exc.message, request.path)
         except web.HTTPRequestEntityTooLarge as exc:
             return _too_large(request, exc)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 from collections import deque
 from collections.abc import Callable
 from http import HTTPStatus
@@ -47,6 +46,7 @@ from daemon.api.kserve_codec import parse_header_length
 from daemon.api.peers import peer_uid, uid_allowed, unix_socket
 from daemon.config import ServerConfig
 from daemon.errors import EdgedError
+from daemon.logs import Throttled
 from daemon.service import Service
 
 if TYPE_CHECKING:
@@ -78,24 +78,6 @@ _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
     b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
 )
-
-
-class RateLimitedLog:
-    """At most one log line per `interval` seconds for a repeated event, with the count."""
-
-    def __init__(self, what: str, interval: float = 60.0) -> None:
-        self.what = what
-        self.interval = interval
-        self._count = 0
-        self._last = -interval
-
-    def __call__(self) -> None:
-        self._count += 1
-        now = time.monotonic()
-        if now - self._last >= self.interval:
-            log.warning("%s (%d time(s) in the last %.0f s)", self.what, self._count, self.interval)
-            self._count = 0
-            self._last = now
 
 
 class _Refuse(asyncio.Protocol):
@@ -134,8 +116,9 @@ class Front:
         self.connections: set[_Connection] = set()
         self.stopping = False
         self.allowed_uids = frozenset(server.allowed_uids)
-        self.over_cap = RateLimitedLog("connection refused: server.max-connections reached")
-        self.silent = RateLimitedLog("connection closed: no request headers within server.header-timeout")
+        # Repeated events (refused and silent connections, 5xx answers on the lean path): one
+        # line a minute per kind, with the count held back.
+        self.throttled = Throttled(log)
         self._status_lines = {status: _status_line(status) for status in (200, 400, 404, 503)}
 
     def attach(self, endpoint: InferEndpoint, relay: Callable[[], asyncio.Protocol]) -> None:
@@ -157,7 +140,7 @@ class Front:
     def factory(self) -> asyncio.BaseProtocol:
         """The protocol factory for loop.create_server / create_unix_server."""
         if len(self.connections) >= self.server.max_connections:
-            self.over_cap()
+            self.throttled.warning("over-cap", "connection refused: server.max-connections reached")
             return _Refuse()
         return _Connection(self)
 
@@ -302,7 +285,7 @@ class _Connection(asyncio.Protocol):
         self.header_timer = None
         request = self.current
         if not self.seen_request or (request is not None and not request.method):
-            self.front.silent()
+            self.front.throttled.warning("silent", "connection closed: no request headers within server.header-timeout")
             self.close()
 
     def _idle_deadline(self) -> None:
@@ -561,7 +544,9 @@ class _Connection(asyncio.Protocol):
                 lease.release()
         except EdgedError as exc:
             if exc.status >= 500:
-                log.warning("POST %s -> %d: %s", request.url.decode("latin-1"), exc.status, exc.message)
+                self.front.throttled.warning(
+                    exc.status, "POST %s -> %d: %s", request.url.decode("latin-1"), exc.status, exc.message
+                )
             self._write_error(exc.status, exc.message, close=not request.keep_alive)
         except asyncio.CancelledError:
             raise  # the client went away (or the drain ran out of time)

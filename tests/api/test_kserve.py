@@ -410,3 +410,26 @@ def test_unload_dependents_unloads_the_ensemble_steps(start_daemon, tmp_path: Pa
     assert daemon.post_json("/v2/repository/models/pipe/unload", {"parameters": {"unload_dependents": True}}).status == 200
     assert daemon.request("GET", "/v2/models/pipe/ready").status == 400
     assert daemon.request("GET", "/v2/models/step/ready").status == 400
+
+
+def test_repeated_server_faults_are_one_log_line_a_minute(start_daemon, tmp_path: Path) -> None:
+    """A client retrying a failing model in a loop must not fill the journal: the 5xx answers
+    of one status are one warning line a minute, on the lean path as on aiohttp's."""
+    repo = tmp_path / "repo"
+    (repo / "bad_exec" / "1").mkdir(parents=True)
+    (repo / "bad_exec" / "config.pbtxt").write_text(
+        'backend: "python"\ninput [{ name: "X" data_type: TYPE_FP32 dims: [ 2 ] }]\n'
+        'output [{ name: "Y" data_type: TYPE_FP32 dims: [ 2 ] }]\n'
+    )
+    (repo / "bad_exec" / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n    def execute(self, requests):\n        raise ValueError('kaboom')\n"
+    )
+    daemon = start_daemon("--model-repository", str(repo))
+    body = json.dumps({"inputs": [{"name": "X", "shape": [2], "datatype": "FP32", "data": [1, 2]}]})
+    for _ in range(15):
+        _assert_error(daemon.post_json("/v2/models/bad_exec/infer", json.loads(body)), 500, "kaboom")
+        # gzip: relayed to aiohttp's route.
+        _assert_error(daemon.request("POST", "/v2/models/bad_exec/infer", gzip.compress(body.encode()),
+                                     {"Content-Type": "application/json", "Content-Encoding": "gzip"}), 500, "kaboom")
+    lines = [line for line in daemon.log().splitlines() if "-> 500" in line]
+    assert len(lines) == 2, lines
