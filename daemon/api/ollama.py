@@ -186,9 +186,34 @@ async def _decode(request: web.Request, kind: type[Any]) -> Any:
     try:
         return _DECODERS[kind].decode(body)
     except msgspec.ValidationError as exc:
-        raise InvalidArgument(f"invalid request: {exc}") from None
+        error = exc
     except msgspec.DecodeError as exc:
         raise InvalidArgument(f"malformed JSON body: {exc}") from None
+    # Ollama's server (Go's encoding/json) takes null for any field as "not given": so do we,
+    # for the request's own fields and its messages' (not inside a schema, tools or options).
+    data = msgspec.json.decode(body)
+    if isinstance(data, dict) and _has_null(data):
+        try:
+            return msgspec.convert(_without_nulls(data), kind)
+        except msgspec.ValidationError as exc:
+            error = exc
+    raise InvalidArgument(f"invalid request: {error}") from None
+
+
+def _has_null(data: dict[str, Any]) -> bool:
+    messages = data.get("messages")
+    return None in data.values() or (
+        isinstance(messages, list) and any(isinstance(m, dict) and None in m.values() for m in messages)
+    )
+
+
+def _without_nulls(data: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in data.items() if v is not None}
+    if isinstance(out.get("messages"), list):
+        out["messages"] = [
+            {k: v for k, v in m.items() if v is not None} if isinstance(m, dict) else m for m in out["messages"]
+        ]
+    return out
 
 
 def _now() -> str:

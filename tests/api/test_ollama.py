@@ -167,6 +167,26 @@ def test_unsupported_fields_are_400_naming_them(client: ollama.Client) -> None:
     assert caught.value.status_code == 404 and "nope:latest" in caught.value.error
 
 
+def test_null_is_not_given_as_in_ollamas_server(daemon) -> None:
+    """Ollama's server (Go) reads null for any field as absent; raw clients and proxies send it."""
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi", "images": None, "thinking": None}],
+            "stream": None, "format": None, "options": {"num_predict": 2}, "keep_alive": None, "think": None,
+            "tools": None}
+    reply = daemon.post_json("/api/chat", chat)
+    # stream null = Ollama's default: streamed, one JSON object a line.
+    lines = [json.loads(line) for line in reply.body.decode().splitlines()]
+    assert reply.status == 200 and lines[-1]["done"] and lines[-1]["eval_count"] == 2, reply.body
+    generate = {"model": "tiny", "prompt": "hi", "system": None, "template": None, "suffix": None, "raw": None,
+                "context": None, "images": None, "stream": False, "options": {"num_predict": 2}}
+    reply = daemon.post_json("/api/generate", generate)
+    assert reply.status == 200 and reply.json()["eval_count"] == 2, reply.body
+    # A wrong type is still a 400 naming the field, with or without nulls beside it.
+    reply = daemon.post_json("/api/generate", {**generate, "stream": "no"})
+    assert reply.status == 400 and "$.stream" in reply.json()["error"], reply.body
+    reply = daemon.post_json("/api/chat", {**chat, "messages": [{"role": "user", "content": 5, "images": None}]})
+    assert reply.status == 400 and "$.messages[0].content" in reply.json()["error"], reply.body
+
+
 def test_embed_and_legacy_embeddings(client: ollama.Client) -> None:
     result = client.embed(model="embedder", input=["one", "two words"])
     assert len(result.embeddings) == 2 and len(result.embeddings[0]) == 64
