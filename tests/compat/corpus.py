@@ -357,6 +357,27 @@ def cases() -> list[Case]:
                     needles=("bogus",), deviation=NOT_IGNORED))
     out.append(Case("trace-negative-rate", "POST", "/v2/trace/setting", _body({"trace_rate": "-1"}), dict(JSON),
                     needles=("trace_rate",), deviation=NO_WRAP))
+    # Generate extension on tensor models: JSON fields are the inputs, outputs come back as fields.
+    gen = "/v2/models/add_sub/generate"
+    out.append(Case("generate-tensor", "POST", gen, _body({"INPUT0": [[1, 2, 3, 4]], "INPUT1": [[10, 20, 30, 40]]}),
+                    dict(JSON), keys=("model_name", "model_version", "OUTPUT0", "OUTPUT1")))
+    out.append(Case("generate-tensor-flat", "POST", gen, _body({"INPUT0": [1, 2, 3, 4], "INPUT1": [10, 20, 30, 40]}),
+                    dict(JSON), keys=("model_name", "model_version", "OUTPUT0", "OUTPUT1")))
+    out.append(Case("generate-tensor-missing-input", "POST", gen, _body({"INPUT0": [[1, 2, 3, 4]]}), dict(JSON)))
+    out.append(Case("generate-tensor-unknown-field", "POST", gen,
+                    _body({"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 2, 3, 4], "bogus": 1}), dict(JSON)))
+    out.append(Case("generate-tensor-short", "POST", gen, _body({"INPUT0": [1, 2, 3], "INPUT1": [1, 2, 3]}), dict(JSON)))
+    out.append(Case("generate-tensor-scalar", "POST", gen, _body({"INPUT0": 1, "INPUT1": 2}), dict(JSON)))
+    out.append(Case("generate-tensor-parameters", "POST", gen,
+                    _body({"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 2, 3, 4], "parameters": {"x": 1}}), dict(JSON)))
+    out.append(Case("generate-tensor-wrong-type", "POST", gen, _body({"INPUT0": "abc", "INPUT1": [[1, 2, 3, 4]]}),
+                    dict(JSON)))
+    out.append(Case("generate-tensor-bad-json", "POST", gen, b"{", dict(JSON), deviation=BAD_INPUT_500))
+    out.append(Case("generate-unknown-model", "POST", "/v2/models/nope/generate", _body({"x": 1}), dict(JSON)))
+    out.append(Case("generate-bytes", "POST", "/v2/models/identity_bytes/generate", _body({"INPUT0": ["hello"]}),
+                    dict(JSON), keys=("model_name", "OUTPUT0")))
+    out.append(Case("generate-stream-tensor", "POST", "/v2/models/add_sub/generate_stream",
+                    _body({"INPUT0": [1, 2, 3, 4], "INPUT1": [10, 20, 30, 40]}), dict(JSON)))
     # Shared memory and logging extensions.
     out.append(Case("shm-status", "GET", "/v2/systemsharedmemory/status", keys=()))
     out.append(Case("shm-region-status-unknown", "GET", "/v2/systemsharedmemory/region/nope/status"))
