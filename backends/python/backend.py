@@ -261,13 +261,15 @@ class PythonBackend(Backend):
             results.append(self._result(request, response))
         if len(results) == 1:
             return results[0]
-        hint = (
-            f"; model {self._model_name!r} is decoupled: use generate_stream for any number of "
-            "responses"
-            if self._decoupled
-            else ""
-        )
-        return BackendError(f"expected a single response, got {len(results)}{hint}")
+        if self._decoupled:
+            # Triton refuses every decoupled model on HTTP infer (501, this text); edged serves
+            # the single-response case and refuses the rest as Triton does.
+            return Unsupported(
+                f"HTTP end point doesn't support models with decoupled transaction policy: model "
+                f"{self._model_name!r} gave {len(results)} responses to one request; use "
+                "generate_stream for any number of responses"
+            )
+        return BackendError(f"expected a single response, got {len(results)}")
 
     async def execute_stream(self, request: InferRequest) -> AsyncGenerator[ExecuteResult, None]:
         stream = _Stream(self._loop)

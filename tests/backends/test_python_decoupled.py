@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from daemon.backend import Backend, Device, InferRequest, InferResponse, InstanceContext
-from daemon.errors import BackendError, ConfigError, EdgedError, InvalidArgument
+from daemon.errors import BackendError, ConfigError, EdgedError, InvalidArgument, Unsupported
 from daemon.model_config import ModelConfig, TensorConfig, TransactionPolicy
 
 ClassOf = Callable[[str], type[Backend]]
@@ -103,11 +103,9 @@ async def test_execute_takes_exactly_one_response(backend_class: ClassOf, tmp_pa
     )
     await backend.unload()
     assert text_of(one) == "x"
-    assert isinstance(three, BackendError)
-    assert three.message.startswith(
-        "expected a single response, got 3; model 'mock_llm' is decoupled"
-    )
-    assert isinstance(none, BackendError) and "got 0" in none.message
+    assert isinstance(three, Unsupported) and three.status == 501
+    assert "model 'mock_llm' gave 3 responses" in three.message
+    assert isinstance(none, Unsupported) and "gave 0 responses" in none.message
 
 
 async def test_closing_the_stream_cancels_the_request(

@@ -28,6 +28,8 @@ NO_WRAP = (400, "Triton wraps out-of-range integers silently; edged refuses to c
 NO_FFFD = (400, "Triton 2.51 writes non-UTF-8 bytes into JSON (invalid JSON); edged says to use binary")
 NOT_IGNORED = (400, "Triton ignores this parameter; edged never accepts and ignores one")
 UNKNOWN_404 = (404, "Triton answers 500 for a model the repository does not have; edged 404")
+ONE_RESPONSE = (200, "edged answers a decoupled model's single response on HTTP infer; Triton refuses any (501)")
+ERROR_STATUS = (500, "Triton 2.51 sends this error of generate with status 200; edged with an error status")
 DECODED = (200, "edged decodes percent-escapes in the path (tritonclient quotes names); Triton 2.51 does not")
 
 
@@ -378,6 +380,16 @@ def cases() -> list[Case]:
                     dict(JSON), keys=("model_name", "OUTPUT0")))
     out.append(Case("generate-stream-tensor", "POST", "/v2/models/add_sub/generate_stream",
                     _body({"INPUT0": [1, 2, 3, 4], "INPUT1": [10, 20, 30, 40]}), dict(JSON)))
+    # A decoupled model: any number of responses, streamed; plain infer and generate want one.
+    count = "/v2/models/countdown"
+    decoupled = "HTTP end point doesn't support models with decoupled transaction policy"
+    for n in (0, 1, 3):
+        out.append(Case(f"generate-stream-decoupled-{n}", "POST", count + "/generate_stream", _body({"IN": n}), dict(JSON)))
+        out.append(Case(f"generate-decoupled-{n}", "POST", count + "/generate", _body({"IN": n}), dict(JSON),
+                        needles=("generate expects model to produce exactly 1 response",) if n != 1 else (),
+                        deviation=ERROR_STATUS if n != 1 else None))
+        post(f"infer-decoupled-{n}", {"inputs": [_tensor("IN", "INT32", [1], [n])]}, path=count + "/infer",
+             needles=(decoupled,) if n != 1 else (), deviation=ONE_RESPONSE if n == 1 else None)
     # Shared memory and logging extensions.
     out.append(Case("shm-status", "GET", "/v2/systemsharedmemory/status", keys=()))
     out.append(Case("shm-region-status-unknown", "GET", "/v2/systemsharedmemory/region/nope/status"))

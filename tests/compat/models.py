@@ -59,6 +59,23 @@ class TritonPythonModel:
         return []
 '''
 
+# Decoupled: IN[0] responses (OUT = 0, 1, ...), then the final flag alone.
+COUNTDOWN = '''\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            n = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            for i in range(n):
+                sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUT", np.array([i], np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
 _TENSOR = '  {{ name: "{name}" data_type: {dtype} dims: [ {dims} ] }}'
 
 
@@ -92,6 +109,8 @@ MODELS: dict[str, tuple[str, str]] = {
         [("INPUT0", "TYPE_INT32", "2"), ("INPUT1", "TYPE_FP32", "2"), ("INPUT2", "TYPE_STRING", "1")],
         [("OUTPUT0", "TYPE_INT32", "2"), ("OUTPUT1", "TYPE_FP32", "2"), ("OUTPUT2", "TYPE_STRING", "1")],
     )),
+    "countdown": (COUNTDOWN, _config("countdown", 0, [("IN", "TYPE_INT32", "1")], [("OUT", "TYPE_INT32", "1")])
+                  + "model_transaction_policy { decoupled: true }\n"),
     # Loaded and unloaded by the repository cases; not loaded at start.
     "scratch": (IDENTITY, _config(
         "scratch", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")],
@@ -102,7 +121,7 @@ MODELS: dict[str, tuple[str, str]] = {
 }
 
 # What both servers load at start (explicit control mode).
-STARTUP = ["add_sub", "identity_fp32", "identity_bytes", "identity_mixed"]
+STARTUP = ["add_sub", "identity_fp32", "identity_bytes", "identity_mixed", "countdown"]
 
 
 def write_repository(repo: Path) -> None:
