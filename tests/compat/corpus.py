@@ -30,6 +30,7 @@ NOT_IGNORED = (400, "Triton ignores this parameter; edged never accepts and igno
 UNKNOWN_404 = (404, "Triton answers 500 for a model the repository does not have; edged 404")
 ONE_RESPONSE = (200, "edged answers a decoupled model's single response on HTTP infer; Triton refuses any (501)")
 ERROR_STATUS = (500, "Triton 2.51 sends this error of generate with status 200; edged with an error status")
+TYPED_ID = (400, "Triton 2.51 takes a string sequence_id for a UINT64 CORRID control; edged names the mismatch")
 DECODED = (200, "edged decodes percent-escapes in the path (tritonclient quotes names); Triton 2.51 does not")
 
 
@@ -403,6 +404,27 @@ def cases() -> list[Case]:
                         deviation=ERROR_STATUS if n != 1 else None))
         post(f"infer-decoupled-{n}", {"inputs": [_tensor("IN", "INT32", [1], [n])]}, path=count + "/infer",
              needles=(decoupled,) if n != 1 else (), deviation=ONE_RESPONSE if n == 1 else None)
+    # The sequence batcher: one sequence across cases (the model keeps running sums), and the
+    # requests it refuses.
+    acc = "/v2/models/py_accumulator/infer"
+
+    def step(id_: str, value: int, **parameters: object) -> None:
+        post(id_, {"inputs": [_tensor("INPUT", "INT32", [1, 1], [value])], "parameters": parameters}, path=acc)
+
+    step("sequence-start", 5, sequence_id=7, sequence_start=True)
+    step("sequence-middle", 3, sequence_id=7)
+    step("sequence-other-start", 100, sequence_id=8, sequence_start=True)
+    step("sequence-other-middle", 1, sequence_id=8)
+    step("sequence-end", 2, sequence_id=7, sequence_end=True)
+    step("sequence-after-end", 1, sequence_id=7)
+    step("sequence-never-started", 1, sequence_id=99)
+    step("sequence-no-id", 1)
+    step("sequence-zero-id", 1, sequence_id=0, sequence_start=True)
+    step("sequence-empty-id", 1, sequence_id="", sequence_start=True)
+    step("sequence-start-and-end", 4, sequence_id=9, sequence_start=True, sequence_end=True)
+    step("sequence-other-end", 1, sequence_id=8, sequence_end=True)
+    post("sequence-string-id-uint64-corrid", {"inputs": [_tensor("INPUT", "INT32", [1, 1], [1])], "parameters": {
+        "sequence_id": "user-a", "sequence_start": True}}, path=acc, needles=("UINT64",), deviation=TYPED_ID)
     # Shared memory and logging extensions.
     out.append(Case("shm-status", "GET", "/v2/systemsharedmemory/status", keys=()))
     out.append(Case("shm-region-status-unknown", "GET", "/v2/systemsharedmemory/region/nope/status"))

@@ -76,6 +76,36 @@ class TritonPythonModel:
         return None
 '''
 
+# Under the sequence batcher: running sums keyed by the CORRID control (UINT64: Triton 2.51
+# fails a batched sequence model's TYPE_STRING CORRID with "unexpected number of string
+# elements 2"; edged's own tests cover string CORRIDs).
+ACCUMULATOR = '''\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.totals = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            get = lambda name: pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)[0]
+            if not int(get("READY")):  # an idle slot of the batch (direct strategy)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.zeros((1, 1), np.int32))]))
+                continue
+            corrid = int(get("CORRID"))
+            total = (0 if int(get("START")) else self.totals[corrid]) + int(get("INPUT"))
+            if int(get("END")):
+                self.totals.pop(corrid, None)
+            else:
+                self.totals[corrid] = total
+            out = np.array([[total]], dtype=np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", out)]))
+        return responses
+'''
+
 _TENSOR = '  {{ name: "{name}" data_type: {dtype} dims: [ {dims} ] }}'
 
 
@@ -111,6 +141,14 @@ MODELS: dict[str, tuple[str, str]] = {
     )),
     "countdown": (COUNTDOWN, _config("countdown", 0, [("IN", "TYPE_INT32", "1")], [("OUT", "TYPE_INT32", "1")])
                   + "model_transaction_policy { decoupled: true }\n"),
+    "py_accumulator": (ACCUMULATOR, _config("py_accumulator", 4, [("INPUT", "TYPE_INT32", "1")],
+                                            [("OUTPUT", "TYPE_INT32", "1")]) + (
+        "sequence_batching {\n  control_input [\n"
+        + "".join(f'    {{ name: "{n}" control [ {{ kind: CONTROL_SEQUENCE_{k} int32_false_true: [ 0, 1 ] }} ] }},\n'
+                  for n, k in (("START", "START"), ("END", "END"), ("READY", "READY")))
+        + '    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }\n'
+        + "  ]\n}\n"
+    )),
     # Loaded and unloaded by the repository cases; not loaded at start.
     "scratch": (IDENTITY, _config(
         "scratch", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")],
@@ -121,7 +159,7 @@ MODELS: dict[str, tuple[str, str]] = {
 }
 
 # What both servers load at start (explicit control mode).
-STARTUP = ["add_sub", "identity_fp32", "identity_bytes", "identity_mixed", "countdown"]
+STARTUP = ["add_sub", "identity_fp32", "identity_bytes", "identity_mixed", "countdown", "py_accumulator"]
 
 
 def write_repository(repo: Path) -> None:
@@ -129,3 +167,4 @@ def write_repository(repo: Path) -> None:
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
         (repo / name / "1" / "model.py").write_text(code, encoding="utf-8")
         (repo / name / "config.pbtxt").write_text(config, encoding="utf-8")
+
