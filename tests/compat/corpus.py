@@ -404,6 +404,18 @@ def cases() -> list[Case]:
                         deviation=ERROR_STATUS if n != 1 else None))
         post(f"infer-decoupled-{n}", {"inputs": [_tensor("IN", "INT32", [1], [n])]}, path=count + "/infer",
              needles=(decoupled,) if n != 1 else (), deviation=ONE_RESPONSE if n == 1 else None)
+    # Version policies: which versions load, which one an unversioned request runs.
+    for name in ("versions_latest", "versions_all", "versions_specific"):
+        base = f"/v2/models/{name}"
+        one = {"inputs": [_tensor("INPUT0", "INT32", [1], [10])]}
+        out.append(Case(f"{name}-metadata", "GET", base, keys=("name", "versions")))
+        post(f"{name}-infer", one, path=base + "/infer")
+        for version in (1, 2, 3, 4):
+            post(f"{name}-infer-v{version}", one, path=f"{base}/versions/{version}/infer")
+            out.append(Case(f"{name}-ready-v{version}", "GET", f"{base}/versions/{version}/ready"))
+        out.append(Case(f"{name}-stats", "GET", base + "/stats", keys=()))
+    out.append(Case("repository-index-versions", "POST", "/v2/repository/index", b"{}", dict(JSON),
+                    index_without=("uploaded",)))
     # The sequence batcher: one sequence across cases (the model keeps running sums), and the
     # requests it refuses.
     acc = "/v2/models/py_accumulator/infer"

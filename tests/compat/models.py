@@ -162,9 +162,38 @@ MODELS: dict[str, tuple[str, str]] = {
 STARTUP = ["add_sub", "identity_fp32", "identity_bytes", "identity_mixed", "countdown", "py_accumulator"]
 
 
+# Versioned models: version N adds N (so answers show which version ran), under three policies.
+ADD_VERSION = '''\
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.version = int(args["model_version"])
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() + self.version)]) for r in requests]
+'''
+VERSIONED = {
+    "versions_latest": "version_policy: { latest: { num_versions: 2 } }\n",
+    "versions_all": "version_policy: { all: {} }\n",
+    "versions_specific": "version_policy: { specific: { versions: [ 1, 3 ] } }\n",
+}
+STARTUP += list(VERSIONED)
+
+
 def write_repository(repo: Path) -> None:
     for name, (code, config) in MODELS.items():
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
         (repo / name / "1" / "model.py").write_text(code, encoding="utf-8")
         (repo / name / "config.pbtxt").write_text(config, encoding="utf-8")
+    for name, policy in VERSIONED.items():
+        for version in (1, 2, 3):
+            (repo / name / str(version)).mkdir(parents=True, exist_ok=True)
+            (repo / name / str(version) / "model.py").write_text(ADD_VERSION, encoding="utf-8")
+        config = _config(name, 0, [("INPUT0", "TYPE_INT32", "1")], [("OUTPUT0", "TYPE_INT32", "1")])
+        (repo / name / "config.pbtxt").write_text(config + policy, encoding="utf-8")
 
