@@ -10,6 +10,7 @@ logs, so a Triton repository loads here unchanged.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 import msgspec
@@ -439,10 +440,21 @@ def _to_edged_shape(data: dict[str, Any]) -> None:
     # serves a version 0) stays absent, so EnsembleStep's default -1, "latest", applies.
 
 
+# Triton fields that change what a request means or how it is batched: set (protobuf leaves
+# defaults out), they are refused, never dropped. Other unsupported fields are tuning hints
+# (optimization, model_warmup, response_cache, rate_limiter, ...): dropped with a warning.
+_REFUSED = frozenset({
+    "input.is_shape_tensor", "input.allow_ragged_batch", "input.is_non_linear_format_io",
+    "output.is_shape_tensor", "output.is_non_linear_format_io",
+    "batch_input", "batch_output", "sequence_batching.iterative_sequence", "model_repository_agents",
+})
+
+
 def _drop_unsupported(
     data: Any, info: msgspec.inspect.Type, path: str, source: str, warnings: list[str]
 ) -> None:
-    """Remove keys our ModelConfig has no field for, walking it alongside its msgspec type.
+    """Remove keys our ModelConfig has no field for, walking it alongside its msgspec type;
+    a ConfigError for the ones in _REFUSED.
 
     Driven by ModelConfig itself, so a Triton field edged starts supporting stops being dropped.
     """
@@ -455,6 +467,11 @@ def _drop_unsupported(
             where = f"{path}.{key}" if path else key
             if key in fields:
                 _drop_unsupported(data[key], fields[key], where, source, warnings)
+            elif re.sub(r"\[[^]]*\]", "", where) in _REFUSED:
+                raise ConfigError(
+                    f"{source}: {where} is set, which edged does not implement (it changes how "
+                    "requests are read or batched); remove it to serve this model here"
+                )
             else:
                 del data[key]
                 warnings.append(f"{source}: {where} is not supported by edged and is ignored")

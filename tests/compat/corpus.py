@@ -404,6 +404,27 @@ def cases() -> list[Case]:
                         deviation=ERROR_STATUS if n != 1 else None))
         post(f"infer-decoupled-{n}", {"inputs": [_tensor("IN", "INT32", [1], [n])]}, path=count + "/infer",
              needles=(decoupled,) if n != 1 else (), deviation=ONE_RESPONSE if n == 1 else None)
+    # An ensemble (two add_sub steps).
+    ens = "/v2/models/twice/infer"
+
+    def pair(a: object = (1, 2, 3, 4), b: object = (10, 20, 30, 40), shape: tuple[int, ...] = (1, 4),
+             **extra: object) -> dict[str, object]:
+        return {"inputs": [_tensor("A", "INT32", list(shape), list(a)), _tensor("B", "INT32", list(shape), list(b))],
+                **extra}
+
+    post("ensemble-json", pair(id="e1"), path=ens)
+    post("ensemble-batch", pair(range(8), range(8, 16), shape=(2, 4)), path=ens)
+    post("ensemble-output-subset", pair(outputs=[{"name": "OUT2"}]), path=ens)
+    post("ensemble-binary-output", pair(outputs=[{"name": "OUT", "parameters": {"binary_data": True}}]), path=ens)
+    post("ensemble-missing-input", {"inputs": [_tensor("A", "INT32", [1, 4], [1, 2, 3, 4])]}, path=ens)
+    post("ensemble-wrong-shape", pair((1, 2, 3), (1, 2, 3), shape=(1, 3)), path=ens)
+    post("ensemble-unknown-output", pair(outputs=[{"name": "sum"}]), path=ens)
+    post("ensemble-classification", pair(outputs=[{"name": "OUT", "parameters": {"classification": 2}}]), path=ens)
+    out.append(Case("ensemble-metadata", "GET", "/v2/models/twice",
+                    keys=("name", "versions", "platform", "inputs", "outputs")))
+    out.append(Case("ensemble-config", "GET", "/v2/models/twice/config",
+                    keys=("name", "platform", "max_batch_size", "input", "output")))
+    out.append(Case("ensemble-ready", "GET", "/v2/models/twice/ready"))
     # Version policies: which versions load, which one an unversioned request runs.
     for name in ("versions_latest", "versions_all", "versions_specific"):
         base = f"/v2/models/{name}"

@@ -184,12 +184,32 @@ VERSIONED = {
 }
 STARTUP += list(VERSIONED)
 
+# An ensemble of two add_sub steps: OUT = (A + B) + (A - B) = 2A, OUT2 = (A + B) - (A - B) = 2B.
+ENSEMBLE = '''\
+name: "twice"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "A" data_type: TYPE_INT32 dims: [ 4 ] }, { name: "B" data_type: TYPE_INT32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 4 ] }, { name: "OUT2" data_type: TYPE_INT32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "add_sub" model_version: -1
+    input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+    output_map { key: "OUTPUT0" value: "sum" } output_map { key: "OUTPUT1" value: "diff" } },
+  { model_name: "add_sub" model_version: -1
+    input_map { key: "INPUT0" value: "sum" } input_map { key: "INPUT1" value: "diff" }
+    output_map { key: "OUTPUT0" value: "OUT" } output_map { key: "OUTPUT1" value: "OUT2" } }
+] }
+'''
+STARTUP.append("twice")
+
 
 def write_repository(repo: Path) -> None:
     for name, (code, config) in MODELS.items():
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
         (repo / name / "1" / "model.py").write_text(code, encoding="utf-8")
         (repo / name / "config.pbtxt").write_text(config, encoding="utf-8")
+    (repo / "twice" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "twice" / "config.pbtxt").write_text(ENSEMBLE, encoding="utf-8")
     for name, policy in VERSIONED.items():
         for version in (1, 2, 3):
             (repo / name / str(version)).mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -349,7 +350,6 @@ def test_sequence_batching_is_parsed_and_its_unsupported_fields_warned(parser: P
     max_batch_size: 2
     sequence_batching {
       max_sequence_idle_microseconds: 5000000
-      iterative_sequence: true
       control_input [
         { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] }
       ]
@@ -367,10 +367,30 @@ def test_sequence_batching_is_parsed_and_its_unsupported_fields_warned(parser: P
     assert sb.oldest is not None and sb.oldest.preferred_batch_size == [2]
     assert sb.state[0].initial_state[0].zero_data
     assert sorted(warnings) == [
-        "c: sequence_batching.iterative_sequence is not supported by edged and is ignored",
         "c: sequence_batching.state[0].use_same_buffer_for_input_output is not supported by edged "
         "and is ignored",
     ]
+
+
+@pytest.mark.parametrize(("snippet", "where"), [
+    ('input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] allow_ragged_batch: true } ]', "input[0].allow_ragged_batch"),
+    ('input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] is_shape_tensor: true } ]', "input[0].is_shape_tensor"),
+    ('output [ { name: "y" data_type: TYPE_INT32 dims: [ 1 ] is_non_linear_format_io: true } ]',
+     "output[0].is_non_linear_format_io"),
+    ('batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_FP32 source_input: "x" } ]',
+     "batch_input"),
+    ("sequence_batching { iterative_sequence: true }", "sequence_batching.iterative_sequence"),
+])
+def test_fields_that_change_what_a_request_means_are_refused(parser: PbtxtParser, snippet: str, where: str) -> None:
+    """Dropping these would serve the model with other semantics than its config asks for."""
+    with pytest.raises(ConfigError, match=rf"m/config.pbtxt: {re.escape(where)} is set, which edged does not implement"):
+        parser.parse("max_batch_size: 4\n" + snippet, source="m/config.pbtxt")
+    # Their defaults (what Triton's own /config JSON spells out) are fine.
+    config, warnings = parser.parse_json(
+        '{"input": [{"name": "x", "data_type": "TYPE_INT32", "dims": [1], "is_shape_tensor": false, '
+        '"allow_ragged_batch": false, "is_non_linear_format_io": false, "format": "FORMAT_NONE"}], '
+        '"batch_input": [], "batch_output": []}', source="m")
+    assert config.input[0].name == "x" and warnings == []
 
 
 def test_syntax_error_names_file_line_and_column(parser: PbtxtParser) -> None:
