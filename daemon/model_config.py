@@ -135,6 +135,9 @@ class TensorConfig(_Strict):
     # Outputs only: a file in the model directory, one class label a line, for the
     # classification extension ("score:index:label").
     label_filename: str = ""
+    # Inputs only: the layout the model expects, as Triton keeps it (served in the config for
+    # clients such as Triton's image_client; neither server converts the data).
+    format: Literal["FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW"] = "FORMAT_NONE"
 
     def __post_init__(self) -> None:
         self.data_type = _field_datatype(self.data_type)
@@ -374,10 +377,13 @@ def to_triton_json(config: ModelConfig) -> dict[str, Any]:
                 tensor.pop("reshape", None)
             else:
                 tensor["reshape"] = {"shape": tensor["reshape"]}
+            # Triton spells out these defaults (the only values edged serves, see triton_config).
+            tensor["is_shape_tensor"] = tensor["is_non_linear_format_io"] = False
             if kind == "output":
-                del tensor["optional"]  # Triton's ModelOutput has no such field
+                del tensor["optional"], tensor["format"]  # Triton's ModelOutput has neither
             else:
                 del tensor["label_filename"]  # nor has its ModelInput this one
+                tensor["allow_ragged_batch"] = False
     sequence = data.get("sequence_batching")
     if sequence is not None:
         _sequence_to_triton_json(sequence)

@@ -330,13 +330,16 @@ def test_known_unsupported_fields_parse_with_warnings(parser: PbtxtParser) -> No
     instance_group [ { count: 1 kind: KIND_GPU rate_limiter { resources [ { name: "R1" count: 2 } ] } } ]
     """
     config, warnings = parser.parse(text, source="densenet/config.pbtxt")
-    assert config.input == [TensorConfig(name="data_0", data_type="FP32", dims=[3, 224, 224])]
+    # format is kept and served (Triton's image_client reads it); no server converts the data.
+    assert config.input == [TensorConfig(name="data_0", data_type="FP32", dims=[3, 224, 224], format="FORMAT_NCHW")]
+    from daemon.model_config import to_triton_json
+
+    assert to_triton_json(config)["input"][0]["format"] == "FORMAT_NCHW"
     assert config.output[0].dims == [1000]
     assert config.output[0].label_filename == "labels.txt"  # used by classification
     assert config.instance_group == [InstanceGroup(count=1, kind="KIND_GPU")]
     ignored = {w.removeprefix("densenet/config.pbtxt: ").split(" ")[0] for w in warnings}
     assert ignored == {
-        "input[0].format",
         "optimization",
         "model_warmup",
         "response_cache",
