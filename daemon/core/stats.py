@@ -142,9 +142,11 @@ class ModelStats:
 
     # ------------------------------------------------------------------ reporting
 
-    def to_triton_json(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+    def to_triton_json(
+        self, name: str | None = None, version: str | None = None, *, decoupled: bool = False
+    ) -> dict[str, Any]:
         """One `$model_stat` object of Triton's statistics extension."""
-        return {
+        data = {
             "name": self.name if name is None else name,
             "version": self.version if version is None else version,
             "last_inference": self.last_inference,
@@ -172,6 +174,11 @@ class ModelStats:
             ],
             "memory_usage": [],
         }
+        if not decoupled:
+            # Triton keeps per-response statistics for decoupled models only, empty otherwise;
+            # edged does not keep them, so a decoupled model's stats leave the key out.
+            data["response_stats"] = {}
+        return data
 
 
 # ---------------------------------------------------------------------------- Prometheus

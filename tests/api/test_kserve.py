@@ -119,6 +119,7 @@ def test_repository_index_and_stats(daemon) -> None:
     stats = daemon.request("GET", "/v2/models/simple/stats").json()["model_stats"][0]
     assert stats["name"] == "simple" and stats["version"] == "1"
     assert stats["inference_stats"]["success"]["count"] >= 1
+    assert stats["response_stats"] == {}  # Triton's layout: per-response stats are for decoupled models
     metrics = daemon.request("GET", "/metrics").body.decode()
     assert 'nv_inference_request_success{model="simple",version="1"}' in metrics
     assert "nv_inference_queue_duration_us" in metrics

@@ -188,3 +188,26 @@ def test_system_shared_memory_round_trip(triton: Server, edged: Server) -> None:
     finally:
         region.close()
         region.unlink()
+
+
+def _shape(value: Any) -> Any:
+    """The structure of a JSON value: keys and element shapes, not the numbers."""
+    if isinstance(value, dict):
+        return {key: _shape(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    return type(value).__name__
+
+
+def test_statistics_have_tritons_layout(triton: Server, edged: Server) -> None:
+    """After the same requests, `/stats` has the same keys at every level on both servers."""
+    body = json.dumps({"inputs": [
+        {"name": n, "datatype": "INT32", "shape": [1, 4], "data": [1, 2, 3, 4]} for n in ("INPUT0", "INPUT1")]}).encode()
+    layouts = []
+    for server in (triton, edged):
+        for _ in range(3):
+            assert server.request("POST", "/v2/models/add_sub/infer", body, {"Content-Type": "application/json"}).status == 200
+        stats = json.loads(server.request("GET", "/v2/models/add_sub/stats").body)
+        layouts.append(_shape(stats))
+    theirs, ours = layouts
+    assert ours == theirs
