@@ -280,6 +280,57 @@ def _engine_families(rows: list[tuple[tuple[str, str], list[ModelStats]]]) -> It
             yield family
 
 
+class HostCpu:
+    """Triton's CPU metrics from procfs (Linux): utilization since the previous scrape (the
+    first: since the daemon started), total and used memory. Elsewhere: none."""
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self._proc = proc
+        self._last = self._cpu_times()
+
+    def _cpu_times(self) -> tuple[int, int] | None:
+        """(busy, total) jiffies of all CPUs. procfs is generated in memory: no disk I/O."""
+        try:
+            with open(f"{self._proc}/stat", encoding="ascii") as f:
+                fields = [int(v) for v in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        total = sum(fields[:8])  # guest time is already inside user and nice
+        return total - idle, total
+
+    def _memory(self) -> tuple[int, int] | None:
+        try:
+            with open(f"{self._proc}/meminfo", encoding="ascii") as f:
+                info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.count(" ") >= 1}
+        except (OSError, ValueError, IndexError):
+            return None
+        if "MemTotal" not in info or "MemAvailable" not in info:
+            return None
+        return info["MemTotal"], info["MemTotal"] - info["MemAvailable"]
+
+    def families(self) -> Iterator[Metric]:
+        from prometheus_client.metrics_core import Metric
+
+        now = self._cpu_times()
+        if now is not None and self._last is not None:
+            busy, total = now[0] - self._last[0], now[1] - self._last[1]
+            utilization = Metric("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", "gauge")
+            utilization.add_sample(utilization.name, {}, busy / total if total > 0 else 0.0)
+            yield utilization
+        if now is not None:
+            self._last = now
+        memory = self._memory()
+        if memory is not None:
+            for name, doc, value in (
+                ("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", memory[0]),
+                ("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", memory[1]),
+            ):
+                family = Metric(name, doc, "gauge")
+                family.add_sample(name, {}, value)
+                yield family
+
+
 class MetricsRegistry:
     """The daemon's metrics, private to it (never prometheus_client's global registry, so two
     daemons in one process, or two tests, don't share counters).
@@ -293,7 +344,8 @@ class MetricsRegistry:
     def __init__(self) -> None:
         # (model, version) -> live objects, oldest first.
         self._stats: dict[tuple[str, str], list[weakref.ref[ModelStats]]] = {}
-        self._sources: list[Collect] = [lambda: _triton_families(self)]
+        host = HostCpu()
+        self._sources: list[Collect] = [lambda: _triton_families(self), host.families]
 
     def register(self, collect: Collect) -> None:
         """Add families to /metrics (e.g. residency's), built at every scrape."""

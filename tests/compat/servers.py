@@ -37,6 +37,8 @@ class Server:
     # Sent with every request: edged's admin routes over TCP need its bearer token (Triton has
     # no such rule, so the oracle compares the answers behind it).
     auth: dict[str, str] = field(default_factory=dict)
+    # Where GET /metrics answers: Triton serves it on its own port, edged on the API port.
+    metrics_port: int = 0
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 headers: dict[str, str] | None = None, timeout: float = 60.0) -> Reply:
@@ -112,7 +114,7 @@ def start_triton(venv: Path, repo: Path, workdir: Path, models: list[str]) -> Se
         venv_version = site.parent.name.removeprefix("python")
         source = root / "python_backend_stubs" / (venv_version or version) / stub.name
         shutil.copy2(source, stub)  # copy2 keeps the run bit
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     log_path = workdir / "tritonserver.log"
     env = {
         **os.environ,
@@ -123,12 +125,13 @@ def start_triton(venv: Path, repo: Path, workdir: Path, models: list[str]) -> Se
     args = [
         str(root / "bin" / "tritonserver"), "--model-repository", str(repo),
         "--backend-directory", str(root / "backends"), "--http-port", str(port),
-        "--allow-grpc", "false", "--allow-metrics", "false",
+        "--allow-grpc", "false", "--allow-metrics", "true", "--allow-gpu-metrics", "false",
+        "--metrics-port", str(metrics_port),
         "--model-control-mode", "explicit", *[f"--load-model={m}" for m in models],
     ]
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(args, cwd=workdir, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    server = Server("tritonserver", port, proc, log_path)
+    server = Server("tritonserver", port, proc, log_path, metrics_port=metrics_port)
     _wait_ready(server, 180)
     return server
 
@@ -148,7 +151,7 @@ def start_edged(repo: Path, workdir: Path, models: list[str]) -> Server:
     daemon = start_daemon_process(workdir, *flags, http=True)
     assert daemon.http_port is not None
     return Server("edged", daemon.http_port, daemon.proc, daemon.log_path,
-                  {"Authorization": f"Bearer {EDGED_TOKEN}"})
+                  {"Authorization": f"Bearer {EDGED_TOKEN}"}, metrics_port=daemon.http_port)
 
 
 EDGED_TOKEN = "compat-oracle-token-0123456789"

@@ -211,3 +211,34 @@ def test_statistics_have_tritons_layout(triton: Server, edged: Server) -> None:
         layouts.append(_shape(stats))
     theirs, ours = layouts
     assert ours == theirs
+
+
+def _families(server: Server) -> dict[str, tuple[str, set[tuple[str, ...]]]]:
+    """Prometheus family -> (type, label-name sets of its samples)."""
+    import http.client
+    import re
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=30)
+    conn.request("GET", "/metrics", headers=server.auth)
+    text = conn.getresponse().read().decode()
+    found: dict[str, tuple[str, set[tuple[str, ...]]]] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()[:4]
+            found[name] = (kind, set())
+        elif line and not line.startswith("#"):
+            match = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?", line)
+            assert match is not None, line
+            name = match.group(1)
+            base = re.sub(r"_(bucket|sum|count|total)$", "", name)
+            labels = tuple(sorted(pair.split("=")[0] for pair in (match.group(2) or "").split(",") if pair))
+            found.setdefault(base if base in found else name, ("untyped", set()))[1].add(labels)
+    return found
+
+
+def test_metrics_have_tritons_families(triton: Server, edged: Server) -> None:
+    """Triton's families (nv_*) with the same types and label names, so its dashboards work.
+    Left out: the pinned memory pool (edged has none) and GPU families (a CPU-only oracle)."""
+    theirs = {k: v for k, v in _families(triton).items() if k.startswith("nv_") and "pinned_memory" not in k}
+    ours = {k: v for k, v in _families(edged).items() if k.startswith("nv_")}
+    assert ours == theirs
