@@ -118,11 +118,9 @@ class LoadedVersion:
     # ------------------------------------------------------------------ running requests
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        try:
-            validate_request(request, self.config)
-        except InvalidArgument:
-            self.stats.record_failure(0, "OTHER")
-            raise
+        # A request that fails validation never reaches the model: Triton counts it nowhere
+        # (neither /stats "fail" nor nv_inference_request_failure; tests/compat checks).
+        validate_request(request, self.config)
         if self.scheduler is None:
             raise InvalidArgument(
                 f"model '{self.name}' is a generation model; use /v2/models/{self.name}/generate "

@@ -152,6 +152,7 @@ def _assert_error(reply, status: int, *needles: str) -> None:
 def test_bad_requests_get_clear_errors_and_daemon_keeps_serving(daemon) -> None:
     a, b = _simple_inputs()
     good = _json_infer(a, b)
+    fails_before = daemon.request("GET", "/v2/models/simple/stats").json()["model_stats"][0]["inference_stats"]["fail"]
     _assert_error(daemon.request("POST", "/v2/models/simple/infer", b"{not json"), 400, "JSON")
     _assert_error(daemon.post_json("/v2/models/nope/infer", good), 404, "Request for unknown model", "nope")
     _assert_error(daemon.post_json("/v2/models/simple/versions/9/infer", good), 404, "version 9")
@@ -217,6 +218,9 @@ def test_bad_requests_get_clear_errors_and_daemon_keeps_serving(daemon) -> None:
     reply = daemon.post_json("/v2/models/simple/infer", good)
     assert reply.status == 200
     assert daemon.request("GET", "/v2/models/simple/ready").status == 200
+    # As Triton: requests refused before reaching the model are not the model's failures.
+    stats = daemon.request("GET", "/v2/models/simple/stats").json()["model_stats"][0]
+    assert stats["inference_stats"]["fail"] == fails_before
     assert daemon.alive()
 
 

@@ -242,3 +242,35 @@ def test_metrics_have_tritons_families(triton: Server, edged: Server) -> None:
     theirs = {k: v for k, v in _families(triton).items() if k.startswith("nv_") and "pinned_memory" not in k}
     ours = {k: v for k, v in _families(edged).items() if k.startswith("nv_")}
     assert ours == theirs
+
+
+def _samples(server: Server, model: str) -> dict[str, float]:
+    import http.client
+    import re
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=30)
+    conn.request("GET", "/metrics", headers=server.auth)
+    out = {}
+    for line in conn.getresponse().read().decode().splitlines():
+        match = re.match(r'(nv_inference_\w+)\{(.*)\} (\S+)$', line)
+        if match and f'model="{model}"' in match.group(2):
+            reason = re.search(r'reason="(\w+)"', match.group(2))
+            out[match.group(1) + (f"[{reason.group(1)}]" if reason else "")] = float(match.group(3))
+    return out
+
+
+def test_metric_counts_move_as_tritons(triton: Server, edged: Server) -> None:
+    """The same requests move the same counters by the same amounts (durations aside)."""
+    good = json.dumps({"inputs": [{"name": n, "datatype": "INT32", "shape": [2, 4], "data": list(range(8))}
+                                  for n in ("INPUT0", "INPUT1")]}).encode()
+    bad = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [2, 4], "data": list(range(8))}]}).encode()
+    deltas = []
+    for server in (triton, edged):
+        before = _samples(server, "add_sub")
+        for body in (good, good, good, bad):
+            server.request("POST", "/v2/models/add_sub/infer", body, {"Content-Type": "application/json"})
+        after = _samples(server, "add_sub")
+        deltas.append({k: after[k] - before.get(k, 0) for k in after if "duration" not in k})
+    theirs, ours = deltas
+    assert theirs["nv_inference_count"] == 6 and theirs["nv_inference_request_success"] == 3
+    assert ours == theirs
