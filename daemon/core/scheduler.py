@@ -594,8 +594,8 @@ class _QueueScheduler:
             )
             results = [error] * len(items)
         elapsed = time.monotonic_ns() - started
-        if any(isinstance(result, InferResponse) for result in results):
-            self.stats.record_execution(sum(item.rows for item in items), elapsed)
+        # Performed, whatever its outcome (Triton counts an execution that raised too).
+        self.stats.record_execution(sum(item.rows for item in items), elapsed)
         for item, result in zip(items, results, strict=True):
             item.compute_ns = elapsed
             if not isinstance(result, InferResponse | EdgedError):

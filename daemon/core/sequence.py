@@ -832,8 +832,7 @@ class SequenceBatcher:
         started = time.monotonic_ns()
         results = await self._run_backend(lane.instance, requests)
         elapsed = time.monotonic_ns() - started
-        if any(isinstance(r, InferResponse) for r in results):
-            self.stats.record_execution(len(rows), elapsed)
+        self.stats.record_execution(len(rows), elapsed)  # performed, whatever its outcome
         finished = time.monotonic_ns()
         for item, result in zip(rows, results, strict=True):
             if item is None:

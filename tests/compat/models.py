@@ -106,6 +106,25 @@ class TritonPythonModel:
         return responses
 '''
 
+# Errors from execute: an error response for negative input, an exception for zero.
+FAULTY = '''\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if (x == 0).any():
+                raise pb_utils.TritonModelException("zero is not allowed")
+            if (x < 0).any():
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("negative input refused")))
+            else:
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return responses
+'''
+
 _TENSOR = '  {{ name: "{name}" data_type: {dtype} dims: [ {dims} ] }}'
 
 
@@ -149,6 +168,7 @@ MODELS: dict[str, tuple[str, str]] = {
         + '    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }\n'
         + "  ]\n}\n"
     )),
+    "faulty": (FAULTY, _config("faulty", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")])),
     # Loaded and unloaded by the repository cases; not loaded at start.
     "scratch": (IDENTITY, _config(
         "scratch", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")],
@@ -159,7 +179,7 @@ MODELS: dict[str, tuple[str, str]] = {
 }
 
 # What both servers load at start (explicit control mode).
-STARTUP = ["add_sub", "identity_fp32", "identity_bytes", "identity_mixed", "countdown", "py_accumulator"]
+STARTUP = ["add_sub", "identity_fp32", "identity_bytes", "identity_mixed", "countdown", "py_accumulator", "faulty"]
 
 
 # Versioned models: version N adds N (so answers show which version ran), under three policies.

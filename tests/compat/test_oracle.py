@@ -274,3 +274,28 @@ def test_metric_counts_move_as_tritons(triton: Server, edged: Server) -> None:
     theirs, ours = deltas
     assert theirs["nv_inference_count"] == 6 and theirs["nv_inference_request_success"] == 3
     assert ours == theirs
+
+
+def test_model_errors_as_tritons(triton: Server, edged: Server) -> None:
+    """An error response and an exception from execute: status, the model's text, and the
+    failure counters (reason BACKEND) move alike."""
+    def infer(server: Server, value: float) -> Reply:
+        body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [value]}]})
+        return server.request("POST", "/v2/models/faulty/infer", body.encode(), {"Content-Type": "application/json"})
+
+    seen = []
+    for server in (triton, edged):
+        before = _samples(server, "faulty")
+        replies = [infer(server, v) for v in (1.0, -1.0, 0.0)]
+        after = _samples(server, "faulty")
+        seen.append(([r.status for r in replies], {k: after[k] - before.get(k, 0) for k in after if "duration" not in k},
+                     [json.loads(r.body).get("error", "") for r in replies]))
+    (their_status, their_counts, their_text), (our_status, our_counts, our_text) = seen
+    assert our_status == their_status
+    # One deliberate difference (docs/compatibility.md): Triton 2.51 counts a request the model
+    # answered with an error response as a success; edged counts it as a BACKEND failure.
+    moved = {"nv_inference_request_success": -1, "nv_inference_count": -1, "nv_inference_request_failure[BACKEND]": 1}
+    assert our_counts == {k: v + moved.get(k, 0) for k, v in their_counts.items()}
+    assert their_counts["nv_inference_exec_count"] == 3  # an execution that raised counts too
+    assert "negative input refused" in their_text[1] and "negative input refused" in our_text[1]
+    assert "zero is not allowed" in their_text[2] and "zero is not allowed" in our_text[2]

@@ -486,6 +486,8 @@ async def test_execute_raising_fails_exactly_its_batch(harness: Harness) -> None
     assert inst.seen == [100, 3]
     assert stats.failures["BACKEND"] == 2
     assert stats.success.count == 2
+    # Three executions were performed, the one that raised included (Triton counts it too).
+    assert stats.execution_count == 3 and sorted(stats.batch_stats) == [1, 2]
 
 
 async def test_instances_run_concurrently(harness: Harness) -> None:
