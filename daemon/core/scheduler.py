@@ -225,9 +225,11 @@ class _QueueScheduler:
         policy = level.policy
         if policy.max_queue_size and len(level) >= policy.max_queue_size:
             self.stats.record_failure(0, "REJECTED")
+            # Triton's text first (clients retry on it), then which queue and its bound.
             raise Unavailable(
-                f"inference request queue for model '{self.model}' is full "
-                f"(max_queue_size {policy.max_queue_size})"
+                f"[request id: {request.id or '<id_unknown>'}] Exceeds maximum queue size: the "
+                f"inference request queue for model '{self.model}' is full (max_queue_size "
+                f"{policy.max_queue_size})"
             )
         loop = asyncio.get_running_loop()
         item = _Pending(

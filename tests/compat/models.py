@@ -169,6 +169,20 @@ MODELS: dict[str, tuple[str, str]] = {
         + "  ]\n}\n"
     )),
     "faulty": (FAULTY, _config("faulty", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")])),
+    # One slow instance with a queue of one: what a burst gets (see test_oracle).
+    "queued": ('''\
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.5)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
+''', _config("queued", 1, [("INPUT0", "TYPE_FP32", "1")], [("OUTPUT0", "TYPE_FP32", "1")])
+        + "dynamic_batching { default_queue_policy { max_queue_size: 1 } }\n"),
     # Loaded and unloaded by the repository cases; not loaded at start.
     "scratch": (IDENTITY, _config(
         "scratch", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")],
@@ -179,7 +193,7 @@ MODELS: dict[str, tuple[str, str]] = {
 }
 
 # What both servers load at start (explicit control mode).
-STARTUP = ["add_sub", "identity_fp32", "identity_bytes", "identity_mixed", "countdown", "py_accumulator", "faulty"]
+STARTUP = ["add_sub", "identity_fp32", "identity_bytes", "identity_mixed", "countdown", "py_accumulator", "faulty", "queued"]
 
 
 # Versioned models: version N adds N (so answers show which version ran), under three policies.

@@ -299,3 +299,23 @@ def test_model_errors_as_tritons(triton: Server, edged: Server) -> None:
     assert their_counts["nv_inference_exec_count"] == 3  # an execution that raised counts too
     assert "negative input refused" in their_text[1] and "negative input refused" in our_text[1]
     assert "zero is not allowed" in their_text[2] and "zero is not allowed" in our_text[2]
+
+
+def test_a_burst_beyond_the_queue_is_refused_as_tritons(triton: Server, edged: Server) -> None:
+    """max_queue_size 1, one slow instance: of a burst of five, what runs and what is refused
+    with which status and text (the count depends on timing, the answers must not)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]}).encode()
+    answers = []
+    for server in (triton, edged):
+        with ThreadPoolExecutor(5) as pool:
+            replies = list(pool.map(lambda _: server.request(
+                "POST", "/v2/models/queued/infer", body, {"Content-Type": "application/json"}), range(5)))
+        refused = {(r.status, json.loads(r.body)["error"]) for r in replies if r.status != 200}
+        answers.append((sum(r.status == 200 for r in replies) >= 1, refused))
+    theirs, ours = answers
+    assert theirs[0] and ours[0] and theirs[1], theirs
+    assert {status for status, _ in ours[1]} == {status for status, _ in theirs[1]}
+    for status, text in ours[1]:  # Triton's text, then edged's detail
+        assert text.startswith(next(iter(theirs[1]))[1]), (text, theirs[1])

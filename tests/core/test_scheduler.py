@@ -346,7 +346,10 @@ async def test_full_queue_is_unavailable(harness: Harness) -> None:
     with pytest.raises(Unavailable) as caught:
         await scheduler.submit(req(3))
     assert caught.value.status == 503
-    assert caught.value.message == "inference request queue for model 'm' is full (max_queue_size 2)"
+    assert caught.value.message == (
+        "[request id: <id_unknown>] Exceeds maximum queue size: the inference request queue for "
+        "model 'm' is full (max_queue_size 2)"
+    )
     inst.gate.set()
     await first
     await asyncio.gather(*queued)
