@@ -297,18 +297,19 @@ def cases() -> list[Case]:
                     dict(JSON), needles=("bogus",), deviation=BAD_INPUT_500))
     out.append(Case("load-broken", "POST", "/v2/repository/models/broken/load", b"", dict(JSON),
                     needles=("load failed for model 'broken'", "this model refuses to load")))
-    post("infer-versioned-never-loaded", {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]},
-         path="/v2/models/scratch/versions/1/infer")
-    out.append(Case("stats-never-loaded", "GET", "/v2/models/scratch/stats"))
-    post("infer-never-loaded", {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]}, path="/v2/models/scratch/infer")
-    post("infer-load-failed", {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]}, path="/v2/models/broken/infer")
-    out.append(Case("metadata-load-failed", "GET", "/v2/models/broken"))
-    out.append(Case("ready-load-failed", "GET", "/v2/models/broken/ready"))
-    out.append(Case("stats-load-failed", "GET", "/v2/models/broken/stats"))
-    post("infer-versioned-load-failed", {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]},
-         path="/v2/models/broken/versions/1/infer")
-    out.append(Case("ready-versioned-load-failed", "GET", "/v2/models/broken/versions/1/ready"))
-    out.append(Case("config-load-failed", "GET", "/v2/models/broken/config"))
+    one = {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]}
+
+    def in_state(state: str, model: str) -> None:
+        """What every model route answers for `model` in `state`, with and without a version."""
+        base = f"/v2/models/{model}"
+        post(f"infer-{state}", one, path=base + "/infer")
+        post(f"infer-versioned-{state}", one, path=base + "/versions/1/infer")
+        for route, suffix in (("metadata", ""), ("ready", "/ready"), ("stats", "/stats"), ("config", "/config")):
+            out.append(Case(f"{route}-{state}", "GET", base + suffix))
+            out.append(Case(f"{route}-versioned-{state}", "GET", f"{base}/versions/1{suffix}"))
+
+    in_state("never-loaded", "scratch")
+    in_state("load-failed", "broken")
     out.append(Case("load-ok", "POST", load, b"", dict(JSON)))
     out.append(Case("load-ok-again", "POST", load, b"", dict(JSON)))
     uploaded_config = json.dumps({
@@ -324,16 +325,7 @@ def cases() -> list[Case]:
     out.append(Case("unload-unknown-parameter", "POST", "/v2/repository/models/scratch/unload",
                     _body({"parameters": {"bogus": 1}}), dict(JSON), deviation=NOT_IGNORED))
     out.append(Case("unload-ok", "POST", "/v2/repository/models/scratch/unload", b"", dict(JSON)))
-    post("infer-unloaded", {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]}, path="/v2/models/scratch/infer")
-    out.append(Case("ready-unloaded", "GET", "/v2/models/scratch/ready"))
-    out.append(Case("metadata-unloaded", "GET", "/v2/models/scratch"))
-    post("infer-versioned-unloaded", {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]},
-         path="/v2/models/scratch/versions/1/infer")
-    out.append(Case("stats-unloaded", "GET", "/v2/models/scratch/stats"))
-    out.append(Case("stats-versioned-unloaded", "GET", "/v2/models/scratch/versions/1/stats"))
-    out.append(Case("ready-versioned-unloaded", "GET", "/v2/models/scratch/versions/1/ready"))
-    out.append(Case("metadata-versioned-unloaded", "GET", "/v2/models/scratch/versions/1"))
-    out.append(Case("config-unloaded", "GET", "/v2/models/scratch/config"))
+    in_state("unloaded", "scratch")
     out.append(Case("unload-again", "POST", "/v2/repository/models/scratch/unload", b"", dict(JSON)))
     # "uploaded" came from load parameters, not the repository: Triton 2.51 does not list it.
     out.append(Case("repository-index-after-unload", "POST", "/v2/repository/index", b"{}", dict(JSON),
