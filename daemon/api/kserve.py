@@ -158,10 +158,7 @@ async def model_stats(request: web.Request) -> web.Response:
             # model or version that is not loaded.
             raise InvalidArgument(f"requested model '{name}' is not available")
     return _json_response(
-        {"model_stats": [
-            m.stats.to_triton_json(m.name, str(m.version), decoupled=m.config.model_transaction_policy.decoupled)
-            for m in models
-        ]}
+        {"model_stats": [m.stats.to_triton_json(m.name, str(m.version)) for m in models]}
     )
 
 

@@ -33,12 +33,9 @@ async def responses(
     """
     if not model.config.model_transaction_policy.decoupled:
         # As Triton: a request refused before it ran (bad input, queue full or timed out)
-        # raises; a failure of the model itself is its one response.
-        try:
-            validate_request(request, model.config)
-        except EdgedError:
-            model.stats.record_failure(0, "OTHER")
-            raise
+        # raises; a failure of the model itself is its one response. Refused by validation,
+        # it never reached the model: no statistics (Triton counts it nowhere either).
+        validate_request(request, model.config)
         try:
             yield await model.infer(request)
         except (Unavailable, QueueTimeout):
@@ -54,12 +51,9 @@ async def responses(
 async def stream(
     model: LoadedVersion, request: InferRequest
 ) -> AsyncGenerator[ExecuteResult, None]:
-    """A decoupled model's responses for one request, recorded in the model's statistics."""
-    try:
-        validate_request(request, model.config)
-    except EdgedError:
-        model.stats.record_failure(0, "OTHER")
-        raise
+    """A decoupled model's responses for one request, recorded in the model's statistics as
+    Triton records them: one execution of the request's rows, no queue (nothing waits here)."""
+    validate_request(request, model.config)  # refused before the model: no statistics
     if not model.instances:
         raise Unsupported(f"model '{model.name}' has no backend instances to stream from")
     instance = min(model.instances, key=lambda backend: backend.streams_active)
@@ -74,7 +68,19 @@ async def stream(
         outcome = "OTHER" if failed else None
     finally:
         elapsed = time.monotonic_ns() - started
+        rows = _rows(model, request)
+        model.stats.record_execution(rows, elapsed)  # performed, whatever its outcome
         if outcome is None:
-            model.stats.record_success(elapsed)
+            model.stats.record_success(
+                elapsed, rows, queue_ns=0, compute_input_ns=0, compute_infer_ns=elapsed, compute_output_ns=0
+            )
         else:
             model.stats.record_failure(elapsed, outcome)
+
+
+def _rows(model: LoadedVersion, request: InferRequest) -> int:
+    """The request's batch size: its first input's first dim for a batching model, else 1."""
+    if model.config.max_batch_size <= 0 or not request.inputs:
+        return 1
+    first = next(iter(request.inputs.values()))
+    return int(first.shape[0]) if getattr(first, "ndim", 0) else 1

@@ -142,11 +142,9 @@ class ModelStats:
 
     # ------------------------------------------------------------------ reporting
 
-    def to_triton_json(
-        self, name: str | None = None, version: str | None = None, *, decoupled: bool = False
-    ) -> dict[str, Any]:
+    def to_triton_json(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
         """One `$model_stat` object of Triton's statistics extension."""
-        data = {
+        return {
             "name": self.name if name is None else name,
             "version": self.version if version is None else version,
             "last_inference": self.last_inference,
@@ -173,12 +171,10 @@ class ModelStats:
                 for size, row in sorted(self.batch_stats.items())
             ],
             "memory_usage": [],
+            # Per-response statistics: Triton 2.51's python backend leaves them empty, decoupled
+            # models included; edged keeps none either.
+            "response_stats": {},
         }
-        if not decoupled:
-            # Triton keeps per-response statistics for decoupled models only, empty otherwise;
-            # edged does not keep them, so a decoupled model's stats leave the key out.
-            data["response_stats"] = {}
-        return data
 
 
 # ---------------------------------------------------------------------------- Prometheus

@@ -162,10 +162,20 @@ def test_decoupled_model_over_infer_needs_exactly_one_response(
 
 
 def test_generate_stream_sends_each_response(daemon: DaemonProcess) -> None:
+    def stats() -> dict[str, Any]:
+        return daemon.request("GET", "/v2/models/mock_llm/stats").json()["model_stats"][0]
+
+    before = stats()
     reply = daemon.post_json(
         "/v2/models/mock_llm/generate_stream", {"id": "r1", **mock_llm_body("the quick fox", True)}
     )
     assert reply.status == 200
+    # Recorded as Triton records a decoupled request: one execution, its compute, a success.
+    after = stats()
+    assert after["execution_count"] == before["execution_count"] + 1
+    for key in ("success", "compute_infer", "queue"):
+        assert after["inference_stats"][key]["count"] == before["inference_stats"][key]["count"] + 1, key
+    assert after["batch_stats"] and after["response_stats"] == {}
     assert reply.body.startswith(
         b'data: {"TEXT":"the","id":"r1","model_name":"mock_llm","model_version":"1"}\n\n'
     )

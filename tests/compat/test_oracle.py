@@ -319,3 +319,30 @@ def test_a_burst_beyond_the_queue_is_refused_as_tritons(triton: Server, edged: S
     assert {status for status, _ in ours[1]} == {status for status, _ in theirs[1]}
     for _, text in ours[1]:  # Triton's text, then edged's detail
         assert text.startswith(next(iter(theirs[1]))[1]), (text, theirs[1])
+
+
+def test_decoupled_statistics_as_tritons(triton: Server, edged: Server) -> None:
+    """Streams of 3, 1 and 0 responses: the same counts and layout in /stats (durations aside)."""
+    def counts(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: counts(v) for k, v in value.items() if k not in ("ns", "last_inference")}
+        if isinstance(value, list):
+            return [counts(v) for v in value]
+        return value
+
+    seen = []
+    for server in (triton, edged):
+        before = json.loads(server.request("GET", "/v2/models/countdown/stats").body)["model_stats"][0]
+        for n in (3, 1, 0):
+            server.request("POST", "/v2/models/countdown/generate_stream", json.dumps({"IN": n}).encode(),
+                           {"Content-Type": "application/json"})
+        after = json.loads(server.request("GET", "/v2/models/countdown/stats").body)["model_stats"][0]
+        seen.append((counts(before), counts(after)))
+    (their_before, their_after), (our_before, our_after) = seen
+    assert their_after["execution_count"] - their_before["execution_count"] == 3
+    assert _shape(our_after) == _shape(their_after)
+    for key in ("inference_count", "execution_count"):
+        assert our_after[key] - our_before[key] == their_after[key] - their_before[key], key
+    for key, stat in their_after["inference_stats"].items():
+        assert our_after["inference_stats"][key]["count"] - our_before["inference_stats"][key]["count"] == (
+            stat["count"] - their_before["inference_stats"][key]["count"]), key
