@@ -68,7 +68,7 @@ async def stream(
         outcome = "OTHER" if failed else None
     finally:
         elapsed = time.monotonic_ns() - started
-        rows = _rows(model, request)
+        rows = request.batch_size() if model.config.max_batch_size > 0 else 1
         model.stats.record_execution(rows, elapsed)  # performed, whatever its outcome
         if outcome is None:
             model.stats.record_success(
@@ -76,11 +76,3 @@ async def stream(
             )
         else:
             model.stats.record_failure(elapsed, outcome)
-
-
-def _rows(model: LoadedVersion, request: InferRequest) -> int:
-    """The request's batch size: its first input's first dim for a batching model, else 1."""
-    if model.config.max_batch_size <= 0 or not request.inputs:
-        return 1
-    first = next(iter(request.inputs.values()))
-    return int(first.shape[0]) if getattr(first, "ndim", 0) else 1
