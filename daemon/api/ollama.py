@@ -192,19 +192,12 @@ async def _decode(request: web.Request, kind: type[Any]) -> Any:
     # Ollama's server (Go's encoding/json) takes null for any field as "not given": so do we,
     # for the request's own fields and its messages' (not inside a schema, tools or options).
     data = msgspec.json.decode(body)
-    if isinstance(data, dict) and _has_null(data):
+    if isinstance(data, dict) and (stripped := _without_nulls(data)) != data:
         try:
-            return msgspec.convert(_without_nulls(data), kind)
+            return msgspec.convert(stripped, kind)
         except msgspec.ValidationError as exc:
             error = exc
     raise InvalidArgument(f"invalid request: {error}") from None
-
-
-def _has_null(data: dict[str, Any]) -> bool:
-    messages = data.get("messages")
-    return None in data.values() or (
-        isinstance(messages, list) and any(isinstance(m, dict) and None in m.values() for m in messages)
-    )
 
 
 def _without_nulls(data: dict[str, Any]) -> dict[str, Any]:
