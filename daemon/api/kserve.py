@@ -152,7 +152,7 @@ async def model_stats(request: web.Request) -> web.Response:
         entry = daemon.registry.entry(name)
         models = list(entry.versions.values()) if entry is not None else []
         if version is not None:
-            models = [m for m in models if str(m.version) == version]
+            models = [m for m in models if m.version == int(version)]  # the route takes digits only
         if not models:
             # Triton's wording and status (its core reports INVALID_ARG), also for a known
             # model or version that is not loaded.

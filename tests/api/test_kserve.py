@@ -119,7 +119,10 @@ def test_repository_index_and_stats(daemon) -> None:
     stats = daemon.request("GET", "/v2/models/simple/stats").json()["model_stats"][0]
     assert stats["name"] == "simple" and stats["version"] == "1"
     assert stats["inference_stats"]["success"]["count"] >= 1
-    assert stats["response_stats"] == {}  # Triton's layout: per-response stats are for decoupled models
+    assert stats["response_stats"] == {}  # Triton 2.51 layout: its python backend keeps none
+    # A version is a number: /versions/01 is version 1, as on the other model routes.
+    versioned = daemon.request("GET", "/v2/models/simple/versions/01/stats").json()["model_stats"]
+    assert [s["version"] for s in versioned] == ["1"]
     metrics = daemon.request("GET", "/metrics").body.decode()
     assert 'nv_inference_request_success{model="simple",version="1"}' in metrics
     assert "nv_inference_queue_duration_us" in metrics
