@@ -320,6 +320,11 @@ class ModelConfig(_Strict):
         ]
         if len(chosen) > 1:
             raise ValueError(f"set at most one of {' and '.join(chosen)}")
+        # TensorConfig serves inputs and outputs; `format` is an input's only (as in Triton,
+        # whose config.pbtxt schema refuses it on an output): never taken and then dropped.
+        for tensor in self.output:
+            if tensor.format != "FORMAT_NONE":
+                raise ValueError(f"output {tensor.name!r}: format applies to inputs only")
 
     def int_parameter(self, key: str, default: int, *, minimum: int = 0) -> int:
         """`parameters[key]` as an integer >= minimum; ConfigError naming model and key."""

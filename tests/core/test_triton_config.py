@@ -678,3 +678,15 @@ def test_backend_preference_travels_as_a_parameter(tmp_path: Path) -> None:
 
     again, _ = PbtxtParser().parse_json(json.dumps(to_triton_json(config)), source="round trip")
     assert again == config
+
+
+def test_format_is_for_inputs_only() -> None:
+    """model.toml shares one tensor table for inputs and outputs: an output's format would be
+    taken and dropped, so it is refused (config.pbtxt's schema has no such field)."""
+    from daemon.model_config import config_from_mapping
+
+    tensor = {"data_type": "TYPE_FP32", "dims": [1], "format": "FORMAT_NCHW"}
+    config = config_from_mapping({"input": [{"name": "x", **tensor}]}, source="m")
+    assert config.input[0].format == "FORMAT_NCHW"
+    with pytest.raises(ConfigError, match="output 'y': format applies to inputs only"):
+        config_from_mapping({"output": [{"name": "y", **tensor}]}, source="m")
