@@ -7,8 +7,12 @@ lines, to read what Triton says where a case fails.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
@@ -153,8 +157,6 @@ def test_instance_group_names(triton: Server, edged: Server) -> None:
 def test_system_shared_memory_round_trip(triton: Server, edged: Server) -> None:
     """Inputs read from and outputs written to a registered POSIX region, on both servers:
     the same statuses, the same response header, the same bytes in the region."""
-    from multiprocessing import shared_memory
-
     region = shared_memory.SharedMemory(create=True, size=64)
     try:
         a, b = np.array([1, 2, 3, 4], np.int32), np.array([10, 20, 30, 40], np.int32)
@@ -215,9 +217,6 @@ def test_statistics_have_tritons_layout(triton: Server, edged: Server) -> None:
 
 def _families(server: Server) -> dict[str, tuple[str, set[tuple[str, ...]]]]:
     """Prometheus family -> (type, label-name sets of its samples)."""
-    import http.client
-    import re
-
     conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=30)
     conn.request("GET", "/metrics", headers=server.auth)
     text = conn.getresponse().read().decode()
@@ -245,9 +244,6 @@ def test_metrics_have_tritons_families(triton: Server, edged: Server) -> None:
 
 
 def _samples(server: Server, model: str) -> dict[str, float]:
-    import http.client
-    import re
-
     conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=30)
     conn.request("GET", "/metrics", headers=server.auth)
     out = {}
@@ -304,8 +300,6 @@ def test_model_errors_as_tritons(triton: Server, edged: Server) -> None:
 def test_a_burst_beyond_the_queue_is_refused_as_tritons(triton: Server, edged: Server) -> None:
     """max_queue_size 1, one slow instance: of a burst of five, what runs and what is refused
     with which status and text (the count depends on timing, the answers must not)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]}).encode()
     answers = []
     for server in (triton, edged):
