@@ -208,19 +208,29 @@ def wait_http(port: int, proc: subprocess.Popen[bytes], path: str, timeout: floa
 
 
 @contextlib.contextmanager
-def running_server(args: list[str], port: int, ready_path: str, log: Path) -> Iterator[None]:
-    """A server process, ready to serve; its log's tail is printed when the body fails."""
+def running_server(args: list[str], port: int, ready_path: str, log: Path) -> Iterator[int]:
+    """A server process (its pid), ready to serve; its log's tail is printed when the body fails."""
     with log.open("wb") as out:
         proc = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_http(port, proc, ready_path)
-        yield
+        yield proc.pid
     except Exception:
         print(f"--- {log} ---\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
         raise
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def cpu_ns(pid: int) -> int:
+    """CPU time of all threads of `pid` so far, in ns: schedstat, not /proc/<pid>/stat, whose
+    10 ms ticks are too coarse for a measurement of a fraction of a second."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):  # a thread that ended since the listing
+            total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+    return total
 
 
 def with_server(args: list[str], port: int, ready_path: str, log: Path, body: Callable[[], list[Run]]) -> list[Run]:
@@ -327,23 +337,33 @@ def bench_interleaved(args: argparse.Namespace, model: Path, work: Path, streams
     if not args.skip_server:
         servers["llama_cpp.server"] = llama_cpp_server(model, args.threads, 2048, *NO_INTERRUPT)
     runs: dict[tuple[str, int], list[Run]] = {(name, n): [] for name in servers for n in streams}
+    # Server CPU (all threads) per generated token: unlike tokens/s, it barely moves with other
+    # load on the machine, so it tells apart what the servers cost from how the host treated them.
+    cpu: dict[tuple[str, int], list[float]] = {key: [] for key in runs}
+    pids: dict[str, int] = {}
     with contextlib.ExitStack() as stack:
         for name, (command, port, ready, _) in servers.items():
             log = work / f"{name.split()[0].replace('.', '_').strip('()')}-interleaved.log"
-            stack.enter_context(running_server(command, port, ready, log))
+            pids[name] = stack.enter_context(running_server(command, port, ready, log))
         order = list(servers)
         for r in range(args.interleave):
             for n in streams:
                 for name in order if r % 2 == 0 else order[::-1]:
                     _, port, _, model_name = servers[name]
-                    runs[(name, n)] += bench_http(port, model_name, [n], args.max_tokens, args.endpoint)
+                    before = cpu_ns(pids[name])
+                    measured = bench_http(port, model_name, [n], args.max_tokens, args.endpoint)
+                    # bench_http's warm-up request (4 tokens) is in the CPU time: a few per mille.
+                    cpu[(name, n)].append((cpu_ns(pids[name]) - before) / 1000 / max(1, measured[0].tokens))
+                    runs[(name, n)] += measured
     print(f"{args.interleave} rounds, load average (1, 5, 15 min) at the end: "
           + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     for (name, n), measured in runs.items():
         rates = sorted(run.tokens_per_s for run in measured)
         ttfts = sorted(run.mean_ttft_ms for run in measured)
+        per_token = sorted(cpu[(name, n)])
         print(f"{name:<18} streams={n:<2} median {rates[len(rates) // 2]:7.1f} tok/s "
-              f"(min {rates[0]:.1f}, max {rates[-1]:.1f})  ttft median {ttfts[len(ttfts) // 2]:7.1f} ms")
+              f"(min {rates[0]:.1f}, max {rates[-1]:.1f})  ttft median {ttfts[len(ttfts) // 2]:7.1f} ms  "
+              f"server CPU {per_token[len(per_token) // 2]:6.0f} us/token")
     for baseline in ("llama-server", "llama_cpp.server"):
         if baseline not in servers:
             continue
@@ -351,9 +371,11 @@ def bench_interleaved(args: argparse.Namespace, model: Path, work: Path, streams
             ours, theirs = runs[("ours (daemon)", n)], runs[(baseline, n)]
             ratios = sorted(o.tokens_per_s / t.tokens_per_s for o, t in zip(ours, theirs, strict=True))
             ttft = sorted(t.mean_ttft_ms / o.mean_ttft_ms for o, t in zip(ours, theirs, strict=True))
+            cpus = sorted(o / t for o, t in zip(cpu[("ours (daemon)", n)], cpu[(baseline, n)], strict=True))
             print(f"ours (daemon) / {baseline:<16} streams={n:<2} tok/s: median of per-round ratios "
                   f"x{ratios[len(ratios) // 2]:5.2f} (range {ratios[0]:.2f}-{ratios[-1]:.2f})  "
-                  f"ttft theirs/ours x{ttft[len(ttft) // 2]:5.2f}")
+                  f"ttft theirs/ours x{ttft[len(ttft) // 2]:5.2f}  CPU/token ours/theirs "
+                  f"x{cpus[len(cpus) // 2]:5.2f}")
 
 
 # --------------------------------------------------------------------------- prompt cache
