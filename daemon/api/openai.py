@@ -7,10 +7,15 @@ sequence: aiohttp cancels the handler, and closing the chunk iterator tells the 
 Every field a request may carry either has its effect or is a 400 naming it (unknown fields
 are rejected by the decoders, `forbid_unknown_fields`); ranges are OpenAI's: temperature
 [0, 2], top_p [0, 1], presence/frequency penalty [-2, 2], logit_bias values [-100, 100].
+
+`n` choices are `n` sequences in the engine, run side by side as separate requests would be
+(choice i samples with `seed + i` when a seed is given, so that the choices differ and the
+response is reproducible); streamed, their chunks interleave, each with its choice's `index`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -34,6 +39,8 @@ from daemon.core.model import LoadedVersion
 from daemon.errors import InvalidArgument, NotFound, Unavailable
 
 _json = msgspec.json.Encoder()
+# OpenAI's upper bound on `n` (choices per request).
+MAX_CHOICES = 128
 
 
 class _Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -53,7 +60,7 @@ class _Sampling(_Strict):
     max_completion_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    # Several choices per request are not implemented: anything but 1 is a 400. OpenAI's
+    # Choices per request (1..MAX_CHOICES), each its own sequence in the engine. OpenAI's
     # schema makes these nullable (null: the default), and its client sends null for None.
     n: int | None = None
     stream: bool | None = None
@@ -177,8 +184,8 @@ def _max_tokens(req: _Sampling | GenerateRequest, minimum: int) -> int | None:
 def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> GenerateParams:
     params = GenerateParams(max_tokens=_max_tokens(req, min_tokens))
     if isinstance(req, _Sampling):
-        if req.n not in (None, 1):
-            raise InvalidArgument("n: only n=1 is supported")
+        if req.n is not None and not 1 <= req.n <= MAX_CHOICES:
+            raise InvalidArgument(f"n must be between 1 and {MAX_CHOICES}, got {req.n}")
         if req.stream_options is not None and not req.stream:
             raise InvalidArgument("stream_options: only allowed when stream is true")
         if req.min_p is not None:
@@ -263,6 +270,79 @@ async def _first(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk | None:
         return None
 
 
+def _choices(
+    model: LoadedVersion, prompt: str | list[int], params: GenerateParams, n: int | None
+) -> list[AsyncGenerator[GenerateChunk, None]]:
+    """One generation per choice. With a seed, choice i samples with seed + i: the choices
+    differ, as OpenAI's independent samples do, and the response stays reproducible."""
+    out = []
+    for i in range(n or 1):
+        seeded = params if i == 0 or params.seed is None else msgspec.structs.replace(params, seed=params.seed + i)
+        out.append(model.generate(prompt, seeded))
+    return out
+
+
+async def _all(steps: list[Any]) -> list[Any]:
+    """Await the choices' steps together; the first failure is raised once all have ended, so
+    that no choice's generator is still running when the caller closes them."""
+    if len(steps) == 1:
+        return [await steps[0]]
+    results = await asyncio.gather(*steps, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+def _joined(first: GenerateChunk | None, collected: tuple[str, GenerateChunk]) -> tuple[str, GenerateChunk]:
+    text, last = collected
+    if first is None:
+        return text, last
+    if last.finish_reason is None:
+        return first.text + text, first
+    if first.logprobs:
+        last = msgspec.structs.replace(last, logprobs=first.logprobs + last.logprobs)
+    return first.text + text, last
+
+
+async def _merged(
+    choices: list[AsyncGenerator[GenerateChunk, None]],
+) -> AsyncGenerator[tuple[int, GenerateChunk], None]:
+    """(choice index, chunk) as each choice produces them."""
+    if len(choices) == 1:
+        async for chunk in choices[0]:
+            yield 0, chunk
+        return
+    queue: asyncio.Queue[tuple[int, GenerateChunk | Exception | None]] = asyncio.Queue()
+
+    async def pump(index: int, chunks: AsyncGenerator[GenerateChunk, None]) -> None:
+        try:
+            async for chunk in chunks:
+                queue.put_nowait((index, chunk))
+        except Exception as exc:  # the error of one choice ends the response
+            queue.put_nowait((index, exc))
+            return
+        queue.put_nowait((index, None))
+
+    pumps = [asyncio.create_task(pump(i, chunks)) for i, chunks in enumerate(choices)]
+    try:
+        running = len(pumps)
+        while running:
+            index, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        # A choice still generating when the response ends (an error, a client gone):
+        # cancelling its pump closes its generator, which cancels its sequence.
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+
+
 async def _sse(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -286,13 +366,16 @@ def _token_text(entry: TokenLogprob) -> str:
     return entry.piece.decode("utf-8", errors="replace")
 
 
-def _usage(chunk: GenerateChunk) -> dict[str, Any]:
+def _usage(*lasts: GenerateChunk) -> dict[str, Any]:
+    """Usage of a response from each choice's last chunk: the prompt once (OpenAI's count for
+    several choices), the completions summed."""
+    prompt, completion = lasts[0].prompt_tokens, sum(last.completion_tokens for last in lasts)
     return {
-        "prompt_tokens": chunk.prompt_tokens,
-        "completion_tokens": chunk.completion_tokens,
-        "total_tokens": chunk.prompt_tokens + chunk.completion_tokens,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
         # OpenAI's and llama-server's field for prompt tokens served from the cache.
-        "prompt_tokens_details": {"cached_tokens": chunk.cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": lasts[0].cached_tokens},
     }
 
 
@@ -331,7 +414,7 @@ async def retrieve_model(request: web.Request) -> web.Response:
 
 async def _stream_or_collect(
     request: web.Request,
-    chunks: AsyncGenerator[GenerateChunk, None],
+    choices: list[AsyncGenerator[GenerateChunk, None]],
     *,
     stream: bool,
     include_usage: bool,
@@ -339,35 +422,36 @@ async def _stream_or_collect(
     make_final: Any,
     echo: str = "",
 ) -> web.StreamResponse:
-    async with contextlib.aclosing(chunks):
-        first = await _first(chunks)
+    """Answer with every choice's chunks: one JSON body (`make_final` of each choice's text and
+    last chunk), or an event stream (`make_chunk(index, chunk)`, choices interleaved as they
+    come). The first chunk of every choice comes before the status, so that a full queue or a
+    bad prompt is a real 4xx/5xx and not an error inside a 200 stream."""
+    async with contextlib.AsyncExitStack() as stack:
+        for chunks in choices:
+            await stack.enter_async_context(contextlib.aclosing(chunks))
+        firsts = await _all([_first(chunks) for chunks in choices])
         if not stream:
-            text, last = await _collect(chunks)
-            if first is not None:
-                text = first.text + text
-                if last.finish_reason is None:
-                    last = first
-                elif first.logprobs:
-                    last = msgspec.structs.replace(last, logprobs=first.logprobs + last.logprobs)
-            return web.Response(body=_json.encode(make_final(text, last)), content_type="application/json")
+            collected = await _all([_collect(chunks) for chunks in choices])
+            results = [_joined(first, got) for first, got in zip(firsts, collected, strict=True)]
+            return web.Response(body=_json.encode(make_final(results)), content_type="application/json")
         response = await _sse(request)
-        last = GenerateChunk(text="")
-        if echo:
-            # The echoed prompt streams first, as its own chunk (OpenAI and llama-server).
-            await _send_all(response, make_chunk(GenerateChunk(text=echo)))
-        pending = [first] if first is not None else []
-        async def all_chunks() -> AsyncIterator[GenerateChunk]:
-            for c in pending:
-                yield c
-            async for c in chunks:
-                yield c
-        async for chunk in all_chunks():
-            last = chunk
-            if chunk.text or chunk.finish_reason:
-                await _send_all(response, make_chunk(chunk))
+        lasts = [GenerateChunk(text="") for _ in choices]
+        for index, first in enumerate(firsts):
+            if echo:
+                # The echoed prompt streams first, as its own chunk (OpenAI and llama-server).
+                await _send_all(response, make_chunk(index, GenerateChunk(text=echo)))
+            if first is not None:
+                lasts[index] = first
+                if first.text or first.finish_reason:
+                    await _send_all(response, make_chunk(index, first))
+        async with contextlib.aclosing(_merged(choices)) as merged:
+            async for index, chunk in merged:
+                lasts[index] = chunk
+                if chunk.text or chunk.finish_reason:
+                    await _send_all(response, make_chunk(index, chunk))
         if include_usage:
-            final = make_chunk(GenerateChunk(text=""), usage_only=True)
-            final["usage"] = _usage(last)
+            final = make_chunk(0, GenerateChunk(text=""), usage_only=True)
+            final["usage"] = _usage(*lasts)
             await _send(response, final)
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
@@ -398,18 +482,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
             raise InvalidArgument("logprobs: not supported together with echo")
         params.logprobs = req.logprobs
     params.suffix = req.suffix
-    offset = [0]  # text_offset of the next token in the completion
+    choices = _choices(model, prompt, params, req.n)
+    offset = [0 for _ in choices]  # per choice: text_offset of its next token
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
-    def completion_logprobs(entries: list[TokenLogprob]) -> dict[str, Any] | None:
+    def completion_logprobs(index: int, entries: list[TokenLogprob]) -> dict[str, Any] | None:
         """OpenAI's legacy layout: parallel lists, alternatives as {token: logprob}."""
         if params.logprobs is None:
             return None
         tokens, offsets = [], []
         for entry in entries:
             tokens.append(_token_text(entry))
-            offsets.append(offset[0])
-            offset[0] += len(tokens[-1])
+            offsets.append(offset[index])
+            offset[index] += len(tokens[-1])
         return {
             "tokens": tokens,
             "token_logprobs": [e.logprob for e in entries],
@@ -417,28 +502,30 @@ async def completions(request: web.Request) -> web.StreamResponse:
             "text_offset": offsets,
         }
 
-    def make_chunk(chunk: GenerateChunk, usage_only: bool = False) -> dict[str, Any]:
-        choices = [] if usage_only else [{
-            "index": 0, "text": chunk.text, "logprobs": completion_logprobs(chunk.logprobs),
+    def make_chunk(index: int, chunk: GenerateChunk, usage_only: bool = False) -> dict[str, Any]:
+        entries = [] if usage_only else [{
+            "index": index, "text": chunk.text, "logprobs": completion_logprobs(index, chunk.logprobs),
             "finish_reason": chunk.finish_reason,
         }]
-        return {"id": ident, "object": "text_completion", "created": created, "model": model.name, "choices": choices}
+        return {"id": ident, "object": "text_completion", "created": created, "model": model.name, "choices": entries}
 
-    def make_final(text: str, last: GenerateChunk) -> dict[str, Any]:
-        if req.echo and isinstance(prompt, str):
-            text = prompt + text
+    def make_final(results: list[tuple[str, GenerateChunk]]) -> dict[str, Any]:
+        echoed = prompt if req.echo and isinstance(prompt, str) else ""
         return {
             "id": ident, "object": "text_completion", "created": created, "model": model.name,
-            "choices": [{
-                "index": 0, "text": text, "logprobs": completion_logprobs(last.logprobs),
-                "finish_reason": last.finish_reason,
-            }],
-            "usage": _usage(last),
+            "choices": [
+                {
+                    "index": index, "text": echoed + text, "logprobs": completion_logprobs(index, last.logprobs),
+                    "finish_reason": last.finish_reason,
+                }
+                for index, (text, last) in enumerate(results)
+            ],
+            "usage": _usage(*(last for _, last in results)),
         }
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _stream_or_collect(
-        request, model.generate(prompt, params), stream=bool(req.stream),
+        request, choices, stream=bool(req.stream),
         include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
         echo=prompt if req.echo and isinstance(prompt, str) else "",
     )
@@ -547,9 +634,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         params.json_schema = openai_tools.tool_schema(tools, req.tool_choice, parallel)
         messages = openai_tools.with_tools(messages, tools, parallel)
     prompt = model.chat_prompt(messages)
+    choices = _choices(model, prompt, params, req.n)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    first_delta = [True]
-    stream_tools = openai_tools.ToolStream()  # with tools: the JSON reply, turned into deltas
+    # Per choice: whether its role went out yet; with tools, its JSON reply turned into deltas.
+    first_delta = [True for _ in choices]
+    stream_tools = [openai_tools.ToolStream() for _ in choices]
 
     def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any] | None:
         if not req.logprobs:
@@ -564,34 +653,39 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             for e in entries
         ]}
 
-    def chunk_payload(delta: dict[str, Any], finish: str | None, entries: list[TokenLogprob] | None = None) -> dict[str, Any]:
-        if first_delta[0]:
+    def chunk_payload(
+        index: int, delta: dict[str, Any], finish: str | None, entries: list[TokenLogprob] | None = None
+    ) -> dict[str, Any]:
+        if first_delta[index]:
             delta = {"role": "assistant", **delta}
-            first_delta[0] = False
+            first_delta[index] = False
         return {
             "id": ident, "object": "chat.completion.chunk", "created": created, "model": model.name,
-            "choices": [{"index": 0, "delta": delta, "logprobs": chat_logprobs(entries or []), "finish_reason": finish}],
+            "choices": [{"index": index, "delta": delta, "logprobs": chat_logprobs(entries or []), "finish_reason": finish}],
         }
 
-    def make_chunk(chunk: GenerateChunk, usage_only: bool = False) -> dict[str, Any] | list[dict[str, Any]] | None:
+    def make_chunk(
+        index: int, chunk: GenerateChunk, usage_only: bool = False
+    ) -> dict[str, Any] | list[dict[str, Any]] | None:
         if usage_only:
             return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model.name, "choices": []}
         if not tools:
-            return chunk_payload({"content": chunk.text} if chunk.text else {}, chunk.finish_reason, chunk.logprobs)
-        events = [chunk_payload(delta, None) for delta in stream_tools.feed(chunk.text)]
+            return chunk_payload(index, {"content": chunk.text} if chunk.text else {}, chunk.finish_reason, chunk.logprobs)
+        reply = stream_tools[index]
+        events = [chunk_payload(index, delta, None) for delta in reply.feed(chunk.text)]
         if chunk.finish_reason is None:
             return events
-        if stream_tools.calls_sent:
-            events.append(chunk_payload({}, "tool_calls"))
-        elif not events and not stream_tools.sent_content:
+        if reply.calls_sent:
+            events.append(chunk_payload(index, {}, "tool_calls"))
+        elif not events and not reply.sent_content:
             # Cut off before the reply object said anything: the raw text, as unstreamed.
-            content, _ = openai_tools.parse_reply(stream_tools.text)
-            events.append(chunk_payload({"content": content} if content else {}, chunk.finish_reason))
+            content, _ = openai_tools.parse_reply(reply.text)
+            events.append(chunk_payload(index, {"content": content} if content else {}, chunk.finish_reason))
         else:
-            events.append(chunk_payload({}, chunk.finish_reason))
+            events.append(chunk_payload(index, {}, chunk.finish_reason))
         return events
 
-    def make_final(text: str, last: GenerateChunk) -> dict[str, Any]:
+    def final_choice(index: int, text: str, last: GenerateChunk) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": text}
         finish: str | None = last.finish_reason
         if tools:
@@ -600,15 +694,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             if calls:
                 message["tool_calls"] = calls
                 finish = "tool_calls"
+        return {"index": index, "message": message, "logprobs": chat_logprobs(last.logprobs), "finish_reason": finish}
+
+    def make_final(results: list[tuple[str, GenerateChunk]]) -> dict[str, Any]:
         return {
             "id": ident, "object": "chat.completion", "created": created, "model": model.name,
-            "choices": [{"index": 0, "message": message, "logprobs": chat_logprobs(last.logprobs), "finish_reason": finish}],
-            "usage": _usage(last),
+            "choices": [final_choice(index, text, last) for index, (text, last) in enumerate(results)],
+            "usage": _usage(*(last for _, last in results)),
         }
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _stream_or_collect(
-        request, model.generate(prompt, params), stream=bool(req.stream),
+        request, choices, stream=bool(req.stream),
         include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
     )
 
@@ -674,17 +771,18 @@ async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
     params = _params(req)
     version = str(model.version)
 
-    def make_chunk(chunk: GenerateChunk, usage_only: bool = False) -> dict[str, Any]:
+    def make_chunk(index: int, chunk: GenerateChunk, usage_only: bool = False) -> dict[str, Any]:
         return {"model_name": name, "model_version": version, "text_output": chunk.text}
 
-    def make_final(text: str, last: GenerateChunk) -> dict[str, Any]:
+    def make_final(results: list[tuple[str, GenerateChunk]]) -> dict[str, Any]:
+        [(text, last)] = results
         return {
             "model_name": name, "model_version": version, "text_output": text,
             "finish_reason": last.finish_reason, "usage": _usage(last),
         }
 
     return await _stream_or_collect(
-        request, model.generate(req.text_input, params),
+        request, [model.generate(req.text_input, params)],
         stream=stream or req.stream,
         include_usage=False, make_chunk=make_chunk, make_final=make_final,
     )

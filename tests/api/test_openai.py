@@ -127,9 +127,9 @@ def test_embeddings(client: openai.OpenAI) -> None:
 
 def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
     user = [{"role": "user", "content": "x"}]
-    with pytest.raises(openai.BadRequestError, match="n: only n=1"):
-        client.chat.completions.create(model="tiny", messages=user, n=2)
     for field, value, pattern in [
+        ("n", 0, "n must be between 1 and 128, got 0"),
+        ("n", 129, "n must be between 1 and 128, got 129"),
         ("temperature", 2.5, "temperature must be between 0 and 2"),
         ("temperature", -0.1, "temperature must be between 0 and 2"),
         ("top_p", 1.5, "top_p must be between 0 and 1"),
@@ -171,6 +171,42 @@ def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
     assert client.completions.create(model="tiny", prompt="ok", max_tokens=2).choices[0].text is not None
 
 
+def test_n_choices_each_a_generation_of_their_own(client: openai.OpenAI) -> None:
+    """`n`: that many choices, indexed, each sampled as its own request would be (choice i with
+    seed + i), streamed interleaved; usage counts the prompt once and every completion."""
+    messages = [{"role": "user", "content": "Tell me a story"}]
+    sampled = {"temperature": 1.0, "max_tokens": 10}
+    alone = [
+        client.chat.completions.create(model="tiny", messages=messages, seed=40 + i, **sampled)
+        for i in range(3)
+    ]
+    together = client.chat.completions.create(model="tiny", messages=messages, n=3, seed=40, **sampled)
+    assert [c.index for c in together.choices] == [0, 1, 2]
+    assert [c.message.content for c in together.choices] == [a.choices[0].message.content for a in alone]
+    assert len({a.choices[0].message.content for a in alone}) > 1  # the seeds do differ
+    assert together.usage is not None
+    assert together.usage.prompt_tokens == alone[0].usage.prompt_tokens
+    assert together.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+
+    stream = client.chat.completions.create(
+        model="tiny", messages=messages, n=3, seed=40, stream=True, stream_options={"include_usage": True}, **sampled
+    )
+    texts, roles, finishes, usage = ["", "", ""], [0, 0, 0], [None, None, None], None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            roles[c.index] += c.delta.role == "assistant"
+            finishes[c.index] = c.finish_reason or finishes[c.index]
+    assert texts == [c.message.content for c in together.choices]
+    assert roles == [1, 1, 1] and finishes == ["length"] * 3
+    assert usage is not None and usage.completion_tokens == together.usage.completion_tokens
+
+    greedy = client.completions.create(model="tiny", prompt="Once", n=2, echo=True, **GREEDY)
+    solo = client.completions.create(model="tiny", prompt="Once", **GREEDY).choices[0].text
+    assert [c.text for c in greedy.choices] == ["Once" + solo] * 2
+
+
 def test_null_means_the_default_as_in_openais_schema(client: openai.OpenAI) -> None:
     """OpenAI's schema makes these nullable, and its client sends null for an explicit None."""
     messages = [{"role": "user", "content": "Hello there"}]
@@ -200,7 +236,9 @@ def test_triton_generate_extension(daemon) -> None:
     assert "".join(texts) == full["text_output"]
 
 
-def test_client_disconnect_cancels_and_server_keeps_serving(daemon, client: openai.OpenAI) -> None:
+@pytest.mark.parametrize("n", [1, 3])
+def test_client_disconnect_cancels_and_server_keeps_serving(daemon, client: openai.OpenAI, n: int) -> None:
+    """Every choice's sequence is cancelled when the client goes (n > 1: all of them)."""
     import socket
 
     from support import wait_until
@@ -209,7 +247,7 @@ def test_client_disconnect_cancels_and_server_keeps_serving(daemon, client: open
         return daemon.request("GET", "/v2/models/tiny").json()["engine"]
 
     before = engine()["tokens_generated"]
-    body = json.dumps({"model": "tiny", "prompt": "Go on", "max_tokens": 200, "stream": True}).encode()
+    body = json.dumps({"model": "tiny", "prompt": "Go on", "max_tokens": 200, "stream": True, "n": n}).encode()
     for _ in range(6):  # more abandoned streams than slots
         s = socket.socket(socket.AF_UNIX)
         s.connect(str(daemon.socket))
@@ -219,8 +257,8 @@ def test_client_disconnect_cancels_and_server_keeps_serving(daemon, client: open
         s.close()
     wait_until(lambda: engine()["busy"] == 0 and engine()["queued"] == 0, timeout=60)
     stats = engine()
-    # Run to completion, the six streams would have generated 1200 tokens.
-    assert stats["tokens_generated"] - before < 600, stats
+    # Run to completion, the six streams would have generated 1200 tokens per choice.
+    assert stats["tokens_generated"] - before < 600 * n, stats
     result = client.completions.create(model="tiny", prompt="still alive", max_tokens=3, timeout=60)
     assert result.choices[0].finish_reason in ("length", "stop")
 
