@@ -320,11 +320,17 @@ class ModelConfig(_Strict):
         ]
         if len(chosen) > 1:
             raise ValueError(f"set at most one of {' and '.join(chosen)}")
-        # TensorConfig serves inputs and outputs; `format` is an input's only (as in Triton,
-        # whose config.pbtxt schema refuses it on an output): never taken and then dropped.
+        # TensorConfig serves inputs and outputs; `format` and `optional` are an input's only
+        # and `label_filename` an output's (as in Triton, whose config.pbtxt schema refuses
+        # them on the other kind): never taken and then dropped.
         for tensor in self.output:
             if tensor.format != "FORMAT_NONE":
                 raise ValueError(f"output {tensor.name!r}: format applies to inputs only")
+            if tensor.optional:
+                raise ValueError(f"output {tensor.name!r}: optional applies to inputs only")
+        for tensor in self.input:
+            if tensor.label_filename:
+                raise ValueError(f"input {tensor.name!r}: label_filename applies to outputs only")
 
     def int_parameter(self, key: str, default: int, *, minimum: int = 0) -> int:
         """`parameters[key]` as an integer >= minimum; ConfigError naming model and key."""

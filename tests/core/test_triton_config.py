@@ -690,3 +690,21 @@ def test_format_is_for_inputs_only() -> None:
     assert config.input[0].format == "FORMAT_NCHW"
     with pytest.raises(ConfigError, match="output 'y': format applies to inputs only"):
         config_from_mapping({"output": [{"name": "y", **tensor}]}, source="m")
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "value", "refused"),
+    [("output", "optional", True, "output 'y': optional applies to inputs only"),
+     ("input", "label_filename", "labels.txt", "input 'y': label_filename applies to outputs only")],
+)
+def test_a_field_of_the_other_tensor_kind_is_refused(kind: str, field: str, value: object, refused: str) -> None:
+    """`optional` is an input's, `label_filename` an output's: on the other kind they would be
+    taken and dropped (neither the served config nor the data plane reads them there)."""
+    from daemon.model_config import config_from_mapping
+
+    tensor = {"name": "y", "data_type": "TYPE_FP32", "dims": [1], field: value}
+    other = "input" if kind == "output" else "output"
+    config = config_from_mapping({other: [tensor]}, source="m")
+    assert getattr(getattr(config, other)[0], field) == value
+    with pytest.raises(ConfigError, match=refused):
+        config_from_mapping({kind: [tensor]}, source="m")
