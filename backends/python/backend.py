@@ -89,6 +89,7 @@ class PythonBackend(Backend):
         self.model: Any = None
         self.model_path: Path | None = None
         self._model_name = context.model_name
+        self._instance_name = f"{context.model_name}_0_{context.instance_index}"  # set on load
         self._module_name = ""
         # What `requested_output_names()` reports when a client asks for no output: all of them.
         self._output_names: tuple[str, ...] = ()
@@ -162,6 +163,7 @@ class PythonBackend(Backend):
 
     def load_sync(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         model_name = self._model_name = config.name or self.context.model_name
+        self._instance_name = instance_name(config, model_name, self.context.instance_index)
         path = _artifact_file(artifact, config, model_name)
         where = f"python: model {model_name!r} ({path})"
         # Set on every load (not only the first) so a replaced plugin's module wins.
@@ -356,9 +358,8 @@ class PythonBackend(Backend):
         except (Exception, SystemExit) as exc:
             log.warning("python: model %r: execute raised", self._model_name, exc_info=True)
             # Triton's words (without the traceback, which goes to the log).
-            instance = f"{self._model_name}_{self.context.instance_index}"
             raise BackendError(
-                f"Failed to process the request(s) for model '{instance}', message: "
+                f"Failed to process the request(s) for model '{self._instance_name}', message: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         finally:
@@ -580,6 +581,16 @@ def _output_array(value: Any) -> np.ndarray:
     return array
 
 
+def instance_name(config: ModelConfig, model_name: str, index: int) -> str:
+    """Triton's name of the model's `index`-th instance: its group's name (`<model>_<group
+    index>` when the config names none) and its place in the group, e.g. `simple_0_1`."""
+    for number, group in enumerate(config.instance_group):
+        if index < group.count:
+            return f"{group.name or f'{model_name}_{number}'}_{index}"
+        index -= group.count
+    return f"{model_name}_0_{index}"  # no instance_group: Triton fills in one group
+
+
 def triton_args(
     config: ModelConfig, context: InstanceContext, path: Path, device: Device
 ) -> dict[str, str]:
@@ -589,7 +600,7 @@ def triton_args(
     return {
         "model_config": msgspec.json.encode(to_triton_json(config)).decode(),
         "model_instance_kind": "GPU" if gpu else "CPU",
-        "model_instance_name": f"{model_name}_{context.instance_index}",
+        "model_instance_name": instance_name(config, model_name, context.instance_index),
         "model_instance_device_id": str(device.index) if gpu else "0",
         # Triton's "repository" entry is the model's own directory (<repo>/<model>).
         "model_repository": str(path.parent.parent),

@@ -14,7 +14,7 @@ from model_builders import write_simple_repository
 
 from daemon.backend import Backend, Device, InferRequest, InferResponse, InstanceContext
 from daemon.errors import BackendError, InvalidArgument
-from daemon.model_config import ModelConfig, TensorConfig
+from daemon.model_config import InstanceGroup, ModelConfig, TensorConfig
 
 ClassOf = Callable[[str], type[Backend]]
 RNG = np.random.default_rng(11)
@@ -157,9 +157,9 @@ async def test_execute_raising_fails_that_batch_and_the_next_call_works(
     assert len(failed) == 2
     for error in failed:
         assert isinstance(error, BackendError)
-        # Triton's words, naming the model instance.
+        # Triton's words, naming the model instance (its group's name, its place in it).
         assert error.message == (
-            "Failed to process the request(s) for model 'modes_0', message: "
+            "Failed to process the request(s) for model 'modes_0_0', message: "
             "ValueError: boom from model.py"
         )
     request = modes_request("ok", rows=3)
@@ -354,6 +354,17 @@ async def test_batch_reaches_execute_as_one_list(backend_class: ClassOf, tmp_pat
     assert calls == [3]
 
 
+def test_instance_names_are_tritons(backend_class: ClassOf) -> None:
+    """`<group name>_<place in the group>`, a group unnamed in the config being
+    `<model>_<group index>`: what Triton 2.51 passes as model_instance_name and puts in its
+    errors (seen there with these groups)."""
+    instance_name = sys.modules[backend_class("python").__module__].instance_name
+    config = modes_config("names")
+    config.instance_group = [InstanceGroup(count=2), InstanceGroup(count=1, name="extra")]
+    assert [instance_name(config, "names", i) for i in range(3)] == ["names_0_0", "names_0_1", "extra_0"]
+    assert instance_name(modes_config(), "modes", 1) == "modes_0_1"  # no groups: Triton's one
+
+
 async def test_initialize_gets_triton_args(backend_class: ClassOf, tmp_path: Path) -> None:
     version_dir = write_model(tmp_path, "modes", MODES_MODEL)
     cls = backend_class("python")
@@ -366,7 +377,7 @@ async def test_initialize_gets_triton_args(backend_class: ClassOf, tmp_path: Pat
     assert args["model_name"] == "modes"
     assert args["model_version"] == "1"
     assert args["model_instance_kind"] == "CPU"
-    assert args["model_instance_name"] == "modes_1"
+    assert args["model_instance_name"] == "modes_0_1"
     assert args["model_instance_device_id"] == "0"
     assert Path(args["model_repository"]) == tmp_path / "modes"
     model_config = json.loads(args["model_config"])
