@@ -578,7 +578,10 @@ class GenerationBackend(Backend):
         raise Unsupported(f"backend {self.name!r} does not compute embeddings")
 
     def engine_stats(self) -> dict[str, int | str]:
-        """Engine counters and facts for model metadata (slots, busy, queued, chat template...)."""
+        """Engine counters and facts for model metadata (slots, busy, queued, chat template...).
+
+        `slots` + `max_queue`, where given, is how many generations the engine takes at once
+        (running and waiting): a request for more choices (OpenAI's `n`) is a 400."""
         return {}
 
 

@@ -275,6 +275,7 @@ class Engine:
             "slots": self.settings.n_parallel,
             "busy": busy,
             "queued": self._pending,
+            "max_queue": self.settings.max_queue,
             "tokens_generated": self._tokens_generated,
             "prompt_tokens_cached": self._prompt_cached,
             "prompt_tokens_evaluated": self._prompt_evaluated,

@@ -275,6 +275,15 @@ def _choices(
 ) -> list[AsyncGenerator[GenerateChunk, None]]:
     """One generation per choice. With a seed, choice i samples with seed + i: the choices
     differ, as OpenAI's independent samples do, and the response stays reproducible."""
+    if n is not None and n > 1:
+        engine = model.require_generator().engine_stats()
+        room = int(engine.get("slots", 0)) + int(engine.get("max_queue", 0))
+        if room and n > room:
+            # Never a 503: retrying cannot help a request the engine can never hold.
+            raise InvalidArgument(
+                f"n: {n} choices are more than model '{model.name}' takes at once ({room}: its "
+                "slots and max_queue); ask for fewer or raise the model's max_queue"
+            )
     out = []
     for i in range(n or 1):
         seeded = params if i == 0 or params.seed is None else msgspec.structs.replace(params, seed=params.seed + i)

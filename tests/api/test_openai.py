@@ -130,6 +130,8 @@ def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
     for field, value, pattern in [
         ("n", 0, "n must be between 1 and 128, got 0"),
         ("n", 129, "n must be between 1 and 128, got 129"),
+        # 4 slots + 64 waiting: more choices would be a 503 a retry can never cure.
+        ("n", 69, r"n: 69 choices are more than model 'tiny' takes at once \(68: its slots and max_queue\)"),
         ("temperature", 2.5, "temperature must be between 0 and 2"),
         ("temperature", -0.1, "temperature must be between 0 and 2"),
         ("top_p", 1.5, "top_p must be between 0 and 1"),
