@@ -511,6 +511,10 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # from the logit of every token already in the prompt or the output.
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # One window of recent tokens for all three penalties, as llama.cpp's `penalty_last_n`
+    # and Ollama's `repeat_last_n`: -1 = the whole context, 0 = no penalties. None: the
+    # repeat penalty over the last 64 tokens and OpenAI's two over the whole context.
+    penalty_last_n: int | None = None
     # Token id -> value added to its logit (OpenAI's logit_bias, in [-100, 100]).
     logit_bias: dict[int, float] = {}
     # A GBNF grammar (root rule "root") the output must match; "" = free text.

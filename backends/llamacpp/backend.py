@@ -281,6 +281,8 @@ def _check_params(params: GenerateParams) -> None:
         raise InvalidArgument(f"logit_bias values must be in [-100, 100], got {bad}")
     if params.repeat_penalty <= 0:
         raise InvalidArgument(f"repeat_penalty must be > 0, got {params.repeat_penalty}")
+    if params.penalty_last_n is not None and params.penalty_last_n < -1:
+        raise InvalidArgument(f"penalty_last_n must be >= -1, got {params.penalty_last_n}")
     if not 0.0 <= params.top_p <= 1.0:
         raise InvalidArgument(f"top_p must be in [0, 1], got {params.top_p}")
     if not 0.0 <= params.min_p <= 1.0:

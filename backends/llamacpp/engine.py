@@ -689,10 +689,18 @@ class Engine:
             llama.llama_sampler_chain_add(
                 chain, llama.llama_sampler_init_logit_bias(self.n_vocab, len(params.logit_bias), biases)
             )
-        if params.repeat_penalty != 1.0:
+        penalized = params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
+        if params.penalty_last_n is not None:
+            # One window for all three, llama.cpp's own way (Ollama's repeat_last_n).
+            window = self.n_ctx_seq if params.penalty_last_n < 0 else params.penalty_last_n
+            if window > 0 and penalized:
+                self._add_penalties(
+                    chain, prompt, window, params.repeat_penalty, params.frequency_penalty, params.presence_penalty
+                )
+        elif params.repeat_penalty != 1.0:
             # llama.cpp's repeat penalty over its usual window of recent tokens.
             self._add_penalties(chain, prompt, PENALTY_LAST_N, params.repeat_penalty, 0.0, 0.0)
-        if params.presence_penalty or params.frequency_penalty:
+        if params.penalty_last_n is None and (params.presence_penalty or params.frequency_penalty):
             # OpenAI's penalties count every token of the text so far: the whole context.
             self._add_penalties(
                 chain, prompt, self.n_ctx_seq, 1.0, params.frequency_penalty, params.presence_penalty

@@ -56,9 +56,9 @@ _UNLIMITED = 1 << 30
 
 _SUPPORTED_OPTIONS = frozenset({
     "num_ctx", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "num_predict",
-    "repeat_penalty", "repeat_last_n",
+    "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
 })
-# The engine's penalty window (backends/llamacpp: PENALTY_LAST_N); other values are refused.
+# Ollama's default window of recent tokens for all three penalties.
 _REPEAT_LAST_N = 64
 
 
@@ -308,8 +308,15 @@ async def _params(request: web.Request, options: dict[str, Any] | None, model: L
             raise InvalidArgument(f"options.num_predict must be > 0, -1 or -2, got {opts.num_predict}")
         if opts.num_predict > 0:
             params.max_tokens = opts.num_predict
-    if opts.repeat_last_n is not None and opts.repeat_last_n != _REPEAT_LAST_N:
-        raise InvalidArgument(f"options.repeat_last_n: only {_REPEAT_LAST_N} is supported")
+    if opts.repeat_last_n is not None and opts.repeat_last_n < -1:
+        raise InvalidArgument(f"options.repeat_last_n must be >= -1, got {opts.repeat_last_n}")
+    params.penalty_last_n = _REPEAT_LAST_N if opts.repeat_last_n is None else opts.repeat_last_n
+    for key in ("presence_penalty", "frequency_penalty"):
+        value = getattr(opts, key)
+        if value is not None:
+            if not -2.0 <= value <= 2.0:
+                raise InvalidArgument(f"options.{key} must be between -2 and 2, got {value}")
+            setattr(params, key, value)
     if opts.temperature is not None:
         if opts.temperature < 0:
             raise InvalidArgument(f"options.temperature must be >= 0, got {opts.temperature}")
@@ -349,6 +356,8 @@ class _Options(msgspec.Struct):
     num_predict: int | None = None
     repeat_penalty: float | None = None
     repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
 
 def _refuse_unsupported(req: _Generation) -> None:

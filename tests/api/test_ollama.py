@@ -167,6 +167,26 @@ def test_unsupported_fields_are_400_naming_them(client: ollama.Client) -> None:
     assert caught.value.status_code == 404 and "nope:latest" in caught.value.error
 
 
+def test_penalty_options_and_their_window(client: ollama.Client) -> None:
+    """presence_penalty, frequency_penalty and repeat_penalty count the last repeat_last_n
+    tokens (Ollama's default 64; 0 turns all three off, -1 is the whole context)."""
+    def text(**options: object) -> str:
+        reply = client.generate(model="tiny", prompt="Once upon a time there was",
+                                options={"temperature": 0, "num_predict": 24, "repeat_penalty": 1.0, **options})
+        return reply.response
+
+    base = text()
+    for penalty in ({"presence_penalty": 2.0}, {"frequency_penalty": 2.0}, {"repeat_penalty": 1.8}):
+        assert text(**penalty) != base, penalty
+        assert text(**penalty, repeat_last_n=0) == base, penalty
+    assert text(presence_penalty=2.0, repeat_last_n=-1) != base
+    for options, words in (({"repeat_last_n": -2}, "options.repeat_last_n must be >= -1, got -2"),
+                           ({"presence_penalty": 2.5}, "options.presence_penalty must be between -2 and 2")):
+        with pytest.raises(ollama.ResponseError) as caught:
+            client.generate(model="tiny", prompt="x", options=options)
+        assert caught.value.status_code == 400 and words in caught.value.error
+
+
 def test_null_is_not_given_as_in_ollamas_server(daemon) -> None:
     """Ollama's server (Go) reads null for any field as absent; raw clients and proxies send it."""
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi", "images": None, "thinking": None}],

@@ -625,6 +625,36 @@ async def test_logit_bias_and_penalties_change_the_output(load: Loader, model_pa
         await collect(backend.generate(prompt, GenerateParams(presence_penalty=3.0)))
 
 
+async def test_penalty_window_is_one_for_all_penalties(load: Loader, model_path: Path) -> None:
+    """`penalty_last_n` (Ollama's repeat_last_n): the penalties count only the last N tokens;
+    0 turns them off, -1 is the whole context. Checked against numpy reference logits on
+    prompts where the window changes the first greedy token."""
+    backend = await load(model_path)
+    weights = read_weights(model_path)
+    rng = np.random.default_rng(1)
+    window, checked = 4, 0
+    for _ in range(300):
+        candidate = [1, *(int(t) for t in rng.integers(300, 379, 14))]
+        logits = reference_forward(weights, candidate)[-1] @ weights["output.weight"].T
+        seen_all = np.bincount(candidate, minlength=len(logits)) > 0
+        seen_last = np.bincount(candidate[-window:], minlength=len(logits)) > 0
+        expected = {n: logits - 1.5 * seen for n, seen in ((window, seen_last), (-1, seen_all))}
+        expected[0] = logits
+        picks = {n: int(np.argmax(v)) for n, v in expected.items()}
+        margins = [np.diff(np.sort(v)[-2:])[0] for v in expected.values()]
+        if picks[window] == picks[-1] or min(margins) < 0.1:
+            continue  # the window must matter, and clearly
+        for last_n, pick in picks.items():
+            params = GenerateParams(greedy=True, max_tokens=1, presence_penalty=1.5, penalty_last_n=last_n)
+            assert (await collect(backend.generate(candidate, params))).ids == [pick], last_n
+        checked += 1
+        if checked == 2:
+            break
+    assert checked == 2
+    with pytest.raises(InvalidArgument, match="penalty_last_n must be >= -1, got -2"):
+        await collect(backend.generate([1, 300], GenerateParams(penalty_last_n=-2)))
+
+
 async def test_default_max_tokens_is_the_rest_of_the_context(load: Loader, model_path: Path) -> None:
     backend = await load(model_path, n_parallel="1", n_ctx="256")
     prompt = [1, *range(300, 340)]
