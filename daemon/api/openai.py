@@ -77,6 +77,9 @@ class _Sampling(_Strict):
     top_k: int | None = None
     min_p: float | None = None
     repeat_penalty: float | None = None
+    # The window of recent tokens every penalty counts (-1: the whole context, 0: none).
+    # Unset, OpenAI's penalties count the whole context and repeat_penalty the last 64.
+    repeat_last_n: int | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -195,6 +198,10 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
             if not req.repeat_penalty > 0:
                 raise InvalidArgument(f"repeat_penalty must be > 0, got {req.repeat_penalty}")
             params.repeat_penalty = req.repeat_penalty
+        if req.repeat_last_n is not None:
+            if req.repeat_last_n < -1:
+                raise InvalidArgument(f"repeat_last_n must be >= -1, got {req.repeat_last_n}")
+            params.penalty_last_n = req.repeat_last_n
         if req.presence_penalty is not None:
             _in_range("presence_penalty", req.presence_penalty, -2.0, 2.0)
             params.presence_penalty = req.presence_penalty

@@ -327,6 +327,15 @@ def test_sampling_parameters_have_their_effect(client: openai.OpenAI) -> None:
     assert present == repeated
     frequent = client.completions.create(model="tiny", prompt=prompt, frequency_penalty=2, **long).choices[0].text
     assert len(set(frequent)) > 1 and frequent[0] == repeated[0]
+    # llama.cpp's repeat_last_n: counted over the last 8 tokens only, the penalty stops at
+    # 8 x 2 = 16, below the bias; 0 counts nothing.
+    for window in (8, 0):
+        capped = client.completions.create(
+            model="tiny", prompt=prompt, frequency_penalty=2, extra_body={"repeat_last_n": window}, **long
+        ).choices[0].text
+        assert capped == repeated, window
+    with pytest.raises(openai.BadRequestError, match="repeat_last_n must be >= -1, got -2"):
+        client.completions.create(model="tiny", prompt=prompt, extra_body={"repeat_last_n": -2}, max_tokens=1)
 
 
 def test_prompt_cache_shows_in_usage_and_engine_stats(daemon, client: openai.OpenAI) -> None:
