@@ -161,3 +161,19 @@ def write_tiny_llama(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def with_fim_tokens(source: Path, target: Path, pre: int, suf: int, mid: int) -> Path:
+    """A copy of a GGUF whose tokenizer names fill-in-the-middle tokens (llama.cpp's keys)."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(target), arch="llama", endianess=reader.endianess)
+    keys = gguf.Keys.Tokenizer
+    metadata = {
+        key: MetadataDetails(gguf.GGUFValueType.UINT32, value)
+        for key, value in ((keys.FIM_PRE_ID, pre), (keys.FIM_SUF_ID, suf), (keys.FIM_MID_ID, mid))
+    }
+    copy_with_new_metadata(reader, writer, metadata, [])
+    return target

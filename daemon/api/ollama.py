@@ -591,8 +591,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
     schema = _format_schema(req.format)
     if req.images:
         raise InvalidArgument(f'images: "{req.model}" does not support images')
-    if req.suffix:
-        raise InvalidArgument(f'suffix: "{req.model}" does not support insert (fill-in-the-middle)')
+    if req.suffix and (req.template or req.system):
+        # Ollama renders the suffix through the model's template; edged builds llama.cpp's
+        # fill-in-the-middle prompt from the model's FIM tokens (a model without them: 400).
+        raise InvalidArgument("suffix: not supported together with template or system")
     if req.context:
         raise InvalidArgument("context: token context from an earlier response is not supported; "
                               "send the conversation with /api/chat")
@@ -605,7 +607,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
     model = _generation_model(daemon, name, version, req.model)
     params = await _params(request, req.options, model)
     params.json_schema = schema
-    if req.raw:
+    if req.suffix:
+        params.suffix = req.suffix
+        prompt = req.prompt
+    elif req.raw:
         prompt = req.prompt
     elif req.template:
         prompt = render_template(req.template, system=req.system, prompt=req.prompt)
@@ -724,6 +729,9 @@ def _model_facts(metadata: GgufMetadata, path: Path) -> dict[str, Any]:
             meta = metadata.read(ggufs[-1])
     arch = str(meta.get("general.architecture", ""))
     embedding = config.bool_parameter("embedding", False) if ggufs else False
+    capabilities = ["embedding"] if embedding else ["completion"]
+    if not embedding and _names_fim_tokens(meta):
+        capabilities.append("insert")  # Ollama's word for `suffix` (fill in the middle)
     details = {
         "parent_model": "",
         "format": "gguf" if ggufs else (files[0].suffix.lstrip(".") if files else ""),
@@ -739,9 +747,18 @@ def _model_facts(metadata: GgufMetadata, path: Path) -> dict[str, Any]:
         "details": details,
         "meta": meta,
         "generation": bool(ggufs) or config.backend == "llamacpp",
-        "capabilities": (["embedding"] if embedding else ["completion"]) if ggufs else [],
+        "capabilities": capabilities if ggufs else [],
         "path": path,
     }
+
+
+def _names_fim_tokens(meta: dict[str, Any]) -> bool:
+    """Whether the tokenizer names prefix, suffix and middle tokens (llama.cpp's keys, current
+    or older), which the engine's fill-in-the-middle prompt needs."""
+    return any(
+        all(f"tokenizer.ggml.{part}_token_id" in meta for part in parts)
+        for parts in (("fim_pre", "fim_suf", "fim_mid"), ("prefix", "suffix", "middle"))
+    )
 
 
 _QUANT = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",

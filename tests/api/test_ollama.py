@@ -17,7 +17,7 @@ pytest.importorskip("llama_cpp")
 ollama = pytest.importorskip("ollama")
 jsonschema = pytest.importorskip("jsonschema")
 
-from gguf_builder import write_tiny_llama  # noqa: E402
+from gguf_builder import with_fim_tokens, write_tiny_llama  # noqa: E402
 
 LLAMA = 'backend: "llamacpp"\nparameters { key: "n_parallel" value { string_value: "4" } }\n'
 ON_DEMAND = 'parameters { key: "load" value { string_value: "on-demand" } }\n'
@@ -42,6 +42,10 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         write_tiny_llama(path / name / "1" / "model.gguf", seed=seed, pooling=1 if name == "embedder" else None,
                          n_ctx=2048 if name == "agent" else 256)
         (path / name / "config.pbtxt").write_text(config)
+    # A code model: the tiny one with fill-in-the-middle tokens named in its tokenizer.
+    (path / "coder" / "1").mkdir(parents=True)
+    with_fim_tokens(path / "tiny" / "1" / "model.gguf", path / "coder" / "1" / "model.gguf", 300, 301, 302)
+    (path / "coder" / "config.pbtxt").write_text(LLAMA)
     pytest.importorskip("onnxruntime")
     from model_builders import build_mlp_onnx
 
@@ -91,7 +95,8 @@ def test_openai_model_list_includes_on_demand_models(daemon) -> None:
 def test_list_and_show(client: ollama.Client) -> None:
     models = {m.model: m for m in client.list().models}
     # Text models of the repository, loaded or not; the ONNX model is not an Ollama model.
-    assert set(models) == {"tiny:latest", "embedder:latest", "lazy:latest", "crowd:latest", "agent:latest"}
+    assert set(models) == {"tiny:latest", "embedder:latest", "lazy:latest", "crowd:latest", "agent:latest",
+                           "coder:latest"}
     tiny = models["tiny:latest"]
     assert tiny.details is not None and tiny.details.format == "gguf" and tiny.details.family == "llama"
     assert tiny.size and tiny.size > 100_000 and tiny.digest
@@ -100,6 +105,7 @@ def test_list_and_show(client: ollama.Client) -> None:
     assert "<|im_start|>" in (shown.template or "")
     assert shown.modelinfo is not None and shown.modelinfo["llama.context_length"] == 256
     assert client.show("embedder:latest").capabilities == ["embedding"]
+    assert client.show("coder").capabilities == ["completion", "insert"]  # it has FIM tokens
     with pytest.raises(ollama.ResponseError) as caught:
         client.show("nope")
     assert caught.value.status_code == 404
@@ -149,7 +155,8 @@ def test_unsupported_fields_are_400_naming_them(client: ollama.Client) -> None:
         (lambda: client.chat(model="tiny", messages=[{"role": "user", "content": "x", "images": [b"\x89PNG"]}]),
          "images"),
         (lambda: client.generate(model="tiny", prompt="x", template="{{ range .Messages }}{{ end }}"), "template"),
-        (lambda: client.generate(model="tiny", prompt="x", suffix="y"), "suffix"),
+        (lambda: client.generate(model="tiny", prompt="x", suffix="y"), "suffix: model 'tiny' has no fill-in-the-middle"),
+        (lambda: client.generate(model="coder", prompt="x", suffix="y", system="s"), "suffix: not supported together"),
         (lambda: client.generate(model="tiny", prompt="x", keep_alive="soon"), "keep_alive"),
         (lambda: client.generate(model="embedder", prompt="x"), "embedding"),
         (lambda: client.embed(model="embedder", input="x", dimensions=8), "dimensions"),
@@ -165,6 +172,19 @@ def test_unsupported_fields_are_400_naming_them(client: ollama.Client) -> None:
     with pytest.raises(ollama.ResponseError) as caught:
         client.chat(model="nope:latest", messages=chat)
     assert caught.value.status_code == 404 and "nope:latest" in caught.value.error
+
+
+def test_suffix_fills_in_the_middle(client: ollama.Client, daemon) -> None:
+    """Ollama's suffix on a model with FIM tokens: the same prompt and text as the OpenAI
+    completions route's suffix (whose FIM layout tests/backends/test_llamacpp.py checks)."""
+    greedy = {"temperature": 0, "num_predict": 8, "repeat_penalty": 1.0}
+    reply = client.generate(model="coder", prompt="def f(", suffix="): pass", options=greedy)
+    body = {"model": "coder", "prompt": "def f(", "suffix": "): pass", "max_tokens": 8, "temperature": 0}
+    openai = daemon.request("POST", "/v1/completions", json.dumps(body).encode()).json()
+    assert reply.response == openai["choices"][0]["text"] and reply.eval_count == 8
+    assert reply.prompt_eval_count == openai["usage"]["prompt_tokens"]
+    plain = client.generate(model="coder", prompt="def f(", options=greedy)
+    assert plain.prompt_eval_count != reply.prompt_eval_count  # the suffix is in the prompt
 
 
 def test_penalty_options_and_their_window(client: ollama.Client) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf_builder import SPACE, write_tiny_llama
+from gguf_builder import SPACE, with_fim_tokens, write_tiny_llama
 
 from daemon.backend import Device, GenerateChunk, GenerateParams, InstanceContext
 from daemon.errors import BackendError, ConfigError, InvalidArgument, Unavailable
@@ -697,21 +697,6 @@ async def test_logprobs_are_the_models_distribution(load: Loader, model_path: Pa
         assert entry.logprob <= 0 and entry.piece
     plain = await collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=6)))
     assert plain.ids == result.ids and all(not c.logprobs for c in plain.chunks)
-
-
-def with_fim_tokens(source: Path, target: Path, pre: int, suf: int, mid: int) -> Path:
-    """A copy of a GGUF whose tokenizer names fill-in-the-middle tokens (llama.cpp's keys)."""
-    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
-
-    reader = gguf.GGUFReader(str(source))
-    writer = gguf.GGUFWriter(str(target), arch="llama", endianess=reader.endianess)
-    keys = gguf.Keys.Tokenizer
-    metadata = {
-        key: MetadataDetails(gguf.GGUFValueType.UINT32, value)
-        for key, value in ((keys.FIM_PRE_ID, pre), (keys.FIM_SUF_ID, suf), (keys.FIM_MID_ID, mid))
-    }
-    copy_with_new_metadata(reader, writer, metadata, [])
-    return target
 
 
 async def test_suffix_builds_the_fill_in_the_middle_prompt(load: Loader, model_path: Path, tmp_path: Path) -> None:
