@@ -1,4 +1,4 @@
-"""The real `tritonclient.http` client against the daemon over TCP."""
+"""The real `tritonclient.http` client (and its asyncio twin) against the daemon over TCP."""
 
 from __future__ import annotations
 
@@ -18,14 +18,18 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
-def client(start_daemon, simple_repo: Path, tmp_path: Path):
+def daemon(start_daemon, simple_repo: Path, tmp_path: Path):
     token = tmp_path / "token"
     token.write_text(TOKEN)
     token.chmod(0o600)
     config = tmp_path / "edged.toml"
     config.write_text(f'[server]\ntoken-file = "{token}"\n')
-    daemon = start_daemon("--config", str(config), "--model-repository", str(simple_repo),
-                          "--model-control-mode", "explicit", "--load-model", "*", http=True)
+    return start_daemon("--config", str(config), "--model-repository", str(simple_repo),
+                        "--model-control-mode", "explicit", "--load-model", "*", http=True)
+
+
+@pytest.fixture
+def client(daemon):
     client = httpclient.InferenceServerClient(url=f"127.0.0.1:{daemon.http_port}")
     yield client
     client.close()
@@ -118,3 +122,35 @@ def test_errors_surface_as_exceptions(client) -> None:
     bad[1].set_data_from_numpy(np.zeros((1, 16), np.float32))
     with pytest.raises(InferenceServerException, match="INPUT0"):
         client.infer("simple", bad)
+
+
+def test_the_asyncio_client(daemon) -> None:
+    """tritonclient.http.aio (aiohttp underneath): the same routes from an asyncio program."""
+    import asyncio
+
+    aio = pytest.importorskip("tritonclient.http.aio")
+
+    async def session() -> None:
+        async with aio.InferenceServerClient(url=f"127.0.0.1:{daemon.http_port}") as aclient:
+            assert await aclient.is_server_live() and await aclient.is_model_ready("simple")
+            assert (await aclient.get_model_metadata("simple"))["name"] == "simple"
+            for binary in (False, True):
+                inputs, a, b = _inputs(binary, rows=3)
+                outputs = [aio.InferRequestedOutput("OUTPUT0", binary_data=binary)]
+                results = await asyncio.gather(*(
+                    aclient.infer("simple", inputs, outputs=outputs, request_compression_algorithm=algorithm)
+                    for algorithm in (None, "gzip", "deflate")
+                ))
+                for result in results:
+                    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+            await aclient.unload_model("simple_python", headers=ADMIN)
+            assert not await aclient.is_model_ready("simple_python")
+            await aclient.load_model("simple_python", headers=ADMIN)
+            assert await aclient.is_model_ready("simple_python")
+            stats = await aclient.get_inference_statistics("simple")
+            assert stats["model_stats"][0]["inference_stats"]["success"]["count"] >= 6
+            with pytest.raises(InferenceServerException, match="unknown model"):
+                await aclient.infer("missing", _inputs(True)[0])
+
+    asyncio.run(session())
+
