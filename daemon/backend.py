@@ -532,6 +532,9 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     logprobs: int | None = None
     # Greedy decoding regardless of the fields above (temperature <= 0 means the same).
     greedy: bool = False
+    # Never sample an end-of-generation token (llama-server's `ignore_eos`): the output runs to
+    # max_tokens, a stop string or the end of the context, as benchmarks ask for.
+    ignore_eos: bool = False
 
 
 class TokenLogprob(msgspec.Struct):

@@ -338,6 +338,22 @@ def test_sampling_parameters_have_their_effect(client: openai.OpenAI) -> None:
         client.completions.create(model="tiny", prompt=prompt, extra_body={"repeat_last_n": -2}, max_tokens=1)
 
 
+def test_ignore_eos_runs_to_max_tokens(client: openai.OpenAI) -> None:
+    """llama-server's ignore_eos (benchmarks send it): an end-of-generation token is never
+    sampled. Biased towards EOS (id 2 in the tiny vocabulary) the reply ends at once; with
+    ignore_eos it runs to max_tokens."""
+    eos_first = {"model": "tiny", "prompt": "Count:", "temperature": 0.0, "max_tokens": 10, "logit_bias": {"2": 100}}
+    ended = client.completions.create(**eos_first)
+    assert ended.choices[0].finish_reason == "stop" and ended.usage.completion_tokens == 1
+    full = client.completions.create(**eos_first, extra_body={"ignore_eos": True})
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 10
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=6, logit_bias={"2": 100},
+        extra_body={"ignore_eos": True},
+    )
+    assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 6
+
+
 def test_prompt_cache_shows_in_usage_and_engine_stats(daemon, client: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": "A long enough question about caching " * 4}]
     first = client.chat.completions.create(model="tiny", messages=messages, **GREEDY)
