@@ -584,7 +584,7 @@ class GenerationBackend(Backend):
         """Embeddings for each text and the number of prompt tokens used."""
         raise Unsupported(f"backend {self.name!r} does not compute embeddings")
 
-    def engine_stats(self) -> dict[str, int | str]:
+    def engine_stats(self) -> dict[str, int | float | str]:
         """Engine counters and facts for model metadata (slots, busy, queued, chat template...).
 
         `slots` + `max_queue`, where given, is how many generations the engine takes at once

@@ -170,7 +170,7 @@ class LlamaCppBackend(GenerationBackend):
         if engine is not None:
             engine.stop()
 
-    def engine_stats(self) -> dict[str, int | str]:
+    def engine_stats(self) -> dict[str, int | float | str]:
         """Slots, queue, cache counters (Engine.stats) and the chat template used.
 
         Zeros when not loaded.
@@ -178,7 +178,7 @@ class LlamaCppBackend(GenerationBackend):
         engine = self._engine
         if engine is None:
             return {"slots": 0, "busy": 0, "queued": 0, "tokens_generated": 0}
-        stats: dict[str, int | str] = dict(engine.stats())
+        stats: dict[str, int | float | str] = dict(engine.stats())
         stats["n_ctx_per_slot"] = engine.n_ctx_seq
         if engine.chat_template is not None:
             stats["chat_template"] = engine.chat_template.source

@@ -211,6 +211,7 @@ class Engine:
         self._stopping = False
         self._failure = ""  # set when the engine thread died: why new requests are refused
         self._tokens_generated = 0  # sampled tokens since load, every sequence together
+        self._step_ns = 0  # time in decode steps (batch, llama_decode, sampling) since load
         self._prompt_cached = 0  # prompt tokens served from a slot's cache
         self._prompt_evaluated = 0  # prompt tokens decoded
 
@@ -265,7 +266,7 @@ class Engine:
         self._enqueue(job)
         return job
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
         """Slots, queue and cache counters (a racy but harmless read of engine state)."""
         slots = list(self._slots)
         busy = sum(1 for seq in slots if seq is not None)
@@ -279,6 +280,7 @@ class Engine:
             "queued": self._pending,
             "max_queue": self.settings.max_queue,
             "tokens_generated": self._tokens_generated,
+            "decode_seconds": self._step_ns / 1e9,
             "prompt_tokens_cached": self._prompt_cached,
             "prompt_tokens_evaluated": self._prompt_evaluated,
             "kv_cells_used": cells,
@@ -748,6 +750,13 @@ class Engine:
 
     def _step(self) -> None:
         """One llama_decode over every active sequence, then sample those that need it."""
+        started = time.perf_counter_ns()
+        try:
+            self._decode_and_sample()
+        finally:
+            self._step_ns += time.perf_counter_ns() - started
+
+    def _decode_and_sample(self) -> None:
         batch = self._batch
         n_tokens = 0
         outputs: list[tuple[_Sequence, int]] = []

@@ -249,6 +249,9 @@ _ENGINE_GAUGES: tuple[tuple[str, str, str], ...] = (
 )
 _ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("tokens_generated", "edged_llm_tokens_generated", "Tokens generated since the model was loaded"),
+    ("decode_seconds", "edged_llm_decode_seconds",
+     "Seconds the engine spent in decode steps (prompts and generation); tokens per second "
+     "while generating: rate(edged_llm_tokens_generated) / rate(edged_llm_decode_seconds)"),
     ("prompt_tokens_cached", "edged_llm_prompt_tokens_cached",
      "Prompt tokens served from a slot's prefix cache instead of being evaluated"),
     ("prompt_tokens_evaluated", "edged_llm_prompt_tokens_evaluated", "Prompt tokens evaluated"),

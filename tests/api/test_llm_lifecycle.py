@@ -83,3 +83,12 @@ def test_engine_counters_are_prometheus_metrics(start_daemon, tmp_path: Path) ->
     assert values["edged_llm_prompt_tokens_cached"] > 0
     assert values["edged_llm_kv_cells_total"] >= values["edged_llm_kv_cells_used"] > 0
     assert "# TYPE edged_llm_prompt_tokens_evaluated counter" in text
+    # Time in decode steps: tokens/s while generating is tokens_generated / decode_seconds.
+    assert "# TYPE edged_llm_decode_seconds counter" in text
+    assert 0 < values["edged_llm_decode_seconds"] < 60
+    longer = {**prompt, "prompt": "another prompt", "max_tokens": 32}
+    assert daemon.post_json("/v1/completions", longer).status == 200
+    again = daemon.request("GET", "/metrics").body.decode()
+    seconds = next(float(line.rsplit(" ", 1)[1]) for line in again.splitlines()
+                   if line.startswith('edged_llm_decode_seconds{model="tiny"'))
+    assert seconds > values["edged_llm_decode_seconds"]
