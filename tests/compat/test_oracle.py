@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import shared_memory
 from typing import Any
@@ -330,7 +331,14 @@ def test_decoupled_statistics_as_tritons(triton: Server, edged: Server) -> None:
         for n in (3, 1, 0):
             server.request("POST", "/v2/models/countdown/generate_stream", json.dumps({"IN": n}).encode(),
                            {"Content-Type": "application/json"})
-        after = json.loads(server.request("GET", "/v2/models/countdown/stats").body)["model_stats"][0]
+        # Triton records a stream's execution after its last event has gone out: poll (both
+        # servers alike) until the three executions show, or give up and compare what is there.
+        deadline = time.monotonic() + 5
+        while True:
+            after = json.loads(server.request("GET", "/v2/models/countdown/stats").body)["model_stats"][0]
+            if after["execution_count"] - before["execution_count"] >= 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         seen.append((counts(before), counts(after)))
     (their_before, their_after), (our_before, our_after) = seen
     assert their_after["execution_count"] - their_before["execution_count"] == 3
