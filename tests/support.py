@@ -162,3 +162,36 @@ def start_daemon_process(
                 raise AssertionError(f"daemon not ready after {timeout}s:\n{daemon.log()}")
             time.sleep(0.1)
     return daemon
+
+
+def failing_generation_plugin(plugins: Path, repo: Path, model: str = "broken") -> None:
+    """A generation backend plugin that streams "a", "b" and then fails, as an engine that
+    crashes mid-generation does; and a model `model` in `repo` that runs on it. For the API
+    layer's handling of an error after a stream's status went out (no runtime is faked: the
+    routes under test are the subject)."""
+    folder = plugins / "failing"
+    folder.mkdir(parents=True)
+    (folder / "manifest.toml").write_text(
+        'name = "failing"\nversion = "1.0"\napi-version = 1\nentrypoint = "impl:Failing"\n'
+        'artifacts = ["failing.txt"]\n'
+    )
+    (folder / "impl.py").write_text(
+        "from daemon.backend import BackendError, GenerateChunk, GenerationBackend\n\n\n"
+        "class Failing(GenerationBackend):\n"
+        "    name = 'failing'\n\n"
+        "    async def load(self, config, artifact, device):\n"
+        "        pass\n\n"
+        "    async def unload(self):\n"
+        "        pass\n\n"
+        "    def chat_prompt(self, messages):\n"
+        "        return ' '.join(m['content'] for m in messages)\n\n"
+        "    async def generate(self, prompt, params):\n"
+        "        yield GenerateChunk(text='a')\n"
+        "        yield GenerateChunk(text='b')\n"
+        "        raise BackendError('the engine failed')\n"
+    )
+    for path in (plugins, folder):
+        path.chmod(0o755)
+    (repo / model / "1").mkdir(parents=True)
+    (repo / model / "1" / "failing.txt").write_text("x")
+    (repo / model / "config.pbtxt").write_text('backend: "failing"\n')

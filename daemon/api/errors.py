@@ -29,7 +29,9 @@ _OPENAI_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "inv
                  429: "rate_limit_error", 503: "server_error"}
 
 
-def error_response(status: int, message: str, path: str = "") -> web.Response:
+def error_body(status: int, message: str, path: str = "") -> dict[str, object]:
+    """`{"error": ...}` as the route's clients read it; also the last event of a stream that
+    fails after its status went out (the openai client raises on an event carrying `error`)."""
     if path.startswith(_OPENAI_PREFIXES):
         error: object = {
             "message": message,
@@ -39,7 +41,11 @@ def error_response(status: int, message: str, path: str = "") -> web.Response:
         }
     else:
         error = message
-    return web.Response(status=status, body=_encode({"error": error}), content_type="application/json")
+    return {"error": error}
+
+
+def error_response(status: int, message: str, path: str = "") -> web.Response:
+    return web.Response(status=status, body=_encode(error_body(status, message, path)), content_type="application/json")
 
 
 # Request body encodings Triton decodes; any other is its 501 "Unsupported compression type".

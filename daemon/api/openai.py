@@ -34,11 +34,12 @@ from aiohttp import web
 from daemon.api import generate as generate_tensor
 from daemon.api import openai_tools
 from daemon.api.body import read_body
+from daemon.api.errors import error_body
 from daemon.api.leases import hold
 from daemon.api.state import daemon_of
 from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
 from daemon.core.model import LoadedVersion
-from daemon.errors import InvalidArgument, NotFound, Unavailable
+from daemon.errors import EdgedError, InvalidArgument, NotFound, Unavailable
 
 _json = msgspec.json.Encoder()
 # OpenAI's upper bound on `n` (choices per request).
@@ -457,19 +458,26 @@ async def _stream_or_collect(
             return web.Response(body=_json.encode(make_final(results)), content_type="application/json")
         response = await _sse(request)
         lasts = [GenerateChunk(text="") for _ in choices]
-        for index, first in enumerate(firsts):
-            if echo:
-                # The echoed prompt streams first, as its own chunk (OpenAI and llama-server).
-                await _send_all(response, make_chunk(index, GenerateChunk(text=echo)))
-            if first is not None:
-                lasts[index] = first
-                if first.text or first.finish_reason:
-                    await _send_all(response, make_chunk(index, first))
-        async with contextlib.aclosing(_merged(choices)) as merged:
-            async for index, chunk in merged:
-                lasts[index] = chunk
-                if chunk.text or chunk.finish_reason:
-                    await _send_all(response, make_chunk(index, chunk))
+        try:
+            for index, first in enumerate(firsts):
+                if echo:
+                    # The echoed prompt streams first, as its own chunk (OpenAI and llama-server).
+                    await _send_all(response, make_chunk(index, GenerateChunk(text=echo)))
+                if first is not None:
+                    lasts[index] = first
+                    if first.text or first.finish_reason:
+                        await _send_all(response, make_chunk(index, first))
+            async with contextlib.aclosing(_merged(choices)) as merged:
+                async for index, chunk in merged:
+                    lasts[index] = chunk
+                    if chunk.text or chunk.finish_reason:
+                        await _send_all(response, make_chunk(index, chunk))
+        except EdgedError as exc:
+            # The 200 went out with the first event: the error is the stream's last event
+            # (a second response on this connection would corrupt it).
+            await _send(response, error_body(exc.status, exc.message, request.path))
+            await response.write_eof()
+            return response
         if include_usage:
             final = make_chunk(0, GenerateChunk(text=""), usage_only=True)
             final["usage"] = _usage(*lasts)

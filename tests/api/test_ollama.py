@@ -438,3 +438,25 @@ def test_tool_result_goes_back_through_the_template(client: ollama.Client, daemo
         with pytest.raises(ollama.ResponseError) as caught:
             client.chat(model="agent", options=one, **kwargs)
         assert caught.value.status_code == 400 and words in caught.value.error, caught.value.error
+
+
+def test_an_error_after_the_stream_started_is_an_error_line(start_daemon, tmp_path: Path) -> None:
+    """As Ollama writes it: after the first lines, a failing engine ends the stream with
+    {"error": "..."}, which the client raises."""
+    from support import failing_generation_plugin
+
+    failing_generation_plugin(tmp_path / "plugins", tmp_path / "repo")
+    daemon = start_daemon("--model-repository", str(tmp_path / "repo"),
+                          "--backend-directory", str(tmp_path / "plugins"), http=True)
+    client = ollama.Client(host=f"http://127.0.0.1:{daemon.http_port}", timeout=60)
+    texts: list[str] = []
+    with pytest.raises(ollama.ResponseError, match="the engine failed"):
+        for part in client.chat(model="broken", messages=[{"role": "user", "content": "x"}], stream=True):
+            texts.append(part.message.content or "")
+    assert texts == ["a", "b"]
+    texts = []
+    with pytest.raises(ollama.ResponseError, match="the engine failed"):
+        for piece in client.generate(model="broken", prompt="x", stream=True):
+            texts.append(piece.response)
+    assert texts == ["a", "b"]
+

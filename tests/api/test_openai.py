@@ -549,3 +549,36 @@ def test_logprobs(client: openai.OpenAI) -> None:
             client.chat.completions.create(model="tiny", messages=messages, max_tokens=1, extra_body=extra)
     with pytest.raises(openai.BadRequestError, match="logprobs must be between 0 and 5"):
         client.completions.create(model="tiny", prompt="x", logprobs=6, max_tokens=1)
+
+
+def test_an_error_after_the_stream_started_is_its_last_event(start_daemon, tmp_path: Path) -> None:
+    """An engine failing mid-stream: the 200 and the first events went out, so the error is
+    the last event, in each route's shape (the openai client raises it; Triton's
+    generate_stream carries {"error": "..."}), and the connection stays sound (before: a
+    second response was written into the stream and the client saw a broken connection)."""
+    from support import failing_generation_plugin
+
+    failing_generation_plugin(tmp_path / "plugins", tmp_path / "repo")
+    daemon = start_daemon("--model-repository", str(tmp_path / "repo"),
+                          "--backend-directory", str(tmp_path / "plugins"), http=True)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
+    for n in (1, 2):
+        texts: list[str] = []
+        with pytest.raises(openai.APIError, match="the engine failed"):
+            for chunk in client.chat.completions.create(
+                model="broken", messages=[{"role": "user", "content": "x"}], stream=True, n=n
+            ):
+                texts += [c.delta.content or "" for c in chunk.choices]
+        if n == 1:
+            assert texts == ["a", "b"]
+        else:  # every choice's first chunk comes before the stream starts; then as they come
+            assert texts[:2] == ["a", "a"] and set(texts[2:]) <= {"b"}
+    reply = daemon.post_json("/v2/models/broken/generate_stream", {"text_input": "x"})
+    events = [json.loads(line[5:]) for line in reply.body.split(b"\n") if line.startswith(b"data:")]
+    assert reply.status == 200 and [e.get("text_output") for e in events[:2]] == ["a", "b"]
+    assert events[-1] == {"error": "the engine failed"}
+    # Before the stream: a plain error response with its status.
+    with pytest.raises(openai.InternalServerError, match="the engine failed"):
+        client.completions.create(model="broken", prompt="x")
+    assert "Traceback" not in daemon.log()
+
