@@ -83,6 +83,16 @@ def make_error_middleware() -> Middleware:
 
     @web.middleware
     async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await answer(request, handler)
+        if not response.prepared and request.writer.output_size > 0:
+            # The handler failed after its own response had started (a stream that does not
+            # end its events with the error itself): a second response would be written into
+            # the first. Closing the connection is all that is left.
+            raise ConnectionResetError(f"{request.method} {request.path}: failed after the response started")
+        return response
+
+    async def answer(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The handler's response, or the error response for what it raised."""
         if _unsupported_encoding(request):
             return error_response(501, "Unsupported compression type", request.path)
         try:
