@@ -729,7 +729,10 @@ def _model_facts(metadata: GgufMetadata, path: Path) -> dict[str, Any]:
             meta = metadata.read(ggufs[-1])
     arch = str(meta.get("general.architecture", ""))
     embedding = config.bool_parameter("embedding", False) if ggufs else False
-    capabilities = ["embedding"] if embedding else ["completion"]
+    # Tools work on every chat model here (a grammar-enforced JSON reply, see openai_tools),
+    # where Ollama's depend on the model's template: clients that read `capabilities` before
+    # they send tools (IDE agents) would otherwise never offer them.
+    capabilities = ["embedding"] if embedding else ["completion", "tools"]
     if not embedding and _names_fim_tokens(meta):
         capabilities.append("insert")  # Ollama's word for `suffix` (fill in the middle)
     details = {

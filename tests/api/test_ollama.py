@@ -101,11 +101,11 @@ def test_list_and_show(client: ollama.Client) -> None:
     assert tiny.details is not None and tiny.details.format == "gguf" and tiny.details.family == "llama"
     assert tiny.size and tiny.size > 100_000 and tiny.digest
     shown = client.show("tiny")
-    assert shown.capabilities == ["completion"]
+    assert shown.capabilities == ["completion", "tools"]  # tools work on every chat model
     assert "<|im_start|>" in (shown.template or "")
     assert shown.modelinfo is not None and shown.modelinfo["llama.context_length"] == 256
     assert client.show("embedder:latest").capabilities == ["embedding"]
-    assert client.show("coder").capabilities == ["completion", "insert"]  # it has FIM tokens
+    assert client.show("coder").capabilities == ["completion", "tools", "insert"]  # it has FIM tokens
     with pytest.raises(ollama.ResponseError) as caught:
         client.show("nope")
     assert caught.value.status_code == 404
