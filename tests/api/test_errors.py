@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
@@ -11,14 +12,18 @@ from daemon.api.errors import make_error_middleware
 from daemon.errors import BackendError
 
 
-async def _serve(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> tuple[web.AppRunner, int]:
+@contextlib.asynccontextmanager
+async def _serving(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[int]:
+    """An app with only the error middleware and `handler` at `/`, on a TCP port (yielded)."""
     app = web.Application(middlewares=[make_error_middleware()])
     app.router.add_get("/", handler)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, runner.addresses[0][1]
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
 
 
 async def _get(port: int) -> bytes:
@@ -40,11 +45,8 @@ async def test_a_failure_after_the_response_started_closes_the_connection() -> N
         await response.write(b"first part")
         raise BackendError("failed late")
 
-    runner, port = await _serve(streams)
-    try:
+    async with _serving(streams) as port:
         data = await _get(port)
-    finally:
-        await runner.cleanup()
     assert data.startswith(b"HTTP/1.1 200 OK") and data.count(b"HTTP/1.1") == 1
     assert b"first part" in data and b"failed late" not in data
 
@@ -53,11 +55,8 @@ async def test_a_failure_before_the_response_is_its_error_response() -> None:
     async def fails(request: web.Request) -> web.StreamResponse:
         raise BackendError("failed early")
 
-    runner, port = await _serve(fails)
-    try:
+    async with _serving(fails) as port:
         data = await _get_keep_alive(port)
-    finally:
-        await runner.cleanup()
     assert data.startswith(b"HTTP/1.1 500") and data.endswith(b'{"error":"failed early"}')
 
 
