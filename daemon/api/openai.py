@@ -13,6 +13,7 @@ llama-server's extensions `top_k`, `min_p`, `repeat_penalty`, `repeat_last_n` an
 `n` choices are `n` sequences in the engine, run side by side as separate requests would be
 (choice i samples with `seed + i` when a seed is given, so that the choices differ and the
 response is reproducible); streamed, their chunks interleave, each with its choice's `index`.
+A completions request with a list of prompts is a batch: `n` choices for each, in order.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -88,7 +89,8 @@ class _Sampling(_Strict):
 
 
 class CompletionRequest(_Sampling):
-    # A string, a one-element list of strings, or token ids (msgspec allows one list type).
+    # A string, a list of strings (a batch: n choices each) or token ids; a mix is a 400.
+    # (msgspec allows one list type in a union, hence the one list of either.)
     prompt: str | list[str | int] = ""
     echo: bool | None = None
     # Fill-in-the-middle: the text after the completion (models with FIM tokens; else 400).
@@ -284,23 +286,28 @@ async def _first(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk | None:
 
 
 def _choices(
-    model: LoadedVersion, prompt: str | list[int], params: GenerateParams, n: int | None
+    model: LoadedVersion, prompts: Sequence[str | list[int]], params: GenerateParams, n: int | None
 ) -> list[AsyncGenerator[GenerateChunk, None]]:
-    """One generation per choice. With a seed, choice i samples with seed + i: the choices
-    differ, as OpenAI's independent samples do, and the response stays reproducible."""
-    if n is not None and n > 1:
+    """One generation per choice: `n` for each prompt, in OpenAI's order (prompt by prompt).
+    With a seed, a prompt's choice i samples with seed + i: its choices differ, as OpenAI's
+    independent samples do, and each prompt's are what it would get alone."""
+    per_prompt = n or 1
+    total = per_prompt * len(prompts)
+    if total > 1:
         engine = model.require_generator().engine_stats()
         room = int(engine.get("slots", 0)) + int(engine.get("max_queue", 0))
-        if room and n > room:
+        if room and total > room:
             # Never a 503: retrying cannot help a request the engine can never hold.
+            what = f"{total} choices" + (f" ({len(prompts)} prompts x {per_prompt})" if len(prompts) > 1 else "")
             raise InvalidArgument(
-                f"n: {n} choices are more than model '{model.name}' takes at once ({room}: its "
-                "slots and max_queue); ask for fewer or raise the model's max_queue"
+                f"n: {what} are more than model '{model.name}' takes at once ({room}: its slots and "
+                "max_queue); ask for fewer or raise the model's max_queue"
             )
     out = []
-    for i in range(n or 1):
-        seeded = params if i == 0 or params.seed is None else msgspec.structs.replace(params, seed=params.seed + i)
-        out.append(model.generate(prompt, seeded))
+    for prompt in prompts:
+        for i in range(per_prompt):
+            seeded = params if i == 0 or params.seed is None else msgspec.structs.replace(params, seed=params.seed + i)
+            out.append(model.generate(prompt, seeded))
     return out
 
 
@@ -388,16 +395,17 @@ def _token_text(entry: TokenLogprob) -> str:
     return entry.piece.decode("utf-8", errors="replace")
 
 
-def _usage(*lasts: GenerateChunk) -> dict[str, Any]:
-    """Usage of a response from each choice's last chunk: the prompt once (OpenAI's count for
-    several choices), the completions summed."""
-    prompt, completion = lasts[0].prompt_tokens, sum(last.completion_tokens for last in lasts)
+def _usage(lasts: Sequence[GenerateChunk], per_prompt: int = 1) -> dict[str, Any]:
+    """Usage of a response from each choice's last chunk (`per_prompt` choices a prompt, in
+    order): each prompt once (OpenAI's count for several choices), the completions summed."""
+    firsts = lasts[::per_prompt]
+    prompt, completion = sum(c.prompt_tokens for c in firsts), sum(c.completion_tokens for c in lasts)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         # OpenAI's and llama-server's field for prompt tokens served from the cache.
-        "prompt_tokens_details": {"cached_tokens": lasts[0].cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": sum(c.cached_tokens for c in firsts)},
     }
 
 
@@ -442,7 +450,8 @@ async def _stream_or_collect(
     include_usage: bool,
     make_chunk: Any,
     make_final: Any,
-    echo: str = "",
+    per_prompt: int = 1,
+    echo: Sequence[str] = (),
 ) -> web.StreamResponse:
     """Answer with every choice's chunks: one JSON body (`make_final` of each choice's text and
     last chunk), or an event stream (`make_chunk(index, chunk)`, choices interleaved as they
@@ -462,7 +471,7 @@ async def _stream_or_collect(
             for index, first in enumerate(firsts):
                 if echo:
                     # The echoed prompt streams first, as its own chunk (OpenAI and llama-server).
-                    await _send_all(response, make_chunk(index, GenerateChunk(text=echo)))
+                    await _send_all(response, make_chunk(index, GenerateChunk(text=echo[index])))
                 if first is not None:
                     lasts[index] = first
                     if first.text or first.finish_reason:
@@ -480,7 +489,7 @@ async def _stream_or_collect(
             return response
         if include_usage:
             final = make_chunk(0, GenerateChunk(text=""), usage_only=True)
-            final["usage"] = _usage(*lasts)
+            final["usage"] = _usage(lasts, per_prompt)
             await _send(response, final)
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
@@ -490,16 +499,16 @@ async def _stream_or_collect(
 async def completions(request: web.Request) -> web.StreamResponse:
     req: CompletionRequest = _decode(await _body(request), CompletionRequest)
     model = await _generation_model(request, req.model)
-    prompt: str | list[int]
+    prompts: list[str | list[int]]
     if isinstance(req.prompt, str):
-        prompt = req.prompt
-    elif all(isinstance(p, int) for p in req.prompt):
-        prompt = [int(p) for p in req.prompt]
-    elif len(req.prompt) == 1:
-        prompt = str(req.prompt[0])
+        prompts = [req.prompt]
+    elif req.prompt and all(isinstance(p, int) for p in req.prompt):
+        prompts = [[int(p) for p in req.prompt]]
+    elif req.prompt and all(isinstance(p, str) for p in req.prompt):
+        prompts = [str(p) for p in req.prompt]  # a batch: n choices for each, in order
     else:
-        raise InvalidArgument("prompt: one string, a one-element list of strings, or token ids")
-    if req.echo and not isinstance(prompt, str):
+        raise InvalidArgument("prompt: a string, a list of strings or a list of token ids")
+    if req.echo and not isinstance(prompts[0], str):
         raise InvalidArgument("echo: only supported with a text prompt, not token ids")
     # Completions accept max_tokens 0 (OpenAI's legacy API: with echo, the prompt alone).
     params = _params(req, min_tokens=0)
@@ -511,7 +520,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
             raise InvalidArgument("logprobs: not supported together with echo")
         params.logprobs = req.logprobs
     params.suffix = req.suffix
-    choices = _choices(model, prompt, params, req.n)
+    choices = _choices(model, prompts, params, req.n)
+    per_prompt = req.n or 1
+    # Per choice: its prompt when echoed (echo is refused for token ids above).
+    echoes = [str(prompts[index // per_prompt]) for index in range(len(choices))] if req.echo else []
     offset = [0 for _ in choices]  # per choice: text_offset of its next token
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -539,24 +551,22 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return {"id": ident, "object": "text_completion", "created": created, "model": model.name, "choices": entries}
 
     def make_final(results: list[tuple[str, GenerateChunk]]) -> dict[str, Any]:
-        echoed = prompt if req.echo and isinstance(prompt, str) else ""
         return {
             "id": ident, "object": "text_completion", "created": created, "model": model.name,
             "choices": [
                 {
-                    "index": index, "text": echoed + text, "logprobs": completion_logprobs(index, last.logprobs),
-                    "finish_reason": last.finish_reason,
+                    "index": index, "text": (echoes[index] if echoes else "") + text,
+                    "logprobs": completion_logprobs(index, last.logprobs), "finish_reason": last.finish_reason,
                 }
                 for index, (text, last) in enumerate(results)
             ],
-            "usage": _usage(*(last for _, last in results)),
+            "usage": _usage([last for _, last in results], per_prompt),
         }
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _stream_or_collect(
-        request, choices, stream=bool(req.stream),
-        include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
-        echo=prompt if req.echo and isinstance(prompt, str) else "",
+        request, choices, stream=bool(req.stream), include_usage=include_usage,
+        make_chunk=make_chunk, make_final=make_final, per_prompt=per_prompt, echo=echoes,
     )
 
 
@@ -663,7 +673,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         params.json_schema = openai_tools.tool_schema(tools, req.tool_choice, parallel)
         messages = openai_tools.with_tools(messages, tools, parallel)
     prompt = model.chat_prompt(messages)
-    choices = _choices(model, prompt, params, req.n)
+    choices = _choices(model, [prompt], params, req.n)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     # Per choice: whether its role went out yet; with tools, its JSON reply turned into deltas.
     first_delta = [True for _ in choices]
@@ -729,13 +739,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return {
             "id": ident, "object": "chat.completion", "created": created, "model": model.name,
             "choices": [final_choice(index, text, last) for index, (text, last) in enumerate(results)],
-            "usage": _usage(*(last for _, last in results)),
+            "usage": _usage([last for _, last in results], per_prompt=len(results)),
         }
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _stream_or_collect(
-        request, choices, stream=bool(req.stream),
-        include_usage=include_usage, make_chunk=make_chunk, make_final=make_final,
+        request, choices, stream=bool(req.stream), include_usage=include_usage,
+        make_chunk=make_chunk, make_final=make_final, per_prompt=len(choices),
     )
 
 
@@ -807,7 +817,7 @@ async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
         [(text, last)] = results
         return {
             "model_name": name, "model_version": version, "text_output": text,
-            "finish_reason": last.finish_reason, "usage": _usage(last),
+            "finish_reason": last.finish_reason, "usage": _usage([last]),
         }
 
     return await _stream_or_collect(

@@ -209,6 +209,29 @@ def test_n_choices_each_a_generation_of_their_own(client: openai.OpenAI) -> None
     assert [c.text for c in greedy.choices] == ["Once" + solo] * 2
 
 
+def test_a_list_of_prompts_is_a_batch(client: openai.OpenAI) -> None:
+    """Completions with several prompts (lm-eval-harness sends its batches so): n choices for
+    each prompt, in order, each what its prompt gets alone; usage counts every prompt once."""
+    prompts = ["Once upon", "The quick brown"]
+    alone = [client.completions.create(model="tiny", prompt=p, **GREEDY) for p in prompts]
+    batch = client.completions.create(model="tiny", prompt=prompts, n=2, **GREEDY)
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+    assert [c.text for c in batch.choices] == [a.choices[0].text for a in alone for _ in range(2)]
+    assert batch.usage is not None
+    assert batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert batch.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
+    texts = ["", ""]
+    for chunk in client.completions.create(model="tiny", prompt=prompts, echo=True, stream=True, **GREEDY):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [p + a.choices[0].text for p, a in zip(prompts, alone, strict=True)]
+    for bad in (["a", 300], []):
+        with pytest.raises(openai.BadRequestError, match="prompt: a string, a list of strings or a list of token ids"):
+            client.completions.create(model="tiny", prompt=bad, max_tokens=1)
+    with pytest.raises(openai.BadRequestError, match=r"n: 70 choices \(35 prompts x 2\) are more than model 'tiny'"):
+        client.completions.create(model="tiny", prompt=["x"] * 35, n=2, max_tokens=1)
+
+
 def test_null_means_the_default_as_in_openais_schema(client: openai.OpenAI) -> None:
     """OpenAI's schema makes these nullable, and its client sends null for an explicit None."""
     messages = [{"role": "user", "content": "Hello there"}]
