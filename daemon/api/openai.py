@@ -89,9 +89,9 @@ class _Sampling(_Strict):
 
 
 class CompletionRequest(_Sampling):
-    # A string, a list of strings (a batch: n choices each) or token ids; a mix is a 400.
-    # (msgspec allows one list type in a union, hence the one list of either.)
-    prompt: str | list[str | int] = ""
+    # A string, token ids, or a batch (n choices each): a list of strings or of token-id lists.
+    # msgspec allows one list type in a union; completions() checks the elements.
+    prompt: str | list[str | int | list[int]] = ""
     echo: bool | None = None
     # Fill-in-the-middle: the text after the completion (models with FIM tokens; else 400).
     suffix: str | None = None
@@ -503,11 +503,15 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if isinstance(req.prompt, str):
         prompts = [req.prompt]
     elif req.prompt and all(isinstance(p, int) for p in req.prompt):
-        prompts = [[int(p) for p in req.prompt]]
+        prompts = [[p for p in req.prompt if isinstance(p, int)]]
     elif req.prompt and all(isinstance(p, str) for p in req.prompt):
         prompts = [str(p) for p in req.prompt]  # a batch: n choices for each, in order
+    elif req.prompt and all(isinstance(p, list) and p for p in req.prompt):
+        prompts = [p for p in req.prompt if isinstance(p, list)]  # a batch of token ids
     else:
-        raise InvalidArgument("prompt: a string, a list of strings or a list of token ids")
+        raise InvalidArgument(
+            "prompt: a string, token ids, or a list of strings or of token-id lists (not empty, not mixed)"
+        )
     if req.echo and not isinstance(prompts[0], str):
         raise InvalidArgument("echo: only supported with a text prompt, not token ids")
     # Completions accept max_tokens 0 (OpenAI's legacy API: with echo, the prompt alone).

@@ -225,8 +225,15 @@ def test_a_list_of_prompts_is_a_batch(client: openai.OpenAI) -> None:
         for c in chunk.choices:
             texts[c.index] += c.text
     assert texts == [p + a.choices[0].text for p, a in zip(prompts, alone, strict=True)]
-    for bad in (["a", 300], []):
-        with pytest.raises(openai.BadRequestError, match="prompt: a string, a list of strings or a list of token ids"):
+    # Token ids, one list per prompt (lm-eval-harness sends its tokenized batches so).
+    ids = [[1, *range(300, 306)], [1, *range(320, 324)]]
+    by_ids = client.completions.create(model="tiny", prompt=ids, **GREEDY)
+    assert [c.text for c in by_ids.choices] == [
+        client.completions.create(model="tiny", prompt=one, **GREEDY).choices[0].text for one in ids
+    ]
+    assert by_ids.usage is not None and by_ids.usage.prompt_tokens == 7 + 5
+    for bad in (["a", 300], [], [[1, 300], "a"], [[1, 300], []]):
+        with pytest.raises(openai.BadRequestError, match="prompt: a string, token ids, or a list of strings"):
             client.completions.create(model="tiny", prompt=bad, max_tokens=1)
     with pytest.raises(openai.BadRequestError, match=r"n: 70 choices \(35 prompts x 2\) are more than model 'tiny'"):
         client.completions.create(model="tiny", prompt=["x"] * 35, n=2, max_tokens=1)
