@@ -697,22 +697,19 @@ class Engine:
             llama.llama_sampler_chain_add(
                 chain, llama.llama_sampler_init_logit_bias(self.n_vocab, len(wanted), biases)
             )
-        penalized = params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
+        repeat, freq, present = params.repeat_penalty, params.frequency_penalty, params.presence_penalty
         if params.penalty_last_n is not None:
             # One window for all three, llama.cpp's own way (Ollama's repeat_last_n).
             window = self.n_ctx_seq if params.penalty_last_n < 0 else params.penalty_last_n
-            if window > 0 and penalized:
-                self._add_penalties(
-                    chain, prompt, window, params.repeat_penalty, params.frequency_penalty, params.presence_penalty
-                )
-        elif params.repeat_penalty != 1.0:
-            # llama.cpp's repeat penalty over its usual window of recent tokens.
-            self._add_penalties(chain, prompt, PENALTY_LAST_N, params.repeat_penalty, 0.0, 0.0)
-        if params.penalty_last_n is None and (params.presence_penalty or params.frequency_penalty):
-            # OpenAI's penalties count every token of the text so far: the whole context.
-            self._add_penalties(
-                chain, prompt, self.n_ctx_seq, 1.0, params.frequency_penalty, params.presence_penalty
-            )
+            if window > 0 and (repeat != 1.0 or freq or present):
+                self._add_penalties(chain, prompt, window, repeat, freq, present)
+        else:
+            if repeat != 1.0:
+                # llama.cpp's repeat penalty over its usual window of recent tokens.
+                self._add_penalties(chain, prompt, PENALTY_LAST_N, repeat, 0.0, 0.0)
+            if freq or present:
+                # OpenAI's penalties count every token of the text so far: the whole context.
+                self._add_penalties(chain, prompt, self.n_ctx_seq, 1.0, freq, present)
         if grammar:
             # After the biases and penalties, before truncation: the grammar masks the
             # tokens it does not allow, so top-k & co. pick only among allowed ones.
