@@ -608,9 +608,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     params = await _params(request, req.options, model)
     params.json_schema = schema
     if req.suffix:
-        params.suffix = req.suffix
-        prompt = req.prompt
-    elif req.raw:
+        params.suffix = req.suffix  # the engine builds the FIM prompt around the raw text
+    if req.suffix or req.raw:
         prompt = req.prompt
     elif req.template:
         prompt = render_template(req.template, system=req.system, prompt=req.prompt)

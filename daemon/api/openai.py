@@ -286,12 +286,12 @@ async def _first(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk | None:
 
 
 def _choices(
-    model: LoadedVersion, prompts: Sequence[str | list[int]], params: GenerateParams, n: int | None
+    model: LoadedVersion, prompts: Sequence[str | list[int]], params: GenerateParams, per_prompt: int
 ) -> list[AsyncGenerator[GenerateChunk, None]]:
-    """One generation per choice: `n` for each prompt, in OpenAI's order (prompt by prompt).
-    With a seed, a prompt's choice i samples with seed + i: its choices differ, as OpenAI's
-    independent samples do, and each prompt's are what it would get alone."""
-    per_prompt = n or 1
+    """One generation per choice: `per_prompt` (OpenAI's `n`) for each prompt, in OpenAI's
+    order (prompt by prompt). With a seed, a prompt's choice i samples with seed + i: its
+    choices differ, as OpenAI's independent samples do, and each prompt's are what it would
+    get alone."""
     total = per_prompt * len(prompts)
     if total > 1:
         engine = model.require_generator().engine_stats()
@@ -524,8 +524,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
             raise InvalidArgument("logprobs: not supported together with echo")
         params.logprobs = req.logprobs
     params.suffix = req.suffix
-    choices = _choices(model, prompts, params, req.n)
     per_prompt = req.n or 1
+    choices = _choices(model, prompts, params, per_prompt)
     # Per choice: its prompt when echoed (echo is refused for token ids above).
     echoes = [str(prompts[index // per_prompt]) for index in range(len(choices))] if req.echo else []
     offset = [0 for _ in choices]  # per choice: text_offset of its next token
@@ -677,7 +677,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         params.json_schema = openai_tools.tool_schema(tools, req.tool_choice, parallel)
         messages = openai_tools.with_tools(messages, tools, parallel)
     prompt = model.chat_prompt(messages)
-    choices = _choices(model, [prompt], params, req.n)
+    choices = _choices(model, [prompt], params, req.n or 1)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     # Per choice: whether its role went out yet; with tools, its JSON reply turned into deltas.
     first_delta = [True for _ in choices]
