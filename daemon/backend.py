@@ -530,6 +530,10 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # None: no log probabilities; n >= 0: each generated token's log probability under the
     # model (softmax of its logits, before any sampling step) and the n most likely tokens.
     logprobs: int | None = None
+    # The same for the prompt's tokens (OpenAI's completions with echo and logprobs, how
+    # lm-eval-harness scores text): each token's log probability given the tokens before it.
+    # The prompt is evaluated whole (a cached prefix keeps no logits); max_tokens 0 is allowed.
+    prompt_logprobs: int | None = None
     # Greedy decoding regardless of the fields above (temperature <= 0 means the same).
     greedy: bool = False
     # Never sample an end-of-generation token (llama-server's `ignore_eos`): the output runs to
@@ -559,6 +563,10 @@ class GenerateChunk(msgspec.Struct):
     cached_tokens: int = 0
     # One per token of `token_ids` when GenerateParams.logprobs is set.
     logprobs: list[TokenLogprob] = []
+    # On a sequence's first chunk, with GenerateParams.prompt_logprobs: one per prompt token as
+    # evaluated (a BOS the backend added included). The first token has nothing before it, so
+    # its entry is unscored (logprob 0.0, no alternatives); OpenAI reports it as null.
+    prompt_logprobs: list[TokenLogprob] = []
 
 
 class GenerationBackend(Backend):

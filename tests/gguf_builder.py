@@ -177,3 +177,57 @@ def with_fim_tokens(source: Path, target: Path, pre: int, suf: int, mid: int) ->
     }
     copy_with_new_metadata(reader, writer, metadata, [])
     return target
+
+
+# --------------------------------------------------------------------------- numpy reference
+
+
+def read_weights(path: Path) -> dict[str, np.ndarray]:
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    return {t.name: np.array(t.data, dtype=np.float64) for t in reader.tensors}
+
+
+def reference_forward(w: dict[str, np.ndarray], tokens: list[int], n_head: int = 4) -> np.ndarray:
+    """Hidden states after the final norm, (n_tokens, n_embd): llama with RoPE on adjacent pairs."""
+    x = w["token_embd.weight"][tokens]
+    n, d = x.shape
+    hd = d // n_head
+    n_layer = sum(1 for name in w if name.endswith(".attn_q.weight"))
+
+    def rms(v: np.ndarray, g: np.ndarray) -> np.ndarray:
+        return v / np.sqrt((v * v).mean(-1, keepdims=True) + 1e-5) * g
+
+    angle = np.arange(n)[:, None] * 10000.0 ** (-np.arange(0, hd, 2) / hd)[None, :]
+    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+
+    def rope(m: np.ndarray) -> np.ndarray:
+        out = np.empty_like(m)
+        out[..., 0::2] = m[..., 0::2] * cos - m[..., 1::2] * sin
+        out[..., 1::2] = m[..., 0::2] * sin + m[..., 1::2] * cos
+        return out
+
+    causal = np.triu(np.full((n, n), -np.inf), 1)
+    for layer in range(n_layer):
+        p = f"blk.{layer}."
+        h = rms(x, w[p + "attn_norm.weight"])
+        q = rope((h @ w[p + "attn_q.weight"].T).reshape(n, n_head, hd))
+        k = rope((h @ w[p + "attn_k.weight"].T).reshape(n, n_head, hd))
+        v = (h @ w[p + "attn_v.weight"].T).reshape(n, n_head, hd)
+        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd) + causal
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        x = x + np.einsum("hqk,khd->qhd", probs, v).reshape(n, d) @ w[p + "attn_output.weight"].T
+        h = rms(x, w[p + "ffn_norm.weight"])
+        gate = h @ w[p + "ffn_gate.weight"].T
+        x = x + (gate / (1 + np.exp(-gate)) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+    return rms(x, w["output_norm.weight"])
+
+
+def reference_logprobs(path: Path, tokens: list[int]) -> np.ndarray:
+    """(n_tokens, n_vocab): log-softmax of the logits after each token, as numpy computes them."""
+    weights = read_weights(path)
+    logits = reference_forward(weights, tokens) @ weights["output.weight"].T
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))

@@ -276,6 +276,8 @@ def _check_params(params: GenerateParams) -> None:
             raise InvalidArgument(f"{name} must be in [-2, 2], got {value}")
     if params.logprobs is not None and not 0 <= params.logprobs <= 20:
         raise InvalidArgument(f"logprobs must be in [0, 20], got {params.logprobs}")
+    if params.prompt_logprobs is not None and not 0 <= params.prompt_logprobs <= 20:
+        raise InvalidArgument(f"prompt_logprobs must be in [0, 20], got {params.prompt_logprobs}")
     bad = next((b for b in params.logit_bias.values() if not -100.0 <= b <= 100.0), None)
     if bad is not None:
         raise InvalidArgument(f"logit_bias values must be in [-100, 100], got {bad}")

@@ -81,6 +81,10 @@ SLOT_PROMPT_SIMILARITY = 0.1
 # Text prompts whose tokens the engine remembers (most recent first), so that an identical
 # prompt (a retry, a regenerated answer) skips the tokenizer: ~0.3 ms for 2 000 tokens here.
 TOKEN_MEMO_ENTRIES = 8
+# Prompt tokens a scored sequence (GenerateParams.prompt_logprobs) evaluates per step: each
+# keeps its logits (n_vocab floats) in llama.cpp's output buffer until the step is read, so
+# this bounds that buffer (64 x 152k vocabulary x 4 bytes = 39 MB) rather than n_batch would.
+SCORED_PREFILL_TOKENS = 64
 # After a step that produced a sequence's first chunk, the engine waits up to this long for
 # the consumer to take it (see `_hand_over_first_chunks`) before it starts the next decode.
 FIRST_CHUNK_HANDOFF_S = 0.003
@@ -185,6 +189,7 @@ class _Sequence:
     generated: int = 0
     ids: list[int] = field(default_factory=list)  # sampled since the last emitted chunk
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per entry of `ids`
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # scored so far, not yet emitted
     decoded: list[int] = field(default_factory=list)  # generated tokens whose KV is cached
     cached: int = 0  # prompt tokens found in the slot's cache
     emitted: bool = False  # a chunk has gone to the request's consumer
@@ -485,6 +490,9 @@ class Engine:
         if not seq.emitted:
             seq.emitted = True
             self._first_chunks.append(seq.request)
+            if seq.prompt_logprobs:
+                chunk.prompt_logprobs = seq.prompt_logprobs
+                seq.prompt_logprobs = []
         seq.request.emit(chunk)
 
     # --------------------------------------------------------------- generation
@@ -517,7 +525,7 @@ class Engine:
             self._release_pending()
             request.emit(exc)
             return
-        if params.max_tokens == 0:
+        if params.max_tokens == 0 and params.prompt_logprobs is None:
             # Nothing to generate (OpenAI's completions accept max_tokens 0, e.g. with echo).
             self._release_pending()
             if grammar:
@@ -609,6 +617,9 @@ class Engine:
             # At least the prompt's last token is decoded again: its logits give the first
             # sampled token (llama.cpp keeps no logits for cached positions).
             keep = min(common, len(tokens) - 1)
+            scored = item.request.params.prompt_logprobs is not None
+            if scored:
+                keep = 0  # every prompt token's logits are needed, and the cache keeps none
             if keep < len(self._cached[slot]) and not llama.llama_memory_seq_rm(self._memory, slot, keep, -1):
                 # A memory that cannot drop a tail (recurrent models): start the slot afresh.
                 llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
@@ -619,10 +630,14 @@ class Engine:
             self._prompt_cached += keep
             self._prompt_evaluated += len(tokens) - keep
             sampler = self._make_sampler(item.request.params, tokens, item.grammar)
-            self._slots[slot] = _Sequence(
+            seq = _Sequence(
                 item.request, tokens, slot, sampler, n_past=keep, cached=keep,
                 stops=StopMatcher(item.request.params.stop),
             )
+            if scored:
+                # The first token has nothing before it to be scored against.
+                seq.prompt_logprobs.append(TokenLogprob(tokens[0], self._piece(tokens[0]), 0.0))
+            self._slots[slot] = seq
 
     def _use_store(self, slot: int, common: int, tokens: list[int]) -> int:
         """Save the slot's cells when a new conversation replaces them; restore a stored
@@ -757,6 +772,7 @@ class Engine:
         batch = self._batch
         n_tokens = 0
         outputs: list[tuple[_Sequence, int]] = []
+        scoring: list[tuple[_Sequence, int, int]] = []  # (sequence, output index, prompt token)
         decoding = sum(1 for seq in self._slots if seq is not None and seq.next_token >= 0)
         prefill_budget = self._n_batch - decoding
 
@@ -779,13 +795,17 @@ class Engine:
                 seq.decoded.append(seq.next_token)
                 seq.n_past += 1
             elif prefill_budget > 0:
-                chunk = seq.prompt[seq.n_past : seq.n_past + prefill_budget]
+                top = seq.request.params.prompt_logprobs
+                step = prefill_budget if top is None else min(prefill_budget, SCORED_PREFILL_TOKENS)
+                chunk = seq.prompt[seq.n_past : seq.n_past + step]
                 prefill_budget -= len(chunk)
                 for token in chunk:
                     last = seq.n_past == len(seq.prompt) - 1
                     if last:
                         outputs.append((seq, n_tokens))
-                    add(token, seq.n_past, seq.slot, last)
+                    elif top is not None:
+                        scoring.append((seq, n_tokens, seq.prompt[seq.n_past + 1]))
+                    add(token, seq.n_past, seq.slot, last or top is not None)
                     seq.n_past += 1
         batch.n_tokens = n_tokens
         status = llama.llama_decode(self._ctx, batch)
@@ -796,7 +816,14 @@ class Engine:
             log.error("%s", error.message)
             self._fail_all(error)
             return
+        for seq, index, token in scoring:
+            top = seq.request.params.prompt_logprobs or 0
+            seq.prompt_logprobs.append(self._token_logprob(self._log_softmax(index), token, top))
         for seq, index in outputs:
+            if seq.request.params.max_tokens == 0:
+                # Scored only (prompt_logprobs with max_tokens 0): nothing to generate.
+                self._finish(seq, "length", "", flush=False)
+                continue
             wanted = seq.request.params.logprobs
             # Read before sampling: the model's own distribution, not the sampler's.
             logprobs = self._log_softmax(index) if wanted is not None else None

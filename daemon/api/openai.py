@@ -25,7 +25,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -451,27 +451,39 @@ async def _stream_or_collect(
     make_chunk: Any,
     make_final: Any,
     per_prompt: int = 1,
-    echo: Sequence[str] = (),
+    echo: Callable[[int, GenerateChunk | None], GenerateChunk] | None = None,
 ) -> web.StreamResponse:
     """Answer with every choice's chunks: one JSON body (`make_final` of each choice's text and
     last chunk), or an event stream (`make_chunk(index, chunk)`, choices interleaved as they
     come). The first chunk of every choice comes before the status, so that a full queue or a
-    bad prompt is a real 4xx/5xx and not an error inside a 200 stream."""
+    bad prompt is a real 4xx/5xx and not an error inside a 200 stream.
+
+    `echo(index, first chunk)`: the choice's echoed prompt as a chunk (its text, and its
+    tokens' logprobs in `prompt_logprobs`), made before the status too: it can be refused."""
     async with contextlib.AsyncExitStack() as stack:
         for chunks in choices:
             await stack.enter_async_context(contextlib.aclosing(chunks))
         firsts = await _all([_first(chunks) for chunks in choices])
+        echoes = [echo(index, first) for index, first in enumerate(firsts)] if echo else []
+        # The engine's prompt scores reach the client through the echo chunk alone.
+        firsts = [
+            msgspec.structs.replace(first, prompt_logprobs=[]) if first is not None and first.prompt_logprobs else first
+            for first in firsts
+        ]
         if not stream:
             collected = await _all([_collect(chunks) for chunks in choices])
             results = [_joined(first, got) for first, got in zip(firsts, collected, strict=True)]
+            for index, echoed in enumerate(echoes):
+                text, last = results[index]
+                results[index] = echoed.text + text, msgspec.structs.replace(last, prompt_logprobs=echoed.prompt_logprobs)
             return web.Response(body=_json.encode(make_final(results)), content_type="application/json")
         response = await _sse(request)
         lasts = [GenerateChunk(text="") for _ in choices]
         try:
             for index, first in enumerate(firsts):
-                if echo:
+                if echoes:
                     # The echoed prompt streams first, as its own chunk (OpenAI and llama-server).
-                    await _send_all(response, make_chunk(index, GenerateChunk(text=echo[index])))
+                    await _send_all(response, make_chunk(index, echoes[index]))
                 if first is not None:
                     lasts[index] = first
                     if first.text or first.finish_reason:
@@ -512,44 +524,56 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise InvalidArgument(
             "prompt: a string, token ids, or a list of strings or of token-id lists (not empty, not mixed)"
         )
-    if req.echo and not isinstance(prompts[0], str):
-        raise InvalidArgument("echo: only supported with a text prompt, not token ids")
     # Completions accept max_tokens 0 (OpenAI's legacy API: with echo, the prompt alone).
     params = _params(req, min_tokens=0)
     if req.logprobs is not None:
         if not 0 <= req.logprobs <= 5:
             raise InvalidArgument(f"logprobs must be between 0 and 5, got {req.logprobs}")
-        if req.echo:
-            # OpenAI would score the prompt's tokens too; the engine computes none.
-            raise InvalidArgument("logprobs: not supported together with echo")
         params.logprobs = req.logprobs
+    if req.echo and (req.logprobs is not None or not isinstance(prompts[0], str)):
+        # The prompt's own tokens, scored (OpenAI's echo with logprobs, lm-eval-harness's
+        # loglikelihood) and, for a prompt of token ids, the text to echo.
+        params.prompt_logprobs = req.logprobs or 0
     params.suffix = req.suffix
     per_prompt = req.n or 1
     choices = _choices(model, prompts, params, per_prompt)
-    # Per choice: its prompt when echoed (echo is refused for token ids above).
-    echoes = [str(prompts[index // per_prompt]) for index in range(len(choices))] if req.echo else []
     offset = [0 for _ in choices]  # per choice: text_offset of its next token
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
-    def completion_logprobs(index: int, entries: list[TokenLogprob]) -> dict[str, Any] | None:
-        """OpenAI's legacy layout: parallel lists, alternatives as {token: logprob}."""
+    def echo(index: int, first: GenerateChunk | None) -> GenerateChunk:
+        """Choice `index`'s prompt as echoed: its text, and its tokens' logprobs if asked."""
+        prompt = prompts[index // per_prompt]
+        entries = first.prompt_logprobs if first is not None else []
+        if isinstance(prompt, str):
+            text = prompt
+        else:
+            try:
+                text = b"".join(entry.piece for entry in entries).decode()
+            except UnicodeDecodeError:
+                raise InvalidArgument(
+                    f"echo: the token ids of prompt {index // per_prompt} do not make whole UTF-8 text"
+                ) from None
+        return GenerateChunk(text=text, prompt_logprobs=entries if req.logprobs is not None else [])
+
+    def completion_logprobs(index: int, chunk: GenerateChunk) -> dict[str, Any] | None:
+        """OpenAI's legacy layout: parallel lists, alternatives as {token: logprob}; an echoed
+        prompt's tokens first, the very first of them null (nothing before it to score it)."""
         if params.logprobs is None:
             return None
-        tokens, offsets = [], []
-        for entry in entries:
+        entries = chunk.prompt_logprobs + chunk.logprobs
+        tokens, offsets, values, tops = [], [], [], []
+        for position, entry in enumerate(entries):
             tokens.append(_token_text(entry))
             offsets.append(offset[index])
             offset[index] += len(tokens[-1])
-        return {
-            "tokens": tokens,
-            "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{_token_text(t): t.logprob for t in e.top} for e in entries],
-            "text_offset": offsets,
-        }
+            scored = position > 0 or not chunk.prompt_logprobs
+            values.append(entry.logprob if scored else None)
+            tops.append({_token_text(t): t.logprob for t in entry.top} if scored else None)
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
     def make_chunk(index: int, chunk: GenerateChunk, usage_only: bool = False) -> dict[str, Any]:
         entries = [] if usage_only else [{
-            "index": index, "text": chunk.text, "logprobs": completion_logprobs(index, chunk.logprobs),
+            "index": index, "text": chunk.text, "logprobs": completion_logprobs(index, chunk),
             "finish_reason": chunk.finish_reason,
         }]
         return {"id": ident, "object": "text_completion", "created": created, "model": model.name, "choices": entries}
@@ -559,8 +583,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
             "id": ident, "object": "text_completion", "created": created, "model": model.name,
             "choices": [
                 {
-                    "index": index, "text": (echoes[index] if echoes else "") + text,
-                    "logprobs": completion_logprobs(index, last.logprobs), "finish_reason": last.finish_reason,
+                    "index": index, "text": text, "logprobs": completion_logprobs(index, last),
+                    "finish_reason": last.finish_reason,
                 }
                 for index, (text, last) in enumerate(results)
             ],
@@ -570,7 +594,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _stream_or_collect(
         request, choices, stream=bool(req.stream), include_usage=include_usage,
-        make_chunk=make_chunk, make_final=make_final, per_prompt=per_prompt, echo=echoes,
+        make_chunk=make_chunk, make_final=make_final, per_prompt=per_prompt,
+        echo=echo if req.echo else None,
     )
 
 

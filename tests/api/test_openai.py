@@ -16,7 +16,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the installed openai
     httpx = pytest.importorskip("httpx")
 
-from gguf_builder import write_tiny_llama  # noqa: E402
+from gguf_builder import reference_logprobs, write_tiny_llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +157,6 @@ def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
     ]:
         with pytest.raises(openai.BadRequestError, match=pattern):
             client.chat.completions.create(model="tiny", messages=messages, max_tokens=1)
-    with pytest.raises(openai.BadRequestError, match="echo: only supported with a text prompt"):
-        client.completions.create(model="tiny", prompt=[1, 300], echo=True, max_tokens=1)
     with pytest.raises(openai.BadRequestError, match="suffix"):
         client.completions.create(model="tiny", prompt="x", suffix="y", max_tokens=1)
     with pytest.raises(openai.BadRequestError, match="context"):
@@ -579,6 +577,56 @@ def test_logprobs(client: openai.OpenAI) -> None:
             client.chat.completions.create(model="tiny", messages=messages, max_tokens=1, extra_body=extra)
     with pytest.raises(openai.BadRequestError, match="logprobs must be between 0 and 5"):
         client.completions.create(model="tiny", prompt="x", logprobs=6, max_tokens=1)
+
+
+def test_echo_with_logprobs_scores_the_prompt(client: openai.OpenAI, repo: Path) -> None:
+    """OpenAI's echo with logprobs, as lm-eval-harness scores text (a batch of token-id
+    prompts, max_tokens 1, logprobs 1; it sums token_logprobs[ctxlen:-1] and compares each
+    with max(top_logprobs)): every prompt token after the first is scored given those before
+    it, as numpy computes it; the first is null, as OpenAI has it; the last entry is the
+    generated token, as without echo. Streamed, the echo chunk carries the prompt's part."""
+    ids = [1, 300, 301, 320, 330, 270, 280, 290, 311]
+    expected = reference_logprobs(repo / "tiny" / "1" / "model.gguf", ids)
+    alone = client.completions.create(model="tiny", prompt=ids, logprobs=1, max_tokens=1, temperature=0)
+    batch = client.completions.create(
+        model="tiny", prompt=[ids, ids[:4]], echo=True, logprobs=1, max_tokens=1, temperature=0
+    )
+    for choice, prompt in zip(batch.choices, (ids, ids[:4]), strict=True):
+        lp = choice.logprobs
+        assert lp is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
+        assert lp.tokens is not None and len(lp.tokens) == len(prompt) + 1
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        want = [expected[i - 1][prompt[i]] for i in range(1, len(prompt))]
+        assert lp.token_logprobs[1:-1] == pytest.approx(want, abs=0.05)
+        for value, top in zip(lp.token_logprobs[1:], lp.top_logprobs[1:], strict=True):
+            assert value is not None and top is not None and len(top) == 1 and value <= 0
+            assert max(top.values()) >= value - 1e-6
+        assert choice.text == "".join(lp.tokens)  # the prompt's text, then the generated token
+        assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    made = alone.choices[0].logprobs
+    assert made is not None and made.token_logprobs is not None
+    first = batch.choices[0].logprobs
+    assert first is not None and first.token_logprobs is not None
+    assert first.token_logprobs[-1] == pytest.approx(made.token_logprobs[0], abs=1e-3)
+    assert batch.choices[0].text.endswith(alone.choices[0].text)
+    streamed = [c.choices[0] for c in client.completions.create(
+        model="tiny", prompt=ids, echo=True, logprobs=1, max_tokens=1, temperature=0, stream=True
+    ) if c.choices]
+    assert "".join(c.text for c in streamed) == batch.choices[0].text
+    values = [v for c in streamed if c.logprobs for v in c.logprobs.token_logprobs or []]
+    assert values[0] is None and values[1:] == pytest.approx(first.token_logprobs[1:], abs=1e-3)
+    # max_tokens 0 scores the prompt alone; echo without logprobs echoes token ids as text.
+    scored = client.completions.create(model="tiny", prompt=ids, echo=True, logprobs=0, max_tokens=0)
+    assert scored.usage is not None and scored.usage.completion_tokens == 0
+    assert scored.choices[0].logprobs is not None
+    again = scored.choices[0].logprobs.token_logprobs or []
+    assert again[0] is None and again[1:] == pytest.approx(first.token_logprobs[1:-1], abs=1e-3)
+    plain = client.completions.create(model="tiny", prompt=ids, echo=True, max_tokens=0)
+    assert plain.choices[0].text == "".join((first.tokens or [])[: len(ids)])
+    assert plain.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="echo: the token ids of prompt 1 do not make whole UTF-8 text"):
+        # Byte token 0xE2 alone: the start of a three-byte character.
+        client.completions.create(model="tiny", prompt=[ids, [1, 3 + 0xE2]], echo=True, max_tokens=0)
 
 
 def test_an_error_after_the_stream_started_is_its_last_event(start_daemon, tmp_path: Path) -> None:

@@ -18,7 +18,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf_builder import SPACE, with_fim_tokens, write_tiny_llama
+from gguf_builder import (
+    SPACE,
+    read_weights,
+    reference_forward,
+    reference_logprobs,
+    with_fim_tokens,
+    write_tiny_llama,
+)
 
 from daemon.backend import Device, GenerateChunk, GenerateParams, InstanceContext
 from daemon.errors import BackendError, ConfigError, InvalidArgument, Unavailable
@@ -99,47 +106,6 @@ async def wait_until(predicate: Callable[[], bool]) -> None:
 
 
 # --------------------------------------------------------------------------- numpy reference
-
-
-def read_weights(path: Path) -> dict[str, np.ndarray]:
-    reader = gguf.GGUFReader(str(path))
-    return {t.name: np.array(t.data, dtype=np.float64) for t in reader.tensors}
-
-
-def reference_forward(w: dict[str, np.ndarray], tokens: list[int], n_head: int = 4) -> np.ndarray:
-    """Hidden states after the final norm, (n_tokens, n_embd): llama with RoPE on adjacent pairs."""
-    x = w["token_embd.weight"][tokens]
-    n, d = x.shape
-    hd = d // n_head
-    n_layer = sum(1 for name in w if name.endswith(".attn_q.weight"))
-
-    def rms(v: np.ndarray, g: np.ndarray) -> np.ndarray:
-        return v / np.sqrt((v * v).mean(-1, keepdims=True) + 1e-5) * g
-
-    angle = np.arange(n)[:, None] * 10000.0 ** (-np.arange(0, hd, 2) / hd)[None, :]
-    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
-
-    def rope(m: np.ndarray) -> np.ndarray:
-        out = np.empty_like(m)
-        out[..., 0::2] = m[..., 0::2] * cos - m[..., 1::2] * sin
-        out[..., 1::2] = m[..., 0::2] * sin + m[..., 1::2] * cos
-        return out
-
-    causal = np.triu(np.full((n, n), -np.inf), 1)
-    for layer in range(n_layer):
-        p = f"blk.{layer}."
-        h = rms(x, w[p + "attn_norm.weight"])
-        q = rope((h @ w[p + "attn_q.weight"].T).reshape(n, n_head, hd))
-        k = rope((h @ w[p + "attn_k.weight"].T).reshape(n, n_head, hd))
-        v = (h @ w[p + "attn_v.weight"].T).reshape(n, n_head, hd)
-        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd) + causal
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        x = x + np.einsum("hqk,khd->qhd", probs, v).reshape(n, d) @ w[p + "attn_output.weight"].T
-        h = rms(x, w[p + "ffn_norm.weight"])
-        gate = h @ w[p + "ffn_gate.weight"].T
-        x = x + (gate / (1 + np.exp(-gate)) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
-    return rms(x, w["output_norm.weight"])
 
 
 def reference_greedy(w: dict[str, np.ndarray], prompt: list[int], steps: int) -> list[int]:
@@ -753,3 +719,44 @@ def test_default_prefix_store_is_llama_servers_capped_by_memory(plugin: Any) -> 
     physical_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
     assert plugin.LLAMA_SERVER_CACHE_RAM_MIB == 8192  # llama-server's --cache-ram default
     assert plugin.default_prefix_store_mib() == min(8192, physical_mib // 8)
+
+
+async def test_prompt_logprobs_score_each_token_given_those_before(load: Loader, model_path: Path) -> None:
+    """`prompt_logprobs` (OpenAI's echo with logprobs): entry i is token i's log probability
+    after tokens 0..i-1, as numpy computes it; the first is unscored. A cached prefix does not
+    cut the scores short, and max_tokens 0 scores without generating."""
+    prompt = [1, 300, 301, 320, 330, 270, 280, 290, 311, 345, 302, 377]
+    expected = reference_logprobs(model_path, prompt)
+    backend = await load(model_path)
+    await collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=2)))  # now cached
+    for max_tokens in (0, 3):
+        params = GenerateParams(greedy=True, max_tokens=max_tokens, prompt_logprobs=2)
+        result = await collect(backend.generate(prompt, params))
+        entries = result.chunks[0].prompt_logprobs
+        assert all(not chunk.prompt_logprobs for chunk in result.chunks[1:])
+        assert [e.token_id for e in entries] == prompt
+        assert (entries[0].logprob, entries[0].top) == (0.0, [])
+        for position, entry in enumerate(entries[1:], start=1):
+            assert entry.logprob == pytest.approx(expected[position - 1][prompt[position]], abs=0.05)
+            assert [t.token_id for t in entry.top] == list(np.argsort(-expected[position - 1])[:2])
+        assert result.last.completion_tokens == max_tokens
+        assert (result.last.prompt_tokens, result.last.cached_tokens) == (len(prompt), 0)
+    alone = await collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=3)))
+    assert alone.ids == result.ids  # scoring the prompt does not change what follows it
+
+
+async def test_long_prompt_is_scored_over_several_steps(load: Loader, tmp_path: Path) -> None:
+    # More prompt tokens than one scored step evaluates (64), beside another sequence.
+    path = write_tiny_llama(tmp_path / "model.gguf", n_ctx=1024)
+    backend = await load(path, n_parallel="2")
+    prompt = [1, *(300 + (i * 7) % 79 for i in range(150))]
+    expected = reference_logprobs(path, prompt)
+    other = collect(backend.generate([1, 310, 311], GenerateParams(greedy=True, max_tokens=40)))
+    scored, _ = await asyncio.gather(
+        collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=1, prompt_logprobs=0))), other
+    )
+    entries = scored.chunks[0].prompt_logprobs
+    assert len(entries) == len(prompt)
+    got = np.array([e.logprob for e in entries[1:]])
+    want = expected[np.arange(len(prompt) - 1), prompt[1:]]
+    assert np.abs(got - want).max() < 0.05
