@@ -539,6 +539,9 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # Never sample an end-of-generation token (llama-server's `ignore_eos`): the output runs to
     # max_tokens, a stop string or the end of the context, as benchmarks ask for.
     ignore_eos: bool = False
+    # Start from the longest prefix of the prompt the slot's KV cache already holds (llama-
+    # server's `cache_prompt`, on by default there too). False: the whole prompt is evaluated.
+    cache_prompt: bool = True
 
 
 class TokenLogprob(msgspec.Struct):

@@ -618,8 +618,8 @@ class Engine:
             # sampled token (llama.cpp keeps no logits for cached positions).
             keep = min(common, len(tokens) - 1)
             scored = item.request.params.prompt_logprobs is not None
-            if scored:
-                keep = 0  # every prompt token's logits are needed, and the cache keeps none
+            if scored or not item.request.params.cache_prompt:
+                keep = 0  # scored: every prompt token's logits are needed, the cache keeps none
             if keep < len(self._cached[slot]) and not llama.llama_memory_seq_rm(self._memory, slot, keep, -1):
                 # A memory that cannot drop a tail (recurrent models): start the slot afresh.
                 llama.llama_memory_seq_rm(self._memory, slot, -1, -1)

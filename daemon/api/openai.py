@@ -7,8 +7,8 @@ sequence: aiohttp cancels the handler, and closing the chunk iterator tells the 
 Every field a request may carry either has its effect or is a 400 naming it (unknown fields
 are rejected by the decoders, `forbid_unknown_fields`); ranges are OpenAI's: temperature
 [0, 2], top_p [0, 1], presence/frequency penalty [-2, 2], logit_bias values [-100, 100].
-llama-server's extensions `top_k`, `min_p`, `repeat_penalty`, `repeat_last_n` and
-`ignore_eos` are taken too, with llama-server's meaning.
+llama-server's extensions `top_k`, `min_p`, `repeat_penalty`, `repeat_last_n`,
+`ignore_eos` and `cache_prompt` are taken too, with llama-server's meaning.
 
 `n` choices are `n` sequences in the engine, run side by side as separate requests would be
 (choice i samples with `seed + i` when a seed is given, so that the choices differ and the
@@ -86,6 +86,8 @@ class _Sampling(_Strict):
     repeat_last_n: int | None = None
     # Never end on an end-of-generation token (benchmark clients send it for fixed lengths).
     ignore_eos: bool | None = None
+    # False: evaluate the whole prompt, whatever the slot's cache holds (default true).
+    cache_prompt: bool | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -206,6 +208,7 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
                 raise InvalidArgument(f"repeat_penalty must be > 0, got {req.repeat_penalty}")
             params.repeat_penalty = req.repeat_penalty
         params.ignore_eos = bool(req.ignore_eos)
+        params.cache_prompt = req.cache_prompt is not False
         if req.repeat_last_n is not None:
             if req.repeat_last_n < -1:
                 raise InvalidArgument(f"repeat_last_n must be >= -1, got {req.repeat_last_n}")

@@ -389,6 +389,13 @@ def test_prompt_cache_shows_in_usage_and_engine_stats(daemon, client: openai.Ope
     assert again.choices[0].message.content == first.choices[0].message.content
     assert again.usage is not None and again.usage.prompt_tokens_details is not None
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    # llama-server's cache_prompt false: the whole prompt again, the same answer.
+    cold = client.chat.completions.create(
+        model="tiny", messages=messages, extra_body={"cache_prompt": False}, **GREEDY
+    )
+    assert cold.usage is not None and cold.usage.prompt_tokens_details is not None
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    assert cold.choices[0].message.content == first.choices[0].message.content
     turn2 = [
         *messages,
         {"role": "assistant", "content": first.choices[0].message.content},
