@@ -243,6 +243,7 @@ class Engine:
         self._first_chunks: list[Request] = []
         self._pieces: dict[int, bytes] = {}
         self._eog: list[int] | None = None  # end-of-generation tokens, found when first needed
+        self._space_prefix: bool | None = None  # see `_as_text`, found when first needed
         self._token_memo: OrderedDict[str, list[int]] = OrderedDict()
         self._piece_buf = ctypes.create_string_buffer(256)
 
@@ -491,7 +492,7 @@ class Engine:
             seq.emitted = True
             self._first_chunks.append(seq.request)
             if seq.prompt_logprobs:
-                chunk.prompt_logprobs = seq.prompt_logprobs
+                chunk.prompt_logprobs = self._as_text(seq.prompt_logprobs)
                 seq.prompt_logprobs = []
         seq.request.emit(chunk)
 
@@ -742,6 +743,21 @@ class Engine:
         seed = llama.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
         llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_dist(seed))
         return chain
+
+    def _as_text(self, entries: list[TokenLogprob]) -> list[TokenLogprob]:
+        """A prompt's entries whose pieces join into the text the prompt stands for: an SPM
+        vocabulary puts a space before the first word ("a" is " a"), which llama.cpp's
+        detokenizer drops again; so is it dropped here, from the first token after any BOS."""
+        if self._space_prefix is None:
+            first = self._tokenize("a", add_special=False)[:1]
+            self._space_prefix = bool(first) and self._piece(first[0]).startswith(b" ")
+        if self._space_prefix:
+            for index, entry in enumerate(entries[:2]):
+                if entry.piece:  # a BOS has an empty piece
+                    if entry.piece.startswith(b" "):
+                        entries[index] = TokenLogprob(entry.token_id, entry.piece[1:], entry.logprob, entry.top)
+                    break
+        return entries
 
     def _eog_tokens(self) -> list[int]:
         """Every token llama.cpp ends a generation on (EOS, EOT, <|im_end|>, ...): one walk of
