@@ -37,7 +37,7 @@ from daemon.api import openai_tools
 from daemon.api.body import read_body
 from daemon.api.leases import hold
 from daemon.api.state import daemon_of
-from daemon.backend import GenerateChunk, GenerateParams
+from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
 from daemon.core import layout
 from daemon.core.model import LoadedVersion
 from daemon.core.residency import gguf_context_per_sequence, read_gguf_metadata
@@ -360,11 +360,25 @@ class _Options(msgspec.Struct):
     frequency_penalty: float | None = None
 
 
-def _refuse_unsupported(req: _Generation) -> None:
-    if req.logprobs:
-        raise InvalidArgument("logprobs: log probabilities are not supported by edged")
-    if req.top_logprobs:
-        raise InvalidArgument("top_logprobs: log probabilities are not supported by edged")
+def _logprobs(req: _Generation) -> int | None:
+    """Alternatives per token for GenerateParams.logprobs (None: no log probabilities)."""
+    top = req.top_logprobs
+    if top is not None and not 0 <= top <= 20:
+        raise InvalidArgument("top_logprobs must be between 0 and 20")  # Ollama's text
+    if top and not req.logprobs:
+        # Ollama takes it and does nothing; here nothing is taken without its effect.
+        raise InvalidArgument("top_logprobs: requires logprobs: true")
+    return (top or 0) if req.logprobs else None
+
+
+def _logprob_entries(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """Ollama's `logprobs`: token, logprob, its bytes (a token can hold part of a UTF-8
+    character: its text then shows U+FFFD, `bytes` has the truth), alternatives if asked."""
+
+    def entry(e: TokenLogprob) -> dict[str, Any]:
+        return {"token": e.piece.decode("utf-8", errors="replace"), "logprob": e.logprob, "bytes": list(e.piece)}
+
+    return [{**entry(e), "top_logprobs": [entry(t) for t in e.top]} if e.top else entry(e) for e in entries]
 
 
 # ---------------------------------------------------------------------------- streaming
@@ -465,33 +479,46 @@ async def _respond(
     stream: bool,
     timing: _Timing,
     shape: _Text | _ToolReply,
+    logprobs: bool = False,
 ) -> web.StreamResponse:
-    """Stream NDJSON (`shape` turns text into Ollama's objects) or answer one object."""
+    """Stream NDJSON (`shape` turns text into Ollama's objects) or answer one object. With
+    `logprobs`, each object carries the entries of the tokens since the previous one."""
     async with contextlib.aclosing(chunks):
         try:
             first = await chunks.__anext__()  # errors before any output get a real status
         except StopAsyncIteration:
             first = GenerateChunk(text="", finish_reason="stop")
         timing.first = time.monotonic_ns()
+        pending = list(first.logprobs)  # a token may add no text yet (part of a character)
+
+        def with_logprobs(item: dict[str, Any]) -> dict[str, Any]:
+            if logprobs and pending:
+                item = {**item, "logprobs": _logprob_entries(pending)}
+                pending.clear()
+            return item
+
         if not stream:
             parts, last = [first.text], first
             async for chunk in chunks:
                 parts.append(chunk.text)
+                pending.extend(chunk.logprobs)
                 last = chunk
-            return _json_response({**shape.whole("".join(parts)), **timing.final(last)})
+            return _json_response(with_logprobs({**shape.whole("".join(parts)), **timing.final(last)}))
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         last = first
         try:
             for item in shape.stream(first.text):
-                await response.write(_json.encode({**item, "done": False}) + b"\n")
+                await response.write(_json.encode(with_logprobs({**item, "done": False})) + b"\n")
             async for chunk in chunks:
                 last = chunk
+                pending.extend(chunk.logprobs)
                 for item in shape.stream(chunk.text):
-                    await response.write(_json.encode({**item, "done": False}) + b"\n")
+                    await response.write(_json.encode(with_logprobs({**item, "done": False})) + b"\n")
             for item in shape.end():
-                await response.write(_json.encode({**item, "done": False}) + b"\n")
-            await response.write(_json.encode({**shape.whole(""), **timing.final(last)}) + b"\n")
+                await response.write(_json.encode(with_logprobs({**item, "done": False})) + b"\n")
+            final = with_logprobs({**shape.whole(""), **timing.final(last)})
+            await response.write(_json.encode(final) + b"\n")
         except EdgedError as exc:
             await response.write(_json.encode({"error": exc.message}) + b"\n")
         await response.write_eof()
@@ -527,11 +554,15 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if not req.messages:
         return await _load_or_unload(request, daemon, req.model, name, version, keep, started,
                                      {"message": {"role": "assistant", "content": ""}})
-    _refuse_unsupported(req)
+    top = _logprobs(req)
     schema = _format_schema(req.format)
     tools = req.tools or []  # Ollama treats an empty list as no tools
     if tools and schema:
         raise InvalidArgument("format: cannot be combined with tools")
+    if tools and top is not None:
+        # The model writes the tool reply's JSON, not the answer: its tokens' logprobs would
+        # not be the reply's (the OpenAI route refuses this pair too).
+        raise InvalidArgument("logprobs: not supported together with tools")
     messages = _chat_messages(req.messages, req.model)
     if tools:
         schema = openai_tools.tool_schema(tools, "auto", parallel=True)
@@ -540,6 +571,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     model = _generation_model(daemon, name, version, req.model)
     params = await _params(request, req.options, model)
     params.json_schema = schema
+    params.logprobs = top
     prompt = model.chat_prompt(messages)
 
     def piece(message: dict[str, Any]) -> dict[str, Any]:
@@ -550,7 +582,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     )
     timing = _Timing(started, lease.load_ns)
     return await _respond(request, model.generate(prompt, params),
-                          stream=req.stream, timing=timing, shape=shape)
+                          stream=req.stream, timing=timing, shape=shape, logprobs=top is not None)
 
 
 def _chat_messages(messages: list[Message], raw: str) -> list[dict[str, str]]:
@@ -587,7 +619,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     keep = _keep_alive(req.keep_alive)
     if not req.prompt:
         return await _load_or_unload(request, daemon, req.model, name, version, keep, started, {"response": ""})
-    _refuse_unsupported(req)
+    top = _logprobs(req)
     schema = _format_schema(req.format)
     if req.images:
         raise InvalidArgument(f'images: "{req.model}" does not support images')
@@ -607,6 +639,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     model = _generation_model(daemon, name, version, req.model)
     params = await _params(request, req.options, model)
     params.json_schema = schema
+    params.logprobs = top
     if req.suffix:
         params.suffix = req.suffix  # the engine builds the FIM prompt around the raw text
     if req.suffix or req.raw:
@@ -622,7 +655,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
     timing = _Timing(started, lease.load_ns)
     return await _respond(request, model.generate(prompt, params),
-                          stream=req.stream, timing=timing, shape=_Text(piece))
+                          stream=req.stream, timing=timing, shape=_Text(piece), logprobs=top is not None)
 
 
 _TEMPLATE_ACTION = re.compile(r"\{\{(-?)\s*(.*?)\s*(-?)\}\}", re.S)

@@ -174,6 +174,46 @@ def test_unsupported_fields_are_400_naming_them(client: ollama.Client) -> None:
     assert caught.value.status_code == 404 and "nope:latest" in caught.value.error
 
 
+def test_logprobs_per_token_as_the_openai_route_gives_them(client: ollama.Client, daemon) -> None:
+    """`logprobs` / `top_logprobs` (the ollama client sends them): one entry per generated
+    token with its bytes and alternatives, the same as /v1/completions gives for the same
+    prompt; streamed, each object carries its tokens' entries and they add up to the same."""
+    greedy = {"temperature": 0, "num_predict": 8, "repeat_penalty": 1.0}
+    reply = client.generate(model="tiny", prompt="Once upon", raw=True, options=greedy, logprobs=True, top_logprobs=2)
+    entries = reply.logprobs or []
+    assert len(entries) == reply.eval_count == 8
+    assert "".join(e.token for e in entries) == reply.response
+    for entry in entries:
+        top = entry.top_logprobs or []
+        assert len(top) == 2 and top[0].token == entry.token and top[0].logprob == entry.logprob <= 0
+    raw = {"model": "tiny", "prompt": "Once upon", "raw": True, "options": greedy, "logprobs": True, "stream": False}
+    as_sent = daemon.request("POST", "/api/generate", json.dumps(raw).encode()).json()["logprobs"]
+    assert [bytes(e["bytes"]).decode() for e in as_sent] == [e.token for e in entries]  # Ollama's bytes
+    body = {"model": "tiny", "prompt": "Once upon", "max_tokens": 8, "temperature": 0, "logprobs": 2}
+    openai = daemon.request("POST", "/v1/completions", json.dumps(body).encode()).json()["choices"][0]
+    assert openai["text"] == reply.response
+    assert [e.logprob for e in entries] == pytest.approx(openai["logprobs"]["token_logprobs"], abs=1e-3)
+    streamed = []
+    for part in client.generate(model="tiny", prompt="Once upon", raw=True, options=greedy, logprobs=True,
+                                stream=True):
+        assert len(part.logprobs or []) == (1 if part.response else 0)  # one token, one piece of text
+        streamed.extend(part.logprobs or [])
+    assert [e.token for e in streamed] == [e.token for e in entries]
+    assert all(e.top_logprobs is None for e in streamed)  # top_logprobs 0: none listed
+    chat = client.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], options=greedy, logprobs=True)
+    assert "".join(e.token for e in chat.logprobs or []) == chat.message.content
+    plain = client.generate(model="tiny", prompt="Once upon", raw=True, options=greedy)
+    assert plain.logprobs is None and plain.response == reply.response
+    for extra, words in [({"top_logprobs": 21, "logprobs": True}, "top_logprobs must be between 0 and 20"),
+                         ({"top_logprobs": 2}, "top_logprobs: requires logprobs: true")]:
+        with pytest.raises(ollama.ResponseError) as caught:
+            client.generate(model="tiny", prompt="x", **extra)
+        assert caught.value.status_code == 400 and words in caught.value.error
+    weather = {"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}
+    with pytest.raises(ollama.ResponseError, match="logprobs: not supported together with tools"):
+        client.chat(model="tiny", messages=[{"role": "user", "content": "x"}], tools=[weather], logprobs=True)
+
+
 def test_suffix_fills_in_the_middle(client: ollama.Client, daemon) -> None:
     """Ollama's suffix on a model with FIM tokens: the same prompt and text as the OpenAI
     completions route's suffix (whose FIM layout tests/backends/test_llamacpp.py checks)."""
