@@ -33,7 +33,7 @@ from typing import Any, Literal
 import msgspec
 from aiohttp import web
 
-from daemon.api import openai_tools
+from daemon.api import dimensions, openai_tools
 from daemon.api.body import read_body
 from daemon.api.leases import hold
 from daemon.api.state import daemon_of
@@ -726,12 +726,13 @@ async def embed(request: web.Request) -> web.Response:
     started = time.monotonic_ns()
     req: EmbedRequest = await _decode(request, EmbedRequest)
     _refuse_options(req.options)
-    if req.dimensions is not None:
-        raise InvalidArgument("dimensions: truncating embeddings is not supported by edged")
+    dimensions.check(req.dimensions)
     texts = ([req.input] if req.input else []) if isinstance(req.input, str) else req.input
     # `truncate` (default true) is accepted: edged never truncates, so an input longer than the
     # context is an error either way, which is what truncate=false asks for.
     vectors, tokens, load_ns = await _embed(request, req.model, texts, req.keep_alive)
+    if req.dimensions is not None and vectors:
+        vectors = dimensions.shorten(vectors, req.dimensions)  # as the OpenAI route does
     return _json_response({
         "model": req.model, "embeddings": vectors, "total_duration": time.monotonic_ns() - started,
         "load_duration": load_ns, "prompt_eval_count": tokens,

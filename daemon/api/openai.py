@@ -32,8 +32,8 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
+from daemon.api import dimensions, openai_tools
 from daemon.api import generate as generate_tensor
-from daemon.api import openai_tools
 from daemon.api.body import read_body
 from daemon.api.errors import error_body
 from daemon.api.leases import hold
@@ -781,22 +781,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
 
 
-def _shorten(vectors: list[list[float]], dimensions: int) -> list[list[float]]:
-    """OpenAI's `dimensions`: the first `dimensions` components, L2-normalised again.
-
-    This is how Matryoshka-trained models (OpenAI's text-embedding-3, nomic-embed, ...) are
-    shortened; more dimensions than the model has is a 400.
-    """
-    size = len(vectors[0]) if vectors else 0
-    if dimensions > size:
-        raise InvalidArgument(f"dimensions: the model's embeddings have {size} dimensions, got {dimensions}")
-    if dimensions == size:
-        return vectors
-    cut = np.asarray(vectors, dtype=np.float64)[:, :dimensions]
-    norms = np.linalg.norm(cut, axis=1, keepdims=True)
-    return (cut / np.where(norms > 0, norms, 1.0)).tolist()
-
-
 def _encode_vector(vector: list[float], encoding: str) -> list[float] | str:
     if encoding == "base64":
         return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
@@ -809,11 +793,10 @@ async def embeddings(request: web.Request) -> web.Response:
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts:
         raise InvalidArgument("input: at least one string is required")
-    if req.dimensions is not None and req.dimensions < 1:
-        raise InvalidArgument(f"dimensions must be >= 1, got {req.dimensions}")
+    dimensions.check(req.dimensions)
     vectors, tokens = await model.embed(texts)
     if req.dimensions is not None:
-        vectors = _shorten(vectors, req.dimensions)
+        vectors = dimensions.shorten(vectors, req.dimensions)
     payload = {
         "object": "list",
         "model": model.name,

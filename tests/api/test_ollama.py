@@ -11,6 +11,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("llama_cpp")
@@ -159,7 +160,8 @@ def test_unsupported_fields_are_400_naming_them(client: ollama.Client) -> None:
         (lambda: client.generate(model="coder", prompt="x", suffix="y", system="s"), "suffix: not supported together"),
         (lambda: client.generate(model="tiny", prompt="x", keep_alive="soon"), "keep_alive"),
         (lambda: client.generate(model="embedder", prompt="x"), "embedding"),
-        (lambda: client.embed(model="embedder", input="x", dimensions=8), "dimensions"),
+        (lambda: client.embed(model="embedder", input="x", dimensions=100_000), "dimensions: the model's"),
+        (lambda: client.embed(model="embedder", input="x", dimensions=0), "dimensions must be >= 1"),
     ]
     for call, words in cases:
         with pytest.raises(ollama.ResponseError) as caught:
@@ -275,6 +277,11 @@ def test_embed_and_legacy_embeddings(client: ollama.Client) -> None:
     assert single.embeddings[0] == pytest.approx(result.embeddings[0], abs=1e-6)
     legacy = client.embeddings(model="embedder", prompt="one")
     assert legacy.embedding == pytest.approx(result.embeddings[0], abs=1e-6)
+    # dimensions: the first N components, normalised again (Matryoshka models).
+    short = client.embed(model="embedder", input=["one", "two words"], dimensions=16)
+    for full, cut in zip(result.embeddings, short.embeddings, strict=True):
+        head = np.asarray(full[:16])
+        assert cut == pytest.approx(list(head / np.linalg.norm(head)), abs=1e-6)
     with pytest.raises(ollama.ResponseError) as caught:
         client.embed(model="tiny", input="x")
     assert caught.value.status_code == 400
