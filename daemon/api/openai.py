@@ -97,7 +97,8 @@ class CompletionRequest(_Sampling):
     echo: bool | None = None
     # Fill-in-the-middle: the text after the completion (models with FIM tokens; else 400).
     suffix: str | None = None
-    # Log probabilities of the generated tokens and this many alternatives (OpenAI: 0..5).
+    # Log probabilities of the generated tokens and this many alternatives: 0..20 (OpenAI
+    # allows 5; lm-eval-harness's older local-completions asks for 10, vLLM allows 20).
     logprobs: int | None = None
 
 
@@ -530,8 +531,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     # Completions accept max_tokens 0 (OpenAI's legacy API: with echo, the prompt alone).
     params = _params(req, min_tokens=0)
     if req.logprobs is not None:
-        if not 0 <= req.logprobs <= 5:
-            raise InvalidArgument(f"logprobs must be between 0 and 5, got {req.logprobs}")
+        if not 0 <= req.logprobs <= 20:
+            raise InvalidArgument(f"logprobs must be between 0 and 20, got {req.logprobs}")
         params.logprobs = req.logprobs
     if req.echo and (req.logprobs is not None or not isinstance(prompts[0], str)):
         # The prompt's own tokens, scored (OpenAI's echo with logprobs, lm-eval-harness's

@@ -582,8 +582,10 @@ def test_logprobs(client: openai.OpenAI) -> None:
     ]:
         with pytest.raises(openai.BadRequestError, match=pattern):
             client.chat.completions.create(model="tiny", messages=messages, max_tokens=1, extra_body=extra)
-    with pytest.raises(openai.BadRequestError, match="logprobs must be between 0 and 5"):
-        client.completions.create(model="tiny", prompt="x", logprobs=6, max_tokens=1)
+    with pytest.raises(openai.BadRequestError, match="logprobs must be between 0 and 20, got 21"):
+        client.completions.create(model="tiny", prompt="x", logprobs=21, max_tokens=1)
+    ten = client.completions.create(model="tiny", prompt="x", logprobs=10, max_tokens=1, temperature=0)
+    assert ten.choices[0].logprobs is not None and len((ten.choices[0].logprobs.top_logprobs or [])[0]) == 10
 
 
 def test_echo_with_logprobs_scores_the_prompt(client: openai.OpenAI, repo: Path) -> None:
