@@ -566,9 +566,11 @@ class GenerateChunk(msgspec.Struct):
     cached_tokens: int = 0
     # One per token of `token_ids` when GenerateParams.logprobs is set.
     logprobs: list[TokenLogprob] = []
-    # On a sequence's first chunk, with GenerateParams.prompt_logprobs: one per prompt token as
-    # evaluated (a BOS the backend added included). The first token has nothing before it, so
-    # its entry is unscored (logprob 0.0, no alternatives); OpenAI reports it as null.
+    # On a sequence's first chunk, with GenerateParams.prompt_logprobs: one per token of the
+    # prompt as the caller gave it (a BOS the backend's tokenizer put before a text prompt is
+    # left out), each scored given every token before it. The first entry's score is not
+    # meaningful when nothing preceded it (logprob 0.0, no alternatives): OpenAI reports the
+    # first entry as null whatever it is, and so do the routes.
     prompt_logprobs: list[TokenLogprob] = []
 
 

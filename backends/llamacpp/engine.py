@@ -193,6 +193,7 @@ class _Sequence:
     decoded: list[int] = field(default_factory=list)  # generated tokens whose KV is cached
     cached: int = 0  # prompt tokens found in the slot's cache
     emitted: bool = False  # a chunk has gone to the request's consumer
+    skip_bos: bool = False  # prompt_logprobs leave out the first entry: a BOS the tokenizer added
     decoder: PieceDecoder = field(default_factory=PieceDecoder)
     stops: StopMatcher = field(default_factory=lambda: StopMatcher(()))
 
@@ -492,7 +493,7 @@ class Engine:
             seq.emitted = True
             self._first_chunks.append(seq.request)
             if seq.prompt_logprobs:
-                chunk.prompt_logprobs = self._as_text(seq.prompt_logprobs)
+                chunk.prompt_logprobs = self._as_text(seq.prompt_logprobs[int(seq.skip_bos):])
                 seq.prompt_logprobs = []
         seq.request.emit(chunk)
 
@@ -638,6 +639,12 @@ class Engine:
             if scored:
                 # The first token has nothing before it to be scored against.
                 seq.prompt_logprobs.append(TokenLogprob(tokens[0], self._piece(tokens[0]), 0.0))
+                prompt = item.request.prompt
+                if isinstance(prompt, str) and item.request.params.suffix is None:
+                    # The text does not hold the BOS the tokenizer put before it (lm-eval-harness
+                    # counts the tokens of the text alone): its entry goes, the first word's stays.
+                    bos = llama.llama_vocab_bos(self._vocab)
+                    seq.skip_bos = bool(llama.llama_vocab_get_add_bos(self._vocab)) and tokens[0] == bos
             self._slots[slot] = seq
 
     def _use_store(self, slot: int, common: int, tokens: list[int]) -> int:
@@ -747,7 +754,8 @@ class Engine:
     def _as_text(self, entries: list[TokenLogprob]) -> list[TokenLogprob]:
         """A prompt's entries whose pieces join into the text the prompt stands for: an SPM
         vocabulary puts a space before the first word ("a" is " a"), which llama.cpp's
-        detokenizer drops again; so is it dropped here, from the first token after any BOS."""
+        detokenizer drops again; so is it dropped here, from the first token after any BOS
+        (token-id prompts keep theirs: they are echoed as given)."""
         if self._space_prefix is None:
             first = self._tokenize("a", add_special=False)[:1]
             self._space_prefix = bool(first) and self._piece(first[0]).startswith(b" ")

@@ -561,7 +561,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     def completion_logprobs(index: int, chunk: GenerateChunk) -> dict[str, Any] | None:
         """OpenAI's legacy layout: parallel lists, alternatives as {token: logprob}; an echoed
-        prompt's tokens first, the very first of them null (nothing before it to score it)."""
+        prompt's tokens first, the very first of them null (as OpenAI, llama-cpp-python)."""
         if params.logprobs is None:
             return None
         entries = chunk.prompt_logprobs + chunk.logprobs

@@ -630,12 +630,14 @@ def test_echo_with_logprobs_scores_the_prompt(client: openai.OpenAI, repo: Path)
     assert scored.choices[0].logprobs is not None
     again = scored.choices[0].logprobs.token_logprobs or []
     assert again[0] is None and again[1:] == pytest.approx(first.token_logprobs[1:-1], abs=1e-3)
-    # A text prompt: its tokens (BOS empty, no space before the first word) join into it.
+    # A text prompt: its own tokens (no BOS, no space before the first word) join into it.
     worded = client.completions.create(
         model="tiny", prompt="Once upon a", echo=True, logprobs=0, max_tokens=3, temperature=0
     )
     assert worded.choices[0].text.startswith("Once upon a") and worded.choices[0].logprobs is not None
     assert "".join(worded.choices[0].logprobs.tokens or []) == worded.choices[0].text
+    assert worded.usage is not None  # its prompt_tokens count the BOS; the echo has none
+    assert len(worded.choices[0].logprobs.tokens or []) == worded.usage.total_tokens - 1
     plain = client.completions.create(model="tiny", prompt=ids, echo=True, max_tokens=0)
     assert plain.choices[0].text == "".join((first.tokens or [])[: len(ids)])
     assert plain.choices[0].logprobs is None
