@@ -621,7 +621,9 @@ class Engine:
             keep = min(common, len(tokens) - 1)
             scored = item.request.params.prompt_logprobs is not None
             if scored or not item.request.params.cache_prompt:
-                keep = 0  # scored: every prompt token's logits are needed, the cache keeps none
+                # Scored: every prompt token's logits are needed, and the cache keeps none.
+                # cache_prompt false: the caller asked for the whole prompt to be evaluated.
+                keep = 0
             if keep < len(self._cached[slot]) and not llama.llama_memory_seq_rm(self._memory, slot, keep, -1):
                 # A memory that cannot drop a tail (recurrent models): start the slot afresh.
                 llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
@@ -754,8 +756,7 @@ class Engine:
     def _as_text(self, entries: list[TokenLogprob]) -> list[TokenLogprob]:
         """A prompt's entries whose pieces join into the text the prompt stands for: an SPM
         vocabulary puts a space before the first word ("a" is " a"), which llama.cpp's
-        detokenizer drops again; so is it dropped here, from the first token after any BOS
-        (token-id prompts keep theirs: they are echoed as given)."""
+        detokenizer drops again; so is it dropped here, from the first token after any BOS."""
         if self._space_prefix is None:
             first = self._tokenize("a", add_special=False)[:1]
             self._space_prefix = bool(first) and self._piece(first[0]).startswith(b" ")
