@@ -141,7 +141,7 @@ class Executions:
 
     executions: int
     rows: int
-    # Summed wall time of all executions (instances running in parallel add up).
+    # Summed wall time of all executions, every compute phase (parallel instances add up).
     busy_seconds: float
 
     @property
@@ -161,7 +161,8 @@ def executions(endpoint: Endpoint, model: str) -> Executions:
         stats = json.loads(conn.getresponse().read())["model_stats"][0]
     finally:
         conn.close()
-    busy_ns = sum(int(row["compute_infer"]["ns"]) for row in stats["batch_stats"])
+    phases = ("compute_input", "compute_infer", "compute_output")
+    busy_ns = sum(int(row[phase]["ns"]) for row in stats["batch_stats"] for phase in phases)
     return Executions(int(stats["execution_count"]), int(stats["inference_count"]), busy_ns / 1e9)
 
 

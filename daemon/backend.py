@@ -35,6 +35,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -373,6 +374,10 @@ class Backend:
 
     def __init__(self, context: InstanceContext) -> None:
         self.context = context
+        # Nanoseconds the last `execute` spent preparing its inputs and collecting its outputs
+        # (Triton's compute_input and compute_output; the rest of the call is compute_infer).
+        # Set by `execute`; the scheduler sets it to (0, 0) before each call and reads it after.
+        self.phase_ns: tuple[int, int] = (0, 0)
         # One thread per instance: runtimes are called from one thread at a time, and the
         # instances of a model run in parallel.
         self._executor = _InstanceThread(
@@ -473,7 +478,9 @@ class TensorBackend(Backend):
     async def execute(self, batch: Sequence[InferRequest]) -> list[ExecuteResult]:
         if len(batch) == 1 or self.config.max_batch_size == 0:
             return [await self._execute_one(request) for request in batch]
+        started = time.perf_counter_ns()
         merged, sizes = merge_batch(batch)
+        merged_ns = time.perf_counter_ns()
         try:
             outputs = await self.run_blocking(self.infer, merged)
         except EdgedError as exc:
@@ -481,10 +488,13 @@ class TensorBackend(Backend):
         except Exception as exc:  # the runtime's own error: fail this batch, not the daemon
             error = backend_failure(self.name, self.context.model_name, exc)
             return [error for _ in batch]
-        return [
+        ran_ns = time.perf_counter_ns()
+        results: list[ExecuteResult] = [
             InferResponse(select_outputs(part, request.requested_outputs))
             for part, request in zip(split_batch(outputs, sizes), batch, strict=True)
         ]
+        self.phase_ns = (merged_ns - started, time.perf_counter_ns() - ran_ns)
+        return results
 
     async def _execute_one(self, request: InferRequest) -> ExecuteResult:
         try:

@@ -31,6 +31,7 @@ import logging
 import platform
 import re
 import sys
+import time
 import types
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from pathlib import Path
@@ -223,8 +224,10 @@ class PythonBackend(Backend):
     # ------------------------------------------------------------------ inference
 
     async def execute(self, batch: Sequence[InferRequest]) -> list[ExecuteResult]:
+        started = time.perf_counter_ns()
         streams = [_Stream(self._loop) for _ in batch]
         requests = [self._pb_request(r, s) for r, s in zip(batch, streams, strict=True)]
+        prepared = time.perf_counter_ns()
         try:
             responses = await self.run_blocking(self._call_execute, requests)
         except EdgedError as exc:
@@ -251,10 +254,12 @@ class PythonBackend(Backend):
                 "request(s); it must return one InferenceResponse per request"
             )
             return [error for _ in batch]
-        return [
-            self._result(request, response)
-            for request, response in zip(batch, responses, strict=True)
-        ]
+        ran = time.perf_counter_ns()
+        results = [self._result(request, response) for request, response in zip(batch, responses, strict=True)]
+        # Triton's python backend splits its compute time so too: the requests handed to the
+        # model (compute_input), `execute` (compute_infer), its responses read back (output).
+        self.phase_ns = (prepared - started, time.perf_counter_ns() - ran)
+        return results
 
     async def _single(self, request: InferRequest, stream: _Stream) -> ExecuteResult:
         """The one response `/infer` can carry, as Triton: any other count is an error."""

@@ -31,7 +31,7 @@ from typing import Protocol
 
 from daemon.backend import Backend, ExecuteResult, InferRequest, InferResponse
 from daemon.core.sequence import SequenceBatcher
-from daemon.core.stats import FailureReason, ModelStats
+from daemon.core.stats import FailureReason, ModelStats, compute_phases
 from daemon.errors import (
     BackendError,
     ConfigError,
@@ -124,7 +124,7 @@ class _Pending:
     # Timed out under DELAY: served after the level's other requests.
     delayed: bool = False
     queue_ns: int = 0
-    compute_ns: int = 0
+    compute_ns: tuple[int, int, int] = (0, 0, 0)  # input, infer, output
 
 
 @dataclass(slots=True)
@@ -576,6 +576,7 @@ class _QueueScheduler:
 
     async def _execute(self, instance: Backend, items: list[_Pending]) -> None:
         requests = [item.request for item in items]
+        instance.phase_ns = (0, 0)
         started = time.monotonic_ns()
         results: list[ExecuteResult]
         try:
@@ -595,11 +596,11 @@ class _QueueScheduler:
                 f"{type(exc).__name__}: {exc}"
             )
             results = [error] * len(items)
-        elapsed = time.monotonic_ns() - started
+        phases = compute_phases(time.monotonic_ns() - started, instance.phase_ns)
         # Performed, whatever its outcome (Triton counts an execution that raised too).
-        self.stats.record_execution(sum(item.rows for item in items), elapsed)
+        self.stats.record_execution(sum(item.rows for item in items), phases[1], phases[0], phases[2])
         for item, result in zip(items, results, strict=True):
-            item.compute_ns = elapsed
+            item.compute_ns = phases
             if not isinstance(result, InferResponse | EdgedError):
                 result = BackendError(
                     f"backend {instance.name!r} returned {type(result).__name__} instead of a "
@@ -635,9 +636,9 @@ class _QueueScheduler:
                 duration,
                 item.rows,
                 queue_ns=item.queue_ns,
-                compute_input_ns=0,
-                compute_infer_ns=item.compute_ns,
-                compute_output_ns=0,
+                compute_input_ns=item.compute_ns[0],
+                compute_infer_ns=item.compute_ns[1],
+                compute_output_ns=item.compute_ns[2],
             )
             item.future.set_result(outcome)
         else:

@@ -52,7 +52,7 @@ from daemon.backend import (
     InferRequest,
     InferResponse,
 )
-from daemon.core.stats import FailureReason, ModelStats
+from daemon.core.stats import FailureReason, ModelStats, compute_phases
 from daemon.errors import BackendError, ConfigError, EdgedError, InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig, SequenceBatching, TensorConfig
 
@@ -829,10 +829,12 @@ class SequenceBatcher:
                     | (REQUEST_FLAG_SEQUENCE_END if item.end else 0),
                 )
             )
+        lane.instance.phase_ns = (0, 0)
         started = time.monotonic_ns()
         results = await self._run_backend(lane.instance, requests)
-        elapsed = time.monotonic_ns() - started
-        self.stats.record_execution(len(rows), elapsed)  # performed, whatever its outcome
+        phases = compute_phases(time.monotonic_ns() - started, lane.instance.phase_ns)
+        # Performed, whatever its outcome.
+        self.stats.record_execution(len(rows), phases[1], phases[0], phases[2])
         finished = time.monotonic_ns()
         for item, result in zip(rows, results, strict=True):
             if item is None:
@@ -843,7 +845,7 @@ class SequenceBatcher:
             if isinstance(outcome, InferResponse):
                 outcome = self._keep_state(item, outcome)
             if isinstance(outcome, InferResponse):
-                self._succeed(item, outcome, elapsed)
+                self._succeed(item, outcome, phases)
             else:
                 self._fail(item, outcome, "BACKEND")
         self._check_drained()
@@ -958,7 +960,7 @@ class SequenceBatcher:
 
     # ------------------------------------------------------------------ delivery
 
-    def _succeed(self, item: _Item, response: InferResponse, compute_ns: int) -> None:
+    def _succeed(self, item: _Item, response: InferResponse, phases: tuple[int, int, int]) -> None:
         if item.future.done():
             self.stats.record_failure(time.monotonic_ns() - item.arrival_ns, "CANCELED")
             return
@@ -966,9 +968,9 @@ class SequenceBatcher:
             time.monotonic_ns() - item.arrival_ns,
             1,
             queue_ns=item.queue_ns,
-            compute_input_ns=0,
-            compute_infer_ns=compute_ns,
-            compute_output_ns=0,
+            compute_input_ns=phases[0],
+            compute_infer_ns=phases[1],
+            compute_output_ns=phases[2],
         )
         item.future.set_result(response)
 

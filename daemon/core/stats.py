@@ -31,6 +31,14 @@ FailureReason = Literal["REJECTED", "CANCELED", "BACKEND", "OTHER"]
 FAILURE_REASONS: tuple[FailureReason, ...] = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
 
+def compute_phases(elapsed_ns: int, phase_ns: tuple[int, int]) -> tuple[int, int, int]:
+    """(input, infer, output) nanoseconds of one backend execution of `elapsed_ns` in all, from
+    the backend's own input and output preparation times (`Backend.phase_ns`)."""
+    input_ns = min(max(phase_ns[0], 0), elapsed_ns)
+    output_ns = min(max(phase_ns[1], 0), elapsed_ns - input_ns)
+    return input_ns, elapsed_ns - input_ns - output_ns, output_ns
+
+
 @dataclass(slots=True)
 class Duration:
     """Triton's `$duration_stat`: how many times, and the total nanoseconds."""

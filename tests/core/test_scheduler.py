@@ -722,6 +722,12 @@ async def test_stats_and_metrics_follow_executions(harness: Harness) -> None:
     assert inference["fail"] == {"count": 0, "ns": 0}
     assert inference["queue"]["ns"] > 0
     assert [(b["batch_size"], b["compute_infer"]["count"]) for b in doc["batch_stats"]] == [(1, 1), (5, 1)]
+    # Compute is split as Triton splits it: merging the batch's inputs and splitting its
+    # outputs are compute_input and compute_output; one request alone has neither.
+    single, merged = doc["batch_stats"]
+    assert single["compute_input"]["ns"] == single["compute_output"]["ns"] == 0
+    assert merged["compute_input"]["ns"] > 0 and merged["compute_output"]["ns"] > 0
+    assert inference["compute_input"]["ns"] == merged["compute_input"]["ns"] * 4  # its 4 requests
     assert stats.pending == 0
 
     metrics = MetricsRegistry()

@@ -9,7 +9,7 @@ import msgspec
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.core.stats import MetricsRegistry, ModelStats
+from daemon.core.stats import MetricsRegistry, ModelStats, compute_phases
 
 DURATION_KEYS = {"count", "ns"}
 
@@ -170,3 +170,12 @@ def test_host_cpu_metrics_from_procfs(tmp_path) -> None:
     stat(130, 1160, 10)  # idle since the previous scrape
     assert next(host.families()).samples[0].value == 0.0
     assert list(HostCpu(str(tmp_path / "nowhere")).families()) == []
+
+
+def test_compute_phases_split_an_execution() -> None:
+    """The backend's input and output times out of the whole; infer is the rest, never < 0."""
+    assert compute_phases(10_000, (1_000, 2_000)) == (1_000, 7_000, 2_000)
+    assert compute_phases(10_000, (0, 0)) == (0, 10_000, 0)  # a backend that reports none
+    # Clocks read apart can overshoot the scheduler's own: clamped, the sum stays the whole.
+    assert compute_phases(10_000, (8_000, 5_000)) == (8_000, 0, 2_000)
+    assert compute_phases(10_000, (-5, 12_000)) == (0, 0, 10_000)
