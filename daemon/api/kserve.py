@@ -67,11 +67,14 @@ def _check_accepting(daemon: Service) -> None:
 
 
 async def live(request: web.Request) -> web.Response:
-    return _empty(200)
+    # The Open Inference Protocol's body, which KServe's client reads (Triton sends none).
+    return _json_response({"live": True})
 
 
 async def ready(request: web.Request) -> web.Response:
-    return _empty(200 if daemon_of(request).ready() else 400)
+    if daemon_of(request).ready():
+        return _json_response({"ready": True})
+    return _empty(400)  # Triton's answer while not ready
 
 
 async def server_metadata(request: web.Request) -> web.Response:

@@ -97,6 +97,8 @@ def test_pipelined_requests_on_both_paths_are_answered_in_order(daemon) -> None:
     served_by_aiohttp = ["server" in headers for _, headers, _ in responses]
     assert served_by_aiohttp == [False, True, False, True, False, True, True, True, False, False, False, True]
     assert json.loads(responses[1][2])["name"] == "edged"
+    # Health as the Open Inference Protocol answers it (KServe's client reads the body).
+    assert json.loads(responses[0][2]) == {"live": True} and json.loads(responses[10][2]) == {"ready": True}
     assert responses[3][2] == b""  # HEAD: headers only, and the next response still parses
     expected = {"OUTPUT0": total.ravel().tolist(), "OUTPUT1": difference.ravel().tolist()}
     for index in (2, 5, 6, 7, 8):

@@ -41,8 +41,14 @@ def _json_infer(a: np.ndarray, b: np.ndarray) -> dict[str, object]:
 
 
 def test_health_and_server_metadata(daemon) -> None:
-    assert daemon.request("GET", "/v2/health/live").status == 200
-    assert daemon.request("GET", "/v2/health/ready").status == 200
+    """Health: Triton's status codes with the Open Inference Protocol's bodies, on the lean
+    front and on aiohttp's route (which serves a query string or an HTTP/1.0 request)."""
+    for path in ("/v2/health/live", "/v2/health/live?verbose=1"):
+        reply = daemon.request("GET", path)
+        assert (reply.status, reply.json()) == (200, {"live": True}), path
+    for path in ("/v2/health/ready", "/v2/health/ready?verbose=1"):
+        reply = daemon.request("GET", path)
+        assert (reply.status, reply.json()) == (200, {"ready": True}), path
     meta = daemon.request("GET", "/v2").json()
     assert meta["name"] == "edged"
     assert "binary_tensor_data" in meta["extensions"] and "statistics" in meta["extensions"]
