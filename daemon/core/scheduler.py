@@ -31,7 +31,7 @@ from typing import Protocol
 
 from daemon.backend import Backend, ExecuteResult, InferRequest, InferResponse
 from daemon.core.sequence import SequenceBatcher
-from daemon.core.stats import FailureReason, ModelStats, compute_phases
+from daemon.core.stats import ComputePhases, FailureReason, ModelStats, compute_phases
 from daemon.errors import (
     BackendError,
     ConfigError,
@@ -105,6 +105,10 @@ class _Stage(enum.Enum):
     DONE = "done"
 
 
+# A request's compute phases until its batch has run (immutable: shared as the default).
+_NOT_RUN = ComputePhases(0, 0, 0)
+
+
 @dataclass(eq=False, slots=True)
 class _Pending:
     """One accepted request on its way through the scheduler (hashed by identity)."""
@@ -124,7 +128,7 @@ class _Pending:
     # Timed out under DELAY: served after the level's other requests.
     delayed: bool = False
     queue_ns: int = 0
-    compute_ns: tuple[int, int, int] = (0, 0, 0)  # input, infer, output
+    compute: ComputePhases = _NOT_RUN
 
 
 @dataclass(slots=True)
@@ -598,9 +602,11 @@ class _QueueScheduler:
             results = [error] * len(items)
         phases = compute_phases(time.monotonic_ns() - started, instance.phase_ns)
         # Performed, whatever its outcome (Triton counts an execution that raised too).
-        self.stats.record_execution(sum(item.rows for item in items), phases[1], phases[0], phases[2])
+        self.stats.record_execution(
+            sum(item.rows for item in items), phases.infer_ns, phases.input_ns, phases.output_ns
+        )
         for item, result in zip(items, results, strict=True):
-            item.compute_ns = phases
+            item.compute = phases
             if not isinstance(result, InferResponse | EdgedError):
                 result = BackendError(
                     f"backend {instance.name!r} returned {type(result).__name__} instead of a "
@@ -636,9 +642,9 @@ class _QueueScheduler:
                 duration,
                 item.rows,
                 queue_ns=item.queue_ns,
-                compute_input_ns=item.compute_ns[0],
-                compute_infer_ns=item.compute_ns[1],
-                compute_output_ns=item.compute_ns[2],
+                compute_input_ns=item.compute.input_ns,
+                compute_infer_ns=item.compute.infer_ns,
+                compute_output_ns=item.compute.output_ns,
             )
             item.future.set_result(outcome)
         else:

@@ -52,7 +52,7 @@ from daemon.backend import (
     InferRequest,
     InferResponse,
 )
-from daemon.core.stats import FailureReason, ModelStats, compute_phases
+from daemon.core.stats import ComputePhases, FailureReason, ModelStats, compute_phases
 from daemon.errors import BackendError, ConfigError, EdgedError, InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig, SequenceBatching, TensorConfig
 
@@ -834,7 +834,7 @@ class SequenceBatcher:
         results = await self._run_backend(lane.instance, requests)
         phases = compute_phases(time.monotonic_ns() - started, lane.instance.phase_ns)
         # Performed, whatever its outcome.
-        self.stats.record_execution(len(rows), phases[1], phases[0], phases[2])
+        self.stats.record_execution(len(rows), phases.infer_ns, phases.input_ns, phases.output_ns)
         finished = time.monotonic_ns()
         for item, result in zip(rows, results, strict=True):
             if item is None:
@@ -960,7 +960,7 @@ class SequenceBatcher:
 
     # ------------------------------------------------------------------ delivery
 
-    def _succeed(self, item: _Item, response: InferResponse, phases: tuple[int, int, int]) -> None:
+    def _succeed(self, item: _Item, response: InferResponse, phases: ComputePhases) -> None:
         if item.future.done():
             self.stats.record_failure(time.monotonic_ns() - item.arrival_ns, "CANCELED")
             return
@@ -968,9 +968,9 @@ class SequenceBatcher:
             time.monotonic_ns() - item.arrival_ns,
             1,
             queue_ns=item.queue_ns,
-            compute_input_ns=phases[0],
-            compute_infer_ns=phases[1],
-            compute_output_ns=phases[2],
+            compute_input_ns=phases.input_ns,
+            compute_infer_ns=phases.infer_ns,
+            compute_output_ns=phases.output_ns,
         )
         item.future.set_result(response)
 

@@ -18,7 +18,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -31,12 +31,20 @@ FailureReason = Literal["REJECTED", "CANCELED", "BACKEND", "OTHER"]
 FAILURE_REASONS: tuple[FailureReason, ...] = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
 
-def compute_phases(elapsed_ns: int, phase_ns: tuple[int, int]) -> tuple[int, int, int]:
-    """(input, infer, output) nanoseconds of one backend execution of `elapsed_ns` in all, from
-    the backend's own input and output preparation times (`Backend.phase_ns`)."""
+class ComputePhases(NamedTuple):
+    """Triton's three compute durations of one backend execution, in nanoseconds."""
+
+    input_ns: int
+    infer_ns: int
+    output_ns: int
+
+
+def compute_phases(elapsed_ns: int, phase_ns: tuple[int, int]) -> ComputePhases:
+    """One backend execution of `elapsed_ns` in all, split by the backend's own input and
+    output preparation times (`Backend.phase_ns`)."""
     input_ns = min(max(phase_ns[0], 0), elapsed_ns)
     output_ns = min(max(phase_ns[1], 0), elapsed_ns - input_ns)
-    return input_ns, elapsed_ns - input_ns - output_ns, output_ns
+    return ComputePhases(input_ns, elapsed_ns - input_ns - output_ns, output_ns)
 
 
 @dataclass(slots=True)
