@@ -61,8 +61,8 @@ _INFER_PATH = re.compile(rb"/v2/models/([^/?#%]+)(?:/versions/([0-9]+))?/infer")
 _RELAY, _INFER, _LIVE, _READY = range(4)
 _HEALTH = {b"/v2/health/live": _LIVE, b"/v2/health/ready": _READY}
 # The Open Inference Protocol's bodies (KServe's client reads them; Triton's sends none and
-# tritonclient reads only the status), as daemon.api.kserve answers them too.
-_LIVE_BODY, _READY_BODY = b'{"live":true}', b'{"ready":true}'
+# tritonclient reads only the status); daemon.api.kserve's routes answer with them too.
+LIVE_BODY, READY_BODY = b'{"live":true}', b'{"ready":true}'
 # Headers that make a request not plain (lower-case, as compared).
 _NOT_PLAIN = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 # Pipelined requests waiting behind the active one: stop reading the socket beyond these.
@@ -518,10 +518,10 @@ class _Connection(asyncio.Protocol):
                 return
             self.task = self.loop.create_task(self._infer(request))
         elif request.kind == _LIVE:
-            self._write(200, b"application/json", _LIVE_BODY, None, close=not request.keep_alive)
+            self._write(200, b"application/json", LIVE_BODY, None, close=not request.keep_alive)
             self._finish()
         elif self.front.service.ready():
-            self._write(200, b"application/json", _READY_BODY, None, close=not request.keep_alive)
+            self._write(200, b"application/json", READY_BODY, None, close=not request.keep_alive)
             self._finish()
         else:  # Triton's answer, no body
             self._write(400, None, b"", None, close=not request.keep_alive)

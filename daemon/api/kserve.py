@@ -13,6 +13,7 @@ from aiohttp import web
 from daemon import __version__
 from daemon.api import repository_load as load_api
 from daemon.api.body import read_body, read_tensor_body
+from daemon.api.front import LIVE_BODY, READY_BODY
 from daemon.api.infer import InferEndpoint
 from daemon.api.kserve_codec import parse_header_length
 from daemon.api.leases import hold
@@ -68,12 +69,12 @@ def _check_accepting(daemon: Service) -> None:
 
 async def live(request: web.Request) -> web.Response:
     # The Open Inference Protocol's body, which KServe's client reads (Triton sends none).
-    return _json_response({"live": True})
+    return web.Response(body=LIVE_BODY, content_type="application/json")
 
 
 async def ready(request: web.Request) -> web.Response:
     if daemon_of(request).ready():
-        return _json_response({"ready": True})
+        return web.Response(body=READY_BODY, content_type="application/json")
     return _empty(400)  # Triton's answer while not ready
 
 
