@@ -177,7 +177,7 @@ def _decode(body: bytes, kind: type[Any]) -> Any:
         raise InvalidArgument(f"malformed JSON body: {exc}") from None
 
 
-def _in_range(name: str, value: float, low: float, high: float) -> None:
+def in_range(name: str, value: float, low: float, high: float) -> None:
     if not (math.isfinite(value) and low <= value <= high):
         raise InvalidArgument(f"{name} must be between {low:g} and {high:g}, got {value}")
 
@@ -202,7 +202,7 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
         if req.stream_options is not None and not req.stream:
             raise InvalidArgument("stream_options: only allowed when stream is true")
         if req.min_p is not None:
-            _in_range("min_p", req.min_p, 0.0, 1.0)
+            in_range("min_p", req.min_p, 0.0, 1.0)
             params.min_p = req.min_p
         if req.repeat_penalty is not None:
             if not req.repeat_penalty > 0:
@@ -215,19 +215,19 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
                 raise InvalidArgument(f"repeat_last_n must be >= -1, got {req.repeat_last_n}")
             params.penalty_last_n = req.repeat_last_n
         if req.presence_penalty is not None:
-            _in_range("presence_penalty", req.presence_penalty, -2.0, 2.0)
+            in_range("presence_penalty", req.presence_penalty, -2.0, 2.0)
             params.presence_penalty = req.presence_penalty
         if req.frequency_penalty is not None:
-            _in_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0)
+            in_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0)
             params.frequency_penalty = req.frequency_penalty
         if req.logit_bias:
             params.logit_bias = _logit_bias(req.logit_bias)
     if req.temperature is not None:
-        _in_range("temperature", req.temperature, 0.0, 2.0)
+        in_range("temperature", req.temperature, 0.0, 2.0)
         params.temperature = req.temperature
         params.greedy = req.temperature == 0
     if req.top_p is not None:
-        _in_range("top_p", req.top_p, 0.0, 1.0)
+        in_range("top_p", req.top_p, 0.0, 1.0)
         params.top_p = req.top_p
     if req.top_k is not None:
         if req.top_k < 0:
@@ -247,16 +247,16 @@ def _logit_bias(biases: dict[str, float]) -> dict[int, float]:
             token = int(key)
         except ValueError:
             raise InvalidArgument(f"logit_bias: key {key!r} is not a token id") from None
-        _in_range(f"logit_bias[{key}]", bias, -100.0, 100.0)
+        in_range(f"logit_bias[{key}]", bias, -100.0, 100.0)
         out[token] = bias
     return out
 
 
-async def _body(request: web.Request) -> bytes:
+async def request_body(request: web.Request) -> bytes:
     return await read_body(request, daemon_of(request).config.server.max_request_bytes)
 
 
-async def _generation_model(request: web.Request, name: str, version: str | None = None) -> LoadedVersion:
+async def generation_model(request: web.Request, name: str, version: str | None = None) -> LoadedVersion:
     """Resolve the model once; every later step of the request talks to this version."""
     daemon = daemon_of(request)
     if not daemon.accepting:
@@ -267,7 +267,7 @@ async def _generation_model(request: web.Request, name: str, version: str | None
     return model
 
 
-async def _collect(chunks: AsyncIterator[GenerateChunk]) -> tuple[str, GenerateChunk]:
+async def collect(chunks: AsyncIterator[GenerateChunk]) -> tuple[str, GenerateChunk]:
     """The whole text, and the last chunk carrying every chunk's logprobs."""
     parts: list[str] = []
     logprobs: list[TokenLogprob] = []
@@ -281,7 +281,7 @@ async def _collect(chunks: AsyncIterator[GenerateChunk]) -> tuple[str, GenerateC
     return "".join(parts), last
 
 
-async def _first(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk | None:
+async def first_chunk(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk | None:
     """Pull the first chunk before answering, so queue-full and bad prompts get a real status."""
     try:
         return await chunks.__anext__()
@@ -327,7 +327,7 @@ async def _all(steps: list[Any]) -> list[Any]:
     return results
 
 
-def _joined(first: GenerateChunk | None, collected: tuple[str, GenerateChunk]) -> tuple[str, GenerateChunk]:
+def joined(first: GenerateChunk | None, collected: tuple[str, GenerateChunk]) -> tuple[str, GenerateChunk]:
     text, last = collected
     if first is None:
         return text, last
@@ -376,7 +376,7 @@ async def _merged(
         await asyncio.gather(*pumps, return_exceptions=True)
 
 
-async def _sse(request: web.Request) -> web.StreamResponse:
+async def start_sse(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -394,7 +394,7 @@ async def _send_all(response: web.StreamResponse, payload: dict[str, Any] | list
         await _send(response, item)
 
 
-def _token_text(entry: TokenLogprob) -> str:
+def token_text(entry: TokenLogprob) -> str:
     # A token holding part of a UTF-8 character shows as U+FFFD; `bytes` has the truth.
     return entry.piece.decode("utf-8", errors="replace")
 
@@ -467,7 +467,7 @@ async def _stream_or_collect(
     async with contextlib.AsyncExitStack() as stack:
         for chunks in choices:
             await stack.enter_async_context(contextlib.aclosing(chunks))
-        firsts = await _all([_first(chunks) for chunks in choices])
+        firsts = await _all([first_chunk(chunks) for chunks in choices])
         echoes = [echo(index, first) for index, first in enumerate(firsts)] if echo else []
         # The engine's prompt scores reach the client through the echo chunk alone.
         firsts = [
@@ -475,13 +475,13 @@ async def _stream_or_collect(
             for first in firsts
         ]
         if not stream:
-            collected = await _all([_collect(chunks) for chunks in choices])
-            results = [_joined(first, got) for first, got in zip(firsts, collected, strict=True)]
+            collected = await _all([collect(chunks) for chunks in choices])
+            results = [joined(first, got) for first, got in zip(firsts, collected, strict=True)]
             for index, echoed in enumerate(echoes):
                 text, last = results[index]
                 results[index] = echoed.text + text, msgspec.structs.replace(last, prompt_logprobs=echoed.prompt_logprobs)
             return web.Response(body=_json.encode(make_final(results)), content_type="application/json")
-        response = await _sse(request)
+        response = await start_sse(request)
         lasts = [GenerateChunk(text="") for _ in choices]
         try:
             for index, first in enumerate(firsts):
@@ -513,8 +513,8 @@ async def _stream_or_collect(
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    req: CompletionRequest = _decode(await _body(request), CompletionRequest)
-    model = await _generation_model(request, req.model)
+    req: CompletionRequest = _decode(await request_body(request), CompletionRequest)
+    model = await generation_model(request, req.model)
     prompts: list[str | list[int]]
     if isinstance(req.prompt, str):
         prompts = [req.prompt]
@@ -567,12 +567,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
         entries = chunk.prompt_logprobs + chunk.logprobs
         tokens, offsets, values, tops = [], [], [], []
         for position, entry in enumerate(entries):
-            tokens.append(_token_text(entry))
+            tokens.append(token_text(entry))
             offsets.append(offset[index])
             offset[index] += len(tokens[-1])
             scored = position > 0 or not chunk.prompt_logprobs
             values.append(entry.logprob if scored else None)
-            tops.append({_token_text(t): t.logprob for t in entry.top} if scored else None)
+            tops.append({token_text(t): t.logprob for t in entry.top} if scored else None)
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
     def make_chunk(index: int, chunk: GenerateChunk, usage_only: bool = False) -> dict[str, Any]:
@@ -607,7 +607,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
-def _chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
     out = []
     for index, message in enumerate(messages):
         if message.tool_calls is not None and message.role != "assistant":
@@ -654,7 +654,7 @@ def _tools_in_use(req: ChatRequest) -> list[openai_tools.Tool]:
     return [] if req.tool_choice == "none" else req.tools
 
 
-def _json_schema(fmt: ResponseFormat | None) -> str:
+def schema_of_format(fmt: ResponseFormat | None) -> str:
     """The JSON schema (text) response_format asks for; "" for free text."""
     if fmt is None or fmt.type == "text":
         if fmt is not None and fmt.json_schema is not None:
@@ -682,13 +682,13 @@ def _message_text(message: ChatMessage, index: int) -> str:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    req: ChatRequest = _decode(await _body(request), ChatRequest)
+    req: ChatRequest = _decode(await request_body(request), ChatRequest)
     if not req.messages:
         raise InvalidArgument("messages: at least one message is required")
-    model = await _generation_model(request, req.model)
-    messages = _chat_messages(req.messages)
+    model = await generation_model(request, req.model)
+    messages = chat_messages(req.messages)
     params = _params(req)
-    params.json_schema = _json_schema(req.response_format)
+    params.json_schema = schema_of_format(req.response_format)
     if req.top_logprobs is not None:
         if not req.logprobs:
             raise InvalidArgument("top_logprobs: requires logprobs to be true")
@@ -717,9 +717,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             return None
         return {"content": [
             {
-                "token": _token_text(e), "logprob": e.logprob, "bytes": list(e.piece),
+                "token": token_text(e), "logprob": e.logprob, "bytes": list(e.piece),
                 "top_logprobs": [
-                    {"token": _token_text(t), "logprob": t.logprob, "bytes": list(t.piece)} for t in e.top
+                    {"token": token_text(t), "logprob": t.logprob, "bytes": list(t.piece)} for t in e.top
                 ],
             }
             for e in entries
@@ -789,8 +789,8 @@ def _encode_vector(vector: list[float], encoding: str) -> list[float] | str:
 
 
 async def embeddings(request: web.Request) -> web.Response:
-    req: EmbeddingRequest = _decode(await _body(request), EmbeddingRequest)
-    model = await _generation_model(request, req.model)
+    req: EmbeddingRequest = _decode(await request_body(request), EmbeddingRequest)
+    model = await generation_model(request, req.model)
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts:
         raise InvalidArgument("input: at least one string is required")
@@ -817,12 +817,12 @@ async def _generate(request: web.Request, stream: bool) -> web.StreamResponse:
     if (tensor := generate_tensor.tensor_model(request)) is not None:  # any tensor model
         return await generate_tensor.handle(request, tensor, stream)
     name = request.match_info["model"]
-    req: GenerateRequest = _decode(await _body(request), GenerateRequest)
+    req: GenerateRequest = _decode(await request_body(request), GenerateRequest)
     if req.parameters:
         raise InvalidArgument(
             f"parameters: {sorted(req.parameters)} not supported; sampling fields go at the top level"
         )
-    model = await _generation_model(request, name, request.match_info.get("version"))
+    model = await generation_model(request, name, request.match_info.get("version"))
     params = _params(req)
     version = str(model.version)
 
