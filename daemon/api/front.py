@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import httptools
 import msgspec
 
+from daemon.api.body import compress, response_encoding
 from daemon.api.buffers import aligned_buffer, direct_read
 from daemon.api.kserve_codec import parse_header_length
 from daemon.api.peers import peer_uid, uid_allowed, unix_socket
@@ -183,9 +184,9 @@ class _Request:
     """One parsed request, from its first byte until its response is written."""
 
     __slots__ = (
-        "body", "chunked", "complete", "filled", "head_bytes", "header_length", "headers", "keep_alive",
-        "kind", "length", "method", "model", "not_plain", "parts", "parts_bytes", "responded",
-        "url", "version",
+        "accept_encoding", "body", "chunked", "complete", "filled", "head_bytes", "header_length",
+        "headers", "keep_alive", "kind", "length", "method", "model", "not_plain", "parts",
+        "parts_bytes", "responded", "url", "version",
     )
 
     def __init__(self) -> None:
@@ -197,6 +198,7 @@ class _Request:
         self.kind = _RELAY
         self.length: int | None = None
         self.header_length: str | None = None
+        self.accept_encoding: str | None = None
         self.not_plain = False
         self.chunked = False
         self.model = ""
@@ -370,6 +372,8 @@ class _Connection(asyncio.Protocol):
             request.length = int(value)  # llhttp has validated it
         elif lowered == b"inference-header-content-length":
             request.header_length = value.decode("latin-1")
+        elif lowered == b"accept-encoding":
+            request.accept_encoding = value.decode("latin-1")
         elif lowered == b"content-encoding":
             if value.strip().lower() not in (b"", b"identity"):
                 request.not_plain = True
@@ -545,6 +549,9 @@ class _Connection(asyncio.Protocol):
                 header_length = parse_header_length(request.header_length)
                 shm = endpoint.caller_shm(self.unix)
                 payload, json_length = await endpoint.run(model, body, header_length, shm, trace)
+                encoding = response_encoding(request.accept_encoding)
+                if encoding is not None:
+                    payload = await compress(payload, encoding)
             finally:
                 lease.release()
         except EdgedError as exc:
@@ -559,10 +566,8 @@ class _Connection(asyncio.Protocol):
             log.exception("unhandled error on POST %s", request.url.decode("latin-1"))
             self._write_error(500, f"internal error: {type(exc).__name__}: {exc}", close=not request.keep_alive)
         else:
-            if json_length is None:
-                self._write(200, b"application/json", payload, None, close=not request.keep_alive)
-            else:
-                self._write(200, b"application/octet-stream", payload, json_length, close=not request.keep_alive)
+            content_type = b"application/json" if json_length is None else b"application/octet-stream"
+            self._write(200, content_type, payload, json_length, close=not request.keep_alive, encoding=encoding)
         finally:
             self.task = None
         self._finish()
@@ -573,7 +578,8 @@ class _Connection(asyncio.Protocol):
         self._write(status, b"application/json", _encode({"error": message}), None, close=close)
 
     def _write(
-        self, status: int, content_type: bytes | None, body: bytes, json_length: int | None, *, close: bool
+        self, status: int, content_type: bytes | None, body: bytes, json_length: int | None, *, close: bool,
+        encoding: str | None = None,
     ) -> None:
         transport = self.transport
         if transport is None:
@@ -582,7 +588,10 @@ class _Connection(asyncio.Protocol):
         if content_type is not None:
             head += (b"Content-Type: ", content_type, b"\r\n")
         if json_length is not None:
+            # The JSON header's length before compression, as Triton sends it.
             head.append(b"Inference-Header-Content-Length: %d\r\n" % json_length)
+        if encoding is not None:
+            head += (b"Content-Encoding: ", encoding.encode(), b"\r\n")
         if close or self.front.stopping:
             head.append(b"Connection: close\r\n")
         head.append(b"Content-Length: %d\r\n\r\n" % len(body))

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from daemon import __version__
 from daemon.api import repository_load as load_api
-from daemon.api.body import read_body, read_tensor_body
+from daemon.api.body import compress, read_body, read_tensor_body, response_encoding
 from daemon.api.front import LIVE_BODY, READY_BODY
 from daemon.api.infer import InferEndpoint
 from daemon.api.kserve_codec import parse_header_length
@@ -130,17 +130,17 @@ async def infer(request: web.Request) -> web.Response:
     if trace is not None:
         trace.record("HTTP_RECV_END")
     payload, json_length = await endpoint.run(model, body, header_length, endpoint.caller_shm(is_unix(request)), trace)
-    if json_length is None:
-        return web.Response(body=payload, content_type="application/json")
     # Content-Type among the headers rather than `content_type=`: the same bytes on the
     # wire, and aiohttp skips its content_type/charset checks (~1 us per request).
-    return web.Response(
-        body=payload,
-        headers={
-            "Inference-Header-Content-Length": str(json_length),
-            "Content-Type": "application/octet-stream",
-        },
-    )
+    headers = {"Content-Type": "application/json"}
+    if json_length is not None:
+        # The JSON header's length before compression, as Triton sends it.
+        headers = {"Inference-Header-Content-Length": str(json_length), "Content-Type": "application/octet-stream"}
+    encoding = response_encoding(request.headers.get("Accept-Encoding"))
+    if encoding is not None:
+        payload = await compress(payload, encoding)
+        headers["Content-Encoding"] = encoding
+    return web.Response(body=payload, headers=headers)
 
 
 # ---------------------------------------------------------------------------- statistics

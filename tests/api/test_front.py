@@ -130,6 +130,60 @@ def test_binary_infer_on_the_front(daemon) -> None:
     np.testing.assert_array_equal(np.frombuffer(payload[json_length:], dtype=np.int32), (a + b).ravel())
 
 
+def test_infer_responses_are_compressed_as_accept_encoding_asks_on_both_paths(daemon) -> None:
+    """As Triton: the whole body gzip- or zlib-wrapped, Inference-Header-Content-Length the
+    JSON header's length before compression; served by the front and by aiohttp (chunked)."""
+    import zlib
+
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.full((1, 16), 7, dtype=np.int32)
+    header = json.dumps({
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}},
+        ],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}, {"name": "OUTPUT1"}],
+    }).encode()
+    body = header + a.tobytes() + b.tobytes()
+    length = f"Inference-Header-Content-Length: {len(header)}"
+    cases = [  # (Accept-Encoding, chunked, expected encoding)
+        (None, False, None),
+        ("gzip", False, "gzip"),
+        ("deflate", True, "deflate"),
+        ("gzip;q=0.2, deflate;q=0.9", False, "deflate"),
+        ("gzip, deflate, br", True, "gzip"),
+        ("br, identity", False, None),
+        ("gzip;q=0", False, None),
+    ]
+    raw = b""
+    for accept, chunked, _ in cases:
+        headers = (length,) + ((f"Accept-Encoding: {accept}",) if accept else ())
+        if chunked:
+            raw += _request("POST", "/v2/models/simple/infer", _chunked(body), (*headers, "Transfer-Encoding: chunked"))
+        else:
+            raw += _request("POST", "/v2/models/simple/infer", body, headers)
+    raw += _request("GET", "/v2/health/live", headers=("Connection: close",))
+    responses = _exchange(daemon.socket, raw)
+    assert len(responses) == len(cases) + 1
+    _, plain_headers, plain = responses[0]
+    for (accept, _, expected), (status, headers, payload) in zip(cases, responses, strict=False):
+        assert status == 200, (accept, payload)
+        assert headers.get("content-encoding") == expected, accept
+        inflated = {None: lambda p: p, "gzip": gzip.decompress, "deflate": zlib.decompress}[expected](payload)
+        if expected is not None:
+            assert len(payload) == int(headers["content-length"]) and payload != inflated
+        assert headers["inference-header-content-length"] == plain_headers["inference-header-content-length"]
+        json_length = int(headers["inference-header-content-length"])
+        result = json.loads(inflated[:json_length])
+        assert {o["name"] for o in result["outputs"]} == {"OUTPUT0", "OUTPUT1"}
+        np.testing.assert_array_equal(np.frombuffer(inflated[json_length:], dtype=np.int32), (a + b).ravel())
+        assert inflated == plain
+    # An error is not compressed (nor is it in Triton).
+    bad = _request("POST", "/v2/models/nope/infer", body, (length, "Accept-Encoding: gzip", "Connection: close"))
+    (status, headers, payload), = _exchange(daemon.socket, bad)
+    assert status == 404 and "content-encoding" not in headers and b"nope" in payload
+
+
 def test_malformed_request_is_a_400_and_the_connection_closes(daemon) -> None:
     responses = _exchange(daemon.socket, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\nNOT HTTP AT ALL\r\n\r\n")
     assert [status for status, _, _ in responses] == [200, 400]

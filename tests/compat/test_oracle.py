@@ -348,3 +348,35 @@ def test_decoupled_statistics_as_tritons(triton: Server, edged: Server) -> None:
     for key, stat in their_after["inference_stats"].items():
         assert our_after["inference_stats"][key]["count"] - our_before["inference_stats"][key]["count"] == (
             stat["count"] - their_before["inference_stats"][key]["count"]), key
+
+
+@pytest.mark.parametrize(("accept", "encoding"), [
+    ("gzip", "gzip"), ("deflate", "deflate"), ("gzip;q=0.2, deflate;q=0.9", "deflate"),
+    ("gzip, deflate, br", "gzip"), ("br, gzip", "gzip"), ("gzip;q=0.5, deflate;q=0.5", "gzip"),
+    ("br", None), ("identity", None), ("gzip;q=0", None),
+])
+@pytest.mark.parametrize("binary", [False, True])
+def test_compressed_responses_as_tritons(
+    triton: Server, edged: Server, accept: str, encoding: str | None, binary: bool
+) -> None:
+    """Accept-Encoding: the same encoding chosen, the whole body compressed, the JSON header's
+    length before compression, the same tensors once inflated."""
+    import gzip
+    import zlib
+
+    outputs = [{"name": n, "parameters": {"binary_data": binary}} for n in ("OUTPUT0", "OUTPUT1")]
+    body = json.dumps({"inputs": [
+        {"name": "INPUT0", "datatype": "INT32", "shape": [1, 4], "data": [1, 2, 3, 4]},
+        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 4], "data": [10, 20, 30, 40]},
+    ], "outputs": outputs}).encode()
+    headers = {"Content-Type": "application/json", "Accept-Encoding": accept}
+    replies = [s.request("POST", "/v2/models/add_sub/infer", body, headers) for s in (triton, edged)]
+    theirs, ours = (
+        Reply(r.status, r.headers, {"gzip": gzip.decompress, "deflate": zlib.decompress}.get(
+            r.headers.get("content-encoding", ""), lambda b: b)(r.body))
+        for r in replies
+    )
+    assert ours.status == theirs.status == 200
+    assert ours.headers.get("content-encoding") == theirs.headers.get("content-encoding") == encoding, ours.headers
+    assert ours.headers.get("inference-header-content-length") is not None or not binary
+    assert _tensors(ours) == _tensors(theirs)
