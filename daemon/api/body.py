@@ -5,15 +5,11 @@ arrives; a small gzip body that inflates to hundreds of megabytes stalls every o
 The daemon therefore runs its server with `auto_decompress=False` and every handler reads its
 body here: the compressed bytes are read up to the request-size limit, then inflated on a worker
 thread with the same limit on the inflated size.
-
-Infer responses go out compressed when the request's `Accept-Encoding` asks for gzip or
-deflate, as Triton's are (`response_encoding`, `compress`); off the event loop too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gzip
 import zlib
 
 from aiohttp import web
@@ -127,40 +123,3 @@ def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
         return out
     raise InvalidArgument(f"body is not valid {encoding} data: {error}")
 
-
-def response_encoding(accept: str | None) -> str | None:
-    """"gzip" or "deflate" where `Accept-Encoding` accepts one (the higher q-value; the first
-    listed on a tie), else None: the body goes out as it is. tritonclient's
-    `response_compression_algorithm` sends exactly one of them; HTTP libraries send lists."""
-    if not accept:
-        return None
-    chosen, weight = None, 0.0
-    for entry in accept.split(","):
-        name, _, params = entry.partition(";")
-        name = name.strip().lower()
-        if name not in ("gzip", "deflate"):
-            continue
-        q = 1.0
-        for param in params.split(";"):
-            key, _, value = param.partition("=")
-            if key.strip().lower() == "q":
-                try:
-                    q = float(value)
-                except ValueError:
-                    q = 0.0  # malformed: not acceptable
-        if q > weight:
-            chosen, weight = name, q
-    return chosen
-
-
-async def compress(payload: bytes, encoding: str) -> bytes:
-    """`payload` gzip- or zlib-wrapped ("deflate", what HTTP clients and tritonclient inflate)."""
-    if len(payload) <= _INLINE_BYTES:
-        return _compressed(payload, encoding)
-    return await asyncio.to_thread(_compressed, payload, encoding)
-
-
-def _compressed(payload: bytes, encoding: str) -> bytes:
-    if encoding == "gzip":
-        return gzip.compress(payload, mtime=0)
-    return zlib.compress(payload)

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 import httptools
 import msgspec
 
-from daemon.api.body import compress, response_encoding
 from daemon.api.buffers import aligned_buffer, direct_read
+from daemon.api.encoding import compress, response_encoding
 from daemon.api.kserve_codec import parse_header_length
 from daemon.api.peers import peer_uid, uid_allowed, unix_socket
 from daemon.config import ServerConfig

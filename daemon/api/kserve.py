@@ -12,7 +12,8 @@ from aiohttp import web
 
 from daemon import __version__
 from daemon.api import repository_load as load_api
-from daemon.api.body import compress, read_body, read_tensor_body, response_encoding
+from daemon.api.body import read_body, read_tensor_body
+from daemon.api.encoding import compress, response_encoding
 from daemon.api.front import LIVE_BODY, READY_BODY
 from daemon.api.infer import InferEndpoint
 from daemon.api.kserve_codec import parse_header_length

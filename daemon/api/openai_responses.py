@@ -319,14 +319,20 @@ class _Output:
         self._open = False
         self._logprobs = logprobs
 
+    def message(self) -> None:
+        """Open a message item unless one is open (also for a reply with no text at all: the
+        response then holds an empty message, as OpenAI's)."""
+        if self._open and self.items[-1]["type"] == "message":
+            return
+        self.close("completed")
+        self._add({"id": f"msg_{uuid.uuid4().hex}", "type": "message", "status": "in_progress",
+                   "role": "assistant", "content": []})
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        self.items[-1]["content"].append(part)
+        self._emit("response.content_part.added", self._where(content_index=0, part=dict(part)))
+
     def text(self, piece: str, entries: list[TokenLogprob]) -> None:
-        if not self._open or self.items[-1]["type"] != "message":
-            self.close("completed")
-            self._add({"id": f"msg_{uuid.uuid4().hex}", "type": "message", "status": "in_progress",
-                       "role": "assistant", "content": []})
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            self.items[-1]["content"].append(part)
-            self._emit("response.content_part.added", self._where(content_index=0, part=dict(part)))
+        self.message()
         part = self.items[-1]["content"][0]
         part["text"] += piece
         if self._logprobs:
@@ -436,7 +442,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
     def feed(chunk: GenerateChunk) -> None:
         if reply is None:
-            if chunk.text:
+            if chunk.text or chunk.logprobs:  # the last chunk may hold only an end token's logprob
                 output.text(chunk.text, chunk.logprobs)
             return
         output.tool_deltas(reply.feed(chunk.text))
@@ -477,6 +483,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
     def finish(last: GenerateChunk) -> str:
         cut = last.finish_reason == "length"
+        if not output.items:
+            output.message()
         output.close("incomplete" if cut else "completed")
         return "incomplete" if cut else "completed"
 

@@ -293,3 +293,4 @@ def test_what_is_not_implemented_is_a_400_naming_it(client: openai.OpenAI, extra
 def test_unknown_model_is_a_404(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="nope", input="x")
+
