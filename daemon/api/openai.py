@@ -100,6 +100,9 @@ class CompletionRequest(_Sampling):
     # Log probabilities of the generated tokens and this many alternatives: 0..20 (OpenAI
     # allows 5; lm-eval-harness's older local-completions asks for 10, vLLM allows 20).
     logprobs: int | None = None
+    # Candidates generated per prompt (n..MAX_CHOICES), of which the n with the highest mean
+    # log probability per token are returned (OpenAI's legacy completions). Not with stream.
+    best_of: int | None = None
 
 
 class ChatMessage(_Strict):
@@ -133,6 +136,9 @@ class ChatRequest(_Sampling):
     tools: list[openai_tools.Tool] | None = None
     tool_choice: openai_tools.ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # False (or null): the completion is not kept for later retrieval, which is all this
+    # server does; true is a 400 (clients that opt out of OpenAI's storage send false).
+    store: bool | None = None
 
 
 class EmbeddingRequest(_Strict):
@@ -290,7 +296,8 @@ async def first_chunk(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk | N
 
 
 def _choices(
-    model: LoadedVersion, prompts: Sequence[str | list[int]], params: GenerateParams, per_prompt: int
+    model: LoadedVersion, prompts: Sequence[str | list[int]], params: GenerateParams, per_prompt: int,
+    field: str = "n",
 ) -> list[AsyncGenerator[GenerateChunk, None]]:
     """One generation per choice: `per_prompt` (OpenAI's `n`) for each prompt, in OpenAI's
     order (prompt by prompt). With a seed, a prompt's choice i samples with seed + i: its
@@ -304,7 +311,7 @@ def _choices(
             # Never a 503: retrying cannot help a request the engine can never hold.
             what = f"{total} choices" + (f" ({len(prompts)} prompts x {per_prompt})" if len(prompts) > 1 else "")
             raise InvalidArgument(
-                f"n: {what} are more than model '{model.name}' takes at once ({room}: its slots and "
+                f"{field}: {what} are more than model '{model.name}' takes at once ({room}: its slots and "
                 "max_queue); ask for fewer or raise the model's max_queue"
             )
     out = []
@@ -539,8 +546,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
         # loglikelihood) and, for a prompt of token ids, the text to echo.
         params.prompt_logprobs = req.logprobs or 0
     params.suffix = req.suffix
-    per_prompt = req.n or 1
-    choices = _choices(model, prompts, params, per_prompt)
+    n = req.n or 1
+    # Generations per prompt: best_of candidates, of which the n best are returned.
+    per_prompt = req.best_of if req.best_of is not None else n
+    if not n <= per_prompt <= MAX_CHOICES:
+        raise InvalidArgument(f"best_of must be between n ({n}) and {MAX_CHOICES}, got {req.best_of}")
+    ranked = per_prompt > n
+    if ranked:
+        if req.stream:
+            raise InvalidArgument("best_of: cannot be used with stream (the best are known only at the end)")
+        if params.logprobs is None:
+            params.logprobs = 0  # the ranking reads each generated token's log probability
+    choices = _choices(model, prompts, params, per_prompt, "best_of" if ranked else "n")
     offset = [0 for _ in choices]  # per choice: text_offset of its next token
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -562,7 +579,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     def completion_logprobs(index: int, chunk: GenerateChunk) -> dict[str, Any] | None:
         """OpenAI's legacy layout: parallel lists, alternatives as {token: logprob}; an echoed
         prompt's tokens first, the very first of them null (as OpenAI, llama-cpp-python)."""
-        if params.logprobs is None:
+        if req.logprobs is None:
             return None
         entries = chunk.prompt_logprobs + chunk.logprobs
         tokens, offsets, values, tops = [], [], [], []
@@ -583,15 +600,26 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return {"id": ident, "object": "text_completion", "created": created, "model": model.name, "choices": entries}
 
     def make_final(results: list[tuple[str, GenerateChunk]]) -> dict[str, Any]:
+        kept = list(range(len(results)))
+        if ranked:
+            # Per prompt, its n candidates with the highest mean log probability per token,
+            # best first (a tie keeps the earlier candidate).
+            kept = [
+                index
+                for start in range(0, len(results), per_prompt)
+                for index in sorted(range(start, start + per_prompt), key=lambda i: -_mean_logprob(results[i][1]))[:n]
+            ]
         return {
             "id": ident, "object": "text_completion", "created": created, "model": model.name,
             "choices": [
                 {
-                    "index": index, "text": text, "logprobs": completion_logprobs(index, last),
-                    "finish_reason": last.finish_reason,
+                    "index": index, "text": results[generation][0],
+                    "logprobs": completion_logprobs(generation, results[generation][1]),
+                    "finish_reason": results[generation][1].finish_reason,
                 }
-                for index, (text, last) in enumerate(results)
+                for index, generation in enumerate(kept)
             ],
+            # Every candidate's tokens count, as OpenAI bills them.
             "usage": _usage([last for _, last in results], per_prompt),
         }
 
@@ -601,6 +629,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
         make_chunk=make_chunk, make_final=make_final, per_prompt=per_prompt,
         echo=echo if req.echo else None,
     )
+
+
+def _mean_logprob(last: GenerateChunk) -> float:
+    """Mean log probability of a choice's generated tokens (0 for none: nothing to rank)."""
+    return sum(e.logprob for e in last.logprobs) / len(last.logprobs) if last.logprobs else 0.0
 
 
 # Roles a chat template can take; "developer" is OpenAI's newer name for "system".
@@ -683,6 +716,8 @@ def _message_text(message: ChatMessage, index: int) -> str:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req: ChatRequest = _decode(await request_body(request), ChatRequest)
+    if req.store:
+        raise InvalidArgument("store: chat completions are not stored here (omit store or set it to false)")
     if not req.messages:
         raise InvalidArgument("messages: at least one message is required")
     model = await generation_model(request, req.model)

@@ -207,6 +207,33 @@ def test_n_choices_each_a_generation_of_their_own(client: openai.OpenAI) -> None
     assert [c.text for c in greedy.choices] == ["Once" + solo] * 2
 
 
+def test_best_of_returns_the_candidates_with_the_highest_mean_logprob(client: openai.OpenAI) -> None:
+    """best_of candidates are the generations n seeded requests would give (seed + i); the
+    returned ones are those with the highest mean token log probability, best first."""
+    kwargs = {"model": "tiny", "prompt": "Rank these", "max_tokens": 6, "temperature": 1.0}
+    candidates = [client.completions.create(seed=40 + i, logprobs=0, **kwargs).choices[0] for i in range(4)]
+    means = [sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs) for c in candidates]
+    order = sorted(range(4), key=lambda i: -means[i])
+    assert len({c.text for c in candidates}) > 1  # the ranking has something to choose from
+    best = client.completions.create(seed=40, best_of=4, **kwargs)
+    assert [c.text for c in best.choices] == [candidates[order[0]].text]
+    assert best.choices[0].index == 0 and best.choices[0].logprobs is None
+    assert best.usage is not None and best.usage.completion_tokens == 4 * 6  # every candidate counts
+    two = client.completions.create(seed=40, best_of=4, n=2, logprobs=1, **kwargs)
+    assert [c.text for c in two.choices] == [candidates[i].text for i in order[:2]]
+    assert [c.index for c in two.choices] == [0, 1]
+    assert all(c.logprobs is not None and len(c.logprobs.top_logprobs or []) == 6 for c in two.choices)
+    same = client.completions.create(seed=40, best_of=1, **kwargs)
+    assert same.choices[0].text == candidates[0].text  # best_of 1: the plain request
+    for extra, pattern in [
+        ({"best_of": 2, "n": 3}, r"best_of must be between n \(3\) and 128, got 2"),
+        ({"best_of": 129}, "best_of must be between n"),
+        ({"best_of": 2, "stream": True}, "best_of: cannot be used with stream"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=pattern):
+            client.completions.create(model="tiny", prompt="x", max_tokens=1, extra_body=extra)
+
+
 def test_a_list_of_prompts_is_a_batch(client: openai.OpenAI) -> None:
     """Completions with several prompts (lm-eval-harness sends its batches so): n choices for
     each prompt, in order, each what its prompt gets alone; usage counts every prompt once."""
@@ -251,6 +278,11 @@ def test_null_means_the_default_as_in_openais_schema(client: openai.OpenAI) -> N
         model="tiny", prompt="Once upon", n=None, stream=None, echo=None, **GREEDY
     )
     assert completion.choices[0].text == text  # not echoed, not streamed
+    # store: false asks for what this server does anyway (nothing kept); true cannot be done.
+    unstored = client.chat.completions.create(model="tiny", messages=messages, store=False, **GREEDY)
+    assert unstored.choices[0].message.content == plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="store: chat completions are not stored here"):
+        client.chat.completions.create(model="tiny", messages=messages, store=True, **GREEDY)
 
 
 def test_triton_generate_extension(daemon) -> None:
