@@ -25,40 +25,51 @@ def _model(repo: Path, n_ctx: int = 2048) -> None:
 
 
 def test_a_reload_lets_running_generations_finish(start_daemon, tmp_path: Path) -> None:
+    """A completions stream and a Responses stream, both running when the model reloads."""
     repo = tmp_path / "repo"
     _model(repo)
     daemon = start_daemon("--model-repository", str(repo))
-    body = {"model": "tiny", "prompt": "hello", "max_tokens": 400, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
-    chunks: list[dict[str, object]] = []
-    started = threading.Event()
+    bodies = {
+        "/v1/completions": {"model": "tiny", "prompt": "hello", "max_tokens": 400, "temperature": 0,
+                            "stream": True, "stream_options": {"include_usage": True}},
+        "/v1/responses": {"model": "tiny", "input": "hello", "max_output_tokens": 400, "temperature": 0,
+                          "stream": True},
+    }
+    events: dict[str, list[dict[str, object]]] = {path: [] for path in bodies}
+    started = {path: threading.Event() for path in bodies}
 
-    def stream() -> None:
+    def stream(path: str) -> None:
         conn = UnixHTTPConnection(daemon.socket, timeout=120)
-        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        conn.request("POST", path, json.dumps(bodies[path]), {"Content-Type": "application/json"})
         reply = conn.getresponse()
         assert reply.status == 200
         for raw in reply:
             line = raw.decode().strip()
             if line.startswith("data: ") and line != "data: [DONE]":
-                chunks.append(json.loads(line[6:]))
-                started.set()
+                events[path].append(json.loads(line[6:]))
+                started[path].set()
         conn.close()
 
-    worker = threading.Thread(target=stream)
-    worker.start()
-    assert started.wait(60)
+    workers = [threading.Thread(target=stream, args=(path,)) for path in bodies]
+    for worker in workers:
+        worker.start()
+    assert all(event.wait(60) for event in started.values())
     # A new version of the model appears mid-generation: SIGHUP loads it, swaps, retires the old.
     (repo / "tiny" / "config.pbtxt").write_text(
         'backend: "llamacpp"\nparameters { key: "n_parallel" value { string_value: "3" } }\n'
     )
     daemon.proc.send_signal(signal.SIGHUP)
-    worker.join(120)
+    for worker in workers:
+        worker.join(120)
+    chunks = events["/v1/completions"]
     finals = [c for c in chunks if c.get("choices") and c["choices"][0].get("finish_reason")]  # type: ignore[index]
     assert finals, chunks[-3:]
     assert finals[-1]["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
     usage = [c["usage"] for c in chunks if c.get("usage")]
     assert usage and usage[-1]["completion_tokens"] == 400  # type: ignore[index]
+    last = events["/v1/responses"][-1]
+    assert last["type"] == "response.incomplete", last["type"]
+    assert last["response"]["usage"]["output_tokens"] == 400  # type: ignore[index]
     # ...and the new version serves afterwards.
     wait_until(lambda: json.loads(daemon.request("GET", "/v2/models/tiny").body)["engine"]["slots"] == 3)
 
