@@ -122,4 +122,3 @@ def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
             raise InvalidArgument(f"{encoding} body is truncated")
         return out
     raise InvalidArgument(f"body is not valid {encoding} data: {error}")
-

@@ -82,4 +82,3 @@ def test_large_binary_bodies_arrive_whole_and_aligned(start_daemon, tmp_path: Pa
                            {"Inference-Header-Content-Length": str(len(raw) + 1)})
     assert reply.status == 400
     assert reply.json()["error"] == "inference header size should be in range (0, 1200000), got: 1200001"
-
