@@ -7,8 +7,9 @@ Ollama's status codes (the error middleware writes them).
 
 Model names are `name[:tag]`: the repository model `name`, tag `latest` (the served version)
 or a version number. Everything Ollama accepts that edged cannot do (images, sampling options
-the engine lacks, ...) is a 400 naming the field, never ignored; `think` is ignored, as Ollama
-does for models that do not think.
+the engine lacks, ...) is a 400 naming the field, never ignored. No model thinks here (the
+engine has no separate reasoning output): `think: false` is what happens anyway, `think: true`
+(or a level) is Ollama's 400 for a model without thinking.
 
 `format` ("json" or a JSON schema) and `tools` use the same machinery as the OpenAI routes: a
 grammar the engine enforces, and for tools the generic JSON reply of `openai_tools` (Ollama
@@ -360,6 +361,13 @@ class _Options(msgspec.Struct):
     frequency_penalty: float | None = None
 
 
+def _refuse_thinking(req: _Generation) -> None:
+    # Ollama answers a thinking request for a model that cannot think this way, and so does
+    # every model here. A level ("low", "high"; gpt-oss) asks for thinking too.
+    if req.think is True or (isinstance(req.think, str) and req.think):
+        raise InvalidArgument(f'"{req.model}" does not support thinking')
+
+
 def _logprobs(req: _Generation) -> int | None:
     """Alternatives per token for GenerateParams.logprobs (None: no log probabilities)."""
     top = req.top_logprobs
@@ -554,6 +562,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if not req.messages:
         return await _load_or_unload(request, daemon, req.model, name, version, keep, started,
                                      {"message": {"role": "assistant", "content": ""}})
+    _refuse_thinking(req)
     top = _logprobs(req)
     schema = _format_schema(req.format)
     tools = req.tools or []  # Ollama treats an empty list as no tools
@@ -619,6 +628,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     keep = _keep_alive(req.keep_alive)
     if not req.prompt:
         return await _load_or_unload(request, daemon, req.model, name, version, keep, started, {"response": ""})
+    _refuse_thinking(req)
     top = _logprobs(req)
     schema = _format_schema(req.format)
     if req.images:

@@ -168,9 +168,15 @@ def test_unsupported_fields_are_400_naming_them(client: ollama.Client) -> None:
             call()
         assert caught.value.status_code == 400, (words, caught.value.error)
         assert words in caught.value.error, (words, caught.value.error)
-    # num_ctx within the loaded context is fine; think is ignored as Ollama does without thinking.
+    # num_ctx within the loaded context is fine; think: false is what happens anyway.
     ok = client.chat(model="tiny", messages=chat, options={"num_ctx": 256, "num_predict": 2}, think=False)
     assert ok.done and ok.eval_count == 2
+    # Thinking asked of a model that does not think: Ollama's 400 and text.
+    for call in (lambda: client.chat(model="tiny", messages=chat, think=True),
+                 lambda: client.generate(model="tiny", prompt="x", think="high")):
+        with pytest.raises(ollama.ResponseError) as caught:
+            call()
+        assert caught.value.status_code == 400 and caught.value.error == '"tiny" does not support thinking'
     with pytest.raises(ollama.ResponseError) as caught:
         client.chat(model="nope:latest", messages=chat)
     assert caught.value.status_code == 404 and "nope:latest" in caught.value.error
