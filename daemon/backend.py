@@ -603,8 +603,10 @@ class GenerationBackend(Backend):
         """Render OpenAI-style messages with the model's chat template."""
         raise Unsupported(f"backend {self.name!r} has no chat template")
 
-    async def embed(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
-        """Embeddings for each text and the number of prompt tokens used."""
+    async def embed(self, texts: Sequence[str], *, truncate: bool = False) -> tuple[list[list[float]], int]:
+        """Embeddings for each text and the number of prompt tokens used. `truncate`: a text
+        longer than the model embeds at once keeps its first tokens (Ollama's `truncate`, its
+        default); otherwise such a text is an InvalidArgument."""
         raise Unsupported(f"backend {self.name!r} does not compute embeddings")
 
     def engine_stats(self) -> dict[str, int | float | str]:

@@ -82,8 +82,11 @@ def write_tiny_llama(
     dtype: Literal["f32", "f16", "q8_0"] = "f32",
     pooling: int | None = None,
     chat_template: str | None = CHATML_TEMPLATE,
+    add_eos: bool = False,
 ) -> Path:
-    """Write a random llama-architecture GGUF to `path` and return the path."""
+    """Write a random llama-architecture GGUF to `path` and return the path. `add_eos`: the
+    tokenizer appends </s> to what it tokenizes with special tokens (as BERT-style embedders
+    append their SEP)."""
     import gguf  # the writer is a dev/test dependency, not a runtime one
 
     path = Path(path)
@@ -133,7 +136,7 @@ def write_tiny_llama(
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
+    writer.add_add_eos_token(add_eos)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
 

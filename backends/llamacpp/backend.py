@@ -240,7 +240,7 @@ class LlamaCppBackend(GenerationBackend):
             raise InvalidArgument(f"model '{self.context.model_name}' is an embedding model; it does not chat")
         return engine.chat_template.render(messages)
 
-    async def embed(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
+    async def embed(self, texts: Sequence[str], *, truncate: bool = False) -> tuple[list[list[float]], int]:
         """L2-normalised pooled embeddings (what OpenAI and llama-server return) + token count."""
         engine = self._require_engine()
         if not engine.settings.embedding:
@@ -260,7 +260,7 @@ class LlamaCppBackend(GenerationBackend):
             else:
                 future.set_result(result)
 
-        job = engine.submit_embed(list(texts), _emitter(loop, settle))
+        job = engine.submit_embed(list(texts), _emitter(loop, settle), truncate=truncate)
         try:
             return await future
         finally:

@@ -165,8 +165,9 @@ class Request:
 
 
 class EmbedJob:
-    def __init__(self, engine: Engine, texts: list[str], done: EmbedDone):
+    def __init__(self, engine: Engine, texts: list[str], done: EmbedDone, truncate: bool = False):
         self.texts = texts
+        self.truncate = truncate
         self.done = done
         self.cancelled = False
         self._engine = engine
@@ -268,8 +269,8 @@ class Engine:
         self._enqueue(request)
         return request
 
-    def submit_embed(self, texts: list[str], done: EmbedDone) -> EmbedJob:
-        job = EmbedJob(self, texts, done)
+    def submit_embed(self, texts: list[str], done: EmbedDone, *, truncate: bool = False) -> EmbedJob:
+        job = EmbedJob(self, texts, done, truncate)
         self._enqueue(job)
         return job
 
@@ -929,11 +930,11 @@ class Engine:
         if job.cancelled:
             return
         try:
-            job.done(self._embed_texts(job.texts))
+            job.done(self._embed_texts(job.texts, job.truncate))
         except EdgedError as exc:
             job.done(exc)
 
-    def _embed_texts(self, texts: list[str]) -> tuple[list[list[float]], int]:
+    def _embed_texts(self, texts: list[str], truncate: bool = False) -> tuple[list[list[float]], int]:
         if not self.settings.embedding:
             raise InvalidArgument(
                 f"model '{self.name}' is not loaded as an embedding model; "
@@ -943,6 +944,8 @@ class Engine:
         tokenized = []
         for index, text in enumerate(texts):
             tokens = self._tokenize(text)
+            if len(tokens) > limit and truncate:
+                tokens = self._truncated(tokens, limit)
             if len(tokens) > limit:
                 raise InvalidArgument(
                     f"input[{index}] is {len(tokens)} tokens but model '{self.name}' embeds at "
@@ -964,6 +967,22 @@ class Engine:
             vectors.extend(self._embed_batch(tokenized[start:end]))
             start = end
         return vectors, sum(len(t) for t in tokenized)
+
+    def _truncated(self, tokens: list[int], limit: int) -> list[int]:
+        """The first `limit` tokens (Ollama's `truncate`), keeping the end token the tokenizer
+        appends (EOS, or SEP on BERT-style vocabularies): the pooled embedding is the model's
+        for a text of that length, as if the text had been shorter."""
+        appended = {
+            token
+            for adds, token in (
+                (llama.llama_vocab_get_add_eos(self._vocab), llama.llama_vocab_eos(self._vocab)),
+                (llama.llama_vocab_get_add_sep(self._vocab), llama.llama_vocab_sep(self._vocab)),
+            )
+            if adds and token >= 0
+        }
+        if tokens and tokens[-1] in appended:
+            return [*tokens[: limit - 1], tokens[-1]]
+        return tokens[:limit]
 
     def _embed_batch(self, group: list[list[int]]) -> list[list[float]]:
         batch = self._batch

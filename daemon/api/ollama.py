@@ -719,7 +719,9 @@ def _refuse_options(options: dict[str, Any] | None) -> None:
         raise InvalidArgument(f"options.{sorted(options)[0]} is not supported for embeddings")
 
 
-async def _embed(request: web.Request, raw: str, texts: list[str], keep: KeepAlive) -> tuple[list[list[float]], int, int]:
+async def _embed(
+    request: web.Request, raw: str, texts: list[str], keep: KeepAlive, truncate: bool = False
+) -> tuple[list[list[float]], int, int]:
     daemon = _accepting(request)
     name, version = _resolve(daemon, raw)
     lease = await hold(request, name, _keep_alive(keep))
@@ -728,7 +730,7 @@ async def _embed(request: web.Request, raw: str, texts: list[str], keep: KeepAli
         raise InvalidArgument(f'"{raw}" does not support embeddings')
     if not texts:
         return [], 0, lease.load_ns
-    vectors, tokens = await model.embed(texts)
+    vectors, tokens = await model.embed(texts, truncate=truncate)
     return vectors, tokens, lease.load_ns
 
 
@@ -738,9 +740,10 @@ async def embed(request: web.Request) -> web.Response:
     _refuse_options(req.options)
     dimensions.check(req.dimensions)
     texts = ([req.input] if req.input else []) if isinstance(req.input, str) else req.input
-    # `truncate` (default true) is accepted: edged never truncates, so an input longer than the
-    # context is an error either way, which is what truncate=false asks for.
-    vectors, tokens, load_ns = await _embed(request, req.model, texts, req.keep_alive)
+    # `truncate` (Ollama's default: true): a text longer than the model embeds at once keeps
+    # its first tokens; false makes it a 400.
+    truncate = req.truncate is not False
+    vectors, tokens, load_ns = await _embed(request, req.model, texts, req.keep_alive, truncate)
     if req.dimensions is not None and vectors:
         vectors = dimensions.shorten(vectors, req.dimensions)  # as the OpenAI route does
     return _json_response({

@@ -153,12 +153,12 @@ class LoadedVersion:
             else:
                 self.stats.record_failure(elapsed, outcome)
 
-    async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+    async def embed(self, texts: list[str], *, truncate: bool = False) -> tuple[list[list[float]], int]:
         generator = self.require_generator()
         started = time.monotonic_ns()
         self._enter()
         try:
-            result = await generator.embed(texts)
+            result = await generator.embed(texts, truncate=truncate)
         except EdgedError:
             self.stats.record_failure(time.monotonic_ns() - started)
             raise

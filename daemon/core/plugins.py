@@ -376,10 +376,11 @@ def check_backend_class(cls: type[Backend]) -> str:
         if name not in ("generate", "execute_stream") and _kind(fn) != _kind(ref):
             return f"method {name!r}: must be {_kind(ref)}, is {_kind(fn)}"
         try:
-            want = [p for p in inspect.signature(ref).parameters.values() if p.name != "self"]
+            params = [p for p in inspect.signature(ref).parameters.values() if p.name != "self"]
             have = inspect.signature(fn).parameters.values()
         except (TypeError, ValueError):
             continue
+        want = [p for p in params if p.kind != p.KEYWORD_ONLY]
         positional = [p for p in have if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
                       and p.name != "self"]
         varargs = any(p.kind == p.VAR_POSITIONAL for p in have)
@@ -390,6 +391,12 @@ def check_backend_class(cls: type[Backend]) -> str:
                 f"({', '.join(p.name for p in positional) or 'none'}), the contract passes "
                 f"{len(want)} ({', '.join(p.name for p in want) or 'none'})"
             )
+        # Keyword arguments the contract passes by name (e.g. embed's `truncate`).
+        by_name = {p.name for p in have if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind == p.VAR_KEYWORD for p in have):
+            missing = [p.name for p in params if p.kind == p.KEYWORD_ONLY and p.name not in by_name]
+            if missing:
+                return f"method {name!r}: does not take the keyword argument(s) the contract passes: {', '.join(missing)}"
     return ""
 
 

@@ -293,6 +293,22 @@ def test_embed_and_legacy_embeddings(client: ollama.Client) -> None:
     assert caught.value.status_code == 400
 
 
+def test_embed_truncates_as_ollama_does_unless_told_not_to(client: ollama.Client) -> None:
+    """truncate (Ollama's default: true): a text longer than the model embeds at once keeps its
+    first tokens, so what follows them changes nothing; truncate=false makes it a 400."""
+    words = " ".join(f"w{i}" for i in range(3000))
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.embed(model="embedder", input=words, truncate=False)
+    assert caught.value.status_code == 400
+    limit = int(re.search(r"embeds at most (\d+) tokens", caught.value.error)[1])  # type: ignore[index]
+    cut = client.embed(model="embedder", input=words)
+    assert cut.prompt_eval_count == limit
+    more = client.embed(model="embedder", input=[words + " and then some other words", "w0 w1"], truncate=True)
+    assert more.prompt_eval_count == limit + client.embed(model="embedder", input="w0 w1").prompt_eval_count
+    assert more.embeddings[0] == pytest.approx(cut.embeddings[0], abs=1e-6)
+    assert more.embeddings[1] != pytest.approx(cut.embeddings[0], abs=1e-3)
+
+
 def test_pull_and_delete_on_an_offline_box(client: ollama.Client) -> None:
     assert client.pull("tiny").status == "success"
     assert [p.status for p in client.pull("tiny:latest", stream=True)] == ["success"]

@@ -447,6 +447,25 @@ async def test_embeddings_match_numpy_mean_pooling(load: Loader, tmp_path: Path)
         await anext(backend.generate("hi", GREEDY))
 
 
+@pytest.mark.parametrize("add_eos", [False, True])
+async def test_truncated_embedding_is_the_models_for_the_first_tokens(
+    load: Loader, tmp_path: Path, add_eos: bool
+) -> None:
+    """Ollama's `truncate`: a text longer than the model embeds at once keeps its first tokens,
+    and the end token its tokenizer appends (here </s>, as a BERT vocabulary appends SEP)."""
+    path = write_tiny_llama(tmp_path / "embed.gguf", pooling=1, add_eos=add_eos)
+    backend = await load(path, embedding="true", n_batch="16")
+    text = "QZ" * 20  # no merge joins Q and Z: <s> ▁ Q Z Q Z ... (</s>)
+    with pytest.raises(InvalidArgument, match="embeds at most 16 tokens"):
+        await backend.embed([text])
+    vectors, count = await backend.embed([text, "QZ"], truncate=True)
+    assert count == 16 + 4 + add_eos  # the short text is not touched
+    ids = [1, token_id(path, SPACE), *(token_id(path, c) for c in text)]
+    kept = [*ids[:15], 2] if add_eos else ids[:16]
+    expected = reference_forward(read_weights(path), kept).mean(axis=0)
+    np.testing.assert_allclose(vectors[0], expected / np.linalg.norm(expected), atol=2e-3)
+
+
 async def test_generation_model_refuses_embeddings(load: Loader, model_path: Path) -> None:
     backend = await load(model_path)
     with pytest.raises(InvalidArgument, match="embedding=true"):

@@ -185,6 +185,31 @@ def test_contract_is_checked_at_registration(tmp_path: Path, body: str, needle: 
     assert needle in caught.value.message
 
 
+def test_keyword_arguments_the_contract_passes_are_checked() -> None:
+    """embed() is called with `truncate=`: an override must take it (or **kwargs)."""
+    from collections.abc import Sequence
+
+    from daemon.backend import GenerationBackend
+    from daemon.core.plugins import check_backend_class
+
+    class Old(GenerationBackend):
+        async def embed(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
+            return [], 0
+
+    class New(GenerationBackend):
+        async def embed(self, texts: Sequence[str], *, truncate: bool = False) -> tuple[list[list[float]], int]:
+            return [], 0
+
+    class Loose(GenerationBackend):
+        async def embed(self, texts: Sequence[str], **options: bool) -> tuple[list[list[float]], int]:
+            return [], 0
+
+    assert check_backend_class(Old) == (
+        "method 'embed': does not take the keyword argument(s) the contract passes: truncate"
+    )
+    assert check_backend_class(New) == "" and check_backend_class(Loose) == ""
+
+
 @pytest.mark.parametrize("raise_", ["SystemExit(3)", "KeyboardInterrupt()", "BaseException('odd')"])
 def test_plugin_raising_base_exceptions_at_import_is_broken_not_fatal(tmp_path: Path, raise_: str) -> None:
     dies = "dies_" + raise_.split("(")[0].lower()
