@@ -36,7 +36,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
@@ -599,8 +599,12 @@ class GenerationBackend(Backend):
         """
         raise Unsupported(f"backend {self.name!r} does not generate text")
 
-    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
-        """Render OpenAI-style messages with the model's chat template."""
+    def chat_prompt(
+        self, messages: Sequence[dict[str, str]], *, template_kwargs: Mapping[str, Any] | None = None
+    ) -> str:
+        """Render OpenAI-style messages with the model's chat template. `template_kwargs`: more
+        variables for a Jinja template (llama-server's `chat_template_kwargs`, e.g.
+        `enable_thinking`); a template that cannot take them is an InvalidArgument."""
         raise Unsupported(f"backend {self.name!r} has no chat template")
 
     async def embed(self, texts: Sequence[str], *, truncate: bool = False) -> tuple[list[list[float]], int]:

@@ -30,9 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
@@ -233,12 +233,14 @@ class LlamaCppBackend(GenerationBackend):
             # No-op after the last chunk; otherwise the engine drops the sequence next step.
             request.cancel()
 
-    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+    def chat_prompt(
+        self, messages: Sequence[dict[str, str]], *, template_kwargs: Mapping[str, Any] | None = None
+    ) -> str:
         """Messages (role, content, optional name) rendered with the model's chat template."""
         engine = self._require_engine()
         if engine.chat_template is None:  # an embedding model
             raise InvalidArgument(f"model '{self.context.model_name}' is an embedding model; it does not chat")
-        return engine.chat_template.render(messages)
+        return engine.chat_template.render(messages, template_kwargs or {})
 
     async def embed(self, texts: Sequence[str], *, truncate: bool = False) -> tuple[list[list[float]], int]:
         """L2-normalised pooled embeddings (what OpenAI and llama-server return) + token count."""

@@ -36,15 +36,24 @@ log = logging.getLogger(__name__)
 Messages = Sequence[Mapping[str, Any]]
 
 
+# What the Jinja renderer sets itself: a request's template variables cannot replace them.
+RESERVED_VARIABLES = frozenset({
+    "messages", "eos_token", "bos_token", "raise_exception", "add_generation_prompt",
+    "functions", "function_call", "tools", "tool_choice", "strftime_now",
+})
+
+
 class ChatTemplate:
     """Renders OpenAI-style messages (role, content, optional name) to a prompt string."""
 
-    def __init__(self, source: str, render: Callable[[Messages], str], *, jinja: bool) -> None:
+    def __init__(self, source: str, render: Callable[[Messages, Mapping[str, Any]], str], *, jinja: bool) -> None:
         self.source = source
         self.jinja = jinja
         self._render = render
 
-    def render(self, messages: Messages) -> str:
+    def render(self, messages: Messages, variables: Mapping[str, Any] | None = None) -> str:
+        """`variables`: more names for a Jinja template (`chat_template_kwargs`)."""
+        variables = variables or {}
         if not self.jinja:
             # llama.cpp's built-in formats and ChatML have no place for a participant's name.
             named = next((i for i, m in enumerate(messages) if m.get("name")), None)
@@ -53,7 +62,15 @@ class ChatTemplate:
                     f"messages[{named}].name: the model's chat template ({self.source}) cannot "
                     "represent participant names"
                 )
-        return self._render(messages)
+            if variables:
+                raise InvalidArgument(
+                    f"chat_template_kwargs: the model's chat template ({self.source}) is not Jinja "
+                    "and takes no variables"
+                )
+        reserved = sorted(RESERVED_VARIABLES & set(variables))
+        if reserved:
+            raise InvalidArgument(f"chat_template_kwargs: {reserved[0]!r} is set by the server, not the request")
+        return self._render(messages, variables)
 
 
 def resolve(
@@ -84,7 +101,7 @@ def resolve(
             return _builtin(gguf_template, "gguf (llama.cpp built-in match)")
         except Unsupported:
             log.warning("model '%s': llama.cpp does not recognise its chat template either; using ChatML", model)
-    return ChatTemplate("chatml (fallback)", chatml, jinja=False)
+    return ChatTemplate("chatml (fallback)", lambda messages, _: chatml(messages), jinja=False)
 
 
 def _looks_like_jinja(text: str) -> bool:
@@ -97,10 +114,10 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
 
     formatter = Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
 
-    def render(messages: Messages) -> str:
+    def render(messages: Messages, variables: Mapping[str, Any]) -> str:
         message_pairs(messages)  # role and content checked, naming the bad message
         try:
-            prompt = formatter(messages=[dict(m) for m in messages]).prompt  # type: ignore[misc]
+            prompt = formatter(messages=[dict(m) for m in messages], **variables).prompt  # type: ignore[misc]
         except (TemplateError, ValueError, TypeError) as exc:
             # raise_exception() in the template (e.g. "roles must alternate") lands here.
             raise InvalidArgument(f"messages: the model's chat template refused them: {exc}") from None
@@ -108,12 +125,12 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
             prompt = prompt[len(bos) :]
         return prompt
 
-    render([{"role": "user", "content": "hi"}])  # fails now, at load, for a broken template
+    render([{"role": "user", "content": "hi"}], {})  # fails now, at load, for a broken template
     return ChatTemplate(source, render, jinja=True)
 
 
 def _builtin(template: str, source: str) -> ChatTemplate:
-    def render(messages: Messages) -> str:
+    def render(messages: Messages, variables: Mapping[str, Any]) -> str:
         return apply_chat_template(template, message_pairs(messages))
 
     return ChatTemplate(source, render, jinja=False)

@@ -139,6 +139,14 @@ class ChatRequest(_Sampling):
     # False (or null): the completion is not kept for later retrieval, which is all this
     # server does; true is a 400 (clients that opt out of OpenAI's storage send false).
     store: bool | None = None
+    # A routing hint for OpenAI's prompt cache: every request here goes to the slot holding the
+    # longest common prefix of its prompt, which is what the key asks for.
+    prompt_cache_key: str | None = None
+    # End-user id for abuse tracking at OpenAI (`user`'s successor); it changes no output.
+    safety_identifier: str | None = None
+    # llama-server's (and vLLM's) extension: more variables for the model's Jinja chat
+    # template, e.g. {"enable_thinking": false} for templates that read it.
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class EmbeddingRequest(_Strict):
@@ -740,7 +748,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         parallel = req.parallel_tool_calls is not False
         params.json_schema = openai_tools.tool_schema(tools, req.tool_choice, parallel)
         messages = openai_tools.with_tools(messages, tools, parallel)
-    prompt = model.chat_prompt(messages)
+    prompt = model.chat_prompt(messages, template_kwargs=req.chat_template_kwargs)
     choices = _choices(model, [prompt], params, req.n or 1)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     # Per choice: whether its role went out yet; with tools, its JSON reply turned into deltas.

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,8 +167,10 @@ class LoadedVersion:
         self.stats.record_success(time.monotonic_ns() - started, len(texts))
         return result
 
-    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
-        return self.require_generator().chat_prompt(messages)
+    def chat_prompt(
+        self, messages: Sequence[dict[str, str]], *, template_kwargs: Mapping[str, Any] | None = None
+    ) -> str:
+        return self.require_generator().chat_prompt(messages, template_kwargs=template_kwargs)
 
     # ------------------------------------------------------------------ retiring
 

@@ -283,6 +283,16 @@ def test_null_means_the_default_as_in_openais_schema(client: openai.OpenAI) -> N
     assert unstored.choices[0].message.content == plain.choices[0].message.content
     with pytest.raises(openai.BadRequestError, match="store: chat completions are not stored here"):
         client.chat.completions.create(model="tiny", messages=messages, store=True, **GREEDY)
+    # prompt_cache_key (a routing hint the prefix cache fulfils), safety_identifier (no output
+    # effect at OpenAI either), and chat_template_kwargs the ChatML template does not read.
+    hinted = client.chat.completions.create(
+        model="tiny", messages=messages, prompt_cache_key="conversation-7", safety_identifier="user-1",
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}}, **GREEDY,
+    )
+    assert hinted.choices[0].message.content == plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="chat_template_kwargs: 'bos_token' is set by the server"):
+        client.chat.completions.create(model="tiny", messages=messages, extra_body={
+            "chat_template_kwargs": {"bos_token": "x"}}, **GREEDY)
 
 
 def test_triton_generate_extension(daemon) -> None:

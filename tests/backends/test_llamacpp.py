@@ -351,6 +351,28 @@ CUSTOM_TEMPLATE = (
 )
 
 
+async def test_chat_template_kwargs_reach_a_jinja_template(load: Loader, tmp_path: Path) -> None:
+    """llama-server's chat_template_kwargs: more variables for the Jinja template (a Qwen3-style
+    `enable_thinking` switch here); names the renderer sets, and non-Jinja templates, refuse them."""
+    template = (
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>"
+        "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
+    )
+    thinker = await load(write_tiny_llama(tmp_path / "think.gguf", chat_template=template))
+    messages = [{"role": "user", "content": "hi"}]
+    assert thinker.chat_prompt(messages) == "<user>hi\n<assistant>"
+    assert thinker.chat_prompt(messages, template_kwargs={"enable_thinking": True}) == "<user>hi\n<assistant>"
+    assert thinker.chat_prompt(messages, template_kwargs={"enable_thinking": False}) == (
+        "<user>hi\n<assistant><think></think>"
+    )
+    with pytest.raises(InvalidArgument, match="chat_template_kwargs: 'messages' is set by the server"):
+        thinker.chat_prompt(messages, template_kwargs={"messages": []})
+    builtin = await load(write_tiny_llama(tmp_path / "zephyr.gguf"), chat_template="zephyr")
+    with pytest.raises(InvalidArgument, match=r"chat_template_kwargs: the model's chat template .* takes no variables"):
+        builtin.chat_prompt(messages, template_kwargs={"enable_thinking": False})
+    assert builtin.chat_prompt(messages, template_kwargs={}).startswith("<|user|>")
+
+
 async def test_chat_prompt_uses_the_gguf_template(load: Loader, model_path: Path, tmp_path: Path) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     chatml = "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
