@@ -26,6 +26,7 @@ from daemon.backend import (
     InferRequest,
     InferResponse,
 )
+from daemon.core.plugins import takes_keyword
 from daemon.core.scheduler import Scheduler
 from daemon.core.stats import FailureReason, ModelStats
 from daemon.core.validate import validate_request
@@ -158,7 +159,11 @@ class LoadedVersion:
         started = time.monotonic_ns()
         self._enter()
         try:
-            result = await generator.embed(texts, truncate=truncate)
+            # A plugin written before `truncate` cannot truncate: its own limit answers.
+            if truncate and takes_keyword(generator.embed, "truncate"):
+                result = await generator.embed(texts, truncate=True)
+            else:
+                result = await generator.embed(texts)
         except EdgedError:
             self.stats.record_failure(time.monotonic_ns() - started)
             raise
@@ -170,7 +175,15 @@ class LoadedVersion:
     def chat_prompt(
         self, messages: Sequence[dict[str, str]], *, template_kwargs: Mapping[str, Any] | None = None
     ) -> str:
-        return self.require_generator().chat_prompt(messages, template_kwargs=template_kwargs)
+        generator = self.require_generator()
+        if not template_kwargs:
+            return generator.chat_prompt(messages)
+        if not takes_keyword(generator.chat_prompt, "template_kwargs"):
+            raise InvalidArgument(
+                f"chat_template_kwargs: model '{self.name}' runs on backend '{self.backend}', which "
+                "takes no chat template variables"
+            )
+        return generator.chat_prompt(messages, template_kwargs=template_kwargs)
 
     # ------------------------------------------------------------------ retiring
 

@@ -391,13 +391,22 @@ def check_backend_class(cls: type[Backend]) -> str:
                 f"({', '.join(p.name for p in positional) or 'none'}), the contract passes "
                 f"{len(want)} ({', '.join(p.name for p in want) or 'none'})"
             )
-        # Keyword arguments the contract passes by name (e.g. embed's `truncate`).
-        by_name = {p.name for p in have if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        if not any(p.kind == p.VAR_KEYWORD for p in have):
-            missing = [p.name for p in params if p.kind == p.KEYWORD_ONLY and p.name not in by_name]
-            if missing:
-                return f"method {name!r}: does not take the keyword argument(s) the contract passes: {', '.join(missing)}"
+        # The contract's keyword-only arguments (embed's `truncate`, chat_prompt's
+        # `template_kwargs`) came later than API version 1: an override without them stays
+        # valid; the daemon passes them only to methods that take them (`takes_keyword`).
     return ""
+
+
+def takes_keyword(method: object, name: str) -> bool:
+    """Does `method` (a plugin's override) take the keyword argument `name`?"""
+    try:
+        parameters = inspect.signature(method).parameters.values()  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return any(
+        p.kind == p.VAR_KEYWORD or (p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        for p in parameters
+    )
 
 
 def _ensure_package(name: str, path: Path) -> types.ModuleType:

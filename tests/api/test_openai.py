@@ -717,5 +717,9 @@ def test_an_error_after_the_stream_started_is_its_last_event(start_daemon, tmp_p
     # Before the stream: a plain error response with its status.
     with pytest.raises(openai.InternalServerError, match="the engine failed"):
         client.completions.create(model="broken", prompt="x")
+    # A plugin written before chat_prompt took template variables: a 400 naming the field.
+    with pytest.raises(openai.BadRequestError, match="chat_template_kwargs: model 'broken' runs on backend 'failing'"):
+        client.chat.completions.create(model="broken", messages=[{"role": "user", "content": "x"}],
+                                       extra_body={"chat_template_kwargs": {"a": 1}})
     assert "Traceback" not in daemon.log()
 

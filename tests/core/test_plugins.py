@@ -185,12 +185,13 @@ def test_contract_is_checked_at_registration(tmp_path: Path, body: str, needle: 
     assert needle in caught.value.message
 
 
-def test_keyword_arguments_the_contract_passes_are_checked() -> None:
-    """embed() is called with `truncate=`: an override must take it (or **kwargs)."""
+def test_keyword_arguments_added_to_the_contract_are_optional_for_plugins() -> None:
+    """embed's `truncate` and chat_prompt's `template_kwargs` came after API version 1: an
+    override without them registers, and the daemon sees whether it takes them."""
     from collections.abc import Sequence
 
     from daemon.backend import GenerationBackend
-    from daemon.core.plugins import check_backend_class
+    from daemon.core.plugins import check_backend_class, takes_keyword
 
     class Old(GenerationBackend):
         async def embed(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
@@ -204,10 +205,9 @@ def test_keyword_arguments_the_contract_passes_are_checked() -> None:
         async def embed(self, texts: Sequence[str], **options: bool) -> tuple[list[list[float]], int]:
             return [], 0
 
-    assert check_backend_class(Old) == (
-        "method 'embed': does not take the keyword argument(s) the contract passes: truncate"
-    )
-    assert check_backend_class(New) == "" and check_backend_class(Loose) == ""
+    assert check_backend_class(Old) == check_backend_class(New) == check_backend_class(Loose) == ""
+    assert not takes_keyword(Old.embed, "truncate")
+    assert takes_keyword(New.embed, "truncate") and takes_keyword(Loose.embed, "truncate")
 
 
 @pytest.mark.parametrize("raise_", ["SystemExit(3)", "KeyboardInterrupt()", "BaseException('odd')"])
