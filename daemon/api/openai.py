@@ -26,7 +26,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import numpy as np
@@ -43,6 +43,7 @@ from daemon.core.model import LoadedVersion
 from daemon.errors import EdgedError, InvalidArgument, NotFound, Unavailable
 
 _json = msgspec.json.Encoder()
+T = TypeVar("T")
 # OpenAI's upper bound on `n` (choices per request).
 MAX_CHOICES = 128
 
@@ -183,8 +184,13 @@ _DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {
 
 
 def _decode(body: bytes, kind: type[Any]) -> Any:
+    return decode_with(_DECODERS[kind], body)
+
+
+def decode_with(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
+    """A request body through its decoder; what does not decode is a 400 saying where."""
     try:
-        return _DECODERS[kind].decode(body)
+        return decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise InvalidArgument(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:

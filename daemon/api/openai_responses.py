@@ -33,6 +33,7 @@ from daemon.api.openai import (
     ResponseFormat,
     chat_messages,
     collect,
+    decode_with,
     first_chunk,
     generation_model,
     in_range,
@@ -166,15 +167,6 @@ class ResponsesRequest(_Strict):
 
 
 _DECODER = msgspec.json.Decoder(ResponsesRequest)
-
-
-def _decode(body: bytes) -> ResponsesRequest:
-    try:
-        return _DECODER.decode(body)
-    except msgspec.ValidationError as exc:
-        raise InvalidArgument(f"invalid request: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise InvalidArgument(f"malformed JSON body: {exc}") from None
 
 
 def _refuse_stateful(req: ResponsesRequest) -> None:
@@ -410,7 +402,7 @@ def _logprob(entry: TokenLogprob, *, full: bool) -> dict[str, Any]:
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
-    req = _decode(await request_body(request))
+    req = decode_with(_DECODER, await request_body(request))
     _refuse_stateful(req)
     model = await generation_model(request, req.model)
     params = _params(req)
