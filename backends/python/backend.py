@@ -337,7 +337,7 @@ class PythonBackend(Backend):
             inputs=[pb_utils.Tensor(name, array) for name, array in request.inputs.items()],
             request_id=request.id,
             requested_output_names=request.requested_outputs or self._output_names,
-            parameters=json.dumps(request.parameters),
+            parameters=json.dumps(request.parameters) if request.parameters else "{}",
             model_name=self._model_name,
             model_version=self.context.model_version,
             correlation_id=request.correlation_id,

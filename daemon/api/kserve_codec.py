@@ -87,6 +87,9 @@ _TRITON_PREFIX_MESSAGE = (
     "specified."
 )
 _U32 = struct.Struct("<I")
+# Header plans kept (Codec._plans): distinct binary headers seen, and the longest one kept.
+_PLANS = 256
+_PLAN_HEADER_BYTES = 4096
 # On little-endian hosts a native array already is in wire byte order.
 _LITTLE_ENDIAN_HOST = sys.byteorder == "little"
 
@@ -172,6 +175,59 @@ class DecodedInfer:
         self.leases.clear()
 
 
+@dataclass(frozen=True, slots=True)
+class _BinaryInput:
+    name: str
+    datatype: str
+    shape: list[int]
+    count: int
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _HeaderPlan:
+    """What a binary request's JSON header decodes to, all but the tensor data: a request whose
+    header has the same bytes decodes the same way, so its tensors are cut from the body along
+    this plan without decoding and checking the header again (the last-request path of
+    `Codec.decode_infer_request`)."""
+
+    inputs: tuple[_BinaryInput, ...]
+    end: int  # the body's length the offsets were checked against
+    id: str
+    requested_outputs: tuple[str, ...]
+    parameters: dict[str, Parameter]  # copied for every request: a backend may change it
+    priority: int
+    timeout_us: int
+    correlation_id: int | str
+    flags: int
+    binary_outputs: dict[str, bool]  # copied too
+    binary_default: bool
+
+    def decode(self, body: bytes | memoryview) -> DecodedInfer:
+        inputs: dict[str, np.ndarray] = {}
+        for tensor in self.inputs:
+            end = tensor.offset + tensor.size
+            if tensor.datatype == "BYTES":
+                array = _split_bytes(tensor.name, body, tensor.offset, end, tensor.count).reshape(tensor.shape)
+            else:
+                array = _fixed_from_binary(
+                    tensor.name, tensor.datatype, body, tensor.offset, tensor.size, tensor.shape, tensor.count
+                )
+            inputs[tensor.name] = array
+        request = InferRequest(
+            inputs=inputs,
+            id=self.id,
+            requested_outputs=self.requested_outputs,
+            parameters=dict(self.parameters),
+            priority=self.priority,
+            timeout_us=self.timeout_us,
+            correlation_id=self.correlation_id,
+            flags=self.flags,
+        )
+        return DecodedInfer(request, dict(self.binary_outputs), self.binary_default)
+
+
 class SharedMemoryLookup(Protocol):
     """Where a request's `shared_memory_region` names are resolved (daemon.core.shm)."""
 
@@ -206,6 +262,11 @@ class Codec:
         self._encoder = msgspec.json.Encoder(enc_hook=_numpy_enc_hook)
         # Classification labels by model directory (read by the transport, not by the codec).
         self.labels = LabelCache()
+        # Binary requests' headers as decoded, by their bytes (clients send the same header
+        # for every request of one shape): decoding and checking a header is most of a small
+        # request's decode. Only what depends on nothing but those bytes and this codec's
+        # limits is kept (no shared memory, no classification); bounded, oldest out first.
+        self._plans: dict[bytes, _HeaderPlan] = {}
 
     # ------------------------------------------------------------------ requests
 
@@ -244,6 +305,12 @@ class Codec:
         # A JSON-only body is decoded in place; a binary request's JSON header is short, and
         # slicing it off costs less than decoding through a memoryview.
         json_part = body if header_length == len(body) else body[:header_length]
+        key: bytes | None = None
+        if header_length < len(body) and header_length <= _PLAN_HEADER_BYTES:
+            key = json_part if isinstance(json_part, bytes) else bytes(json_part)
+            plan = self._plans.get(key)
+            if plan is not None and plan.end == len(body):
+                return plan.decode(body)
         try:
             header = self._request_decoder.decode(json_part)
         except msgspec.DecodeError as exc:  # ValidationError included; its text has the path
@@ -253,10 +320,48 @@ class Codec:
 
         decoded = DecodedInfer(InferRequest(inputs={}))
         try:
-            return self._decode_header(header, body, header_length, has_header, shm, decoded)
+            self._decode_header(header, body, header_length, has_header, shm, decoded)
         except BaseException:
             decoded.release()  # a rejected request keeps no region leased
             raise
+        if key is not None:
+            self._remember(key, header, decoded, header_length, len(body))
+        return decoded
+
+    def _remember(
+        self, key: bytes, header: InferRequestBody, decoded: DecodedInfer, offset: int, end: int
+    ) -> None:
+        """Keep the plan of a header that decoded without error, if it depends on nothing but
+        its bytes: every input in the body (no JSON data, no shared memory), no shared memory
+        or classification outputs."""
+        if decoded.leases or decoded.shm_outputs or decoded.classification:
+            return
+        inputs = []
+        for tensor in header.inputs:
+            if tensor.data is not None or tensor.parameters is None:
+                return
+            size = tensor.parameters.get("binary_data_size")
+            if type(size) is not int:
+                return
+            count = math.prod(tensor.shape)
+            inputs.append(_BinaryInput(tensor.name, tensor.datatype, tensor.shape, count, offset, size))
+            offset += size
+        request = decoded.request
+        if len(self._plans) >= _PLANS:
+            del self._plans[next(iter(self._plans))]
+        self._plans[key] = _HeaderPlan(
+            inputs=tuple(inputs),
+            end=end,
+            id=request.id,
+            requested_outputs=request.requested_outputs,
+            parameters=dict(request.parameters),
+            priority=request.priority,
+            timeout_us=request.timeout_us,
+            correlation_id=request.correlation_id,
+            flags=request.flags,
+            binary_outputs=dict(decoded.binary_outputs),
+            binary_default=decoded.binary_default,
+        )
 
     def _decode_header(
         self,
@@ -266,7 +371,7 @@ class Codec:
         has_header: bool,
         shm: SharedMemoryLookup | None,
         decoded: DecodedInfer,
-    ) -> DecodedInfer:
+    ) -> None:
         inputs: dict[str, np.ndarray] = {}
         offset = header_length
         decoded_bytes = 0
@@ -328,7 +433,6 @@ class Codec:
         )
         decoded.binary_outputs = binary_outputs
         decoded.binary_default = binary_default
-        return decoded
 
     def _check_limits(self, tensor: RequestInput, so_far: int) -> int:
         """The bytes `tensor` will decode into, from its shape alone; raises when it is over

@@ -928,3 +928,124 @@ def test_nonfinite_json_outputs_are_nan_and_infinity_literals(dtype: type) -> No
     body, length = Codec().encode_infer_response("m", "1", decoded, response)
     assert length is None
     assert b'"data":[NaN,1.0,Infinity,-Infinity]' in body
+
+
+# --------------------------------------------------------------------------- repeated headers
+# A client sends the same JSON header for every request of one shape; the codec decodes such a
+# header once and cuts later bodies along what it found. These check that a warm codec answers
+# exactly what a fresh one does, body by body.
+
+
+def _fields(decoded: DecodedInfer) -> tuple[Any, ...]:
+    request = decoded.request
+    return (
+        {name: (a.dtype, a.shape, a.tolist()) for name, a in request.inputs.items()},
+        request.id, request.requested_outputs, request.parameters, request.priority,
+        request.timeout_us, request.correlation_id, request.flags,
+        decoded.binary_outputs, decoded.binary_default,
+    )
+
+
+def _mixed_body(x: np.ndarray, flags: np.ndarray, words: list[bytes]) -> tuple[bytes, int]:
+    wire = bytes_wire(words)
+    header = {
+        "id": "same",
+        "parameters": {"priority": 1, "timeout": 7, "custom": "c", "binary_data_output": True},
+        "inputs": [
+            {"name": "X", "shape": [2, 2], "datatype": "FP32", "parameters": {"binary_data_size": 16}},
+            {"name": "F", "shape": [3], "datatype": "BOOL", "parameters": {"binary_data_size": 3}},
+            {"name": "W", "shape": [len(words)], "datatype": "BYTES", "parameters": {"binary_data_size": len(wire)}},
+        ],
+        "outputs": [{"name": "Y", "parameters": {"binary_data": False}}, {"name": "Z"}],
+    }
+    return binary_body(header, x.astype("<f4").tobytes(), flags.astype(np.bool_).tobytes(), wire)
+
+
+def test_a_repeated_header_decodes_each_body_as_a_fresh_codec_does(codec: Codec) -> None:
+    rng = np.random.default_rng(3)
+    seen = []
+    for round_ in range(4):
+        x = rng.random((2, 2), dtype=np.float32)
+        flags = rng.integers(0, 2, 3).astype(bool)
+        words = [b"ab", bytes([round_]) * 2]  # same lengths: the header's bytes are the same
+        body, length = _mixed_body(x, flags, words)
+        warm = codec.decode_infer_request(body, length)
+        cold = Codec().decode_infer_request(body, length)
+        assert _fields(warm) == _fields(cold)
+        assert np.array_equal(warm.request.inputs["X"], x) and warm.request.inputs["X"].flags.aligned
+        assert warm.request.inputs["W"].tolist() == words
+        seen.append(warm)
+    # Each request owns its parameters and output flags: a backend changing one's changes no other.
+    seen[1].request.parameters["custom"] = "changed"
+    seen[1].binary_outputs["Y"] = True
+    again = codec.decode_infer_request(*_mixed_body(np.zeros((2, 2)), np.zeros(3), [b"ab", b"cd"]))
+    assert again.request.parameters == {"custom": "c"}
+    assert again.binary_outputs == {"Y": False, "Z": False}
+
+
+@pytest.mark.parametrize(
+    ("tail", "message"),
+    [
+        (b"\x00", "1 bytes after the JSON header are not claimed by any input's binary_data_size"),
+        (None, "input 'W': binary_data_size 12 exceeds the 11 bytes left in the body"),
+    ],
+)
+def test_a_repeated_header_still_checks_the_body_length(codec: Codec, tail: bytes | None, message: str) -> None:
+    body, length = _mixed_body(np.ones((2, 2)), np.ones(3), [b"ab", b"cd"])
+    codec.decode_infer_request(body, length)
+    changed = body + tail if tail is not None else body[:-1]
+    assert decode_error(codec, changed, length) == message
+    assert decode_error(Codec(), changed, length) == message
+
+
+def test_a_repeated_header_still_checks_the_data(codec: Codec) -> None:
+    body, length = _mixed_body(np.ones((2, 2)), np.ones(3), [b"ab", b"cd"])
+    codec.decode_infer_request(body, length)
+    bad_bool = bytearray(body)
+    bad_bool[length + 16] = 2
+    assert decode_error(codec, bytes(bad_bool), length) == "input 'F': BOOL bytes must be 0 or 1"
+    bad_bytes = bytearray(body)
+    bad_bytes[length + 19] = 9  # W's first length prefix: 9 where 2 bytes follow
+    assert "input 'W': BYTES element 0 length prefix 9 exceeds remaining" in decode_error(codec, bytes(bad_bytes), length)
+
+
+class _CountingLookup:
+    """Shared memory as a dict of bytearrays; counts the leases taken."""
+
+    def __init__(self, regions: dict[str, bytearray]) -> None:
+        self.regions = regions
+        self.acquired = 0
+
+    def acquire(self, name: str, offset: int, byte_size: int) -> Any:
+        self.acquired += 1
+        region = self.regions[name]
+
+        class _Lease:
+            buffer = region
+            start = offset
+            released = False
+
+            def release(self) -> None:
+                self.released = True
+
+        return _Lease()
+
+
+def test_a_shared_memory_header_takes_its_region_every_time(codec: Codec) -> None:
+    region = bytearray(np.arange(4, dtype="<f4").tobytes())
+    lookup = _CountingLookup({"r": region})
+    header = {
+        "inputs": [
+            {"name": "S", "shape": [4], "datatype": "FP32",
+             "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16}},
+            {"name": "X", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 4}},
+        ]
+    }
+    body, length = binary_body(header, np.float32(5).tobytes())
+    for round_ in range(3):
+        region[:4] = np.float32(round_).tobytes()
+        decoded = codec.decode_infer_request(body, length, shm=lookup)
+        assert decoded.request.inputs["S"].tolist() == [round_, 1, 2, 3]
+        assert len(decoded.leases) == 1
+        decoded.release()
+    assert lookup.acquired == 3
