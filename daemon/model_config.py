@@ -357,11 +357,18 @@ class ModelConfig(_Strict):
             return False
         raise ConfigError(f"model {self.name!r}: parameter {key}={raw!r} must be true or false")
 
+    # Plain loops: these run for every infer request, and a generator costs more than the scan.
     def input_by_name(self, name: str) -> TensorConfig | None:
-        return next((t for t in self.input if t.name == name), None)
+        for tensor in self.input:
+            if tensor.name == name:
+                return tensor
+        return None
 
     def output_by_name(self, name: str) -> TensorConfig | None:
-        return next((t for t in self.output if t.name == name), None)
+        for tensor in self.output:
+            if tensor.name == name:
+                return tensor
+        return None
 
 
 def config_from_mapping(data: object, *, source: str) -> ModelConfig:
