@@ -118,4 +118,5 @@ def _dims(shape: list[int] | tuple[int, ...]) -> str:
 def _dims_match(shape: tuple[int, ...], dims: list[int]) -> bool:
     if len(shape) != len(dims):
         return False
-    return all(want in (-1, got) for got, want in zip(shape, dims, strict=True))
+    # Dims without -1 (most models) match in one comparison: this runs for every input.
+    return list(shape) == dims or all(want in (-1, got) for got, want in zip(shape, dims, strict=True))
