@@ -27,7 +27,7 @@ import math
 import struct
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -194,14 +194,10 @@ class _HeaderPlan:
 
     inputs: tuple[_BinaryInput, ...]
     end: int  # the body's length the offsets were checked against
-    id: str
-    requested_outputs: tuple[str, ...]
-    parameters: dict[str, Parameter]  # copied for every request: a backend may change it
-    priority: int
-    timeout_us: int
-    correlation_id: int | str
-    flags: int
-    binary_outputs: dict[str, bool]  # copied too
+    # The request as decoded, without inputs: its parameters are copied for every request (a
+    # backend may change them), and so are the output flags.
+    request: InferRequest
+    binary_outputs: dict[str, bool]
     binary_default: bool
 
     def decode(self, body: bytes | memoryview) -> DecodedInfer:
@@ -215,15 +211,10 @@ class _HeaderPlan:
                     tensor.name, tensor.datatype, body, tensor.offset, tensor.size, tensor.shape, tensor.count
                 )
             inputs[tensor.name] = array
+        seen = self.request
         request = InferRequest(
-            inputs=inputs,
-            id=self.id,
-            requested_outputs=self.requested_outputs,
-            parameters=dict(self.parameters),
-            priority=self.priority,
-            timeout_us=self.timeout_us,
-            correlation_id=self.correlation_id,
-            flags=self.flags,
+            inputs, seen.id, seen.requested_outputs, dict(seen.parameters), seen.priority,
+            seen.timeout_us, seen.correlation_id, seen.flags,
         )
         return DecodedInfer(request, dict(self.binary_outputs), self.binary_default)
 
@@ -346,22 +337,11 @@ class Codec:
             count = math.prod(tensor.shape)
             inputs.append(_BinaryInput(tensor.name, tensor.datatype, tensor.shape, count, offset, size))
             offset += size
-        request = decoded.request
         if len(self._plans) >= _PLANS:
             del self._plans[next(iter(self._plans))]
-        self._plans[key] = _HeaderPlan(
-            inputs=tuple(inputs),
-            end=end,
-            id=request.id,
-            requested_outputs=request.requested_outputs,
-            parameters=dict(request.parameters),
-            priority=request.priority,
-            timeout_us=request.timeout_us,
-            correlation_id=request.correlation_id,
-            flags=request.flags,
-            binary_outputs=dict(decoded.binary_outputs),
-            binary_default=decoded.binary_default,
-        )
+        # Copies: the caller's request and flags go on to a backend, which may change them.
+        request = replace(decoded.request, inputs={}, parameters=dict(decoded.request.parameters))
+        self._plans[key] = _HeaderPlan(tuple(inputs), end, request, dict(decoded.binary_outputs), decoded.binary_default)
 
     def _decode_header(
         self,
