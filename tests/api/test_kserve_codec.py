@@ -1049,3 +1049,58 @@ def test_a_shared_memory_header_takes_its_region_every_time(codec: Codec) -> Non
         assert len(decoded.leases) == 1
         decoded.release()
     assert lookup.acquired == 3
+
+
+def _random_request(rng: np.random.Generator) -> tuple[bytes, int]:
+    """A binary request with random inputs and outputs, then maybe one corruption of its body."""
+    inputs, chunks, offset = [], [], 0
+    for index in range(int(rng.integers(1, 4))):
+        datatype = str(rng.choice(["FP32", "INT8", "BOOL", "BYTES", "FP16", "UINT64"]))
+        shape = [int(d) for d in rng.integers(0, 3, int(rng.integers(1, 3)))]
+        count = int(np.prod(shape))
+        if datatype == "BYTES":
+            wire = bytes_wire([bytes(rng.integers(0, 256, int(rng.integers(0, 4)), dtype=np.uint8)) for _ in range(count)])
+        else:
+            wire = wire_of(datatype, rng.integers(0, 2, count).astype(np.dtype(datatype.lower().replace("fp", "float")) if datatype != "BOOL" else np.bool_))
+        inputs.append({"name": f"I{index}", "shape": shape, "datatype": datatype,
+                       "parameters": {"binary_data_size": len(wire)}})
+        chunks.append(wire)
+        offset += len(wire)
+    header: dict[str, Any] = {"inputs": inputs}
+    if rng.random() < 0.5:
+        header["outputs"] = [{"name": "O", "parameters": {"binary_data": bool(rng.random() < 0.5)}}]
+    if rng.random() < 0.3:
+        header["parameters"] = {"priority": int(rng.integers(0, 3)), "k": "v"}
+    body, length = binary_body(header, *chunks)
+    corruption = rng.integers(0, 4)
+    if corruption == 1 and len(body) > length:
+        body = body[:-1]
+    elif corruption == 2:
+        body += b"\x07"
+    elif corruption == 3 and len(body) > length:
+        at = int(rng.integers(length, len(body)))
+        body = body[:at] + bytes([int(rng.integers(2, 256))]) + body[at + 1 :]
+    return body, length
+
+
+def _outcome(codec: Codec, body: bytes, length: int) -> Any:
+    try:
+        return _fields(codec.decode_infer_request(body, length))
+    except InvalidArgument as exc:
+        return exc.message
+
+
+def test_remembered_headers_answer_random_bodies_as_a_fresh_codec() -> None:
+    rng = np.random.default_rng(11)
+    warm = Codec()
+    seen = []
+    for _ in range(300):
+        # Half the time a body whose header the warm codec has seen, with new data.
+        body, length = seen[int(rng.integers(len(seen)))] if seen and rng.random() < 0.5 else _random_request(rng)
+        if rng.random() < 0.5 and len(body) > length:
+            data = bytearray(body)
+            data[int(rng.integers(length, len(body)))] ^= 1
+            body = bytes(data)
+        seen.append((body, length))
+        assert _outcome(warm, body, length) == _outcome(Codec(), body, length)
+    assert len(warm._plans) > 10  # the warm codec did take the remembered path
