@@ -188,9 +188,9 @@ class _BinaryInput:
 @dataclass(frozen=True, slots=True)
 class _HeaderPlan:
     """What a binary request's JSON header decodes to, all but the tensor data: a request whose
-    header has the same bytes decodes the same way, so its tensors are cut from the body along
-    this plan without decoding and checking the header again (the last-request path of
-    `Codec.decode_infer_request`)."""
+    header has the same bytes (and whose body has the same length) decodes the same way, so its
+    tensors are cut from its body along this plan without decoding and checking the header
+    again (see `Codec.decode_infer_request`)."""
 
     inputs: tuple[_BinaryInput, ...]
     end: int  # the body's length the offsets were checked against
