@@ -175,9 +175,11 @@ def running_daemon(
     http: str | None = None,
     log_level: str = "warning",
     flags: Sequence[str] = (),
+    tree: Path = ROOT,
 ) -> Iterator[Endpoint]:
     """`python -m daemon serve` on a Unix socket under `tmp` (and TCP `http` if given);
-    yields its socket endpoint once `ready_model` (or the server) is ready."""
+    yields its socket endpoint once `ready_model` (or the server) is ready. `tree` is the
+    source tree whose `daemon` package runs (started from its root, it is imported first)."""
     sock = str(tmp / "edged.sock")
     command = [
         sys.executable, "-m", "daemon", "serve", "--socket", sock,
@@ -187,7 +189,7 @@ def running_daemon(
     if http:
         command += ["--http", http]
     command += list(flags)
-    proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(command, cwd=tree, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         endpoint = Endpoint(unix=sock, pid=proc.pid)
         deadline = time.monotonic() + 60

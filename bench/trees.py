@@ -18,28 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from statistics import median
 
 import numpy as np
-from common import Endpoint, free_port, machine, stop_process, wait_until_ready
-from triton_http import SIMPLE_CONFIG, SIMPLE_PY, SimpleCheck, _measured, simple_request
-
-
-def _daemon(tree: Path, repo: Path, work: Path) -> tuple[subprocess.Popen[bytes], Endpoint]:
-    port = free_port()
-    work.mkdir()
-    command = [
-        sys.executable, "-m", "daemon", "serve", "--socket", str(work / "edged.sock"),
-        "--state-dir", str(work / "state"), "--model-repository", str(repo),
-        "--log-level", "warning", "--http", f"127.0.0.1:{port}",
-    ]
-    # `python -m daemon` from the tree's root imports that tree's package first.
-    proc = subprocess.Popen(command, cwd=tree)
-    return proc, Endpoint(port=port, pid=proc.pid)
+from common import Endpoint, free_port, machine, running_daemon
+from triton_http import SimpleCheck, _measured, simple_request, write_repository
 
 
 def main() -> None:
@@ -64,15 +49,14 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edged-bench-trees-")))
         repo = tmp / "repo"
-        (repo / "simple" / "1").mkdir(parents=True)
-        (repo / "simple" / "1" / "model.py").write_text(SIMPLE_PY)
-        (repo / "simple" / "config.pbtxt").write_text(SIMPLE_CONFIG)
+        write_repository(repo)  # bench/triton_http.py's models; only `simple` is measured
         endpoints = {}
         for name, tree in (("A", args.a), ("B", args.b)):
-            proc, endpoint = _daemon(tree, repo, tmp / name)
-            stack.callback(stop_process, proc)
-            wait_until_ready(endpoint, "/v2/models/simple/ready", proc, what=f"tree {name}")
-            endpoints[name] = endpoint
+            (tmp / name).mkdir()
+            port = free_port()
+            unix = stack.enter_context(running_daemon(
+                tmp / name, repo, ready_model="simple", http=f"127.0.0.1:{port}", tree=tree.resolve()))
+            endpoints[name] = Endpoint(port=port, pid=unix.pid)
         for round_ in range(args.rounds):
             for count in counts:
                 for name in ("A", "B") if round_ % 2 == 0 else ("B", "A"):

@@ -87,7 +87,7 @@ _TRITON_PREFIX_MESSAGE = (
     "specified."
 )
 _U32 = struct.Struct("<I")
-# Header plans kept (Codec._plans): distinct binary headers seen, and the longest one kept.
+# Codec._plans: how many distinct binary headers are kept, and the longest header kept.
 _PLANS = 256
 _PLAN_HEADER_BYTES = 4096
 # On little-endian hosts a native array already is in wire byte order.
