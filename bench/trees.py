@@ -4,8 +4,9 @@
     .venv/bin/python bench/trees.py /tmp/base . [--rounds 16] [--window 1.5] [--clients 1,8,32]
 
 Both daemons run at once (TCP, the `simple` python model of bench/triton_http.py, binary tensor
-data, or JSON with `--json`), and every round measures each client count on both, in
-alternating order. On a shared machine a change of a few percent is smaller than the drift
+data, or JSON with `--json`; `--model mlp`: bench/batching.py's ONNX Runtime MLP, 256 wide,
+with dynamic batching, each client its own row, answers checked against numpy), and every
+round measures each client count on both, in alternating order. On a shared machine a change of a few percent is smaller than the drift
 between two runs of one tree; measured in pairs a minute apart it is not. Printed per client
 count: the medians of each tree and the medians of the per-round ratios B / A of p50 latency,
 throughput and server CPU per request (the daemon process's utime + stime over the measured
@@ -23,7 +24,17 @@ from pathlib import Path
 from statistics import median
 
 import numpy as np
-from common import Endpoint, free_port, machine, running_daemon
+from batching import model_config
+from common import (
+    Endpoint,
+    MlpChecker,
+    free_port,
+    kserve_infer,
+    machine,
+    running_daemon,
+    write_mlp_model,
+)
+from model_builders import mlp_reference
 from triton_http import SimpleCheck, _measured, simple_request, write_repository
 
 
@@ -36,6 +47,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=0.3)
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--json", action="store_true", help="JSON tensors instead of binary")
+    parser.add_argument("--model", choices=("simple", "mlp"), default="simple")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
 
@@ -50,18 +62,25 @@ def main() -> None:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edged-bench-trees-")))
         repo = tmp / "repo"
         write_repository(repo)  # bench/triton_http.py's models; only `simple` is measured
+        weights = write_mlp_model(repo, "mlp", 256, 4, model_config("onnxruntime", 256, True, 2, 2000, [], 32))
+        rows_in = [rng.standard_normal((1, 256)).astype(np.float32) for _ in range(max(counts))]
+        mlp_requests = [kserve_infer("mlp", "INPUT0", row, binary=not args.json) for row in rows_in]
+        mlp_check = MlpChecker([mlp_reference(row, weights) for row in rows_in])
         endpoints = {}
         for name, tree in (("A", args.a), ("B", args.b)):
             (tmp / name).mkdir()
             port = free_port()
             unix = stack.enter_context(running_daemon(
-                tmp / name, repo, ready_model="simple", http=f"127.0.0.1:{port}", tree=tree.resolve()))
+                tmp / name, repo, ready_model=args.model, http=f"127.0.0.1:{port}", tree=tree.resolve()))
             endpoints[name] = Endpoint(port=port, pid=unix.pid)
         for round_ in range(args.rounds):
             for count in counts:
                 for name in ("A", "B") if round_ % 2 == 0 else ("B", "A"):
-                    row = asyncio.run(_measured(endpoints[name], [request] * count, args.window,
-                                                args.warmup, SimpleCheck(a, b)))
+                    if args.model == "mlp":
+                        workload, check = mlp_requests[:count], mlp_check
+                    else:
+                        workload, check = [request] * count, SimpleCheck(a, b)
+                    row = asyncio.run(_measured(endpoints[name], workload, args.window, args.warmup, check))
                     rows.setdefault((name, count), []).append(
                         (row.result.p50_us, row.result.throughput, row.cpu_us))
     with open("/proc/loadavg") as f:

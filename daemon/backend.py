@@ -478,11 +478,17 @@ class TensorBackend(Backend):
     async def execute(self, batch: Sequence[InferRequest]) -> list[ExecuteResult]:
         if len(batch) == 1 or self.config.max_batch_size == 0:
             return [await self._execute_one(request) for request in batch]
-        started = time.perf_counter_ns()
-        merged, sizes = merge_batch(batch)
-        merged_ns = time.perf_counter_ns()
         try:
-            outputs = await self.run_blocking(self.infer, merged)
+            if sum(array.nbytes for request in batch for array in request.inputs.values()) < MERGE_OFF_LOOP_BYTES:
+                # Small: merged here. On the instance's thread the same Python would contend with
+                # the loop for the GIL, which cost 10 % of the throughput at 32 clients.
+                started = time.perf_counter_ns()
+                merged, sizes = merge_batch(batch)
+                merge_ns = time.perf_counter_ns() - started
+                outputs = await self.run_blocking(self.infer, merged)
+            else:
+                # Megabytes to copy: the event loop must not wait for that.
+                outputs, sizes, merge_ns = await self.run_blocking(self._merge_and_infer, batch)
         except EdgedError as exc:
             return [exc for _ in batch]
         except Exception as exc:  # the runtime's own error: fail this batch, not the daemon
@@ -493,8 +499,15 @@ class TensorBackend(Backend):
             InferResponse(select_outputs(part, request.requested_outputs))
             for part, request in zip(split_batch(outputs, sizes), batch, strict=True)
         ]
-        self.phase_ns = (merged_ns - started, time.perf_counter_ns() - ran_ns)
+        self.phase_ns = (merge_ns, time.perf_counter_ns() - ran_ns)
         return results
+
+    def _merge_and_infer(self, batch: Sequence[InferRequest]) -> tuple[dict[str, np.ndarray], list[int], int]:
+        """On the instance thread: the outputs, each request's rows and the merge's nanoseconds."""
+        started = time.perf_counter_ns()
+        merged, sizes = merge_batch(batch)
+        merge_ns = time.perf_counter_ns() - started
+        return self.infer(merged), sizes, merge_ns
 
     async def _execute_one(self, request: InferRequest) -> ExecuteResult:
         try:
@@ -622,6 +635,11 @@ class GenerationBackend(Backend):
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+# A batch whose inputs add up to this many bytes is merged (copied into one array per input) on
+# the instance's thread rather than on the event loop.
+MERGE_OFF_LOOP_BYTES = 256 * 1024
 
 
 def backend_failure(backend: str, model: str, exc: BaseException) -> EdgedError:

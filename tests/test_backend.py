@@ -9,13 +9,30 @@ import threading
 import time
 import weakref
 
+import numpy as np
 import pytest
 
-from daemon.backend import Backend, InstanceContext, _InstanceThread
+import daemon.backend
+from daemon.backend import (
+    Backend,
+    InferRequest,
+    InferResponse,
+    InstanceContext,
+    TensorBackend,
+    _InstanceThread,
+)
+from daemon.model_config import ModelConfig, TensorConfig
 
 
 class Plain(Backend):
     name = "plain"
+
+
+class Doubling(TensorBackend):
+    name = "doubling"
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"y": inputs["x"] * 2, "rows": np.arange(len(inputs["x"]))}
 
 
 def instance(index: int = 0) -> Backend:
@@ -156,3 +173,46 @@ def test_shutdown_wakes_the_thread_before_it_can_close_the_pipe(monkeypatch: pyt
     while any(thread.name == "race" for thread in threading.enumerate()):
         assert time.monotonic() < deadline, "the thread did not end after shutdown"
         time.sleep(0.01)
+
+
+@pytest.mark.parametrize("width", [3, 40_000])
+async def test_a_large_batch_is_merged_on_the_instance_thread(monkeypatch: pytest.MonkeyPatch, width: int) -> None:
+    # Merging copies every request's input: for megabytes the event loop must not wait for it;
+    # a small batch is merged on the loop (cheaper than contending for the GIL). Either way
+    # each request gets its own rows back, as if it had run alone.
+    merged_on: list[str] = []
+    merge = daemon.backend.merge_batch
+
+    def recording_merge(batch: object) -> object:
+        merged_on.append(threading.current_thread().name)
+        return merge(batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(daemon.backend, "merge_batch", recording_merge)
+    backend = Doubling(InstanceContext("m", 1))
+    backend.config = ModelConfig(
+        name="m",
+        max_batch_size=8,
+        input=[TensorConfig(name="x", data_type="FP32", dims=[width])],
+        output=[TensorConfig(name="y", data_type="FP32", dims=[width])],
+    )
+    rng = np.random.default_rng(5)
+    batch = [
+        InferRequest({"x": rng.standard_normal((rows, width)).astype(np.float32)}, requested_outputs=selected)
+        for rows, selected in ((1, ()), (3, ("y",)), (2, ("rows",)))
+    ]
+    large = sum(r.inputs["x"].nbytes for r in batch) >= daemon.backend.MERGE_OFF_LOOP_BYTES
+    assert large == (width > 3)
+    try:
+        results = await backend.execute(batch)
+    finally:
+        await backend.unload()
+    assert merged_on == ["doubling-m-0" if large else threading.current_thread().name]
+    assert all(isinstance(result, InferResponse) for result in results)
+    first, second, third = (result.outputs for result in results if isinstance(result, InferResponse))
+    np.testing.assert_array_equal(first["y"], batch[0].inputs["x"] * 2)
+    assert first["rows"].tolist() == [0]
+    assert set(second) == {"y"}
+    np.testing.assert_array_equal(second["y"], batch[1].inputs["x"] * 2)
+    assert set(third) == {"rows"} and third["rows"].tolist() == [4, 5]
+    input_ns, output_ns = backend.phase_ns
+    assert input_ns > 0 and output_ns > 0

@@ -13,6 +13,7 @@ events. Generation (LLM) backends keep their own schema in `daemon.api.openai`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 from aiohttp import web
 
 from daemon.api.body import read_body
+from daemon.api.infer import OFF_LOOP_BYTES, large_outputs
 from daemon.api.kserve_codec import float_list
 from daemon.api.state import daemon_of
 from daemon.backend import NUMPY_DTYPES, ExecuteResult, InferRequest, InferResponse
@@ -47,7 +49,10 @@ async def handle(request: web.Request, model: LoadedVersion, stream: bool) -> we
     if not daemon.accepting:
         raise Unavailable("server is shutting down")
     body = await read_body(request, daemon.config.server.max_request_bytes)
-    infer_request = to_request(_decode(body), model.config)
+    if len(body) >= OFF_LOOP_BYTES:  # megabytes of JSON: not on the event loop
+        infer_request = await asyncio.to_thread(_request_of, body, model.config)
+    else:
+        infer_request = _request_of(body, model.config)
     results = decoupled.responses(model, infer_request)
     async with contextlib.aclosing(results):
         if not stream:
@@ -60,10 +65,11 @@ async def handle(request: web.Request, model: LoadedVersion, stream: bool) -> we
             only = collected[0]
             if isinstance(only, EdgedError):
                 raise only
-            return web.Response(
-                body=_json.encode(to_json(model, infer_request.id, only)),
-                content_type="application/json",
-            )
+            if large_outputs(only.outputs):
+                payload = await asyncio.to_thread(_encoded, model, infer_request.id, only)
+            else:
+                payload = _encoded(model, infer_request.id, only)
+            return web.Response(body=payload, content_type="application/json")
         response: web.StreamResponse | None = None
         async for result in results:
             if response is None:
@@ -96,6 +102,14 @@ def _event(model: LoadedVersion, request_id: str, result: ExecuteResult) -> dict
         return to_json(model, request_id, result)
     except EdgedError as exc:
         return {"error": exc.message}
+
+
+def _request_of(body: bytes, config: ModelConfig) -> InferRequest:
+    return to_request(_decode(body), config)
+
+
+def _encoded(model: LoadedVersion, request_id: str, response: InferResponse) -> bytes:
+    return _json.encode(to_json(model, request_id, response))
 
 
 def _decode(body: bytes) -> dict[str, Any]:

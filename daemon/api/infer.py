@@ -8,13 +8,34 @@ Each transport reads the body its own way; what happens to it from there is here
 
 from __future__ import annotations
 
-from daemon.api.kserve_codec import Codec, SharedMemoryLookup
+import asyncio
+
+import numpy as np
+
+from daemon.api.kserve_codec import Codec, DecodedInfer, SharedMemoryLookup
 from daemon.api.shm import CallerShm, refusal
 from daemon.api.trace import Trace, TraceManager
 from daemon.core.model import LoadedVersion
-from daemon.core.shm import SharedMemoryRegistry
+from daemon.core.shm import Lease, SharedMemoryRegistry
 from daemon.errors import Unavailable
+from daemon.model_config import ModelConfig
 from daemon.service import Service
+
+# A body, or the outputs of a response, from this size on is decoded or encoded on a worker
+# thread: parsing megabytes of JSON or a million BYTES elements takes the codec 0.1-1 s, which
+# the event loop (every other client) must not wait for; below it, the hop to a thread would
+# cost more than the work (a small request's whole decode is ~20 us).
+OFF_LOOP_BYTES = 256 * 1024
+
+
+class _OnTheLoop(Exception):
+    """A request decoded off the loop names a shared memory region: the registry is the loop's
+    (daemon.core.shm), so that request is decoded again on the loop."""
+
+
+class _NoSharedMemoryHere:
+    def acquire(self, name: str, offset: int, byte_size: int) -> Lease:
+        raise _OnTheLoop
 
 
 class InferEndpoint:
@@ -53,7 +74,10 @@ class InferEndpoint:
         whole body is JSON)."""
         config = model.config
         codec = self.codec
-        decoded = codec.decode_infer_request(body, header_length, config=config, shm=shm)
+        if len(body) >= OFF_LOOP_BYTES:
+            decoded = await self._decode_off_loop(body, header_length, config, shm)
+        else:
+            decoded = codec.decode_infer_request(body, header_length, config=config, shm=shm)
         try:  # the request holds its shared memory regions until its outputs are written
             if trace is not None:
                 trace.request_id = decoded.request.id
@@ -67,12 +91,36 @@ class InferEndpoint:
                 labels = codec.labels.for_outputs(
                     entry.path if entry else None, config, list(decoded.classification)
                 )
-            payload, json_length = codec.encode_infer_response(
-                model.name, str(model.version), decoded, response, config, labels
-            )
+            args = (model.name, str(model.version), decoded, response, config, labels)
+            # Not with shared memory: a cancelled request releases its regions at once (below),
+            # which must not be unmapped under a thread still reading or writing them.
+            if decoded.leases or not large_outputs(response.outputs):
+                payload, json_length = codec.encode_infer_response(*args)
+            else:
+                payload, json_length = await asyncio.to_thread(codec.encode_infer_response, *args)
         finally:
             decoded.release()
         if trace is not None:
             trace.record("HTTP_SEND_START")
             self.tracer.finish(trace, model.name)
         return payload, json_length
+
+    async def _decode_off_loop(
+        self, body: bytes | memoryview, header_length: int | None, config: ModelConfig, shm: SharedMemoryLookup
+    ) -> DecodedInfer:
+        try:
+            return await asyncio.to_thread(
+                self.codec.decode_infer_request, body, header_length, config=config, shm=_NoSharedMemoryHere()
+            )
+        except _OnTheLoop:
+            # It failed at its first region, holding none: decode it where regions are leased.
+            return self.codec.decode_infer_request(body, header_length, config=config, shm=shm)
+
+
+def large_outputs(outputs: dict[str, np.ndarray]) -> bool:
+    """Whether the encoder would read OFF_LOOP_BYTES or more (an object array's pointers stand
+    for its BYTES elements)."""
+    total = 0
+    for array in outputs.values():
+        total += array.nbytes
+    return total >= OFF_LOOP_BYTES

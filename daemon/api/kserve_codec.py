@@ -26,10 +26,11 @@ from __future__ import annotations
 import math
 import struct
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import msgspec
 import numpy as np
@@ -258,6 +259,9 @@ class Codec:
         # request's decode. Only what depends on nothing but those bytes and this codec's
         # limits is kept (no shared memory, no classification); bounded, oldest out first.
         self._plans: dict[bytes, _HeaderPlan] = {}
+        # Large bodies are decoded on worker threads (daemon.api.infer): lookups are single
+        # dict reads, but evicting the oldest plan iterates the dict, so writers take turns.
+        self._plans_lock = threading.Lock()
 
     # ------------------------------------------------------------------ requests
 
@@ -337,11 +341,13 @@ class Codec:
             count = math.prod(tensor.shape)
             inputs.append(_BinaryInput(tensor.name, tensor.datatype, tensor.shape, count, offset, size))
             offset += size
-        if len(self._plans) >= _PLANS:
-            del self._plans[next(iter(self._plans))]
         # Copies: the caller's request and flags go on to a backend, which may change them.
         request = replace(decoded.request, inputs={}, parameters=dict(decoded.request.parameters))
-        self._plans[key] = _HeaderPlan(tuple(inputs), end, request, dict(decoded.binary_outputs), decoded.binary_default)
+        plan = _HeaderPlan(tuple(inputs), end, request, dict(decoded.binary_outputs), decoded.binary_default)
+        with self._plans_lock:
+            if len(self._plans) >= _PLANS:
+                del self._plans[next(iter(self._plans))]
+            self._plans[key] = plan
 
     def _decode_header(
         self,
@@ -631,32 +637,54 @@ def _fixed_from_binary(
 
 def _split_bytes(name: str, body: bytes | memoryview, start: int, end: int, count: int) -> np.ndarray:
     """BYTES elements from `body[start:end]`: each a u32 LE length, then that many bytes."""
-    items: list[bytes] = []
-    pos = start
+    # One copy of the section, then slices of it: a slice of bytes is bytes (a memoryview's
+    # would need another copy each) and cannot run past the section. The loop checks nothing;
+    # whatever does not add up (a truncated prefix, a length past the end, too many or too few
+    # elements) is found once after it, and `_split_bytes_checked` says where.
+    data = bytes(body[start:end])
+    if count > len(data) // 4:  # cannot hold that many length prefixes: allocate nothing
+        _split_bytes_checked(name, data, count)
+    items: list[bytes] = [b""] * count
     unpack = _U32.unpack_from
+    pos = 0
+    try:
+        for index in range(count):
+            (length,) = unpack(data, pos)
+            pos += 4
+            items[index] = data[pos : pos + length]
+            pos += length
+    except struct.error:
+        pos = -1
+    if pos != len(data):
+        _split_bytes_checked(name, data, count)
+    return _object_array(items)
+
+
+def _split_bytes_checked(name: str, data: bytes, count: int) -> NoReturn:
+    """Raise the error of BYTES `data` that did not split into `count` elements."""
+    pos = elements = 0
+    end = len(data)
     while pos < end:
         left = end - pos
         if left < 4:
             raise InvalidArgument(
-                f"input {name!r}: BYTES element {len(items)} has a truncated length prefix "
+                f"input {name!r}: BYTES element {elements} has a truncated length prefix "
                 f"({left} bytes left)"
             )
-        (length,) = unpack(body, pos)
+        (length,) = _U32.unpack_from(data, pos)
         pos += 4
         left -= 4
         if length > left:
             raise InvalidArgument(
-                f"input {name!r}: BYTES element {len(items)} length prefix {length} exceeds "
+                f"input {name!r}: BYTES element {elements} length prefix {length} exceeds "
                 f"remaining {left} bytes"
             )
-        items.append(bytes(body[pos : pos + length]))  # bytes even from a memoryview body
         pos += length
-    if len(items) != count:
-        raise InvalidArgument(
-            f"input {name!r}: expected {count} BYTES elements, got {len(items)} in "
-            f"{end - start} bytes of binary data"
-        )
-    return _object_array(items)
+        elements += 1
+    raise InvalidArgument(
+        f"input {name!r}: expected {count} BYTES elements, got {elements} in {end} bytes of "
+        "binary data"
+    )
 
 
 def _object_array(items: list[Any]) -> np.ndarray:

@@ -191,6 +191,15 @@ def check_generate(daemon: DaemonProcess) -> None:
     reply = daemon.post_json("/v2/models/ident/generate", {"X": [1.5, -3]})
     assert reply.status == 200, reply.body
     assert reply.json()["Y"] == [1.5, -3.0]
+    # 256 KiB of body and of output or more: decoded and encoded on a worker thread, same answer.
+    values = np.random.default_rng(2).standard_normal(70_000).astype(np.float32)
+    body = json.dumps({"X": values.tolist()})
+    assert len(body) >= 256 * 1024 and values.nbytes >= 256 * 1024
+    reply = daemon.request("POST", "/v2/models/ident/generate", body, {"Content-Type": "application/json"})
+    assert reply.status == 200, reply.body
+    np.testing.assert_array_equal(np.asarray(reply.json()["Y"], dtype=np.float32), values)
+    reply = daemon.request("POST", "/v2/models/ident/generate", body.replace("[", "{", 1))
+    assert reply.status == 400 and "malformed JSON body" in reply.json()["error"]
 
 
 def check_logging(daemon: DaemonProcess) -> None:

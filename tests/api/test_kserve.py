@@ -233,7 +233,8 @@ def test_bad_requests_get_clear_errors_and_daemon_keeps_serving(daemon) -> None:
     assert daemon.alive()
 
 
-def test_lying_bytes_lengths(start_daemon, tmp_path: Path) -> None:
+def _echo_repository(tmp_path: Path) -> Path:
+    """python models returning their input: `echo` (BYTES) and `echo_fp32`, any length."""
     repo = tmp_path / "repo"
     model = repo / "echo" / "1"
     model.mkdir(parents=True)
@@ -254,7 +255,11 @@ def test_lying_bytes_lengths(start_daemon, tmp_path: Path) -> None:
         'input [{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
         'output [{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
     )
-    daemon = start_daemon("--model-repository", str(repo))
+    return repo
+
+
+def test_lying_bytes_lengths(start_daemon, tmp_path: Path) -> None:
+    daemon = start_daemon("--model-repository", str(_echo_repository(tmp_path)))
     elements = [b"hello", b"", b"\xff\xfe binary"]
     raw = b"".join(struct.pack("<I", len(e)) + e for e in elements)
     header = json.dumps({"inputs": [{"name": "IN", "shape": [3], "datatype": "BYTES",
@@ -291,6 +296,49 @@ def test_lying_bytes_lengths(start_daemon, tmp_path: Path) -> None:
         400, "IN",
     )
     assert daemon.request("GET", "/v2/models/echo/ready").status == 200
+
+
+def _bytes_request(raw: bytes, count: int) -> tuple[bytes, dict[str, str]]:
+    header = json.dumps({"inputs": [{"name": "IN", "shape": [count], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(raw)}}],
+                         "outputs": [{"name": "OUT", "parameters": {"binary_data": True}}]}).encode()
+    return header + raw, {"Inference-Header-Content-Length": str(len(header))}
+
+
+def test_large_bodies_and_outputs_round_trip(start_daemon, tmp_path: Path) -> None:
+    # Bodies and outputs of 256 KiB and more are decoded and encoded on worker threads
+    # (daemon.api.infer.OFF_LOOP_BYTES); smaller ones on the loop. Both give the same answers,
+    # errors included, on the lean front and on aiohttp's route (a gzip body goes there).
+    daemon = start_daemon("--model-repository", str(_echo_repository(tmp_path)))
+    rng = np.random.default_rng(3)
+    for count in (3, 60_000):
+        elements = [rng.bytes(int(n)) for n in rng.integers(0, 9, count)]
+        raw = b"".join(struct.pack("<I", len(e)) + e for e in elements)
+        body, headers = _bytes_request(raw, count)
+        assert (len(body) >= 256 * 1024) == (count > 3)
+        for sent, extra in ((body, {}), (gzip.compress(body), {"Content-Encoding": "gzip"})):
+            reply = daemon.request("POST", "/v2/models/echo/infer", sent, headers | extra)
+            assert reply.status == 200, reply.body
+            n = int(reply.headers["inference-header-content-length"])
+            assert reply.body[n:] == raw
+        # The last element's length runs past the end: the same message either way.
+        cut = raw[:-1]
+        _assert_error(daemon.request("POST", "/v2/models/echo/infer", *_bytes_request(cut, count)), 400,
+                      f"input 'IN': BYTES element {count - 1} length prefix")
+        _assert_error(daemon.request("POST", "/v2/models/echo/infer", *_bytes_request(raw, count + 1)), 400,
+                      f"input 'IN': expected {count + 1} BYTES elements, got {count} in {len(raw)} bytes")
+    for count in (4, 70_000):
+        values = rng.standard_normal(count).astype(np.float32)
+        body = json.dumps({"inputs": [{"name": "IN", "shape": [count], "datatype": "FP32",
+                                       "data": values.tolist()}]}).encode()
+        assert (len(body) >= 256 * 1024) == (count > 4)
+        reply = daemon.request("POST", "/v2/models/echo_fp32/infer", body, {"Content-Type": "application/json"})
+        assert reply.status == 200, reply.body
+        [output] = reply.json()["outputs"]
+        np.testing.assert_array_equal(np.asarray(output["data"], dtype=np.float32), values)
+        broken = body.replace(b'"FP32"', b'"FP33"')
+        _assert_error(daemon.request("POST", "/v2/models/echo_fp32/infer", broken), 400, "'IN'", "FP33")
+    assert daemon.alive()
 
 
 def test_body_over_limit_is_400_as_in_triton(start_daemon, simple_repo: Path, tmp_path: Path) -> None:

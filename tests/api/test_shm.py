@@ -260,6 +260,48 @@ def test_same_protocol_over_the_unix_socket(daemon: DaemonProcess, regions: Call
     assert daemon.request("GET", "/v2/systemsharedmemory/status").json() == []
 
 
+def test_a_large_body_naming_a_region(daemon: DaemonProcess, regions: Callable[[str, int], Any]) -> None:
+    # A body of 256 KiB or more is decoded on a worker thread, where no region may be leased
+    # (the registry is the loop's): such a request is decoded again on the loop and answered
+    # like a small one, and holds no lease afterwards.
+    handle = regions("big", 128)
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    shm.set_shared_memory_region(handle, [a])
+    reply = daemon.post_json("/v2/systemsharedmemory/region/big/register",
+                             {"key": _key(handle), "offset": 0, "byte_size": 128})
+    assert reply.status == 200, reply.body
+    request_id = "r" * (300 * 1024)
+    body = {
+        "id": request_id,
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32",
+             "parameters": {"shared_memory_region": "big", "shared_memory_byte_size": 64}},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [2] * 16},
+        ],
+        "outputs": [
+            {"name": "OUTPUT0", "parameters": {"shared_memory_region": "big", "shared_memory_byte_size": 64,
+                                               "shared_memory_offset": 64}},
+            {"name": "OUTPUT1"},
+        ],
+    }
+    reply = daemon.post_json("/v2/models/simple/infer", body)
+    assert reply.status == 200, reply.body
+    answer = reply.json()
+    assert answer["id"] == request_id
+    outputs = {o["name"]: o for o in answer["outputs"]}
+    assert outputs["OUTPUT1"]["data"] == (a - 2).ravel().tolist()
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.int32, [1, 16], offset=64), a + 2)
+    # An unknown region: the same answer for a large body as for a small one.
+    body["inputs"][0]["parameters"]["shared_memory_region"] = "nowhere"
+    large = daemon.post_json("/v2/models/simple/infer", body)
+    small = daemon.post_json("/v2/models/simple/infer", body | {"id": "r"})
+    assert (large.status, large.body) == (small.status, small.body) == (
+        404, b'{"error":"Unable to find shared memory region: \'nowhere\'"}')
+    # No lease left behind: unregistering unmaps the region at once.
+    assert daemon.request("POST", "/v2/systemsharedmemory/region/big/unregister").status == 200
+    assert not _daemon_maps(daemon, _key(handle))
+
+
 # --------------------------------------------------------------------------- errors
 
 
