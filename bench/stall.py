@@ -8,8 +8,10 @@ One client sends large infer requests back to back to a python model that return
 JSON, 8 MB), while a second client sends Triton's small `simple` request over and over on
 its own connection. Printed per tree: the large request's median time, and the small
 requests' p50 / p99 / max latency while large ones were in flight; then B / A of the medians
-over rounds, which alternate between the trees. Both daemons run at once (Unix sockets) with
-this checkout's interpreter; each response is checked.
+over rounds, which alternate between the trees. Both daemons run at once (TCP) with this
+checkout's interpreter; each response is checked. With `EDGED_ORACLE` set to a venv holding
+nvidia-pytriton (see bench/triton_http.py), real Triton 2.51 serves the same models in the
+same rounds, as row T.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import struct
 import tempfile
 import threading
@@ -25,7 +28,7 @@ from pathlib import Path
 from statistics import median
 
 import numpy as np
-from common import Endpoint, machine, percentile_us, running_daemon
+from common import Endpoint, free_port, machine, percentile_us, running_daemon, running_triton
 from triton_http import simple_request, write_repository
 
 ECHO_PY = """\
@@ -124,7 +127,9 @@ def main() -> None:
     print(f"# bench/stall.py: {machine()}")
     print(f"# A = {args.a.resolve()}, B = {args.b.resolve()}; {args.kind}, {len(large[1]) / 1e6:.1f} MB "
           f"large requests, {args.large} per round, {args.rounds} rounds")
-    rows: dict[str, list[tuple[float, float, float, float]]] = {"A": [], "B": []}
+    oracle = os.environ.get("EDGED_ORACLE")
+    names = ("A", "B", "T") if oracle else ("A", "B")
+    rows: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in names}
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edged-bench-stall-")))
         repo = tmp / "repo"
@@ -136,25 +141,33 @@ def main() -> None:
         endpoints = {}
         for name, tree in (("A", args.a), ("B", args.b)):
             (tmp / name).mkdir()
-            endpoints[name] = stack.enter_context(
-                running_daemon(tmp / name, repo, ready_model="echo", tree=tree.resolve()))
-        for name in ("A", "B"):  # warm-up: imports, first calls
+            port = free_port()
+            unix = stack.enter_context(running_daemon(
+                tmp / name, repo, ready_model="echo", http=f"127.0.0.1:{port}", tree=tree.resolve()))
+            endpoints[name] = Endpoint(port=port, pid=unix.pid)
+        if oracle:
+            (tmp / "T").mkdir()
+            endpoints["T"] = stack.enter_context(running_triton(Path(oracle), repo, tmp / "T", "echo"))
+        for name in names:  # warm-up: imports, first calls
             round_of(endpoints[name], large, 1, small)
         for round_ in range(args.rounds):
-            for name in ("A", "B") if round_ % 2 == 0 else ("B", "A"):
+            for name in names if round_ % 2 == 0 else names[::-1]:
                 large_s, small_s = round_of(endpoints[name], large, args.large, small)
                 rows[name].append((median(large_s) * 1e3, percentile_us(small_s, 50) / 1e3,
                                    percentile_us(small_s, 99) / 1e3, max(small_s) * 1e3))
     with open("/proc/loadavg") as f:
         print(f"# load average after: {' '.join(f.read().split()[:3])}")
     medians = {}
-    for name in ("A", "B"):
+    for name in names:
         medians[name] = [median(row[i] for row in rows[name]) for i in range(4)]
         big, p50, p99, worst = medians[name]
         print(f"{name}: large request {big:7.1f} ms | small requests meanwhile p50 {p50:6.2f} ms "
               f"p99 {p99:7.2f} ms max {worst:7.2f} ms")
     ratios = [b / a for a, b in zip(medians["A"], medians["B"], strict=True)]
     print(f"B/A: large {ratios[0]:.2f}x | small p50 {ratios[1]:.2f}x p99 {ratios[2]:.2f}x max {ratios[3]:.2f}x")
+    if oracle:
+        ratios = [b / t for t, b in zip(medians["T"], medians["B"], strict=True)]
+        print(f"B/T: large {ratios[0]:.2f}x | small p50 {ratios[1]:.2f}x p99 {ratios[2]:.2f}x max {ratios[3]:.2f}x")
 
 
 if __name__ == "__main__":

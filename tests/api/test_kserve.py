@@ -311,7 +311,7 @@ def test_large_bodies_and_outputs_round_trip(start_daemon, tmp_path: Path) -> No
     # errors included, on the lean front and on aiohttp's route (a gzip body goes there).
     daemon = start_daemon("--model-repository", str(_echo_repository(tmp_path)))
     rng = np.random.default_rng(3)
-    for count in (3, 60_000):
+    for count in (3, 70_000):
         elements = [rng.bytes(int(n)) for n in rng.integers(0, 9, count)]
         raw = b"".join(struct.pack("<I", len(e)) + e for e in elements)
         body, headers = _bytes_request(raw, count)

@@ -194,6 +194,55 @@ async def test_execute_raising_fails_that_batch_and_the_next_call_works(
     await backend.unload()
 
 
+# A response's outputs are read back where the element count says: BYTES elements are
+# converted one by one, so 65 536 or more are read on the instance's thread, fewer on the loop.
+# The model's response reports the thread that reads its outputs.
+THREAD_MODEL = """
+    import json
+    import threading
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class Response(pb_utils.InferenceResponse):
+        def __init__(self, count):
+            super().__init__(output_tensors=[])
+            self.count = count
+
+        def output_tensors(self):
+            name = threading.current_thread().name.encode()
+            return [pb_utils.Tensor("OUTPUT0", np.array([name] * self.count, dtype=np.object_))]
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [Response(json.loads(r.parameters())["count"]) for r in requests]
+"""
+
+
+@pytest.mark.parametrize("count", [2, 70_000])
+async def test_large_bytes_outputs_are_read_on_the_instance_thread(
+    backend_class: ClassOf, tmp_path: Path, count: int
+) -> None:
+    config = ModelConfig(
+        name="threads",
+        backend="python",
+        max_batch_size=0,
+        input=[TensorConfig(name="INPUT0", data_type="INT32", dims=[1])],
+        output=[TensorConfig(name="OUTPUT0", data_type="BYTES", dims=[-1])],
+    )
+    backend = await load(backend_class("python"), config, write_model(tmp_path, "threads", THREAD_MODEL))
+    try:
+        request = InferRequest({"INPUT0": np.zeros(1, np.int32)}, parameters={"count": count})
+        [result] = await backend.execute([request])
+    finally:
+        await backend.unload()
+    output = outputs_of(result)["OUTPUT0"]
+    assert output.shape == (count,)
+    assert set(output.tolist()) == {b"MainThread" if count < 65_536 else b"python-threads-0"}
+
+
 async def test_response_error_fails_only_that_request(
     backend_class: ClassOf, tmp_path: Path
 ) -> None:
