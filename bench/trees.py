@@ -28,6 +28,7 @@ from batching import model_config
 from common import (
     Endpoint,
     MlpChecker,
+    Request,
     free_port,
     kserve_infer,
     machine,
@@ -62,10 +63,13 @@ def main() -> None:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edged-bench-trees-")))
         repo = tmp / "repo"
         write_repository(repo)  # bench/triton_http.py's models; only `simple` is measured
-        weights = write_mlp_model(repo, "mlp", 256, 4, model_config("onnxruntime", 256, True, 2, 2000, [], 32))
-        rows_in = [rng.standard_normal((1, 256)).astype(np.float32) for _ in range(max(counts))]
-        mlp_requests = [kserve_infer("mlp", "INPUT0", row, binary=not args.json) for row in rows_in]
-        mlp_check = MlpChecker([mlp_reference(row, weights) for row in rows_in])
+        requests: list[Request] = [request] * max(counts)
+        check: object = SimpleCheck(a, b)
+        if args.model == "mlp":
+            weights = write_mlp_model(repo, "mlp", 256, 4, model_config("onnxruntime", 256, True, 2, 2000, [], 32))
+            rows_in = [rng.standard_normal((1, 256)).astype(np.float32) for _ in range(max(counts))]
+            requests = [kserve_infer("mlp", "INPUT0", row, binary=not args.json) for row in rows_in]
+            check = MlpChecker([mlp_reference(row, weights) for row in rows_in])
         endpoints = {}
         for name, tree in (("A", args.a), ("B", args.b)):
             (tmp / name).mkdir()
@@ -76,11 +80,7 @@ def main() -> None:
         for round_ in range(args.rounds):
             for count in counts:
                 for name in ("A", "B") if round_ % 2 == 0 else ("B", "A"):
-                    if args.model == "mlp":
-                        workload, check = mlp_requests[:count], mlp_check
-                    else:
-                        workload, check = [request] * count, SimpleCheck(a, b)
-                    row = asyncio.run(_measured(endpoints[name], workload, args.window, args.warmup, check))
+                    row = asyncio.run(_measured(endpoints[name], requests[:count], args.window, args.warmup, check))
                     rows.setdefault((name, count), []).append(
                         (row.result.p50_us, row.result.throughput, row.cpu_us))
     with open("/proc/loadavg") as f:

@@ -479,7 +479,7 @@ class TensorBackend(Backend):
         if len(batch) == 1 or self.config.max_batch_size == 0:
             return [await self._execute_one(request) for request in batch]
         try:
-            if sum(array.nbytes for request in batch for array in request.inputs.values()) < MERGE_OFF_LOOP_BYTES:
+            if sum(array.nbytes for request in batch for array in request.inputs.values()) < OFF_LOOP_BYTES:
                 # Small: merged here. On the instance's thread the same Python would contend with
                 # the loop for the GIL, which cost 10 % of the throughput at 32 clients.
                 started = time.perf_counter_ns()
@@ -637,9 +637,13 @@ class GenerationBackend(Backend):
 # --------------------------------------------------------------------------- helpers
 
 
-# A batch whose inputs add up to this many bytes is merged (copied into one array per input) on
-# the instance's thread rather than on the event loop.
-MERGE_OFF_LOOP_BYTES = 256 * 1024
+# Work over this many bytes (a batch's inputs to merge, a body to decode, outputs to encode or
+# to read back element by element) runs on a thread rather than on the event loop: parsing
+# megabytes of JSON or a million BYTES elements takes 0.1-1 s, which every other client would
+# wait for; below it, the hop to a thread costs more than the work (a small request's whole
+# decode is ~20 us) and Python on two threads contends for the GIL. An object array's size
+# counts its pointers (8 bytes per BYTES element).
+OFF_LOOP_BYTES = 256 * 1024
 
 
 def backend_failure(backend: str, model: str, exc: BaseException) -> EdgedError:

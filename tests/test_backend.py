@@ -200,7 +200,7 @@ async def test_a_large_batch_is_merged_on_the_instance_thread(monkeypatch: pytes
         InferRequest({"x": rng.standard_normal((rows, width)).astype(np.float32)}, requested_outputs=selected)
         for rows, selected in ((1, ()), (3, ("y",)), (2, ("rows",)))
     ]
-    large = sum(r.inputs["x"].nbytes for r in batch) >= daemon.backend.MERGE_OFF_LOOP_BYTES
+    large = sum(r.inputs["x"].nbytes for r in batch) >= daemon.backend.OFF_LOOP_BYTES
     assert large == (width > 3)
     try:
         results = await backend.execute(batch)

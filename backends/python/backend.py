@@ -41,6 +41,7 @@ import msgspec
 import numpy as np
 
 from daemon.backend import (
+    OFF_LOOP_BYTES,
     Backend,
     BackendError,
     Capabilities,
@@ -258,7 +259,7 @@ class PythonBackend(Backend):
             )
             return [error for _ in batch]
         ran = time.perf_counter_ns()
-        if self._bytes_outputs and _many_bytes_elements(responses):
+        if self._bytes_outputs and _large_bytes_outputs(responses):
             # Each BYTES element is converted in Python: for a large output, on the instance's
             # thread (small ones stay here: two threads running Python contend for the GIL).
             results = await self.run_blocking(self._results, batch, responses)
@@ -586,8 +587,8 @@ def _artifact_file(artifact: Path, config: ModelConfig, model_name: str) -> Path
     return path
 
 
-def _many_bytes_elements(responses: Sequence[Any]) -> bool:
-    """Whether the responses' BYTES outputs hold 65 536 elements or more (a look only: anything
+def _large_bytes_outputs(responses: Sequence[Any]) -> bool:
+    """Whether the responses' BYTES outputs add up to OFF_LOOP_BYTES (a look only: anything
     unexpected is for `_result` to report)."""
     total = 0
     try:
@@ -595,10 +596,10 @@ def _many_bytes_elements(responses: Sequence[Any]) -> bool:
             for tensor in response.output_tensors():
                 array = tensor.as_numpy()
                 if isinstance(array, np.ndarray) and array.dtype.kind in ("O", "S", "U"):
-                    total += array.size
+                    total += array.nbytes
     except Exception:
         return False
-    return total >= 65_536
+    return total >= OFF_LOOP_BYTES
 
 
 def _output_array(value: Any) -> np.ndarray:

@@ -22,10 +22,10 @@ import numpy as np
 from aiohttp import web
 
 from daemon.api.body import read_body
-from daemon.api.infer import OFF_LOOP_BYTES, large_outputs
+from daemon.api.infer import large_outputs
 from daemon.api.kserve_codec import float_list
 from daemon.api.state import daemon_of
-from daemon.backend import NUMPY_DTYPES, ExecuteResult, InferRequest, InferResponse
+from daemon.backend import NUMPY_DTYPES, OFF_LOOP_BYTES, ExecuteResult, InferRequest, InferResponse
 from daemon.core import decoupled
 from daemon.core.model import LoadedVersion
 from daemon.errors import BackendError, EdgedError, InvalidArgument, Unavailable

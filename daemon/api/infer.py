@@ -15,17 +15,12 @@ import numpy as np
 from daemon.api.kserve_codec import Codec, DecodedInfer, SharedMemoryLookup
 from daemon.api.shm import CallerShm, refusal
 from daemon.api.trace import Trace, TraceManager
+from daemon.backend import OFF_LOOP_BYTES
 from daemon.core.model import LoadedVersion
 from daemon.core.shm import Lease, SharedMemoryRegistry
 from daemon.errors import Unavailable
 from daemon.model_config import ModelConfig
 from daemon.service import Service
-
-# A body, or the outputs of a response, from this size on is decoded or encoded on a worker
-# thread: parsing megabytes of JSON or a million BYTES elements takes the codec 0.1-1 s, which
-# the event loop (every other client) must not wait for; below it, the hop to a thread would
-# cost more than the work (a small request's whole decode is ~20 us).
-OFF_LOOP_BYTES = 256 * 1024
 
 
 class _OnTheLoop(Exception):
@@ -118,8 +113,7 @@ class InferEndpoint:
 
 
 def large_outputs(outputs: dict[str, np.ndarray]) -> bool:
-    """Whether the encoder would read OFF_LOOP_BYTES or more (an object array's pointers stand
-    for its BYTES elements)."""
+    """Whether the encoder would read OFF_LOOP_BYTES or more."""
     total = 0
     for array in outputs.values():
         total += array.nbytes

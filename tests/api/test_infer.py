@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from daemon.api.infer import OFF_LOOP_BYTES, InferEndpoint
+from daemon.api.infer import InferEndpoint
 from daemon.api.kserve_codec import Codec, DecodedInfer
-from daemon.backend import InferRequest, InferResponse
+from daemon.backend import OFF_LOOP_BYTES, InferRequest, InferResponse
 from daemon.model_config import ModelConfig, TensorConfig
 
 

@@ -307,7 +307,7 @@ def _bytes_request(raw: bytes, count: int) -> tuple[bytes, dict[str, str]]:
 
 def test_large_bodies_and_outputs_round_trip(start_daemon, tmp_path: Path) -> None:
     # Bodies and outputs of 256 KiB and more are decoded and encoded on worker threads
-    # (daemon.api.infer.OFF_LOOP_BYTES); smaller ones on the loop. Both give the same answers,
+    # (daemon.backend.OFF_LOOP_BYTES); smaller ones on the loop. Both give the same answers,
     # errors included, on the lean front and on aiohttp's route (a gzip body goes there).
     daemon = start_daemon("--model-repository", str(_echo_repository(tmp_path)))
     rng = np.random.default_rng(3)

@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 from model_builders import write_simple_repository
 
-from daemon.backend import Backend, Device, InferRequest, InferResponse, InstanceContext
+from daemon.backend import (
+    OFF_LOOP_BYTES,
+    Backend,
+    Device,
+    InferRequest,
+    InferResponse,
+    InstanceContext,
+)
 from daemon.errors import BackendError, InvalidArgument
 from daemon.model_config import InstanceGroup, ModelConfig, TensorConfig
 
@@ -194,8 +201,9 @@ async def test_execute_raising_fails_that_batch_and_the_next_call_works(
     await backend.unload()
 
 
-# A response's outputs are read back where the element count says: BYTES elements are
-# converted one by one, so 65 536 or more are read on the instance's thread, fewer on the loop.
+# A response's outputs are read back where their size says: BYTES elements are converted one
+# by one, so OFF_LOOP_BYTES of them (8 bytes each as object pointers: 32 768) or more are read
+# on the instance's thread, fewer on the loop.
 # The model's response reports the thread that reads its outputs.
 THREAD_MODEL = """
     import json
@@ -240,7 +248,7 @@ async def test_large_bytes_outputs_are_read_on_the_instance_thread(
         await backend.unload()
     output = outputs_of(result)["OUTPUT0"]
     assert output.shape == (count,)
-    assert set(output.tolist()) == {b"MainThread" if count < 65_536 else b"python-threads-0"}
+    assert set(output.tolist()) == {b"MainThread" if count * 8 < OFF_LOOP_BYTES else b"python-threads-0"}
 
 
 async def test_response_error_fails_only_that_request(
