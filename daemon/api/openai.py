@@ -46,6 +46,9 @@ _json = msgspec.json.Encoder()
 T = TypeVar("T")
 # OpenAI's upper bound on `n` (choices per request).
 MAX_CHOICES = 128
+# The llama.cpp engine keeps 32 bits of a seed, and its all-ones value means "random": a seed
+# beyond this would silently become another one.
+MAX_SEED = 2**32 - 2
 
 
 class _Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -54,6 +57,9 @@ class _Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    # OpenAI pads stream events with random text against size side channels unless this is
+    # false; no event here is padded, so false is what this server does and true a 400.
+    include_obfuscation: bool | None = None
 
 
 class _Sampling(_Strict):
@@ -113,6 +119,15 @@ class ChatMessage(_Strict):
     # An assistant turn that called tools, and a tool's result answering one call.
     tool_calls: list[openai_tools.ToolCall] | None = None
     tool_call_id: str | None = None
+    # The rest of a reply as the openai client sends it back when the reply is appended to the
+    # next request's messages (its documented tool-call loop, with `parse` and `stream`):
+    # fields this server never fills, taken empty only (chat_messages), and `parsed`, the
+    # client's own decoding of `content`, which holds the same text.
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    audio: dict[str, Any] | None = None
+    function_call: dict[str, Any] | None = None
+    parsed: Any = None
 
 
 class JsonSchemaFormat(_Strict):
@@ -221,6 +236,8 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
             raise InvalidArgument(f"n must be between 1 and {MAX_CHOICES}, got {req.n}")
         if req.stream_options is not None and not req.stream:
             raise InvalidArgument("stream_options: only allowed when stream is true")
+        if req.stream_options is not None and req.stream_options.include_obfuscation:
+            raise InvalidArgument("stream_options.include_obfuscation: not supported (omit it or set it to false)")
         if req.min_p is not None:
             in_range("min_p", req.min_p, 0.0, 1.0)
             params.min_p = req.min_p
@@ -253,10 +270,15 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
         if req.top_k < 0:
             raise InvalidArgument(f"top_k must be >= 0, got {req.top_k}")
         params.top_k = req.top_k
-    if req.seed is not None:
+    if req.seed is not None and req.seed != -1:  # -1: random, as llama-server reads it
+        if not 0 <= req.seed <= MAX_SEED:
+            raise InvalidArgument(f"seed must be -1 (random) or between 0 and {MAX_SEED}, got {req.seed}")
         params.seed = req.seed
     if req.stop is not None:
         params.stop = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+        if "" in params.stop:
+            # llama-server stops at once on it, the engine would drop it: neither is asked for.
+            raise InvalidArgument("stop: an empty string is not a stop string")
     return params
 
 
@@ -318,6 +340,8 @@ def _choices(
     choices differ, as OpenAI's independent samples do, and each prompt's are what it would
     get alone."""
     total = per_prompt * len(prompts)
+    if params.seed is not None and params.seed + per_prompt - 1 > MAX_SEED:
+        raise InvalidArgument(f"seed: with {field} {per_prompt}, choice i samples with seed + i, which must stay <= {MAX_SEED}")
     if total > 1:
         engine = model.require_generator().engine_stats()
         room = int(engine.get("slots", 0)) + int(engine.get("max_queue", 0))
@@ -657,6 +681,10 @@ _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant"
 def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
     out = []
     for index, message in enumerate(messages):
+        for field, value in (("refusal", message.refusal), ("annotations", message.annotations),
+                             ("audio", message.audio), ("function_call", message.function_call)):
+            if value:
+                raise InvalidArgument(f"messages[{index}].{field}: not supported (only null or empty)")
         if message.tool_calls is not None and message.role != "assistant":
             raise InvalidArgument(f"messages[{index}].tool_calls: only on assistant messages")
         if message.tool_call_id is not None and message.role != "tool":
@@ -797,7 +825,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if chunk.finish_reason is None:
             return events
         if reply.calls_sent:
-            events.append(chunk_payload(index, {}, "tool_calls"))
+            # Cut off mid-call, the calls are incomplete: "length", as OpenAI and llama-server
+            # say (the openai client's stream helpers then raise LengthFinishReasonError
+            # instead of parsing arguments that end mid-object).
+            cut = chunk.finish_reason == "length"
+            events.append(chunk_payload(index, {}, "length" if cut else "tool_calls"))
         elif not events and not reply.sent_content:
             # Cut off before the reply object said anything: the raw text, as unstreamed.
             content, _ = openai_tools.parse_reply(reply.text)
@@ -810,11 +842,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         message: dict[str, Any] = {"role": "assistant", "content": text}
         finish: str | None = last.finish_reason
         if tools:
-            content, calls = openai_tools.parse_reply(text)
+            cut = finish == "length"
+            # Cut off, the reply is what its stream would have sent, with finish_reason "length".
+            content, calls = openai_tools.cut_reply(text) if cut else openai_tools.parse_reply(text)
             message["content"] = content
             if calls:
                 message["tool_calls"] = calls
-                finish = "tool_calls"
+                finish = "length" if cut else "tool_calls"
         return {"index": index, "message": message, "logprobs": chat_logprobs(last.logprobs), "finish_reason": finish}
 
     def make_final(results: list[tuple[str, GenerateChunk]]) -> dict[str, Any]:

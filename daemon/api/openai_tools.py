@@ -64,12 +64,17 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 class FunctionCall(_Strict):
     name: str
     arguments: str
+    # The openai client's parse helpers send back their decoding of `arguments` with a call.
+    parsed_arguments: Any = None
 
 
 class ToolCall(_Strict):
     id: str
     type: Literal["function"]
     function: FunctionCall
+    # Position in a streamed reply: the openai client's stream helpers keep it in the calls
+    # they send back; the call's place in `tool_calls` is its order.
+    index: int | None = None
 
 
 def tool_schema(tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> str:
@@ -192,6 +197,27 @@ def parse_reply(text: str) -> tuple[str | None, list[dict[str, Any]]]:
         }
         for name, arguments in calls
     ]
+
+
+def cut_reply(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, OpenAI tool_calls) of a reply cut off before its object closed (max_tokens):
+    what streaming it sent, so that both answers agree (OpenAI's too, which returns a call cut
+    short with its partial arguments and finish_reason "length"): the answer so far, or the
+    calls whose name is complete with their arguments so far; the raw text when the object
+    said nothing yet."""
+    partial = _scan(text)
+    calls = [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        for call in partial.calls
+        if call.name is not None
+    ]
+    if calls:
+        return None, calls
+    return (partial.content, []) if partial.content else (text, [])
 
 
 # --------------------------------------------------------------------------- streaming

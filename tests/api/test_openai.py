@@ -91,6 +91,20 @@ def test_chat_completion_and_stream_agree(client: openai.OpenAI, uds_client: ope
     assert usage is not None and usage.completion_tokens == 12
 
 
+def test_stream_obfuscation_option(client: openai.OpenAI) -> None:
+    # OpenAI's chat stream_options: false (no padding) is what every stream here is; true a 400.
+    messages = [{"role": "user", "content": "Hello there"}]
+    options = {"include_usage": True, "include_obfuscation": False}
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=messages, stream=True, stream_options=options, **GREEDY
+    ))
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    with pytest.raises(openai.BadRequestError, match=r"stream_options\.include_obfuscation: not supported"):
+        client.chat.completions.create(
+            model="tiny", messages=messages, stream=True, stream_options={"include_obfuscation": True}, **GREEDY
+        )
+
+
 def test_completions_stop_string(client: openai.OpenAI) -> None:
     base = client.completions.create(model="tiny", prompt="The quick brown fox", **{**GREEDY, "max_tokens": 24})
     text = base.choices[0].text
@@ -144,6 +158,12 @@ def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
         ("max_tokens", 0, "max_tokens must be >= 1, got 0"),
         ("stream_options", {"include_usage": True}, "stream_options: only allowed when stream is true"),
         ("tools", [], "tools"),
+        # llama.cpp keeps 32 bits of a seed (all ones: random): a larger one would be another seed.
+        ("seed", 2**32, r"seed must be -1 \(random\) or between 0 and 4294967294, got 4294967296"),
+        ("seed", -2, r"seed must be -1 \(random\) or between 0 and 4294967294, got -2"),
+        # The engine would drop it, llama-server stops at once on it: neither is what is asked.
+        ("stop", "", "stop: an empty string is not a stop string"),
+        ("stop", ["x", ""], "stop: an empty string is not a stop string"),
     ]:
         with pytest.raises(openai.BadRequestError, match=pattern):
             client.chat.completions.create(model="tiny", messages=user, extra_body={field: value})
@@ -157,6 +177,9 @@ def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
     ]:
         with pytest.raises(openai.BadRequestError, match=pattern):
             client.chat.completions.create(model="tiny", messages=messages, max_tokens=1)
+    with pytest.raises(openai.BadRequestError, match=r"seed: with n 2, choice i samples with seed \+ i"):
+        client.completions.create(model="tiny", prompt="x", n=2, seed=2**32 - 2, max_tokens=1)
+    assert client.completions.create(model="tiny", prompt="x", seed=-1, max_tokens=1).choices[0].finish_reason
     with pytest.raises(openai.BadRequestError, match="suffix"):
         client.completions.create(model="tiny", prompt="x", suffix="y", max_tokens=1)
     with pytest.raises(openai.BadRequestError, match="context"):
@@ -564,6 +587,66 @@ def test_tool_call_streams_as_deltas(client: openai.OpenAI) -> None:
     assert names == ["get_weather"] and len(ids) == 1 and finish == "tool_calls"
     assert pieces > 3  # the arguments stream as they are generated, not in one piece
     assert json.loads(arguments) == json.loads(expected.function.arguments)
+
+
+def test_tool_call_cut_by_max_tokens_is_length(client: openai.OpenAI) -> None:
+    # OpenAI and llama-server: a call cut short ends with "length" (its arguments partial),
+    # streamed or not; "tool_calls" would make clients parse arguments that end mid-object.
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    kwargs = {
+        "model": "tiny", "messages": [{"role": "user", "content": "Weather?"}], "tools": [strict],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": False, "temperature": 0,
+    }
+    full = client.chat.completions.create(max_tokens=400, **kwargs)
+    assert full.choices[0].finish_reason == "tool_calls" and full.usage is not None
+    # The longest cut whose arguments are started but not yet valid JSON.
+    for limit in range(full.usage.completion_tokens - 1, 0, -1):
+        cut = client.chat.completions.create(max_tokens=limit, **kwargs).choices[0]
+        arguments = cut.message.tool_calls[0].function.arguments if cut.message.tool_calls else ""
+        if arguments:
+            try:
+                json.loads(arguments)
+            except ValueError:
+                break
+    else:
+        pytest.fail("no cut leaves a named call with partial arguments")
+    assert cut.finish_reason == "length" and cut.message.content is None
+    assert cut.message.tool_calls is not None and cut.message.tool_calls[0].function.name == "get_weather"
+    streamed, finish = "", None
+    for chunk in client.chat.completions.create(stream=True, max_tokens=limit, **kwargs):
+        for choice in chunk.choices:
+            for call in choice.delta.tool_calls or []:
+                if call.function and call.function.arguments:
+                    streamed += call.function.arguments
+            finish = choice.finish_reason or finish
+    assert finish == "length" and streamed == arguments
+    with pytest.raises(openai.LengthFinishReasonError), client.chat.completions.stream(
+        max_tokens=limit, **kwargs
+    ) as stream:
+        stream.until_done()
+
+
+def test_parsed_replies_go_back_as_messages(client: openai.OpenAI) -> None:
+    # The openai client's documented tool loop appends the reply it parsed to the messages;
+    # it sends back the reply's null fields, `parsed`, a call's `parsed_arguments` and `index`.
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    question = [{"role": "user", "content": "Weather in Paris?"}]
+    kwargs = {"model": "tiny", "tools": [strict], "tool_choice": "required", "parallel_tool_calls": False,
+              "temperature": 0, "max_tokens": 400}
+    parsed = client.chat.completions.parse(messages=question, **kwargs).choices[0].message
+    with client.chat.completions.stream(messages=question, **kwargs) as stream:
+        streamed = stream.get_final_completion().choices[0].message
+    for reply in (parsed, streamed):
+        assert reply.tool_calls
+        answered = [*question, reply, {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": "sunny"}]
+        after = client.chat.completions.create(messages=answered, **{**kwargs, "max_tokens": 1})
+        assert after.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError, match=r"messages\[1\]\.refusal: not supported"):
+        client.chat.completions.create(
+            model="tiny", max_tokens=1,
+            messages=[*question, {"role": "assistant", "content": None, "refusal": "I can't"}, *question],
+        )
 
 
 def test_tool_results_go_back_through_the_template(client: openai.OpenAI) -> None:

@@ -71,3 +71,11 @@ def test_stream_deltas_rebuild_the_answer(step: int) -> None:
         d.get("content", "") for k in range(0, len(reply), step) for d in stream.feed(reply[k : k + step])
     )
     assert out == answer and stream.calls_sent == 0
+
+
+def test_cut_reply_is_what_its_stream_sent() -> None:
+    text = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Pa'
+    content, calls = openai_tools.cut_reply(text)
+    assert content is None and [c["function"] for c in calls] == [{"name": "get_weather", "arguments": '{"city": "Pa'}]
+    assert openai_tools.cut_reply('{"response": "hel') == ("hel", [])
+    assert openai_tools.cut_reply('{"tool_calls": [{"na') == ('{"tool_calls": [{"na', [])  # nothing said yet
