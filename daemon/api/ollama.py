@@ -59,6 +59,16 @@ _SUPPORTED_OPTIONS = frozenset({
     "num_ctx", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "num_predict",
     "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
 })
+# Ollama's runner options: set when it loads a model (another value reloads it). Here the
+# model's config sets the load, never a request; the llama.cpp parameter that does it, if any.
+_LOAD_TIME = {
+    "num_batch": "n_batch", "num_gpu": "n_gpu_layers", "num_thread": "n_threads", "main_gpu": "",
+    "use_mmap": "", "use_mlock": "", "numa": "", "low_vram": "", "f16_kv": "", "vocab_only": "",
+    "logits_all": "", "embedding_only": "",
+}
+_THINK_LEVELS = frozenset({"high", "medium", "low", "max"})  # Ollama's
+# The llama.cpp engine keeps 32 bits of a seed, and its all-ones value means "random".
+_MAX_SEED = 0xFFFFFFFE
 # Ollama's default window of recent tokens for all three penalties.
 _REPEAT_LAST_N = 64
 
@@ -124,6 +134,10 @@ class _Generation(_Strict):
     think: bool | str | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    # Ollama's defaults are true (drop what does not fit; shift the context when it fills);
+    # edged does neither, so only false (what happens anyway) is taken.
+    truncate: bool | None = None
+    shift: bool | None = None
 
 
 class ChatRequest(_Generation):
@@ -162,13 +176,10 @@ class EmbeddingsRequest(_Strict):
 
 
 class ModelRequest(_Strict):
-    """show / pull / delete: Ollama takes `model` (older clients send `name`)."""
+    """delete (and the base of show / pull): Ollama takes `model` (older clients send `name`)."""
 
     model: str = ""
     name: str = ""
-    verbose: bool = False
-    insecure: bool = False
-    stream: bool = True
 
     def which(self) -> str:
         if not (self.model or self.name):
@@ -176,9 +187,20 @@ class ModelRequest(_Strict):
         return self.model or self.name
 
 
+class ShowRequest(ModelRequest):
+    verbose: bool = False
+
+
+class PullRequest(ModelRequest):
+    # Ollama ignores `insecure` (deprecated); nothing is downloaded here for it to matter.
+    insecure: bool = False
+    stream: bool = True
+
+
 _DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {
     kind: msgspec.json.Decoder(kind)
-    for kind in (ChatRequest, GenerateRequest, EmbedRequest, EmbeddingsRequest, ModelRequest)
+    for kind in (ChatRequest, GenerateRequest, EmbedRequest, EmbeddingsRequest, ModelRequest, ShowRequest,
+                 PullRequest)
 }
 
 
@@ -280,23 +302,38 @@ def _context_per_sequence(metadata: GgufMetadata, model: LoadedVersion) -> int |
     return -(-per_seq // 256) * 256  # llama.cpp pads each sequence's context to 256
 
 
-async def _params(request: web.Request, options: dict[str, Any] | None, model: LoadedVersion) -> GenerateParams:
+def _options(options: dict[str, Any] | None) -> _Options:
+    """The request's `options`, checked (no model needed): names edged implements, types."""
     options = options or {}
-    unsupported = sorted(set(options) - _SUPPORTED_OPTIONS)
-    if unsupported:
-        raise InvalidArgument(
-            f"options.{unsupported[0]} is not supported by edged (supported: "
-            f"{', '.join(sorted(_SUPPORTED_OPTIONS))})"
-        )
+    for key in sorted(options):
+        if key in _LOAD_TIME:
+            where = f" (llama.cpp: parameters {_LOAD_TIME[key]})" if _LOAD_TIME[key] else ""
+            raise InvalidArgument(
+                f"options.{key} is a load-time setting: edged loads a model as its config says{where}, "
+                "never per request"
+            )
+        if key not in _SUPPORTED_OPTIONS:
+            raise InvalidArgument(
+                f"options.{key} is not supported by edged (supported: "
+                f"{', '.join(sorted(_SUPPORTED_OPTIONS))})"
+            )
     try:
-        opts = msgspec.convert(options, _Options)
+        return msgspec.convert(options, _Options)
     except msgspec.ValidationError as exc:
         raise InvalidArgument(f"options: {exc}") from None
+
+
+async def _params(request: web.Request, opts: _Options, model: LoadedVersion) -> tuple[GenerateParams, int | None]:
+    """The engine's parameters, and the context a smaller `num_ctx` bounds the sequence to
+    (None: the loaded one, which the engine keeps to itself)."""
     # Ollama's documented defaults (its Modelfile PARAMETER table), where the engine's differ.
     params = GenerateParams(
         max_tokens=_UNLIMITED, temperature=0.8, top_k=40, top_p=0.9, min_p=0.0, repeat_penalty=1.1
     )
+    bound = None
     if opts.num_ctx is not None:
+        if opts.num_ctx < 1:
+            raise InvalidArgument(f"options.num_ctx must be >= 1, got {opts.num_ctx}")
         per_seq = await _in_thread(_context_per_sequence, request.app[_METADATA], model)
         if per_seq is not None and opts.num_ctx > per_seq:
             raise InvalidArgument(
@@ -304,6 +341,8 @@ async def _params(request: web.Request, options: dict[str, Any] | None, model: L
                 f"sequence that model '{model.name}' was loaded with (its parameters n_ctx / "
                 "n_parallel set it)"
             )
+        if per_seq is None or opts.num_ctx < per_seq:
+            bound = opts.num_ctx
     if opts.num_predict is not None:
         if opts.num_predict == 0 or opts.num_predict < -2:
             raise InvalidArgument(f"options.num_predict must be > 0, -1 or -2, got {opts.num_predict}")
@@ -327,11 +366,37 @@ async def _params(request: web.Request, options: dict[str, Any] | None, model: L
         value = getattr(opts, key)
         if value is not None:
             setattr(params, key, value)
-    if opts.seed is not None:
+    if opts.seed is not None and opts.seed != -1:  # -1: Ollama's "random", the default
+        if not 0 <= opts.seed <= _MAX_SEED:
+            # A larger seed would silently become another one (the engine keeps 32 bits).
+            raise InvalidArgument(f"options.seed must be -1 (random) or between 0 and {_MAX_SEED}, got {opts.seed}")
         params.seed = opts.seed
     if opts.stop is not None:
         params.stop = [opts.stop] if isinstance(opts.stop, str) else list(opts.stop)
-    return params
+        if "" in params.stop:
+            # Ollama's runner stops at once on it, the engine would drop it: neither is asked for.
+            raise InvalidArgument("options.stop: an empty string is not a stop string")
+    return params, bound
+
+
+async def _fit_num_ctx(model: LoadedVersion, prompt: str, params: GenerateParams, num_ctx: int | None) -> None:
+    """`num_ctx` is the sequence's context in Ollama (its runner is loaded with it): prompt and
+    reply together stay within it. A smaller one than the loaded context bounds the reply
+    here, from the prompt's token count (the engine only tokenizes for max_tokens 0). A prompt
+    that does not fit is a 400: edged never drops part of it (Ollama's `truncate: false`)."""
+    if num_ctx is None:
+        return
+    counted = 0
+    count = GenerateParams(max_tokens=0, suffix=params.suffix)
+    async with contextlib.aclosing(model.require_generator().generate(prompt, count)) as chunks:
+        async for chunk in chunks:
+            counted = max(counted, chunk.prompt_tokens)
+    if counted >= num_ctx:
+        raise InvalidArgument(
+            f"options.num_ctx: the prompt is {counted} tokens, which leaves no room in num_ctx {num_ctx} "
+            "(edged does not truncate prompts)"
+        )
+    params.max_tokens = min(params.max_tokens or _UNLIMITED, num_ctx - counted)
 
 
 def _format_schema(value: str | dict[str, Any] | None) -> str:
@@ -361,10 +426,28 @@ class _Options(msgspec.Struct):
     frequency_penalty: float | None = None
 
 
+def _checked(req: _Generation) -> tuple[_Options, int | None, str]:
+    """What chat and generate check before anything is loaded: options, thinking, `truncate` /
+    `shift`, logprobs, format. Returns the options, logprobs' alternatives and the schema."""
+    opts = _options(req.options)
+    _refuse_thinking(req)
+    if req.truncate:
+        raise InvalidArgument("truncate: edged does not truncate a prompt that does not fit the context "
+                              "(it is a 400); leave truncate out or send false")
+    if req.shift:
+        raise InvalidArgument("shift: edged does not shift the context when it fills up (generation ends "
+                              "there, done_reason \"length\"); leave shift out or send false")
+    return opts, _logprobs(req), _format_schema(req.format)
+
+
 def _refuse_thinking(req: _Generation) -> None:
     # Ollama answers a thinking request for a model that cannot think this way, and so does
-    # every model here. A level ("low", "high"; gpt-oss) asks for thinking too.
-    if req.think is True or (isinstance(req.think, str) and req.think):
+    # every model here. A level ("low", "high"; gpt-oss) asks for thinking too; any other
+    # string ("" too) is Ollama's own 400 when it reads the request.
+    if isinstance(req.think, str) and req.think not in _THINK_LEVELS:
+        raise InvalidArgument(f'invalid think value: {json.dumps(req.think)} (must be "high", "medium", "low", '
+                              '"max", true, or false)')
+    if req.think is True or isinstance(req.think, str):
         raise InvalidArgument(f'"{req.model}" does not support thinking')
 
 
@@ -535,9 +618,11 @@ async def _respond(
 
 async def _load_or_unload(
     request: web.Request, daemon: Service, raw: str, name: str, version: int | None,
-    keep: float | Literal["default"] | None, started: int, empty: dict[str, Any],
+    keep: float | Literal["default"] | None, started: int, empty: dict[str, Any], opts: _Options,
 ) -> web.Response:
-    """An empty prompt (or no messages) loads the model; with keep_alive 0 it unloads it."""
+    """An empty prompt (or no messages) loads the model; with keep_alive 0 it unloads it.
+    Its options are checked as any request's (unknown ones, num_ctx against the model); valid
+    sampling options have nothing to act on in a load, in Ollama either."""
     base = {"model": raw, "created_at": _now(), **empty, "done": True}
     if keep == 0:
         if daemon.residency is None or not daemon.registry.entry(name):
@@ -545,7 +630,7 @@ async def _load_or_unload(
         await daemon.residency.unload(name)
         return _json_response({**base, "done_reason": "unload"})
     lease = await hold(request, name, keep)
-    _generation_model(daemon, name, version, raw)
+    await _params(request, opts, _generation_model(daemon, name, version, raw))  # num_ctx vs the model
     return _json_response({**base, "done_reason": "load", "total_duration": time.monotonic_ns() - started,
                            "load_duration": lease.load_ns})
 
@@ -559,12 +644,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
     daemon = _accepting(request)
     name, version = _resolve(daemon, req.model)
     keep = _keep_alive(req.keep_alive)
+    opts, top, schema = _checked(req)
     if not req.messages:
         return await _load_or_unload(request, daemon, req.model, name, version, keep, started,
-                                     {"message": {"role": "assistant", "content": ""}})
-    _refuse_thinking(req)
-    top = _logprobs(req)
-    schema = _format_schema(req.format)
+                                     {"message": {"role": "assistant", "content": ""}}, opts)
     tools = req.tools or []  # Ollama treats an empty list as no tools
     if tools and schema:
         raise InvalidArgument("format: cannot be combined with tools")
@@ -578,10 +661,11 @@ async def chat(request: web.Request) -> web.StreamResponse:
         messages = openai_tools.with_tools(messages, tools, parallel=True)
     lease = await hold(request, name, keep)
     model = _generation_model(daemon, name, version, req.model)
-    params = await _params(request, req.options, model)
+    params, num_ctx = await _params(request, opts, model)
     params.json_schema = schema
     params.logprobs = top
     prompt = model.chat_prompt(messages)
+    await _fit_num_ctx(model, prompt, params, num_ctx)
 
     def piece(message: dict[str, Any]) -> dict[str, Any]:
         return {"model": req.model, "created_at": _now(), "message": message}
@@ -626,11 +710,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
     daemon = _accepting(request)
     name, version = _resolve(daemon, req.model)
     keep = _keep_alive(req.keep_alive)
+    opts, top, schema = _checked(req)
     if not req.prompt:
-        return await _load_or_unload(request, daemon, req.model, name, version, keep, started, {"response": ""})
-    _refuse_thinking(req)
-    top = _logprobs(req)
-    schema = _format_schema(req.format)
+        return await _load_or_unload(request, daemon, req.model, name, version, keep, started, {"response": ""},
+                                     opts)
     if req.images:
         raise InvalidArgument(f'images: "{req.model}" does not support images')
     if req.suffix and (req.template or req.system):
@@ -647,7 +730,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise InvalidArgument("raw mode does not support template or system")
     lease = await hold(request, name, keep)
     model = _generation_model(daemon, name, version, req.model)
-    params = await _params(request, req.options, model)
+    params, num_ctx = await _params(request, opts, model)
     params.json_schema = schema
     params.logprobs = top
     if req.suffix:
@@ -660,6 +743,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         messages = [{"role": "system", "content": req.system}] if req.system else []
         messages.append({"role": "user", "content": req.prompt})
         prompt = model.chat_prompt(messages)
+    await _fit_num_ctx(model, prompt, params, num_ctx)
+
     def piece(text: str) -> dict[str, Any]:
         return {"model": req.model, "created_at": _now(), "response": text}
 
@@ -798,6 +883,7 @@ def _model_facts(metadata: GgufMetadata, path: Path) -> dict[str, Any]:
         "generation": bool(ggufs) or config.backend == "llamacpp",
         "capabilities": capabilities if ggufs else [],
         "path": path,
+        "gguf": ggufs[-1] if ggufs else None,  # the one `meta` was read from
     }
 
 
@@ -844,12 +930,19 @@ async def tags(request: web.Request) -> web.Response:
 
 
 async def show(request: web.Request) -> web.Response:
-    req: ModelRequest = await _decode(request, ModelRequest)
+    req: ShowRequest = await _decode(request, ShowRequest)
     daemon = daemon_of(request)
     raw = req.which()
     name, _ = _resolve(daemon, raw)
     facts = await _facts(request, name)
     meta = facts["meta"]
+    if req.verbose and facts["gguf"] is not None:
+        # Ollama's verbose show lists the arrays too (vocabulary, merges...): megabytes, so
+        # read for this request only, never cached.
+        try:
+            meta = await _in_thread(lambda: read_gguf_metadata(facts["gguf"], keep_arrays=True))
+        except (OSError, ValueError, struct.error) as exc:
+            raise NotFound(f'model "{raw}": its GGUF metadata cannot be read in full: {exc}') from None
     info = {k: v for k, v in meta.items() if not k.startswith("tokenizer.chat_template")}
     config, _ = layout.read_model_config(facts["path"])
     parameters = "\n".join(f"{k} {v}" for k, v in sorted(config.parameters.items()))
@@ -905,7 +998,7 @@ async def ps(request: web.Request) -> web.Response:
 
 async def pull(request: web.Request) -> web.StreamResponse:
     """Offline: a model already in the repository "pulls" at once; nothing is downloaded."""
-    req: ModelRequest = await _decode(request, ModelRequest)
+    req: PullRequest = await _decode(request, PullRequest)
     daemon = daemon_of(request)
     raw = req.which()
     try:

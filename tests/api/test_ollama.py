@@ -529,3 +529,115 @@ def test_an_error_after_the_stream_started_is_an_error_line(start_daemon, tmp_pa
             texts.append(piece.response)
     assert texts == ["a", "b"]
 
+
+
+def test_num_ctx_below_the_loaded_context_bounds_the_sequence(client: ollama.Client, daemon) -> None:
+    """A smaller num_ctx is the sequence's context, as in Ollama: prompt and reply together
+    stay within it (the reply stops with `length`), and a prompt that does not fit is a 400
+    (edged never truncates). It used to be accepted and to change nothing."""
+    chat = [{"role": "user", "content": "Tell me a story"}]
+    greedy = {"temperature": 0, "repeat_penalty": 1.0}
+    base = client.chat(model="tiny", messages=chat, options={**greedy, "num_predict": 40})
+    prompt = base.prompt_eval_count or 0
+    assert base.eval_count == 40 and prompt > 5
+    bounded = client.chat(model="tiny", messages=chat, options={**greedy, "num_ctx": prompt + 6})
+    assert bounded.done_reason == "length" and bounded.eval_count == 6
+    assert (base.message.content or "").startswith(bounded.message.content or "")
+    parts = list(client.chat(model="tiny", messages=chat, stream=True, options={**greedy, "num_ctx": prompt + 6}))
+    assert parts[-1].eval_count == 6 and "".join(p.message.content or "" for p in parts) == bounded.message.content
+    # num_predict within the room left is what stops it.
+    assert client.chat(model="tiny", messages=chat, options={**greedy, "num_ctx": prompt + 6,
+                                                               "num_predict": 3}).eval_count == 3
+    raw = client.generate(model="tiny", prompt="Once upon a time", raw=True, options={**greedy, "num_predict": 1})
+    assert client.generate(model="tiny", prompt="Once upon a time", raw=True,
+                           options={**greedy, "num_ctx": (raw.prompt_eval_count or 0) + 4}).eval_count == 4
+    for call in (lambda: client.chat(model="tiny", messages=chat, options={"num_ctx": prompt}),
+                 lambda: client.generate(model="tiny", prompt="Once upon a time", raw=True, options={"num_ctx": 3})):
+        with pytest.raises(ollama.ResponseError) as caught:
+            call()
+        assert caught.value.status_code == 400 and "options.num_ctx" in caught.value.error, caught.value.error
+        assert "does not truncate" in caught.value.error
+
+
+def test_truncate_and_shift_as_edged_does_them(daemon) -> None:
+    """Ollama's `truncate` and `shift` (chat and generate): false is what edged does (a prompt
+    that does not fit is an error; generation ends when the context is full), true asks for
+    what it cannot do: a 400 naming the field, never ignored."""
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False,
+            "options": {"num_predict": 2}}
+    generate = {"model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": 2}}
+    for path, body in (("/api/chat", chat), ("/api/generate", generate)):
+        reply = daemon.post_json(path, {**body, "truncate": False, "shift": False})
+        assert reply.status == 200 and reply.json()["eval_count"] == 2, reply.body
+        for field in ("truncate", "shift"):
+            reply = daemon.post_json(path, {**body, field: True})
+            assert reply.status == 400 and reply.json()["error"].startswith(f"{field}: "), reply.body
+    too_long = {**chat, "truncate": False, "options": {"num_ctx": 8}}
+    reply = daemon.post_json("/api/chat", too_long)
+    assert reply.status == 400 and "options.num_ctx" in reply.json()["error"], reply.body
+
+
+def test_seed_takes_ollamas_values_and_refuses_what_it_cannot_keep(client: ollama.Client) -> None:
+    """-1 is Ollama's "random"; a seed the engine's 32 bits cannot hold would silently become
+    another seed: a 400."""
+    sampled = {"temperature": 1.5, "top_k": 0, "top_p": 1.0, "repeat_penalty": 1.0, "num_predict": 16}
+    same = {client.generate(model="tiny", prompt="Once", raw=True, options={**sampled, "seed": 7}).response
+            for _ in range(2)}
+    assert len(same) == 1
+    assert client.generate(model="tiny", prompt="Once", raw=True, options={**sampled, "seed": -1}).done
+    for stop in ("", ["x", ""]):  # the engine would drop it, Ollama's runner stops at once on it
+        with pytest.raises(ollama.ResponseError) as caught:
+            client.generate(model="tiny", prompt="Once", options={**sampled, "stop": stop})
+        assert caught.value.status_code == 400, caught.value.error
+        assert caught.value.error == "options.stop: an empty string is not a stop string"
+    for seed in (2**32, 2**32 + 7, -2):
+        with pytest.raises(ollama.ResponseError) as caught:
+            client.generate(model="tiny", prompt="Once", options={**sampled, "seed": seed})
+        assert caught.value.status_code == 400 and "options.seed" in caught.value.error, caught.value.error
+
+
+def test_load_time_options_and_options_on_a_load_request(client: ollama.Client) -> None:
+    """Runner options (num_thread, num_gpu, num_batch, ...) are set when Ollama loads a model;
+    here the model's config sets them: a 400 that says where. An empty prompt (Ollama's "load
+    the model") checks its options as any request does instead of ignoring them."""
+    for option, parameter in (("num_thread", "n_threads"), ("num_gpu", "n_gpu_layers"), ("num_batch", "n_batch")):
+        with pytest.raises(ollama.ResponseError) as caught:
+            client.generate(model="tiny", prompt="x", options={option: 4})
+        assert caught.value.status_code == 400, caught.value.error
+        assert f"options.{option} is a load-time setting" in caught.value.error and parameter in caught.value.error
+    for call in (lambda: client.generate(model="tiny", prompt="", options={"mirostat": 1}),
+                 lambda: client.chat(model="tiny", messages=[], options={"num_ctx": 100_000}),
+                 lambda: client.chat(model="tiny", messages=[], options={"typical_p": 0.5})):
+        with pytest.raises(ollama.ResponseError) as caught:
+            call()
+        assert caught.value.status_code == 400 and "options." in caught.value.error, caught.value.error
+    assert client.generate(model="tiny", prompt="", options={"temperature": 0.2}).done_reason == "load"
+
+
+def test_show_verbose_lists_the_metadata_arrays(client: ollama.Client, daemon) -> None:
+    """`verbose` (ollama show --verbose) adds the GGUF's arrays (the vocabulary...) to
+    model_info, as Ollama's does; fields show does not take are a 400."""
+    plain = client.show("tiny").modelinfo or {}
+    assert "tokenizer.ggml.tokens" not in plain
+    verbose = daemon.post_json("/api/show", {"model": "tiny", "verbose": True})
+    assert verbose.status == 200, verbose.body
+    info = verbose.json()["model_info"]
+    assert len(info["tokenizer.ggml.tokens"]) == info["llama.vocab_size"] > 100
+    assert {k: info[k] for k in plain} == plain  # the rest as without verbose
+    for field in ("stream", "insecure"):
+        reply = daemon.post_json("/api/show", {"model": "tiny", field: False})
+        assert reply.status == 400 and field in reply.json()["error"], reply.body
+
+
+def test_think_levels_are_ollamas(daemon) -> None:
+    """A think string other than Ollama's levels ("" too) is Ollama's 400 for the value; a level
+    is a thinking request, which no model here can honour."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False,
+            "options": {"num_predict": 1}}
+    for value in ("", "bogus"):
+        reply = daemon.post_json("/api/chat", {**body, "think": value})
+        assert reply.status == 400 and reply.json()["error"].startswith("invalid think value"), reply.body
+    for value in ("low", "max", True):
+        reply = daemon.post_json("/api/chat", {**body, "think": value})
+        assert reply.status == 400 and reply.json()["error"] == '"tiny" does not support thinking', reply.body
+    assert daemon.post_json("/api/chat", {**body, "think": False}).status == 200
