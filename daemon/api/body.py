@@ -105,9 +105,10 @@ async def read_tensor_body(request: web.Request, limit: int, binary_offset: int 
 
 def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
     """Decompress with a cap on the output: never more than `limit` + 1 bytes are produced."""
-    # wbits: 16+MAX = gzip header; for deflate accept both zlib-wrapped and raw streams, as
-    # HTTP clients send either.
-    candidates = (16 + zlib.MAX_WBITS,) if encoding == "gzip" else (zlib.MAX_WBITS, -zlib.MAX_WBITS)
+    # wbits: 32+MAX reads a gzip or a zlib stream, whichever its header says, as Triton's zlib
+    # does for either label (clients mix them up: it accepts zlib data sent as gzip and gzip
+    # data sent as deflate). Deflate may also be a raw stream, as some HTTP clients send it.
+    candidates = (32 + zlib.MAX_WBITS,) if encoding == "gzip" else (32 + zlib.MAX_WBITS, -zlib.MAX_WBITS)
     error: zlib.error | None = None
     for wbits in candidates:
         inflater = zlib.decompressobj(wbits)

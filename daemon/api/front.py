@@ -59,7 +59,8 @@ _encode = msgspec.json.Encoder().encode
 
 # Model names and versions as the aiohttp routes match them, minus what a plain request never has.
 _INFER_PATH = re.compile(rb"/v2/models/([^/?#%]+)(?:/versions/([0-9]+))?/infer")
-_RELAY, _INFER, _LIVE, _READY = range(4)
+# _FAILED: the place of a request that did not parse, answered with the parse error in turn.
+_RELAY, _INFER, _LIVE, _READY, _FAILED = range(5)
 _HEALTH = {b"/v2/health/live": _LIVE, b"/v2/health/ready": _READY}
 # The Open Inference Protocol's bodies (KServe's client reads them; Triton's sends none and
 # tritonclient reads only the status); daemon.api.kserve's routes answer with them too.
@@ -239,6 +240,9 @@ class _Connection(asyncio.Protocol):
         self.paused_by_relay = False
         self.paused_by_front = False
         self.reading_paused = False
+        # A framing error's answer (status, message), once one has been seen: nothing after it
+        # on this connection is read.
+        self.failure: tuple[int, str] | None = None
 
     # ------------------------------------------------------------------ connection
 
@@ -306,7 +310,7 @@ class _Connection(asyncio.Protocol):
     def _update_reading(self) -> None:
         if self.transport is None:
             return
-        pause = self.paused_by_relay or self.paused_by_front
+        pause = self.paused_by_relay or self.paused_by_front or self.failure is not None
         if pause != self.reading_paused:
             self.reading_paused = pause
             if pause:
@@ -338,14 +342,26 @@ class _Connection(asyncio.Protocol):
                 self._fail_parse(400, f"malformed HTTP request: {exc}")
 
     def _fail_parse(self, status: int, message: str) -> None:
-        # After a framing error nothing later on this connection can be trusted: answer (if
-        # nothing is in flight) and close.
-        if self.transport is None:
+        """After a framing error nothing later on this connection can be trusted: the requests
+        received whole before it are still answered, in order (as Triton does; a client that
+        pipelined them gets its answers), then the error, then the connection closes."""
+        if self.transport is None or self.failure is not None:
             return
+        request, self.current = self.current, None
+        if request is not None and request in self.waiting:
+            # Its headers were read, its body broke.
+            if request is self.active:
+                # Being relayed: aiohttp has part of it and may answer at any moment.
+                self.close()
+                return
+            self.waiting.remove(request)
+        self.failure = (status, message)
+        self._update_reading()
+        failed = _Request()
+        failed.kind, failed.complete, failed.keep_alive = _FAILED, True, False
+        self.waiting.append(failed)
         if self.active is None:
-            self._write_error(status, message, close=True)
-        else:
-            self.close()
+            self._start_next()
 
     # ------------------------------------------------------------------ parser callbacks
 
@@ -524,12 +540,15 @@ class _Connection(asyncio.Protocol):
         elif request.kind == _LIVE:
             self._write(200, b"application/json", LIVE_BODY, None, close=not request.keep_alive)
             self._finish()
-        elif self.front.service.ready():
-            self._write(200, b"application/json", READY_BODY, None, close=not request.keep_alive)
+        elif request.kind == _READY:
+            if self.front.service.ready():
+                self._write(200, b"application/json", READY_BODY, None, close=not request.keep_alive)
+            else:  # Triton's answer, no body
+                self._write(400, None, b"", None, close=not request.keep_alive)
             self._finish()
-        else:  # Triton's answer, no body
-            self._write(400, None, b"", None, close=not request.keep_alive)
-            self._finish()
+        else:  # _FAILED: the last answer on this connection
+            assert self.failure is not None
+            self._write_error(*self.failure, close=True)
 
     async def _infer(self, request: _Request) -> None:
         endpoint = self.front.endpoint

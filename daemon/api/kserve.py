@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 import msgspec
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from daemon import __version__
 from daemon.api import repository_load as load_api
@@ -218,12 +218,21 @@ async def repository_unload(request: web.Request) -> web.Response:
     return _empty(200)
 
 
+async def _expect(request: web.Request) -> None:
+    """`Expect` as Triton treats it: 100 Continue for `100-continue` (HTTP/1.1), any other
+    expectation ignored and the request answered; aiohttp's default answers those 417 with a
+    text body that no Triton client parses (the lean front relays every Expect here)."""
+    if request.version == HttpVersion11 and request.headers.get("Expect", "").lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the interim response is not the body's start
+
+
 def add_routes(app: web.Application) -> None:
     r = app.router
     # aiohttp matches routes in registration order: the hot path goes first.
-    r.add_post("/v2/models/{model}/infer", infer)
+    r.add_post("/v2/models/{model}/infer", infer, expect_handler=_expect)
     # Versions are digits, as in Triton's route patterns: /versions/x/... is a 404.
-    r.add_post("/v2/models/{model}/versions/{version:[0-9]+}/infer", infer)
+    r.add_post("/v2/models/{model}/versions/{version:[0-9]+}/infer", infer, expect_handler=_expect)
     r.add_get("/v2/health/live", live)
     r.add_get("/v2/health/ready", ready)
     r.add_get("/v2", server_metadata)

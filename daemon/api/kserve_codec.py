@@ -512,7 +512,12 @@ def oversized_message(size: int, limit: int) -> str:
 
 
 def parse_header_length(value: str | None, body_size: int | None = None) -> int | None:
-    """The `Inference-Header-Content-Length` header as Triton reads it (None when absent)."""
+    """The `Inference-Header-Content-Length` header as Triton reads it (None when absent).
+
+    Its range is checked only against a known `body_size`: without one (the transports read
+    the header before the body) the decoder checks it, so that the error names the body's
+    size as Triton's does, and a negative value here is no placement (see buffers.direct_read).
+    """
     if value is None:
         return None
     try:
@@ -521,14 +526,13 @@ def parse_header_length(value: str | None, body_size: int | None = None) -> int 
         raise InvalidArgument(
             f"Unable to parse Inference-Header-Content-Length, got: {value}"
         ) from None
-    if length < 0 or (body_size is not None and length > body_size):
+    if body_size is not None and not 0 <= length <= body_size:
         raise InvalidArgument(_header_range_message(body_size, value))
     return length
 
 
-def _header_range_message(body_size: int | None, value: str) -> str:
-    upper = "content length" if body_size is None else str(body_size)
-    return f"inference header size should be in range (0, {upper}), got: {value}"
+def _header_range_message(body_size: int, value: str) -> str:
+    return f"inference header size should be in range (0, {body_size}), got: {value}"
 
 
 def encode_error(message: str) -> bytes:

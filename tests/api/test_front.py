@@ -192,6 +192,29 @@ def test_malformed_request_is_a_400_and_the_connection_closes(daemon) -> None:
     assert daemon.request("GET", "/v2/health/live").status == 200  # the daemon is fine
 
 
+def test_requests_received_whole_before_a_malformed_one_are_answered_first(daemon) -> None:
+    """As Triton: every request that arrived whole before the bytes that do not parse is
+    answered, in order (served by the front or relayed, in flight or waiting), then the 400,
+    then the connection closes. A POST without Content-Length whose body follows is one such
+    client mistake: its body is an empty request's, the bytes after it a malformed request."""
+    body, total, _ = _infer_body()
+    raw = b"".join([
+        _request("POST", "/v2/models/simple/infer", body),                     # front, in flight
+        _request("GET", "/v2"),                                                # relayed, waiting
+        _request("POST", "/v2/models/simple/infer", _chunked(body), ("Transfer-Encoding: chunked",)),
+        b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n\r\n" + body,   # no Content-Length
+    ])
+    responses = _exchange(daemon.socket, raw)
+    assert [status for status, _, _ in responses] == [200, 200, 200, 400, 400]
+    assert _outputs(responses[0][2])["OUTPUT0"] == total.ravel().tolist()
+    assert json.loads(responses[1][2])["name"] == "edged"
+    assert _outputs(responses[2][2])["OUTPUT0"] == total.ravel().tolist()
+    assert "malformed JSON" in json.loads(responses[3][2])["error"]  # the empty body
+    assert json.loads(responses[4][2])["error"].startswith("malformed HTTP request")
+    assert responses[4][1]["connection"] == "close"
+    assert daemon.request("GET", "/v2/health/live").status == 200
+
+
 def test_a_request_line_without_version_is_a_400_and_the_connection_closes(daemon) -> None:
     # HTTP/0.9: a bare body would be the only answer such a client reads; Triton closes
     # without a word, aiohttp would answer "HTTP/0.9 200" with headers.

@@ -13,6 +13,7 @@ import base64
 import gzip
 import json
 import struct
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +33,9 @@ ONE_RESPONSE = (200, "edged answers a decoupled model's single response on HTTP 
 ERROR_STATUS = (500, "Triton 2.51 sends this error of generate with status 200; edged with an error status")
 TYPED_ID = (400, "Triton 2.51 takes a string sequence_id for a UINT64 CORRID control; edged names the mismatch")
 DECODED = (200, "edged decodes percent-escapes in the path (tritonclient quotes names); Triton 2.51 does not")
+HEAD_OK = (200, "edged answers HEAD wherever GET is served (RFC 9110); Triton 2.51 answers 405")
+CODING_NAMES = (200, "edged reads content codings as RFC 9110 names them (any case, raw deflate); Triton 2.51 refuses")
+FRAMING = (400, "a body framed two ways, or by a Transfer-Encoding other than chunked, is refused (RFC 9112); Triton 2.51 reads it")
 HEALTH_BODY = (200, "edged's health answers carry the Open Inference Protocol's JSON (KServe's client reads it); Triton's are empty")
 
 
@@ -51,6 +55,8 @@ class Case:
     # A repository index compared row by row: name, version and a settled state (Triton
     # unloads in the background), not the reason texts, without these models.
     index_without: tuple[str, ...] | None = None
+    # The body is sent with `Transfer-Encoding: chunked` (no Content-Length).
+    chunked: bool = False
 
 
 def _body(payload: object) -> bytes:
@@ -210,8 +216,13 @@ def cases() -> list[Case]:
     head = _body({"inputs": bin_inputs})
     out.append(Case("header-length-too-big", "POST", infer, head + a.tobytes() + b.tobytes(),
                     {"Inference-Header-Content-Length": str(len(head) + 1000)}))
-    out.append(Case("header-length-negative", "POST", infer, head + a.tobytes() + b.tobytes(),
-                    {"Inference-Header-Content-Length": "-5"}))
+    bin_body = head + a.tobytes() + b.tobytes()
+    # The range names the body's size; a chunked body's is known only once it is read.
+    out.append(Case("header-length-negative", "POST", infer, bin_body, {"Inference-Header-Content-Length": "-5"},
+                    needles=(f"inference header size should be in range (0, {len(bin_body)}), got: -5",)))
+    out.append(Case("header-length-negative-chunked", "POST", infer, bin_body,
+                    {"Inference-Header-Content-Length": "-5"}, chunked=True,
+                    needles=(f"inference header size should be in range (0, {len(bin_body)}), got: -5",)))
     out.append(Case("header-length-garbage", "POST", infer, head + a.tobytes() + b.tobytes(),
                     {"Inference-Header-Content-Length": "abc"}))
     out.append(Case("binary-without-header-length", "POST", infer, head + a.tobytes() + b.tobytes(), dict(JSON), deviation=BAD_INPUT_500))
@@ -225,6 +236,26 @@ def cases() -> list[Case]:
                     {"Inference-Header-Content-Length": "0"}))
     out.append(Case("unknown-content-encoding", "POST", infer, _body(_add_sub()), {**JSON, "Content-Encoding": "br"}))
     out.append(Case("bad-gzip", "POST", infer, b"not gzip", {**JSON, "Content-Encoding": "gzip"}))
+    out.append(Case("content-encoding-upper-case", "POST", infer, gz, {**JSON, "Content-Encoding": "GZIP"},
+                    deviation=CODING_NAMES))
+    raw_deflate = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    out.append(Case("deflate-raw-body", "POST", infer, raw_deflate.compress(_body(_add_sub())) + raw_deflate.flush(),
+                    {**JSON, "Content-Encoding": "deflate"}, deviation=CODING_NAMES))
+    framed = _body(_add_sub())
+    framed = b"%x\r\n%s\r\n0\r\n\r\n" % (len(framed), framed)
+    # (http.client adds no Content-Length where a Transfer-Encoding is given.)
+    out.append(Case("content-length-and-chunked", "POST", infer, framed,
+                    {**JSON, "Transfer-Encoding": "chunked", "Content-Length": str(len(framed))},
+                    needles=("Content-Length",), deviation=FRAMING))
+    out.append(Case("transfer-encoding-not-chunked", "POST", infer, _body(_add_sub()),
+                    {**JSON, "Transfer-Encoding": "gzip", "Content-Length": str(len(_body(_add_sub())))},
+                    deviation=FRAMING))
+    # Triton answers 100 Continue to any expectation and then the request, never 417.
+    out.append(Case("expect-unknown", "POST", infer, _body(_add_sub()), {**JSON, "Expect": "something"}))
+    # Triton's zlib reads a gzip or a zlib stream under either label.
+    out.append(Case("gzip-label-zlib-body", "POST", infer, zlib.compress(_body(_add_sub())),
+                    {**JSON, "Content-Encoding": "gzip"}))
+    out.append(Case("deflate-label-gzip-body", "POST", infer, gz, {**JSON, "Content-Encoding": "deflate"}))
     # Routing.
     post("unknown-model", _add_sub(), path="/v2/models/nope/infer", needles=("Request for unknown model",))
     post("unknown-version", _add_sub(), path="/v2/models/add_sub/versions/9/infer")
@@ -245,6 +276,9 @@ def cases() -> list[Case]:
     out.append(Case("put-on-infer", "PUT", infer, _body(_add_sub()), dict(JSON)))
     out.append(Case("delete-on-model", "DELETE", "/v2/models/add_sub"))
     out.append(Case("post-on-health", "POST", "/v2/health/live", b"", dict(JSON)))
+    out.append(Case("head-on-infer", "HEAD", infer))
+    out.append(Case("head-on-health", "HEAD", "/v2/health/live", deviation=HEAD_OK))
+    out.append(Case("head-on-metadata", "HEAD", "/v2/models/add_sub", deviation=HEAD_OK))
     out.append(Case("health-query", "GET", "/v2/health/ready?verbose=1", deviation=HEALTH_BODY))
     out.append(Case("server-metadata-slash", "GET", "/v2/"))
     out.append(Case("metadata-versioned", "GET", "/v2/models/add_sub/versions/1",

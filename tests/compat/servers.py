@@ -41,10 +41,15 @@ class Server:
     metrics_port: int = 0
 
     def request(self, method: str, path: str, body: bytes | None = None,
-                headers: dict[str, str] | None = None, timeout: float = 60.0) -> Reply:
+                headers: dict[str, str] | None = None, timeout: float = 60.0, chunked: bool = False) -> Reply:
+        """`chunked`: the body goes out with `Transfer-Encoding: chunked`, in two chunks."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
-            conn.request(method, path, body=body, headers={**(headers or {}), **self.auth})
+            payload: bytes | list[bytes] | None = body
+            if chunked and body is not None:
+                # An iterable body of unknown length: http.client frames it as chunks.
+                payload = [body[: len(body) // 2], body[len(body) // 2 :]]
+            conn.request(method, path, body=payload, headers={**(headers or {}), **self.auth})
             resp = conn.getresponse()
             return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
         finally:
