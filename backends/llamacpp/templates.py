@@ -16,11 +16,18 @@ Which template renders a model's chat prompts, in order:
 BOS: Jinja templates usually start with `{{ bos_token }}` while llama.cpp's tokenizer adds
 BOS itself for models whose vocabulary asks for it; one leading BOS is then cut from the
 rendered text so the prompt does not start with two (llama-server does the same).
+
+Rendering follows llama-server's `--jinja` (its `/apply-template` renders the same text):
+variables a request does not give are left undefined, not None (a Hermes-style template loops
+over `tools` unconditionally); `date_string` and `datetime` are today's date (Llama 3.1 prints
+`date_string`); a template that ignores or refuses a system message gets it prepended to the
+next message instead (Gemma 2 raises "System role not supported").
 """
 
 from __future__ import annotations
 
 import ctypes
+import datetime
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -41,6 +48,8 @@ RESERVED_VARIABLES = frozenset({
     "messages", "eos_token", "bos_token", "raise_exception", "add_generation_prompt",
     "functions", "function_call", "tools", "tool_choice", "strftime_now",
 })
+# What the probe for system-message support sends (llama.cpp's capability check works alike).
+_SYSTEM_PROBE = "edged-system-probe"
 
 
 class ChatTemplate:
@@ -109,17 +118,34 @@ def _looks_like_jinja(text: str) -> bool:
 
 
 def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -> ChatTemplate:
-    from jinja2 import TemplateError
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    compiled = _environment().from_string(template)
 
-    formatter = Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
+    def run(messages: Messages, variables: Mapping[str, Any]) -> str:
+        today = datetime.datetime.now()
+        # llama-server's extra context; the request's variables may replace it.
+        context = {"date_string": today.strftime("%d %b %Y"), "datetime": today.strftime("%b %d %Y")}
+        return compiled.render(
+            **{**context, **variables},
+            messages=[dict(m) for m in messages],
+            bos_token=bos,
+            eos_token=eos,
+            add_generation_prompt=True,
+            raise_exception=_raise_exception,
+            strftime_now=_strftime_now,
+        )
+
+    system_role = _takes_system_role(run)
 
     def render(messages: Messages, variables: Mapping[str, Any]) -> str:
         message_pairs(messages)  # role and content checked, naming the bad message
+        if not system_role:
+            messages = _system_into_next(messages)
         try:
-            prompt = formatter(messages=[dict(m) for m in messages], **variables).prompt  # type: ignore[misc]
-        except (TemplateError, ValueError, TypeError) as exc:
-            # raise_exception() in the template (e.g. "roles must alternate") lands here.
+            prompt = run(messages, variables)
+        except Exception as exc:
+            # The template's own code failed on these messages: raise_exception() ("roles
+            # must alternate"), an undefined field, a type error. The request is what it
+            # cannot render, so a 400 naming the template's complaint, not a server error.
             raise InvalidArgument(f"messages: the model's chat template refused them: {exc}") from None
         if strip_bos and bos and prompt.startswith(bos):
             prompt = prompt[len(bos) :]
@@ -127,6 +153,55 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
 
     render([{"role": "user", "content": "hi"}], {})  # fails now, at load, for a broken template
     return ChatTemplate(source, render, jinja=True)
+
+
+def _environment() -> Any:
+    """The sandboxed Jinja environment Hugging Face chat templates are written for (the one
+    llama-cpp-python's Jinja2ChatFormatter builds, whose helpers are reused)."""
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    environment = ImmutableSandboxedEnvironment(
+        loader=jinja2.BaseLoader(),
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[Jinja2ChatFormatter.IgnoreGenerationTags, jinja2.ext.loopcontrols],
+    )
+    environment.filters["tojson"] = Jinja2ChatFormatter.tojson
+    return environment
+
+
+def _raise_exception(message: str) -> None:
+    raise ValueError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
+def _takes_system_role(run: Callable[[Messages, Mapping[str, Any]], str]) -> bool:
+    """Whether the template shows a system message's text (Gemma's refuses one)."""
+    try:
+        probe = [{"role": "system", "content": _SYSTEM_PROBE}, {"role": "user", "content": "hi"}]
+        return _SYSTEM_PROBE in run(probe, {})
+    except Exception:
+        return False
+
+
+def _system_into_next(messages: Messages) -> Messages:
+    """A leading system message prepended to the next message, as llama-server does for a
+    template without a system role; alone, a 400 (dropping it would answer another request)."""
+    if not messages or messages[0]["role"] != "system":
+        return messages
+    if len(messages) == 1:
+        raise InvalidArgument(
+            "messages: the model's chat template has no system role, and the system message has no "
+            "message after it to be prepended to"
+        )
+    merged = dict(messages[1])
+    merged["content"] = f"{messages[0]['content']}\n{messages[1]['content']}"
+    return [merged, *messages[2:]]
 
 
 def _builtin(template: str, source: str) -> ChatTemplate:
