@@ -620,10 +620,15 @@ class GenerationBackend(Backend):
         `enable_thinking`); a template that cannot take them is an InvalidArgument."""
         raise Unsupported(f"backend {self.name!r} has no chat template")
 
-    async def embed(self, texts: Sequence[str], *, truncate: bool = False) -> tuple[list[list[float]], int]:
-        """Embeddings for each text and the number of prompt tokens used. `truncate`: a text
-        longer than the model embeds at once keeps its first tokens (Ollama's `truncate`, its
-        default); otherwise such a text is an InvalidArgument."""
+    async def embed(
+        self, texts: Sequence[str | list[int]], *, truncate: bool = False
+    ) -> tuple[list[list[float]], int]:
+        """Embeddings for each input and the number of prompt tokens used. An input is a text,
+        or token ids of the model's vocabulary (OpenAI's token-id input), embedded exactly as
+        given: no BOS/EOS added, as llama-server does; an id outside the vocabulary or an empty
+        list is an InvalidArgument (so is token input to a backend that embeds text only).
+        `truncate`: an input longer than the model embeds at once keeps its first tokens
+        (Ollama's `truncate`, its default); otherwise such an input is an InvalidArgument."""
         raise Unsupported(f"backend {self.name!r} does not compute embeddings")
 
     def engine_stats(self) -> dict[str, int | float | str]:

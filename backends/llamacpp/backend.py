@@ -242,8 +242,11 @@ class LlamaCppBackend(GenerationBackend):
             raise InvalidArgument(f"model '{self.context.model_name}' is an embedding model; it does not chat")
         return engine.chat_template.render(messages, template_kwargs or {})
 
-    async def embed(self, texts: Sequence[str], *, truncate: bool = False) -> tuple[list[list[float]], int]:
-        """L2-normalised pooled embeddings (what OpenAI and llama-server return) + token count."""
+    async def embed(
+        self, texts: Sequence[str | list[int]], *, truncate: bool = False
+    ) -> tuple[list[list[float]], int]:
+        """L2-normalised pooled embeddings (what OpenAI and llama-server return) + token count.
+        A text is tokenized with the model's special tokens; token ids are embedded as given."""
         engine = self._require_engine()
         if not engine.settings.embedding:
             # Asking a generation model for embeddings is the client's mistake: 400, not 501.
@@ -262,7 +265,9 @@ class LlamaCppBackend(GenerationBackend):
             else:
                 future.set_result(result)
 
-        job = engine.submit_embed(list(texts), _emitter(loop, settle), truncate=truncate)
+        # Token lists copied: the engine thread reads them after this call returns.
+        inputs = [text if isinstance(text, str) else list(text) for text in texts]
+        job = engine.submit_embed(inputs, _emitter(loop, settle), truncate=truncate)
         try:
             return await future
         finally:

@@ -165,7 +165,7 @@ class Request:
 
 
 class EmbedJob:
-    def __init__(self, engine: Engine, texts: list[str], done: EmbedDone, truncate: bool = False):
+    def __init__(self, engine: Engine, texts: list[str | list[int]], done: EmbedDone, truncate: bool = False):
         self.texts = texts
         self.truncate = truncate
         self.done = done
@@ -269,7 +269,7 @@ class Engine:
         self._enqueue(request)
         return request
 
-    def submit_embed(self, texts: list[str], done: EmbedDone, *, truncate: bool = False) -> EmbedJob:
+    def submit_embed(self, texts: list[str | list[int]], done: EmbedDone, *, truncate: bool = False) -> EmbedJob:
         job = EmbedJob(self, texts, done, truncate)
         self._enqueue(job)
         return job
@@ -933,8 +933,13 @@ class Engine:
             job.done(self._embed_texts(job.texts, job.truncate))
         except EdgedError as exc:
             job.done(exc)
+        except Exception as exc:
+            # A bug on one request's inputs: answer it (a job left unanswered would hang its
+            # client) and keep serving; each embedding batch starts from cleared cells.
+            log.exception("embedding request on model '%s' failed", self.name)
+            job.done(BackendError(f"embedding failed on model '{self.name}': {type(exc).__name__}: {exc}"))
 
-    def _embed_texts(self, texts: list[str], truncate: bool = False) -> tuple[list[list[float]], int]:
+    def _embed_texts(self, texts: list[str | list[int]], truncate: bool = False) -> tuple[list[list[float]], int]:
         if not self.settings.embedding:
             raise InvalidArgument(
                 f"model '{self.name}' is not loaded as an embedding model; "
@@ -943,9 +948,14 @@ class Engine:
         limit = min(self._n_batch, self.n_ctx_seq)
         tokenized = []
         for index, text in enumerate(texts):
-            tokens = self._tokenize(text)
-            if len(tokens) > limit and truncate:
-                tokens = self._truncated(tokens, limit)
+            if isinstance(text, str):
+                tokens = self._tokenize(text)
+                if len(tokens) > limit and truncate:
+                    tokens = self._truncated(tokens, limit)
+            else:
+                tokens = self._checked_ids(index, text)
+                if truncate:  # nothing was appended to ids given as they are: a plain cut
+                    tokens = tokens[:limit]
             if len(tokens) > limit:
                 raise InvalidArgument(
                     f"input[{index}] is {len(tokens)} tokens but model '{self.name}' embeds at "
@@ -967,6 +977,18 @@ class Engine:
             vectors.extend(self._embed_batch(tokenized[start:end]))
             start = end
         return vectors, sum(len(t) for t in tokenized)
+
+    def _checked_ids(self, index: int, tokens: list[int]) -> list[int]:
+        """Token ids to embed as given (llama-server adds no BOS/EOS to token input either);
+        an id outside the vocabulary would have llama.cpp read out of bounds."""
+        if not tokens:
+            raise InvalidArgument(f"input[{index}]: an empty list of token ids has nothing to embed")
+        for position, token in enumerate(tokens):
+            if not 0 <= token < self.n_vocab:
+                raise InvalidArgument(
+                    f"input[{index}][{position}]: token id {token} is out of range (vocabulary {self.n_vocab})"
+                )
+        return tokens
 
     def _truncated(self, tokens: list[int], limit: int) -> list[int]:
         """The first `limit` tokens (Ollama's `truncate`), keeping the end token the tokenizer

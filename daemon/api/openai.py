@@ -167,7 +167,9 @@ class ChatRequest(_Sampling):
 
 class EmbeddingRequest(_Strict):
     model: str
-    input: str | list[str]
+    # A string, strings, token ids (one input) or lists of token ids (one input each): OpenAI's
+    # four forms, in one type a msgspec union can hold; `_embedding_inputs` sorts them out.
+    input: str | list[str | int | list[int]]
     # The openai client asks for base64 (float32 little-endian) unless told otherwise.
     encoding_format: Literal["float", "base64"] = "float"
     user: str | None = None
@@ -871,14 +873,33 @@ def _encode_vector(vector: list[float], encoding: str) -> list[float] | str:
     return vector
 
 
+def _embedding_inputs(value: str | list[str | int | list[int]]) -> list[str | list[int]]:
+    """The inputs to embed: a list of ints is one input of token ids; otherwise each element
+    is one (a string, or a list of token ids, as llama-server also takes them side by side).
+    Strings and bare ints in one list are a 400: llama-server joins them into one prompt,
+    which is not an OpenAI input, and guessing a split would change what the client meant."""
+    if isinstance(value, str):
+        return [value]
+    if not value:
+        raise InvalidArgument("input: at least one string or token id is required")
+    ids = [item for item in value if isinstance(item, int)]
+    if len(ids) == len(value):
+        return [ids]
+    if ids:
+        index = next(i for i, item in enumerate(value) if isinstance(item, int))
+        raise InvalidArgument(
+            f"input[{index}]: a token id among strings or token-id lists; send token ids as one "
+            "list of ints (one input) or as lists of ints (one input each)"
+        )
+    return [item for item in value if not isinstance(item, int)]
+
+
 async def embeddings(request: web.Request) -> web.Response:
     req: EmbeddingRequest = _decode(await request_body(request), EmbeddingRequest)
     model = await generation_model(request, req.model)
-    texts = [req.input] if isinstance(req.input, str) else req.input
-    if not texts:
-        raise InvalidArgument("input: at least one string is required")
+    inputs = _embedding_inputs(req.input)
     dimensions.check(req.dimensions)
-    vectors, tokens = await model.embed(texts)
+    vectors, tokens = await model.embed(inputs)
     if req.dimensions is not None:
         vectors = dimensions.shorten(vectors, req.dimensions)
     payload = {

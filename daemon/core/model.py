@@ -154,7 +154,9 @@ class LoadedVersion:
             else:
                 self.stats.record_failure(elapsed, outcome)
 
-    async def embed(self, texts: list[str], *, truncate: bool = False) -> tuple[list[list[float]], int]:
+    async def embed(
+        self, texts: Sequence[str | list[int]], *, truncate: bool = False
+    ) -> tuple[list[list[float]], int]:
         generator = self.require_generator()
         started = time.monotonic_ns()
         self._enter()

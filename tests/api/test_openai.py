@@ -4,8 +4,11 @@ over TCP and over the Unix socket; plus Triton's generate extension."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("llama_cpp")
@@ -516,6 +519,86 @@ def test_embedding_dimensions(client: openai.OpenAI) -> None:
     assert all(math.isclose(a, b / scale, rel_tol=1e-5, abs_tol=1e-7) for a, b in zip(short, full[:16], strict=True))
     with pytest.raises(openai.BadRequestError, match="dimensions: the model's embeddings have 64 dimensions, got 65"):
         client.embeddings.create(model="embedder", input="x", dimensions=65)
+
+
+@pytest.fixture(scope="module")
+def embedder_ids(repo: Path) -> Callable[[str], list[int]]:
+    """Text to the embedding model's token ids, with its special tokens (BOS), by llama.cpp's
+    own tokenizer: the ids a client such as LangChain's OpenAIEmbeddings would send."""
+    from llama_cpp import Llama
+
+    vocab = Llama(str(repo / "embedder" / "1" / "model.gguf"), vocab_only=True, verbose=False)
+    return lambda text: vocab.tokenize(text.encode(), add_bos=True, special=True)
+
+
+def test_embedding_token_ids_are_the_texts_tokens(
+    client: openai.OpenAI, embedder_ids: Callable[[str], list[int]]
+) -> None:
+    ids = embedder_ids("hello world")
+    text = client.embeddings.create(model="embedder", input="hello world", encoding_format="float")
+    tokens = client.embeddings.create(model="embedder", input=ids, encoding_format="float")
+    np.testing.assert_allclose(tokens.data[0].embedding, text.data[0].embedding, atol=1e-5)
+    assert tokens.usage.prompt_tokens == text.usage.prompt_tokens == len(ids)
+    # Embedded as given, as llama-server does: without the BOS nothing puts it back.
+    bare = client.embeddings.create(model="embedder", input=ids[1:], encoding_format="float")
+    assert bare.usage.prompt_tokens == len(ids) - 1
+    assert not np.allclose(bare.data[0].embedding, text.data[0].embedding, atol=1e-3)
+
+
+def test_embedding_several_token_arrays(client: openai.OpenAI, embedder_ids: Callable[[str], list[int]]) -> None:
+    texts = ["one", "two words", "one"]
+    by_text = client.embeddings.create(model="embedder", input=texts, encoding_format="float")
+    by_ids = client.embeddings.create(model="embedder", input=[embedder_ids(t) for t in texts], encoding_format="float")
+    # Strings and token lists side by side, one input each (llama-server takes this too).
+    mixed = client.embeddings.create(model="embedder", input=["one", embedder_ids("two words")], encoding_format="float")
+    assert [d.index for d in by_ids.data] == [0, 1, 2]
+    for result in (by_ids, mixed):
+        for got, want in zip(result.data, by_text.data, strict=False):
+            np.testing.assert_allclose(got.embedding, want.embedding, atol=1e-5)
+    assert by_ids.usage.prompt_tokens == by_ids.usage.total_tokens == sum(len(embedder_ids(t)) for t in texts)
+    assert mixed.usage.prompt_tokens == len(embedder_ids("one")) + len(embedder_ids("two words"))
+
+
+def test_embedding_token_ids_base64_and_dimensions(
+    client: openai.OpenAI, embedder_ids: Callable[[str], list[int]]
+) -> None:
+    import base64
+
+    want = client.embeddings.create(model="embedder", input="shorten me", dimensions=16, encoding_format="float")
+    raw = client.embeddings.create(
+        model="embedder", input=[embedder_ids("shorten me")], dimensions=16, encoding_format="base64"
+    ).data[0].embedding
+    assert isinstance(raw, str)
+    vector = np.frombuffer(base64.b64decode(raw), dtype="<f4")
+    np.testing.assert_allclose(vector, want.data[0].embedding, atol=1e-5)
+    # The client's default: it asks for base64 and decodes it.
+    default = client.embeddings.create(model="embedder", input=embedder_ids("shorten me"), dimensions=16)
+    np.testing.assert_allclose(default.data[0].embedding, want.data[0].embedding, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([], "input: at least one string or token id is required"),
+        ([[]], "input[0]: an empty list of token ids has nothing to embed"),
+        ([[1, 5], []], "input[1]: an empty list of token ids has nothing to embed"),
+        (
+            ["hello", 5],
+            "input[1]: a token id among strings or token-id lists; send token ids as one list "
+            "of ints (one input) or as lists of ints (one input each)",
+        ),
+        ([[1, 5], [3, 4, 5, 99999]], "input[1][3]: token id 99999 is out of range (vocabulary 379)"),
+        ([1, 379], "input[0][1]: token id 379 is out of range (vocabulary 379)"),
+        ([-1], "input[0][0]: token id -1 is out of range (vocabulary 379)"),
+        ([[1, "a"]], "invalid request: Expected `int`, got `str` - at `$.input[0][1]`"),
+        ([1.5], "invalid request: Expected `int | str | array`, got `float` - at `$.input[0]`"),
+        ([1] * 600, "input[0] is 600 tokens but model 'embedder' embeds at most 512 tokens per input (n_batch)"),
+    ],
+)
+def test_embedding_input_rejected(client: openai.OpenAI, value: Any, message: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.embeddings.create(model="embedder", input=value, encoding_format="float")
+    assert info.value.message == f"Error code: 400 - {message}"
 
 
 WEATHER = {

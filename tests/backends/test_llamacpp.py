@@ -9,6 +9,8 @@ gives alone, cancellation frees slots, stop strings, limits, queue and context e
 from __future__ import annotations
 
 import asyncio
+import datetime
+import json
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -424,6 +426,40 @@ async def test_custom_jinja_template_from_the_gguf(load: Loader, tmp_path: Path)
     assert override.engine_stats()["chat_template"] == "config (jinja)"
 
 
+# Real chat templates of popular families, and the prompts llama.cpp's llama-server (--jinja,
+# same llama.cpp as llama-cpp-python) renders for them at POST /apply-template.
+TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
+APPLY_TEMPLATE = json.loads((TEMPLATES / "apply_template.json").read_text())
+
+
+@pytest.mark.parametrize("family", sorted(APPLY_TEMPLATE["prompts"]))
+async def test_real_templates_render_what_llama_server_renders(load: Loader, tmp_path: Path, family: str) -> None:
+    """Hermes 2 Pro loops over `tools` when none are given (undefined, not None); Gemma 2 has no
+    system role (the system text goes before the first user message); Llama 3.1 prints today's
+    `date_string` (llama-server's extra context), as llama-server does for each."""
+    template = (TEMPLATES / f"{family}.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template))
+    assert backend.engine_stats()["chat_template"] == "gguf (jinja)"
+    today = datetime.datetime.now().strftime("%d %b %Y")
+    for case, messages in APPLY_TEMPLATE["cases"].items():
+        expected = APPLY_TEMPLATE["prompts"][family][case].replace("{date_string}", today)
+        assert backend.chat_prompt(messages) == expected, case
+    if family == "google-gemma-2-2b-it":
+        # Nothing after the system message to carry its text: not silently dropped.
+        with pytest.raises(InvalidArgument, match="has no system role"):
+            backend.chat_prompt([{"role": "system", "content": "Be brief."}])
+
+
+async def test_a_template_failing_on_a_request_is_invalid_argument(load: Loader, tmp_path: Path) -> None:
+    """Whatever the template's code raises on a request's messages (here a division by zero,
+    not a Jinja error) is the request's 400, not a server error."""
+    template = "{% for m in messages %}{{ m.content }}{% if m.content == 'zero' %}{{ 1 // 0 }}{% endif %}{% endfor %}"
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template))
+    assert backend.chat_prompt([{"role": "user", "content": "hi"}]) == "hi"
+    with pytest.raises(InvalidArgument, match="chat template refused them: integer division"):
+        backend.chat_prompt([{"role": "user", "content": "zero"}])
+
+
 async def test_invalid_parameters_name_the_field(load: Loader, model_path: Path) -> None:
     with pytest.raises(ConfigError, match="n_paralel"):
         await load(model_path, n_paralel="2")
@@ -486,6 +522,44 @@ async def test_truncated_embedding_is_the_models_for_the_first_tokens(
     kept = [*ids[:15], 2] if add_eos else ids[:16]
     expected = reference_forward(read_weights(path), kept).mean(axis=0)
     np.testing.assert_allclose(vectors[0], expected / np.linalg.norm(expected), atol=2e-3)
+
+
+@pytest.mark.parametrize("add_eos", [False, True])
+async def test_token_ids_are_embedded_as_given(load: Loader, tmp_path: Path, add_eos: bool) -> None:
+    """Token input (OpenAI's, llama-server's): the ids are the sequence, no BOS/EOS added, so
+    the text's own ids give the text's vector and ids without BOS give their own."""
+    path = write_tiny_llama(tmp_path / "embed.gguf", pooling=1, add_eos=add_eos)
+    backend = await load(path, embedding="true")
+    weights = read_weights(path)
+    text_ids = [1, token_id(path, SPACE), token_id(path, "Q"), *([2] if add_eos else [])]
+    bare = [token_id(path, SPACE), token_id(path, "Q")]
+    vectors, count = await backend.embed(["Q", text_ids, bare])
+    assert count == 2 * len(text_ids) + 2
+    np.testing.assert_allclose(vectors[1], vectors[0], atol=1e-5)
+    expected = reference_forward(weights, bare).mean(axis=0)
+    np.testing.assert_allclose(vectors[2], expected / np.linalg.norm(expected), atol=2e-3)
+
+
+async def test_token_ids_outside_the_vocabulary_or_too_many(load: Loader, tmp_path: Path) -> None:
+    path = write_tiny_llama(tmp_path / "embed.gguf", pooling=1)
+    backend = await load(path, embedding="true", n_batch="16")
+    n_vocab = len(gguf.GGUFReader(str(path)).fields["tokenizer.ggml.tokens"].data)
+    with pytest.raises(InvalidArgument) as info:
+        await backend.embed(["Q", [1, 5, n_vocab]])
+    assert info.value.message == f"input[1][2]: token id {n_vocab} is out of range (vocabulary {n_vocab})"
+    with pytest.raises(InvalidArgument, match=r"^input\[0\]\[0\]: token id -1 is out of range"):
+        await backend.embed([[-1]])
+    with pytest.raises(InvalidArgument, match=r"^input\[1\]: an empty list of token ids has nothing to embed$"):
+        await backend.embed([[1], []])
+    ids = [1, *(token_id(path, c) for c in "QZ" * 20)]
+    with pytest.raises(InvalidArgument, match=r"^input\[0\] is 41 tokens but model .* embeds at most 16 tokens"):
+        await backend.embed([ids])
+    # Ollama's `truncate` cuts token input plainly: nothing was appended to keep.
+    vectors, count = await backend.embed([ids], truncate=True)
+    assert count == 16
+    expected = reference_forward(read_weights(path), ids[:16]).mean(axis=0)
+    np.testing.assert_allclose(vectors[0], expected / np.linalg.norm(expected), atol=2e-3)
+    assert (await backend.embed(["Q"]))[1] == 3  # the engine still serves after the refusals
 
 
 async def test_generation_model_refuses_embeddings(load: Loader, model_path: Path) -> None:
