@@ -529,6 +529,10 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    # Locally typical sampling (llama.cpp's typ_p, Ollama's and llama-server's typical_p):
+    # keep the tokens whose surprise is closest to the distribution's entropy, up to this
+    # probability mass. 1.0: off.
+    typical_p: float = 1.0
     repeat_penalty: float = 1.0
     # OpenAI's penalties, in [-2, 2]: subtract `presence` once and `frequency` per occurrence
     # from the logit of every token already in the prompt or the output.

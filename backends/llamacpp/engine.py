@@ -745,6 +745,8 @@ class Engine:
             return chain
         if params.top_k > 0:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(params.top_k))
+        if params.typical_p < 1.0:  # llama.cpp's order: top-k, typical, top-p, min-p
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_typical(params.typical_p, 1))
         if 0.0 < params.top_p < 1.0:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(params.top_p, 1))
         if params.min_p > 0.0:

@@ -56,7 +56,7 @@ _FOREVER = "2318-01-01T00:00:00Z"  # what Ollama's expires_at reads like for kee
 _UNLIMITED = 1 << 30
 
 _SUPPORTED_OPTIONS = frozenset({
-    "num_ctx", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "num_predict",
+    "num_ctx", "temperature", "top_p", "top_k", "min_p", "typical_p", "seed", "stop", "num_predict",
     "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
 })
 # Ollama's runner options: set when it loads a model (another value reloads it). Here the
@@ -362,7 +362,9 @@ async def _params(request: web.Request, opts: _Options, model: LoadedVersion) ->
             raise InvalidArgument(f"options.temperature must be >= 0, got {opts.temperature}")
         params.temperature = opts.temperature
         params.greedy = opts.temperature == 0
-    for key in ("top_p", "top_k", "min_p", "repeat_penalty"):
+    if opts.typical_p is not None and not 0.0 <= opts.typical_p <= 1.0:
+        raise InvalidArgument(f"options.typical_p must be between 0 and 1, got {opts.typical_p}")
+    for key in ("top_p", "top_k", "min_p", "typical_p", "repeat_penalty"):
         value = getattr(opts, key)
         if value is not None:
             setattr(params, key, value)
@@ -417,6 +419,7 @@ class _Options(msgspec.Struct):
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
+    typical_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     num_predict: int | None = None

@@ -7,7 +7,7 @@ sequence: aiohttp cancels the handler, and closing the chunk iterator tells the 
 Every field a request may carry either has its effect or is a 400 naming it (unknown fields
 are rejected by the decoders, `forbid_unknown_fields`); ranges are OpenAI's: temperature
 [0, 2], top_p [0, 1], presence/frequency penalty [-2, 2], logit_bias values [-100, 100].
-llama-server's extensions `top_k`, `min_p`, `repeat_penalty`, `repeat_last_n`,
+llama-server's extensions `top_k`, `min_p`, `typical_p`, `repeat_penalty`, `repeat_last_n`,
 `ignore_eos` and `cache_prompt` are taken too, with llama-server's meaning.
 
 `n` choices are `n` sequences in the engine, run side by side as separate requests would be
@@ -87,6 +87,7 @@ class _Sampling(_Strict):
     # Extensions llama.cpp's server also accepts.
     top_k: int | None = None
     min_p: float | None = None
+    typical_p: float | None = None
     repeat_penalty: float | None = None
     # The window of recent tokens every penalty counts (-1: the whole context, 0: none).
     # Unset, OpenAI's penalties count the whole context and repeat_penalty the last 64.
@@ -243,6 +244,9 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
         if req.min_p is not None:
             in_range("min_p", req.min_p, 0.0, 1.0)
             params.min_p = req.min_p
+        if req.typical_p is not None:
+            in_range("typical_p", req.typical_p, 0.0, 1.0)
+            params.typical_p = req.typical_p
         if req.repeat_penalty is not None:
             if not req.repeat_penalty > 0:
                 raise InvalidArgument(f"repeat_penalty must be > 0, got {req.repeat_penalty}")

@@ -585,6 +585,16 @@ def test_seed_takes_ollamas_values_and_refuses_what_it_cannot_keep(client: ollam
             for _ in range(2)}
     assert len(same) == 1
     assert client.generate(model="tiny", prompt="Once", raw=True, options={**sampled, "seed": -1}).done
+    # typical_p: with a mass this small one token is left at each step, whatever the seed.
+    typical = {client.generate(model="tiny", prompt="Once", raw=True,
+                               options={**sampled, "min_p": 0.0, "typical_p": 1e-6, "seed": s}).response
+               for s in range(4)}
+    free = {client.generate(model="tiny", prompt="Once", raw=True,
+                            options={**sampled, "min_p": 0.0, "seed": s}).response for s in range(4)}
+    assert len(typical) == 1 and len(free) > 1
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.generate(model="tiny", prompt="Once", options={"typical_p": 2})
+    assert caught.value.status_code == 400 and "options.typical_p must be between 0 and 1" in caught.value.error
     for stop in ("", ["x", ""]):  # the engine would drop it, Ollama's runner stops at once on it
         with pytest.raises(ollama.ResponseError) as caught:
             client.generate(model="tiny", prompt="Once", options={**sampled, "stop": stop})
@@ -607,7 +617,7 @@ def test_load_time_options_and_options_on_a_load_request(client: ollama.Client) 
         assert f"options.{option} is a load-time setting" in caught.value.error and parameter in caught.value.error
     for call in (lambda: client.generate(model="tiny", prompt="", options={"mirostat": 1}),
                  lambda: client.chat(model="tiny", messages=[], options={"num_ctx": 100_000}),
-                 lambda: client.chat(model="tiny", messages=[], options={"typical_p": 0.5})):
+                 lambda: client.chat(model="tiny", messages=[], options={"tfs_z": 0.5})):
         with pytest.raises(ollama.ResponseError) as caught:
             call()
         assert caught.value.status_code == 400 and "options." in caught.value.error, caught.value.error

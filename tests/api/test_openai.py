@@ -434,6 +434,23 @@ def test_sampling_parameters_have_their_effect(client: openai.OpenAI) -> None:
         client.completions.create(model="tiny", prompt=prompt, extra_body={"repeat_last_n": -2}, max_tokens=1)
 
 
+def test_typical_p_keeps_the_most_typical_tokens(client: openai.OpenAI) -> None:
+    """llama-server's typical_p: with a mass this small one token is left at each step (the one
+    whose surprise is closest to the entropy), so every seed writes the same text; without it,
+    hot sampling over the whole vocabulary differs from seed to seed."""
+    hot = {"model": "tiny", "prompt": "Typical", "temperature": 2.0, "max_tokens": 12, "top_p": 1.0}
+    free = {client.completions.create(**hot, seed=s, extra_body={"top_k": 0, "min_p": 0}).choices[0].text
+            for s in range(4)}
+    assert len(free) > 1
+    typical = {
+        client.completions.create(**hot, seed=s, extra_body={"top_k": 0, "min_p": 0, "typical_p": 1e-6}).choices[0].text
+        for s in range(4)
+    }
+    assert len(typical) == 1
+    with pytest.raises(openai.BadRequestError, match="typical_p must be between 0 and 1, got 1.5"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=1, extra_body={"typical_p": 1.5})
+
+
 def test_ignore_eos_runs_to_max_tokens(client: openai.OpenAI) -> None:
     """llama-server's ignore_eos (benchmarks send it): an end-of-generation token is never
     sampled. Biased towards EOS (id 2 in the tiny vocabulary) the reply ends at once; with
