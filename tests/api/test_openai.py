@@ -447,7 +447,7 @@ def test_typical_p_keeps_the_most_typical_tokens(client: openai.OpenAI) -> None:
         for s in range(4)
     }
     assert len(typical) == 1
-    with pytest.raises(openai.BadRequestError, match="typical_p must be between 0 and 1, got 1.5"):
+    with pytest.raises(openai.BadRequestError, match=r"typical_p must be between 0 and 1, got 1\.5"):
         client.completions.create(model="tiny", prompt="x", max_tokens=1, extra_body={"typical_p": 1.5})
 
 
