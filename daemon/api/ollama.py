@@ -34,7 +34,7 @@ from typing import Any, Literal
 import msgspec
 from aiohttp import web
 
-from daemon.api import dimensions, openai_tools
+from daemon.api import dimensions, openai_tools, sampling
 from daemon.api.body import read_body
 from daemon.api.leases import hold
 from daemon.api.state import daemon_of
@@ -67,8 +67,6 @@ _LOAD_TIME = {
     "logits_all": "", "embedding_only": "",
 }
 _THINK_LEVELS = frozenset({"high", "medium", "low", "max"})  # Ollama's
-# The llama.cpp engine keeps 32 bits of a seed, and its all-ones value means "random".
-_MAX_SEED = 0xFFFFFFFE
 # Ollama's default window of recent tokens for all three penalties.
 _REPEAT_LAST_N = 64
 
@@ -368,16 +366,9 @@ async def _params(request: web.Request, opts: _Options, model: LoadedVersion) ->
         value = getattr(opts, key)
         if value is not None:
             setattr(params, key, value)
-    if opts.seed is not None and opts.seed != -1:  # -1: Ollama's "random", the default
-        if not 0 <= opts.seed <= _MAX_SEED:
-            # A larger seed would silently become another one (the engine keeps 32 bits).
-            raise InvalidArgument(f"options.seed must be -1 (random) or between 0 and {_MAX_SEED}, got {opts.seed}")
-        params.seed = opts.seed
+    params.seed = sampling.seed(opts.seed, "options.seed")  # -1, Ollama's default: random
     if opts.stop is not None:
-        params.stop = [opts.stop] if isinstance(opts.stop, str) else list(opts.stop)
-        if "" in params.stop:
-            # Ollama's runner stops at once on it, the engine would drop it: neither is asked for.
-            raise InvalidArgument("options.stop: an empty string is not a stop string")
+        params.stop = sampling.stop_strings(opts.stop, "options.stop")
     return params, bound
 
 

@@ -32,7 +32,7 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
-from daemon.api import dimensions, openai_tools
+from daemon.api import dimensions, openai_tools, sampling
 from daemon.api import generate as generate_tensor
 from daemon.api.body import read_body
 from daemon.api.errors import error_body
@@ -46,9 +46,6 @@ _json = msgspec.json.Encoder()
 T = TypeVar("T")
 # OpenAI's upper bound on `n` (choices per request).
 MAX_CHOICES = 128
-# The llama.cpp engine keeps 32 bits of a seed, and its all-ones value means "random": a seed
-# beyond this would silently become another one.
-MAX_SEED = 2**32 - 2
 
 
 class _Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -276,15 +273,9 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
         if req.top_k < 0:
             raise InvalidArgument(f"top_k must be >= 0, got {req.top_k}")
         params.top_k = req.top_k
-    if req.seed is not None and req.seed != -1:  # -1: random, as llama-server reads it
-        if not 0 <= req.seed <= MAX_SEED:
-            raise InvalidArgument(f"seed must be -1 (random) or between 0 and {MAX_SEED}, got {req.seed}")
-        params.seed = req.seed
+    params.seed = sampling.seed(req.seed, "seed")
     if req.stop is not None:
-        params.stop = [req.stop] if isinstance(req.stop, str) else list(req.stop)
-        if "" in params.stop:
-            # llama-server stops at once on it, the engine would drop it: neither is asked for.
-            raise InvalidArgument("stop: an empty string is not a stop string")
+        params.stop = sampling.stop_strings(req.stop, "stop")
     return params
 
 
@@ -346,8 +337,10 @@ def _choices(
     choices differ, as OpenAI's independent samples do, and each prompt's are what it would
     get alone."""
     total = per_prompt * len(prompts)
-    if params.seed is not None and params.seed + per_prompt - 1 > MAX_SEED:
-        raise InvalidArgument(f"seed: with {field} {per_prompt}, choice i samples with seed + i, which must stay <= {MAX_SEED}")
+    if params.seed is not None and params.seed + per_prompt - 1 > sampling.MAX_SEED:
+        raise InvalidArgument(
+            f"seed: with {field} {per_prompt}, choice i samples with seed + i, which must stay <= {sampling.MAX_SEED}"
+        )
     if total > 1:
         engine = model.require_generator().engine_stats()
         room = int(engine.get("slots", 0)) + int(engine.get("max_queue", 0))
