@@ -16,8 +16,10 @@ HTTP_SEND_START (the response is encoded). Traces are written as a JSON array li
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -159,10 +161,16 @@ class TraceManager:
 
 
 def _write(path: Path, traces: list[dict[str, Any]]) -> None:
+    # Written beside the target and renamed over it, so a reader (a log shipper, a test polling
+    # for the file) sees either no file or the whole JSON document, never a half-written one.
+    partial = path.with_name(f".{path.name}.partial")
     try:
-        path.write_text(json.dumps(traces), encoding="utf-8")
+        partial.write_text(json.dumps(traces), encoding="utf-8")
+        os.replace(partial, path)
     except OSError as exc:
         log.error("cannot write traces to %s: %s", path, exc)
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
 
 
 def _levels(value: Any) -> list[str]:

@@ -55,7 +55,9 @@ def test_trace_settings_and_file(start_daemon, tmp_path: Path) -> None:
             if written.exists():
                 break
             time.sleep(0.05)
+        # Renamed into place whole: the file is never seen half-written, nothing is left beside it.
         traces = json.loads(written.read_text())
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["edged.toml", "repo", "trace.json.0"]
         assert [t["id"] for t in traces] == [1, 2]
         assert {t["model_name"] for t in traces} == {"simple"} and traces[0]["request_id"] == "traced"
         names = [s["name"] for s in traces[0]["timestamps"]]
