@@ -85,6 +85,7 @@ __all__ = [
     "TensorBackend",
     "TensorConfig",
     "TokenLogprob",
+    "ToolCallFrame",
     "Unavailable",
     "Unsupported",
     "backend_failure",
@@ -519,6 +520,28 @@ class TensorBackend(Backend):
         return InferResponse(select_outputs(outputs, request.requested_outputs))
 
 
+class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
+    """Tool calls in the model's own syntax, as the output must write them (a grammar enforces it):
+    `open`, then one or more JSON objects each matching `call_schema` (JSON schema text),
+    separated by `separator`, then `close`; at most `max_calls` of them (None: no limit).
+
+    E.g. Hermes / Qwen: open "<tool_call>\n", separator "\n</tool_call>\n<tool_call>\n",
+    close "\n</tool_call>"; Mistral: "[TOOL_CALLS][", ", ", "]"; Llama 3.x: "", "", "".
+
+    `lazy` (tool_choice "auto"): the model may write free text instead, and the grammar holds
+    only once the output reaches `open` (llama.cpp's lazy grammar); with an empty `open`, once
+    the output's first character other than whitespace is "{". Free text before `open` is
+    allowed; after `close` the output ends.
+    """
+
+    call_schema: str
+    open: str = ""
+    separator: str = ""
+    close: str = ""
+    max_calls: int | None = None
+    lazy: bool = False
+
+
 class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     """Sampling and stopping for one generation request (OpenAI/Triton generate fields)."""
 
@@ -549,6 +572,9 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # A JSON schema (JSON text) the output must match, e.g. '{"type": "object"}' for any JSON
     # object; the backend turns it into a grammar. Not together with `grammar`.
     json_schema: str = ""
+    # Tool calls in the model's own syntax (see ToolCallFrame). Not together with `grammar`
+    # or `json_schema`.
+    tool_calls: ToolCallFrame | None = None
     seed: int | None = None
     stop: list[str] = []
     # Fill-in-the-middle: the text after the insertion point (the prompt is the text
@@ -564,7 +590,9 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # Greedy decoding regardless of the fields above (temperature <= 0 means the same).
     greedy: bool = False
     # Never sample an end-of-generation token (llama-server's `ignore_eos`): the output runs to
-    # max_tokens, a stop string or the end of the context, as benchmarks ask for.
+    # max_tokens, a stop string or the end of the context, as benchmarks ask for. Not with
+    # a grammar, `json_schema` or `tool_calls` (InvalidArgument): a complete grammar allows
+    # only end-of-generation.
     ignore_eos: bool = False
     # Start from the longest prefix of the prompt the slot's KV cache already holds (llama-
     # server's `cache_prompt`, on by default there too). False: the whole prompt is evaluated.
@@ -617,12 +645,31 @@ class GenerationBackend(Backend):
         raise Unsupported(f"backend {self.name!r} does not generate text")
 
     def chat_prompt(
-        self, messages: Sequence[dict[str, str]], *, template_kwargs: Mapping[str, Any] | None = None
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
         """Render OpenAI-style messages with the model's chat template. `template_kwargs`: more
         variables for a Jinja template (llama-server's `chat_template_kwargs`, e.g.
-        `enable_thinking`); a template that cannot take them is an InvalidArgument."""
+        `enable_thinking`); a template that cannot take them is an InvalidArgument.
+
+        A message is role + content (+ `name`). Where `tool_syntax()` names a syntax, the
+        template also takes `tools` (OpenAI function tools: {type, function: {name,
+        description, parameters}}), assistant messages with OpenAI `tool_calls` (arguments
+        as JSON text; content may be None) and `tool` messages (content, `tool_call_id`).
+        They reach the template as llama-server hands them to it (other keys dropped; the
+        arguments as an object for templates that read them as one)."""
         raise Unsupported(f"backend {self.name!r} has no chat template")
+
+    def tool_syntax(self) -> str:
+        """The syntax the model's chat template writes tool calls in, so the routes can ask for
+        and parse them: "hermes" (`<tool_call>{"name", "arguments"}</tool_call>`, Qwen and
+        Hermes templates), "mistral" (`[TOOL_CALLS][{"name", "arguments", "id"}]`), "llama3"
+        (`{"name", "parameters"}`); "" when the template has none of these (the routes then
+        describe the tools in a system message and ask for a generic JSON reply)."""
+        return ""
 
     async def embed(
         self, texts: Sequence[str | list[int]], *, truncate: bool = False

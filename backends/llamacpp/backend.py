@@ -52,7 +52,7 @@ from daemon.backend import (
 )
 
 from .engine import Engine, EngineSettings
-from .grammar import schema_to_grammar
+from .grammar import schema_to_grammar, tool_call_grammar
 
 T = TypeVar("T")
 
@@ -182,6 +182,7 @@ class LlamaCppBackend(GenerationBackend):
         stats["n_ctx_per_slot"] = engine.n_ctx_seq
         if engine.chat_template is not None:
             stats["chat_template"] = engine.chat_template.source
+            stats["chat_template_tools"] = engine.chat_template.tool_syntax
         return stats
 
     def _require_engine(self) -> Engine:
@@ -206,13 +207,22 @@ class LlamaCppBackend(GenerationBackend):
         self, engine: Engine, prompt: str | list[int], params: GenerateParams
     ) -> AsyncGenerator[GenerateChunk, None]:
         _check_params(params)
-        if params.json_schema:
+        if params.tool_calls is not None:
+            if params.grammar or params.json_schema:
+                raise InvalidArgument("tool_calls cannot be used together with grammar or json_schema")
+            # The engine reads `tool_calls` on for a lazy frame's trigger.
+            params = msgspec.structs.replace(params, grammar=tool_call_grammar(params.tool_calls))
+        elif params.json_schema:
             if params.grammar:
                 raise InvalidArgument("json_schema and grammar cannot be used together")
             # Pure Python, milliseconds for any schema a client sends.
             params = msgspec.structs.replace(
                 params, grammar=schema_to_grammar(params.json_schema, "json_schema"), json_schema=""
             )
+        if params.grammar and params.ignore_eos:
+            # A complete grammar allows only end-of-generation tokens, which ignore_eos bans:
+            # llama.cpp then samples a token the grammar rejects and aborts the process.
+            raise InvalidArgument("ignore_eos cannot be used together with grammar, json_schema or tool_calls")
         queue: asyncio.Queue[GenerateChunk | EdgedError] = asyncio.Queue()
         request = engine.submit(prompt, params, _emitter(asyncio.get_running_loop(), queue.put_nowait))
         first = True
@@ -234,13 +244,26 @@ class LlamaCppBackend(GenerationBackend):
             request.cancel()
 
     def chat_prompt(
-        self, messages: Sequence[dict[str, str]], *, template_kwargs: Mapping[str, Any] | None = None
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        """Messages (role, content, optional name) rendered with the model's chat template."""
+        """Messages rendered with the model's chat template (templates.py): role, content and
+        name; with a Jinja template also OpenAI `tools`, assistant `tool_calls` and `tool`
+        messages, as llama-server's `--jinja` renders them."""
         engine = self._require_engine()
         if engine.chat_template is None:  # an embedding model
             raise InvalidArgument(f"model '{self.context.model_name}' is an embedding model; it does not chat")
-        return engine.chat_template.render(messages, template_kwargs or {})
+        return engine.chat_template.render(messages, template_kwargs or {}, tools=tools)
+
+    def tool_syntax(self) -> str:
+        """The chat template's tool-call syntax (templates.tool_syntax_of); "" when not loaded."""
+        engine = self._engine
+        if engine is None or engine.chat_template is None:
+            return ""
+        return engine.chat_template.tool_syntax
 
     async def embed(
         self, texts: Sequence[str | list[int]], *, truncate: bool = False

@@ -60,11 +60,13 @@ from daemon.backend import (
     GenerateParams,
     InvalidArgument,
     TokenLogprob,
+    ToolCallFrame,
     Unavailable,
     Unsupported,
 )
 
 from . import templates
+from .grammar import tool_call_trigger
 from .templates import ChatTemplate
 from .text import PieceDecoder, StopMatcher
 
@@ -245,6 +247,7 @@ class Engine:
         self._first_chunks: list[Request] = []
         self._pieces: dict[int, bytes] = {}
         self._eog: list[int] | None = None  # end-of-generation tokens, found when first needed
+        self._byte_tokens: dict[int, int] | None = None  # one-byte piece -> token, found when first needed
         self._space_prefix: bool | None = None  # see `_as_text`, found when first needed
         self._token_memo: OrderedDict[str, list[int]] = OrderedDict()
         self._piece_buf = ctypes.create_string_buffer(256)
@@ -520,7 +523,9 @@ class Engine:
                     f"logit_bias: token id {bad} is out of range for model '{self.name}' "
                     f"(vocabulary of {self.n_vocab} tokens)"
                 )
-            if params.grammar:
+            if params.grammar and params.tool_calls is not None and params.tool_calls.lazy:
+                grammar = self._lazy_tool_grammar(params.grammar, params.tool_calls)
+            elif params.grammar:
                 grammar = llama.llama_sampler_init_grammar(self._vocab, params.grammar.encode(), b"root")
                 if not grammar:
                     raise InvalidArgument("grammar: llama.cpp could not parse it (the daemon log has why)")
@@ -536,6 +541,62 @@ class Engine:
             request.emit(GenerateChunk(text="", finish_reason="length", prompt_tokens=len(tokens)))
             return
         self._waiting.append(Prepared(request, tokens, grammar))
+
+    def _lazy_tool_grammar(self, text: str, frame: ToolCallFrame) -> Any:
+        """A grammar sampler for `text` (the backend's GBNF of `frame`) that holds only from
+        the frame's trigger on (llama.cpp's lazy grammar; see grammar.tool_call_trigger).
+
+        Before the trigger the grammar masks nothing and an end-of-generation token is fine
+        (llama.cpp checks EOG against the grammar only once triggered); once the frame is
+        complete it allows only end-of-generation, as a plain grammar does."""
+        brace = self._grammar_accepts(text, frame.open + "{")
+        if not frame.open and not brace:
+            raise InvalidArgument("tool_calls: with an empty open, each call must be a JSON object")
+        brace_quote = brace and self._grammar_accepts(text, frame.open + '{"')
+        pattern = tool_call_trigger(frame, brace=brace, brace_quote=brace_quote)
+        patterns = (ctypes.c_char_p * 1)(pattern.encode())
+        grammar = llama.llama_sampler_init_grammar_lazy_patterns(
+            self._vocab, text.encode(), b"root", patterns, 1, None, 0
+        )
+        if not grammar:
+            raise InvalidArgument("tool_calls: llama.cpp could not parse their grammar (the daemon log has why)")
+        return grammar
+
+    def _grammar_accepts(self, text: str, prefix: str) -> bool:
+        """Whether the grammar `text` accepts output starting with `prefix`, fed one byte at a
+        time: each byte's token is offered to the grammar (apply) before it is accepted, since
+        accepting a token the grammar rejects throws inside llama.cpp, which aborts us."""
+        grammar = llama.llama_sampler_init_grammar(self._vocab, text.encode(), b"root")
+        if not grammar:
+            raise InvalidArgument("tool_calls: llama.cpp could not parse their grammar (the daemon log has why)")
+        try:
+            data = (llama.llama_token_data * 1)()
+            candidates = llama.llama_token_data_array(data, 1, -1, False)
+            for byte in prefix.encode():
+                token = self._byte_token(byte)
+                if token is None:
+                    return False
+                data[0] = llama.llama_token_data(token, 0.0, 0.0)
+                candidates.size, candidates.selected = 1, -1
+                llama.llama_sampler_apply(grammar, ctypes.byref(candidates))
+                if data[0].logit == -math.inf:
+                    return False
+                llama.llama_sampler_accept(grammar, token)
+            return True
+        finally:
+            llama.llama_sampler_free(grammar)
+
+    def _byte_token(self, byte: int) -> int | None:
+        """A token whose piece is exactly this one byte (every byte-level BPE and byte-fallback
+        SPM vocabulary has one): one walk of the vocabulary, at the first lazy tool grammar."""
+        if self._byte_tokens is None:
+            found: dict[int, int] = {}
+            buffer = ctypes.create_string_buffer(8)
+            for token in range(self.n_vocab):
+                if llama.llama_token_to_piece(self._vocab, token, buffer, 8, 0, True) == 1:
+                    found.setdefault(buffer.raw[0], token)
+            self._byte_tokens = found
+        return self._byte_tokens.get(byte)
 
     def _prompt_tokens(self, prompt: str | list[int], suffix: str | None = None) -> list[int]:
         if suffix is not None:

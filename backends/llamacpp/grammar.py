@@ -10,9 +10,10 @@ the keyword and where it is, never a constraint that quietly does not hold.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from daemon.backend import InvalidArgument
+from daemon.backend import InvalidArgument, ToolCallFrame
 
 # Keywords the converter enforces, plus annotations that constrain nothing.
 _ENFORCED = frozenset({
@@ -45,6 +46,74 @@ def schema_to_grammar(schema_json: str, where: str) -> str:
         return json_schema_to_gbnf(schema_json)
     except (ValueError, AssertionError, KeyError, TypeError, RecursionError) as exc:
         raise InvalidArgument(f"{where}: cannot be turned into a grammar: {exc}") from None
+
+
+def tool_call_grammar(frame: ToolCallFrame) -> str:
+    """GBNF (root rule "root") for `frame`: open, 1..max_calls calls each matching its
+    `call_schema`, separated by `separator`, then close; schema problems name "tools"."""
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    if frame.max_calls is not None and frame.max_calls < 1:
+        raise InvalidArgument(f"tool_calls.max_calls must be >= 1, got {frame.max_calls}")
+    try:
+        schema = json.loads(frame.call_schema)
+    except ValueError as exc:
+        raise InvalidArgument(f"tools: not valid JSON: {exc}") from None
+    _check(schema, "tools")
+    # json_schema_to_gbnf's steps, with the call's rule named "tool-call" rather than
+    # "root": "root" is the frame's own rule below, the one llama.cpp starts from.
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    try:
+        call = converter.visit(converter.resolve_refs(schema, "stdin"), "tool-call")
+        rules = converter.format_grammar()
+    except (ValueError, AssertionError, KeyError, TypeError, RecursionError) as exc:
+        raise InvalidArgument(f"tools: cannot be turned into a grammar: {exc}") from None
+    more = f"{_literal(frame.separator)} {call}".strip()
+    if frame.max_calls is None:
+        calls = f"{call} ({more})*"
+    elif frame.max_calls == 1:
+        calls = call
+    else:
+        calls = f"{call} ({more}){{0,{frame.max_calls - 1}}}"
+    root = " ".join(part for part in (_literal(frame.open), calls, _literal(frame.close)) if part)
+    return f"root ::= {root}\n{rules}\n"
+
+
+def tool_call_trigger(frame: ToolCallFrame, *, brace: bool, brace_quote: bool) -> str:
+    r"""The ECMAScript pattern that starts a lazy `frame`'s grammar (llama.cpp's lazy grammar
+    replays the output from the pattern's first capture group into the grammar).
+
+    llama.cpp aborts the process when a replayed piece does not fit the grammar, and a token
+    can run past the end of `open`: so the pattern holds only where the output *ends* with
+    `open`, or with `open` and a start of a call the caller found the grammar accepts
+    (`brace`: "{", `brace_quote`: '{"', tokens such as Llama 3's `{"`). With an empty `open`,
+    the output's first character other than whitespace must be "{" (anchored at the start:
+    no pattern here scans the whole output with `[\s\S]*`, whose recursion in std::regex
+    grows with the text)."""
+    brace_tails = ([r'\{"'] if brace_quote else []) + ([r"\{"] if brace else [])
+    if not frame.open:
+        # The caller refuses an empty `open` whose calls cannot start with "{".
+        return rf"^\s*({'|'.join(brace_tails)})$"
+    tail = f"(?:{'|'.join(brace_tails)})?" if brace_tails else ""
+    return f"({_regex_escape(frame.open)}{tail})$"
+
+
+def _literal(text: str) -> str:
+    """`text` as a GBNF string literal ("" for empty text: nothing to write)."""
+    if not text:
+        return ""
+    escaped = "".join(_GBNF_ESCAPES.get(c, f"\\x{ord(c):02X}" if ord(c) < 0x20 else c) for c in text)
+    return f'"{escaped}"'
+
+
+_GBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+# ECMAScript's syntax characters (std::regex's default grammar): llama.cpp's regex_escape set.
+_REGEX_SYNTAX = re.compile(r"[.^$|()*+?\[\]{}\\]")
+
+
+def _regex_escape(text: str) -> str:
+    return _REGEX_SYNTAX.sub(lambda m: "\\" + m.group(), text)
 
 
 def _check(schema: Any, where: str) -> None:

@@ -22,12 +22,20 @@ variables a request does not give are left undefined, not None (a Hermes-style t
 over `tools` unconditionally); `date_string` and `datetime` are today's date (Llama 3.1 prints
 `date_string`); a template that ignores or refuses a system message gets it prepended to the
 next message instead (Gemma 2 raises "System role not supported").
+
+Tools (llama-server's `--jinja` again): `tools` is the template's `tools` variable; assistant
+messages may carry OpenAI `tool_calls` and `tool` messages their results. Messages and tools
+are rebuilt in llama-server's shape first (see `_messages`, `_tools`), and a template that
+reads a call's arguments as an object gets them parsed from their JSON text (llama.cpp probes
+each template for that at load). `ChatTemplate.tool_syntax` names the syntax the template
+writes calls in, from its text, as llama.cpp matched templates before its automatic parser.
 """
 
 from __future__ import annotations
 
 import ctypes
 import datetime
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -52,34 +60,70 @@ RESERVED_VARIABLES = frozenset({
 _SYSTEM_PROBE = "edged-system-probe"
 
 
-class ChatTemplate:
-    """Renders OpenAI-style messages (role, content, optional name) to a prompt string."""
+# What the probe for object tool-call arguments sends as an argument's value.
+_ARGUMENT_PROBE = "edged-argument-probe"
+# Markers of the tool-call syntaxes edged reads, as llama.cpp's common/chat.cpp matched
+# templates before its automatic parser (Hermes 2 Pro first, then Llama 3.x, Mistral Nemo).
+_TOOL_SYNTAXES = (
+    ("<tool_call>", "hermes"),
+    ("<|start_header_id|>ipython<|end_header_id|>", "llama3"),
+    ("[TOOL_CALLS]", "mistral"),
+)
 
-    def __init__(self, source: str, render: Callable[[Messages, Mapping[str, Any]], str], *, jinja: bool) -> None:
+Render = Callable[[Messages, Mapping[str, Any], "Sequence[Mapping[str, Any]] | None"], str]
+
+
+def tool_syntax_of(template: str) -> str:
+    """The tool-call syntax a Jinja template's text names (GenerationBackend.tool_syntax)."""
+    return next((syntax for marker, syntax in _TOOL_SYNTAXES if marker in template), "")
+
+
+class ChatTemplate:
+    """Renders OpenAI-style messages (role, content, optional name; tool calls and results for
+    Jinja templates) to a prompt string."""
+
+    def __init__(self, source: str, render: Render, *, jinja: bool, tool_syntax: str = "") -> None:
         self.source = source
         self.jinja = jinja
+        # "hermes" | "llama3" | "mistral" | "": see tool_syntax_of (Jinja templates only).
+        self.tool_syntax = tool_syntax
         self._render = render
 
-    def render(self, messages: Messages, variables: Mapping[str, Any] | None = None) -> str:
-        """`variables`: more names for a Jinja template (`chat_template_kwargs`)."""
+    def render(
+        self,
+        messages: Messages,
+        variables: Mapping[str, Any] | None = None,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
+        """`variables`: more names for a Jinja template (`chat_template_kwargs`); `tools`:
+        OpenAI function tools for a Jinja template (its `tools` variable)."""
         variables = variables or {}
         if not self.jinja:
-            # llama.cpp's built-in formats and ChatML have no place for a participant's name.
-            named = next((i for i, m in enumerate(messages) if m.get("name")), None)
-            if named is not None:
-                raise InvalidArgument(
-                    f"messages[{named}].name: the model's chat template ({self.source}) cannot "
-                    "represent participant names"
-                )
+            # llama.cpp's built-in formats and ChatML have no place for a participant's name,
+            # tools or tool calls.
+            for index, message in enumerate(messages):
+                if message.get("name"):
+                    raise InvalidArgument(
+                        f"messages[{index}].name: the model's chat template ({self.source}) cannot "
+                        "represent participant names"
+                    )
+                if message.get("tool_calls"):
+                    raise InvalidArgument(
+                        f"messages[{index}].tool_calls: the model's chat template ({self.source}) cannot "
+                        "represent tool calls"
+                    )
             if variables:
                 raise InvalidArgument(
                     f"chat_template_kwargs: the model's chat template ({self.source}) is not Jinja "
                     "and takes no variables"
                 )
+            if tools:
+                raise InvalidArgument(f"tools: the model's chat template ({self.source}) is not Jinja and takes no tools")
         reserved = sorted(RESERVED_VARIABLES & set(variables))
         if reserved:
             raise InvalidArgument(f"chat_template_kwargs: {reserved[0]!r} is set by the server, not the request")
-        return self._render(messages, variables)
+        return self._render(messages, variables, tools)
 
 
 def resolve(
@@ -110,7 +154,7 @@ def resolve(
             return _builtin(gguf_template, "gguf (llama.cpp built-in match)")
         except Unsupported:
             log.warning("model '%s': llama.cpp does not recognise its chat template either; using ChatML", model)
-    return ChatTemplate("chatml (fallback)", lambda messages, _: chatml(messages), jinja=False)
+    return ChatTemplate("chatml (fallback)", lambda messages, _, __: chatml(messages), jinja=False)
 
 
 def _looks_like_jinja(text: str) -> bool:
@@ -120,13 +164,16 @@ def _looks_like_jinja(text: str) -> bool:
 def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -> ChatTemplate:
     compiled = _environment().from_string(template)
 
-    def run(messages: Messages, variables: Mapping[str, Any]) -> str:
+    def run(messages: Messages, variables: Mapping[str, Any], tools: Sequence[Mapping[str, Any]] | None) -> str:
         today = datetime.datetime.now()
         # llama-server's extra context; the request's variables may replace it.
         context = {"date_string": today.strftime("%d %b %Y"), "datetime": today.strftime("%b %d %Y")}
+        # No tools: `tools` stays undefined, as llama-server leaves it.
+        given = {"tools": tools} if tools else {}
         return compiled.render(
             **{**context, **variables},
-            messages=[dict(m) for m in messages],
+            **given,
+            messages=messages,
             bos_token=bos,
             eos_token=eos,
             add_generation_prompt=True,
@@ -135,13 +182,15 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
         )
 
     system_role = _takes_system_role(run)
+    object_arguments = _takes_object_arguments(run)
 
-    def render(messages: Messages, variables: Mapping[str, Any]) -> str:
-        message_pairs(messages)  # role and content checked, naming the bad message
+    def render(messages: Messages, variables: Mapping[str, Any], tools: Sequence[Mapping[str, Any]] | None) -> str:
+        # Rebuilt as llama-server passes them to the template (checked, naming the bad field).
+        normalized: Messages = _messages(messages, object_arguments=object_arguments)
         if not system_role:
-            messages = _system_into_next(messages)
+            normalized = _system_into_next(normalized)
         try:
-            prompt = run(messages, variables)
+            prompt = run(normalized, variables, _tools(tools) if tools else None)
         except Exception as exc:
             # The template's own code failed on these messages: raise_exception() ("roles
             # must alternate"), an undefined field, a type error. The request is what it
@@ -151,8 +200,89 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
             prompt = prompt[len(bos) :]
         return prompt
 
-    render([{"role": "user", "content": "hi"}], {})  # fails now, at load, for a broken template
-    return ChatTemplate(source, render, jinja=True)
+    render([{"role": "user", "content": "hi"}], {}, None)  # fails now, at load, for a broken template
+    return ChatTemplate(source, render, jinja=True, tool_syntax=tool_syntax_of(template))
+
+
+def _messages(messages: Messages, *, object_arguments: bool) -> list[dict[str, Any]]:
+    """The messages as llama-server hands them to a template (common_chat_msg's OpenAI JSON):
+    role, content ("" for an assistant's tool calls without text), then reasoning_content,
+    name and tool_call_id where not empty, then tool_calls as {type, function: {name,
+    arguments}, id}. `object_arguments`: the template reads arguments as an object (parsed
+    from their JSON text) rather than as the text itself."""
+    result = []
+    for index, message in enumerate(messages):
+        role, content, calls = message.get("role"), message.get("content"), message.get("tool_calls")
+        if not isinstance(role, str) or not role:
+            raise InvalidArgument(f"messages[{index}]: 'role' must be a non-empty string")
+        if calls is not None and not isinstance(calls, list):
+            raise InvalidArgument(f"messages[{index}].tool_calls: must be a list")
+        if content is None and calls is not None:
+            content = ""
+        if not isinstance(content, str):
+            raise InvalidArgument(f"messages[{index}]: 'content' must be a string")
+        rebuilt: dict[str, Any] = {"role": role, "content": content}
+        for key in ("reasoning_content", "name", "tool_call_id"):
+            value = message.get(key)
+            if value is not None and not isinstance(value, str):
+                raise InvalidArgument(f"messages[{index}].{key}: must be a string")
+            if value:
+                rebuilt[key] = value
+        if calls:
+            rebuilt["tool_calls"] = [
+                _tool_call(call, f"messages[{index}].tool_calls[{number}]", object_arguments)
+                for number, call in enumerate(calls)
+            ]
+        result.append(rebuilt)
+    return result
+
+
+def _tool_call(call: Any, where: str, object_arguments: bool) -> dict[str, Any]:
+    if not isinstance(call, Mapping):
+        raise InvalidArgument(f"{where}: must be an object")
+    if call.get("type", "function") != "function":
+        raise InvalidArgument(f"{where}.type: only 'function' tool calls are supported")
+    function = call.get("function")
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        raise InvalidArgument(f"{where}.function: must be an object with a string 'name'")
+    arguments = function.get("arguments")
+    if arguments is None:
+        raise InvalidArgument(f"{where}.function.arguments: missing")
+    if isinstance(arguments, str):
+        if object_arguments:
+            try:
+                arguments = json.loads(arguments)
+            except ValueError as exc:
+                raise InvalidArgument(f"{where}.function.arguments: not valid JSON: {exc}") from None
+    elif not object_arguments:
+        # JSON given as a value: its text, compact as llama-server writes it.
+        arguments = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    rebuilt: dict[str, Any] = {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
+    ident = call.get("id")
+    if ident is not None and not isinstance(ident, str):
+        raise InvalidArgument(f"{where}.id: must be a string")
+    if ident:
+        rebuilt["id"] = ident
+    return rebuilt
+
+
+def _tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI function tools as llama-server hands them to a template: {type, function: {name,
+    description ("" when absent), parameters ({} when absent)}}, other fields dropped."""
+    result = []
+    for index, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(tool, Mapping) or tool.get("type") != "function" or not isinstance(function, Mapping):
+            raise InvalidArgument(f"tools[{index}]: only tools of type 'function' with a 'function' object are supported")
+        name, description = function.get("name"), function.get("description") or ""
+        if not isinstance(name, str) or not isinstance(description, str):
+            raise InvalidArgument(f"tools[{index}].function: 'name' and 'description' must be strings")
+        parameters = function.get("parameters", {})
+        result.append({
+            "type": "function",
+            "function": {"name": name, "description": description, "parameters": parameters},
+        })
+    return result
 
 
 def _environment() -> Any:
@@ -180,13 +310,39 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
-def _takes_system_role(run: Callable[[Messages, Mapping[str, Any]], str]) -> bool:
+def _takes_system_role(run: Render) -> bool:
     """Whether the template shows a system message's text (Gemma's refuses one)."""
     try:
         probe = [{"role": "system", "content": _SYSTEM_PROBE}, {"role": "user", "content": "hi"}]
-        return _SYSTEM_PROBE in run(probe, {})
+        return _SYSTEM_PROBE in run(probe, {}, None)
     except Exception:
         return False
+
+
+def _takes_object_arguments(run: Render) -> bool:
+    """Whether the template reads a tool call's arguments as an object (Qwen 2.5 and Llama 3.1
+    write `arguments | tojson`), llama.cpp's capability probe: a call whose arguments are an
+    object is rendered, and the object counts as read when its value comes out, other than
+    inside Python's repr of the whole dict (a template that prints the arguments as text)."""
+    call = {"id": "call00001", "type": "function", "function": {"name": "tool1", "arguments": {"arg": _ARGUMENT_PROBE}}}
+    probe: list[dict[str, Any]] = [
+        {"role": "user", "content": "User message"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+        {"role": "assistant", "content": "The tool response was 'tool response'"},
+        {"role": "user", "content": "User message"},
+    ]
+    parameters = {
+        "type": "object",
+        "properties": {"arg": {"type": "string", "description": "Arg description"}},
+        "required": ["arg"],
+    }
+    tools = [{"type": "function", "function": {"name": "tool1", "description": "Tool description", "parameters": parameters}}]
+    try:
+        rendered = run(probe, {}, tools)
+    except Exception:
+        return False
+    return _ARGUMENT_PROBE in rendered and f"'{_ARGUMENT_PROBE}'" not in rendered
 
 
 def _system_into_next(messages: Messages) -> Messages:
@@ -205,7 +361,7 @@ def _system_into_next(messages: Messages) -> Messages:
 
 
 def _builtin(template: str, source: str) -> ChatTemplate:
-    def render(messages: Messages, variables: Mapping[str, Any]) -> str:
+    def render(messages: Messages, variables: Mapping[str, Any], tools: Sequence[Mapping[str, Any]] | None) -> str:
         return apply_chat_template(template, message_pairs(messages))
 
     return ChatTemplate(source, render, jinja=False)

@@ -26,7 +26,6 @@ import json
 import re
 import struct
 import time
-import uuid
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any, Literal
@@ -110,6 +109,8 @@ class ToolCallFunction(msgspec.Struct):
 
 class ToolCall(msgspec.Struct):
     function: ToolCallFunction
+    # What edged's replies carry; templates with ids (Mistral's) get them back.
+    id: str | None = None
 
 
 class Message(_Strict):
@@ -508,49 +509,53 @@ class _Text:
 
 
 class _ToolReply:
-    """A chat reply with tools: the model writes the JSON reply object of `openai_tools`.
-    Its `response` text streams as content while it grows; tool calls go out whole, in one
+    """A chat reply with tools, in the model's own syntax or the generic JSON reply (see
+    openai_tools.ToolUse). Its content streams while it grows; tool calls go out whole, in one
     object, once the reply is complete (Ollama sends calls whole, never in pieces). The
     unstreamed reply is what the stream adds up to, also when it was cut short."""
 
-    def __init__(self, piece: Any) -> None:
+    def __init__(self, piece: Any, use: openai_tools.ToolUse) -> None:
         self.piece = piece  # piece(message) -> the object carrying that message
-        self._reply = openai_tools.ToolStream()
+        self._use = use
+        self._reply = use.stream()
 
     def stream(self, text: str) -> list[dict[str, Any]]:
         return [self.piece(m) for m in self._messages(text)]
 
     def end(self) -> list[dict[str, Any]]:
-        return [self.piece(m) for m in self._last_messages()]
+        return [self.piece(m) for m in [*self._messages("", final=True), *self._last_messages()]]
 
     def whole(self, text: str) -> dict[str, Any]:
-        reply = _ToolReply(self.piece)
-        messages = [*reply._messages(text), *reply._last_messages()]
+        reply = _ToolReply(self.piece, self._use)
+        messages = [*reply._messages(text, final=True), *reply._last_messages()]
+        content = "".join(m["content"] for m in messages)
         with_calls = [m for m in messages if "tool_calls" in m]
         if with_calls:
-            return dict(self.piece(with_calls[0]))
-        return dict(self.piece({"role": "assistant", "content": "".join(m["content"] for m in messages)}))
+            return dict(self.piece({**with_calls[0], "content": content}))
+        return dict(self.piece({"role": "assistant", "content": content}))
 
-    def _messages(self, text: str) -> list[dict[str, Any]]:
-        return [{"role": "assistant", "content": d["content"]} for d in self._reply.feed(text) if "content" in d]
+    def _messages(self, text: str, final: bool = False) -> list[dict[str, Any]]:
+        return [{"role": "assistant", "content": d["content"]}
+                for d in self._reply.feed(text, final) if "content" in d]
 
     def _last_messages(self) -> list[dict[str, Any]]:
-        content, calls = openai_tools.reply_calls(self._reply.text)
+        content, calls = self._use.reply_calls(self._reply.text)
         if calls:
-            return [_tool_message(calls)]
-        if content and not self._reply.sent_content:
+            return [_tool_message(calls, self._use)]
+        if content and not self._reply.sent_content and not self._use.native:
             # Cut short before the reply said anything: the raw text, as the OpenAI route does.
             return [{"role": "assistant", "content": content}]
         return []
 
 
-def _tool_message(calls: list[tuple[str, Any]]) -> dict[str, Any]:
+def _tool_message(calls: list[tuple[str, Any]], use: openai_tools.ToolUse) -> dict[str, Any]:
     """Ollama's assistant message with tool calls: arguments are objects; `id` and
-    `function.index` as current Ollama releases send them."""
+    `function.index` as current Ollama releases send them (ids in the form the model's
+    template takes back: Mistral's are 9 letters and digits)."""
     return {
         "role": "assistant", "content": "",
         "tool_calls": [
-            {"id": f"call_{uuid.uuid4().hex[:8]}",
+            {"id": use.syntax.call_id(),
              "function": {"index": index, "name": name, "arguments": arguments}}
             for index, (name, arguments) in enumerate(calls)
         ],
@@ -649,33 +654,35 @@ async def chat(request: web.Request) -> web.StreamResponse:
         # The model writes the tool reply's JSON, not the answer: its tokens' logprobs would
         # not be the reply's (the OpenAI route refuses this pair too).
         raise InvalidArgument("logprobs: not supported together with tools")
-    messages = _chat_messages(req.messages, req.model)
-    if tools:
-        schema = openai_tools.tool_schema(tools, "auto", parallel=True)
-        messages = openai_tools.with_tools(messages, tools, parallel=True)
+    _check_messages(req.messages, req.model)
     lease = await hold(request, name, keep)
     model = _generation_model(daemon, name, version, req.model)
+    syntax = model.tool_syntax()
+    messages = _chat_messages(req.messages, native_tools=bool(syntax))
     params, num_ctx = await _params(request, opts, model)
     params.json_schema = schema
     params.logprobs = top
-    prompt = model.chat_prompt(messages)
+    use = None
+    if tools:
+        # Ollama has no tool_choice: the model may call tools or answer ("auto").
+        use = openai_tools.ToolUse(syntax, tools, "auto", parallel=True)
+        use.constrain(params)
+        messages = use.messages(messages)
+    prompt = model.chat_prompt(messages, tools=use.template_tools() if use else None)
     await _fit_num_ctx(model, prompt, params, num_ctx)
 
     def piece(message: dict[str, Any]) -> dict[str, Any]:
         return {"model": req.model, "created_at": _now(), "message": message}
 
     shape: _Text | _ToolReply = (
-        _ToolReply(piece) if tools else _Text(lambda text: piece({"role": "assistant", "content": text}))
+        _ToolReply(piece, use) if use else _Text(lambda text: piece({"role": "assistant", "content": text}))
     )
     timing = _Timing(started, lease.load_ns)
     return await _respond(request, model.generate(prompt, params),
                           stream=req.stream, timing=timing, shape=shape, logprobs=top is not None)
 
 
-def _chat_messages(messages: list[Message], raw: str) -> list[dict[str, str]]:
-    """Ollama messages -> the chat template's: an assistant's tool calls and a `tool` result
-    in the form the model is asked to write / read them (see openai_tools)."""
-    out = []
+def _check_messages(messages: list[Message], raw: str) -> None:
     for index, message in enumerate(messages):
         if message.images:
             raise InvalidArgument(f'messages[{index}].images: "{raw}" does not support images')
@@ -684,16 +691,44 @@ def _chat_messages(messages: list[Message], raw: str) -> list[dict[str, str]]:
         for key in ("tool_name", "tool_call_id"):
             if getattr(message, key) is not None and message.role != "tool":
                 raise InvalidArgument(f"messages[{index}].{key}: only on tool messages")
+
+
+def _chat_messages(messages: list[Message], *, native_tools: bool) -> list[dict[str, Any]]:
+    """Ollama messages -> the chat template's. `native_tools`: the template has its own tool
+    syntax and takes assistants' `tool_calls` and `tool` messages (calls without an id get
+    one, and a tool result without one answers the earliest call not yet answered: Ollama's
+    clients send neither, Mistral's template requires both); otherwise they are written in
+    the generic reply's form (see openai_tools)."""
+    out: list[dict[str, Any]] = []
+    unanswered: list[str] = []
+    for message in messages:
         if message.role == "tool":
-            ident = {"name": message.tool_name} if message.tool_name else {}
+            if native_tools:
+                ident = message.tool_call_id or (unanswered.pop(0) if unanswered else f"{len(out):09d}")
+                entry = {"role": "tool", "content": message.content, "tool_call_id": ident}
+                if message.tool_name:
+                    entry["name"] = message.tool_name
+                out.append(entry)
+                continue
+            ident_fields = {"name": message.tool_name} if message.tool_name else {}
             if message.tool_call_id:
-                ident["tool_call_id"] = message.tool_call_id
-            out.append({"role": "user", "content": openai_tools.tool_result_text(message.content, **ident)})
+                ident_fields["tool_call_id"] = message.tool_call_id
+            out.append({"role": "user", "content": openai_tools.tool_result_text(message.content, **ident_fields)})
             continue
         content = message.content
+        if message.tool_calls and native_tools:
+            calls: list[dict[str, Any]] = []
+            for call in message.tool_calls:
+                ident = call.id or f"{len(out):05d}{len(calls):04d}"
+                unanswered.append(ident)
+                calls.append({"id": ident, "type": "function", "function": {
+                    "name": call.function.name,
+                    "arguments": json.dumps(call.function.arguments, ensure_ascii=False)}})
+            out.append({"role": "assistant", "content": content or None, "tool_calls": calls})
+            continue
         if message.tool_calls:
-            calls = openai_tools.calls_text([(c.function.name, c.function.arguments) for c in message.tool_calls])
-            content = f"{content}\n{calls}" if content else calls
+            text = openai_tools.calls_text([(c.function.name, c.function.arguments) for c in message.tool_calls])
+            content = f"{content}\n{text}" if content else text
         out.append({"role": message.role, "content": content})
     return out
 

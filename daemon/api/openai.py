@@ -677,8 +677,11 @@ def _mean_logprob(last: GenerateChunk) -> float:
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    out = []
+def chat_messages(messages: list[ChatMessage], native_tools: bool = False) -> list[dict[str, Any]]:
+    """The request's messages as the chat template takes them. `native_tools`: the template
+    has its own tool syntax and takes assistants' `tool_calls` and `tool` messages as they
+    are; otherwise they become the generic reply's text (openai_tools)."""
+    out: list[dict[str, Any]] = []
     for index, message in enumerate(messages):
         for field, value in (("refusal", message.refusal), ("annotations", message.annotations),
                              ("audio", message.audio), ("function_call", message.function_call)):
@@ -691,6 +694,10 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
         if message.role == "tool":
             if message.tool_call_id is None:
                 raise InvalidArgument(f"messages[{index}].tool_call_id: required for role 'tool'")
+            if native_tools:
+                out.append({"role": "tool", "content": _message_text(message, index),
+                            "tool_call_id": message.tool_call_id})
+                continue
             content = openai_tools.tool_result_text(
                 _message_text(message, index), tool_call_id=message.tool_call_id
             )
@@ -705,6 +712,20 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
         if message.content is None and role != "assistant":
             raise InvalidArgument(f"messages[{index}].content: required for role {message.role!r}")
         text = _message_text(message, index)
+        if message.tool_calls and native_tools:
+            openai_tools.assistant_calls_text(message.tool_calls, index)  # arguments are JSON
+            entry: dict[str, Any] = {
+                "role": role, "content": text if message.content is not None else None,
+                "tool_calls": [
+                    {"id": c.id, "type": "function",
+                     "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                    for c in message.tool_calls
+                ],
+            }
+            if message.name is not None:
+                entry["name"] = message.name
+            out.append(entry)
+            continue
         if message.tool_calls:
             calls = openai_tools.assistant_calls_text(message.tool_calls, index)
             text = f"{text}\n{calls}" if text else calls
@@ -762,7 +783,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if not req.messages:
         raise InvalidArgument("messages: at least one message is required")
     model = await generation_model(request, req.model)
-    messages = chat_messages(req.messages)
+    syntax = model.tool_syntax()
+    messages = chat_messages(req.messages, native_tools=bool(syntax))
     params = _params(req)
     params.json_schema = schema_of_format(req.response_format)
     if req.top_logprobs is not None:
@@ -773,20 +795,23 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if req.logprobs:
         params.logprobs = req.top_logprobs or 0
     tools = _tools_in_use(req)
+    use = None
     if tools:
         if req.logprobs:
             raise InvalidArgument("logprobs: not supported together with tools")
         if params.json_schema:
             raise InvalidArgument("response_format: cannot be combined with tools")
-        parallel = req.parallel_tool_calls is not False
-        params.json_schema = openai_tools.tool_schema(tools, req.tool_choice, parallel)
-        messages = openai_tools.with_tools(messages, tools, parallel)
-    prompt = model.chat_prompt(messages, template_kwargs=req.chat_template_kwargs)
+        use = openai_tools.ToolUse(syntax, tools, req.tool_choice, req.parallel_tool_calls is not False)
+        use.constrain(params)
+        messages = use.messages(messages)
+    prompt = model.chat_prompt(
+        messages, template_kwargs=req.chat_template_kwargs, tools=use.template_tools() if use else None
+    )
     choices = _choices(model, [prompt], params, req.n or 1)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    # Per choice: whether its role went out yet; with tools, its JSON reply turned into deltas.
+    # Per choice: whether its role went out yet; with tools, its reply turned into deltas.
     first_delta = [True for _ in choices]
-    stream_tools = [openai_tools.ToolStream() for _ in choices]
+    stream_tools = [use.stream() for _ in choices] if use else []
 
     def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any] | None:
         if not req.logprobs:
@@ -817,11 +842,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     ) -> dict[str, Any] | list[dict[str, Any]] | None:
         if usage_only:
             return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model.name, "choices": []}
-        if not tools:
+        if use is None:
             return chunk_payload(index, {"content": chunk.text} if chunk.text else {}, chunk.finish_reason, chunk.logprobs)
         reply = stream_tools[index]
-        events = [chunk_payload(index, delta, None) for delta in reply.feed(chunk.text)]
-        if chunk.finish_reason is None:
+        final = chunk.finish_reason is not None
+        events = [chunk_payload(index, delta, None) for delta in reply.feed(chunk.text, final)]
+        if not final:
             return events
         if reply.calls_sent:
             # Cut off mid-call, the calls are incomplete: "length", as OpenAI and llama-server
@@ -829,7 +855,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             # instead of parsing arguments that end mid-object).
             cut = chunk.finish_reason == "length"
             events.append(chunk_payload(index, {}, "length" if cut else "tool_calls"))
-        elif not events and not reply.sent_content:
+        elif not events and not reply.sent_content and not use.native:
             # Cut off before the reply object said anything: the raw text, as unstreamed.
             content, _ = openai_tools.parse_reply(reply.text)
             events.append(chunk_payload(index, {"content": content} if content else {}, chunk.finish_reason))
@@ -840,10 +866,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     def final_choice(index: int, text: str, last: GenerateChunk) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": text}
         finish: str | None = last.finish_reason
-        if tools:
+        if use is not None:
             cut = finish == "length"
             # Cut off, the reply is what its stream would have sent, with finish_reason "length".
-            content, calls = openai_tools.cut_reply(text) if cut else openai_tools.parse_reply(text)
+            content, calls = use.reply(text, cut)
             message["content"] = content
             if calls:
                 message["tool_calls"] = calls

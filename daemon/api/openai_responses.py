@@ -415,7 +415,9 @@ async def responses(request: web.Request) -> web.StreamResponse:
             name=t.name, description=t.description, parameters=t.parameters, strict=t.strict))
         for t in in_use
     ]
-    messages = chat_messages(_messages(req))
+    syntax = model.tool_syntax()
+    messages = chat_messages(_messages(req), native_tools=bool(syntax))
+    use = None
     if chat_tools:
         if params.logprobs is not None:
             raise InvalidArgument(f"include: {_LOGPROBS!r} is not supported together with tools")
@@ -425,20 +427,22 @@ async def responses(request: web.Request) -> web.StreamResponse:
             openai_tools.NamedToolChoice(type="function", function=openai_tools.FunctionName(name=req.tool_choice.name))
             if isinstance(req.tool_choice, FunctionChoice) else req.tool_choice
         )
-        params.json_schema = openai_tools.tool_schema(chat_tools, choice, parallel)
-        messages = openai_tools.with_tools(messages, chat_tools, parallel)
-    prompt = model.chat_prompt(messages)
+        use = openai_tools.ToolUse(syntax, chat_tools, choice, parallel)
+        use.constrain(params)
+        messages = use.messages(messages)
+    prompt = model.chat_prompt(messages, tools=use.template_tools() if use else None)
     ident, created = f"resp_{uuid.uuid4().hex}", int(time.time())
     output = _Output(logprobs=params.logprobs is not None)
-    reply = openai_tools.ToolStream() if chat_tools else None
+    reply = use.stream() if use else None
 
     def feed(chunk: GenerateChunk) -> None:
         if reply is None:
             if chunk.text or chunk.logprobs:  # the last chunk may hold only an end token's logprob
                 output.text(chunk.text, chunk.logprobs)
             return
-        output.tool_deltas(reply.feed(chunk.text))
-        if chunk.finish_reason is not None and not reply.calls_sent and not reply.sent_content:
+        output.tool_deltas(reply.feed(chunk.text, chunk.finish_reason is not None))
+        if (chunk.finish_reason is not None and not reply.calls_sent and not reply.sent_content
+                and use is not None and not use.native):
             # Cut off before the reply object said anything: its raw text, as the chat route.
             content, _ = openai_tools.parse_reply(reply.text)
             if content:

@@ -1,33 +1,34 @@
-"""OpenAI tool calling on any chat model, in the generic JSON format (llama-server's fallback).
+"""OpenAI tool calling on any chat model: in the model's own syntax, or a generic JSON reply.
 
-The model is told about the tools in a system message and answers with one JSON object:
+`ToolUse` is one request's tool calling, shared by the chat, Responses and Ollama routes.
+Where the model's chat template has a tool syntax edged reads (the backend's `tool_syntax()`;
+`tool_syntax` reads it), the tools go to the template, the engine enforces that syntax's
+frame (lazily for `auto`), and earlier calls and tool results go back to the template as
+they are, as llama-server does. Otherwise the generic format (llama-server's fallback): the
+model is told about the tools in a system message and answers with one JSON object:
 
     {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}   or
     {"response": "plain answer"}
 
 A grammar built from the tools' parameter schemas enforces that object, so the output always
 parses: `auto` allows either form, `required` only tool calls, a named tool only calls to it;
-`parallel_tool_calls: false` allows one call. Streamed, the reply becomes OpenAI deltas as it
-is generated (`ToolStream`): content as it grows; a call's id and name, then its arguments in
-pieces. Earlier turns go back through the model's chat
-template in the same form: an assistant's `tool_calls` as that JSON, a `tool` message as a user
-message holding {"tool_response": {...}} (templates rarely know a `tool` role). The model's own
-native tool syntax (Hermes tags, Llama 3.1 JSON, ...) is not used.
+`parallel_tool_calls: false` allows one call. Earlier turns go back through the chat template
+in the same form: an assistant's `tool_calls` as that JSON, a `tool` message as a user
+message holding {"tool_response": {...}}.
 
-The format-neutral pieces (`tool_schema`, `with_tools`, `calls_text`, `tool_result_text`,
-`reply_calls`) are shared with the Ollama routes, which shape calls their own way (arguments
-as objects, each call whole).
-"""
+Streamed, either reply becomes OpenAI deltas as it is generated (`ToolStream`): content as it
+grows; a call's id and name, then its arguments in pieces. The Ollama routes shape calls their
+own way (arguments as objects, each call whole: `ToolUse.reply_calls`)."""
 
 from __future__ import annotations
 
 import json
-import uuid
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
 
+from daemon.api.tool_syntax import GENERIC, Reading, Syntax, syntax_named
+from daemon.backend import GenerateParams
 from daemon.errors import InvalidArgument
 
 
@@ -189,66 +190,131 @@ def reply_calls(text: str) -> tuple[str | None, list[tuple[str, Any]]]:
 def parse_reply(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     """(content, OpenAI tool_calls) from the model's JSON reply; unparsable text is content."""
     content, calls = reply_calls(text)
-    return content, [
-        {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
-        }
-        for name, arguments in calls
-    ]
+    return content, [_openai_call(GENERIC.call_id(), name, json.dumps(arguments, ensure_ascii=False))
+                     for name, arguments in calls]
 
 
-def cut_reply(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, OpenAI tool_calls) of a reply cut off before its object closed (max_tokens):
+def _openai_call(ident: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": ident, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def cut_reply(text: str, syntax: Syntax = GENERIC) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, OpenAI tool_calls) of a reply cut off before it was complete (max_tokens):
     what streaming it sent, so that both answers agree (OpenAI's too, which returns a call cut
     short with its partial arguments and finish_reason "length"): the answer so far, or the
-    calls whose name is complete with their arguments so far; the raw text when the object
+    calls whose name is complete with their arguments so far; the raw text when the reply
     said nothing yet."""
-    partial = _scan(text)
-    calls = [
-        {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments},
-        }
-        for call in partial.calls
-        if call.name is not None
-    ]
+    reading = syntax.read(text, final=True)
+    calls = [_openai_call(syntax.call_id(), call.name, call.arguments)
+             for call in reading.calls if call.name is not None]
     if calls:
-        return None, calls
-    return (partial.content, []) if partial.content else (text, [])
+        return reading.content or None, calls
+    return (reading.content, []) if reading.content else (text, [])
+
+
+# --------------------------------------------------------------------------- one request
+
+
+class ToolUse:
+    """One request's tool calling, in the model's own syntax where its template has one
+    (`tool_syntax.syntax_named`), else in the generic JSON reply: what the template is given,
+    what the engine enforces, and how the reply is read."""
+
+    def __init__(self, syntax_name: str, tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> None:
+        self.syntax = syntax_named(syntax_name)
+        self.tools = tools
+        self.choice = choice
+        self.parallel = parallel
+
+    @property
+    def native(self) -> bool:
+        return self.syntax.native
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools for a template that describes them itself (None for the generic reply)."""
+        return [msgspec.to_builtins(t) for t in self.tools] if self.native else None
+
+    def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The conversation as the template gets it: the generic reply's description of the
+        tools goes into the system message; a native template describes them itself."""
+        return messages if self.native else with_tools(messages, self.tools, self.parallel)
+
+    def constrain(self, params: GenerateParams) -> None:
+        """What the engine enforces: the generic reply's schema, or the native frame (lazy for
+        `auto`: the model may answer in text instead)."""
+        if not self.native:
+            params.json_schema = tool_schema(self.tools, self.choice, self.parallel)
+            return
+        tools = _chosen(self.tools, self.choice)
+        calls = [self.syntax.call_schema(t.function.name, _parameters(t)) for t in tools]
+        lazy = self.choice is None or self.choice == "auto"
+        params.tool_calls = self.syntax.frame(calls, lazy=lazy, parallel=self.parallel)
+
+    def stream(self) -> ToolStream:
+        return ToolStream(self.syntax)
+
+    def reply(self, text: str, cut: bool) -> tuple[str | None, list[dict[str, Any]]]:
+        """(content, OpenAI tool_calls) of a whole reply; `cut`: it ended at max_tokens."""
+        if cut:
+            return cut_reply(text, self.syntax)
+        if not self.native:
+            return parse_reply(text)
+        reading = self.syntax.read(text, final=True)
+        if not reading.complete:
+            # No call, or a frame the grammar did not hold (a token ran past the trigger):
+            # the text as it is.
+            return text, []
+        return cut_reply(text, self.syntax)
+
+    def reply_calls(self, text: str) -> tuple[str | None, list[tuple[str, Any]]]:
+        """(content, [(name, arguments object)]) of a whole reply (Ollama's shape); calls
+        whose arguments are not complete JSON are left out (the reply was cut short)."""
+        if not self.native:
+            return reply_calls(text)
+        reading = self.syntax.read(text, final=True)
+        calls = []
+        for call in reading.calls:
+            try:  # a call cut short (max_tokens) has no complete arguments: left out
+                calls.append((str(call.name), json.loads(call.arguments)))
+            except ValueError:
+                continue
+        return reading.content or None, calls
+
+
+def _chosen(tools: list[Tool], choice: ToolChoice | None) -> list[Tool]:
+    if len({t.function.name for t in tools}) != len(tools):
+        raise InvalidArgument("tools: function names must be unique")
+    if not isinstance(choice, NamedToolChoice):
+        return tools
+    chosen = [t for t in tools if t.function.name == choice.function.name]
+    if not chosen:
+        raise InvalidArgument(f"tool_choice: no tool named {choice.function.name!r} in tools")
+    return chosen
+
+
+def _parameters(tool: Tool) -> dict[str, Any]:
+    if tool.function.parameters is None:
+        return {"type": "object", "properties": {}, "additionalProperties": False}
+    return tool.function.parameters
 
 
 # --------------------------------------------------------------------------- streaming
 
 
-@dataclass
-class _Call:
-    name: str | None = None
-    arguments: str = ""  # raw JSON text of the arguments so far
-
-
-@dataclass
-class _Partial:
-    """What a prefix of the reply object says so far."""
-
-    content: str | None = None  # the "response" string, decoded as far as it is complete
-    calls: list[_Call] = field(default_factory=list)
-
-
 class ToolStream:
-    """Turns the growing JSON reply into OpenAI stream deltas as it is generated.
+    """Turns the growing reply into OpenAI stream deltas as it is generated.
 
-    The grammar guarantees the text is a prefix of one valid reply object, so each call
-    re-reads the whole text (a few hundred characters) and sends what is new: content as
-    it grows, a call's id and name once its name is complete, its arguments as they grow.
+    Each call re-reads the whole text (`Syntax.read`) and sends what is new: content as it
+    grows, a call's id and name once its name is complete, its arguments as they grow.
+    `final`: the reply is complete; content held back (what might have begun a call) goes out.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, syntax: Syntax = GENERIC) -> None:
+        self._syntax = syntax
         self._text = ""
         self._content = 0
         self._calls: list[tuple[str, int]] = []  # (id, argument characters sent) per call
+        self.last = Reading()
 
     @property
     def calls_sent(self) -> int:
@@ -262,19 +328,19 @@ class ToolStream:
     def text(self) -> str:
         return self._text
 
-    def feed(self, text: str) -> list[dict[str, Any]]:
+    def feed(self, text: str, final: bool = False) -> list[dict[str, Any]]:
         """Deltas (OpenAI `delta` objects) for the text added since the last call."""
         self._text += text
-        partial = _scan(self._text)
+        reading = self.last = self._syntax.read(self._text, final)
         deltas: list[dict[str, Any]] = []
-        if partial.content is not None and len(partial.content) > self._content:
-            deltas.append({"content": partial.content[self._content :]})
-            self._content = len(partial.content)
-        for index, call in enumerate(partial.calls):
+        if reading.content is not None and len(reading.content) > self._content:
+            deltas.append({"content": reading.content[self._content :]})
+            self._content = len(reading.content)
+        for index, call in enumerate(reading.calls):
             if call.name is None:
                 break
             if index == len(self._calls):
-                ident = f"call_{uuid.uuid4().hex[:24]}"
+                ident = self._syntax.call_id()
                 self._calls.append((ident, 0))
                 deltas.append({"tool_calls": [{
                     "index": index, "id": ident, "type": "function",
@@ -285,141 +351,3 @@ class ToolStream:
                 deltas.append({"tool_calls": [{"index": index, "function": {"arguments": call.arguments[sent:]}}]})
                 self._calls[index] = (ident, len(call.arguments))
         return deltas
-
-
-def _skip(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\n\r":
-        i += 1
-    return i
-
-
-def _string_end(text: str, i: int) -> int:
-    """Index after the closing quote of the string starting at text[i] == '"'; -1 if incomplete."""
-    j = i + 1
-    while j < len(text):
-        if text[j] == "\\":
-            j += 2
-        elif text[j] == '"':
-            return j + 1
-        else:
-            j += 1
-    return -1
-
-
-def _partial_string(text: str, i: int) -> str:
-    """The decoded part of an incomplete string starting at text[i] == '"'.
-
-    Stops before an escape still arriving, and before the first half of a surrogate pair
-    whose second half has not arrived (decoded alone it would differ from the pair).
-    """
-    raw = text[i + 1 :]
-    j = cut = 0
-    while j < len(raw):
-        if raw[j] == "\\":
-            if j + 1 >= len(raw):
-                break
-            if raw[j + 1] == "u":
-                if j + 6 > len(raw):
-                    break
-                pair = 0xD800 <= int(raw[j + 2 : j + 6], 16) <= 0xDBFF
-                if pair and j + 12 > len(raw):
-                    break
-                j += 12 if pair else 6
-            else:
-                j += 2
-        else:
-            j += 1
-        cut = j
-    try:
-        return str(json.loads('"' + raw[:cut] + '"'))
-    except ValueError:
-        return ""
-
-
-def _value_end(text: str, i: int) -> int:
-    """Index after the JSON value starting at text[i]; -1 while it is incomplete."""
-    if text[i] == '"':
-        return _string_end(text, i)
-    if text[i] in "{[":
-        depth, j = 0, i
-        while j < len(text):
-            char = text[j]
-            if char == '"':
-                j = _string_end(text, j)
-                if j < 0:
-                    return -1
-                continue
-            if char in "{[":
-                depth += 1
-            elif char in "}]":
-                depth -= 1
-                if depth == 0:
-                    return j + 1
-            j += 1
-        return -1
-    j = i
-    while j < len(text) and text[j] not in ",}] \t\n\r":
-        j += 1
-    return j if j < len(text) else -1
-
-
-def _key(text: str, i: int) -> tuple[str | None, int]:
-    """A complete object key and the index after its colon; (None, i) until both are there."""
-    i = _skip(text, i)
-    if i >= len(text) or text[i] != '"':
-        return None, i
-    end = _string_end(text, i)
-    if end < 0:
-        return None, i
-    colon = _skip(text, end)
-    if colon >= len(text) or text[colon] != ":":
-        return None, i
-    return str(json.loads(text[i:end])), _skip(text, colon + 1)
-
-
-def _scan(text: str) -> _Partial:
-    partial = _Partial()
-    i = _skip(text, 0)
-    if i >= len(text) or text[i] != "{":
-        return partial
-    key, i = _key(text, i + 1)
-    if key == "response":
-        if i < len(text) and text[i] == '"':
-            end = _string_end(text, i)
-            partial.content = str(json.loads(text[i:end])) if end > 0 else _partial_string(text, i)
-        return partial
-    if key != "tool_calls" or i >= len(text) or text[i] != "[":
-        return partial
-    i += 1
-    while True:
-        i = _skip(text, i)
-        if i < len(text) and text[i] == ",":
-            i = _skip(text, i + 1)
-        if i >= len(text) or text[i] != "{":
-            return partial
-        call = _Call()
-        partial.calls.append(call)
-        i += 1
-        while True:
-            key, i = _key(text, i)
-            if key is None or i >= len(text):
-                return partial
-            end = _value_end(text, i)
-            if key == "name":
-                if end < 0:
-                    return partial
-                call.name = str(json.loads(text[i:end]))
-            elif key == "arguments":
-                call.arguments = text[i:end] if end > 0 else text[i:]
-                if end < 0:
-                    return partial
-            elif end < 0:
-                return partial
-            i = _skip(text, end)
-            if i < len(text) and text[i] == ",":
-                i += 1
-                continue
-            if i < len(text) and text[i] == "}":
-                i += 1
-                break
-            return partial

@@ -175,17 +175,32 @@ class LoadedVersion:
         return result
 
     def chat_prompt(
-        self, messages: Sequence[dict[str, str]], *, template_kwargs: Mapping[str, Any] | None = None
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
         generator = self.require_generator()
-        if not template_kwargs:
-            return generator.chat_prompt(messages)
-        if not takes_keyword(generator.chat_prompt, "template_kwargs"):
-            raise InvalidArgument(
-                f"chat_template_kwargs: model '{self.name}' runs on backend '{self.backend}', which "
-                "takes no chat template variables"
-            )
-        return generator.chat_prompt(messages, template_kwargs=template_kwargs)
+        extra: dict[str, Any] = {}
+        if template_kwargs:
+            if not takes_keyword(generator.chat_prompt, "template_kwargs"):
+                raise InvalidArgument(
+                    f"chat_template_kwargs: model '{self.name}' runs on backend '{self.backend}', "
+                    "which takes no chat template variables"
+                )
+            extra["template_kwargs"] = template_kwargs
+        if tools is not None:
+            # Only asked of a backend whose tool_syntax() named one, which takes them.
+            extra["tools"] = tools
+        return generator.chat_prompt(messages, **extra)
+
+    def tool_syntax(self) -> str:
+        """The model's own tool-call syntax ("" for none; see GenerationBackend.tool_syntax)."""
+        generator = self.require_generator()
+        syntax = generator.tool_syntax()
+        # A plugin's override that names a syntax but cannot take `tools` has none we can use.
+        return syntax if syntax and takes_keyword(generator.chat_prompt, "tools") else ""
 
     # ------------------------------------------------------------------ retiring
 

@@ -345,6 +345,7 @@ _CONTRACT_METHODS: tuple[tuple[type[Backend], str], ...] = (
     (Backend, "describe"),
     (GenerationBackend, "generate"),
     (GenerationBackend, "chat_prompt"),
+    (GenerationBackend, "tool_syntax"),
     (GenerationBackend, "embed"),
     (GenerationBackend, "engine_stats"),
 )
@@ -392,7 +393,7 @@ def check_backend_class(cls: type[Backend]) -> str:
                 f"{len(want)} ({', '.join(p.name for p in want) or 'none'})"
             )
         # The contract's keyword-only arguments (embed's `truncate`, chat_prompt's
-        # `template_kwargs`) came later than API version 1: an override without them stays
+        # `template_kwargs` and `tools`) came later than API version 1: an override without them stays
         # valid; the daemon passes them only to methods that take them (`takes_keyword`).
     return ""
 

@@ -1,0 +1,320 @@
+"""Tool calls as models write them: reading a reply (whole or a growing prefix) into content and calls.
+
+Two families of syntax:
+
+- **generic** (`GENERIC`): edged's JSON reply object for chat templates that know no tool
+  format (see `openai_tools`): `{"tool_calls": [{"name", "arguments"}]}` or `{"response": "..."}`.
+- **native**: the syntax the model's own chat template describes, as llama.cpp's llama-server
+  parses it, for the three families the llama.cpp backend recognises (`tool_syntax()`):
+  Hermes / Qwen `<tool_call>\\n{"name", "arguments"}\\n</tool_call>` (several in a row), Mistral
+  `[TOOL_CALLS][{"name", "arguments", "id"}, ...]`, Llama 3.x one `{"name", "parameters"}`
+  object as the whole reply. Free text before the calls is the message's content.
+
+The engine's grammar guarantees the calls part is a prefix of a valid frame (`frame`), so a
+reader only has to follow it; a reply cut short (max_tokens) is read as far as it goes.
+Streaming re-reads the whole text on each piece (a few hundred characters) and sends what is
+new; `final=False` holds back what may still turn into the start of a call (a partial
+`<tool_call>`, trailing whitespace before it), so that the streamed content adds up to the
+unstreamed one.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import string
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from daemon.backend import ToolCallFrame
+
+
+@dataclass
+class Call:
+    name: str | None = None
+    arguments: str = ""  # raw JSON text of the arguments so far
+
+
+@dataclass
+class Reading:
+    """What a prefix of the reply says so far."""
+
+    content: str | None = None  # the answer's text, as far as it is certain
+    calls: list[Call] = field(default_factory=list)
+    complete: bool = False  # the calls' frame (or generic object) is closed
+
+
+class Syntax:
+    """How one syntax is read and enforced."""
+
+    name: str
+    native = True
+
+    def read(self, text: str, final: bool) -> Reading:
+        raise NotImplementedError
+
+    def frame(self, calls: list[dict[str, Any]], *, lazy: bool, parallel: bool) -> ToolCallFrame:
+        raise NotImplementedError
+
+    def call_schema(self, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def call_id(self) -> str:
+        return f"call_{uuid.uuid4().hex[:24]}"
+
+
+class _Generic(Syntax):
+    name = "generic"
+    native = False
+
+    def read(self, text: str, final: bool) -> Reading:
+        return _scan_generic(text)
+
+
+@dataclass(frozen=True)
+class _Framed(Syntax):
+    """A native syntax: `open`, call objects separated by `separator`, `close`."""
+
+    name: str
+    open: str
+    separator: str
+    close: str
+    arguments_key: str
+    # Llama 3.x templates take one call per assistant turn.
+    one_call: bool = False
+    # Mistral's template requires call ids of 9 letters and digits.
+    id_length: int = 0
+
+    def call_schema(self, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        properties: dict[str, Any] = {"name": {"const": name}, self.arguments_key: parameters}
+        if self.id_length:
+            # The model writes an id (its training format); edged answers with its own.
+            properties["id"] = {"type": "string", "pattern": f"^[a-zA-Z0-9]{{{self.id_length}}}$"}
+        return {
+            "type": "object", "properties": properties,
+            "required": list(properties), "additionalProperties": False,
+        }
+
+    def frame(self, calls: list[dict[str, Any]], *, lazy: bool, parallel: bool) -> ToolCallFrame:
+        schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        return ToolCallFrame(
+            call_schema=json.dumps(schema), open=self.open, separator=self.separator, close=self.close,
+            max_calls=1 if self.one_call or not parallel else None, lazy=lazy,
+        )
+
+    def call_id(self) -> str:
+        if self.id_length:
+            alphabet = string.ascii_letters + string.digits
+            return "".join(secrets.choice(alphabet) for _ in range(self.id_length))
+        return super().call_id()
+
+    def read(self, text: str, final: bool) -> Reading:
+        reading = Reading()
+        if self.open:
+            at = text.find(self.open)
+            if at < 0:
+                reading.content = text if final else _held_back(text, self.open)
+                return reading
+            reading.content = text[:at].rstrip()
+            i = at + len(self.open)
+        else:
+            # No opening marker (Llama 3.x): a reply starting with "{" is a call, anything
+            # else is an answer (the lazy grammar triggers on the same leading "{").
+            i = _skip(text, 0)
+            if i >= len(text):
+                reading.content = text if final else ""
+                return reading
+            if text[i] != "{":
+                reading.content = text
+                return reading
+            reading.content = ""
+        while True:
+            i = _skip(text, i)
+            if i >= len(text) or text[i] != "{":
+                return reading
+            call = Call()
+            reading.calls.append(call)
+            i = _scan_call(text, i + 1, call, self.arguments_key)
+            if i < 0:
+                return reading
+            # The grammar lets whitespace follow a JSON value (llama.cpp's `space` rule), also
+            # before a separator or close that begins with a newline.
+            i = _skip(text, i)
+            separator, close = self.separator.lstrip(), self.close.lstrip()
+            if separator and text.startswith(separator, i):
+                i += len(separator)
+                continue
+            if text.startswith(close, i):
+                reading.complete = True
+            return reading
+
+
+GENERIC: Syntax = _Generic()
+_NATIVE: dict[str, Syntax] = {
+    "hermes": _Framed("hermes", "<tool_call>\n", "\n</tool_call>\n<tool_call>\n", "\n</tool_call>", "arguments"),
+    "mistral": _Framed("mistral", "[TOOL_CALLS][", ", ", "]", "arguments", id_length=9),
+    "llama3": _Framed("llama3", "", "", "", "parameters", one_call=True),
+}
+
+
+def syntax_named(name: str) -> Syntax:
+    """The syntax a backend's `tool_syntax()` names; generic for "" or a name edged cannot read."""
+    return _NATIVE.get(name, GENERIC)
+
+
+def _held_back(text: str, marker: str) -> str:
+    """`text` without an end that may be the start of `marker`, nor whitespace before it."""
+    for keep in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-keep:]):
+            text = text[:-keep]
+            break
+    return text.rstrip()
+
+
+# --------------------------------------------------------------------------- partial JSON
+
+
+def _skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\n\r":
+        i += 1
+    return i
+
+
+def _string_end(text: str, i: int) -> int:
+    """Index after the closing quote of the string starting at text[i] == '"'; -1 if incomplete."""
+    j = i + 1
+    while j < len(text):
+        if text[j] == "\\":
+            j += 2
+        elif text[j] == '"':
+            return j + 1
+        else:
+            j += 1
+    return -1
+
+
+def _partial_string(text: str, i: int) -> str:
+    """The decoded part of an incomplete string starting at text[i] == '"'.
+
+    Stops before an escape still arriving, and before the first half of a surrogate pair
+    whose second half has not arrived (decoded alone it would differ from the pair).
+    """
+    raw = text[i + 1 :]
+    j = cut = 0
+    while j < len(raw):
+        if raw[j] == "\\":
+            if j + 1 >= len(raw):
+                break
+            if raw[j + 1] == "u":
+                if j + 6 > len(raw):
+                    break
+                pair = 0xD800 <= int(raw[j + 2 : j + 6], 16) <= 0xDBFF
+                if pair and j + 12 > len(raw):
+                    break
+                j += 12 if pair else 6
+            else:
+                j += 2
+        else:
+            j += 1
+        cut = j
+    try:
+        return str(json.loads('"' + raw[:cut] + '"'))
+    except ValueError:
+        return ""
+
+
+def _value_end(text: str, i: int) -> int:
+    """Index after the JSON value starting at text[i]; -1 while it is incomplete."""
+    if text[i] == '"':
+        return _string_end(text, i)
+    if text[i] in "{[":
+        depth, j = 0, i
+        while j < len(text):
+            char = text[j]
+            if char == '"':
+                j = _string_end(text, j)
+                if j < 0:
+                    return -1
+                continue
+            if char in "{[":
+                depth += 1
+            elif char in "}]":
+                depth -= 1
+                if depth == 0:
+                    return j + 1
+            j += 1
+        return -1
+    j = i
+    while j < len(text) and text[j] not in ",}] \t\n\r":
+        j += 1
+    return j if j < len(text) else -1
+
+
+def _key(text: str, i: int) -> tuple[str | None, int]:
+    """A complete object key and the index after its colon; (None, i) until both are there."""
+    i = _skip(text, i)
+    if i >= len(text) or text[i] != '"':
+        return None, i
+    end = _string_end(text, i)
+    if end < 0:
+        return None, i
+    colon = _skip(text, end)
+    if colon >= len(text) or text[colon] != ":":
+        return None, i
+    return str(json.loads(text[i:end])), _skip(text, colon + 1)
+
+
+def _scan_call(text: str, i: int, call: Call, arguments_key: str) -> int:
+    """Read a call object's members from text[i] (just after its "{") into `call`: its name
+    once complete, its arguments' raw text as far as it goes. Index after the object's "}";
+    -1 while it is incomplete."""
+    while True:
+        key, i = _key(text, i)
+        if key is None or i >= len(text):
+            return -1
+        end = _value_end(text, i)
+        if key == "name":
+            if end < 0:
+                return -1
+            call.name = str(json.loads(text[i:end]))
+        elif key == arguments_key:
+            call.arguments = text[i:end] if end > 0 else text[i:]
+            if end < 0:
+                return -1
+        elif end < 0:
+            return -1
+        i = _skip(text, end)
+        if i < len(text) and text[i] == ",":
+            i += 1
+            continue
+        if i < len(text) and text[i] == "}":
+            return i + 1
+        return -1
+
+
+def _scan_generic(text: str) -> Reading:
+    reading = Reading()
+    i = _skip(text, 0)
+    if i >= len(text) or text[i] != "{":
+        return reading
+    key, i = _key(text, i + 1)
+    if key == "response":
+        if i < len(text) and text[i] == '"':
+            end = _string_end(text, i)
+            reading.content = str(json.loads(text[i:end])) if end > 0 else _partial_string(text, i)
+        return reading
+    if key != "tool_calls" or i >= len(text) or text[i] != "[":
+        return reading
+    i += 1
+    while True:
+        i = _skip(text, i)
+        if i < len(text) and text[i] == ",":
+            i = _skip(text, i + 1)
+        if i >= len(text) or text[i] != "{":
+            return reading
+        call = Call()
+        reading.calls.append(call)
+        i = _scan_call(text, i + 1, call, "arguments")
+        if i < 0:
+            return reading

@@ -1,0 +1,155 @@
+"""Tool calls in the model's own syntax, end to end: the `openai` client and Ollama's API
+against tiny GGUF models carrying real Qwen 2.5, Mistral Nemo and Llama 3.1 chat templates."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from gguf_builder import write_tiny_llama  # noqa: E402
+
+TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
+MODELS = {
+    "qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
+    "mistral": "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+    "llama31": "meta-llama-Llama-3.1-8B-Instruct.jinja",
+}
+# How each syntax's reply begins (what a reply cut after a few tokens shows as content).
+OPENS = {"qwen": "<tool_call>\n{", "mistral": "[TOOL_CALLS][{", "llama31": "{"}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+                   "required": ["city"], "additionalProperties": False},
+}}
+LIGHTS = {"type": "function", "function": {"name": "lights_off", "description": "Lights off"}}
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory):
+    from support import start_daemon_process
+
+    repo = tmp_path_factory.mktemp("tool-templates")
+    for name, template in MODELS.items():
+        (repo / name / "1").mkdir(parents=True)
+        write_tiny_llama(repo / name / "1" / "model.gguf", seed=3, n_ctx=4096,
+                         chat_template=(TEMPLATES / template).read_text())
+        (repo / name / "config.pbtxt").write_text('backend: "llamacpp"\n')
+    process = start_daemon_process(tmp_path_factory.mktemp("edged"), "--model-repository", str(repo), http=True)
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def client(daemon) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
+
+
+QUESTION = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_the_reply_is_written_in_the_models_syntax(client: openai.OpenAI, model: str) -> None:
+    # Cut before the call's name is complete, the reply is its raw text: the model's own
+    # syntax (the generic reply would begin '{"tool_calls"').
+    cut = client.chat.completions.create(
+        model=model, messages=QUESTION, tools=[WEATHER, LIGHTS], tool_choice="required", temperature=0,
+        max_tokens=len(OPENS[model]) + 2,
+    ).choices[0]
+    assert cut.finish_reason == "length" and cut.message.tool_calls is None
+    assert (cut.message.content or "").startswith(OPENS[model]), cut.message.content
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_required_and_named_calls_parse_and_stream_alike(client: openai.OpenAI, model: str) -> None:
+    for seed in (1, 2, 3):
+        kwargs = {"model": model, "messages": QUESTION, "tools": [WEATHER, LIGHTS], "tool_choice": "required",
+                  "parallel_tool_calls": False, "seed": seed, "temperature": 1.0, "max_tokens": 300}
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        calls = choice.message.tool_calls or []
+        assert len(calls) == 1 and calls[0].function.name in ("get_weather", "lights_off")
+        arguments = json.loads(calls[0].function.arguments)
+        assert arguments in ({"city": "Paris"}, {"city": "Oslo"}, {})
+        # Mistral's template takes back only ids of 9 letters and digits.
+        assert re.fullmatch(r"[A-Za-z0-9]{9}" if model == "mistral" else r"call_[0-9a-f]{24}", calls[0].id)
+        names, streamed, finish = [], "", None
+        for chunk in client.chat.completions.create(stream=True, **kwargs):
+            for delta in chunk.choices:
+                assert not delta.delta.content
+                for call in delta.delta.tool_calls or []:
+                    names += [call.function.name] if call.function and call.function.name else []
+                    streamed += call.function.arguments or "" if call.function else ""
+                finish = delta.finish_reason or finish
+        assert names == [calls[0].function.name] and json.loads(streamed) == arguments and finish == "tool_calls"
+    named = client.chat.completions.create(
+        model=model, messages=QUESTION, tools=[WEATHER, LIGHTS], temperature=0, max_tokens=300,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    ).choices[0]
+    assert [c.function.name for c in named.message.tool_calls or []][:1] == ["get_weather"]
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_the_tool_loop_goes_back_through_the_template(client: openai.OpenAI, model: str) -> None:
+    kwargs = {"model": model, "tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False,
+              "temperature": 0, "max_tokens": 300}
+    reply = client.chat.completions.create(messages=QUESTION, **kwargs).choices[0].message
+    assert reply.tool_calls
+    answered = [*QUESTION, reply, {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": "sunny"}]
+    base = client.chat.completions.create(model=model, messages=QUESTION, tools=[WEATHER], max_tokens=1)
+    after = client.chat.completions.create(model=model, messages=answered, tools=[WEATHER], max_tokens=1)
+    assert base.usage is not None and after.usage is not None
+    # The call and its result are in the prompt (the template rendered them), not dropped.
+    assert after.usage.prompt_tokens > base.usage.prompt_tokens + len("sunny")
+
+
+def test_auto_lets_the_model_answer_in_text(client: openai.OpenAI) -> None:
+    # A random model practically never starts "<tool_call>" by itself: the lazy grammar
+    # leaves its text alone, and the answer is content.
+    result = client.chat.completions.create(
+        model="qwen", messages=QUESTION, tools=[WEATHER], temperature=0, max_tokens=8,
+    )
+    plain = client.chat.completions.create(model="qwen", messages=QUESTION, temperature=0, max_tokens=8)
+    choice = result.choices[0]
+    assert choice.message.tool_calls is None and choice.message.content
+    assert choice.finish_reason == "length" and "<tool_call>" not in choice.message.content
+    assert result.usage is not None and plain.usage is not None
+    assert result.usage.prompt_tokens > plain.usage.prompt_tokens + 50  # the template described the tools
+
+
+def test_ollama_history_without_ids_renders_for_mistral(daemon) -> None:
+    # Ollama's clients send calls and results without ids; Mistral's template requires ids
+    # of 9 letters and digits on both: edged pairs them up.
+    body = {"model": "mistral", "stream": False, "tools": [WEATHER], "options": {"num_predict": 1},
+            "messages": [*QUESTION,
+                         {"role": "assistant", "content": "",
+                          "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                         {"role": "tool", "tool_name": "get_weather", "content": "sunny"}]}
+    response = httpx.post(f"http://127.0.0.1:{daemon.http_port}/api/chat", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["done"] is True
+
+
+def test_responses_route_calls_in_the_models_syntax(client: openai.OpenAI) -> None:
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}
+    response = client.responses.create(model="mistral", input="Weather in Paris?", tools=[tool],
+                                       tool_choice="required", temperature=0, max_output_tokens=300)
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert response.status == "completed" and len(calls) >= 1
+    assert calls[0].name == "get_weather" and json.loads(calls[0].arguments)["city"] in ("Paris", "Oslo")
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", calls[0].call_id)
+    # Its output goes back as the next turn's input, through Mistral's template (9-character ids).
+    follow = client.responses.create(
+        model="mistral", tools=[tool], max_output_tokens=1,
+        input=[{"role": "user", "content": "Weather in Paris?"},
+               {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather",
+                "arguments": calls[0].arguments},
+               {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}],
+    )
+    assert follow.status == "incomplete"

@@ -1,0 +1,183 @@
+"""Native tool-call syntaxes: reading whole and growing replies, frames, streamed == unstreamed."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import msgspec
+import pytest
+
+from daemon.api import openai_tools
+from daemon.api.tool_syntax import GENERIC, syntax_named
+from daemon.backend import GenerateParams
+from daemon.errors import InvalidArgument
+
+TOOLS = msgspec.convert(
+    [
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "lights_off"}},
+    ],
+    list[openai_tools.Tool],
+)
+ARGUMENTS = [{"city": 'Pa"ris \\ \u00e9 \U0001F600', "n": [1, {"x": "}]"}]}, {}]
+
+
+def _hermes(content: str, calls: list[tuple[str, object]]) -> str:
+    body = "\n</tool_call>\n<tool_call>\n".join(json.dumps({"name": n, "arguments": a}) for n, a in calls)
+    return f"{content}<tool_call>\n{body}\n</tool_call>"
+
+
+def _mistral(content: str, calls: list[tuple[str, object]]) -> str:
+    body = ", ".join(json.dumps({"name": n, "arguments": a, "id": "abcDEF123"}) for n, a in calls)
+    return f"{content}[TOOL_CALLS][{body}]"
+
+
+def _llama3(content: str, calls: list[tuple[str, object]]) -> str:
+    assert not content and len(calls) == 1
+    return json.dumps({"name": calls[0][0], "parameters": calls[0][1]})
+
+
+REPLIES = {
+    "hermes": _hermes("Let me look.\n", [("get_weather", ARGUMENTS[0]), ("lights_off", ARGUMENTS[1])]),
+    "mistral": _mistral("", [("get_weather", ARGUMENTS[0]), ("lights_off", ARGUMENTS[1])]),
+    "llama3": _llama3("", [("get_weather", ARGUMENTS[0])]),
+}
+
+
+def test_unknown_names_read_the_generic_reply() -> None:
+    assert syntax_named("") is GENERIC and syntax_named("functionary") is GENERIC
+    assert [syntax_named(n).name for n in ("hermes", "mistral", "llama3")] == ["hermes", "mistral", "llama3"]
+
+
+@pytest.mark.parametrize("name", ["hermes", "mistral", "llama3"])
+def test_whole_reply(name: str) -> None:
+    use = openai_tools.ToolUse(name, TOOLS, "auto", parallel=True)
+    content, calls = use.reply(REPLIES[name], cut=False)
+    expected = [("get_weather", ARGUMENTS[0]), ("lights_off", ARGUMENTS[1])][: len(calls)]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == expected
+    assert len(calls) == (1 if name == "llama3" else 2)
+    # Content before the calls, without the whitespace that led up to them.
+    assert content == ("Let me look." if name == "hermes" else None)
+    assert use.reply_calls(REPLIES[name]) == (content, expected)
+    # Mistral's template takes back only ids of 9 letters and digits.
+    pattern = r"[A-Za-z0-9]{9}" if name == "mistral" else r"call_[0-9a-f]{24}"
+    assert all(re.fullmatch(pattern, c["id"]) for c in calls)
+
+
+@pytest.mark.parametrize("name", ["hermes", "mistral", "llama3"])
+def test_answers_without_calls_are_content(name: str) -> None:
+    use = openai_tools.ToolUse(name, TOOLS, "auto", parallel=True)
+    text = "Paris is sunny. <tool_ca" if name == "hermes" else "Paris is sunny.\n"
+    assert use.reply(text, cut=False) == (text, [])
+    assert use.reply_calls(text) == (text, [])
+
+
+@pytest.mark.parametrize("name", ["hermes", "mistral", "llama3"])
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
+def test_stream_deltas_rebuild_the_reply(name: str, step: int) -> None:
+    reply = REPLIES[name]
+    use = openai_tools.ToolUse(name, TOOLS, "auto", parallel=True)
+    stream = use.stream()
+    pieces = [reply[k : k + step] for k in range(0, len(reply), step)]
+    deltas = [d for i, p in enumerate(pieces) for d in stream.feed(p, final=i == len(pieces) - 1)]
+    content = "".join(d.get("content", "") for d in deltas)
+    assert content == (use.reply(reply, cut=False)[0] or "")
+    heads = [c for d in deltas for c in d.get("tool_calls", []) if "id" in c]
+    arguments: dict[int, str] = {}
+    for delta in deltas:
+        for call in delta.get("tool_calls", []):
+            arguments[call["index"]] = arguments.get(call["index"], "") + call["function"].get("arguments", "")
+    names = [h["function"]["name"] for h in heads]
+    assert names == ["get_weather", "lights_off"][: len(heads)]
+    assert [json.loads(arguments[i]) for i in range(len(heads))] == ARGUMENTS[: len(heads)]
+
+
+@pytest.mark.parametrize("step", [1, 4])
+def test_stream_holds_back_a_possible_call_start(step: int) -> None:
+    """Text that might begin `<tool_call>` (and whitespace before it) waits; once it is
+    plainly text, or the reply ends, it goes out: streamed content == unstreamed content."""
+    use = openai_tools.ToolUse("hermes", TOOLS, "auto", parallel=True)
+    stream = use.stream()
+    assert stream.feed("It is <tool") == [{"content": "It is"}]
+    assert stream.feed("box") == [{"content": " <toolbox"}]
+    assert stream.feed(" \n") == []
+    assert stream.feed("", final=True) == [{"content": " \n"}]
+    for text in ("Answer <tool_c", "Answer\n\n"):
+        stream = use.stream()
+        pieces = [text[k : k + step] for k in range(0, len(text), step)]
+        sent = "".join(d.get("content", "") for i, p in enumerate(pieces)
+                       for d in stream.feed(p, final=i == len(pieces) - 1))
+        assert sent == use.reply(text, cut=False)[0] == text
+
+
+def test_llama3_decides_on_the_first_character() -> None:
+    use = openai_tools.ToolUse("llama3", TOOLS, "auto", parallel=True)
+    stream = use.stream()
+    assert stream.feed("  ") == []
+    assert stream.feed("{\"na") == [] and stream.calls_sent == 0
+    stream = use.stream()
+    assert stream.feed(" Sun") == [{"content": " Sun"}]
+
+
+def test_cut_reply_keeps_calls_named_so_far() -> None:
+    use = openai_tools.ToolUse("hermes", TOOLS, "auto", parallel=True)
+    text = 'Hm<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
+    content, calls = use.reply(text, cut=True)
+    assert content == "Hm" and [c["function"] for c in calls] == [{"name": "get_weather", "arguments": '{"city": "Pa'}]
+    # Ollama's whole calls: one without complete arguments is left out.
+    assert use.reply_calls(text) == ("Hm", [])
+
+
+def test_frames_follow_tool_choice_and_syntax() -> None:
+    def frame(name: str, choice: openai_tools.ToolChoice | None, parallel: bool = True) -> dict[str, object]:
+        params = GenerateParams()
+        openai_tools.ToolUse(name, TOOLS, choice, parallel).constrain(params)
+        assert params.tool_calls is not None and not params.json_schema
+        return msgspec.to_builtins(params.tool_calls)
+
+    hermes = frame("hermes", "auto")
+    assert (hermes["open"], hermes["separator"], hermes["close"]) == (
+        "<tool_call>\n", "\n</tool_call>\n<tool_call>\n", "\n</tool_call>")
+    assert hermes["lazy"] is True and hermes.get("max_calls") is None
+    schema = json.loads(str(hermes["call_schema"]))
+    assert [b["properties"]["name"]["const"] for b in schema["anyOf"]] == ["get_weather", "lights_off"]
+    assert schema["anyOf"][0]["properties"]["arguments"] == TOOLS[0].function.parameters
+    required = frame("hermes", "required", parallel=False)
+    assert required["lazy"] is False and required["max_calls"] == 1
+    named = msgspec.convert({"type": "function", "function": {"name": "lights_off"}}, openai_tools.NamedToolChoice)
+    only = json.loads(str(frame("mistral", named)["call_schema"]))
+    assert only["properties"]["name"] == {"const": "lights_off"}
+    assert only["properties"]["id"]["pattern"] == "^[a-zA-Z0-9]{9}$" and only["required"] == ["name", "arguments", "id"]
+    llama = frame("llama3", "auto", parallel=True)
+    assert llama["open"] == "" and llama["max_calls"] == 1  # Llama 3.x: one call per turn
+    assert set(json.loads(str(llama["call_schema"]))["anyOf"][0]["properties"]) == {"name", "parameters"}
+    with pytest.raises(InvalidArgument, match="no tool named 'nope'"):
+        frame("hermes", msgspec.convert({"type": "function", "function": {"name": "nope"}},
+                                        openai_tools.NamedToolChoice))
+    with pytest.raises(InvalidArgument, match="function names must be unique"):
+        openai_tools.ToolUse("hermes", [TOOLS[0], TOOLS[0]], "auto", True).constrain(GenerateParams())
+
+
+def test_generic_use_keeps_the_json_reply() -> None:
+    use = openai_tools.ToolUse("", TOOLS, "auto", parallel=True)
+    params = GenerateParams()
+    use.constrain(params)
+    assert params.tool_calls is None and json.loads(params.json_schema)["anyOf"]
+    assert use.template_tools() is None
+    assert use.messages([{"role": "user", "content": "hi"}])[0]["role"] == "system"
+    native = openai_tools.ToolUse("hermes", TOOLS, "auto", parallel=True)
+    assert native.messages([{"role": "user", "content": "hi"}]) == [{"role": "user", "content": "hi"}]
+    assert native.template_tools() == [msgspec.to_builtins(t) for t in TOOLS]
+
+
+def test_whitespace_the_grammar_allows_after_a_call() -> None:
+    # llama.cpp's JSON grammar lets whitespace follow each value, also before "\n</tool_call>".
+    text = ('<tool_call>\n{"name": "lights_off", "arguments": {}} \n\n</tool_call>\n<tool_call>\n'
+            '{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+    use = openai_tools.ToolUse("hermes", TOOLS, "auto", parallel=True)
+    assert use.reply_calls(text) == (None, [("lights_off", {}), ("get_weather", {"city": "Oslo"})])
+    mistral = openai_tools.ToolUse("mistral", TOOLS, "auto", parallel=True)
+    text = '[TOOL_CALLS][{"name": "lights_off", "arguments": {}, "id": "abcDEF123"} , {"name": "lights_off", "arguments": {}, "id": "abcDEF123"} ]'
+    assert len(mistral.reply(text, cut=False)[1]) == 2

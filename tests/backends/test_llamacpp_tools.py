@@ -1,0 +1,248 @@
+"""Tool calls on the llama.cpp backend, against real llama.cpp on tiny random GGUF models:
+the chat template's tool syntax, prompts with tools rendered as llama-server renders them,
+and the grammar that holds the output to a ToolCallFrame (eager and lazy)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gguf_builder import write_tiny_llama
+
+from daemon.backend import GenerateParams, InstanceContext, ToolCallFrame
+from daemon.errors import InvalidArgument
+from daemon.model_config import ModelConfig
+
+gguf = pytest.importorskip("gguf")
+
+TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
+APPLY_TOOLS = json.loads((TEMPLATES / "apply_template_tools.json").read_text())
+
+Loader = Callable[..., Awaitable[Any]]
+
+
+@pytest.fixture
+async def load(backend_class: Callable[[str], type[Any]]) -> AsyncIterator[Loader]:
+    """`await load(path, **parameters)`: a loaded backend, unloaded at teardown."""
+    from daemon.backend import Device
+
+    cls = backend_class("llamacpp")
+    loaded: list[Any] = []
+
+    async def make(path: Path, **parameters: str) -> Any:
+        backend = cls(InstanceContext("tiny", 1, threads=1))
+        await backend.load(ModelConfig(name="tiny", parameters=parameters), path, Device("cpu"))
+        loaded.append(backend)
+        return backend
+
+    yield make
+    for backend in loaded:
+        await backend.unload()
+
+
+def token_id(path: Path, piece: str) -> int:
+    reader = gguf.GGUFReader(str(path))
+    field_ = reader.fields["tokenizer.ggml.tokens"]
+    return [bytes(field_.parts[i]).decode() for i in field_.data].index(piece)
+
+
+async def text_of(backend: Any, prompt: str, params: GenerateParams) -> tuple[str, str | None]:
+    text, finish = "", None
+    async for chunk in backend.generate(prompt, params):
+        text += chunk.text
+        finish = chunk.finish_reason
+    return text, finish
+
+
+# --------------------------------------------------------------------------- templates
+
+SYNTAXES = {
+    "Qwen-Qwen2.5-7B-Instruct": "hermes",
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "hermes",
+    "meta-llama-Llama-3.1-8B-Instruct": "llama3",
+    "meta-llama-Llama-3.2-3B-Instruct": "llama3",
+    "mistralai-Mistral-Nemo-Instruct-2407": "mistral",
+    "google-gemma-2-2b-it": "",
+    "microsoft-Phi-3.5-mini-instruct": "",
+}
+
+
+@pytest.mark.parametrize("family", sorted(SYNTAXES))
+async def test_tool_syntax_is_read_from_the_template(load: Loader, tmp_path: Path, family: str) -> None:
+    template = (TEMPLATES / f"{family}.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template))
+    assert backend.tool_syntax() == SYNTAXES[family]
+    assert backend.engine_stats()["chat_template_tools"] == SYNTAXES[family]
+
+
+async def test_builtin_and_chatml_templates_have_no_tool_syntax(load: Loader, tmp_path: Path) -> None:
+    """Even with a Hermes-style Jinja template in the GGUF: a built-in template named in the
+    config renders, and it writes no tool calls."""
+    hermes = (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    builtin = await load(write_tiny_llama(tmp_path / "qwen.gguf", chat_template=hermes), chat_template="chatml")
+    bare = await load(write_tiny_llama(tmp_path / "bare.gguf", chat_template=None))
+    call = {"id": "abc123DEF", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    for backend in (builtin, bare):
+        assert backend.tool_syntax() == ""
+        with pytest.raises(InvalidArgument, match=r"tools: the model's chat template .* takes no tools"):
+            backend.chat_prompt([{"role": "user", "content": "hi"}], tools=APPLY_TOOLS["tools"])
+        with pytest.raises(InvalidArgument, match=r"messages\[1\]\.tool_calls: .* cannot represent tool calls"):
+            backend.chat_prompt([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]}])
+
+
+@pytest.mark.parametrize("family", sorted(APPLY_TOOLS["prompts"]))
+async def test_tools_render_what_llama_server_renders(load: Loader, tmp_path: Path, family: str) -> None:
+    """apply_template_tools.json (see the fixtures' README): tools, a call and its result, and
+    for Hermes-style templates two parallel calls, byte for byte as llama-server --jinja."""
+    template = (TEMPLATES / f"{family}.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template))
+    today = datetime.datetime.now().strftime("%d %b %Y")
+    for case, expected in APPLY_TOOLS["prompts"][family].items():
+        prompt = backend.chat_prompt(APPLY_TOOLS["cases"][case], tools=APPLY_TOOLS["tools"])
+        assert prompt == expected.replace("{date_string}", today), case
+
+
+async def test_tool_call_arguments_are_objects_where_the_template_reads_them_so(load: Loader, tmp_path: Path) -> None:
+    """Qwen writes `arguments | tojson`: JSON text is parsed (and written back in tojson's
+    spacing, as llama-server does); a template that prints the text gets it verbatim."""
+    qwen = (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    objects = await load(write_tiny_llama(tmp_path / "qwen.gguf", chat_template=qwen))
+    text = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% for c in m.tool_calls or [] %}<{{ c.function.arguments }}>{% endfor %}{% endfor %}"
+    verbatim = await load(write_tiny_llama(tmp_path / "text.gguf", chat_template=text))
+    call = {"id": "abc123DEF", "type": "function", "function": {"name": "f", "arguments": '{"city":"Paris" , "n":[1,2]}'}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    assert '{"name": "f", "arguments": {"city": "Paris", "n": [1, 2]}}' in objects.chat_prompt(messages)
+    assert verbatim.chat_prompt(messages) == '[user]hi[assistant]<{"city":"Paris" , "n":[1,2]}>'
+    broken = {**call, "function": {"name": "f", "arguments": "{city: Paris}"}}
+    with pytest.raises(InvalidArgument, match=r"messages\[1\]\.tool_calls\[0\]\.function\.arguments: not valid JSON"):
+        objects.chat_prompt([messages[0], {"role": "assistant", "content": None, "tool_calls": [broken]}])
+    assert verbatim.chat_prompt([messages[0], {"role": "assistant", "content": None, "tool_calls": [broken]}]).endswith(
+        "<{city: Paris}>"
+    )
+
+
+# --------------------------------------------------------------------------- tool-call grammar
+
+WEATHER_CALL = {
+    "type": "object",
+    "properties": {
+        "name": {"const": "get_weather"},
+        "arguments": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 8}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "arguments"],
+    "additionalProperties": False,
+}
+HERMES = {"open": "<tool_call>\n", "separator": "\n</tool_call>\n<tool_call>\n", "close": "\n</tool_call>"}
+PROMPT = "What is the weather in Paris?"
+
+
+def check_call(text: str) -> None:
+    call = json.loads(text, strict=False)  # a string may hold raw control characters
+    assert call["name"] == "get_weather"
+    assert set(call["arguments"]) == {"city"} and isinstance(call["arguments"]["city"], str)
+    assert len(call["arguments"]["city"]) <= 8
+
+
+def frame_calls(text: str, frame: ToolCallFrame) -> list[str]:
+    """The calls' JSON texts of `text`, which must be exactly one frame."""
+    assert text.startswith(frame.open) and text.endswith(frame.close), text
+    inner = text[len(frame.open) : len(text) - len(frame.close)]
+    return inner.split(frame.separator) if frame.separator else [inner]
+
+
+@pytest.mark.parametrize("max_calls", [1, 2])
+async def test_tool_call_frame_holds_the_output(load: Loader, tmp_path: Path, max_calls: int) -> None:
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    frame = ToolCallFrame(call_schema=json.dumps(WEATHER_CALL), max_calls=max_calls, **HERMES)
+    counts = set()
+    for seed in range(6):
+        params = GenerateParams(temperature=1.0, seed=seed, max_tokens=200, tool_calls=frame)
+        text, finish = await text_of(backend, PROMPT, params)
+        assert finish == "stop", text  # the frame complete, only end-of-generation was left
+        calls = frame_calls(text, frame)
+        assert 1 <= len(calls) <= max_calls
+        counts.add(len(calls))
+        for call in calls:
+            check_call(call)
+    if max_calls == 2:
+        assert counts == {1, 2}, "the seeds should show both one and two calls"
+
+
+async def test_mistral_shaped_frame(load: Loader, tmp_path: Path) -> None:
+    schema = json.loads(json.dumps(WEATHER_CALL))
+    schema["properties"]["id"] = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
+    schema["required"].append("id")
+    frame = ToolCallFrame(call_schema=json.dumps(schema), open="[TOOL_CALLS][", separator=", ", close="]", max_calls=2)
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    for seed in range(4):
+        params = GenerateParams(temperature=1.0, seed=seed, max_tokens=230, tool_calls=frame)
+        text, finish = await text_of(backend, PROMPT, params)
+        assert finish == "stop" and text.startswith("[TOOL_CALLS]["), text
+        calls = json.loads(text[len("[TOOL_CALLS]") :], strict=False)
+        assert 1 <= len(calls) <= 2
+        for call in calls:
+            assert len(call.pop("id")) == 9
+            check_call(json.dumps(call))
+
+
+async def test_lazy_frame_holds_from_its_open_on(load: Loader, tmp_path: Path) -> None:
+    """The model is pushed to write the open ("@", one token of the tiny vocabulary) by a
+    logit bias; everything from it on is a complete frame, and the output ends there."""
+    path = write_tiny_llama(tmp_path / "model.gguf")
+    backend = await load(path)
+    at = token_id(path, "@")
+    frame = ToolCallFrame(call_schema=json.dumps(WEATHER_CALL), open="@", separator=";", close="#", max_calls=2, lazy=True)
+    for seed in range(4):
+        params = GenerateParams(temperature=1.0, seed=seed, max_tokens=200, tool_calls=frame, logit_bias={at: 30.0})
+        text, finish = await text_of(backend, PROMPT, params)
+        start = text.index("@")
+        assert finish == "stop", text
+        for call in frame_calls(text[start:], frame):
+            check_call(call)
+    # An empty open: the frame starts at a leading "{" (pushed the same way).
+    brace = token_id(path, "{")
+    bare = ToolCallFrame(call_schema=json.dumps(WEATHER_CALL), lazy=True, max_calls=1)
+    for seed in range(3):
+        params = GenerateParams(temperature=1.0, seed=seed, max_tokens=200, tool_calls=bare, logit_bias={brace: 30.0})
+        text, finish = await text_of(backend, PROMPT, params)
+        assert finish == "stop", text
+        check_call(text)
+    # Until its open the lazy grammar masks nothing: never reached, the same seed writes the
+    # same text as with no grammar at all.
+    frame = ToolCallFrame(call_schema=json.dumps(WEATHER_CALL), lazy=True, **HERMES)
+    for seed in range(4):
+        free = GenerateParams(temperature=1.0, seed=seed, max_tokens=40)
+        lazy = GenerateParams(temperature=1.0, seed=seed, max_tokens=40, tool_calls=frame)
+        expected = await text_of(backend, PROMPT, free)
+        assert "<tool_call>" not in expected[0]
+        assert await text_of(backend, PROMPT, lazy) == expected
+
+
+async def test_tool_call_frame_errors(load: Loader, tmp_path: Path) -> None:
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    frame = ToolCallFrame(call_schema=json.dumps(WEATHER_CALL), **HERMES)
+    for other in ({"grammar": 'root ::= "x"'}, {"json_schema": '{"type": "object"}'}):
+        with pytest.raises(InvalidArgument, match="tool_calls cannot be used together with grammar or json_schema"):
+            await text_of(backend, PROMPT, GenerateParams(tool_calls=frame, **other))
+    bad = ToolCallFrame(call_schema=json.dumps({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}))
+    with pytest.raises(InvalidArgument, match=r"tools\.properties\.n: keyword 'minimum' is not supported"):
+        await text_of(backend, PROMPT, GenerateParams(tool_calls=bad))
+    with pytest.raises(InvalidArgument, match=r"tool_calls\.max_calls must be >= 1"):
+        await text_of(backend, PROMPT, GenerateParams(tool_calls=ToolCallFrame(call_schema="{}", max_calls=0)))
+    # Once the frame is complete only end-of-generation is left, which ignore_eos bans (llama.cpp
+    # aborted the process on that before); a plain grammar alike.
+    for other in ({"tool_calls": frame}, {"grammar": 'root ::= "x"'}):
+        with pytest.raises(InvalidArgument, match="ignore_eos cannot be used together with grammar"):
+            await text_of(backend, PROMPT, GenerateParams(ignore_eos=True, **other))
+    string_calls = ToolCallFrame(call_schema='{"type": "string"}', lazy=True)
+    with pytest.raises(InvalidArgument, match="with an empty open, each call must be a JSON object"):
+        await text_of(backend, PROMPT, GenerateParams(tool_calls=string_calls))
