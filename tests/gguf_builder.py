@@ -83,10 +83,12 @@ def write_tiny_llama(
     pooling: int | None = None,
     chat_template: str | None = CHATML_TEMPLATE,
     add_eos: bool = False,
+    control_tokens: tuple[str, ...] = (),
 ) -> Path:
     """Write a random llama-architecture GGUF to `path` and return the path. `add_eos`: the
     tokenizer appends </s> to what it tokenizes with special tokens (as BERT-style embedders
-    append their SEP)."""
+    append their SEP). `control_tokens`: more control tokens (such as Mistral's
+    `[TOOL_CALLS]`), last in the vocabulary, never sampled unless biased."""
     import gguf  # the writer is a dev/test dependency, not a runtime one
 
     path = Path(path)
@@ -95,6 +97,10 @@ def write_tiny_llama(
     n_head_kv = n_head if n_head_kv is None else n_head_kv
     head_dim = n_embd // n_head
     tokens, scores, types = _vocab()
+    for text in control_tokens:
+        tokens.append(text)
+        scores.append(0.0)
+        types.append(3)
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)
 

@@ -199,6 +199,8 @@ class _Sequence:
     skip_bos: bool = False  # prompt_logprobs leave out the first entry: a BOS the tokenizer added
     decoder: PieceDecoder = field(default_factory=PieceDecoder)
     stops: StopMatcher = field(default_factory=lambda: StopMatcher(()))
+    # Control tokens whose text stays in the output (see Engine._preserved).
+    preserved: frozenset[int] = frozenset()
 
 
 class Engine:
@@ -699,6 +701,7 @@ class Engine:
             seq = _Sequence(
                 item.request, tokens, slot, sampler, n_past=keep, cached=keep,
                 stops=StopMatcher(item.request.params.stop),
+                preserved=self._preserved(item.request.params.tool_calls),
             )
             if scored:
                 # The first token has nothing before it to be scored against.
@@ -941,7 +944,8 @@ class Engine:
         if llama.llama_vocab_is_eog(self._vocab, token):
             self._finish(seq, "stop", "", flush=True)
             return
-        text, stopped = seq.stops.feed(seq.decoder.decode(self._piece(token)))
+        piece = self._special_piece(token) if token in seq.preserved else self._piece(token)
+        text, stopped = seq.stops.feed(seq.decoder.decode(piece))
         if stopped:
             self._finish(seq, "stop", text, flush=False)
             return
@@ -1114,6 +1118,29 @@ class Engine:
         if count < 0:
             raise InvalidArgument(f"prompt of {len(data)} bytes is too long to tokenize")
         return buffer[:count]  # a slice of a ctypes array is a new list
+
+    def _preserved(self, frame: ToolCallFrame | None) -> frozenset[int]:
+        """Control tokens that spell a tool-call frame's markers (Mistral's `[TOOL_CALLS]`):
+        the grammar matches them by their text, and the routes read the calls by it, but
+        control tokens detokenize to nothing. As llama-server's preserved tokens, their text
+        stays in this request's output; other control tokens still write nothing."""
+        if frame is None:
+            return frozenset()
+        markers = [m for m in (frame.open, frame.separator, frame.close) if m]
+        return frozenset(
+            token
+            for marker in markers
+            for token in self._tokenize(marker, add_special=False)
+            if not self._piece(token) and self._special_piece(token)
+        )
+
+    def _special_piece(self, token: int) -> bytes:
+        buffer = ctypes.create_string_buffer(64)
+        size = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
+        if size < 0:
+            buffer = ctypes.create_string_buffer(-size)
+            size = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
+        return buffer.raw[:size]
 
     def _piece(self, token: int) -> bytes:
         piece = self._pieces.get(token)

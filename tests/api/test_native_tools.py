@@ -13,7 +13,7 @@ pytest.importorskip("llama_cpp")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from gguf_builder import write_tiny_llama  # noqa: E402
+from gguf_builder import _vocab, write_tiny_llama  # noqa: E402
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
 MODELS = {
@@ -41,6 +41,11 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
         write_tiny_llama(repo / name / "1" / "model.gguf", seed=3, n_ctx=4096,
                          chat_template=(TEMPLATES / template).read_text())
         (repo / name / "config.pbtxt").write_text('backend: "llamacpp"\n')
+    # Mistral's real vocabulary has [TOOL_CALLS] as a control token (which detokenizes to nothing).
+    (repo / "mistral_ctrl" / "1").mkdir(parents=True)
+    write_tiny_llama(repo / "mistral_ctrl" / "1" / "model.gguf", seed=3, n_ctx=4096,
+                     chat_template=(TEMPLATES / MODELS["mistral"]).read_text(), control_tokens=("[TOOL_CALLS]",))
+    (repo / "mistral_ctrl" / "config.pbtxt").write_text('backend: "llamacpp"\n')
     process = start_daemon_process(tmp_path_factory.mktemp("edged"), "--model-repository", str(repo), http=True)
     yield process
     process.stop()
@@ -153,3 +158,20 @@ def test_responses_route_calls_in_the_models_syntax(client: openai.OpenAI) -> No
                {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}],
     )
     assert follow.status == "incomplete"
+
+
+def test_a_control_token_marker_stays_in_the_reply(client: openai.OpenAI) -> None:
+    # The grammar takes the control token for its text "[TOOL_CALLS]"; its text must stay in
+    # the output for the reply to be read as calls (llama-server's preserved tokens).
+    marker = len(_vocab()[0])  # the first token after the base vocabulary
+    kwargs = {"model": "mistral_ctrl", "messages": QUESTION, "tools": [WEATHER], "tool_choice": "required",
+              "parallel_tool_calls": False, "temperature": 0, "logit_bias": {str(marker): 100}}
+    first = client.chat.completions.create(max_tokens=1, **kwargs).choices[0]
+    assert first.message.content == "[TOOL_CALLS]"
+    choice = client.chat.completions.create(max_tokens=300, **kwargs).choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    assert [c.function.name for c in choice.message.tool_calls or []][:1] == ["get_weather"]
+    # Without tools the control token writes nothing, as before.
+    plain = client.chat.completions.create(model="mistral_ctrl", messages=QUESTION, temperature=0, max_tokens=1,
+                                           logit_bias={str(marker): 100}).choices[0]
+    assert plain.message.content == ""
