@@ -804,9 +804,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         use = openai_tools.ToolUse(syntax, tools, req.tool_choice, req.parallel_tool_calls is not False)
         use.constrain(params)
         messages = use.messages(messages)
-    prompt = model.chat_prompt(
-        messages, template_kwargs=req.chat_template_kwargs, tools=use.template_tools() if use else None
-    )
+    # With tool_choice "none" too (described_tools).
+    described = openai_tools.described_tools(syntax, req.tools or [])
+    prompt = model.chat_prompt(messages, template_kwargs=req.chat_template_kwargs, tools=described)
     choices = _choices(model, [prompt], params, req.n or 1)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     # Per choice: whether its role went out yet; with tools, its reply turned into deltas.

@@ -408,13 +408,13 @@ async def responses(request: web.Request) -> web.StreamResponse:
     params = _params(req)
     params.json_schema, text_format = _format(req.text)
     tools = _tools(req)
-    in_use = [] if req.tool_choice == "none" else tools
     parallel = req.parallel_tool_calls is not False
-    chat_tools = [
+    all_tools = [
         openai_tools.Tool(type="function", function=openai_tools.FunctionDef(
             name=t.name, description=t.description, parameters=t.parameters, strict=t.strict))
-        for t in in_use
+        for t in tools
     ]
+    chat_tools = [] if req.tool_choice == "none" else all_tools
     syntax = model.tool_syntax()
     messages = chat_messages(_messages(req), native_tools=bool(syntax))
     use = None
@@ -430,7 +430,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
         use = openai_tools.ToolUse(syntax, chat_tools, choice, parallel)
         use.constrain(params)
         messages = use.messages(messages)
-    prompt = model.chat_prompt(messages, tools=use.template_tools() if use else None)
+    # With tool_choice "none" too (described_tools).
+    prompt = model.chat_prompt(messages, tools=openai_tools.described_tools(syntax, all_tools))
     ident, created = f"resp_{uuid.uuid4().hex}", int(time.time())
     output = _Output(logprobs=params.logprobs is not None)
     reply = use.stream() if use else None

@@ -232,7 +232,7 @@ class ToolUse:
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The tools for a template that describes them itself (None for the generic reply)."""
-        return [msgspec.to_builtins(t) for t in self.tools] if self.native else None
+        return described_tools(self.syntax.name, self.tools)
 
     def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The conversation as the template gets it: the generic reply's description of the
@@ -279,6 +279,16 @@ class ToolUse:
             except ValueError:
                 continue
         return reading.content or None, calls
+
+
+def described_tools(syntax_name: str, tools: list[Tool]) -> list[dict[str, Any]] | None:
+    """The tools for the template when it has its own tool syntax, else None. Also with
+    tool_choice "none": the template still describes them (OpenAI and llama-server do; the
+    prompt is that of "auto", so a tool loop's last turn keeps its prompt prefix), and
+    nothing is enforced: the reply is text."""
+    if not tools or not syntax_named(syntax_name).native:
+        return None
+    return [msgspec.to_builtins(t) for t in tools]
 
 
 def _chosen(tools: list[Tool], choice: ToolChoice | None) -> list[Tool]:

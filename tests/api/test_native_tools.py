@@ -128,6 +128,20 @@ def test_auto_lets_the_model_answer_in_text(client: openai.OpenAI) -> None:
     assert result.usage.prompt_tokens > plain.usage.prompt_tokens + 50  # the template described the tools
 
 
+@pytest.mark.parametrize("model", list(MODELS))
+def test_tool_choice_none_still_describes_the_tools(client: openai.OpenAI, model: str) -> None:
+    # "none": the model may not call, but the template still describes the tools (OpenAI and
+    # llama-server --jinja: the same prompt as "auto", so a tool loop's last turn, often sent
+    # with "none" to get an answer, keeps its prompt prefix), and the reply is text.
+    kwargs = {"model": model, "messages": QUESTION, "temperature": 0, "max_tokens": 1}
+    none = client.chat.completions.create(tools=[WEATHER], tool_choice="none", **kwargs)
+    auto = client.chat.completions.create(tools=[WEATHER], **kwargs)
+    plain = client.chat.completions.create(**kwargs)
+    assert none.usage is not None and auto.usage is not None and plain.usage is not None
+    assert none.usage.prompt_tokens == auto.usage.prompt_tokens > plain.usage.prompt_tokens
+    assert none.choices[0].message.tool_calls is None and none.choices[0].finish_reason == "length"
+
+
 def test_ollama_history_without_ids_renders_for_mistral(daemon) -> None:
     # Ollama's clients send calls and results without ids; Mistral's template requires ids
     # of 9 letters and digits on both: edged pairs them up.
@@ -175,3 +189,13 @@ def test_a_control_token_marker_stays_in_the_reply(client: openai.OpenAI) -> Non
     plain = client.chat.completions.create(model="mistral_ctrl", messages=QUESTION, temperature=0, max_tokens=1,
                                            logit_bias={str(marker): 100}).choices[0]
     assert plain.message.content == ""
+
+
+def test_responses_tool_choice_none_still_describes_the_tools(client: openai.OpenAI) -> None:
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}
+    kwargs = {"model": "qwen", "input": "Weather in Paris?", "temperature": 0, "max_output_tokens": 1}
+    none = client.responses.create(tools=[tool], tool_choice="none", **kwargs)
+    auto = client.responses.create(tools=[tool], **kwargs)
+    assert none.usage is not None and auto.usage is not None
+    assert none.usage.input_tokens == auto.usage.input_tokens
+    assert [item.type for item in none.output] == ["message"]
