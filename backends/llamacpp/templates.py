@@ -33,6 +33,7 @@ writes calls in, from its text, as llama.cpp matched templates before its automa
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import json
@@ -74,8 +75,40 @@ Render = Callable[[Messages, Mapping[str, Any], "Sequence[Mapping[str, Any]] | N
 
 
 def tool_syntax_of(template: str) -> str:
-    """The tool-call syntax a Jinja template's text names (GenerationBackend.tool_syntax)."""
+    """The tool-call syntax a Jinja template's text names (GenerationBackend.tool_syntax);
+    `_writes_calls_in` then checks that the template really writes calls that way."""
     return next((syntax for marker, syntax in _TOOL_SYNTAXES if marker in template), "")
+
+
+def _writes_calls_in(syntax: str, rendered: str) -> bool:
+    """Whether `rendered` (the probe conversation of `_probe_call`) holds the probe's call in
+    `syntax`: other formats share the markers (Qwen3-Coder's and MiniMax's XML calls inside
+    `<tool_call>`, newer Mistral templates' `[TOOL_CALLS]name[ARGS]{...}`), and a model asked
+    for a syntax it was not trained on writes worse calls than the generic reply gets."""
+    decoder = json.JSONDecoder()
+    arguments_key = "parameters" if syntax == "llama3" else "arguments"
+    marker = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}.get(syntax, "")
+    at = rendered.find(marker) if marker else 0
+    while at >= 0:
+        start = at + len(marker)
+        while start < len(rendered) and rendered[start] in " \t\r\n":
+            start += 1
+        try:
+            value, _ = decoder.raw_decode(rendered, start)
+        except ValueError:
+            value = None
+        calls = value if syntax == "mistral" and isinstance(value, list) else [value]
+        for call in calls:
+            if isinstance(call, dict) and call.get("name") == "tool1":
+                arguments = call.get(arguments_key)
+                if isinstance(arguments, str):
+                    with contextlib.suppress(ValueError):
+                        arguments = json.loads(arguments)
+                if arguments == {"arg": _ARGUMENT_PROBE}:
+                    return True
+        # Llama 3.x calls have no marker: try each object in the text.
+        at = rendered.find(marker or "{", at + 1)
+    return False
 
 
 class ChatTemplate:
@@ -201,7 +234,18 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
         return prompt
 
     render([{"role": "user", "content": "hi"}], {}, None)  # fails now, at load, for a broken template
-    return ChatTemplate(source, render, jinja=True, tool_syntax=tool_syntax_of(template))
+    syntax = tool_syntax_of(template)
+    if syntax:
+        messages, tools = _probe_call()
+        try:
+            written = _writes_calls_in(syntax, render(messages, {}, tools))
+        except InvalidArgument:
+            written = False
+        if not written:
+            log.info("chat template (%s) names %s tool-call markers but writes calls another way; "
+                     "tools use the generic JSON reply", source, syntax)
+            syntax = ""
+    return ChatTemplate(source, render, jinja=True, tool_syntax=syntax)
 
 
 def _messages(messages: Messages, *, object_arguments: bool) -> list[dict[str, Any]]:
@@ -319,12 +363,11 @@ def _takes_system_role(run: Render) -> bool:
         return False
 
 
-def _takes_object_arguments(run: Render) -> bool:
-    """Whether the template reads a tool call's arguments as an object (Qwen 2.5 and Llama 3.1
-    write `arguments | tojson`), llama.cpp's capability probe: a call whose arguments are an
-    object is rendered, and the object counts as read when its value comes out, other than
-    inside Python's repr of the whole dict (a template that prints the arguments as text)."""
-    call = {"id": "call00001", "type": "function", "function": {"name": "tool1", "arguments": {"arg": _ARGUMENT_PROBE}}}
+def _probe_call(arguments: Any = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A conversation with one tool call and its result, and the tool (llama.cpp's probe);
+    `arguments`: the call's arguments as given (default: their JSON text, as requests give)."""
+    value = json.dumps({"arg": _ARGUMENT_PROBE}) if arguments is None else arguments
+    call = {"id": "call00001", "type": "function", "function": {"name": "tool1", "arguments": value}}
     probe: list[dict[str, Any]] = [
         {"role": "user", "content": "User message"},
         {"role": "assistant", "content": "", "tool_calls": [call]},
@@ -338,6 +381,15 @@ def _takes_object_arguments(run: Render) -> bool:
         "required": ["arg"],
     }
     tools = [{"type": "function", "function": {"name": "tool1", "description": "Tool description", "parameters": parameters}}]
+    return probe, tools
+
+
+def _takes_object_arguments(run: Render) -> bool:
+    """Whether the template reads a tool call's arguments as an object (Qwen 2.5 and Llama 3.1
+    write `arguments | tojson`), llama.cpp's capability probe: a call whose arguments are an
+    object is rendered, and the object counts as read when its value comes out, other than
+    inside Python's repr of the whole dict (a template that prints the arguments as text)."""
+    probe, tools = _probe_call({"arg": _ARGUMENT_PROBE})
     try:
         rendered = run(probe, {}, tools)
     except Exception:

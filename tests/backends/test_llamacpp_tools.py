@@ -79,6 +79,32 @@ async def test_tool_syntax_is_read_from_the_template(load: Loader, tmp_path: Pat
     assert backend.engine_stats()["chat_template_tools"] == SYNTAXES[family]
 
 
+# Templates that share a syntax's markers but write calls another way (shaped after
+# Qwen3-Coder's XML calls and newer Mistral templates' `[TOOL_CALLS]name[ARGS]{...}`).
+XML_CALLS = (
+    "{%- if tools %}<|im_start|>system\nCall tools as <tool_call><function=name>...</function>"
+    "</tool_call><|im_end|>\n{% endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{%- for c in m.tool_calls or [] %}\n<tool_call>\n<function={{ c.function.name }}>\n"
+    "{%- for k, v in c.function.arguments.items() %}<parameter={{ k }}>\n{{ v }}\n</parameter>\n{% endfor %}"
+    "</function>\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+)
+ARGS_CALLS = (
+    "{%- for m in messages %}{% if m.role == 'user' %}[INST]{{ m.content }}[/INST]"
+    "{% elif m.role == 'assistant' %}{% for c in m.tool_calls or [] %}[TOOL_CALLS]{{ c.function.name }}"
+    "[ARGS]{{ c.function.arguments }}{% endfor %}{{ m.content }}</s>"
+    "{% elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]{% endif %}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize("template", [XML_CALLS, ARGS_CALLS])
+async def test_markers_without_the_syntax_are_no_tool_syntax(load: Loader, tmp_path: Path, template: str) -> None:
+    # Asked for Hermes JSON or Mistral Nemo's list, such a model would write calls it was
+    # not trained on: the routes use the generic reply instead.
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template))
+    assert backend.tool_syntax() == ""
+
+
 async def test_builtin_and_chatml_templates_have_no_tool_syntax(load: Loader, tmp_path: Path) -> None:
     """Even with a Hermes-style Jinja template in the GGUF: a built-in template named in the
     config renders, and it writes no tool calls."""
