@@ -94,8 +94,14 @@ def tool_call_trigger(frame: ToolCallFrame, *, brace: bool, brace_quote: bool) -
     if not frame.open:
         # The caller refuses an empty `open` whose calls cannot start with "{".
         return rf"^\s*({'|'.join(brace_tails)})$"
-    tail = f"(?:{'|'.join(brace_tails)})?" if brace_tails else ""
-    return f"({_regex_escape(frame.open)}{tail})$"
+    # The marker itself is enough (llama-server triggers on it too): `[TOOL_CALLS]` before the
+    # "[" of "[TOOL_CALLS][", `<tool_call>` before its newline; the grammar then writes the
+    # rest of `open`. So the output may end with the marker and any start of what follows it.
+    core = frame.open.rstrip(" \t\r\n[{") or frame.open
+    rest = f"(?:{'|'.join(brace_tails)})?" if brace_tails else ""
+    for char in reversed(frame.open[len(core) :]):
+        rest = f"(?:{_regex_escape(char)}{rest})?"
+    return f"({_regex_escape(core)}{rest})$"
 
 
 def _literal(text: str) -> str:

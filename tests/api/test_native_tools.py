@@ -199,3 +199,15 @@ def test_responses_tool_choice_none_still_describes_the_tools(client: openai.Ope
     assert none.usage is not None and auto.usage is not None
     assert none.usage.input_tokens == auto.usage.input_tokens
     assert [item.type for item in none.output] == ["message"]
+
+
+def test_auto_triggers_on_the_marker_token(client: openai.OpenAI) -> None:
+    # With "auto" the grammar holds from the marker on: the control token [TOOL_CALLS] alone
+    # triggers it (as in llama-server), and the grammar writes the "[" that follows.
+    marker = len(_vocab()[0])
+    choice = client.chat.completions.create(
+        model="mistral_ctrl", messages=QUESTION, tools=[WEATHER], parallel_tool_calls=False, temperature=0,
+        max_tokens=300, logit_bias={str(marker): 100},
+    ).choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    assert [c.function.name for c in choice.message.tool_calls or []] == ["get_weather"]
