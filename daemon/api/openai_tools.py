@@ -209,6 +209,9 @@ def cut_reply(text: str, syntax: Syntax = GENERIC) -> tuple[str | None, list[dic
              for call in reading.calls if call.name is not None]
     if calls:
         return reading.content or None, calls
+    if syntax.native:
+        # A call begun but not named yet: the raw text, as its stream ends (ToolStream).
+        return text, []
     return (reading.content, []) if reading.content else (text, [])
 
 
@@ -360,4 +363,9 @@ class ToolStream:
             if len(call.arguments) > sent:
                 deltas.append({"tool_calls": [{"index": index, "function": {"arguments": call.arguments[sent:]}}]})
                 self._calls[index] = (ident, len(call.arguments))
+        if final and self._syntax.native and not self._calls and len(self._text) > self._content:
+            # The reply ended inside a call marker or an unnamed call (cut short, or a frame the
+            # grammar did not hold): the rest of the text goes out as content, as unstreamed.
+            deltas.append({"content": self._text[self._content :]})
+            self._content = len(self._text)
         return deltas

@@ -181,3 +181,12 @@ def test_whitespace_the_grammar_allows_after_a_call() -> None:
     mistral = openai_tools.ToolUse("mistral", TOOLS, "auto", parallel=True)
     text = '[TOOL_CALLS][{"name": "lights_off", "arguments": {}, "id": "abcDEF123"} , {"name": "lights_off", "arguments": {}, "id": "abcDEF123"} ]'
     assert len(mistral.reply(text, cut=False)[1]) == 2
+
+
+@pytest.mark.parametrize("cut", [True, False])
+def test_a_call_that_never_got_its_name_streams_as_its_text(cut: bool) -> None:
+    use = openai_tools.ToolUse("hermes", TOOLS, "auto", parallel=True)
+    text = 'Hm\n<tool_call>\n{"na'
+    stream = use.stream()
+    sent = "".join(d.get("content", "") for piece in (text[:5], text[5:]) for d in stream.feed(piece, piece == text[5:]))
+    assert use.reply(text, cut=cut) == (text, []) and sent == text
