@@ -1,8 +1,9 @@
-"""Fixtures shared by the KServe/Triton API tests."""
+"""Fixtures shared by the API tests."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,3 +18,11 @@ def simple_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("repo")
     write_simple_repository(path)
     return path
+
+
+@pytest.fixture
+def client(daemon: Any) -> Any:
+    """The `openai` client on the module's `daemon` fixture (a daemon process serving models
+    over TCP); modules testing other clients define their own `client`."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)

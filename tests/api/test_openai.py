@@ -51,11 +51,6 @@ def daemon(repo: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture
-def client(daemon) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture
 def uds_client(daemon) -> openai.OpenAI:
     transport = httpx.HTTPTransport(uds=str(daemon.socket))
     return openai.OpenAI(

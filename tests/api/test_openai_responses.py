@@ -34,11 +34,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
     process.stop()
 
 
-@pytest.fixture
-def client(daemon) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
-
-
 WEATHER = {
     "type": "function",
     "name": "get_weather",

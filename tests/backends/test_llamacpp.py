@@ -29,9 +29,8 @@ from gguf_builder import (
     write_tiny_llama,
 )
 
-from daemon.backend import Device, GenerateChunk, GenerateParams, InstanceContext
+from daemon.backend import GenerateChunk, GenerateParams
 from daemon.errors import BackendError, ConfigError, InvalidArgument, Unavailable
-from daemon.model_config import ModelConfig
 
 gguf = pytest.importorskip("gguf")
 
@@ -83,21 +82,9 @@ def model_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def load(backend_class: Callable[[str], type[Any]]) -> AsyncIterator[Loader]:
-    """`await load(path, n_parallel="8", ...)`: a loaded backend, unloaded at teardown."""
-    cls = backend_class("llamacpp")
-    loaded: list[Any] = []
-
-    async def make(path: Path, **parameters: str) -> Any:
-        backend = cls(InstanceContext("tiny", 1, threads=1))
-        await backend.load(ModelConfig(name="tiny", parameters=parameters), path, Device("cpu"))
-        loaded.append(backend)
-        return backend
-
-    yield make
-    for backend in loaded:
-        if backend.engine_stats()["slots"]:  # not unloaded yet
-            await backend.unload()
+def load(load_llamacpp: Loader) -> Loader:
+    """`await load(path, n_parallel="8", ...)`: see tests/backends/conftest.py."""
+    return load_llamacpp
 
 
 async def wait_until(predicate: Callable[[], bool]) -> None:

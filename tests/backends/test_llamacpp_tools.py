@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from gguf_builder import write_tiny_llama
 
-from daemon.backend import GenerateParams, InstanceContext, ToolCallFrame
+from daemon.backend import GenerateParams, ToolCallFrame
 from daemon.errors import InvalidArgument
-from daemon.model_config import ModelConfig
 
 gguf = pytest.importorskip("gguf")
 
@@ -26,22 +25,9 @@ Loader = Callable[..., Awaitable[Any]]
 
 
 @pytest.fixture
-async def load(backend_class: Callable[[str], type[Any]]) -> AsyncIterator[Loader]:
-    """`await load(path, **parameters)`: a loaded backend, unloaded at teardown."""
-    from daemon.backend import Device
-
-    cls = backend_class("llamacpp")
-    loaded: list[Any] = []
-
-    async def make(path: Path, **parameters: str) -> Any:
-        backend = cls(InstanceContext("tiny", 1, threads=1))
-        await backend.load(ModelConfig(name="tiny", parameters=parameters), path, Device("cpu"))
-        loaded.append(backend)
-        return backend
-
-    yield make
-    for backend in loaded:
-        await backend.unload()
+def load(load_llamacpp: Loader) -> Loader:
+    """`await load(path, n_parallel="8", ...)`: see tests/backends/conftest.py."""
+    return load_llamacpp
 
 
 def token_id(path: Path, piece: str) -> int:
