@@ -262,7 +262,16 @@ def test_a_second_instance_refuses_the_live_socket(start_daemon, tmp_path: Path)
 def test_sighup_during_the_shutdown_drain_is_ignored(start_daemon, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     marker = tmp_path / "executing"
-    python_model(repo, "slow", f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(1.5)\ny = x * 2")
+    gate = tmp_path / "finish"
+    # The request is held in execute until the test opens the gate (60 s at most), so the
+    # SIGHUP surely lands mid-drain however slow the machine is.
+    python_model(repo, "slow", (
+        f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\n"
+        "deadline = time.monotonic() + 60\n"
+        f"while not pathlib.Path({str(gate)!r}).exists() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "y = x * 2"
+    ))
     daemon = start_daemon("--model-repository", str(repo))
     result: dict[str, object] = {}
 
@@ -275,6 +284,10 @@ def test_sighup_during_the_shutdown_drain_is_ignored(start_daemon, tmp_path: Pat
     daemon.proc.send_signal(signal.SIGTERM)
     wait_until(lambda: "shutting down" in daemon.log())
     daemon.proc.send_signal(signal.SIGHUP)
+    try:
+        wait_until(lambda: "SIGHUP ignored: shutting down" in daemon.log())
+    finally:
+        gate.touch()
     worker.join(30)
     assert result["status"] == 200
     assert daemon.proc.wait(30) == 0

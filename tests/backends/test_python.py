@@ -142,15 +142,16 @@ async def test_simple_python_matches_numpy(backend_class: ClassOf, tmp_path: Pat
 
 async def test_execute_reports_its_input_and_output_time_apart(backend_class: ClassOf, tmp_path: Path) -> None:
     """Triton's three compute phases: the requests handed to the model, `execute`, the
-    responses read back. A model that sleeps 50 ms in `execute`: that time is none of the
-    other two, which are each measured (> 0) and small."""
+    responses read back. A model that sleeps 200 ms in `execute`: that time is none of the
+    other two, which are each measured (> 0) and shorter than it (no tighter bound: a loaded
+    machine can stall any step for milliseconds; timing goals live in bench/)."""
     version = write_model(tmp_path, "sleepy", """
         import time
         import triton_python_backend_utils as pb_utils
 
         class TritonPythonModel:
             def execute(self, requests):
-                time.sleep(0.05)
+                time.sleep(0.2)
                 return [pb_utils.InferenceResponse([pb_utils.Tensor(
                     "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
     """)
@@ -161,7 +162,7 @@ async def test_execute_reports_its_input_and_output_time_apart(backend_class: Cl
         for result in results:
             np.testing.assert_array_equal(outputs_of(result)["OUTPUT0"], inputs["INPUT0"])
         input_ns, output_ns = backend.phase_ns
-        assert 0 < input_ns < 20_000_000 and 0 < output_ns < 20_000_000
+        assert 0 < input_ns < 200_000_000 and 0 < output_ns < 200_000_000
     finally:
         await backend.unload()
 

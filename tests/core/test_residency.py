@@ -5,6 +5,7 @@ under a memory budget, in-flight requests never cut, cost estimates and their co
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,8 +51,19 @@ def mlp(repo: Path, name: str, extra: str = ON_DEMAND) -> object:
     return weights
 
 
-def slow_python(repo: Path, name: str, seconds: float, extra: str = ON_DEMAND) -> None:
-    python_model(repo, name, f"import time\ntime.sleep({seconds})\ny = x + 1")
+def _until_exists(gate: Path) -> str:
+    """Python source that waits (60 s at most) for the file `gate` to exist: a model held
+    in a step until the test opens the gate, instead of for a time a loaded machine may outrun."""
+    return (
+        f"import os, time\ndeadline = time.monotonic() + 60\n"
+        f"while not os.path.exists({str(gate)!r}) and time.monotonic() < deadline:\n"
+        f"    time.sleep(0.01)\n"
+    )
+
+
+def python_plus_one(repo: Path, name: str, gate: Path | None = None, extra: str = ON_DEMAND) -> None:
+    """y = x + 1; with a `gate`, each execute is held until that file exists."""
+    python_model(repo, name, (_until_exists(gate) if gate else "") + "y = x + 1")
     config = repo / name / "config.pbtxt"
     config.write_text(config.read_text() + extra)
 
@@ -84,13 +96,13 @@ class World:
         await self.registry.close()
 
 
-async def wait_for(condition: Callable[[], bool]) -> None:
-    """Poll observable state (bounded: 10 s)."""
-    for _ in range(500):
-        if condition():
-            return
+async def wait_for(condition: Callable[[], bool], seconds: float = 60.0) -> None:
+    """Poll observable state (bounded: a loaded CI machine can be slow to load or unload)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {seconds} s")
         await asyncio.sleep(0.02)
-    raise AssertionError("condition not met within 10 s")
 
 
 X = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
@@ -119,13 +131,16 @@ async def test_first_request_loads_and_concurrent_first_requests_load_once(tmp_p
 
 async def test_slow_load_is_visible_and_shared_by_concurrent_first_requests(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    slow_python(repo, "slowload", 0.0)
-    # A load that takes a while (initialize sleeps): every request that arrives meanwhile waits
-    # for the same load.
+    python_plus_one(repo, "slowload")
+    # A load that takes a while (initialize waits for the test): every request that arrives
+    # meanwhile waits for the same load.
+    load_gate = tmp_path / "load"
+    initialize = "    def initialize(self, args):\n" + "".join(
+        "        " + line + "\n" for line in _until_exists(load_gate).splitlines()
+    )
     model_py = repo / "slowload" / "1" / "model.py"
     model_py.write_text(model_py.read_text().replace(
-        "class TritonPythonModel:\n",
-        "class TritonPythonModel:\n    def initialize(self, args):\n        import time\n        time.sleep(0.5)\n\n",
+        "class TritonPythonModel:\n", "class TritonPythonModel:\n" + initialize + "\n",
     ))
     world = World(tmp_path, repo)
     try:
@@ -134,11 +149,16 @@ async def test_slow_load_is_visible_and_shared_by_concurrent_first_requests(tmp_
         first = asyncio.create_task(world.infer("slowload", x))
         await wait_for(lambda: [r.state for r in world.residency.residents()] == ["loading"])
         rest = [asyncio.create_task(world.infer("slowload", x)) for _ in range(4)]
+        for _ in range(5):
+            await asyncio.sleep(0)  # the four reach residency while the load still waits
+        assert [r.state for r in world.residency.residents()] == ["loading"]
+        load_gate.touch()
         for out in await asyncio.gather(first, *rest):
             np.testing.assert_allclose(out, x + 1)
         assert world.residency.loads == 1
         assert [r.state for r in world.residency.residents()] == ["ready"]
     finally:
+        load_gate.touch()
         await world.close()
 
 
@@ -218,7 +238,8 @@ async def test_budget_evicts_least_recently_used_idle_model(tmp_path: Path) -> N
 
 async def test_in_flight_requests_are_never_cut(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    slow_python(repo, "slow", 1.0, ON_DEMAND + keep("0s"))
+    gate = tmp_path / "finish"
+    python_plus_one(repo, "slow", gate, ON_DEMAND + keep("0s"))
     mlp(repo, "other")
     world = World(tmp_path, repo, memory_budget="1MiB")
     try:
@@ -233,11 +254,13 @@ async def test_in_flight_requests_are_never_cut(tmp_path: Path) -> None:
         # keep_alive 0 while in flight: unloads once the request is done, not before.
         assert await world.residency.unload("slow") is True
         assert "slow" in world.loaded()
+        gate.touch()  # the request held in execute until now
         np.testing.assert_allclose(await running, x + 1)
         await wait_for(lambda: "slow" not in world.loaded())
         await world.infer("other", X)  # room now
         assert world.loaded() == {"other"}
     finally:
+        gate.touch()
         await world.close()
 
 

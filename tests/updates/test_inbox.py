@@ -19,7 +19,7 @@ from daemon.updates.store import ReleaseStore
 BundleMaker = Callable[..., tuple[Path, Manifest]]
 
 
-async def _until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+async def _until(condition: Callable[[], bool], seconds: float = 60.0) -> None:
     # Polls on purpose: the condition is the store on disk, which has no event to wait on.
     async with asyncio.timeout(seconds):
         while not condition():  # noqa: ASYNC110

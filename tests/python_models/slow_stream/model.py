@@ -1,7 +1,9 @@
 """Decoupled, from its own thread: sends a response every 50 ms until request.is_cancelled(),
 then writes "cancelled after N" to the file named by MARKER and sends the final flag. Gives up
-after 30 s (writes "not cancelled")."""
+after 30 s (writes "not cancelled"). The marker is written beside and renamed into place, so a
+test that sees it exist reads it whole."""
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -25,7 +27,7 @@ class TritonPythonModel:
         sent = 0
         while not request.is_cancelled():
             if time.monotonic() > deadline:
-                marker.write_text("not cancelled")
+                _write(marker, "not cancelled")
                 break
             sender.send(
                 pb_utils.InferenceResponse([pb_utils.Tensor("N", np.array([sent], dtype=np.int32))])
@@ -33,5 +35,11 @@ class TritonPythonModel:
             sent += 1
             time.sleep(0.05)
         else:
-            marker.write_text(f"cancelled after {sent}")
+            _write(marker, f"cancelled after {sent}")
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def _write(path, text):
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
