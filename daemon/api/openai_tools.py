@@ -23,6 +23,7 @@ own way (arguments as objects, each call whole: `ToolUse.reply_calls`)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 import msgspec
@@ -80,9 +81,7 @@ class ToolCall(_Strict):
 
 def tool_schema(tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> str:
     """The JSON schema (text) of the reply object for these tools and this choice."""
-    names = [t.function.name for t in tools]
-    if len(set(names)) != len(names):
-        raise InvalidArgument("tools: function names must be unique")
+    names = check_names(tools)
     if isinstance(choice, NamedToolChoice):
         if choice.function.name not in names:
             raise InvalidArgument(f"tool_choice: no tool named {choice.function.name!r} in tools")
@@ -294,9 +293,27 @@ def described_tools(syntax_name: str, tools: list[Tool]) -> list[dict[str, Any]]
     return [msgspec.to_builtins(t) for t in tools]
 
 
-def _chosen(tools: list[Tool], choice: ToolChoice | None) -> list[Tool]:
-    if len({t.function.name for t in tools}) != len(tools):
+# OpenAI's rule for function names. A name is written into the grammar and the model's
+# prompt; quotes, newlines or markup in it would break either.
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def check_names(tools: list[Tool]) -> list[str]:
+    """The tools' names, each as OpenAI allows and all different (else InvalidArgument)."""
+    names = [t.function.name for t in tools]
+    for index, name in enumerate(names):
+        if not _NAME.fullmatch(name):
+            raise InvalidArgument(
+                f"tools[{index}].function.name: {name!r} must be 1 to 64 letters, digits, "
+                "underscores or dashes"
+            )
+    if len(set(names)) != len(names):
         raise InvalidArgument("tools: function names must be unique")
+    return names
+
+
+def _chosen(tools: list[Tool], choice: ToolChoice | None) -> list[Tool]:
+    check_names(tools)
     if not isinstance(choice, NamedToolChoice):
         return tools
     chosen = [t for t in tools if t.function.name == choice.function.name]

@@ -190,3 +190,15 @@ def test_a_call_that_never_got_its_name_streams_as_its_text(cut: bool) -> None:
     stream = use.stream()
     sent = "".join(d.get("content", "") for piece in (text[:5], text[5:]) for d in stream.feed(piece, piece == text[5:]))
     assert use.reply(text, cut=cut) == (text, []) and sent == text
+
+
+@pytest.mark.parametrize("syntax", ["", "hermes"])
+@pytest.mark.parametrize("name", ['a"b', "get weather", "x\n<tool_call>", "", "w" * 65, "weather.get"])
+def test_tool_names_are_openais(syntax: str, name: str) -> None:
+    # A name goes into the grammar and the prompt: quotes, spaces, newlines or markup would
+    # break them (llama.cpp answered "could not parse the grammar", naming no field).
+    tools = msgspec.convert([{"type": "function", "function": {"name": "ok_1-x"}},
+                             {"type": "function", "function": {"name": name}}], list[openai_tools.Tool])
+    with pytest.raises(InvalidArgument, match=r"tools\[1\]\.function\.name: .* letters, digits, underscores or dashes"):
+        openai_tools.ToolUse(syntax, tools, "required", parallel=True).constrain(GenerateParams())
+    openai_tools.ToolUse(syntax, tools[:1], "required", parallel=True).constrain(GenerateParams())
