@@ -293,9 +293,10 @@ def described_tools(syntax_name: str, tools: list[Tool]) -> list[dict[str, Any]]
     return [msgspec.to_builtins(t) for t in tools]
 
 
-# OpenAI's rule for function names. A name is written into the grammar and the model's
-# prompt; quotes, newlines or markup in it would break either.
-_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+# OpenAI's rule for function names, plus "." and ":" (namespaced names, e.g. MCP tools behind
+# Ollama, which checks nothing). A name is written into the grammar and the model's prompt;
+# quotes, spaces, newlines or markup in it would break either.
+_NAME = re.compile(r"[a-zA-Z0-9_.:-]{1,64}")
 
 
 def check_names(tools: list[Tool]) -> list[str]:
@@ -305,7 +306,7 @@ def check_names(tools: list[Tool]) -> list[str]:
         if not _NAME.fullmatch(name):
             raise InvalidArgument(
                 f"tools[{index}].function.name: {name!r} must be 1 to 64 letters, digits, "
-                "underscores or dashes"
+                "underscores, dashes, dots or colons"
             )
     if len(set(names)) != len(names):
         raise InvalidArgument("tools: function names must be unique")

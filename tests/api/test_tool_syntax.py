@@ -193,12 +193,12 @@ def test_a_call_that_never_got_its_name_streams_as_its_text(cut: bool) -> None:
 
 
 @pytest.mark.parametrize("syntax", ["", "hermes"])
-@pytest.mark.parametrize("name", ['a"b', "get weather", "x\n<tool_call>", "", "w" * 65, "weather.get"])
+@pytest.mark.parametrize("name", ['a"b', "get weather", "x\n<tool_call>", "", "w" * 65, "a<b>"])
 def test_tool_names_are_openais(syntax: str, name: str) -> None:
     # A name goes into the grammar and the prompt: quotes, spaces, newlines or markup would
     # break them (llama.cpp answered "could not parse the grammar", naming no field).
-    tools = msgspec.convert([{"type": "function", "function": {"name": "ok_1-x"}},
+    tools = msgspec.convert([{"type": "function", "function": {"name": "fs.read:ok_1-x"}},
                              {"type": "function", "function": {"name": name}}], list[openai_tools.Tool])
-    with pytest.raises(InvalidArgument, match=r"tools\[1\]\.function\.name: .* letters, digits, underscores or dashes"):
+    with pytest.raises(InvalidArgument, match=r"tools\[1\]\.function\.name: .* letters, digits, underscores, dashes, dots or colons"):
         openai_tools.ToolUse(syntax, tools, "required", parallel=True).constrain(GenerateParams())
     openai_tools.ToolUse(syntax, tools[:1], "required", parallel=True).constrain(GenerateParams())
