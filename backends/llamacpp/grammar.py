@@ -35,15 +35,24 @@ JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
 def schema_to_grammar(schema_json: str, where: str) -> str:
     """GBNF for a JSON schema (JSON text); InvalidArgument naming `where` for what we cannot enforce."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    return _convert(schema_json, where, "")[1]
+
+
+def _convert(schema_json: str, where: str, rule: str) -> tuple[str, str]:
+    """The schema's rule name and the GBNF rules, by llama-cpp-python's port of llama.cpp's
+    converter (`json_schema_to_gbnf`'s steps): rule "" is "root"; another name leaves
+    "root" to the caller's own top rule. The schema is checked first (`_check`)."""
+    from llama_cpp.llama_grammar import SchemaConverter
 
     try:
         schema = json.loads(schema_json)
     except ValueError as exc:
         raise InvalidArgument(f"{where}: not valid JSON: {exc}") from None
     _check(schema, where)
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     try:
-        return json_schema_to_gbnf(schema_json)
+        name = converter.visit(converter.resolve_refs(schema, "stdin"), rule)
+        return name, converter.format_grammar()
     except (ValueError, AssertionError, KeyError, TypeError, RecursionError) as exc:
         raise InvalidArgument(f"{where}: cannot be turned into a grammar: {exc}") from None
 
@@ -51,23 +60,11 @@ def schema_to_grammar(schema_json: str, where: str) -> str:
 def tool_call_grammar(frame: ToolCallFrame) -> str:
     """GBNF (root rule "root") for `frame`: open, 1..max_calls calls each matching its
     `call_schema`, separated by `separator`, then close; schema problems name "tools"."""
-    from llama_cpp.llama_grammar import SchemaConverter
-
     if frame.max_calls is not None and frame.max_calls < 1:
         raise InvalidArgument(f"tool_calls.max_calls must be >= 1, got {frame.max_calls}")
-    try:
-        schema = json.loads(frame.call_schema)
-    except ValueError as exc:
-        raise InvalidArgument(f"tools: not valid JSON: {exc}") from None
-    _check(schema, "tools")
-    # json_schema_to_gbnf's steps, with the call's rule named "tool-call" rather than
-    # "root": "root" is the frame's own rule below, the one llama.cpp starts from.
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-    try:
-        call = converter.visit(converter.resolve_refs(schema, "stdin"), "tool-call")
-        rules = converter.format_grammar()
-    except (ValueError, AssertionError, KeyError, TypeError, RecursionError) as exc:
-        raise InvalidArgument(f"tools: cannot be turned into a grammar: {exc}") from None
+    # The call's rule is "tool-call": "root" is the frame's own rule below, the one llama.cpp
+    # starts from.
+    call, rules = _convert(frame.call_schema, "tools", "tool-call")
     more = f"{_literal(frame.separator)} {call}".strip()
     if frame.max_calls is None:
         calls = f"{call} ({more})*"

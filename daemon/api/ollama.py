@@ -721,9 +721,8 @@ def _chat_messages(messages: list[Message], *, native_tools: bool) -> list[dict[
             for call in message.tool_calls:
                 ident = call.id or f"{len(out):05d}{len(calls):04d}"
                 unanswered.append(ident)
-                calls.append({"id": ident, "type": "function", "function": {
-                    "name": call.function.name,
-                    "arguments": json.dumps(call.function.arguments, ensure_ascii=False)}})
+                calls.append(openai_tools.openai_call(
+                    ident, call.function.name, json.dumps(call.function.arguments, ensure_ascii=False)))
             out.append({"role": "assistant", "content": content or None, "tool_calls": calls})
             continue
         if message.tool_calls:

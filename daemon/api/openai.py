@@ -712,24 +712,18 @@ def chat_messages(messages: list[ChatMessage], native_tools: bool = False) -> li
         if message.content is None and role != "assistant":
             raise InvalidArgument(f"messages[{index}].content: required for role {message.role!r}")
         text = _message_text(message, index)
-        if message.tool_calls and native_tools:
-            openai_tools.assistant_calls_text(message.tool_calls, index)  # arguments are JSON
-            entry: dict[str, Any] = {
-                "role": role, "content": text if message.content is not None else None,
-                "tool_calls": [
-                    {"id": c.id, "type": "function",
-                     "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                    for c in message.tool_calls
-                ],
-            }
-            if message.name is not None:
-                entry["name"] = message.name
-            out.append(entry)
-            continue
+        entry: dict[str, Any] = {"role": role, "content": text}
         if message.tool_calls:
-            calls = openai_tools.assistant_calls_text(message.tool_calls, index)
-            text = f"{text}\n{calls}" if text else calls
-        entry = {"role": role, "content": text}
+            decoded = openai_tools.decoded_calls(message.tool_calls, index)  # arguments are JSON
+            if native_tools:
+                entry["content"] = text if message.content is not None else None
+                entry["tool_calls"] = [
+                    openai_tools.openai_call(c.id, c.function.name, c.function.arguments)
+                    for c in message.tool_calls
+                ]
+            else:
+                calls = openai_tools.calls_text(decoded)
+                entry["content"] = f"{text}\n{calls}" if text else calls
         if message.name is not None:
             entry["name"] = message.name
         out.append(entry)

@@ -81,11 +81,7 @@ class ToolCall(_Strict):
 
 def tool_schema(tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> str:
     """The JSON schema (text) of the reply object for these tools and this choice."""
-    names = check_names(tools)
-    if isinstance(choice, NamedToolChoice):
-        if choice.function.name not in names:
-            raise InvalidArgument(f"tool_choice: no tool named {choice.function.name!r} in tools")
-        tools = [t for t in tools if t.function.name == choice.function.name]
+    tools = _chosen(tools, choice)
     calls: dict[str, Any] = {
         "type": "array",
         "items": {"anyOf": [_call_schema(t) for t in tools]},
@@ -141,8 +137,9 @@ def with_tools(messages: list[dict[str, str]], tools: list[Tool], parallel: bool
     return [{"role": "system", "content": text}, *messages]
 
 
-def assistant_calls_text(calls: list[ToolCall], index: int) -> str:
-    """An earlier assistant turn's tool calls, in the form the model is asked to write."""
+def decoded_calls(calls: list[ToolCall], index: int) -> list[tuple[str, Any]]:
+    """An earlier assistant turn's (messages[index]) tool calls as (name, arguments object);
+    arguments that are not JSON are an InvalidArgument naming them."""
     out = []
     for i, call in enumerate(calls):
         try:
@@ -152,7 +149,7 @@ def assistant_calls_text(calls: list[ToolCall], index: int) -> str:
                 f"messages[{index}].tool_calls[{i}].function.arguments: not valid JSON"
             ) from None
         out.append((call.function.name, arguments))
-    return calls_text(out)
+    return out
 
 
 def calls_text(calls: list[tuple[str, Any]]) -> str:
@@ -189,11 +186,13 @@ def reply_calls(text: str) -> tuple[str | None, list[tuple[str, Any]]]:
 def parse_reply(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     """(content, OpenAI tool_calls) from the model's JSON reply; unparsable text is content."""
     content, calls = reply_calls(text)
-    return content, [_openai_call(GENERIC.call_id(), name, json.dumps(arguments, ensure_ascii=False))
+    return content, [openai_call(GENERIC.call_id(), name, json.dumps(arguments, ensure_ascii=False))
                      for name, arguments in calls]
 
 
-def _openai_call(ident: str, name: str, arguments: str) -> dict[str, Any]:
+def openai_call(ident: str, name: str, arguments: str) -> dict[str, Any]:
+    """A tool call in OpenAI's shape (`arguments`: JSON text), as replies carry them and as
+    chat templates with a tool syntax take them back."""
     return {"id": ident, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
@@ -203,8 +202,12 @@ def cut_reply(text: str, syntax: Syntax = GENERIC) -> tuple[str | None, list[dic
     short with its partial arguments and finish_reason "length"): the answer so far, or the
     calls whose name is complete with their arguments so far; the raw text when the reply
     said nothing yet."""
-    reading = syntax.read(text, final=True)
-    calls = [_openai_call(syntax.call_id(), call.name, call.arguments)
+    return _calls_read(text, syntax.read(text, final=True), syntax)
+
+
+def _calls_read(text: str, reading: Reading, syntax: Syntax) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, OpenAI tool_calls) of `reading`, `syntax`'s reading of the whole `text`."""
+    calls = [openai_call(syntax.call_id(), call.name, call.arguments)
              for call in reading.calls if call.name is not None]
     if calls:
         return reading.content or None, calls
@@ -266,7 +269,7 @@ class ToolUse:
             # No call, or a frame the grammar did not hold (a token ran past the trigger):
             # the text as it is.
             return text, []
-        return cut_reply(text, self.syntax)
+        return _calls_read(text, reading, self.syntax)
 
     def reply_calls(self, text: str) -> tuple[str | None, list[tuple[str, Any]]]:
         """(content, [(name, arguments object)]) of a whole reply (Ollama's shape); calls
@@ -345,7 +348,6 @@ class ToolStream:
         self._text = ""
         self._content = 0
         self._calls: list[tuple[str, int]] = []  # (id, argument characters sent) per call
-        self.last = Reading()
 
     @property
     def calls_sent(self) -> int:
@@ -362,7 +364,7 @@ class ToolStream:
     def feed(self, text: str, final: bool = False) -> list[dict[str, Any]]:
         """Deltas (OpenAI `delta` objects) for the text added since the last call."""
         self._text += text
-        reading = self.last = self._syntax.read(self._text, final)
+        reading = self._syntax.read(self._text, final)
         deltas: list[dict[str, Any]] = []
         if reading.content is not None and len(reading.content) > self._content:
             deltas.append({"content": reading.content[self._content :]})
