@@ -551,10 +551,11 @@ class Engine:
         Before the trigger the grammar masks nothing and an end-of-generation token is fine
         (llama.cpp checks EOG against the grammar only once triggered); once the frame is
         complete it allows only end-of-generation, as a plain grammar does."""
-        brace = self._grammar_accepts(text, frame.open + "{")
+        opened = len(frame.open.encode())
+        accepted = self._grammar_accepts(text, frame.open + '{"')
+        brace, brace_quote = accepted > opened, accepted > opened + 1
         if not frame.open and not brace:
             raise InvalidArgument("tool_calls: with an empty open, each call must be a JSON object")
-        brace_quote = brace and self._grammar_accepts(text, frame.open + '{"')
         pattern = tool_call_trigger(frame, brace=brace, brace_quote=brace_quote)
         patterns = (ctypes.c_char_p * 1)(pattern.encode())
         grammar = llama.llama_sampler_init_grammar_lazy_patterns(
@@ -564,27 +565,29 @@ class Engine:
             raise InvalidArgument("tool_calls: llama.cpp could not parse their grammar (the daemon log has why)")
         return grammar
 
-    def _grammar_accepts(self, text: str, prefix: str) -> bool:
-        """Whether the grammar `text` accepts output starting with `prefix`, fed one byte at a
-        time: each byte's token is offered to the grammar (apply) before it is accepted, since
-        accepting a token the grammar rejects throws inside llama.cpp, which aborts us."""
+    def _grammar_accepts(self, text: str, prefix: str) -> int:
+        """How many bytes of `prefix` the grammar `text` accepts as the start of an output, fed
+        one byte at a time: each byte's token is offered to the grammar (apply) before it is
+        accepted, since accepting a token the grammar rejects throws inside llama.cpp, which
+        aborts us."""
         grammar = llama.llama_sampler_init_grammar(self._vocab, text.encode(), b"root")
         if not grammar:
             raise InvalidArgument("tool_calls: llama.cpp could not parse their grammar (the daemon log has why)")
         try:
             data = (llama.llama_token_data * 1)()
             candidates = llama.llama_token_data_array(data, 1, -1, False)
-            for byte in prefix.encode():
+            encoded = prefix.encode()
+            for accepted, byte in enumerate(encoded):
                 token = self._byte_token(byte)
                 if token is None:
-                    return False
+                    return accepted
                 data[0] = llama.llama_token_data(token, 0.0, 0.0)
                 candidates.size, candidates.selected = 1, -1
                 llama.llama_sampler_apply(grammar, ctypes.byref(candidates))
                 if data[0].logit == -math.inf:
-                    return False
+                    return accepted
                 llama.llama_sampler_accept(grammar, token)
-            return True
+            return len(encoded)
         finally:
             llama.llama_sampler_free(grammar)
 
@@ -1135,24 +1138,22 @@ class Engine:
         )
 
     def _special_piece(self, token: int) -> bytes:
-        buffer = ctypes.create_string_buffer(64)
-        size = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
-        if size < 0:
-            buffer = ctypes.create_string_buffer(-size)
-            size = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
-        return buffer.raw[:size]
+        """The token's text also for a control token (not cached: only preserved markers)."""
+        return self._to_piece(token, special=True)
 
     def _piece(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:
-            buffer = self._piece_buf
-            size = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
-            if size < 0:
-                buffer = ctypes.create_string_buffer(-size)
-                size = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
-            piece = buffer.raw[:size]
-            self._pieces[token] = piece
+            piece = self._pieces[token] = self._to_piece(token, special=False)
         return piece
+
+    def _to_piece(self, token: int, *, special: bool) -> bytes:
+        buffer = self._piece_buf
+        size = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
+        if size < 0:
+            buffer = ctypes.create_string_buffer(-size)
+            size = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
+        return buffer.raw[:size]
 
     # --------------------------------------------------------------- teardown
 
