@@ -575,6 +575,11 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # Tool calls in the model's own syntax (see ToolCallFrame). Not together with `grammar`
     # or `json_schema`.
     tool_calls: ToolCallFrame | None = None
+    # Where the output may first reason freely (a thinking model whose prompt opened its
+    # reasoning): the grammar of `grammar`, `json_schema` or a non-lazy `tool_calls` holds
+    # only after the output's first occurrence of this text (e.g. "</think>") and the
+    # whitespace after it. "": from the first token.
+    grammar_after: str = ""
     seed: int | None = None
     stop: list[str] = []
     # Fill-in-the-middle: the text after the insertion point (the prompt is the text
@@ -662,6 +667,14 @@ class GenerationBackend(Backend):
         They reach the template as llama-server hands them to it (other keys dropped; the
         arguments as an object for templates that read them as one)."""
         raise Unsupported(f"backend {self.name!r} has no chat template")
+
+    def thinking_tags(self) -> tuple[str, str]:
+        """The tags the model writes its reasoning between, such as ("<think>", "</think>")
+        (Qwen 3, QwQ, DeepSeek R1 and their distills), so the routes can return it apart from
+        the answer (llama-server's `reasoning_content`, Ollama's `thinking`); ("", "") when the
+        model does not reason in tags. A chat prompt that ends with the opening tag has
+        opened the reasoning for the model (DeepSeek R1's templates do)."""
+        return ("", "")
 
     def tool_syntax(self) -> str:
         """The syntax the model's chat template writes tool calls in, so the routes can ask for

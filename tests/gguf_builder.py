@@ -84,11 +84,14 @@ def write_tiny_llama(
     chat_template: str | None = CHATML_TEMPLATE,
     add_eos: bool = False,
     control_tokens: tuple[str, ...] = (),
+    user_tokens: tuple[str, ...] = (),
 ) -> Path:
     """Write a random llama-architecture GGUF to `path` and return the path. `add_eos`: the
     tokenizer appends </s> to what it tokenizes with special tokens (as BERT-style embedders
     append their SEP). `control_tokens`: more control tokens (such as Mistral's
-    `[TOOL_CALLS]`), last in the vocabulary, never sampled unless biased."""
+    `[TOOL_CALLS]`), last in the vocabulary, never sampled unless biased. `user_tokens`:
+    user-defined tokens after them (such as Qwen 3's `<think>` and `</think>`): always
+    tokenized whole, detokenized to their text, and sampled like ordinary pieces."""
     import gguf  # the writer is a dev/test dependency, not a runtime one
 
     path = Path(path)
@@ -101,6 +104,10 @@ def write_tiny_llama(
         tokens.append(text)
         scores.append(0.0)
         types.append(3)
+    for text in user_tokens:  # gguf.TokenType.USER_DEFINED
+        tokens.append(text)
+        scores.append(0.0)
+        types.append(4)
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)
 

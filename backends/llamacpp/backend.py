@@ -183,6 +183,7 @@ class LlamaCppBackend(GenerationBackend):
         if engine.chat_template is not None:
             stats["chat_template"] = engine.chat_template.source
             stats["chat_template_tools"] = engine.chat_template.tool_syntax
+            stats["chat_template_thinking"] = "".join(engine.chat_template.thinking)
         return stats
 
     def _require_engine(self) -> Engine:
@@ -257,6 +258,13 @@ class LlamaCppBackend(GenerationBackend):
         if engine.chat_template is None:  # an embedding model
             raise InvalidArgument(f"model '{self.context.model_name}' is an embedding model; it does not chat")
         return engine.chat_template.render(messages, template_kwargs or {}, tools=tools)
+
+    def thinking_tags(self) -> tuple[str, str]:
+        """The chat template's reasoning tags (templates.thinking_tags_of); none when not loaded."""
+        engine = self._engine
+        if engine is None or engine.chat_template is None:
+            return ("", "")
+        return engine.chat_template.thinking
 
     def tool_syntax(self) -> str:
         """The chat template's tool-call syntax (templates.tool_syntax_of); "" when not loaded."""

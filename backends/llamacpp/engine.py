@@ -66,7 +66,7 @@ from daemon.backend import (
 )
 
 from . import templates
-from .grammar import tool_call_trigger
+from .grammar import gbnf_literal, regex_escape, tool_call_trigger
 from .templates import ChatTemplate
 from .text import PieceDecoder, StopMatcher
 
@@ -90,6 +90,8 @@ SCORED_PREFILL_TOKENS = 64
 # After a step that produced a sequence's first chunk, the engine waits up to this long for
 # the consumer to take it (see `_hand_over_first_chunks`) before it starts the next decode.
 FIRST_CHUNK_HANDOFF_S = 0.003
+# The root rule of a grammar that holds only after a text (Engine._grammar_after).
+_AFTER_ROOT = "edged-after"
 # ggml log levels (ggml.h): forward warnings and errors to Python logging, drop the rest.
 _GGML_LOG_WARN, _GGML_LOG_ERROR = 3, 4
 
@@ -526,7 +528,11 @@ class Engine:
                     f"(vocabulary of {self.n_vocab} tokens)"
                 )
             if params.grammar and params.tool_calls is not None and params.tool_calls.lazy:
+                if params.grammar_after:
+                    raise InvalidArgument("grammar_after: not with a lazy tool_calls frame (it has its own trigger)")
                 grammar = self._lazy_tool_grammar(params.grammar, params.tool_calls)
+            elif params.grammar and params.grammar_after:
+                grammar = self._grammar_after(params.grammar, params.grammar_after)
             elif params.grammar:
                 grammar = llama.llama_sampler_init_grammar(self._vocab, params.grammar.encode(), b"root")
                 if not grammar:
@@ -563,6 +569,22 @@ class Engine:
         )
         if not grammar:
             raise InvalidArgument("tool_calls: llama.cpp could not parse their grammar (the daemon log has why)")
+        return grammar
+
+    def _grammar_after(self, text: str, after: str) -> Any:
+        """A grammar sampler for `text` that holds only from the output's first `after` on
+        (GenerateParams.grammar_after), the whitespace after it allowed.
+
+        llama.cpp's lazy grammar replays the output from the trigger into the grammar, the
+        trigger's own text too, and aborts the process on text the grammar rejects: so the
+        grammar here starts with `after` itself, then the caller's root."""
+        wrapped = f"{text}\n{_AFTER_ROOT} ::= {gbnf_literal(after)} [ \\t\\r\\n]* root\n"
+        patterns = (ctypes.c_char_p * 1)(f"({regex_escape(after)})".encode())
+        grammar = llama.llama_sampler_init_grammar_lazy_patterns(
+            self._vocab, wrapped.encode(), _AFTER_ROOT.encode(), patterns, 1, None, 0
+        )
+        if not grammar:
+            raise InvalidArgument("grammar: llama.cpp could not parse it (the daemon log has why)")
         return grammar
 
     def _grammar_accepts(self, text: str, prefix: str) -> int:

@@ -65,14 +65,14 @@ def tool_call_grammar(frame: ToolCallFrame) -> str:
     # The call's rule is "tool-call": "root" is the frame's own rule below, the one llama.cpp
     # starts from.
     call, rules = _convert(frame.call_schema, "tools", "tool-call")
-    more = f"{_literal(frame.separator)} {call}".strip()
+    more = f"{gbnf_literal(frame.separator)} {call}".strip()
     if frame.max_calls is None:
         calls = f"{call} ({more})*"
     elif frame.max_calls == 1:
         calls = call
     else:
         calls = f"{call} ({more}){{0,{frame.max_calls - 1}}}"
-    root = " ".join(part for part in (_literal(frame.open), calls, _literal(frame.close)) if part)
+    root = " ".join(part for part in (gbnf_literal(frame.open), calls, gbnf_literal(frame.close)) if part)
     return f"root ::= {root}\n{rules}\n"
 
 
@@ -97,11 +97,11 @@ def tool_call_trigger(frame: ToolCallFrame, *, brace: bool, brace_quote: bool) -
     core = frame.open.rstrip(" \t\r\n[{") or frame.open
     rest = f"(?:{'|'.join(brace_tails)})?" if brace_tails else ""
     for char in reversed(frame.open[len(core) :]):
-        rest = f"(?:{_regex_escape(char)}{rest})?"
-    return f"({_regex_escape(core)}{rest})$"
+        rest = f"(?:{regex_escape(char)}{rest})?"
+    return f"({regex_escape(core)}{rest})$"
 
 
-def _literal(text: str) -> str:
+def gbnf_literal(text: str) -> str:
     """`text` as a GBNF string literal ("" for empty text: nothing to write)."""
     if not text:
         return ""
@@ -115,7 +115,7 @@ _GBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"
 _REGEX_SYNTAX = re.compile(r"[.^$|()*+?\[\]{}\\]")
 
 
-def _regex_escape(text: str) -> str:
+def regex_escape(text: str) -> str:
     return _REGEX_SYNTAX.sub(lambda m: "\\" + m.group(), text)
 
 

@@ -71,7 +71,18 @@ _TOOL_SYNTAXES = (
     ("[TOOL_CALLS]", "mistral"),
 )
 
+# The reasoning tags edged splits a reply on (GenerationBackend.thinking_tags): those of Qwen 3,
+# QwQ, DeepSeek R1 and its distills, GLM 4.5+, SmolLM 3, MiniMax M2, Nemotron Nano and most open
+# reasoning models. Others (gpt-oss channels, Command R7B's, Mistral's [THINK]) are not split.
+_THINKING_TAGS = ("<think>", "</think>")
+
 Render = Callable[[Messages, Mapping[str, Any], "Sequence[Mapping[str, Any]] | None"], str]
+
+
+def thinking_tags_of(template: str) -> tuple[str, str]:
+    """The reasoning tags a Jinja template writes or reads (both tags in its text: it renders
+    past reasoning, strips it from history, or opens it in the generation prompt)."""
+    return _THINKING_TAGS if all(tag in template for tag in _THINKING_TAGS) else ("", "")
 
 
 def tool_syntax_of(template: str) -> str:
@@ -115,11 +126,16 @@ class ChatTemplate:
     """Renders OpenAI-style messages (role, content, optional name; tool calls and results for
     Jinja templates) to a prompt string."""
 
-    def __init__(self, source: str, render: Render, *, jinja: bool, tool_syntax: str = "") -> None:
+    def __init__(
+        self, source: str, render: Render, *, jinja: bool, tool_syntax: str = "",
+        thinking: tuple[str, str] = ("", ""),
+    ) -> None:
         self.source = source
         self.jinja = jinja
         # "hermes" | "llama3" | "mistral" | "": see tool_syntax_of (Jinja templates only).
         self.tool_syntax = tool_syntax
+        # The reasoning tags (thinking_tags_of; Jinja templates only).
+        self.thinking = thinking
         self._render = render
 
     def render(
@@ -196,11 +212,15 @@ def _looks_like_jinja(text: str) -> bool:
 
 def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -> ChatTemplate:
     compiled = _environment().from_string(template)
+    thinking = thinking_tags_of(template)
 
     def run(messages: Messages, variables: Mapping[str, Any], tools: Sequence[Mapping[str, Any]] | None) -> str:
         today = datetime.datetime.now()
-        # llama-server's extra context; the request's variables may replace it.
-        context = {"date_string": today.strftime("%d %b %Y"), "datetime": today.strftime("%b %d %Y")}
+        # llama-server's extra context; the request's variables may replace it. It sets
+        # `enable_thinking` for every template, true where the template reasons (DeepSeek R1's
+        # closes the reasoning unless it is true; Qwen 3's only when it is false).
+        context = {"date_string": today.strftime("%d %b %Y"), "datetime": today.strftime("%b %d %Y"),
+                   "enable_thinking": bool(thinking[0])}
         # No tools: `tools` stays undefined, as llama-server leaves it.
         given = {"tools": tools} if tools else {}
         return compiled.render(
@@ -245,7 +265,7 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
             log.info("chat template (%s) names %s tool-call markers but writes calls another way; "
                      "tools use the generic JSON reply", source, syntax)
             syntax = ""
-    return ChatTemplate(source, render, jinja=True, tool_syntax=syntax)
+    return ChatTemplate(source, render, jinja=True, tool_syntax=syntax, thinking=thinking)
 
 
 def _messages(messages: Messages, *, object_arguments: bool) -> list[dict[str, Any]]:

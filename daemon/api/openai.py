@@ -32,7 +32,7 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
-from daemon.api import dimensions, openai_tools, sampling
+from daemon.api import dimensions, openai_tools, reasoning, sampling
 from daemon.api import generate as generate_tensor
 from daemon.api.body import read_body
 from daemon.api.errors import error_body
@@ -117,6 +117,9 @@ class ChatMessage(_Strict):
     # An assistant turn that called tools, and a tool's result answering one call.
     tool_calls: list[openai_tools.ToolCall] | None = None
     tool_call_id: str | None = None
+    # An assistant turn's reasoning as this server returned it (llama-server's field): back
+    # to the template, which shows it to the model where it was trained to see it.
+    reasoning_content: str | None = None
     # The rest of a reply as the openai client sends it back when the reply is appended to the
     # next request's messages (its documented tool-call loop, with `parse` and `stream`):
     # fields this server never fills, taken empty only (chat_messages), and `parsed`, the
@@ -161,6 +164,9 @@ class ChatRequest(_Sampling):
     # llama-server's (and vLLM's) extension: more variables for the model's Jinja chat
     # template, e.g. {"enable_thinking": false} for templates that read it.
     chat_template_kwargs: dict[str, Any] | None = None
+    # llama-server's: a thinking model's reasoning in `reasoning_content` ("deepseek"; "auto",
+    # the default, means the same here) or left in `content` with its tags ("none").
+    reasoning_format: str | None = None
 
 
 class EmbeddingRequest(_Strict):
@@ -691,6 +697,8 @@ def chat_messages(messages: list[ChatMessage], native_tools: bool = False) -> li
             raise InvalidArgument(f"messages[{index}].tool_calls: only on assistant messages")
         if message.tool_call_id is not None and message.role != "tool":
             raise InvalidArgument(f"messages[{index}].tool_call_id: only on tool messages")
+        if message.reasoning_content is not None and message.role != "assistant":
+            raise InvalidArgument(f"messages[{index}].reasoning_content: only on assistant messages")
         if message.role == "tool":
             if message.tool_call_id is None:
                 raise InvalidArgument(f"messages[{index}].tool_call_id: required for role 'tool'")
@@ -726,8 +734,33 @@ def chat_messages(messages: list[ChatMessage], native_tools: bool = False) -> li
                 entry["content"] = f"{text}\n{calls}" if text else calls
         if message.name is not None:
             entry["name"] = message.name
+        if message.reasoning_content:
+            entry["reasoning_content"] = message.reasoning_content
         out.append(entry)
     return out
+
+
+_REASONING_FORMATS = ("none", "auto", "deepseek")
+
+
+def splits_reasoning(value: str | None) -> bool:
+    """Whether a reply's reasoning goes apart (`reasoning_format`; a model without thinking
+    tags has none to split either way)."""
+    if value is not None and value not in _REASONING_FORMATS:
+        raise InvalidArgument(
+            f"reasoning_format: {value!r} is not one of {', '.join(_REASONING_FORMATS)} "
+            "('deepseek-legacy' is not supported)"
+        )
+    return value != "none"
+
+
+def hold_grammar_after_reasoning(params: GenerateParams, tags: tuple[str, str], opened: str | None) -> None:
+    """A prompt that opened the model's reasoning (DeepSeek R1's templates): an output grammar
+    (response_format, a generic or required tool reply) holds from the closing tag on, or the
+    model would write its answer inside the reasoning. A lazy tool frame has its own trigger."""
+    lazy = params.tool_calls is not None and params.tool_calls.lazy
+    if opened is not None and not lazy and (params.json_schema or params.grammar or params.tool_calls):
+        params.grammar_after = tags[1]
 
 
 def _tools_in_use(req: ChatRequest) -> list[openai_tools.Tool]:
@@ -801,11 +834,21 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     # With tool_choice "none" too (described_tools).
     described = openai_tools.described_tools(syntax, req.tools or [])
     prompt = model.chat_prompt(messages, template_kwargs=req.chat_template_kwargs, tools=described)
+    tags = model.thinking_tags()
+    opened = reasoning.opened_by(prompt, tags)
+    hold_grammar_after_reasoning(params, tags, opened)
+    split = splits_reasoning(req.reasoning_format) and bool(tags[0])
+    # Unsplit, the reply starts with the tag the prompt opened, as llama-server's "none" shows it.
+    reopened = tags[0] + opened if opened is not None and not split else ""
     choices = _choices(model, [prompt], params, req.n or 1)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    # Per choice: whether its role went out yet; with tools, its reply turned into deltas.
+    # Per choice: whether its role went out yet; with tools, its reply turned into deltas;
+    # with reasoning, the split of its reply and logprobs of tokens whose text is held back.
     first_delta = [True for _ in choices]
     stream_tools = [use.stream() for _ in choices] if use else []
+    splits = [reasoning.ThinkingSplit(tags, opened=opened, trim=False) for _ in choices] if split else []
+    unsent: list[list[TokenLogprob]] = [[] for _ in choices]
+    fresh = [True for _ in choices]  # no chunk of the choice came yet
 
     def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any] | None:
         if not req.logprobs:
@@ -836,29 +879,53 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     ) -> dict[str, Any] | list[dict[str, Any]] | None:
         if usage_only:
             return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model.name, "choices": []}
-        if use is None:
-            return chunk_payload(index, {"content": chunk.text} if chunk.text else {}, chunk.finish_reason, chunk.logprobs)
-        reply = stream_tools[index]
         final = chunk.finish_reason is not None
-        events = [chunk_payload(index, delta, None) for delta in reply.feed(chunk.text, final)]
+        text, thought = chunk.text, ""
+        if fresh[index]:
+            text, fresh[index] = reopened + text, False
+        if splits:
+            thought, text = splits[index].feed(text, final)
+        entries = unsent[index] = unsent[index] + chunk.logprobs
+        events = [chunk_payload(index, {"reasoning_content": thought}, None)] if thought else []
+        if use is None:
+            if text or final:
+                events.append(chunk_payload(index, {"content": text} if text else {}, chunk.finish_reason))
+        else:
+            events += _tool_events(index, text, final, chunk.finish_reason)
+        if events and entries:
+            # The tokens' logprobs go with the first event their text reached.
+            events[0]["choices"][0]["logprobs"] = chat_logprobs(entries)
+            unsent[index] = []
+        return events
+
+    def _tool_events(index: int, text: str, final: bool, finish: str | None) -> list[dict[str, Any]]:
+        assert use is not None
+        reply = stream_tools[index]
+        events = [chunk_payload(index, delta, None) for delta in reply.feed(text, final)]
         if not final:
             return events
         if reply.calls_sent:
             # Cut off mid-call, the calls are incomplete: "length", as OpenAI and llama-server
             # say (the openai client's stream helpers then raise LengthFinishReasonError
             # instead of parsing arguments that end mid-object).
-            cut = chunk.finish_reason == "length"
+            cut = finish == "length"
             events.append(chunk_payload(index, {}, "length" if cut else "tool_calls"))
         elif not events and not reply.sent_content and not use.native:
             # Cut off before the reply object said anything: the raw text, as unstreamed.
             content, _ = openai_tools.parse_reply(reply.text)
-            events.append(chunk_payload(index, {"content": content} if content else {}, chunk.finish_reason))
+            events.append(chunk_payload(index, {"content": content} if content else {}, finish))
         else:
-            events.append(chunk_payload(index, {}, chunk.finish_reason))
+            events.append(chunk_payload(index, {}, finish))
         return events
 
     def final_choice(index: int, text: str, last: GenerateChunk) -> dict[str, Any]:
+        text = reopened + text
+        thought = ""
+        if split:
+            thought, text = reasoning.split(text, tags, opened=opened, trim=False)
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if thought:
+            message["reasoning_content"] = thought
         finish: str | None = last.finish_reason
         if use is not None:
             cut = finish == "length"

@@ -195,6 +195,12 @@ class LoadedVersion:
             extra["tools"] = tools
         return generator.chat_prompt(messages, **extra)
 
+    def thinking_tags(self) -> tuple[str, str]:
+        """The tags the model reasons between (("", "") for none; see GenerationBackend.thinking_tags)."""
+        opening, closing = self.require_generator().thinking_tags()
+        # Both or neither: a plugin naming one tag has none the routes can split on.
+        return (opening, closing) if opening and closing else ("", "")
+
     def tool_syntax(self) -> str:
         """The model's own tool-call syntax ("" for none; see GenerationBackend.tool_syntax)."""
         generator = self.require_generator()

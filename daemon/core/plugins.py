@@ -346,6 +346,7 @@ _CONTRACT_METHODS: tuple[tuple[type[Backend], str], ...] = (
     (GenerationBackend, "generate"),
     (GenerationBackend, "chat_prompt"),
     (GenerationBackend, "tool_syntax"),
+    (GenerationBackend, "thinking_tags"),
     (GenerationBackend, "embed"),
     (GenerationBackend, "engine_stats"),
 )

@@ -1,0 +1,101 @@
+"""A thinking model's reply split into its reasoning and its answer, whole or as it streams.
+
+A model whose chat template reasons in tags (the backend's `thinking_tags()`, such as
+`<think>` / `</think>`) writes `<think>...</think>` before its answer, or only `...</think>`
+when the prompt already ends with the opening tag (DeepSeek R1's templates). As llama-server
+(`reasoning_format: deepseek`, its default) and Ollama (`think: true`) read it:
+- the reasoning opens only at the very start of the output (after whitespace); a tag later on
+  is the answer's text, and an output that does not open with the tag is all answer;
+- it runs to the first closing tag; whitespace after that tag is not part of the answer;
+- an output that ends before the closing tag (a length cut) is all reasoning.
+They differ in one place: Ollama drops the whitespace that starts the reasoning, llama-server
+keeps it, with the whitespace the prompt put after an opening tag it wrote (`trim`).
+
+Streamed, a piece that might still become a tag is held back until it is known, so the streamed
+parts add up to the whole reply's.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class _State(enum.Enum):
+    OPENING = enum.auto()  # before the reasoning: is the output opening it?
+    REASONING = enum.auto()
+    AFTER = enum.auto()  # the closing tag went by: whitespace there is not the answer's
+    ANSWER = enum.auto()
+
+
+def opened_by(prompt: str, tags: tuple[str, str]) -> str | None:
+    """The whitespace after the opening tag when `prompt` ends with it (plus whitespace), so
+    the output starts inside the reasoning; None when it does not (no tags: None)."""
+    opening = tags[0]
+    if not opening:
+        return None
+    body = prompt.rstrip()
+    if not body.endswith(opening):
+        return None
+    return prompt[len(body):]
+
+
+class ThinkingSplit:
+    """One reply's reasoning and answer. `opened`: what `opened_by` found in the prompt;
+    `trim`: drop the whitespace that starts the reasoning (Ollama) rather than keep it."""
+
+    def __init__(self, tags: tuple[str, str], *, opened: str | None, trim: bool) -> None:
+        self._opening, self._closing = tags
+        self._trim = trim
+        self._held = ""
+        if opened is None:
+            self._state = _State.OPENING
+        else:
+            self._state = _State.REASONING
+            self._held = "" if trim else opened
+        # The reasoning's start is still whitespace to drop.
+        self._eating = trim
+        self.reasoned = False  # any reasoning text came out
+
+    def feed(self, text: str, final: bool) -> tuple[str, str]:
+        """The reasoning and the answer `text` adds (either may be ""); `final`: nothing more
+        comes, so nothing is held back."""
+        pending, self._held = self._held + text, ""
+        reasoning = ""
+        if self._state is _State.OPENING:
+            stripped = pending.lstrip()
+            if stripped.startswith(self._opening):
+                pending, self._state = stripped[len(self._opening):], _State.REASONING
+            elif self._opening.startswith(stripped) and not final:
+                self._held = pending  # whitespace or a start of the tag: not known yet
+                return "", ""
+            else:
+                self._state = _State.ANSWER
+        if self._state is _State.REASONING:
+            if self._eating:
+                pending = pending.lstrip()
+                self._eating = not pending
+            end = pending.find(self._closing)
+            if end >= 0:
+                reasoning, pending, self._state = pending[:end], pending[end + len(self._closing):], _State.AFTER
+            else:
+                keep = 0 if final else _overlap(pending, self._closing)
+                reasoning, self._held, pending = pending[: len(pending) - keep], pending[len(pending) - keep:], ""
+        if self._state is _State.AFTER:
+            pending = pending.lstrip()
+            if pending:
+                self._state = _State.ANSWER
+        self.reasoned = self.reasoned or bool(reasoning)
+        return reasoning, pending if self._state is _State.ANSWER else ""
+
+
+def split(text: str, tags: tuple[str, str], *, opened: str | None, trim: bool) -> tuple[str, str]:
+    """A whole reply's reasoning and answer (ThinkingSplit, fed once)."""
+    return ThinkingSplit(tags, opened=opened, trim=trim).feed(text, final=True)
+
+
+def _overlap(text: str, tag: str) -> int:
+    """The length of the longest end of `text` that is a start of `tag` (shorter than it)."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:size]):
+            return size
+    return 0

@@ -1,0 +1,168 @@
+"""A thinking model's reasoning on the chat route, end to end with the `openai` client: tiny
+GGUF models carrying the real Qwen 3 template (the model opens `<think>` itself) and DeepSeek
+R1's (the prompt opens it), their vocabularies holding `<think>` and `</think>` as tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+openai = pytest.importorskip("openai")
+
+from gguf_builder import _vocab, write_tiny_llama  # noqa: E402
+
+from daemon.api.reasoning import split  # noqa: E402
+
+TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
+MODELS = {
+    "qwen3": "Qwen-Qwen3-0.6B.jinja",
+    "r1": "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+    "qwen25": "Qwen-Qwen2.5-7B-Instruct.jinja",  # no thinking
+}
+TAGS = ("<think>", "</think>")
+OPEN, CLOSE = len(_vocab()[0]), len(_vocab()[0]) + 1
+HI = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory):
+    from support import start_daemon_process
+
+    repo = tmp_path_factory.mktemp("thinking")
+    for name, template in MODELS.items():
+        (repo / name / "1").mkdir(parents=True)
+        write_tiny_llama(repo / name / "1" / "model.gguf", n_ctx=1024, user_tokens=TAGS,
+                         chat_template=(TEMPLATES / template).read_text())
+        (repo / name / "config.pbtxt").write_text('backend: "llamacpp"\n')
+    process = start_daemon_process(tmp_path_factory.mktemp("edged"), "--model-repository", str(repo), http=True)
+    yield process
+    process.stop()
+
+
+def ask(client: Any, **kwargs: Any) -> Any:
+    return client.chat.completions.create(messages=HI, temperature=1.0, **kwargs).choices[0]
+
+
+def streamed(client: Any, **kwargs: Any) -> tuple[str, str, list[str]]:
+    """(reasoning, content, the kind of each delta in order) of a streamed reply."""
+    reasoning, content, kinds = "", "", []
+    for event in client.chat.completions.create(messages=HI, temperature=1.0, stream=True, **kwargs):
+        for choice in event.choices:
+            thought = (choice.delta.model_extra or {}).get("reasoning_content")
+            if thought:
+                reasoning += thought
+                kinds.append("reasoning")
+            if choice.delta.content:
+                content += choice.delta.content
+                kinds.append("content")
+    return reasoning, content, kinds
+
+
+def thinking_seed(client: Any, bias: dict[str, int], max_tokens: int) -> tuple[int, str]:
+    """A seed whose raw reply (reasoning_format none) reasons and then answers, and that raw
+    reply; drawn, since which seed does so depends on the CPU's arithmetic."""
+    for seed in range(60):
+        raw = ask(client, model="qwen3", seed=seed, max_tokens=max_tokens, logit_bias=bias,
+                  extra_body={"reasoning_format": "none"}).message.content
+        if raw.startswith("<think>") and "</think>" in raw and not raw.startswith("<think></think>"):
+            tail = raw.partition("</think>")[2]
+            if tail.strip():
+                return seed, raw
+    pytest.fail("no seed of 60 reasoned and answered")
+
+
+def test_the_reasoning_comes_apart_from_the_answer(client: Any) -> None:
+    bias = {str(OPEN): 16, str(CLOSE): 6}
+    seed, raw = thinking_seed(client, bias, 24)
+    kwargs = {"model": "qwen3", "seed": seed, "max_tokens": 24, "logit_bias": bias}
+    message = ask(client, **kwargs).message
+    reasoning, content = split(raw, TAGS, opened=None, trim=False)
+    assert reasoning and content
+    assert (message.model_extra or {}).get("reasoning_content") == reasoning
+    assert message.content == content
+    # "auto" and "deepseek" are the default; streamed, the deltas add up to the same, the
+    # reasoning first.
+    same = ask(client, extra_body={"reasoning_format": "deepseek"}, **kwargs).message
+    assert (same.content, (same.model_extra or {}).get("reasoning_content")) == (content, reasoning)
+    thought, answer, kinds = streamed(client, **kwargs)
+    assert (thought, answer) == (reasoning, content)
+    assert kinds == sorted(kinds, key=lambda kind: kind != "reasoning")
+
+
+def test_a_prompt_that_opens_the_reasoning(client: Any) -> None:
+    # DeepSeek R1's prompt ends with "<think>\n": the reply is reasoning up to "</think>",
+    # which starts with that newline (llama-server's split); cut before it, all reasoning.
+    raw = ask(client, model="r1", seed=1, max_tokens=12, extra_body={"reasoning_format": "none"}).message.content
+    assert raw.startswith("<think>\n")  # as llama-server's "none" shows it
+    generated = raw[len("<think>\n"):]
+    message = ask(client, model="r1", seed=1, max_tokens=12).message
+    assert (message.model_extra or {}).get("reasoning_content") == split(generated, TAGS, opened="\n", trim=False)[0]
+    assert "</think>" in generated or (message.content == "" and message.model_extra["reasoning_content"] == "\n" + generated)
+    thought, answer, _ = streamed(client, model="r1", seed=1, max_tokens=12)
+    assert (thought, answer) == (message.model_extra["reasoning_content"], message.content)
+
+
+def test_reasoning_format_none_and_non_thinking_models_leave_the_text(client: Any) -> None:
+    bias = {str(OPEN): 16, str(CLOSE): 6}
+    seed, raw = thinking_seed(client, bias, 24)
+    none = ask(client, model="qwen3", seed=seed, max_tokens=24, logit_bias=bias, extra_body={"reasoning_format": "none"})
+    assert "reasoning_content" not in (none.message.model_extra or {})
+    thought, answer, _ = streamed(client, model="qwen3", seed=seed, max_tokens=24, logit_bias=bias,
+                                  extra_body={"reasoning_format": "none"})
+    assert (thought, answer) == ("", raw)
+    # A template without thinking tags: its text, tags and all, is the answer.
+    for seed in range(60):
+        plain = ask(client, model="qwen25", seed=seed, max_tokens=24, logit_bias=bias).message
+        if plain.content.startswith("<think>") and "</think>" in plain.content:
+            break
+    else:
+        pytest.fail("no seed of 60 wrote the tags")
+    assert "reasoning_content" not in (plain.model_extra or {})
+    with pytest.raises(openai.BadRequestError, match="reasoning_format: 'deepseek-legacy' is not one of none, auto"):
+        ask(client, model="qwen3", max_tokens=1, extra_body={"reasoning_format": "deepseek-legacy"})
+
+
+def test_enable_thinking_false_closes_the_reasoning_in_the_prompt(client: Any) -> None:
+    on = client.chat.completions.create(model="r1", messages=HI, max_tokens=1)
+    off = client.chat.completions.create(model="r1", messages=HI, max_tokens=1,
+                                         extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert off.usage.prompt_tokens == on.usage.prompt_tokens + 1  # "</think>" after "<think>\n"
+    # Closed in the prompt, the reply is the answer.
+    message = ask(client, model="r1", seed=0, max_tokens=8,
+                  extra_body={"chat_template_kwargs": {"enable_thinking": False}}).message
+    assert "reasoning_content" not in (message.model_extra or {})
+
+
+def test_past_reasoning_goes_back_to_the_template(client: Any) -> None:
+    # Qwen 3 shows the reasoning of the turns after the last user message (an agent's loop).
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    call = {"id": "call00001", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    def turn(reasoning: str | None) -> int:
+        assistant: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [call]}
+        if reasoning is not None:
+            assistant["reasoning_content"] = reasoning
+        messages = [*HI, assistant, {"role": "tool", "content": "18 C", "tool_call_id": "call00001"}]
+        return client.chat.completions.create(model="qwen3", messages=messages, tools=[tool], max_tokens=1).usage.prompt_tokens
+    assert turn("Let me look the weather up first.") > turn(None)
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.reasoning_content: only on assistant messages"):
+        client.chat.completions.create(model="qwen3", max_tokens=1,
+                                       messages=[{"role": "user", "content": "x", "reasoning_content": "y"}])
+
+
+def test_a_json_answer_after_an_opened_reasoning(client: Any) -> None:
+    # R1's prompt opened the reasoning: the output grammar holds after "</think>", so the
+    # answer, not the reasoning, is the JSON (before, the JSON went into the reasoning).
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    for seed in range(40):
+        choice = ask(client, model="r1", seed=seed, max_tokens=60, response_format=fmt, logit_bias={str(CLOSE): 3})
+        if choice.finish_reason == "stop":
+            break
+    else:
+        pytest.fail("no seed of 40 closed the reasoning and finished the JSON")
+    assert (choice.message.model_extra or {}).get("reasoning_content")
+    assert set(json.loads(choice.message.content)) == {"a"}

@@ -1,0 +1,86 @@
+"""Reasoning split from the answer (daemon/api/reasoning.py), against llama-server's own split
+of the same replies (tests/fixtures/chat_templates/reasoning_replies.json), whole and streamed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from daemon.api.reasoning import ThinkingSplit, opened_by, split
+
+TAGS = ("<think>", "</think>")
+CAPTURE = json.loads(
+    (Path(__file__).parent.parent / "fixtures" / "chat_templates" / "reasoning_replies.json").read_text()
+)
+REPLIES = [
+    (family, reply) for family, record in CAPTURE["templates"].items() for reply in record["replies"]
+]
+
+
+def generated(family: str, reply: dict) -> tuple[str, str | None]:
+    """What the model wrote and what the prompt opened: with `reasoning_format: none`
+    llama-server puts the prompt's opening tag back in front of the output."""
+    opened = opened_by(CAPTURE["templates"][family]["prompts"]["user"], TAGS)
+    raw = reply["raw"]
+    if opened is not None:
+        assert raw.startswith(TAGS[0] + opened)
+        raw = raw[len(TAGS[0] + opened):]
+    return raw, opened
+
+
+@pytest.mark.parametrize(("family", "reply"), REPLIES, ids=[f"{f}-{r['case']}-{r['seed']}" for f, r in REPLIES])
+def test_whole_and_streamed_as_llama_server_splits(family: str, reply: dict) -> None:
+    raw, opened = generated(family, reply)
+    reasoning, content = split(raw, TAGS, opened=opened, trim=False)
+    assert (reasoning or None, content) == (reply["reasoning_content"], reply["content"])
+    # Fed in llama-server's own pieces (one per token; the first one carries the tag it put
+    # back), the parts add up to the same.
+    pieces = list(reply["pieces"])
+    if opened is not None:
+        assert pieces[0].startswith(TAGS[0] + opened)
+        pieces[0] = pieces[0][len(TAGS[0] + opened):]
+    assert "".join(pieces) == raw
+    stream = ThinkingSplit(TAGS, opened=opened, trim=False)
+    parts = [stream.feed(piece, False) for piece in pieces] + [stream.feed("", True)]
+    assert "".join(r for r, _ in parts) == reasoning
+    assert "".join(c for _, c in parts) == content
+    # llama-server's streamed deltas add up to its whole reply too.
+    assert "".join(d.get("reasoning_content", "") for d in reply["deltas"]) == (reply["reasoning_content"] or "")
+    assert "".join(d.get("content", "") for d in reply["deltas"]) == reply["content"]
+
+
+def test_prompts_that_open_the_reasoning() -> None:
+    r1 = CAPTURE["templates"]["deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"]["prompts"]
+    qwen = CAPTURE["templates"]["Qwen-Qwen3-0.6B"]["prompts"]
+    assert opened_by(r1["user"], TAGS) == "\n"
+    assert opened_by(r1["no_thinking"], TAGS) is None
+    assert opened_by(qwen["user"], TAGS) is None
+    assert opened_by(qwen["no_thinking"], TAGS) is None
+    assert opened_by("x<think>", ("", "")) is None
+
+
+@pytest.mark.parametrize("trim", [False, True])
+def test_every_split_point_streams_alike(trim: bool) -> None:
+    # Whitespace around the tags, a tag cut anywhere, an answer without reasoning.
+    texts = [" <think>\n a b \n</think>\n\n Answer </think> x", "<think>abc", "<thi", "Plain <think>x</think>",
+             "\n\n", "<think></think>", "<think>x</thin", "<think>x</think>   "]
+    for text in texts:
+        for opened in (None, "\n"):
+            whole = split(text, TAGS, opened=opened, trim=trim)
+            for cut in range(len(text) + 1):
+                stream = ThinkingSplit(TAGS, opened=opened, trim=trim)
+                parts = [stream.feed(text[:cut], False), stream.feed(text[cut:], False), stream.feed("", True)]
+                assert ("".join(r for r, _ in parts), "".join(c for _, c in parts)) == whole, (text, cut, opened)
+
+
+def test_ollama_trims_the_reasoning_start_llama_server_keeps_it() -> None:
+    text = "<think>\n\nWhy.\n</think>\n\nBecause."
+    assert split(text, TAGS, opened=None, trim=True) == ("Why.\n", "Because.")
+    assert split(text, TAGS, opened=None, trim=False) == ("\n\nWhy.\n", "Because.")
+    assert split("x</think>y", TAGS, opened="\n", trim=False) == ("\nx", "y")
+    assert split("x</think>y", TAGS, opened="\n", trim=True) == ("x", "y")
+    # Cut while thinking: all reasoning; no tag at the start: all answer, untouched.
+    assert split("<think>abc", TAGS, opened=None, trim=False) == ("abc", "")
+    assert split(" Hi <think>x</think>", TAGS, opened=None, trim=False) == ("", " Hi <think>x</think>")

@@ -1,0 +1,92 @@
+"""Thinking models on the llama.cpp backend, against real llama.cpp on tiny random GGUFs: the
+template's reasoning tags, prompts rendered as llama-server renders them (reasoning in history,
+`enable_thinking`), and a grammar that holds only after the reasoning (grammar_after)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gguf_builder import _vocab, write_tiny_llama
+
+from daemon.backend import GenerateParams, ToolCallFrame
+from daemon.errors import InvalidArgument
+
+pytest.importorskip("gguf")
+
+TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
+CAPTURE = json.loads((TEMPLATES / "reasoning_replies.json").read_text())
+TAGS = ("<think>", "</think>")
+
+Loader = Callable[..., Awaitable[Any]]
+
+
+@pytest.fixture
+def load(load_llamacpp: Loader) -> Loader:
+    return load_llamacpp
+
+
+@pytest.mark.parametrize(("family", "tags"), [
+    ("Qwen-Qwen3-0.6B", TAGS), ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", TAGS),
+    ("Qwen-Qwen2.5-7B-Instruct", ("", "")), ("meta-llama-Llama-3.1-8B-Instruct", ("", "")),
+])
+async def test_thinking_tags_are_read_from_the_template(load: Loader, tmp_path: Path, family: str, tags: tuple[str, str]) -> None:
+    template = (TEMPLATES / f"{family}.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template))
+    assert backend.thinking_tags() == tags
+    assert backend.engine_stats()["chat_template_thinking"] == "".join(tags)
+
+
+@pytest.mark.parametrize("family", sorted(CAPTURE["templates"]))
+async def test_prompts_render_what_llama_server_renders(load: Loader, tmp_path: Path, family: str) -> None:
+    """reasoning_replies.json's prompts: a plain turn (R1's prompt opens the reasoning, with
+    `enable_thinking` true as llama-server passes it), `enable_thinking: false`, past
+    reasoning in history, and an agent's loop whose call carries its reasoning."""
+    template = (TEMPLATES / f"{family}.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template, user_tokens=TAGS))
+    for case, body in CAPTURE["prompt_requests"].items():
+        prompt = backend.chat_prompt(body["messages"], template_kwargs=body.get("chat_template_kwargs"),
+                                     tools=body.get("tools"))
+        assert prompt == CAPTURE["templates"][family]["prompts"][case], case
+
+
+async def _text(backend: Any, prompt: str, params: GenerateParams) -> tuple[str, str | None]:
+    text, finish = "", None
+    async for chunk in backend.generate(prompt, params):
+        text, finish = text + chunk.text, chunk.finish_reason
+    return text, finish
+
+
+async def test_a_grammar_holds_only_after_the_reasoning(load: Loader, tmp_path: Path) -> None:
+    template = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template, user_tokens=TAGS))
+    prompt = backend.chat_prompt([{"role": "user", "content": "Hi"}])
+    close = len(_vocab()[0]) + 1
+    grammar = 'root ::= "yes" | "no"'
+    seen_free_text = False
+    for seed in range(40):
+        params = GenerateParams(max_tokens=40, temperature=1.0, seed=seed, grammar=grammar, grammar_after="</think>",
+                                logit_bias={close: 3.0})
+        text, finish = await _text(backend, prompt, params)
+        reasoning, closed, answer = text.partition("</think>")
+        seen_free_text = seen_free_text or bool(reasoning.strip())
+        if closed and finish == "stop":
+            assert answer.strip() in ("yes", "no")
+            break
+    else:
+        pytest.fail("no seed of 40 closed the reasoning")
+    assert seen_free_text  # before the tag the grammar held nothing
+    # Without grammar_after the same grammar holds from the first token.
+    text, _ = await _text(backend, prompt, GenerateParams(max_tokens=8, seed=0, grammar=grammar))
+    assert text in ("yes", "no")
+
+
+async def test_grammar_after_is_not_for_a_lazy_tool_frame(load: Loader, tmp_path: Path) -> None:
+    template = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template, user_tokens=TAGS))
+    frame = ToolCallFrame(call_schema='{"type": "object"}', open="<tool_call>\n", close="\n</tool_call>", lazy=True)
+    with pytest.raises(InvalidArgument, match="grammar_after: not with a lazy tool_calls frame"):
+        await _text(backend, "x", GenerateParams(max_tokens=4, tool_calls=frame, grammar_after="</think>"))
