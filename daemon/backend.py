@@ -528,18 +528,27 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
     E.g. Hermes / Qwen: open "<tool_call>\n", separator "\n</tool_call>\n<tool_call>\n",
     close "\n</tool_call>"; Mistral: "[TOOL_CALLS][", ", ", "]"; Llama 3.x: "", "", "".
 
+    `named_calls` instead of `call_schema`: calls that are not JSON objects but a tool's name,
+    then `args_marker` and its arguments object, as newer Mistral templates write them
+    (`[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}`; open and separator "[TOOL_CALLS]"): tool
+    name -> its arguments' JSON schema (text). With `id_marker`, the name is followed by it and
+    a call id of 9 letters and digits before `args_marker` (Mistral Small 3.2's `[CALL_ID]`).
+
     `lazy` (tool_choice "auto"): the model may write free text instead, and the grammar holds
     only once the output reaches `open` (llama.cpp's lazy grammar); with an empty `open`, once
     the output's first character other than whitespace is "{". Free text before `open` is
     allowed; after `close` the output ends.
     """
 
-    call_schema: str
+    call_schema: str = ""
     open: str = ""
     separator: str = ""
     close: str = ""
     max_calls: int | None = None
     lazy: bool = False
+    named_calls: dict[str, str] = {}
+    args_marker: str = ""
+    id_marker: str = ""
 
 
 class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
@@ -679,7 +688,9 @@ class GenerationBackend(Backend):
     def tool_syntax(self) -> str:
         """The syntax the model's chat template writes tool calls in, so the routes can ask for
         and parse them: "hermes" (`<tool_call>{"name", "arguments"}</tool_call>`, Qwen and
-        Hermes templates), "mistral" (`[TOOL_CALLS][{"name", "arguments", "id"}]`), "llama3"
+        Hermes templates), "mistral" (`[TOOL_CALLS][{"name", "arguments", "id"}]`, Mistral
+        Nemo), "mistral_args" (`[TOOL_CALLS]name[ARGS]{...}` per call, newer Mistral
+        templates), "mistral_call_id" (the same with `[CALL_ID]id` after the name), "llama3"
         (`{"name", "parameters"}`); "" when the template has none of these (the routes then
         describe the tools in a system message and ask for a generic JSON reply)."""
         return ""

@@ -1151,7 +1151,7 @@ class Engine:
         stays in this request's output; other control tokens still write nothing."""
         if frame is None:
             return frozenset()
-        markers = [m for m in (frame.open, frame.separator, frame.close) if m]
+        markers = [m for m in (frame.open, frame.separator, frame.close, frame.args_marker, frame.id_marker) if m]
         return frozenset(
             token
             for marker in markers

@@ -42,19 +42,28 @@ def _convert(schema_json: str, where: str, rule: str) -> tuple[str, str]:
     """The schema's rule name and the GBNF rules, by llama-cpp-python's port of llama.cpp's
     converter (`json_schema_to_gbnf`'s steps): rule "" is "root"; another name leaves
     "root" to the caller's own top rule. The schema is checked first (`_check`)."""
+    names, rules = _convert_all([(schema_json, rule)], where)
+    return names[0], rules
+
+
+def _convert_all(schemas: list[tuple[str, str]], where: str) -> tuple[list[str], str]:
+    """`_convert` for several (schema, rule) pairs into one set of rules: one converter, so
+    the rules they share (strings, whitespace) are written once and their names never clash."""
     from llama_cpp.llama_grammar import SchemaConverter
 
-    try:
-        schema = json.loads(schema_json)
-    except ValueError as exc:
-        raise InvalidArgument(f"{where}: not valid JSON: {exc}") from None
-    _check(schema, where)
     converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-    try:
-        name = converter.visit(converter.resolve_refs(schema, "stdin"), rule)
-        return name, converter.format_grammar()
-    except (ValueError, AssertionError, KeyError, TypeError, RecursionError) as exc:
-        raise InvalidArgument(f"{where}: cannot be turned into a grammar: {exc}") from None
+    names = []
+    for schema_json, rule in schemas:
+        try:
+            schema = json.loads(schema_json)
+        except ValueError as exc:
+            raise InvalidArgument(f"{where}: not valid JSON: {exc}") from None
+        _check(schema, where)
+        try:
+            names.append(converter.visit(converter.resolve_refs(schema, "stdin"), rule))
+        except (ValueError, AssertionError, KeyError, TypeError, RecursionError) as exc:
+            raise InvalidArgument(f"{where}: cannot be turned into a grammar: {exc}") from None
+    return names, converter.format_grammar()
 
 
 def tool_call_grammar(frame: ToolCallFrame) -> str:
@@ -62,9 +71,12 @@ def tool_call_grammar(frame: ToolCallFrame) -> str:
     `call_schema`, separated by `separator`, then close; schema problems name "tools"."""
     if frame.max_calls is not None and frame.max_calls < 1:
         raise InvalidArgument(f"tool_calls.max_calls must be >= 1, got {frame.max_calls}")
-    # The call's rule is "tool-call": "root" is the frame's own rule below, the one llama.cpp
-    # starts from.
-    call, rules = _convert(frame.call_schema, "tools", "tool-call")
+    if frame.named_calls:
+        call, rules = _named_calls(frame)
+    else:
+        # The call's rule is "tool-call": "root" is the frame's own rule below, the one
+        # llama.cpp starts from.
+        call, rules = _convert(frame.call_schema, "tools", "tool-call")
     more = f"{gbnf_literal(frame.separator)} {call}".strip()
     if frame.max_calls is None:
         calls = f"{call} ({more})*"
@@ -74,6 +86,19 @@ def tool_call_grammar(frame: ToolCallFrame) -> str:
         calls = f"{call} ({more}){{0,{frame.max_calls - 1}}}"
     root = " ".join(part for part in (gbnf_literal(frame.open), calls, gbnf_literal(frame.close)) if part)
     return f"root ::= {root}\n{rules}\n"
+
+
+def _named_calls(frame: ToolCallFrame) -> tuple[str, str]:
+    """The call rule of a frame of named calls: one alternative per tool, its name, the id
+    part where the frame has one, `args_marker`, then its arguments."""
+    tools = list(frame.named_calls.items())
+    names, rules = _convert_all([(schema, f"tool-args-{i}") for i, (_, schema) in enumerate(tools)], "tools")
+    ident = f"{gbnf_literal(frame.id_marker)} [a-zA-Z0-9]{{9}} " if frame.id_marker else ""
+    marker = gbnf_literal(frame.args_marker)
+    alternatives = " | ".join(
+        f"{gbnf_literal(name)} {ident}{marker} {rule}" for (name, _), rule in zip(tools, names, strict=True)
+    )
+    return "tool-call", f"tool-call ::= {alternatives}\n{rules}"
 
 
 def tool_call_trigger(frame: ToolCallFrame, *, brace: bool, brace_quote: bool) -> str:

@@ -122,6 +122,24 @@ def _writes_calls_in(syntax: str, rendered: str) -> bool:
     return False
 
 
+def _named_mistral(rendered: str) -> str:
+    """"mistral_call_id" or "mistral_args" where `rendered` (the probe conversation) holds the
+    probe's call as newer Mistral templates write it, name then arguments, with (Mistral Small
+    3.2) or without (Ministral 3, Devstral) `[CALL_ID]` and the call's id between; else ""."""
+    forms = (("mistral_call_id", "[TOOL_CALLS]tool1[CALL_ID]call00001[ARGS]"), ("mistral_args", "[TOOL_CALLS]tool1[ARGS]"))
+    for syntax, head in forms:
+        at = rendered.find(head)
+        if at < 0:
+            continue
+        try:
+            value, _ = json.JSONDecoder().raw_decode(rendered, at + len(head))
+        except ValueError:
+            continue
+        if value == {"arg": _ARGUMENT_PROBE}:
+            return syntax
+    return ""
+
+
 class ChatTemplate:
     """Renders OpenAI-style messages (role, content, optional name; tool calls and results for
     Jinja templates) to a prompt string."""
@@ -132,7 +150,8 @@ class ChatTemplate:
     ) -> None:
         self.source = source
         self.jinja = jinja
-        # "hermes" | "llama3" | "mistral" | "": see tool_syntax_of (Jinja templates only).
+        # "hermes" | "llama3" | "mistral" | "mistral_args" | "mistral_call_id" | "": see
+        # tool_syntax_of and _named_mistral (Jinja templates only).
         self.tool_syntax = tool_syntax
         # The reasoning tags (thinking_tags_of; Jinja templates only).
         self.thinking = thinking
@@ -258,9 +277,14 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
     if syntax:
         messages, tools = _probe_call()
         try:
-            written = _writes_calls_in(syntax, render(messages, {}, tools))
+            rendered = render(messages, {}, tools)
         except InvalidArgument:
-            written = False
+            rendered = ""
+        written = _writes_calls_in(syntax, rendered)
+        if not written and syntax == "mistral":
+            # Newer Mistral templates write `[TOOL_CALLS]name[ARGS]{...}`, a frame of its own.
+            syntax = _named_mistral(rendered)
+            written = bool(syntax)
         if not written:
             log.info("chat template (%s) names %s tool-call markers but writes calls another way; "
                      "tools use the generic JSON reply", source, syntax)

@@ -7,8 +7,10 @@ Two families of syntax:
 - **native**: the syntax the model's own chat template describes, as llama.cpp's llama-server
   parses it, for the three families the llama.cpp backend recognises (`tool_syntax()`):
   Hermes / Qwen `<tool_call>\\n{"name", "arguments"}\\n</tool_call>` (several in a row), Mistral
-  `[TOOL_CALLS][{"name", "arguments", "id"}, ...]`, Llama 3.x one `{"name", "parameters"}`
-  object as the whole reply. Free text before the calls is the message's content.
+  Nemo `[TOOL_CALLS][{"name", "arguments", "id"}, ...]`, newer Mistral templates
+  `[TOOL_CALLS]name[ARGS]{...}` (several in a row; Mistral Small 3.2 with `[CALL_ID]id` after
+  the name), Llama 3.x one `{"name", "parameters"}` object as the whole reply. Free text
+  before the calls is the message's content.
 
 The engine's grammar guarantees the calls part is a prefix of a valid frame (`frame`), so a
 reader only has to follow it; a reply cut short (max_tokens) is read as far as it goes.
@@ -150,10 +152,71 @@ class _Framed(Syntax):
             return reading
 
 
+@dataclass(frozen=True)
+class _Named(Syntax):
+    """Calls written as `marker` + name (+ `id_marker` + id) + `args_marker` + arguments object,
+    one after another: newer Mistral templates (`[TOOL_CALLS]get_weather[ARGS]{...}`)."""
+
+    name: str
+    marker: str = "[TOOL_CALLS]"
+    args_marker: str = "[ARGS]"
+    id_marker: str = ""
+
+    def call_schema(self, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        # Not a schema of the call (it is no JSON object): what `frame` needs of it.
+        return {"name": name, "arguments": parameters}
+
+    def frame(self, calls: list[dict[str, Any]], *, lazy: bool, parallel: bool) -> ToolCallFrame:
+        return ToolCallFrame(
+            open=self.marker, separator=self.marker, max_calls=None if parallel else 1, lazy=lazy,
+            named_calls={call["name"]: json.dumps(call["arguments"]) for call in calls},
+            args_marker=self.args_marker, id_marker=self.id_marker,
+        )
+
+    def call_id(self) -> str:
+        # Mistral's templates take back only ids of 9 letters and digits.
+        alphabet = string.ascii_letters + string.digits
+        return "".join(secrets.choice(alphabet) for _ in range(9))
+
+    def read(self, text: str, final: bool) -> Reading:
+        reading = Reading()
+        at = text.find(self.marker)
+        if at < 0:
+            reading.content = text if final else _held_back(text, self.marker)
+            return reading
+        reading.content = text[:at].rstrip()
+        i = at
+        while text.startswith(self.marker, i):
+            i += len(self.marker)
+            # The name ends at the id's marker or the arguments' (the grammar wrote one of them).
+            name_end = text.find(self.id_marker or self.args_marker, i)
+            args_at = text.find(self.args_marker, i)
+            if name_end < 0 or args_at < 0:
+                if name_end >= 0:
+                    reading.calls.append(Call(name=text[i:name_end]))
+                return reading
+            call = Call(name=text[i:name_end])
+            reading.calls.append(call)
+            i = _skip(text, args_at + len(self.args_marker))
+            if i >= len(text) or text[i] != "{":
+                return reading
+            end = _value_end(text, i)
+            call.arguments = text[i:end] if end > 0 else text[i:]
+            if end < 0:
+                return reading
+            i = _skip(text, end)
+        # Nothing closes the frame: it is complete once a call's arguments are, unless
+        # another call is still starting.
+        reading.complete = not self.marker.startswith(text[i:]) or final
+        return reading
+
+
 GENERIC: Syntax = _Generic()
 _NATIVE: dict[str, Syntax] = {
     "hermes": _Framed("hermes", "<tool_call>\n", "\n</tool_call>\n<tool_call>\n", "\n</tool_call>", "arguments"),
     "mistral": _Framed("mistral", "[TOOL_CALLS][", ", ", "]", "arguments", id_length=9),
+    "mistral_args": _Named("mistral_args"),
+    "mistral_call_id": _Named("mistral_call_id", id_marker="[CALL_ID]"),
     "llama3": _Framed("llama3", "", "", "", "parameters", one_call=True),
 }
 

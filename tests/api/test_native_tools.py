@@ -20,9 +20,17 @@ MODELS = {
     "qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
     "mistral": "mistralai-Mistral-Nemo-Instruct-2407.jinja",
     "llama31": "meta-llama-Llama-3.1-8B-Instruct.jinja",
+    # Newer Mistral templates: `[TOOL_CALLS]name[ARGS]{...}`, Mistral Small 3.2 with [CALL_ID].
+    "ministral": "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
+    "mistral32": "Mistral-Small-3.2-24B-Instruct-2506.jinja",
 }
+# The markers that are control tokens in the real vocabularies of the newer Mistral models.
+CONTROL_TOKENS = {"ministral": ("[TOOL_CALLS]", "[ARGS]"), "mistral32": ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")}
 # How each syntax's reply begins (what a reply cut after a few tokens shows as content).
-OPENS = {"qwen": "<tool_call>\n{", "mistral": "[TOOL_CALLS][{", "llama31": "{"}
+OPENS = {"qwen": "<tool_call>\n{", "mistral": "[TOOL_CALLS][{", "llama31": "{", "ministral": "[TOOL_CALLS]",
+         "mistral32": "[TOOL_CALLS]"}
+# Mistral's templates take back only call ids of 9 letters and digits.
+NINE_CHARACTER_IDS = {"mistral", "ministral", "mistral32"}
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
@@ -39,7 +47,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
     for name, template in MODELS.items():
         (repo / name / "1").mkdir(parents=True)
         write_tiny_llama(repo / name / "1" / "model.gguf", seed=3, n_ctx=4096,
-                         chat_template=(TEMPLATES / template).read_text())
+                         chat_template=(TEMPLATES / template).read_text(), control_tokens=CONTROL_TOKENS.get(name, ()))
         (repo / name / "config.pbtxt").write_text('backend: "llamacpp"\n')
     # Mistral's real vocabulary has [TOOL_CALLS] as a control token (which detokenizes to nothing).
     (repo / "mistral_ctrl" / "1").mkdir(parents=True)
@@ -78,7 +86,7 @@ def test_required_and_named_calls_parse_and_stream_alike(client: openai.OpenAI, 
         arguments = json.loads(calls[0].function.arguments)
         assert arguments in ({"city": "Paris"}, {"city": "Oslo"}, {})
         # Mistral's template takes back only ids of 9 letters and digits.
-        assert re.fullmatch(r"[A-Za-z0-9]{9}" if model == "mistral" else r"call_[0-9a-f]{24}", calls[0].id)
+        assert re.fullmatch(r"[A-Za-z0-9]{9}" if model in NINE_CHARACTER_IDS else r"call_[0-9a-f]{24}", calls[0].id)
         names, streamed, finish = [], "", None
         for chunk in client.chat.completions.create(stream=True, **kwargs):
             for delta in chunk.choices:

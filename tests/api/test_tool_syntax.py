@@ -39,19 +39,28 @@ def _llama3(content: str, calls: list[tuple[str, object]]) -> str:
     return json.dumps({"name": calls[0][0], "parameters": calls[0][1]})
 
 
+def _named(content: str, calls: list[tuple[str, object]], ident: bool) -> str:
+    id_part = "[CALL_ID]abcDEF123" if ident else ""
+    return content + "".join(f"[TOOL_CALLS]{n}{id_part}[ARGS]{json.dumps(a)}" for n, a in calls)
+
+
+BOTH = [("get_weather", ARGUMENTS[0]), ("lights_off", ARGUMENTS[1])]
 REPLIES = {
-    "hermes": _hermes("Let me look.\n", [("get_weather", ARGUMENTS[0]), ("lights_off", ARGUMENTS[1])]),
-    "mistral": _mistral("", [("get_weather", ARGUMENTS[0]), ("lights_off", ARGUMENTS[1])]),
+    "hermes": _hermes("Let me look.\n", BOTH),
+    "mistral": _mistral("", BOTH),
+    "mistral_args": _named("Let me look.\n", BOTH, ident=False),
+    "mistral_call_id": _named("Let me look.\n", BOTH, ident=True),
     "llama3": _llama3("", [("get_weather", ARGUMENTS[0])]),
 }
+NATIVE = list(REPLIES)
 
 
 def test_unknown_names_read_the_generic_reply() -> None:
     assert syntax_named("") is GENERIC and syntax_named("functionary") is GENERIC
-    assert [syntax_named(n).name for n in ("hermes", "mistral", "llama3")] == ["hermes", "mistral", "llama3"]
+    assert [syntax_named(n).name for n in NATIVE] == NATIVE
 
 
-@pytest.mark.parametrize("name", ["hermes", "mistral", "llama3"])
+@pytest.mark.parametrize("name", NATIVE)
 def test_whole_reply(name: str) -> None:
     use = openai_tools.ToolUse(name, TOOLS, "auto", parallel=True)
     content, calls = use.reply(REPLIES[name], cut=False)
@@ -59,14 +68,14 @@ def test_whole_reply(name: str) -> None:
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == expected
     assert len(calls) == (1 if name == "llama3" else 2)
     # Content before the calls, without the whitespace that led up to them.
-    assert content == ("Let me look." if name == "hermes" else None)
+    assert content == ("Let me look." if REPLIES[name].startswith("Let") else None)
     assert use.reply_calls(REPLIES[name]) == (content, expected)
     # Mistral's template takes back only ids of 9 letters and digits.
-    pattern = r"[A-Za-z0-9]{9}" if name == "mistral" else r"call_[0-9a-f]{24}"
+    pattern = r"[A-Za-z0-9]{9}" if name.startswith("mistral") else r"call_[0-9a-f]{24}"
     assert all(re.fullmatch(pattern, c["id"]) for c in calls)
 
 
-@pytest.mark.parametrize("name", ["hermes", "mistral", "llama3"])
+@pytest.mark.parametrize("name", NATIVE)
 def test_answers_without_calls_are_content(name: str) -> None:
     use = openai_tools.ToolUse(name, TOOLS, "auto", parallel=True)
     text = "Paris is sunny. <tool_ca" if name == "hermes" else "Paris is sunny.\n"
@@ -74,7 +83,7 @@ def test_answers_without_calls_are_content(name: str) -> None:
     assert use.reply_calls(text) == (text, [])
 
 
-@pytest.mark.parametrize("name", ["hermes", "mistral", "llama3"])
+@pytest.mark.parametrize("name", NATIVE)
 @pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
 def test_stream_deltas_rebuild_the_reply(name: str, step: int) -> None:
     reply = REPLIES[name]
@@ -150,6 +159,14 @@ def test_frames_follow_tool_choice_and_syntax() -> None:
     only = json.loads(str(frame("mistral", named)["call_schema"]))
     assert only["properties"]["name"] == {"const": "lights_off"}
     assert only["properties"]["id"]["pattern"] == "^[a-zA-Z0-9]{9}$" and only["required"] == ["name", "arguments", "id"]
+    for syntax, id_marker in (("mistral_args", ""), ("mistral_call_id", "[CALL_ID]")):
+        named_frame = frame(syntax, "required", parallel=False)
+        assert (named_frame["open"], named_frame["separator"], named_frame["args_marker"], named_frame["id_marker"]) == (
+            "[TOOL_CALLS]", "[TOOL_CALLS]", "[ARGS]", id_marker)
+        assert named_frame["max_calls"] == 1 and named_frame["call_schema"] == ""
+        assert {k: json.loads(v) for k, v in named_frame["named_calls"].items()} == {
+            "get_weather": TOOLS[0].function.parameters,
+            "lights_off": {"type": "object", "properties": {}, "additionalProperties": False}}
     llama = frame("llama3", "auto", parallel=True)
     assert llama["open"] == "" and llama["max_calls"] == 1  # Llama 3.x: one call per turn
     assert set(json.loads(str(llama["call_schema"]))["anyOf"][0]["properties"]) == {"name", "parameters"}

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
-from gguf_builder import write_tiny_llama
+from gguf_builder import _vocab, write_tiny_llama
 
 from daemon.backend import GenerateParams, ToolCallFrame
 from daemon.errors import InvalidArgument
@@ -52,6 +54,9 @@ SYNTAXES = {
     "meta-llama-Llama-3.1-8B-Instruct": "llama3",
     "meta-llama-Llama-3.2-3B-Instruct": "llama3",
     "mistralai-Mistral-Nemo-Instruct-2407": "mistral",
+    "Mistral-Small-3.2-24B-Instruct-2506": "mistral_call_id",
+    "mistralai-Ministral-3-14B-Reasoning-2512": "mistral_args",
+    "unsloth-mistral-Devstral-Small-2507": "mistral_args",
     "google-gemma-2-2b-it": "",
     "microsoft-Phi-3.5-mini-instruct": "",
 }
@@ -66,7 +71,7 @@ async def test_tool_syntax_is_read_from_the_template(load: Loader, tmp_path: Pat
 
 
 # Templates that share a syntax's markers but write calls another way (shaped after
-# Qwen3-Coder's XML calls and newer Mistral templates' `[TOOL_CALLS]name[ARGS]{...}`).
+# Qwen3-Coder's XML calls, and a `[TOOL_CALLS]name(arguments)` no Mistral template writes).
 XML_CALLS = (
     "{%- if tools %}<|im_start|>system\nCall tools as <tool_call><function=name>...</function>"
     "</tool_call><|im_end|>\n{% endif %}"
@@ -75,15 +80,15 @@ XML_CALLS = (
     "{%- for k, v in c.function.arguments.items() %}<parameter={{ k }}>\n{{ v }}\n</parameter>\n{% endfor %}"
     "</function>\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
 )
-ARGS_CALLS = (
+PAREN_CALLS = (
     "{%- for m in messages %}{% if m.role == 'user' %}[INST]{{ m.content }}[/INST]"
     "{% elif m.role == 'assistant' %}{% for c in m.tool_calls or [] %}[TOOL_CALLS]{{ c.function.name }}"
-    "[ARGS]{{ c.function.arguments }}{% endfor %}{{ m.content }}</s>"
+    "({{ c.function.arguments }}){% endfor %}{{ m.content }}</s>"
     "{% elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]{% endif %}{% endfor %}"
 )
 
 
-@pytest.mark.parametrize("template", [XML_CALLS, ARGS_CALLS])
+@pytest.mark.parametrize("template", [XML_CALLS, PAREN_CALLS])
 async def test_markers_without_the_syntax_are_no_tool_syntax(load: Loader, tmp_path: Path, template: str) -> None:
     # Asked for Hermes JSON or Mistral Nemo's list, such a model would write calls it was
     # not trained on: the routes use the generic reply instead.
@@ -208,6 +213,40 @@ async def test_mistral_shaped_frame(load: Loader, tmp_path: Path) -> None:
         for call in calls:
             assert len(call.pop("id")) == 9
             check_call(json.dumps(call))
+
+
+@pytest.mark.parametrize("id_marker", ["", "[CALL_ID]"])
+async def test_named_calls_frame(load: Loader, tmp_path: Path, id_marker: str) -> None:
+    """Newer Mistral templates' calls, `[TOOL_CALLS]name[ARGS]{...}` one after another (with
+    `[CALL_ID]` and a 9-character id after the name for Mistral Small 3.2), the markers control
+    tokens as in Mistral's vocabulary: they keep their text, eager and lazy."""
+    markers = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
+    path = write_tiny_llama(tmp_path / "model.gguf", control_tokens=markers)
+    backend = await load(path)
+    arguments = WEATHER_CALL["properties"]["arguments"]
+    named = {"get_weather": json.dumps(arguments), "lights_off": json.dumps({"type": "object", "properties": {}, "additionalProperties": False})}
+    frame = ToolCallFrame(open="[TOOL_CALLS]", separator="[TOOL_CALLS]", named_calls=named, args_marker="[ARGS]",
+                          id_marker=id_marker, max_calls=2)
+    pattern = re.compile(r"\[TOOL_CALLS\](get_weather|lights_off)" + (r"\[CALL_ID\][a-zA-Z0-9]{9}" if id_marker else "")
+                         + r"\[ARGS\](\{.*?\})\s?(?=\[TOOL_CALLS\]|$)", re.DOTALL)
+    for seed in range(4):
+        params = GenerateParams(temperature=1.0, seed=seed, max_tokens=200, tool_calls=frame)
+        text, finish = await text_of(backend, PROMPT, params)
+        assert finish == "stop", text
+        calls = pattern.findall(text)
+        assert 1 <= len(calls) <= 2 and "".join(m.group(0) for m in pattern.finditer(text)) == text, text
+        for name, args in calls:
+            value = json.loads(args, strict=False)
+            if name == "get_weather":
+                check_call(json.dumps({"name": name, "arguments": value}))
+            else:
+                assert value == {}
+    # Lazy: triggered by the marker token alone (pushed by a bias), the rest follows.
+    marker = len(_vocab()[0])
+    lazy = msgspec.structs.replace(frame, lazy=True, max_calls=1)
+    params = GenerateParams(temperature=0, max_tokens=200, tool_calls=lazy, logit_bias={marker: 100.0})
+    text, finish = await text_of(backend, PROMPT, params)
+    assert finish == "stop" and len(pattern.findall(text)) == 1 and text.startswith("[TOOL_CALLS]"), text
 
 
 async def test_lazy_frame_holds_from_its_open_on(load: Loader, tmp_path: Path) -> None:
