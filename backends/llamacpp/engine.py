@@ -398,6 +398,9 @@ class Engine:
         self.n_ctx_seq = llama.llama_n_ctx_seq(self._ctx)
         self._batch = llama.llama_batch_init(self._n_batch, 0, 1)
         self.chat_template = self._resolve_chat_template()
+        # Reasoning tags that are control tokens (Ministral's [THINK]) keep their text, so that
+        # the routes can split the reasoning off, as llama-server preserves them.
+        self._thinking_tokens = self._control_tokens(self.chat_template.thinking) if self.chat_template else frozenset()
         log.info(
             "llama.cpp model '%s': %d slots x %d tokens of context, batch %d, %d threads%s",
             self.name, s.n_parallel, self.n_ctx_seq, self._n_batch, s.n_threads,
@@ -726,7 +729,7 @@ class Engine:
             seq = _Sequence(
                 item.request, tokens, slot, sampler, n_past=keep, cached=keep,
                 stops=StopMatcher(item.request.params.stop),
-                preserved=self._preserved(item.request.params.tool_calls),
+                preserved=self._preserved(item.request.params.tool_calls) | self._thinking_tokens,
             )
             if scored:
                 # The first token has nothing before it to be scored against.
@@ -1151,10 +1154,14 @@ class Engine:
         stays in this request's output; other control tokens still write nothing."""
         if frame is None:
             return frozenset()
-        markers = [m for m in (frame.open, frame.separator, frame.close, frame.args_marker, frame.id_marker) if m]
+        return self._control_tokens((frame.open, frame.separator, frame.close, frame.args_marker, frame.id_marker))
+
+    def _control_tokens(self, markers: Sequence[str]) -> frozenset[int]:
+        """The control tokens (text only with `special`) that the markers tokenize to."""
         return frozenset(
             token
             for marker in markers
+            if marker
             for token in self._tokenize(marker, add_special=False)
             if not self._piece(token) and self._special_piece(token)
         )

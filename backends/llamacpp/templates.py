@@ -73,8 +73,9 @@ _TOOL_SYNTAXES = (
 
 # The reasoning tags edged splits a reply on (GenerationBackend.thinking_tags): those of Qwen 3,
 # QwQ, DeepSeek R1 and its distills, GLM 4.5+, SmolLM 3, MiniMax M2, Nemotron Nano and most open
-# reasoning models. Others (gpt-oss channels, Command R7B's, Mistral's [THINK]) are not split.
-_THINKING_TAGS = ("<think>", "</think>")
+# reasoning models; Magistral's and Ministral 3's. Others (gpt-oss channels, Command R7B's) are
+# not split.
+_THINKING_TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))
 
 Render = Callable[[Messages, Mapping[str, Any], "Sequence[Mapping[str, Any]] | None"], str]
 
@@ -82,7 +83,7 @@ Render = Callable[[Messages, Mapping[str, Any], "Sequence[Mapping[str, Any]] | N
 def thinking_tags_of(template: str) -> tuple[str, str]:
     """The reasoning tags a Jinja template writes or reads (both tags in its text: it renders
     past reasoning, strips it from history, or opens it in the generation prompt)."""
-    return _THINKING_TAGS if all(tag in template for tag in _THINKING_TAGS) else ("", "")
+    return next((tags for tags in _THINKING_TAGS if all(tag in template for tag in tags)), ("", ""))
 
 
 def tool_syntax_of(template: str) -> str:

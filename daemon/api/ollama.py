@@ -7,9 +7,16 @@ Ollama's status codes (the error middleware writes them).
 
 Model names are `name[:tag]`: the repository model `name`, tag `latest` (the served version)
 or a version number. Everything Ollama accepts that edged cannot do (images, sampling options
-the engine lacks, ...) is a 400 naming the field, never ignored. No model thinks here (the
-engine has no separate reasoning output): `think: false` is what happens anyway, `think: true`
-(or a level) is Ollama's 400 for a model without thinking.
+the engine lacks, ...) is a 400 naming the field, never ignored.
+
+A thinking model (its backend names reasoning tags, `thinking_tags()`: templates with `<think>`)
+thinks unless `think` is false, as in Ollama: its reasoning comes back apart from the answer, in
+`message.thinking` (/api/chat) or `thinking` (/api/generate), and streamed chunks carry either
+one or the other (see reasoning.py for where the reasoning starts and ends). `think: false`
+renders the template with `enable_thinking: false` and splits nothing. A level ("low",
+"medium", "high"; "max" is "high") reaches a Jinja template as `reasoning_effort`, and only a
+template whose prompt it changes takes one. A model without thinking takes `think: false` and
+unset; true or a level is Ollama's 400.
 
 `format` ("json" or a JSON schema) and `tools` use the same machinery as the OpenAI routes: a
 grammar the engine enforces, and for tools the generic JSON reply of `openai_tools` (Ollama
@@ -33,9 +40,10 @@ from typing import Any, Literal
 import msgspec
 from aiohttp import web
 
-from daemon.api import dimensions, openai_tools, sampling
+from daemon.api import dimensions, openai_tools, reasoning, sampling
 from daemon.api.body import read_body
 from daemon.api.leases import hold
+from daemon.api.openai import hold_grammar_after_reasoning
 from daemon.api.state import daemon_of
 from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
 from daemon.core import layout
@@ -66,6 +74,9 @@ _LOAD_TIME = {
     "logits_all": "", "embedding_only": "",
 }
 _THINK_LEVELS = frozenset({"high", "medium", "low", "max"})  # Ollama's
+# The reasoning tags of /api/show's "thinking" for a model not loaded yet, read from its
+# template text as the llama.cpp plugin reads them once loaded (a loaded model is asked).
+_THINKING_TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))
 # Ollama's default window of recent tokens for all three penalties.
 _REPEAT_LAST_N = 64
 
@@ -425,7 +436,7 @@ def _checked(req: _Generation) -> tuple[_Options, int | None, str]:
     """What chat and generate check before anything is loaded: options, thinking, `truncate` /
     `shift`, logprobs, format. Returns the options, logprobs' alternatives and the schema."""
     opts = _options(req.options)
-    _refuse_thinking(req)
+    _check_think(req)
     if req.truncate:
         raise InvalidArgument("truncate: edged does not truncate a prompt that does not fit the context "
                               "(it is a 400); leave truncate out or send false")
@@ -435,15 +446,97 @@ def _checked(req: _Generation) -> tuple[_Options, int | None, str]:
     return opts, _logprobs(req), _format_schema(req.format)
 
 
-def _refuse_thinking(req: _Generation) -> None:
-    # Ollama answers a thinking request for a model that cannot think this way, and so does
-    # every model here. A level ("low", "high"; gpt-oss) asks for thinking too; any other
-    # string ("" too) is Ollama's own 400 when it reads the request.
+def _check_think(req: _Generation) -> None:
+    # A string other than a level ("" too) is Ollama's own 400 when it reads the request.
     if isinstance(req.think, str) and req.think not in _THINK_LEVELS:
         raise InvalidArgument(f'invalid think value: {json.dumps(req.think)} (must be "high", "medium", "low", '
                               '"max", true, or false)')
-    if req.think is True or isinstance(req.think, str):
-        raise InvalidArgument(f'"{req.model}" does not support thinking')
+
+
+class _Thinking:
+    """What `think` does with the loaded model: `tags` to split its reply on (("", "") for
+    none: think false or a model without thinking) and the template variables it sets."""
+
+    def __init__(self, model: LoadedVersion, think: bool | str | None, raw: str) -> None:
+        tags = model.thinking_tags()
+        self.tags: tuple[str, str] = ("", "")
+        self.variables: dict[str, Any] | None = None
+        # "max" is "high" in Ollama (the level gpt-oss's template knows).
+        self.level = "high" if think == "max" else think if isinstance(think, str) else ""
+        if not tags[0]:
+            # Unset or false: what happens anyway. A level asks for thinking too.
+            if think is True or self.level:
+                raise InvalidArgument(f'"{raw}" does not support thinking')
+        elif think is False:
+            # The template's way to turn thinking off (Qwen 3 closes an empty reasoning, DeepSeek
+            # R1 closes the one it opens); the reply, tags and all, is the answer.
+            self.variables = {"enable_thinking": False}
+        else:
+            # Unset is true for a thinking model (Ollama); the template already has
+            # enable_thinking true (templates.py), as llama-server gives it.
+            self.tags = tags
+            if self.level:
+                self.variables = {"reasoning_effort": self.level}
+
+    def prompt(self, model: LoadedVersion, messages: list[dict[str, Any]], raw: str,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The chat prompt with the template variables `think` sets. A level must change the
+        prompt: a template that does not read `reasoning_effort` (most with <think> tags)
+        would ignore it, and edged takes nothing without its effect."""
+        if self.level:
+            low, high = (model.chat_prompt(messages, template_kwargs={"reasoning_effort": level}, tools=tools)
+                         for level in ("low", "high"))
+            if low == high:
+                raise InvalidArgument(
+                    f'think: "{self.level}": the chat template of "{raw}" has no thinking levels (it does not '
+                    "read reasoning_effort); send think true or false"
+                )
+        return model.chat_prompt(messages, template_kwargs=self.variables, tools=tools)
+
+    def without_template(self, raw: str) -> None:
+        """A prompt not rendered by the model's chat template (/api/generate's raw, template or
+        suffix): a level has nothing to reach; true still splits the reply."""
+        if self.level:
+            raise InvalidArgument(f'think: "{self.level}": a level reaches the model through its chat '
+                                  f'template, which raw, template and suffix prompts of "{raw}" do not use')
+
+    def split(self, prompt: str, *, chat: bool) -> _Split | None:
+        """How the reply to `prompt` splits (None: it does not)."""
+        if not self.tags[0]:
+            return None
+        return _Split(self.tags, reasoning.opened_by(prompt, self.tags), chat=chat)
+
+    def hold_grammar(self, prompt: str, params: GenerateParams) -> None:
+        """A prompt that opened the reasoning: `format` or tools constrain the reply from the
+        closing tag on, after the model has thought, as Ollama lets it think first. When the
+        model is to open the reasoning itself (Qwen 3), the grammar holds from the first token
+        and the model answers without thinking."""
+        if self.tags[0]:
+            hold_grammar_after_reasoning(params, self.tags, reasoning.opened_by(prompt, self.tags))
+
+
+class _Split:
+    """A thinking reply's reasoning and answer (Ollama's split: reasoning.ThinkingSplit with
+    trim); `chat`: the reasoning goes in message.thinking, else in thinking (/api/generate)."""
+
+    def __init__(self, tags: tuple[str, str], opened: str | None, *, chat: bool) -> None:
+        self.tags = tags
+        self.opened = opened
+        self.chat = chat
+
+    def stream(self) -> reasoning.ThinkingSplit:
+        return reasoning.ThinkingSplit(self.tags, opened=self.opened, trim=True)
+
+    def whole(self, text: str) -> tuple[str, str]:
+        return reasoning.split(text, self.tags, opened=self.opened, trim=True)
+
+    def put(self, item: dict[str, Any], thought: str) -> dict[str, Any]:
+        """`item` carrying `thought` (Ollama leaves the field out when it is empty)."""
+        if not thought:
+            return item
+        if self.chat:
+            return {**item, "message": {**item["message"], "thinking": thought}}
+        return {**item, "thinking": thought}
 
 
 def _logprobs(req: _Generation) -> int | None:
@@ -570,9 +663,12 @@ async def _respond(
     timing: _Timing,
     shape: _Text | _ToolReply,
     logprobs: bool = False,
+    split: _Split | None = None,
 ) -> web.StreamResponse:
     """Stream NDJSON (`shape` turns text into Ollama's objects) or answer one object. With
-    `logprobs`, each object carries the entries of the tokens since the previous one."""
+    `logprobs`, each object carries the entries of the tokens since the previous one. With
+    `split`, the reasoning goes apart and `shape` gets the answer only; streamed, an object
+    carries reasoning or answer, never both."""
     async with contextlib.aclosing(chunks):
         try:
             first = await chunks.__anext__()  # errors before any output get a real status
@@ -593,19 +689,36 @@ async def _respond(
                 parts.append(chunk.text)
                 pending.extend(chunk.logprobs)
                 last = chunk
-            return _json_response(with_logprobs({**shape.whole("".join(parts)), **timing.final(last)}))
+            text, thought = "".join(parts), ""
+            if split is not None:
+                thought, text = split.whole(text)
+                whole = split.put(shape.whole(text), thought)
+            else:
+                whole = shape.whole(text)
+            return _json_response(with_logprobs({**whole, **timing.final(last)}))
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         last = first
+        splitter = split.stream() if split is not None else None
+
+        def items(text: str, final: bool = False) -> list[dict[str, Any]]:
+            if splitter is None or split is None:
+                return shape.stream(text)
+            thought, text = splitter.feed(text, final)
+            # The reasoning first: it comes before the answer in the reply.
+            out = [split.put(shape.whole(""), thought)] if thought else []
+            return out + shape.stream(text)
+
         try:
-            for item in shape.stream(first.text):
+            for item in items(first.text):
                 await response.write(_json.encode(with_logprobs({**item, "done": False})) + b"\n")
             async for chunk in chunks:
                 last = chunk
                 pending.extend(chunk.logprobs)
-                for item in shape.stream(chunk.text):
+                for item in items(chunk.text):
                     await response.write(_json.encode(with_logprobs({**item, "done": False})) + b"\n")
-            for item in shape.end():
+            # What the split held back in case it became a tag.
+            for item in [*items("", final=True), *shape.end()]:
                 await response.write(_json.encode(with_logprobs({**item, "done": False})) + b"\n")
             final = with_logprobs({**shape.whole(""), **timing.final(last)})
             await response.write(_json.encode(final) + b"\n")
@@ -618,10 +731,12 @@ async def _respond(
 async def _load_or_unload(
     request: web.Request, daemon: Service, raw: str, name: str, version: int | None,
     keep: float | Literal["default"] | None, started: int, empty: dict[str, Any], opts: _Options,
+    think: bool | str | None,
 ) -> web.Response:
     """An empty prompt (or no messages) loads the model; with keep_alive 0 it unloads it.
-    Its options are checked as any request's (unknown ones, num_ctx against the model); valid
-    sampling options have nothing to act on in a load, in Ollama either."""
+    Its options are checked as any request's (unknown ones, num_ctx against the model, think
+    against its thinking); valid sampling options have nothing to act on in a load, in Ollama
+    either."""
     base = {"model": raw, "created_at": _now(), **empty, "done": True}
     if keep == 0:
         if daemon.residency is None or not daemon.registry.entry(name):
@@ -629,7 +744,9 @@ async def _load_or_unload(
         await daemon.residency.unload(name)
         return _json_response({**base, "done_reason": "unload"})
     lease = await hold(request, name, keep)
-    await _params(request, opts, _generation_model(daemon, name, version, raw))  # num_ctx vs the model
+    model = _generation_model(daemon, name, version, raw)
+    await _params(request, opts, model)  # num_ctx vs the model
+    _Thinking(model, think, raw)  # Ollama's 400 for thinking asked of a model without it
     return _json_response({**base, "done_reason": "load", "total_duration": time.monotonic_ns() - started,
                            "load_duration": lease.load_ns})
 
@@ -646,7 +763,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     opts, top, schema = _checked(req)
     if not req.messages:
         return await _load_or_unload(request, daemon, req.model, name, version, keep, started,
-                                     {"message": {"role": "assistant", "content": ""}}, opts)
+                                     {"message": {"role": "assistant", "content": ""}}, opts, req.think)
     tools = req.tools or []  # Ollama treats an empty list as no tools
     if tools and schema:
         raise InvalidArgument("format: cannot be combined with tools")
@@ -657,6 +774,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     _check_messages(req.messages, req.model)
     lease = await hold(request, name, keep)
     model = _generation_model(daemon, name, version, req.model)
+    thinking = _Thinking(model, req.think, req.model)
     syntax = model.tool_syntax()
     messages = _chat_messages(req.messages, native_tools=bool(syntax))
     params, num_ctx = await _params(request, opts, model)
@@ -668,7 +786,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
         use = openai_tools.ToolUse(syntax, tools, "auto", parallel=True)
         use.constrain(params)
         messages = use.messages(messages)
-    prompt = model.chat_prompt(messages, tools=use.template_tools() if use else None)
+    prompt = thinking.prompt(model, messages, req.model, tools=use.template_tools() if use else None)
+    thinking.hold_grammar(prompt, params)
     await _fit_num_ctx(model, prompt, params, num_ctx)
 
     def piece(message: dict[str, Any]) -> dict[str, Any]:
@@ -678,8 +797,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
         _ToolReply(piece, use) if use else _Text(lambda text: piece({"role": "assistant", "content": text}))
     )
     timing = _Timing(started, lease.load_ns)
-    return await _respond(request, model.generate(prompt, params),
-                          stream=req.stream, timing=timing, shape=shape, logprobs=top is not None)
+    return await _respond(request, model.generate(prompt, params), stream=req.stream, timing=timing, shape=shape,
+                          logprobs=top is not None, split=thinking.split(prompt, chat=True))
 
 
 def _check_messages(messages: list[Message], raw: str) -> None:
@@ -688,6 +807,8 @@ def _check_messages(messages: list[Message], raw: str) -> None:
             raise InvalidArgument(f'messages[{index}].images: "{raw}" does not support images')
         if message.tool_calls and message.role != "assistant":
             raise InvalidArgument(f"messages[{index}].tool_calls: only on assistant messages")
+        if message.thinking and message.role != "assistant":
+            raise InvalidArgument(f"messages[{index}].thinking: only on assistant messages")
         for key in ("tool_name", "tool_call_id"):
             if getattr(message, key) is not None and message.role != "tool":
                 raise InvalidArgument(f"messages[{index}].{key}: only on tool messages")
@@ -698,7 +819,9 @@ def _chat_messages(messages: list[Message], *, native_tools: bool) -> list[dict[
     syntax and takes assistants' `tool_calls` and `tool` messages (calls without an id get
     one, and a tool result without one answers the earliest call not yet answered: Ollama's
     clients send neither, Mistral's template requires both); otherwise they are written in
-    the generic reply's form (see openai_tools)."""
+    the generic reply's form (see openai_tools). An assistant's `thinking` goes back as
+    `reasoning_content`, the name Jinja templates read (Qwen 3's shows it after the last user
+    turn; those that drop past reasoning ignore it)."""
     out: list[dict[str, Any]] = []
     unanswered: list[str] = []
     for message in messages:
@@ -723,13 +846,18 @@ def _chat_messages(messages: list[Message], *, native_tools: bool) -> list[dict[
                 unanswered.append(ident)
                 calls.append(openai_tools.openai_call(
                     ident, call.function.name, json.dumps(call.function.arguments, ensure_ascii=False)))
-            out.append({"role": "assistant", "content": content or None, "tool_calls": calls})
+            out.append({"role": "assistant", "content": content or None, "tool_calls": calls,
+                        **_reasoning_of(message)})
             continue
         if message.tool_calls:
             text = openai_tools.calls_text([(c.function.name, c.function.arguments) for c in message.tool_calls])
             content = f"{content}\n{text}" if content else text
-        out.append({"role": message.role, "content": content})
+        out.append({"role": message.role, "content": content, **_reasoning_of(message)})
     return out
+
+
+def _reasoning_of(message: Message) -> dict[str, str]:
+    return {"reasoning_content": message.thinking} if message.thinking else {}
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -741,7 +869,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     opts, top, schema = _checked(req)
     if not req.prompt:
         return await _load_or_unload(request, daemon, req.model, name, version, keep, started, {"response": ""},
-                                     opts)
+                                     opts, req.think)
     if req.images:
         raise InvalidArgument(f'images: "{req.model}" does not support images')
     if req.suffix and (req.template or req.system):
@@ -758,27 +886,30 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise InvalidArgument("raw mode does not support template or system")
     lease = await hold(request, name, keep)
     model = _generation_model(daemon, name, version, req.model)
+    thinking = _Thinking(model, req.think, req.model)
     params, num_ctx = await _params(request, opts, model)
     params.json_schema = schema
     params.logprobs = top
     if req.suffix:
         params.suffix = req.suffix  # the engine builds the FIM prompt around the raw text
-    if req.suffix or req.raw:
-        prompt = req.prompt
-    elif req.template:
-        prompt = render_template(req.template, system=req.system, prompt=req.prompt)
+    if req.suffix or req.raw or req.template:
+        # Not the chat template: think true still splits the reply (Ollama's too), and a
+        # raw prompt that ends with the opening tag opened the reasoning.
+        thinking.without_template(req.model)
+        prompt = render_template(req.template, system=req.system, prompt=req.prompt) if req.template else req.prompt
     else:
         messages = [{"role": "system", "content": req.system}] if req.system else []
         messages.append({"role": "user", "content": req.prompt})
-        prompt = model.chat_prompt(messages)
+        prompt = thinking.prompt(model, messages, req.model)
+    thinking.hold_grammar(prompt, params)
     await _fit_num_ctx(model, prompt, params, num_ctx)
 
     def piece(text: str) -> dict[str, Any]:
         return {"model": req.model, "created_at": _now(), "response": text}
 
     timing = _Timing(started, lease.load_ns)
-    return await _respond(request, model.generate(prompt, params),
-                          stream=req.stream, timing=timing, shape=_Text(piece), logprobs=top is not None)
+    return await _respond(request, model.generate(prompt, params), stream=req.stream, timing=timing,
+                          shape=_Text(piece), logprobs=top is not None, split=thinking.split(prompt, chat=False))
 
 
 _TEMPLATE_ACTION = re.compile(r"\{\{(-?)\s*(.*?)\s*(-?)\}\}", re.S)
@@ -894,6 +1025,10 @@ def _model_facts(metadata: GgufMetadata, path: Path) -> dict[str, Any]:
     capabilities = ["embedding"] if embedding else ["completion", "tools"]
     if not embedding and _names_fim_tokens(meta):
         capabilities.append("insert")  # Ollama's word for `suffix` (fill in the middle)
+    # The template the model will run: the config's (Jinja text or a built-in's name) or its own.
+    template = config.parameters.get("chat_template", "") or str(meta.get("tokenizer.chat_template", ""))
+    if not embedding and any(all(tag in template for tag in tags) for tags in _THINKING_TAGS):
+        capabilities.append("thinking")
     details = {
         "parent_model": "",
         "format": "gguf" if ggufs else (files[0].suffix.lstrip(".") if files else ""),
@@ -961,7 +1096,7 @@ async def show(request: web.Request) -> web.Response:
     req: ShowRequest = await _decode(request, ShowRequest)
     daemon = daemon_of(request)
     raw = req.which()
-    name, _ = _resolve(daemon, raw)
+    name, version = _resolve(daemon, raw)
     facts = await _facts(request, name)
     meta = facts["meta"]
     if req.verbose and facts["gguf"] is not None:
@@ -972,6 +1107,15 @@ async def show(request: web.Request) -> web.Response:
         except (OSError, ValueError, struct.error) as exc:
             raise NotFound(f'model "{raw}": its GGUF metadata cannot be read in full: {exc}') from None
     info = {k: v for k, v in meta.items() if not k.startswith("tokenizer.chat_template")}
+    capabilities = facts["capabilities"]
+    entry = daemon.registry.entry(name)
+    if entry is not None and entry.versions and capabilities:
+        # Loaded, the model says whether it thinks (its backend read the template it runs).
+        served = entry.versions[max(entry.versions)] if version is None else entry.versions.get(version)
+        if served is not None and served.generator is not None:
+            capabilities = [c for c in capabilities if c != "thinking"]
+            if served.thinking_tags()[0]:
+                capabilities.append("thinking")
     config, _ = layout.read_model_config(facts["path"])
     parameters = "\n".join(f"{k} {v}" for k, v in sorted(config.parameters.items()))
     return _json_response({
@@ -980,7 +1124,7 @@ async def show(request: web.Request) -> web.Response:
         "template": str(meta.get("tokenizer.chat_template", "")),
         "details": facts["details"],
         "model_info": info,
-        "capabilities": facts["capabilities"],
+        "capabilities": capabilities,
         "modified_at": facts["modified_at"],
     })
 

@@ -22,6 +22,8 @@ MODELS = {
     "qwen3": "Qwen-Qwen3-0.6B.jinja",
     "r1": "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
     "qwen25": "Qwen-Qwen2.5-7B-Instruct.jinja",  # no thinking
+    # [THINK] ... [/THINK], control tokens in Ministral's vocabulary (they write no text unless kept).
+    "ministral": "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
 }
 TAGS = ("<think>", "</think>")
 OPEN, CLOSE = len(_vocab()[0]), len(_vocab()[0]) + 1
@@ -35,8 +37,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
     repo = tmp_path_factory.mktemp("thinking")
     for name, template in MODELS.items():
         (repo / name / "1").mkdir(parents=True)
-        write_tiny_llama(repo / name / "1" / "model.gguf", n_ctx=1024, user_tokens=TAGS,
-                         chat_template=(TEMPLATES / template).read_text())
+        tokens = {"control_tokens": ("[THINK]", "[/THINK]")} if name == "ministral" else {"user_tokens": TAGS}
+        write_tiny_llama(repo / name / "1" / "model.gguf", n_ctx=2048, chat_template=(TEMPLATES / template).read_text(),
+                         **tokens)
         (repo / name / "config.pbtxt").write_text('backend: "llamacpp"\n')
     process = start_daemon_process(tmp_path_factory.mktemp("edged"), "--model-repository", str(repo), http=True)
     yield process
@@ -62,14 +65,15 @@ def streamed(client: Any, **kwargs: Any) -> tuple[str, str, list[str]]:
     return reasoning, content, kinds
 
 
-def thinking_seed(client: Any, bias: dict[str, int], max_tokens: int) -> tuple[int, str]:
+def thinking_seed(client: Any, bias: dict[str, int], max_tokens: int, model: str = "qwen3",
+                  tags: tuple[str, str] = TAGS) -> tuple[int, str]:
     """A seed whose raw reply (reasoning_format none) reasons and then answers, and that raw
     reply; drawn, since which seed does so depends on the CPU's arithmetic."""
     for seed in range(60):
-        raw = ask(client, model="qwen3", seed=seed, max_tokens=max_tokens, logit_bias=bias,
+        raw = ask(client, model=model, seed=seed, max_tokens=max_tokens, logit_bias=bias,
                   extra_body={"reasoning_format": "none"}).message.content
-        if raw.startswith("<think>") and "</think>" in raw and not raw.startswith("<think></think>"):
-            tail = raw.partition("</think>")[2]
+        if raw.startswith(tags[0]) and tags[1] in raw and not raw.startswith("".join(tags)):
+            tail = raw.partition(tags[1])[2]
             if tail.strip():
                 return seed, raw
     pytest.fail("no seed of 60 reasoned and answered")
@@ -166,3 +170,15 @@ def test_a_json_answer_after_an_opened_reasoning(client: Any) -> None:
         pytest.fail("no seed of 40 closed the reasoning and finished the JSON")
     assert (choice.message.model_extra or {}).get("reasoning_content")
     assert set(json.loads(choice.message.content)) == {"a"}
+
+
+def test_control_token_tags_keep_their_text(client: Any) -> None:
+    # Ministral 3's [THINK] and [/THINK] are control tokens, which write no text: kept (as
+    # llama-server's preserved tokens), the reasoning comes apart as with <think>.
+    tags = ("[THINK]", "[/THINK]")
+    bias = {str(OPEN): 26, str(CLOSE): 26}  # zero output rows: the logit is the bias
+    seed, raw = thinking_seed(client, bias, 24, model="ministral", tags=tags)
+    message = ask(client, model="ministral", seed=seed, max_tokens=24, logit_bias=bias).message
+    reasoning, content = split(raw, tags, opened=None, trim=False)
+    assert reasoning and content
+    assert ((message.model_extra or {}).get("reasoning_content"), message.content) == (reasoning, content)

@@ -31,6 +31,7 @@ def load(load_llamacpp: Loader) -> Loader:
 
 @pytest.mark.parametrize(("family", "tags"), [
     ("Qwen-Qwen3-0.6B", TAGS), ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", TAGS),
+    ("mistralai-Ministral-3-14B-Reasoning-2512", ("[THINK]", "[/THINK]")),
     ("Qwen-Qwen2.5-7B-Instruct", ("", "")), ("meta-llama-Llama-3.1-8B-Instruct", ("", "")),
 ])
 async def test_thinking_tags_are_read_from_the_template(load: Loader, tmp_path: Path, family: str, tags: tuple[str, str]) -> None:
