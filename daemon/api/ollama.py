@@ -43,7 +43,6 @@ from aiohttp import web
 from daemon.api import dimensions, openai_tools, reasoning, sampling
 from daemon.api.body import read_body
 from daemon.api.leases import hold
-from daemon.api.openai import hold_grammar_after_reasoning
 from daemon.api.state import daemon_of
 from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
 from daemon.core import layout
@@ -512,7 +511,7 @@ class _Thinking:
         model is to open the reasoning itself (Qwen 3), the grammar holds from the first token
         and the model answers without thinking."""
         if self.tags[0]:
-            hold_grammar_after_reasoning(params, self.tags, reasoning.opened_by(prompt, self.tags))
+            reasoning.hold_grammar_after(params, self.tags, reasoning.opened_by(prompt, self.tags))
 
 
 class _Split:

@@ -754,14 +754,6 @@ def splits_reasoning(value: str | None) -> bool:
     return value != "none"
 
 
-def hold_grammar_after_reasoning(params: GenerateParams, tags: tuple[str, str], opened: str | None) -> None:
-    """A prompt that opened the model's reasoning (DeepSeek R1's templates): an output grammar
-    (response_format, a generic or required tool reply) holds from the closing tag on, or the
-    model would write its answer inside the reasoning. A lazy tool frame has its own trigger."""
-    lazy = params.tool_calls is not None and params.tool_calls.lazy
-    if opened is not None and not lazy and (params.json_schema or params.grammar or params.tool_calls):
-        params.grammar_after = tags[1]
-
 
 def _tools_in_use(req: ChatRequest) -> list[openai_tools.Tool]:
     """The tools the model may call in this request ([] without tools or with tool_choice none)."""
@@ -836,7 +828,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prompt = model.chat_prompt(messages, template_kwargs=req.chat_template_kwargs, tools=described)
     tags = model.thinking_tags()
     opened = reasoning.opened_by(prompt, tags)
-    hold_grammar_after_reasoning(params, tags, opened)
+    reasoning.hold_grammar_after(params, tags, opened)
     split = splits_reasoning(req.reasoning_format) and bool(tags[0])
     # Unsplit, the reply starts with the tag the prompt opened, as llama-server's "none" shows it.
     reopened = tags[0] + opened if opened is not None and not split else ""

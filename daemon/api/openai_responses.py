@@ -1,17 +1,21 @@
 """OpenAI's Responses API (`POST /v1/responses`), stateless, on the chat machinery.
 
-`input` (a string or message / function_call / function_call_output items) and
+`input` (a string or message / function_call / function_call_output / reasoning items) and
 `instructions` become chat messages and go through the model's chat template as
 `/v1/chat/completions` would send them; function tools, `tool_choice`, `parallel_tool_calls`
 and `text.format` (json_object, json_schema) use the chat route's grammar-enforced reply
 (`openai_tools`). The output is OpenAI's items: a message with one `output_text` part, or one
-`function_call` item per call. Streamed, it is OpenAI's typed events (`event:` and `data:`,
-numbered by `sequence_number`), ending with `response.completed`, `response.incomplete`
-(the output limit) or `response.failed`; no `[DONE]`.
+`function_call` item per call, after a `reasoning` item with the reasoning of a thinking
+model (split from the answer as the chat route's `reasoning_content`, `daemon.api.reasoning`;
+its text in `content`, as open-weight servers return gpt-oss's). Streamed, it is OpenAI's
+typed events (`event:` and `data:`, numbered by `sequence_number`), ending with
+`response.completed`, `response.incomplete` (the output limit) or `response.failed`; no
+`[DONE]`.
 
 Nothing is stored: `store: true`, `previous_response_id`, `conversation` and `background`
 are a 400 naming the field, as is every other field or item type not implemented here
-(hosted tools, images, reasoning); the client sends the whole conversation in `input`.
+(hosted tools, images, reasoning settings, encrypted reasoning); the client sends the whole
+conversation in `input`.
 """
 
 from __future__ import annotations
@@ -26,18 +30,16 @@ from typing import Any, Literal
 import msgspec
 from aiohttp import web
 
-from daemon.api import openai_tools
+from daemon.api import openai_tools, reasoning
 from daemon.api.openai import (
     ChatMessage,
     JsonSchemaFormat,
     ResponseFormat,
     chat_messages,
-    collect,
     decode_with,
     first_chunk,
     generation_model,
     in_range,
-    joined,
     request_body,
     schema_of_format,
     start_sse,
@@ -91,10 +93,36 @@ class FunctionCallOutputItem(_Strict):
     status: Status | None = None
 
 
+class ReasoningText(_Strict):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class SummaryText(_Strict):
+    type: Literal["summary_text"]
+    text: str
+
+
+class ReasoningItem(_Strict):
+    """A thinking model's reasoning as this server returned it (the client sends
+    `response.output` back): the reasoning of the assistant turn after it."""
+
+    type: Literal["reasoning"]
+    summary: list[SummaryText] = []
+    content: list[ReasoningText] | None = None
+    # Only null: OpenAI's opaque reasoning, which this server never issues (_reasoning_of).
+    encrypted_content: str | None = None
+    id: str | None = None
+    status: Status | None = None
+
+
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+
 _ITEMS: dict[str, type[Any]] = {
     "message": MessageItem,
     "function_call": FunctionCallItem,
     "function_call_output": FunctionCallOutputItem,
+    "reasoning": ReasoningItem,
 }
 
 
@@ -122,6 +150,14 @@ class TextFormat(_Strict):
 
 class TextConfig(_Strict):
     format: TextFormat | None = None
+
+
+class ReasoningConfig(_Strict):
+    # Each only null (_refuse_stateful): the chat templates here take no effort setting, and
+    # the reasoning comes whole, not summarized.
+    effort: str | None = None
+    summary: str | None = None
+    generate_summary: str | None = None  # OpenAI's older name of `summary`
 
 
 class StreamOptions(_Strict):
@@ -156,14 +192,14 @@ class ResponsesRequest(_Strict):
     # A routing hint for OpenAI's prompt cache. Here every request goes to the slot holding the
     # longest common prefix of its prompt, which is what the key asks for.
     prompt_cache_key: str | None = None
-    # Accepted only as "nothing stored / nothing dropped / no reasoning", each with a 400
-    # naming it otherwise (`_refuse_stateful`).
+    # Accepted only as "nothing stored / nothing dropped / no reasoning settings", each with
+    # a 400 naming it otherwise (`_refuse_stateful`).
     store: bool | None = None
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
     background: bool | None = None
     truncation: Literal["disabled", "auto"] | None = None
-    reasoning: dict[str, Any] | None = None
+    reasoning: ReasoningConfig | None = None
 
 
 _DECODER = msgspec.json.Decoder(ResponsesRequest)
@@ -181,22 +217,39 @@ def _refuse_stateful(req: ResponsesRequest) -> None:
         raise InvalidArgument("background: not supported; responses are answered while the request waits")
     if req.truncation == "auto":
         raise InvalidArgument("truncation: only 'disabled' is supported (a prompt over the context is a 400)")
-    if req.reasoning and any(v is not None for v in req.reasoning.values()):
-        raise InvalidArgument("reasoning: not supported; the model has no reasoning controls here")
+    if req.reasoning is not None:
+        # A thinking model reasons as its chat template has it; these templates read no effort.
+        if req.reasoning.effort is not None:
+            raise InvalidArgument("reasoning.effort: not supported; a thinking model here reasons as its chat template "
+                                  "has it (omit it or send null)")
+        for field in ("summary", "generate_summary"):
+            if getattr(req.reasoning, field) is not None:
+                raise InvalidArgument(f"reasoning.{field}: not supported; a thinking model's reasoning comes whole "
+                                      "as a reasoning item's content (omit it or send null)")
 
 
-def _item(index: int, raw: dict[str, Any]) -> MessageItem | FunctionCallItem | FunctionCallOutputItem:
+def _item(index: int, raw: dict[str, Any]) -> Item:
     kind = raw.get("type", "message")
     target = _ITEMS.get(kind) if isinstance(kind, str) else None
     if target is None:
         raise InvalidArgument(
-            f"input[{index}].type: {kind!r} is not supported (message, function_call, function_call_output)"
+            f"input[{index}].type: {kind!r} is not supported (message, function_call, function_call_output, reasoning)"
         )
     try:
-        item: MessageItem | FunctionCallItem | FunctionCallOutputItem = msgspec.convert(raw, target)
+        item: Item = msgspec.convert(raw, target)
     except msgspec.ValidationError as exc:
         raise InvalidArgument(f"input[{index}]: {exc}") from None
     return item
+
+
+def _reasoning_of(index: int, item: ReasoningItem) -> str:
+    if item.encrypted_content is not None:
+        raise InvalidArgument(f"input[{index}].encrypted_content: not supported; this server never issues encrypted "
+                              "reasoning (send the reasoning text in content, as it was returned)")
+    if item.summary:
+        raise InvalidArgument(f"input[{index}].summary: not supported; this server never issues reasoning summaries "
+                              "(send the reasoning text in content, as it was returned)")
+    return "".join(part.text for part in item.content or [])
 
 
 def _text(content: str | list[ContentPart]) -> str:
@@ -205,7 +258,10 @@ def _text(content: str | list[ContentPart]) -> str:
 
 def _messages(req: ResponsesRequest) -> list[ChatMessage]:
     """The conversation as the chat route's messages: function calls join the assistant turn
-    before them, their outputs are `tool` messages."""
+    before them, their outputs are `tool` messages. A reasoning item is the
+    `reasoning_content` of the assistant turn that follows it (a message or a function call,
+    which then starts a turn of its own); with none right after it (a reply cut while it
+    reasoned), it is an assistant turn of its own that said nothing."""
     out = [ChatMessage(role="system", content=req.instructions)] if req.instructions else []
     if isinstance(req.input, str):
         if not req.input:
@@ -213,10 +269,18 @@ def _messages(req: ResponsesRequest) -> list[ChatMessage]:
         return [*out, ChatMessage(role="user", content=req.input)]
     if not req.input:
         raise InvalidArgument("input: at least one item is required")
+    thought: str | None = None  # a reasoning item's text, for the assistant turn after it
     for index, raw in enumerate(req.input):
         item = _item(index, raw)
-        if isinstance(item, MessageItem):
-            out.append(ChatMessage(role=item.role, content=_text(item.content)))
+        answers = isinstance(item, FunctionCallItem) or (isinstance(item, MessageItem) and item.role == "assistant")
+        if thought is not None and not answers:
+            out.append(ChatMessage(role="assistant", content="", reasoning_content=thought))
+            thought = None
+        if isinstance(item, ReasoningItem):
+            thought = _reasoning_of(index, item)
+        elif isinstance(item, MessageItem):
+            out.append(ChatMessage(role=item.role, content=_text(item.content), reasoning_content=thought))
+            thought = None
         elif isinstance(item, FunctionCallOutputItem):
             out.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=_text(item.output)))
         else:
@@ -228,10 +292,13 @@ def _messages(req: ResponsesRequest) -> list[ChatMessage]:
                 id=item.call_id, type="function",
                 function=openai_tools.FunctionCall(name=item.name, arguments=item.arguments),
             )
-            if out and out[-1].role == "assistant":
+            if out and out[-1].role == "assistant" and thought is None:
                 out[-1].tool_calls = [*(out[-1].tool_calls or []), call]
             else:
-                out.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
+                out.append(ChatMessage(role="assistant", content=None, tool_calls=[call], reasoning_content=thought))
+            thought = None
+    if thought is not None:
+        out.append(ChatMessage(role="assistant", content="", reasoning_content=thought))
     return out
 
 
@@ -302,14 +369,27 @@ def _params(req: ResponsesRequest) -> GenerateParams:
 class _Output:
     """The response's output items as they form, and the stream events that say so.
 
-    Fed the reply's pieces (`text`, or a tool reply's deltas from `openai_tools.ToolStream`);
-    the same object builds a whole response, so streamed and collected outputs are alike."""
+    Fed the reply's pieces (`reasoning`, then `text` or a tool reply's deltas from
+    `openai_tools.ToolStream`); the same object builds a whole response, so streamed and
+    collected outputs are alike."""
 
-    def __init__(self, logprobs: bool) -> None:
+    def __init__(self, logprobs: bool, streamed: bool) -> None:
         self.items: list[dict[str, Any]] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
         self._open = False
         self._logprobs = logprobs
+        self._streamed = streamed  # whether the events are wanted
+
+    def reasoning(self, piece: str) -> None:
+        """More of the reasoning, in a reasoning item opened with the first piece (one
+        `reasoning_text` part; no summary)."""
+        if not (self._open and self.items[-1]["type"] == "reasoning"):
+            self.close("completed")
+            self._add({"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning", "status": "in_progress",
+                       "summary": [], "content": [], "encrypted_content": None})
+            self._part({"type": "reasoning_text", "text": ""})
+        self.items[-1]["content"][0]["text"] += piece
+        self._emit("response.reasoning_text.delta", self._where(content_index=0, delta=piece))
 
     def message(self) -> None:
         """Open a message item unless one is open (also for a reply with no text at all: the
@@ -319,9 +399,7 @@ class _Output:
         self.close("completed")
         self._add({"id": f"msg_{uuid.uuid4().hex}", "type": "message", "status": "in_progress",
                    "role": "assistant", "content": []})
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        self.items[-1]["content"].append(part)
-        self._emit("response.content_part.added", self._where(content_index=0, part=dict(part)))
+        self._part({"type": "output_text", "text": "", "annotations": [], "logprobs": []})
 
     def text(self, piece: str, entries: list[TokenLogprob]) -> None:
         self.message()
@@ -364,6 +442,10 @@ class _Output:
             self._emit("response.output_text.done",
                        self._where(content_index=0, text=part["text"], logprobs=part["logprobs"]))
             self._emit("response.content_part.done", self._where(content_index=0, part=dict(part)))
+        elif item["type"] == "reasoning":
+            part = item["content"][0]
+            self._emit("response.reasoning_text.done", self._where(content_index=0, text=part["text"]))
+            self._emit("response.content_part.done", self._where(content_index=0, part=dict(part)))
         else:
             self._emit("response.function_call_arguments.done",
                        self._where(arguments=item["arguments"], name=item["name"]))
@@ -374,18 +456,76 @@ class _Output:
         self._open = True
         self._emit("response.output_item.added", {"output_index": len(self.items) - 1, "item": _copy(item)})
 
+    def _part(self, part: dict[str, Any]) -> None:
+        self.items[-1]["content"].append(part)
+        self._emit("response.content_part.added", self._where(content_index=0, part=dict(part)))
+
     def _where(self, **fields: Any) -> dict[str, Any]:
         return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1, **fields}
 
     def _emit(self, kind: str, fields: dict[str, Any]) -> None:
-        self.events.append((kind, fields))
+        if self._streamed:
+            self.events.append((kind, fields))
+
+
+class _Thinking:
+    """A thinking model's reply as it comes: its reasoning and its answer
+    (`reasoning.ThinkingSplit`, as the chat route splits them), and which of its tokens were
+    the reasoning's, for `usage` and the answer's logprobs.
+
+    The reasoning's tokens run from the first (when the output or the prompt opens the
+    reasoning) to the one that completes the closing tag. A chunk holds whole tokens
+    (`token_ids`) and the engine sends one as soon as a token has text (no stop strings here
+    to hold text back), so the token completing the tag ends a chunk and the count is exact;
+    whitespace after the tag counts as the answer's."""
+
+    def __init__(self, tags: tuple[str, str], opened: str | None) -> None:
+        self._split = reasoning.ThinkingSplit(tags, opened=opened, trim=False)
+        self._opening, self._closing = tags
+        # In the reasoning (True), past it or never in it (False), not known yet (None: the
+        # output so far is whitespace or the start of the opening tag).
+        self._inside: bool | None = True if opened is not None else None
+        self._start = ""  # the output while _inside is None
+        self._tail = ""  # the reasoning's last characters, where a closing tag may be starting
+        self._tokens = 0  # of chunks not yet known to be reasoning or answer
+        self._logprobs: list[TokenLogprob] = []
+        self.tokens = 0
+
+    def feed(self, chunk: GenerateChunk) -> tuple[str, str, list[TokenLogprob]]:
+        """The reasoning and the answer `chunk` adds, and the logprobs of the answer's tokens
+        whose text is out now (none of the reasoning's: they are not output text)."""
+        final = chunk.finish_reason is not None
+        thought, answer = self._split.feed(chunk.text, final)
+        self._tokens += len(chunk.token_ids)
+        self._logprobs += chunk.logprobs
+        text = chunk.text
+        if self._inside is None:
+            self._start += text
+            begun = self._start.lstrip()
+            if begun.startswith(self._opening):
+                self._inside, text = True, begun[len(self._opening):]
+            elif self._opening.startswith(begun) and not final:
+                return thought, answer, []
+            else:
+                self._inside = False
+        if self._inside:
+            self.tokens, self._tokens, self._logprobs = self.tokens + self._tokens, 0, []
+            window = self._tail + text
+            self._inside = self._closing not in window
+            self._tail = window[max(0, len(window) - len(self._closing) + 1):]
+            return thought, answer, []
+        logprobs, self._tokens, self._logprobs = self._logprobs, 0, []
+        # Text that went nowhere is the whitespace after the closing tag.
+        return thought, answer, logprobs if answer or not chunk.text else []
 
 
 def _copy(item: dict[str, Any]) -> dict[str, Any]:
     """A snapshot of an item for an event (the item itself keeps growing)."""
     out = dict(item)
     if "content" in out:
-        out["content"] = [dict(part, logprobs=list(part["logprobs"])) for part in out["content"]]
+        out["content"] = [
+            dict(part, logprobs=list(part["logprobs"])) if "logprobs" in part else dict(part) for part in out["content"]
+        ]
     return out
 
 
@@ -432,16 +572,25 @@ async def responses(request: web.Request) -> web.StreamResponse:
         messages = use.messages(messages)
     # With tool_choice "none" too (described_tools).
     prompt = model.chat_prompt(messages, tools=openai_tools.described_tools(syntax, all_tools))
+    tags = model.thinking_tags()
+    opened = reasoning.opened_by(prompt, tags)
+    reasoning.hold_grammar_after(params, tags, opened)
+    thinking = _Thinking(tags, opened) if tags[0] else None
     ident, created = f"resp_{uuid.uuid4().hex}", int(time.time())
-    output = _Output(logprobs=params.logprobs is not None)
+    output = _Output(logprobs=params.logprobs is not None, streamed=bool(req.stream))
     reply = use.stream() if use else None
 
     def feed(chunk: GenerateChunk) -> None:
+        text, logprobs = chunk.text, chunk.logprobs
+        if thinking is not None:
+            thought, text, logprobs = thinking.feed(chunk)
+            if thought:
+                output.reasoning(thought)
         if reply is None:
-            if chunk.text or chunk.logprobs:  # the last chunk may hold only an end token's logprob
-                output.text(chunk.text, chunk.logprobs)
+            if text or logprobs:  # the last chunk may hold only an end token's logprob
+                output.text(text, logprobs)
             return
-        output.tool_deltas(reply.feed(chunk.text, chunk.finish_reason is not None))
+        output.tool_deltas(reply.feed(text, chunk.finish_reason is not None))
         if (chunk.finish_reason is not None and not reply.calls_sent and not reply.sent_content
                 and use is not None and not use.native):
             # Cut off before the reply object said anything: its raw text, as the chat route.
@@ -457,7 +606,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
                 "input_tokens": last.prompt_tokens,
                 "input_tokens_details": {"cached_tokens": last.cached_tokens},
                 "output_tokens": last.completion_tokens,
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": thinking.tokens if thinking else 0},
                 "total_tokens": last.prompt_tokens + last.completion_tokens,
             }
         return {
@@ -480,6 +629,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
     def finish(last: GenerateChunk) -> str:
         cut = last.finish_reason == "length"
+        # A reply cut (or ended) while it reasoned is its reasoning item alone, as OpenAI's.
         if not output.items:
             output.message()
         output.close("incomplete" if cut else "completed")
@@ -490,8 +640,14 @@ async def responses(request: web.Request) -> web.StreamResponse:
         # Before the status: a full queue or a prompt over the context is a real 4xx/5xx.
         first = await first_chunk(chunks)
         if not req.stream:
-            text, last = joined(first, await collect(chunks))
-            feed(msgspec.structs.replace(last, text=text))
+            # Chunk by chunk, as streamed: each holds its tokens' count for the reasoning's.
+            last = GenerateChunk(text="")
+            for chunk in ([first] if first is not None else []):
+                last = chunk
+                feed(chunk)
+            async for chunk in chunks:
+                last = chunk
+                feed(chunk)
             return web.Response(body=_json.encode(body(finish(last), last)), content_type="application/json")
         obfuscate = bool(req.stream_options and req.stream_options.include_obfuscation)
         sequence = 0

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import enum
 
+from daemon.backend import GenerateParams
+
 
 class _State(enum.Enum):
     OPENING = enum.auto()  # before the reasoning: is the output opening it?
@@ -91,6 +93,15 @@ class ThinkingSplit:
 def split(text: str, tags: tuple[str, str], *, opened: str | None, trim: bool) -> tuple[str, str]:
     """A whole reply's reasoning and answer (ThinkingSplit, fed once)."""
     return ThinkingSplit(tags, opened=opened, trim=trim).feed(text, final=True)
+
+
+def hold_grammar_after(params: GenerateParams, tags: tuple[str, str], opened: str | None) -> None:
+    """A prompt that opened the model's reasoning (DeepSeek R1's templates): an output grammar
+    (response_format, a generic or required tool reply) holds from the closing tag on, or the
+    model would write its answer inside the reasoning. A lazy tool frame has its own trigger."""
+    lazy = params.tool_calls is not None and params.tool_calls.lazy
+    if opened is not None and not lazy and (params.json_schema or params.grammar or params.tool_calls):
+        params.grammar_after = tags[1]
 
 
 def _overlap(text: str, tag: str) -> int:

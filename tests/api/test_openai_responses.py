@@ -259,7 +259,7 @@ def test_client_disconnect_cancels_the_generation(daemon) -> None:
     ({"conversation": "conv_1"}, "conversation: responses are not stored here"),
     ({"background": True}, "background: not supported"),
     ({"truncation": "auto"}, "truncation: only 'disabled' is supported"),
-    ({"reasoning": {"effort": "low"}}, "reasoning: not supported"),
+    ({"reasoning": {"effort": "low"}}, r"reasoning\.effort: not supported"),
     ({"include": ["reasoning.encrypted_content"]}, "include: 'reasoning.encrypted_content' is not supported"),
     ({"top_logprobs": 2}, r"top_logprobs: requires include \['message.output_text.logprobs'\]"),
     ({"top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs must be between 0 and 20"),
@@ -275,7 +275,7 @@ def test_client_disconnect_cancels_the_generation(daemon) -> None:
     ({"service_tier": "auto"}, "unknown field `service_tier`"),
     ({"input": ""}, "input: required"),
     ({"input": []}, "input: at least one item is required"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, r"input\[0\]\.type: 'reasoning' is not supported"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, r"input\[0\]\.type: 'item_reference' is not supported"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, r"input\[0\]: .*input_image"),
     ({"input": [{"role": "tool", "content": "x"}]}, r"input\[0\]: .*role"),
 ])
