@@ -124,9 +124,10 @@ def _writes_calls_in(syntax: str, rendered: str) -> bool:
 
 
 def _named_mistral(rendered: str) -> str:
-    """"mistral_call_id" or "mistral_args" where `rendered` (the probe conversation) holds the
-    probe's call as newer Mistral templates write it, name then arguments, with (Mistral Small
-    3.2) or without (Ministral 3, Devstral) `[CALL_ID]` and the call's id between; else ""."""
+    """The syntax "mistral_call_id" or "mistral_args" where `rendered` (the probe conversation)
+    holds the probe's call as newer Mistral templates write it, name then arguments, with
+    (Mistral Small 3.2) or without (Ministral 3, Devstral) `[CALL_ID]` and the call's id
+    between; else ""."""
     forms = (("mistral_call_id", "[TOOL_CALLS]tool1[CALL_ID]call00001[ARGS]"), ("mistral_args", "[TOOL_CALLS]tool1[ARGS]"))
     for syntax, head in forms:
         at = rendered.find(head)

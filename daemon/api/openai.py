@@ -754,7 +754,6 @@ def splits_reasoning(value: str | None) -> bool:
     return value != "none"
 
 
-
 def _tools_in_use(req: ChatRequest) -> list[openai_tools.Tool]:
     """The tools the model may call in this request ([] without tools or with tool_choice none)."""
     if req.tools is None:

@@ -56,7 +56,6 @@ class ThinkingSplit:
             self._held = "" if trim else opened
         # The reasoning's start is still whitespace to drop.
         self._eating = trim
-        self.reasoned = False  # any reasoning text came out
 
     def feed(self, text: str, final: bool) -> tuple[str, str]:
         """The reasoning and the answer `text` adds (either may be ""); `final`: nothing more
@@ -86,7 +85,6 @@ class ThinkingSplit:
             pending = pending.lstrip()
             if pending:
                 self._state = _State.ANSWER
-        self.reasoned = self.reasoned or bool(reasoning)
         return reasoning, pending if self._state is _State.ANSWER else ""
 
 
