@@ -949,7 +949,7 @@ class Engine:
             logprobs = self._log_softmax(index) if wanted is not None else None
             token = llama.llama_sampler_sample(seq.sampler, self._ctx, index)
             if logprobs is not None and wanted is not None:
-                seq.logprobs.append(self._token_logprob(logprobs, token, wanted))
+                seq.logprobs.append(self._token_logprob(logprobs, token, wanted, seq.preserved))
             self._accept(seq, token)
 
     def _log_softmax(self, index: int) -> np.ndarray:
@@ -957,13 +957,21 @@ class Engine:
         shifted = logits.astype(np.float64) - float(logits.max())
         return shifted - float(np.log(np.exp(shifted).sum()))
 
-    def _token_logprob(self, logprobs: np.ndarray, token: int, top: int) -> TokenLogprob:
+    def _token_logprob(
+        self, logprobs: np.ndarray, token: int, top: int, kept: frozenset[int] = frozenset()
+    ) -> TokenLogprob:
+        """`kept`: control tokens whose text stays in this output (`_Sequence.preserved`); their
+        entries carry that text too."""
+
+        def piece(t: int) -> bytes:
+            return self._special_piece(t) if t in kept else self._piece(t)
+
         best: list[TokenLogprob] = []
         if top > 0:
             ids = np.argpartition(-logprobs, top - 1)[:top]
             ids = ids[np.argsort(-logprobs[ids], kind="stable")]
-            best = [TokenLogprob(int(t), self._piece(int(t)), float(logprobs[t])) for t in ids]
-        return TokenLogprob(token, self._piece(token), float(logprobs[token]), best)
+            best = [TokenLogprob(int(t), piece(int(t)), float(logprobs[t])) for t in ids]
+        return TokenLogprob(token, piece(token), float(logprobs[token]), best)
 
     def _accept(self, seq: _Sequence, token: int) -> None:
         self._tokens_generated += 1

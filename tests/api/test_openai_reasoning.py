@@ -182,3 +182,7 @@ def test_control_token_tags_keep_their_text(client: Any) -> None:
     reasoning, content = split(raw, tags, opened=None, trim=False)
     assert reasoning and content
     assert ((message.model_extra or {}).get("reasoning_content"), message.content) == (reasoning, content)
+    # Their logprob entries carry the text too, so the tokens still spell the reply.
+    scored = ask(client, model="ministral", seed=seed, max_tokens=24, logit_bias=bias, logprobs=True,
+                 extra_body={"reasoning_format": "none"})
+    assert "".join(entry.token for entry in scored.logprobs.content) == raw
