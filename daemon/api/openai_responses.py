@@ -481,12 +481,6 @@ class _Thinking:
 
     def __init__(self, tags: tuple[str, str], opened: str | None) -> None:
         self._split = reasoning.ThinkingSplit(tags, opened=opened, trim=False)
-        self._opening, self._closing = tags
-        # In the reasoning (True), past it or never in it (False), not known yet (None: the
-        # output so far is whitespace or the start of the opening tag).
-        self._inside: bool | None = True if opened is not None else None
-        self._start = ""  # the output while _inside is None
-        self._tail = ""  # the reasoning's last characters, where a closing tag may be starting
         self._tokens = 0  # of chunks not yet known to be reasoning or answer
         self._logprobs: list[TokenLogprob] = []
         self.tokens = 0
@@ -494,25 +488,16 @@ class _Thinking:
     def feed(self, chunk: GenerateChunk) -> tuple[str, str, list[TokenLogprob]]:
         """The reasoning and the answer `chunk` adds, and the logprobs of the answer's tokens
         whose text is out now (none of the reasoning's: they are not output text)."""
-        final = chunk.finish_reason is not None
-        thought, answer = self._split.feed(chunk.text, final)
+        # The chunk is the reasoning's when the reasoning was still open before it: the one
+        # completing the closing tag is too.
+        reasoning_open = not self._split.closed
+        thought, answer = self._split.feed(chunk.text, chunk.finish_reason is not None)
         self._tokens += len(chunk.token_ids)
         self._logprobs += chunk.logprobs
-        text = chunk.text
-        if self._inside is None:
-            self._start += text
-            begun = self._start.lstrip()
-            if begun.startswith(self._opening):
-                self._inside, text = True, begun[len(self._opening):]
-            elif self._opening.startswith(begun) and not final:
-                return thought, answer, []
-            else:
-                self._inside = False
-        if self._inside:
+        if self._split.began is None:
+            return thought, answer, []
+        if self._split.began and reasoning_open:
             self.tokens, self._tokens, self._logprobs = self.tokens + self._tokens, 0, []
-            window = self._tail + text
-            self._inside = self._closing not in window
-            self._tail = window[max(0, len(window) - len(self._closing) + 1):]
             return thought, answer, []
         logprobs, self._tokens, self._logprobs = self._logprobs, 0, []
         # Text that went nowhere is the whitespace after the closing tag.

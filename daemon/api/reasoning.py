@@ -56,6 +56,20 @@ class ThinkingSplit:
             self._held = "" if trim else opened
         # The reasoning's start is still whitespace to drop.
         self._eating = trim
+        self._closed = False
+
+    @property
+    def began(self) -> bool | None:
+        """Whether the reply opened with reasoning (None: not known yet, the output so far is
+        whitespace or a start of the opening tag)."""
+        if self._state is _State.OPENING:
+            return None
+        return self._state is not _State.ANSWER or self._closed
+
+    @property
+    def closed(self) -> bool:
+        """Whether the closing tag went by."""
+        return self._closed
 
     def feed(self, text: str, final: bool) -> tuple[str, str]:
         """The reasoning and the answer `text` adds (either may be ""); `final`: nothing more
@@ -78,6 +92,7 @@ class ThinkingSplit:
             end = pending.find(self._closing)
             if end >= 0:
                 reasoning, pending, self._state = pending[:end], pending[end + len(self._closing):], _State.AFTER
+                self._closed = True
             else:
                 keep = 0 if final else _overlap(pending, self._closing)
                 reasoning, self._held, pending = pending[: len(pending) - keep], pending[len(pending) - keep:], ""
