@@ -214,6 +214,32 @@ def test_plugin_change_reloads_its_models(start_daemon, tmp_path: Path) -> None:
     wait_until(lambda: daemon.post_json("/v2/models/scaled/infer", _x([1])).json()["outputs"][0]["data"] == [3.0])
 
 
+def test_plugin_removed_then_put_back_reloads_its_models(start_daemon, tmp_path: Path) -> None:
+    # A scan between the removal and the new copy (rm -rf, then copy) sees the plugin gone, the
+    # next one sees it added: the models still running the old copy must reload all the same.
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    plugins.chmod(0o755)
+    _plugin(plugins, "scale", 2.0)
+    repo = tmp_path / "repo"
+    (repo / "scaled" / "1").mkdir(parents=True)
+    (repo / "scaled" / "1" / "scale.txt").write_text("1")
+    (repo / "scaled" / "config.pbtxt").write_text(
+        'backend: "scale"\ninput [{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+        'output [{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+    )
+    config = tmp_path / "edged.toml"
+    config.write_text("[backends]\npoll-secs = 0.3\n")
+    daemon = start_daemon("--config", str(config), "--model-repository", str(repo),
+                          "--backend-directory", str(plugins))
+    assert daemon.post_json("/v2/models/scaled/infer", _x([1])).json()["outputs"][0]["data"] == [2.0]
+    shutil.rmtree(plugins / "scale")
+    wait_until(lambda: "scale" not in {b["name"] for b in daemon.request("GET", "/v2/backends").json()["backends"]})
+    assert daemon.post_json("/v2/models/scaled/infer", _x([1])).json()["outputs"][0]["data"] == [2.0]
+    _plugin(plugins, "scale", 3.0)
+    wait_until(lambda: daemon.post_json("/v2/models/scaled/infer", _x([1])).json()["outputs"][0]["data"] == [3.0])
+
+
 def test_world_writable_plugin_is_refused(start_daemon, tmp_path: Path) -> None:
     plugins = tmp_path / "plugins"
     plugins.mkdir()

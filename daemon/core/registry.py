@@ -235,6 +235,12 @@ class ModelRegistry:
         result = await asyncio.to_thread(self.plugins.scan)
         for name in result.added:
             log.info("backend plugin %s discovered", name)
+            # Removed and put back between two scans (a directory replaced by rm and copy), it
+            # comes back as added, while models loaded from its old copy still run: they reload
+            # as for a change. No model runs on a plugin new to this daemon.
+            reloaded = await self.reload_backend(name)
+            if reloaded:
+                log.info("backend plugin %s came back; reloaded models %s", name, reloaded)
         for name in result.changed:
             log.info("backend plugin %s changed; reloading its models", name)
             await self.reload_backend(name)
