@@ -533,6 +533,10 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
     (`[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}`; open and separator "[TOOL_CALLS]"): tool
     name -> its arguments' JSON schema (text). With `id_marker`, the name is followed by it and
     a call id of 9 letters and digits before `args_marker` (Mistral Small 3.2's `[CALL_ID]`).
+    With `xml_arguments`, a named call's arguments are not a JSON object but one
+    `<parameter=key>\nvalue\n</parameter>\n` per property (string values as raw text, others
+    as JSON), the schema's required properties in any order, then optional ones, as Qwen 3.5
+    and Qwen3-Coder write them (open "<tool_call>\n<function=", args_marker ">\n").
 
     `lazy` (tool_choice "auto"): the model may write free text instead, and the grammar holds
     only once the output reaches `open` (llama.cpp's lazy grammar); with an empty `open`, once
@@ -549,6 +553,51 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
     named_calls: dict[str, str] = {}
     args_marker: str = ""
     id_marker: str = ""
+    xml_arguments: bool = False
+
+
+_JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
+
+
+def xml_value_types(schema: Any, root: Any, depth: int = 0) -> frozenset[str]:
+    """The JSON types a property's schema admits (`root`: the tool's parameters schema, for
+    local `$ref`s): how an XML tool call (ToolCallFrame.xml_arguments) writes the value. Where
+    they include "string" the value is raw text (read as JSON first when other types are
+    admitted too), else JSON text. Both the grammar and the reader of a frame go by this."""
+    if not isinstance(schema, dict) or depth > 16:
+        return _JSON_TYPES
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        target: Any = root
+        for part in ref.removeprefix("#").strip("/").split("/") if ref.startswith("#") else [None]:
+            target = target.get(part) if isinstance(target, dict) and part is not None else None
+        return xml_value_types(target, root, depth + 1)
+    kinds = schema.get("type")
+    if isinstance(kinds, str):
+        return frozenset({kinds})
+    if isinstance(kinds, list):
+        return frozenset(kind for kind in kinds if isinstance(kind, str))
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if isinstance(values, list):
+        return frozenset(_json_type(value) for value in values)
+    alternatives = schema.get("anyOf", schema.get("oneOf"))
+    if isinstance(alternatives, list):
+        return frozenset().union(*(xml_value_types(a, root, depth + 1) for a in alternatives))
+    return _JSON_TYPES
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if value is None:
+        return "null"
+    return "object" if isinstance(value, dict) else "array"
 
 
 class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
@@ -691,7 +740,8 @@ class GenerationBackend(Backend):
         Hermes templates), "mistral" (`[TOOL_CALLS][{"name", "arguments", "id"}]`, Mistral
         Nemo), "mistral_args" (`[TOOL_CALLS]name[ARGS]{...}` per call, newer Mistral
         templates), "mistral_call_id" (the same with `[CALL_ID]id` after the name), "llama3"
-        (`{"name", "parameters"}`); "" when the template has none of these (the routes then
+        (`{"name", "parameters"}`), "qwen3_coder" (`<tool_call>\n<function=name>\n` and
+        `<parameter=key>\nvalue\n</parameter>\n` per argument, Qwen 3.5 and Qwen3-Coder); "" when the template has none of these (the routes then
         describe the tools in a system message and ask for a generic JSON reply)."""
         return ""
 

@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from daemon.backend import InvalidArgument, ToolCallFrame
+from daemon.backend import InvalidArgument, ToolCallFrame, xml_value_types
 
 # Keywords the converter enforces, plus annotations that constrain nothing.
 _ENFORCED = frozenset({
@@ -92,13 +92,158 @@ def _named_calls(frame: ToolCallFrame) -> tuple[str, str]:
     """The call rule of a frame of named calls: one alternative per tool, its name, the id
     part where the frame has one, `args_marker`, then its arguments."""
     tools = list(frame.named_calls.items())
-    names, rules = _convert_all([(schema, f"tool-args-{i}") for i, (_, schema) in enumerate(tools)], "tools")
+    if frame.xml_arguments:
+        names, rules = _xml_arguments(tools)
+    else:
+        names, rules = _convert_all([(schema, f"tool-args-{i}") for i, (_, schema) in enumerate(tools)], "tools")
     ident = f"{gbnf_literal(frame.id_marker)} [a-zA-Z0-9]{{9}} " if frame.id_marker else ""
     marker = gbnf_literal(frame.args_marker)
     alternatives = " | ".join(
-        f"{gbnf_literal(name)} {ident}{marker} {rule}" for (name, _), rule in zip(tools, names, strict=True)
+        f"{gbnf_literal(name)} {ident}{marker} {rule}".rstrip() for (name, _), rule in zip(tools, names, strict=True)
     )
     return "tool-call", f"tool-call ::= {alternatives}\n{rules}"
+
+
+# What ends a parameter of an XML tool call (Qwen 3.5, Qwen3-Coder): its value is the text
+# before it, so a raw-text value is any text that does not hold it.
+_XML_CLOSE = "\n</parameter>\n"
+# Past this many required (or optional) parameters they go in the schema's order, not in any
+# order (as llama.cpp's grammar: the rules for any order double with each one). Unlike
+# llama.cpp's, an optional parameter comes at most once (a key twice is no JSON object).
+_MAX_PERMUTED = 6
+# Keywords a raw-text (string) parameter may carry: the grammar enforces an enum or const as
+# the literal texts; the rest of a string's constraints have no raw-text rules here.
+_XML_STRING_KEYS = frozenset({"type", "enum", "const"}) | _ANNOTATIONS
+
+
+def _xml_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
+    """Per tool, the rule of its arguments written as XML parameters
+    (ToolCallFrame.xml_arguments; "" for a tool without parameters) and all the rules."""
+    json_values: list[tuple[str, str]] = []
+    rules: list[str] = []
+    arguments: list[str] = []
+    for number, (name, schema_json) in enumerate(tools):
+        where = f"tools[{name}].parameters"
+        try:
+            root = json.loads(schema_json)
+        except ValueError as exc:
+            raise InvalidArgument(f"{where}: not valid JSON: {exc}") from None
+        _check(root, where)
+        properties = root.get("properties", {}) if isinstance(root, dict) else {}
+        required = set(root.get("required", [])) if isinstance(root, dict) else set()
+        needed: list[str] = []
+        optional: list[str] = []
+        for index, (key, schema) in enumerate(properties.items()):
+            if not key or any(char in key for char in "<>\n"):
+                raise InvalidArgument(f"{where}.properties: {key!r} cannot be written as an XML tool-call parameter")
+            rule = f"tool-{number}-arg-{index}"
+            value = _xml_value(schema, root, f"{where}.properties.{key}", f"{rule}-value", json_values)
+            rules.append(f"{rule} ::= {gbnf_literal(f'<parameter={key}>' + chr(10))} {value}")
+            (needed if key in required else optional).append(rule)
+        parts = [_any_order(f"tool-{number}-args", needed, rules)] if needed else []
+        if optional:
+            parts.append(_any_order(f"tool-{number}-more", optional, rules, some=True))
+        if parts:
+            rules.append(f"tool-{number}-args ::= {' '.join(parts)}")
+        arguments.append(f"tool-{number}-args" if parts else "")
+    names, value_rules = _convert_all(json_values, "tools") if json_values else ([], "")
+    # The converter names a value by its own rule where it has one ("integer"): an alias.
+    rules += [f"{rule} ::= {name}" for (_, rule), name in zip(json_values, names, strict=True) if name != rule]
+    return arguments, "\n".join([*rules, _including("xml-arg-string", _XML_CLOSE), value_rules])
+
+
+def _xml_value(schema: Any, root: Any, where: str, rule: str, json_values: list[tuple[str, str]]) -> str:
+    """The GBNF of a parameter's value and the close after it: raw text where the schema
+    admits strings, its enum's texts where it has one; else JSON by the schema (its rule
+    `rule`, converted with the other JSON values into `json_values`)."""
+    types = xml_value_types(schema, root)
+    close = gbnf_literal(_XML_CLOSE)
+    if "string" not in types:
+        # The value's schema alone, with the definitions its references point into.
+        alone = dict(schema) if isinstance(schema, dict) else {}
+        for key in ("$defs", "definitions"):
+            if isinstance(root, dict) and key in root and key not in alone:
+                alone[key] = root[key]
+        json_values.append((json.dumps(alone), rule))
+        return f"{rule} {close}"
+    extra = sorted(set(schema) - _XML_STRING_KEYS) if isinstance(schema, dict) else []
+    if types != {"string"}:
+        # Raw text may be any of the types (read as JSON first): only plain types can be held.
+        plain = all(
+            isinstance(a, dict) and not set(a) - {"type"} - _ANNOTATIONS
+            for a in schema.get("anyOf", schema.get("oneOf", [])) if isinstance(schema, dict)
+        )
+        extra = [key for key in extra if key not in ("anyOf", "oneOf")] if plain else extra
+        extra += [key for key in ("enum", "const") if isinstance(schema, dict) and key in schema]
+    if extra:
+        raise InvalidArgument(
+            f"{where}: keyword '{extra[0]}' cannot be enforced on a value this model writes as raw "
+            "text (its XML tool calls)"
+        )
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if types == {"string"} and isinstance(values, list):
+        texts = [gbnf_literal(str(value)) or '""' for value in values]
+        return f"({' | '.join(texts)}) {close}"
+    return "xml-arg-string"
+
+
+def _any_order(name: str, rules: list[str], out: list[str], *, some: bool = False) -> str:
+    """`rules` each once, in any order (`some`: any of them, each at most once), in their
+    order past _MAX_PERMUTED: one rule per subset still to write (`name`-mask), added to
+    `out`; the expression to use."""
+    if len(rules) > _MAX_PERMUTED or (len(rules) == 1 and not some):
+        return " ".join(f"{rule}?" if some else rule for rule in rules)
+    built: set[int] = set()
+
+    def rule_of(mask: int) -> str:
+        if mask not in built:
+            built.add(mask)
+            alternatives = []
+            for bit, rule in enumerate(rules):
+                rest = mask & ~(1 << bit)
+                if rest != mask:
+                    after = f" {rule_of(rest)}{'?' if some else ''}" if rest else ""
+                    alternatives.append(rule + after)
+            out.append(f"{name}-{mask} ::= {' | '.join(alternatives)}")
+        return f"{name}-{mask}"
+
+    return rule_of((1 << len(rules)) - 1) + ("?" if some else "")
+
+
+def _including(name: str, delimiter: str) -> str:
+    """Rules `name`(-state) for any text up to and including the first `delimiter` (the
+    automaton of a search for it: state k has matched its first k characters)."""
+    alphabet = sorted(set(delimiter))
+
+    def state(k: int) -> str:
+        return name if k == 0 else f"{name}-{k}"
+
+    rules = []
+    for k in range(len(delimiter)):
+        completing, moves, specific = [], [], []
+        for char in alphabet:
+            matched = delimiter[:k] + char
+            # The longest end of what was read that starts the delimiter.
+            after = next(n for n in range(len(matched), -1, -1) if delimiter.startswith(matched[len(matched) - n:]))
+            if after == len(delimiter):
+                completing.append(char)
+            elif after:
+                moves.append(f"{_char_class([char])} {state(after)}")
+            else:
+                continue  # back to the start: as any other character
+            specific.append(char)
+        alternatives = ([_char_class(completing)] if completing else []) + moves
+        alternatives.append(f"{_char_class(specific, negate=True)} {state(0)}")
+        rules.append(f"{state(k)} ::= {' | '.join(alternatives)}")
+    return "\n".join(rules)
+
+
+def _char_class(chars: list[str], *, negate: bool = False) -> str:
+    escaped = "".join(_CLASS_ESCAPES.get(c, c) for c in chars)
+    return f"[{'^' if negate else ''}{escaped}]"
+
+
+_CLASS_ESCAPES = {"\\": "\\\\", "]": "\\]", "[": "\\[", "^": "\\^", "-": "\\-", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def tool_call_trigger(frame: ToolCallFrame, *, brace: bool, brace_quote: bool) -> str:
@@ -117,9 +262,10 @@ def tool_call_trigger(frame: ToolCallFrame, *, brace: bool, brace_quote: bool) -
         # The caller refuses an empty `open` whose calls cannot start with "{".
         return rf"^\s*({'|'.join(brace_tails)})$"
     # The marker itself is enough (llama-server triggers on it too): `[TOOL_CALLS]` before the
-    # "[" of "[TOOL_CALLS][", `<tool_call>` before its newline; the grammar then writes the
-    # rest of `open`. So the output may end with the marker and any start of what follows it.
-    core = frame.open.rstrip(" \t\r\n[{") or frame.open
+    # "[" of "[TOOL_CALLS][", `<tool_call>` before its newline (and Qwen 3.5's `<function=`);
+    # the grammar then writes the rest of `open`. So the output may end with the marker and any
+    # start of what follows it.
+    core = frame.open.split("\n")[0].rstrip(" \t\r[{") or frame.open
     rest = f"(?:{'|'.join(brace_tails)})?" if brace_tails else ""
     for char in reversed(frame.open[len(core) :]):
         rest = f"(?:{regex_escape(char)}{rest})?"

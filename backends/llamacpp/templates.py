@@ -63,6 +63,9 @@ _SYSTEM_PROBE = "edged-system-probe"
 
 # What the probe for object tool-call arguments sends as an argument's value.
 _ARGUMENT_PROBE = "edged-argument-probe"
+# The probe's call as Qwen 3.5 / Qwen3-Coder templates write it (llama.cpp's "Qwen3-Coder"
+# format; templates that leave out the newlines between the tags are another format).
+_XML_PROBE = f"<tool_call>\n<function=tool1>\n<parameter=arg>\n{_ARGUMENT_PROBE}\n</parameter>\n</function>\n</tool_call>"
 # Markers of the tool-call syntaxes edged reads, as llama.cpp's common/chat.cpp matched
 # templates before its automatic parser (Hermes 2 Pro first, then Llama 3.x, Mistral Nemo).
 _TOOL_SYNTAXES = (
@@ -152,8 +155,8 @@ class ChatTemplate:
     ) -> None:
         self.source = source
         self.jinja = jinja
-        # "hermes" | "llama3" | "mistral" | "mistral_args" | "mistral_call_id" | "": see
-        # tool_syntax_of and _named_mistral (Jinja templates only).
+        # "hermes" | "llama3" | "mistral" | "mistral_args" | "mistral_call_id" | "qwen3_coder" |
+        # "": see tool_syntax_of, _named_mistral and _XML_PROBE (Jinja templates only).
         self.tool_syntax = tool_syntax
         # The reasoning tags (thinking_tags_of; Jinja templates only).
         self.thinking = thinking
@@ -287,6 +290,9 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
             # Newer Mistral templates write `[TOOL_CALLS]name[ARGS]{...}`, a frame of its own.
             syntax = _named_mistral(rendered)
             written = bool(syntax)
+        elif not written and syntax == "hermes" and _XML_PROBE in rendered:
+            # Qwen 3.5, Qwen3-Coder and Nemotron Nano 3: XML parameters inside `<tool_call>`.
+            syntax, written = "qwen3_coder", True
         if not written:
             log.info("chat template (%s) names %s tool-call markers but writes calls another way; "
                      "tools use the generic JSON reply", source, syntax)

@@ -44,6 +44,7 @@ from daemon.api import dimensions, openai_tools, reasoning, sampling
 from daemon.api.body import read_body
 from daemon.api.leases import hold
 from daemon.api.state import daemon_of
+from daemon.api.tool_syntax import syntax_named
 from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
 from daemon.core import layout
 from daemon.core.model import LoadedVersion
@@ -459,6 +460,7 @@ class _Thinking:
     def __init__(self, model: LoadedVersion, think: bool | str | None, raw: str) -> None:
         tags = model.thinking_tags()
         self.tags: tuple[str, str] = ("", "")
+        self.ends = syntax_named(model.tool_syntax()).ends_reasoning
         self.variables: dict[str, Any] | None = None
         # "max" is "high" in Ollama (the level gpt-oss's template knows).
         self.level = "high" if think == "max" else think if isinstance(think, str) else ""
@@ -503,7 +505,7 @@ class _Thinking:
         """How the reply to `prompt` splits (None: it does not)."""
         if not self.tags[0]:
             return None
-        return _Split(self.tags, reasoning.opened_by(prompt, self.tags), chat=chat)
+        return _Split(self.tags, reasoning.opened_by(prompt, self.tags), chat=chat, ends=self.ends)
 
     def hold_grammar(self, prompt: str, params: GenerateParams) -> None:
         """A prompt that opened the reasoning: `format` or tools constrain the reply from the
@@ -518,16 +520,17 @@ class _Split:
     """A thinking reply's reasoning and answer (Ollama's split: reasoning.ThinkingSplit with
     trim); `chat`: the reasoning goes in message.thinking, else in thinking (/api/generate)."""
 
-    def __init__(self, tags: tuple[str, str], opened: str | None, *, chat: bool) -> None:
+    def __init__(self, tags: tuple[str, str], opened: str | None, *, chat: bool, ends: str) -> None:
         self.tags = tags
         self.opened = opened
         self.chat = chat
+        self.ends = ends
 
     def stream(self) -> reasoning.ThinkingSplit:
-        return reasoning.ThinkingSplit(self.tags, opened=self.opened, trim=True)
+        return reasoning.ThinkingSplit(self.tags, opened=self.opened, trim=True, ends=self.ends)
 
     def whole(self, text: str) -> tuple[str, str]:
-        return reasoning.split(text, self.tags, opened=self.opened, trim=True)
+        return reasoning.split(text, self.tags, opened=self.opened, trim=True, ends=self.ends)
 
     def put(self, item: dict[str, Any], thought: str) -> dict[str, Any]:
         """`item` carrying `thought` (Ollama leaves the field out when it is empty)."""

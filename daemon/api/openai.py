@@ -38,6 +38,7 @@ from daemon.api.body import read_body
 from daemon.api.errors import error_body
 from daemon.api.leases import hold
 from daemon.api.state import daemon_of
+from daemon.api.tool_syntax import syntax_named
 from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
 from daemon.core.model import LoadedVersion
 from daemon.errors import EdgedError, InvalidArgument, NotFound, Unavailable
@@ -837,7 +838,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     # with reasoning, the split of its reply and logprobs of tokens whose text is held back.
     first_delta = [True for _ in choices]
     stream_tools = [use.stream() for _ in choices] if use else []
-    splits = [reasoning.ThinkingSplit(tags, opened=opened, trim=False) for _ in choices] if split else []
+    ends = syntax_named(syntax).ends_reasoning
+    splits = [reasoning.ThinkingSplit(tags, opened=opened, trim=False, ends=ends) for _ in choices] if split else []
     unsent: list[list[TokenLogprob]] = [[] for _ in choices]
     fresh = [True for _ in choices]  # no chunk of the choice came yet
 
@@ -913,7 +915,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         text = reopened + text
         thought = ""
         if split:
-            thought, text = reasoning.split(text, tags, opened=opened, trim=False)
+            thought, text = reasoning.split(text, tags, opened=opened, trim=False, ends=ends)
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if thought:
             message["reasoning_content"] = thought

@@ -226,7 +226,7 @@ class ToolUse:
     what the engine enforces, and how the reply is read."""
 
     def __init__(self, syntax_name: str, tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> None:
-        self.syntax = syntax_named(syntax_name)
+        self.syntax = syntax_named(syntax_name).for_tools({t.function.name: _parameters(t) for t in tools})
         self.tools = tools
         self.choice = choice
         self.parallel = parallel

@@ -43,10 +43,13 @@ def opened_by(prompt: str, tags: tuple[str, str]) -> str | None:
 
 class ThinkingSplit:
     """One reply's reasoning and answer. `opened`: what `opened_by` found in the prompt;
-    `trim`: drop the whitespace that starts the reasoning (Ollama) rather than keep it."""
+    `trim`: drop the whitespace that starts the reasoning (Ollama) rather than keep it;
+    `ends`: a marker that also ends the reasoning and begins the answer (Qwen 3.5's
+    `<tool_call>`: llama-server reads a call written inside the reasoning as a call)."""
 
-    def __init__(self, tags: tuple[str, str], *, opened: str | None, trim: bool) -> None:
+    def __init__(self, tags: tuple[str, str], *, opened: str | None, trim: bool, ends: str = "") -> None:
         self._opening, self._closing = tags
+        self._ends = ends
         self._trim = trim
         self._held = ""
         if opened is None:
@@ -90,11 +93,15 @@ class ThinkingSplit:
                 pending = pending.lstrip()
                 self._eating = not pending
             end = pending.find(self._closing)
-            if end >= 0:
+            cut = pending.find(self._ends) if self._ends else -1
+            if cut >= 0 and (end < 0 or cut < end):
+                reasoning, pending, self._state = pending[:cut], pending[cut:], _State.ANSWER
+                self._closed = True
+            elif end >= 0:
                 reasoning, pending, self._state = pending[:end], pending[end + len(self._closing):], _State.AFTER
                 self._closed = True
             else:
-                keep = 0 if final else _overlap(pending, self._closing)
+                keep = 0 if final else max(_overlap(pending, self._closing), _overlap(pending, self._ends))
                 reasoning, self._held, pending = pending[: len(pending) - keep], pending[len(pending) - keep:], ""
         if self._state is _State.AFTER:
             pending = pending.lstrip()
@@ -103,9 +110,9 @@ class ThinkingSplit:
         return reasoning, pending if self._state is _State.ANSWER else ""
 
 
-def split(text: str, tags: tuple[str, str], *, opened: str | None, trim: bool) -> tuple[str, str]:
+def split(text: str, tags: tuple[str, str], *, opened: str | None, trim: bool, ends: str = "") -> tuple[str, str]:
     """A whole reply's reasoning and answer (ThinkingSplit, fed once)."""
-    return ThinkingSplit(tags, opened=opened, trim=trim).feed(text, final=True)
+    return ThinkingSplit(tags, opened=opened, trim=trim, ends=ends).feed(text, final=True)
 
 
 def hold_grammar_after(params: GenerateParams, tags: tuple[str, str], opened: str | None) -> None:

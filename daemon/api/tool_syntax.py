@@ -5,12 +5,13 @@ Two families of syntax:
 - **generic** (`GENERIC`): edged's JSON reply object for chat templates that know no tool
   format (see `openai_tools`): `{"tool_calls": [{"name", "arguments"}]}` or `{"response": "..."}`.
 - **native**: the syntax the model's own chat template describes, as llama.cpp's llama-server
-  parses it, for the three families the llama.cpp backend recognises (`tool_syntax()`):
+  parses it, for the families the llama.cpp backend recognises (`tool_syntax()`):
   Hermes / Qwen `<tool_call>\\n{"name", "arguments"}\\n</tool_call>` (several in a row), Mistral
   Nemo `[TOOL_CALLS][{"name", "arguments", "id"}, ...]`, newer Mistral templates
   `[TOOL_CALLS]name[ARGS]{...}` (several in a row; Mistral Small 3.2 with `[CALL_ID]id` after
-  the name), Llama 3.x one `{"name", "parameters"}` object as the whole reply. Free text
-  before the calls is the message's content.
+  the name), Llama 3.x one `{"name", "parameters"}` object as the whole reply, Qwen 3.5 and
+  Qwen3-Coder XML (`<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>\n...`,
+  read by the tools' parameter types). Free text before the calls is the message's content.
 
 The engine's grammar guarantees the calls part is a prefix of a valid frame (`frame`), so a
 reader only has to follow it; a reply cut short (max_tokens) is read as far as it goes.
@@ -26,10 +27,11 @@ import json
 import secrets
 import string
 import uuid
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
-from daemon.backend import ToolCallFrame
+from daemon.backend import ToolCallFrame, xml_value_types
 
 
 @dataclass
@@ -52,6 +54,8 @@ class Syntax:
 
     name: str
     native = True
+    # A marker that also ends a thinking model's reasoning (reasoning.ThinkingSplit's `ends`).
+    ends_reasoning: ClassVar[str] = ""
 
     def read(self, text: str, final: bool) -> Reading:
         raise NotImplementedError
@@ -64,6 +68,11 @@ class Syntax:
 
     def call_id(self) -> str:
         return f"call_{uuid.uuid4().hex[:24]}"
+
+    def for_tools(self, parameters: Mapping[str, Any]) -> Syntax:
+        """This syntax for one request's tools (name -> parameters schema): a syntax that
+        writes arguments by their types reads them by the same."""
+        return self
 
 
 class _Generic(Syntax):
@@ -211,6 +220,142 @@ class _Named(Syntax):
         return reading
 
 
+_XML_MARKER = "<tool_call>"
+_XML_FUNCTION = "<function="
+_XML_PARAMETER = "<parameter="
+_XML_CLOSE = "\n</parameter>\n"
+
+
+@dataclass(frozen=True)
+class _Xml(Syntax):
+    """Qwen 3.5 and Qwen3-Coder: each call is `<tool_call>\n<function=name>\n`, one
+    `<parameter=key>\nvalue\n</parameter>\n` per argument, then `</function>\n</tool_call>`.
+    A value is raw text where its schema admits strings (as JSON first, where it admits
+    another type too and parses as one), else JSON text (`xml_value_types`). The arguments
+    are read into compact JSON, as llama-server writes them: `{"key":value,...}`, raw text
+    as a JSON string, JSON text as written."""
+
+    name: str
+    # llama-server ends the reasoning at a call too (its parser for these templates).
+    ends_reasoning: ClassVar[str] = _XML_MARKER
+    # tool -> parameter -> the JSON types of its value (xml_value_types).
+    types: Mapping[str, Mapping[str, frozenset[str]]] = field(default_factory=dict)
+
+    def for_tools(self, parameters: Mapping[str, Any]) -> Syntax:
+        types = {}
+        for tool, schema in parameters.items():
+            properties = schema.get("properties") if isinstance(schema, dict) else None
+            types[tool] = {
+                key: xml_value_types(value, schema)
+                for key, value in (properties.items() if isinstance(properties, dict) else ())
+            }
+        return replace(self, types=types)
+
+    def call_schema(self, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        # Not a schema of the call (it is no JSON object): what `frame` needs of it.
+        return {"name": name, "arguments": parameters}
+
+    def frame(self, calls: list[dict[str, Any]], *, lazy: bool, parallel: bool) -> ToolCallFrame:
+        end = "</function>\n</tool_call>"
+        return ToolCallFrame(
+            open=f"{_XML_MARKER}\n{_XML_FUNCTION}", separator=f"{end}\n{_XML_MARKER}\n{_XML_FUNCTION}", close=end,
+            max_calls=None if parallel else 1, lazy=lazy, args_marker=">\n", xml_arguments=True,
+            named_calls={call["name"]: json.dumps(call["arguments"]) for call in calls},
+        )
+
+    def read(self, text: str, final: bool) -> Reading:
+        reading = Reading()
+        at = text.find(_XML_MARKER)
+        if at < 0:
+            reading.content = text if final else _held_back(text, _XML_MARKER)
+            return reading
+        reading.content = text[:at].rstrip()
+        i = at
+        while text.startswith(_XML_MARKER, i):
+            reading.complete = False
+            i = _skip(text, i + len(_XML_MARKER))
+            end = text.find(">", i)
+            if not text.startswith(_XML_FUNCTION, i) or end < 0:
+                return reading
+            name = text[i + len(_XML_FUNCTION) : end]
+            call = Call(name=name, arguments="{")
+            reading.calls.append(call)
+            types = self.types.get(name, {})
+            i = _skip(text, end + 1)
+            while text.startswith(_XML_PARAMETER, i):
+                end = text.find(">", i)
+                if end < 0:
+                    return reading
+                key = text[i + len(_XML_PARAMETER) : end]
+                comma = "," if call.arguments != "{" else ""
+                call.arguments += f"{comma}{json.dumps(key, ensure_ascii=False)}:"
+                start = end + 2 if text.startswith(">\n", end) else end + 1
+                close = text.find(_XML_CLOSE, start)
+                kinds = types.get(key, _ALL_TYPES)
+                if close < 0:
+                    call.arguments += _xml_partial(text[start:], kinds, final)
+                    return reading
+                call.arguments += _xml_value(text[start:close], kinds)
+                i = close + len(_XML_CLOSE)
+            if not text.startswith("</function>", i):
+                return reading
+            call.arguments += "}"
+            i = _skip(text, i + len("</function>"))
+            if not text.startswith("</tool_call>", i):
+                return reading
+            reading.complete = True
+            i = _skip(text, i + len("</tool_call>"))
+        return reading
+
+
+_ALL_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
+
+
+def _xml_value(raw: str, kinds: frozenset[str]) -> str:
+    """A complete parameter value as JSON text (see _Xml)."""
+    if kinds != {"string"}:
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw  # not JSON: its text (a reply the grammar did not hold)
+        if not isinstance(value, str) and _admits(kinds, value):
+            return raw.strip()
+    return json.dumps(raw, ensure_ascii=False)
+
+
+def _xml_partial(raw: str, kinds: frozenset[str], final: bool) -> str:
+    """What is certain of a value still arriving (or cut short, `final`): raw text as a JSON
+    string without its closing quote, JSON text as written; nothing for a value that may be
+    either until the reply ends. An end that may begin the closing `</parameter>` is not the
+    value's (llama-server leaves it out of a cut reply too)."""
+    raw = raw[: len(raw) - _overlap(raw, _XML_CLOSE)]
+    if kinds == {"string"} or (final and "string" in kinds):
+        return json.dumps(raw, ensure_ascii=False)[:-1]
+    if "string" in kinds:
+        return ""
+    return raw.rstrip()
+
+
+def _admits(kinds: frozenset[str], value: Any) -> bool:
+    if isinstance(value, bool):
+        return "boolean" in kinds
+    if isinstance(value, int):
+        return "integer" in kinds or "number" in kinds
+    if isinstance(value, float):
+        return "number" in kinds
+    if value is None:
+        return "null" in kinds
+    return ("object" if isinstance(value, dict) else "array") in kinds
+
+
+def _overlap(text: str, marker: str) -> int:
+    """The length of the longest end of `text` that is a start of `marker` (shorter than it)."""
+    for size in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:size]):
+            return size
+    return 0
+
+
 GENERIC: Syntax = _Generic()
 _NATIVE: dict[str, Syntax] = {
     "hermes": _Framed("hermes", "<tool_call>\n", "\n</tool_call>\n<tool_call>\n", "\n</tool_call>", "arguments"),
@@ -218,6 +363,7 @@ _NATIVE: dict[str, Syntax] = {
     "mistral_args": _Named("mistral_args"),
     "mistral_call_id": _Named("mistral_call_id", id_marker="[CALL_ID]"),
     "llama3": _Framed("llama3", "", "", "", "parameters", one_call=True),
+    "qwen3_coder": _Xml("qwen3_coder"),
 }
 
 
@@ -228,11 +374,7 @@ def syntax_named(name: str) -> Syntax:
 
 def _held_back(text: str, marker: str) -> str:
     """`text` without an end that may be the start of `marker`, nor whitespace before it."""
-    for keep in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-keep:]):
-            text = text[:-keep]
-            break
-    return text.rstrip()
+    return text[: len(text) - _overlap(text, marker)].rstrip()
 
 
 # --------------------------------------------------------------------------- partial JSON

@@ -84,3 +84,17 @@ def test_ollama_trims_the_reasoning_start_llama_server_keeps_it() -> None:
     # Cut while thinking: all reasoning; no tag at the start: all answer, untouched.
     assert split("<think>abc", TAGS, opened=None, trim=False) == ("abc", "")
     assert split(" Hi <think>x</think>", TAGS, opened=None, trim=False) == ("", " Hi <think>x</think>")
+
+
+def test_a_marker_that_ends_the_reasoning_begins_the_answer() -> None:
+    # Qwen 3.5's `<tool_call>` inside reasoning the prompt opened (llama-server's reading).
+    text = "Let me call.\n<tool_call>\n<function=f>\n</function>\n</tool_call>"
+    assert split(text, TAGS, opened="\n", trim=False, ends="<tool_call>") == (
+        "\nLet me call.\n", "<tool_call>\n<function=f>\n</function>\n</tool_call>")
+    # The closing tag first: as before; the marker later is the answer's.
+    assert split("a</think>b<tool_call>", TAGS, opened="", trim=False, ends="<tool_call>") == ("a", "b<tool_call>")
+    for cut in range(len(text) + 1):
+        stream = ThinkingSplit(TAGS, opened="\n", trim=False, ends="<tool_call>")
+        parts = [stream.feed(text[:cut], False), stream.feed(text[cut:], False), stream.feed("", True)]
+        assert ("".join(r for r, _ in parts), "".join(c for _, c in parts)) == (
+            "\nLet me call.\n", "<tool_call>\n<function=f>\n</function>\n</tool_call>"), cut

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import msgspec
 import pytest
 
 from daemon.api import openai_tools
+from daemon.api.reasoning import split
 from daemon.api.tool_syntax import GENERIC, syntax_named
 from daemon.backend import GenerateParams
 from daemon.errors import InvalidArgument
@@ -44,6 +46,19 @@ def _named(content: str, calls: list[tuple[str, object]], ident: bool) -> str:
     return content + "".join(f"[TOOL_CALLS]{n}{id_part}[ARGS]{json.dumps(a)}" for n, a in calls)
 
 
+def _xml(content: str, calls: list[tuple[str, dict[str, object]]]) -> str:
+    """Qwen 3.5's template: strings raw, other values as JSON."""
+    def value(v: object) -> str:
+        return v if isinstance(v, str) else json.dumps(v)
+
+    return content + "\n".join(
+        f"<tool_call>\n<function={n}>\n"
+        + "".join(f"<parameter={k}>\n{value(v)}\n</parameter>\n" for k, v in a.items())
+        + "</function>\n</tool_call>"
+        for n, a in calls
+    )
+
+
 BOTH = [("get_weather", ARGUMENTS[0]), ("lights_off", ARGUMENTS[1])]
 REPLIES = {
     "hermes": _hermes("Let me look.\n", BOTH),
@@ -51,6 +66,7 @@ REPLIES = {
     "mistral_args": _named("Let me look.\n", BOTH, ident=False),
     "mistral_call_id": _named("Let me look.\n", BOTH, ident=True),
     "llama3": _llama3("", [("get_weather", ARGUMENTS[0])]),
+    "qwen3_coder": _xml("Let me look.\n\n", BOTH),  # "n" is no declared parameter: any type
 }
 NATIVE = list(REPLIES)
 
@@ -219,3 +235,90 @@ def test_tool_names_are_openais(syntax: str, name: str) -> None:
     with pytest.raises(InvalidArgument, match=r"tools\[1\]\.function\.name: .* letters, digits, underscores, dashes, dots or colons"):
         openai_tools.ToolUse(syntax, tools, "required", parallel=True).constrain(GenerateParams())
     openai_tools.ToolUse(syntax, tools[:1], "required", parallel=True).constrain(GenerateParams())
+
+
+XML_TOOLS = msgspec.convert(
+    [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "s": {"type": "string"}, "i": {"type": "integer"}, "maybe": {"type": ["string", "null"]},
+        "either": {"anyOf": [{"type": "integer"}, {"type": "string"}]}, "o": {"$ref": "#/$defs/o"},
+    }, "$defs": {"o": {"type": "object"}}}}}],
+    list[openai_tools.Tool],
+)
+
+
+@pytest.mark.parametrize("values, arguments", [
+    # A string parameter is its raw text, whatever it looks like.
+    ({"s": "123"}, '{"s":"123"}'),
+    ({"s": 'two\nlines "quoted" </parameter> é'}, '{"s":"two\\nlines \\"quoted\\" </parameter> é"}'),
+    ({"s": ""}, '{"s":""}'),
+    # JSON text as written, without the whitespace the grammar allows after it.
+    ({"i": "3 ", "o": '{"a": [1, 2]}'}, '{"i":3,"o":{"a": [1, 2]}}'),
+    # Where a string and other types are allowed: JSON of an allowed type first, else text.
+    ({"maybe": "null", "either": "7"}, '{"maybe":null,"either":7}'),
+    ({"maybe": "None", "either": "[7]"}, '{"maybe":"None","either":"[7]"}'),
+    # An undeclared parameter may be anything.
+    ({"x": "true"}, '{"x":true}'),
+])
+def test_xml_values_are_read_by_their_types(values: dict[str, str], arguments: str) -> None:
+    use = openai_tools.ToolUse("qwen3_coder", XML_TOOLS, "required", parallel=True)
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in values.items())
+    text = f"<tool_call>\n<function=f>\n{body}</function>\n</tool_call>"
+    content, calls = use.reply(text, cut=False)
+    assert content is None and [c["function"]["arguments"] for c in calls] == [arguments]
+    for step in (1, 3):
+        stream = use.stream()
+        pieces = [text[k : k + step] for k in range(0, len(text), step)]
+        deltas = [d for i, p in enumerate(pieces) for d in stream.feed(p, final=i == len(pieces) - 1)]
+        streamed = "".join(c["function"].get("arguments", "") for d in deltas for c in d.get("tool_calls", []))
+        assert streamed == arguments
+
+
+def test_xml_stream_holds_back_what_may_close_a_value() -> None:
+    use = openai_tools.ToolUse("qwen3_coder", XML_TOOLS, "required", parallel=True)
+    stream = use.stream()
+    head = stream.feed("<tool_call>\n<function=f>\n<parameter=s>\nab\n</para")
+    assert head[0]["tool_calls"][0]["function"] == {"name": "f", "arguments": ""}
+    assert [d["tool_calls"][0]["function"]["arguments"] for d in head[1:]] == ['{"s":"ab']
+    # Not the close after all: the held text is the value's.
+    assert stream.feed("graph") == [{"tool_calls": [{"index": 0, "function": {"arguments": "\\n</paragraph"}}]}]
+    # A cut reply (max_tokens) sends what it has.
+    assert use.reply("<tool_call>\n<function=f>\n<parameter=i>\n12", cut=True)[1][0]["function"]["arguments"] == '{"i":12'
+
+
+XML_ORACLE = json.loads((Path(__file__).parent.parent / "fixtures" / "chat_templates" / "xml_tool_replies.json").read_text())
+
+
+@pytest.mark.parametrize("reply", [r for r in XML_ORACLE["replies"] if r["raw"] is not None],
+                         ids=lambda r: f"{r['case']}-{r['seed']}-{r['request']['max_tokens']}")
+def test_xml_replies_read_as_llama_server_reads_them(reply: dict) -> None:
+    """xml_tool_replies.json (see the fixtures' README): llama-server's own reading of replies
+    generated under its grammar on a tiny GGUF with Qwen 3.5's template, complete and cut:
+    the same content, reasoning, names and arguments text, whole and streamed."""
+    request = reply["request"]
+    tools = msgspec.convert(request["tools"], list[openai_tools.Tool])
+    use = openai_tools.ToolUse("qwen3_coder", tools, request["tool_choice"], request.get("parallel_tool_calls", True))
+    text, thought = reply["raw"], None
+    if request.get("chat_template_kwargs", {}).get("enable_thinking", True):
+        # The prompt ends with "<think>\n": the reply starts inside the reasoning.
+        thought, text = split(text, ("<think>", "</think>"), opened="\n", trim=False, ends="<tool_call>")
+    cut = reply["finish_reason"] == "length"
+    content, calls = use.reply(text, cut=cut)
+    message = reply["message"]
+    expected = [(c["name"], c["arguments"]) for c in message.get("tool_calls", [])]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected
+    # llama-server also drops the whitespace the content starts with (edged streams it as it
+    # comes, before it is known whether a call follows).
+    assert (content or "").lstrip() == (message.get("content") or "")
+    # llama-server's parser for these templates drops the whitespace the reasoning starts with
+    # (the "\n" after the prompt's <think>); edged keeps it, as llama-server does for R1's.
+    assert (thought or "").lstrip() == message.get("reasoning_content", thought or "").lstrip()
+    stream = use.stream()
+    pieces = [text[k : k + 3] for k in range(0, len(text), 3)]
+    deltas = [d for i, p in enumerate(pieces) for d in stream.feed(p, final=i == len(pieces) - 1)]
+    streamed: list[list[str]] = []
+    for delta in deltas:
+        for call in delta.get("tool_calls", []):
+            if call["index"] == len(streamed):
+                streamed.append([call["function"]["name"], ""])
+            streamed[call["index"]][1] += call["function"].get("arguments", "")
+    assert [tuple(c) for c in streamed] == expected

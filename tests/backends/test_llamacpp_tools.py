@@ -5,6 +5,7 @@ and the grammar that holds the output to a ToolCallFrame (eager and lazy)."""
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import re
 from collections.abc import Awaitable, Callable
@@ -57,6 +58,7 @@ SYNTAXES = {
     "Mistral-Small-3.2-24B-Instruct-2506": "mistral_call_id",
     "mistralai-Ministral-3-14B-Reasoning-2512": "mistral_args",
     "unsloth-mistral-Devstral-Small-2507": "mistral_args",
+    "Qwen3.5-4B": "qwen3_coder",
     "google-gemma-2-2b-it": "",
     "microsoft-Phi-3.5-mini-instruct": "",
 }
@@ -70,8 +72,9 @@ async def test_tool_syntax_is_read_from_the_template(load: Loader, tmp_path: Pat
     assert backend.engine_stats()["chat_template_tools"] == SYNTAXES[family]
 
 
-# Templates that share a syntax's markers but write calls another way (shaped after
-# Qwen3-Coder's XML calls, and a `[TOOL_CALLS]name(arguments)` no Mistral template writes).
+# Templates that share a syntax's markers but write calls another way (XML calls without the
+# newlines Qwen3-Coder writes between tags, which llama.cpp reads as another format, and a
+# `[TOOL_CALLS]name(arguments)` no Mistral template writes).
 XML_CALLS = (
     "{%- if tools %}<|im_start|>system\nCall tools as <tool_call><function=name>...</function>"
     "</tool_call><|im_end|>\n{% endif %}"
@@ -121,6 +124,21 @@ async def test_tools_render_what_llama_server_renders(load: Loader, tmp_path: Pa
     for case, expected in APPLY_TOOLS["prompts"][family].items():
         prompt = backend.chat_prompt(APPLY_TOOLS["cases"][case], tools=APPLY_TOOLS["tools"])
         assert prompt == expected.replace("{date_string}", today), case
+
+
+XML_ORACLE = json.loads((TEMPLATES / "xml_tool_replies.json").read_text())
+
+
+async def test_xml_tool_calls_render_what_llama_server_renders(load: Loader, tmp_path: Path) -> None:
+    """xml_tool_replies.json's prompts (Qwen 3.5's template): tools, a call whose arguments
+    hold a string, an integer, an object and a list and its result, two parallel calls, and
+    with thinking off, byte for byte as llama-server's /apply-template."""
+    template = (TEMPLATES / "Qwen3.5-4B.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template))
+    for case, request in XML_ORACLE["prompt_requests"].items():
+        prompt = backend.chat_prompt(request["messages"], tools=request["tools"],
+                                     template_kwargs=request.get("chat_template_kwargs"))
+        assert prompt == XML_ORACLE["prompts"][case], case
 
 
 async def test_tool_call_arguments_are_objects_where_the_template_reads_them_so(load: Loader, tmp_path: Path) -> None:
@@ -249,6 +267,101 @@ async def test_named_calls_frame(load: Loader, tmp_path: Path, id_marker: str) -
     assert finish == "stop" and len(pattern.findall(text)) == 1 and text.startswith("[TOOL_CALLS]"), text
 
 
+XML = {"open": "<tool_call>\n<function=", "separator": "</function>\n</tool_call>\n<tool_call>\n<function=",
+       "close": "</function>\n</tool_call>", "args_marker": ">\n", "xml_arguments": True}
+SET_LIGHT = {
+    "type": "object",
+    "properties": {
+        "room": {"type": "string", "enum": ["hall", "attic"]},
+        "on": {"type": "boolean"},
+        "level": {"type": "integer"},
+        "color": {"$ref": "#/$defs/rgb"},
+    },
+    "required": ["room", "on"],
+    "$defs": {"rgb": {"type": "object", "properties": {"r": {"type": "integer"}}, "required": ["r"],
+                      "additionalProperties": False}},
+}
+XML_CALL = re.compile(r"<tool_call>\n<function=(\w+)>\n((?:<parameter=\w+>\n.*?\n</parameter>\n)*)</function>\n</tool_call>",
+                      re.DOTALL)
+XML_PARAMETER = re.compile(r"<parameter=(\w+)>\n(.*?)\n</parameter>\n", re.DOTALL)
+
+
+def xml_calls(text: str) -> list[tuple[str, list[tuple[str, str]]]]:
+    """(name, [(key, value text)]) of each call of `text`, which must be calls and nothing else."""
+    found = list(XML_CALL.finditer(text))
+    assert found and "\n".join(m.group(0) for m in found) == text, text
+    calls = []
+    for match in found:
+        parameters = XML_PARAMETER.findall(match.group(2))
+        assert "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in parameters) == match.group(2)
+        calls.append((match.group(1), parameters))
+    return calls
+
+
+async def test_xml_arguments_frame(load: Loader, tmp_path: Path) -> None:
+    """Qwen 3.5 / Qwen3-Coder calls: each value as its type is written (an enum's texts, JSON
+    for the rest), the required parameters in either order, then optional ones; a tool
+    without parameters has none. Eager, then lazy from the `<tool_call>` token on."""
+    path = write_tiny_llama(tmp_path / "model.gguf", n_ctx=2048, user_tokens=("<tool_call>", "</tool_call>"))
+    backend = await load(path)
+    empty = json.dumps({"type": "object", "properties": {}})
+    frame = ToolCallFrame(named_calls={"set_light": json.dumps(SET_LIGHT), "lights_off": empty}, max_calls=2, **XML)
+    names, orders = set(), set()
+    # A bias towards "s" or "l" picks the tool, one towards "o" or "r" after "<parameter=" the
+    # order of the required two.
+    biases = [{token_id(path, a): 20.0, token_id(path, b): 20.0} for a, b in (("s", "o"), ("s", "r"), ("l", "o"))]
+    for seed in range(12):
+        bias = biases[seed % 3]
+        params = GenerateParams(temperature=1.0, seed=seed, max_tokens=1000, tool_calls=frame, logit_bias=bias)
+        text, finish = await text_of(backend, PROMPT, params)
+        assert finish == "stop", text
+        calls = xml_calls(text)
+        assert 1 <= len(calls) <= 2
+        for name, parameters in calls:
+            names.add(name)
+            keys = [key for key, _ in parameters]
+            values = dict(parameters)
+            if name == "lights_off":
+                assert keys == []
+                continue
+            assert sorted(keys[:2]) == ["on", "room"] and set(keys[2:]) <= {"level", "color"}, keys
+            orders.add(tuple(keys[:2]))
+            assert values["room"] in ("hall", "attic") and json.loads(values["on"]) in (True, False)
+            assert isinstance(json.loads(values.get("level", "0")), int)
+            assert set(json.loads(values.get("color", '{"r": 0}'))) == {"r"}
+    assert names == {"set_light", "lights_off"}, "the seeds should call both tools"
+    assert len(orders) == 2, "the biases should show the required parameters in both orders"
+    lazy = msgspec.structs.replace(frame, lazy=True, max_calls=1)
+    marker = len(_vocab()[0])
+    for seed in range(3):
+        params = GenerateParams(temperature=1.0, seed=seed, max_tokens=1000, tool_calls=lazy, logit_bias={marker: 100.0})
+        text, finish = await text_of(backend, PROMPT, params)
+        assert finish == "stop" and len(xml_calls(text)) == 1, text
+
+
+@pytest.mark.parametrize("text, accepted", [
+    ("Paris\n</parameter>\n", True),
+    ("\n</parameter>\n", True),  # an empty value
+    ("two\nlines </parameter> <parameter\n\n</parameter>\n", True),
+    ("a\n</param\n</parameter>\n", True),  # a false start, then the close
+    ("Paris\n</parameter>\nmore", False),  # the first close ends the value
+])
+async def test_xml_string_value_runs_to_the_first_close(load: Loader, tmp_path: Path, text: str, accepted: bool) -> None:
+    """A raw-text value is any text up to the first `\n</parameter>\n` (llama.cpp's grammar
+    sampler itself tells which bytes it accepts)."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    frame = ToolCallFrame(named_calls={"f": json.dumps({"type": "object", "properties": {"s": {"type": "string"}},
+                                                        "required": ["s"]})}, **XML)
+    # The plugin's grammar module, under the private package the registry imported it as.
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    head = "<tool_call>\n<function=f>\n<parameter=s>\n"
+    whole = head + text + ("" if not accepted else "</function>\n</tool_call>")
+    count = backend._engine._grammar_accepts(grammar.tool_call_grammar(frame), whole)
+    assert (count == len(whole.encode())) is accepted
+    if not accepted:
+        assert count == len((head + text).encode()) - len("more")
+
+
 async def test_lazy_frame_holds_from_its_open_on(load: Loader, tmp_path: Path) -> None:
     """The model is pushed to write the open ("@", one token of the tiny vocabulary) by a
     logit bias; everything from it on is a complete frame, and the output ends there."""
@@ -298,6 +411,11 @@ async def test_tool_call_frame_errors(load: Loader, tmp_path: Path) -> None:
     for other in ({"tool_calls": frame}, {"grammar": 'root ::= "x"'}):
         with pytest.raises(InvalidArgument, match="ignore_eos cannot be used together with grammar"):
             await text_of(backend, PROMPT, GenerateParams(ignore_eos=True, **other))
+    # What raw text cannot hold, in XML arguments: a string's pattern, a mixed value's enum.
+    for schema, keyword in (({"type": "string", "pattern": "^a"}, "pattern"), ({"type": ["string", "null"], "enum": ["a", None]}, "enum")):
+        xml = ToolCallFrame(named_calls={"f": json.dumps({"type": "object", "properties": {"p": schema}})}, **XML)
+        with pytest.raises(InvalidArgument, match=rf"tools\[f\]\.parameters\.properties\.p: keyword '{keyword}' cannot be enforced"):
+            await text_of(backend, PROMPT, GenerateParams(tool_calls=xml))
     string_calls = ToolCallFrame(call_schema='{"type": "string"}', lazy=True)
     with pytest.raises(InvalidArgument, match="with an empty open, each call must be a JSON object"):
         await text_of(backend, PROMPT, GenerateParams(tool_calls=string_calls))
