@@ -533,10 +533,14 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
     (`[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}`; open and separator "[TOOL_CALLS]"): tool
     name -> its arguments' JSON schema (text). With `id_marker`, the name is followed by it and
     a call id of 9 letters and digits before `args_marker` (Mistral Small 3.2's `[CALL_ID]`).
-    With `xml_arguments`, a named call's arguments are not a JSON object but one
-    `<parameter=key>\nvalue\n</parameter>\n` per property (string values as raw text, others
-    as JSON), the schema's required properties in any order, then optional ones, as Qwen 3.5
-    and Qwen3-Coder write them (open "<tool_call>\n<function=", args_marker ">\n").
+    `arguments_syntax` says how a named call writes its arguments: "json", a JSON object;
+    "xml", one `<parameter=key>\nvalue\n</parameter>\n` per property (string values as raw
+    text, others as JSON), the schema's required properties in any order, then optional ones
+    (each at most once), as Qwen 3.5 and Qwen3-Coder write them (open "<tool_call>\n<function=",
+    args_marker ">\n"); "gemma", Gemma 4's object syntax (`{key:<|"|>text<|"|>,n:3,o:{...},
+    l:[...]}`: unquoted keys, strings between `<|"|>` marks, JSON numbers, booleans and null),
+    held to that syntax but not to the tool's schema (as llama-server holds it; open
+    "<|tool_call>call:", close "<tool_call|>").
 
     `lazy` (tool_choice "auto"): the model may write free text instead, and the grammar holds
     only once the output reaches `open` (llama.cpp's lazy grammar); with an empty `open`, once
@@ -553,7 +557,7 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
     named_calls: dict[str, str] = {}
     args_marker: str = ""
     id_marker: str = ""
-    xml_arguments: bool = False
+    arguments_syntax: Literal["json", "xml", "gemma"] = "json"
 
 
 _JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
@@ -561,7 +565,7 @@ _JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "ar
 
 def xml_value_types(schema: Any, root: Any, depth: int = 0) -> frozenset[str]:
     """The JSON types a property's schema admits (`root`: the tool's parameters schema, for
-    local `$ref`s): how an XML tool call (ToolCallFrame.xml_arguments) writes the value. Where
+    local `$ref`s): how an XML tool call (ToolCallFrame.arguments_syntax "xml") writes the value. Where
     they include "string" the value is raw text (read as JSON first when other types are
     admitted too), else JSON text. Both the grammar and the reader of a frame go by this."""
     if not isinstance(schema, dict) or depth > 16:
@@ -741,7 +745,8 @@ class GenerationBackend(Backend):
         Nemo), "mistral_args" (`[TOOL_CALLS]name[ARGS]{...}` per call, newer Mistral
         templates), "mistral_call_id" (the same with `[CALL_ID]id` after the name), "llama3"
         (`{"name", "parameters"}`), "qwen3_coder" (`<tool_call>\n<function=name>\n` and
-        `<parameter=key>\nvalue\n</parameter>\n` per argument, Qwen 3.5 and Qwen3-Coder); "" when the template has none of these (the routes then
+        `<parameter=key>\nvalue\n</parameter>\n` per argument, Qwen 3.5 and Qwen3-Coder),
+        "gemma4" (`<|tool_call>call:name{key:<|"|>text<|"|>}<tool_call|>`, Gemma 4); "" when the template has none of these (the routes then
         describe the tools in a system message and ask for a generic JSON reply)."""
         return ""
 

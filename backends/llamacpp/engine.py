@@ -66,7 +66,7 @@ from daemon.backend import (
 )
 
 from . import templates
-from .grammar import gbnf_literal, regex_escape, tool_call_trigger
+from .grammar import GEMMA_QUOTE, gbnf_literal, regex_escape, tool_call_trigger
 from .templates import ChatTemplate
 from .text import PieceDecoder, StopMatcher
 
@@ -1162,7 +1162,9 @@ class Engine:
         stays in this request's output; other control tokens still write nothing."""
         if frame is None:
             return frozenset()
-        return self._control_tokens((frame.open, frame.separator, frame.close, frame.args_marker, frame.id_marker))
+        # Gemma 4's string marks are control tokens of its vocabulary too.
+        quote = GEMMA_QUOTE if frame.arguments_syntax == "gemma" else ""
+        return self._control_tokens((frame.open, frame.separator, frame.close, frame.args_marker, frame.id_marker, quote))
 
     def _control_tokens(self, markers: Sequence[str]) -> frozenset[int]:
         """The control tokens (text only with `special`) that the markers tokenize to."""

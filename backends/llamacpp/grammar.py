@@ -92,8 +92,10 @@ def _named_calls(frame: ToolCallFrame) -> tuple[str, str]:
     """The call rule of a frame of named calls: one alternative per tool, its name, the id
     part where the frame has one, `args_marker`, then its arguments."""
     tools = list(frame.named_calls.items())
-    if frame.xml_arguments:
+    if frame.arguments_syntax == "xml":
         names, rules = _xml_arguments(tools)
+    elif frame.arguments_syntax == "gemma":
+        names, rules = _gemma_arguments(tools)
     else:
         names, rules = _convert_all([(schema, f"tool-args-{i}") for i, (_, schema) in enumerate(tools)], "tools")
     ident = f"{gbnf_literal(frame.id_marker)} [a-zA-Z0-9]{{9}} " if frame.id_marker else ""
@@ -102,6 +104,132 @@ def _named_calls(frame: ToolCallFrame) -> tuple[str, str]:
         f"{gbnf_literal(name)} {ident}{marker} {rule}".rstrip() for (name, _), rule in zip(tools, names, strict=True)
     )
     return "tool-call", f"tool-call ::= {alternatives}\n{rules}"
+
+
+# Gemma 4's string marks, around a string value in its object syntax.
+GEMMA_QUOTE = '<|"|>'
+# Gemma 4's object syntax (ToolCallFrame.arguments_syntax "gemma"), as llama.cpp's grammar for
+# it: keys unquoted up to their colon, strings between GEMMA_QUOTE marks ("gemma-string-rest":
+# any text up to the closing mark), JSON numbers, booleans and null; whitespace after an
+# opening bracket, a comma or a colon and before a closing one.
+_GEMMA_RULES = r"""gemma-object ::= "{" gemma-ws ("}" | gemma-member ("," gemma-ws gemma-member)* gemma-ws "}")
+gemma-member ::= [^:}]+ ":" gemma-ws gemma-value
+gemma-value ::= gemma-string | gemma-object | gemma-array | gemma-number | "true" | "false" | "null"
+gemma-string ::= "<|\"|>" gemma-string-rest
+gemma-array ::= "[" gemma-ws ("]" | gemma-value ("," gemma-ws gemma-value)* gemma-ws "]")
+gemma-number ::= gemma-integer ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,16})?
+gemma-integer ::= "-"? ([0-9] | [1-9] [0-9]{1,15})
+gemma-ws ::= [ \t\n]{0,20}"""
+
+def _gemma_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
+    """Per tool, the rule of its arguments in Gemma 4's object syntax, held to the tool's
+    schema (_GemmaSchema), and all the rules."""
+    names, rules = [], [_GEMMA_RULES, _including("gemma-string-rest", GEMMA_QUOTE)]
+    for number, (name, schema_json) in enumerate(tools):
+        where = f"tools[{name}].parameters"
+        try:
+            schema = json.loads(schema_json)
+        except ValueError as exc:
+            raise InvalidArgument(f"{where}: not valid JSON: {exc}") from None
+        _check(schema, where)
+        converter = _GemmaSchema(schema, f"tool-{number}", rules)
+        names.append(converter.rule(converter.value(schema, where, 0)))
+    return names, "\n".join(rules)
+
+
+# Keywords a schema may hold in Gemma 4's syntax beyond those _GemmaSchema writes rules for.
+_GEMMA_KEYS = frozenset({"type", "properties", "required", "additionalProperties", "items", "enum", "const",
+                         "anyOf", "oneOf", "$ref"}) | _ANNOTATIONS
+
+
+class _GemmaSchema:
+    """A JSON schema as GBNF of Gemma 4's object syntax, the way the JSON converter holds JSON:
+    an object's properties by name and schema, the required ones in any order, then optional
+    ones, each at most once (other keys only where additionalProperties allows them, then any
+    key and value); strings, numbers, integers, booleans, null, lists of items, enums and
+    consts of scalars, anyOf / oneOf, local $refs. What it cannot hold is an InvalidArgument
+    naming the keyword."""
+
+    def __init__(self, root: Any, prefix: str, rules: list[str]) -> None:
+        self.root, self.prefix, self.rules = root, prefix, rules
+        self.count = 0
+
+    def rule(self, body: str) -> str:
+        name = f"{self.prefix}-{self.count}"
+        self.count += 1
+        self.rules.append(f"{name} ::= {body}")
+        return name
+
+    def value(self, schema: Any, where: str, depth: int) -> str:
+        if depth > 32:
+            raise InvalidArgument(f"{where}: nested too deeply")
+        if not isinstance(schema, dict) or not set(schema) - _ANNOTATIONS:
+            return "gemma-value"  # true or {}: anything
+        extra = sorted(set(schema) - _GEMMA_KEYS)
+        if extra:
+            raise InvalidArgument(f"{where}: keyword '{extra[0]}' cannot be enforced in Gemma 4's tool-call syntax")
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            target: Any = self.root
+            for part in ref.removeprefix("#/").split("/"):
+                target = target.get(part) if isinstance(target, dict) else None
+            if target is None:
+                raise InvalidArgument(f"{where}.$ref: {ref!r} points to nothing")
+            return self.value(target, where, depth + 1)
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                return "(" + " | ".join(
+                    self.value(alternative, f"{where}.{key}[{index}]", depth + 1)
+                    for index, alternative in enumerate(schema[key])
+                ) + ")"
+        if "const" in schema or "enum" in schema:
+            values = [schema["const"]] if "const" in schema else schema["enum"]
+            return "(" + " | ".join(self.literal(value, where) for value in values) + ")"
+        kinds = schema.get("type")
+        if kinds is None:
+            return self.object(schema, where, depth) if "properties" in schema else "gemma-value"
+        alternatives = [self.typed(kind, schema, where, depth) for kind in (kinds if isinstance(kinds, list) else [kinds])]
+        return alternatives[0] if len(alternatives) == 1 else "(" + " | ".join(alternatives) + ")"
+
+    def typed(self, kind: str, schema: dict[str, Any], where: str, depth: int) -> str:
+        if kind == "object":
+            return self.object(schema, where, depth)
+        if kind == "array":
+            items = schema.get("items")
+            item = self.value(items, f"{where}.items", depth + 1) if isinstance(items, dict) else "gemma-value"
+            return self.rule(f'"[" gemma-ws ("]" | {item} ("," gemma-ws {item})* gemma-ws "]")')
+        return {"string": "gemma-string", "integer": "gemma-integer", "number": "gemma-number",
+                "boolean": '("true" | "false")', "null": '"null"'}[kind]
+
+    def object(self, schema: dict[str, Any], where: str, depth: int) -> str:
+        properties = schema.get("properties", {})
+        # As the JSON converter: {"type": "object"} alone is any object.
+        bare = "properties" not in schema and "additionalProperties" not in schema
+        if bare or schema.get("additionalProperties") not in (None, False) or not isinstance(properties, dict):
+            return "gemma-object"  # other keys allowed: any key and value
+        required = set(schema.get("required", []))
+        needed: list[str] = []
+        optional: list[str] = []
+        for key, value in properties.items():
+            if not key or any(char in key for char in ":}{,<>\n"):
+                raise InvalidArgument(f"{where}.properties: {key!r} cannot be written as a Gemma 4 key")
+            member = self.rule(f'{gbnf_literal(key)} ":" gemma-ws {self.value(value, f"{where}.properties.{key}", depth + 1)}')
+            (needed if key in required else optional).append(member)
+        joiner = '"," gemma-ws'
+        name = f"{self.prefix}-{self.count}"
+        self.count += 1
+        body = _any_order(f"{name}-needed", needed, self.rules, joiner=joiner) if needed else ""
+        if optional:
+            more = _any_order(f"{name}-more", optional, self.rules, some=True, joiner=joiner)
+            body = f"{body} ({joiner} {more})?" if body else f"({more})?"
+        return self.rule(f'"{{" gemma-ws {body} gemma-ws "}}"'.replace("gemma-ws  gemma-ws", "gemma-ws"))
+
+    def literal(self, value: Any, where: str) -> str:
+        if isinstance(value, str):
+            return gbnf_literal(GEMMA_QUOTE + value + GEMMA_QUOTE)
+        if isinstance(value, bool) or value is None or isinstance(value, (int, float)):
+            return gbnf_literal(json.dumps(value))
+        raise InvalidArgument(f"{where}: an enum or const of objects or lists cannot be enforced in Gemma 4's tool-call syntax")
 
 
 # What ends a parameter of an XML tool call (Qwen 3.5, Qwen3-Coder): its value is the text
@@ -118,7 +246,7 @@ _XML_STRING_KEYS = frozenset({"type", "enum", "const"}) | _ANNOTATIONS
 
 def _xml_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
     """Per tool, the rule of its arguments written as XML parameters
-    (ToolCallFrame.xml_arguments; "" for a tool without parameters) and all the rules."""
+    (ToolCallFrame.arguments_syntax "xml"; "" for a tool without parameters) and all the rules."""
     json_values: list[tuple[str, str]] = []
     rules: list[str] = []
     arguments: list[str] = []
@@ -142,7 +270,7 @@ def _xml_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
             (needed if key in required else optional).append(rule)
         parts = [_any_order(f"tool-{number}-args", needed, rules)] if needed else []
         if optional:
-            parts.append(_any_order(f"tool-{number}-more", optional, rules, some=True))
+            parts.append(f"({_any_order(f'tool-{number}-more', optional, rules, some=True)})?")
         if parts:
             rules.append(f"tool-{number}-args ::= {' '.join(parts)}")
         arguments.append(f"tool-{number}-args" if parts else "")
@@ -187,12 +315,19 @@ def _xml_value(schema: Any, root: Any, where: str, rule: str, json_values: list[
     return "xml-arg-string"
 
 
-def _any_order(name: str, rules: list[str], out: list[str], *, some: bool = False) -> str:
-    """`rules` each once, in any order (`some`: any of them, each at most once), in their
-    order past _MAX_PERMUTED: one rule per subset still to write (`name`-mask), added to
-    `out`; the expression to use."""
+def _any_order(name: str, rules: list[str], out: list[str], *, some: bool = False, joiner: str = "") -> str:
+    """`rules` each once, in any order, `joiner` between two (`some`: any of them but at least
+    one, each at most once; the caller makes it optional), in their order past _MAX_PERMUTED
+    (`some`: then any of them, as often as the model writes them): one rule per subset still
+    to write (`name`-mask), added to `out`; the expression to use."""
+    between = f" {joiner} " if joiner else " "
     if len(rules) > _MAX_PERMUTED or (len(rules) == 1 and not some):
-        return " ".join(f"{rule}?" if some else rule for rule in rules)
+        if not some:
+            return between.join(rules)
+        if not joiner:
+            return " ".join(f"{rule}?" for rule in rules)
+        anyone = f"({' | '.join(rules)})"
+        return f"{anyone} ({joiner} {anyone})*"
     built: set[int] = set()
 
     def rule_of(mask: int) -> str:
@@ -202,12 +337,12 @@ def _any_order(name: str, rules: list[str], out: list[str], *, some: bool = Fals
             for bit, rule in enumerate(rules):
                 rest = mask & ~(1 << bit)
                 if rest != mask:
-                    after = f" {rule_of(rest)}{'?' if some else ''}" if rest else ""
-                    alternatives.append(rule + after)
+                    after = f"{between}{rule_of(rest)}" if rest else ""
+                    alternatives.append(f"{rule} ({after.strip()})?" if some and rest else rule + after)
             out.append(f"{name}-{mask} ::= {' | '.join(alternatives)}")
         return f"{name}-{mask}"
 
-    return rule_of((1 << len(rules)) - 1) + ("?" if some else "")
+    return rule_of((1 << len(rules)) - 1)
 
 
 def _including(name: str, delimiter: str) -> str:
@@ -262,10 +397,11 @@ def tool_call_trigger(frame: ToolCallFrame, *, brace: bool, brace_quote: bool) -
         # The caller refuses an empty `open` whose calls cannot start with "{".
         return rf"^\s*({'|'.join(brace_tails)})$"
     # The marker itself is enough (llama-server triggers on it too): `[TOOL_CALLS]` before the
-    # "[" of "[TOOL_CALLS][", `<tool_call>` before its newline (and Qwen 3.5's `<function=`);
-    # the grammar then writes the rest of `open`. So the output may end with the marker and any
-    # start of what follows it.
-    core = frame.open.split("\n")[0].rstrip(" \t\r[{") or frame.open
+    # "[" of "[TOOL_CALLS][", `<tool_call>` before its newline (and Qwen 3.5's `<function=`),
+    # `<|tool_call>` before Gemma 4's `call:`; the grammar then writes the rest of `open`. So
+    # the output may end with the marker and any start of what follows it.
+    marker = re.match(r"[^>\]]*[>\]]", frame.open)
+    core = marker.group(0) if marker else frame.open.rstrip(" \t\r\n[{") or frame.open
     rest = f"(?:{'|'.join(brace_tails)})?" if brace_tails else ""
     for char in reversed(frame.open[len(core) :]):
         rest = f"(?:{regex_escape(char)}{rest})?"

@@ -66,19 +66,22 @@ _ARGUMENT_PROBE = "edged-argument-probe"
 # The probe's call as Qwen 3.5 / Qwen3-Coder templates write it (llama.cpp's "Qwen3-Coder"
 # format; templates that leave out the newlines between the tags are another format).
 _XML_PROBE = f"<tool_call>\n<function=tool1>\n<parameter=arg>\n{_ARGUMENT_PROBE}\n</parameter>\n</function>\n</tool_call>"
+# As Gemma 4's template writes it.
+_GEMMA_PROBE = f'<|tool_call>call:tool1{{arg:<|"|>{_ARGUMENT_PROBE}<|"|>}}<tool_call|>'
 # Markers of the tool-call syntaxes edged reads, as llama.cpp's common/chat.cpp matched
 # templates before its automatic parser (Hermes 2 Pro first, then Llama 3.x, Mistral Nemo).
 _TOOL_SYNTAXES = (
     ("<tool_call>", "hermes"),
     ("<|start_header_id|>ipython<|end_header_id|>", "llama3"),
     ("[TOOL_CALLS]", "mistral"),
+    ("<|tool_call>call:", "gemma4"),
 )
 
 # The reasoning tags edged splits a reply on (GenerationBackend.thinking_tags): those of Qwen 3,
 # QwQ, DeepSeek R1 and its distills, GLM 4.5+, SmolLM 3, MiniMax M2, Nemotron Nano and most open
-# reasoning models; Magistral's and Ministral 3's. Others (gpt-oss channels, Command R7B's) are
-# not split.
-_THINKING_TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))
+# reasoning models; Magistral's and Ministral 3's; Gemma 4's thought channel. Others (gpt-oss
+# channels, Command R7B's) are not split.
+_THINKING_TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"), ("<|channel>thought", "<channel|>"))
 
 Render = Callable[[Messages, Mapping[str, Any], "Sequence[Mapping[str, Any]] | None"], str]
 
@@ -156,7 +159,8 @@ class ChatTemplate:
         self.source = source
         self.jinja = jinja
         # "hermes" | "llama3" | "mistral" | "mistral_args" | "mistral_call_id" | "qwen3_coder" |
-        # "": see tool_syntax_of, _named_mistral and _XML_PROBE (Jinja templates only).
+        # "gemma4" | "": see tool_syntax_of, _named_mistral, _XML_PROBE and _GEMMA_PROBE (Jinja
+        # templates only).
         self.tool_syntax = tool_syntax
         # The reasoning tags (thinking_tags_of; Jinja templates only).
         self.thinking = thinking
@@ -285,7 +289,7 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
             rendered = render(messages, {}, tools)
         except InvalidArgument:
             rendered = ""
-        written = _writes_calls_in(syntax, rendered)
+        written = _GEMMA_PROBE in rendered if syntax == "gemma4" else _writes_calls_in(syntax, rendered)
         if not written and syntax == "mistral":
             # Newer Mistral templates write `[TOOL_CALLS]name[ARGS]{...}`, a frame of its own.
             syntax = _named_mistral(rendered)

@@ -76,7 +76,7 @@ _LOAD_TIME = {
 _THINK_LEVELS = frozenset({"high", "medium", "low", "max"})  # Ollama's
 # The reasoning tags of /api/show's "thinking" for a model not loaded yet, read from its
 # template text as the llama.cpp plugin reads them once loaded (a loaded model is asked).
-_THINKING_TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))
+_THINKING_TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"), ("<|channel>thought", "<channel|>"))
 # Ollama's default window of recent tokens for all three penalties.
 _REPEAT_LAST_N = 64
 

@@ -9,7 +9,9 @@ when the prompt already ends with the opening tag (DeepSeek R1's templates). As 
 - it runs to the first closing tag; whitespace after that tag is not part of the answer;
 - an output that ends before the closing tag (a length cut) is all reasoning.
 They differ in one place: Ollama drops the whitespace that starts the reasoning, llama-server
-keeps it, with the whitespace the prompt put after an opening tag it wrote (`trim`).
+keeps it, with the whitespace the prompt put after an opening tag it wrote (`trim`). For Gemma 4's
+thought channel (`<|channel>thought` ... `<channel|>`) llama-server drops the whitespace that
+opens the reasoning and keeps the whitespace after the channel closes.
 
 Streamed, a piece that might still become a tag is held back until it is known, so the streamed
 parts add up to the whole reply's.
@@ -57,8 +59,11 @@ class ThinkingSplit:
         else:
             self._state = _State.REASONING
             self._held = "" if trim else opened
+        # llama-server's parser for Gemma 4's thought channel drops the whitespace that opens
+        # the reasoning and keeps that after the channel closes (the answer's).
+        self._channel = tags[0] == _GEMMA_CHANNEL and not trim
         # The reasoning's start is still whitespace to drop.
-        self._eating = trim
+        self._eating = trim or self._channel
         self._closed = False
 
     @property
@@ -101,10 +106,14 @@ class ThinkingSplit:
                 reasoning, pending, self._state = pending[:end], pending[end + len(self._closing):], _State.AFTER
                 self._closed = True
             else:
-                keep = 0 if final else max(_overlap(pending, self._closing), _overlap(pending, self._ends))
+                # A start of the closing tag at the end of a reply cut short is no reasoning
+                # (llama-server leaves it out too).
+                keep = max(_overlap(pending, self._closing), _overlap(pending, self._ends))
                 reasoning, self._held, pending = pending[: len(pending) - keep], pending[len(pending) - keep:], ""
+                if final:
+                    self._held = ""
         if self._state is _State.AFTER:
-            pending = pending.lstrip()
+            pending = pending if self._channel else pending.lstrip()
             if pending:
                 self._state = _State.ANSWER
         return reasoning, pending if self._state is _State.ANSWER else ""
@@ -122,6 +131,9 @@ def hold_grammar_after(params: GenerateParams, tags: tuple[str, str], opened: st
     lazy = params.tool_calls is not None and params.tool_calls.lazy
     if opened is not None and not lazy and (params.json_schema or params.grammar or params.tool_calls):
         params.grammar_after = tags[1]
+
+
+_GEMMA_CHANNEL = "<|channel>thought"
 
 
 def _overlap(text: str, tag: str) -> int:

@@ -11,7 +11,8 @@ Two families of syntax:
   `[TOOL_CALLS]name[ARGS]{...}` (several in a row; Mistral Small 3.2 with `[CALL_ID]id` after
   the name), Llama 3.x one `{"name", "parameters"}` object as the whole reply, Qwen 3.5 and
   Qwen3-Coder XML (`<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>\n...`,
-  read by the tools' parameter types). Free text before the calls is the message's content.
+  read by the tools' parameter types), Gemma 4 (`<|tool_call>call:name{key:<|"|>text<|"|>}<tool_call|>`,
+  its own object syntax). Free text before the calls is the message's content.
 
 The engine's grammar guarantees the calls part is a prefix of a valid frame (`frame`), so a
 reader only has to follow it; a reply cut short (max_tokens) is read as far as it goes.
@@ -259,7 +260,7 @@ class _Xml(Syntax):
         end = "</function>\n</tool_call>"
         return ToolCallFrame(
             open=f"{_XML_MARKER}\n{_XML_FUNCTION}", separator=f"{end}\n{_XML_MARKER}\n{_XML_FUNCTION}", close=end,
-            max_calls=None if parallel else 1, lazy=lazy, args_marker=">\n", xml_arguments=True,
+            max_calls=None if parallel else 1, lazy=lazy, args_marker=">\n", arguments_syntax="xml",
             named_calls={call["name"]: json.dumps(call["arguments"]) for call in calls},
         )
 
@@ -306,6 +307,115 @@ class _Xml(Syntax):
             reading.complete = True
             i = _skip(text, i + len("</tool_call>"))
         return reading
+
+
+_GEMMA_CALL = "<|tool_call>call:"
+_GEMMA_END = "<tool_call|>"
+_GEMMA_QUOTE = '<|"|>'
+
+
+@dataclass(frozen=True)
+class _Gemma(Syntax):
+    """Gemma 4: `<|tool_call>call:name{...}<tool_call|>` per call, one after another, the
+    arguments in Gemma's object syntax (`{key:<|"|>text<|"|>,n:3,o:{a:true},l:[1]}`), read
+    into compact JSON as llama-server converts them: keys quoted, strings escaped, numbers,
+    booleans and null as written."""
+
+    name: str
+
+    def call_schema(self, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        # Not a schema of the call (it is no JSON object): what `frame` needs of it.
+        return {"name": name, "arguments": parameters}
+
+    def frame(self, calls: list[dict[str, Any]], *, lazy: bool, parallel: bool) -> ToolCallFrame:
+        return ToolCallFrame(
+            open=_GEMMA_CALL, separator=_GEMMA_END + _GEMMA_CALL, close=_GEMMA_END,
+            max_calls=None if parallel else 1, lazy=lazy, arguments_syntax="gemma",
+            named_calls={call["name"]: json.dumps(call["arguments"]) for call in calls},
+        )
+
+    def read(self, text: str, final: bool) -> Reading:
+        reading = Reading()
+        at = text.find(_GEMMA_CALL)
+        if at < 0:
+            reading.content = text if final else _held_back(text, _GEMMA_CALL)
+            return reading
+        reading.content = text[:at].rstrip()
+        i = at
+        while text.startswith(_GEMMA_CALL, i):
+            reading.complete = False
+            i += len(_GEMMA_CALL)
+            brace = text.find("{", i)
+            if brace < 0:
+                return reading
+            call = Call(name=text[i:brace])
+            reading.calls.append(call)
+            call.arguments, end = _gemma_value(text, brace)
+            if end < 0:
+                return reading
+            i = _skip(text, end)
+            if not text.startswith(_GEMMA_END, i):
+                return reading
+            reading.complete = True
+            i = _skip(text, i + len(_GEMMA_END))
+        return reading
+
+
+def _gemma_value(text: str, i: int) -> tuple[str, int]:
+    """The JSON of the Gemma value at text[i] (after whitespace) and the index after it; while
+    it is incomplete, the JSON of what is certain so far and -1 (an end that may begin a
+    string's closing mark is held back)."""
+    i = _skip(text, i)
+    rest = text[i:]
+    if rest.startswith(_GEMMA_QUOTE):
+        start = i + len(_GEMMA_QUOTE)
+        end = text.find(_GEMMA_QUOTE, start)
+        if end < 0:
+            raw = text[start:]
+            return json.dumps(raw[: len(raw) - _overlap(raw, _GEMMA_QUOTE)], ensure_ascii=False)[:-1], -1
+        return json.dumps(text[start:end], ensure_ascii=False), end + len(_GEMMA_QUOTE)
+    if not rest or _GEMMA_QUOTE.startswith(rest):
+        return "", -1
+    if rest[0] in "{[":
+        return _gemma_container(text, i)
+    end = i
+    while end < len(text) and text[end] not in ",}] \t\n\r":
+        end += 1
+    return text[i:end], end if end < len(text) else -1
+
+
+def _gemma_container(text: str, i: int) -> tuple[str, int]:
+    """_gemma_value of the object or list at text[i]; a member goes out as its key comes
+    (llama-server's streaming), a comma with the member after it."""
+    keyed = text[i] == "{"
+    close = "}" if keyed else "]"
+    out, i, members = text[i], i + 1, 0
+    while True:
+        i = _skip(text, i)
+        if i >= len(text):
+            return out, -1
+        if text[i] == close:
+            return out + close, i + 1
+        if members:
+            if text[i] != ",":
+                return out, -1
+            i = _skip(text, i + 1)
+        head = "," if members else ""
+        if keyed:
+            colon = i
+            while colon < len(text) and text[colon] not in ":}":
+                colon += 1
+            if colon >= len(text):
+                # A key still arriving goes out as far as it is (llama-server's reading too).
+                return out + head + json.dumps(text[i:], ensure_ascii=False)[:-1], -1
+            if text[colon] != ":":
+                return out, -1
+            head += json.dumps(text[i:colon], ensure_ascii=False) + ":"
+            i = colon + 1
+        value, end = _gemma_value(text, i)
+        if end < 0:
+            return out + head + value, -1
+        out, i, members = out + head + value, end, members + 1
 
 
 _ALL_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
@@ -364,6 +474,7 @@ _NATIVE: dict[str, Syntax] = {
     "mistral_call_id": _Named("mistral_call_id", id_marker="[CALL_ID]"),
     "llama3": _Framed("llama3", "", "", "", "parameters", one_call=True),
     "qwen3_coder": _Xml("qwen3_coder"),
+    "gemma4": _Gemma("gemma4"),
 }
 
 

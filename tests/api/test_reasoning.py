@@ -98,3 +98,27 @@ def test_a_marker_that_ends_the_reasoning_begins_the_answer() -> None:
         parts = [stream.feed(text[:cut], False), stream.feed(text[cut:], False), stream.feed("", True)]
         assert ("".join(r for r, _ in parts), "".join(c for _, c in parts)) == (
             "\nLet me call.\n", "<tool_call>\n<function=f>\n</function>\n</tool_call>"), cut
+
+
+GEMMA = json.loads((Path(__file__).parent.parent / "fixtures" / "chat_templates" / "gemma4_replies.json").read_text())
+GEMMA_TAGS = ("<|channel>thought", "<channel|>")
+
+
+@pytest.mark.parametrize("reply", [r for r in GEMMA["replies"] if r["case"] in (
+    "chat_thought", "chat_thought_cut", "chat_thought_no_thinking", "chat_thought_spaces", "chat_empty_channel")],
+    ids=lambda r: f"{r['case']}-{r['seed']}")
+def test_gemma_thought_channel_as_llama_server_splits_it(reply: dict) -> None:
+    """gemma4_replies.json: the thought channel's reasoning and the answer, whitespace as
+    llama-server leaves it, whole and streamed. (Where llama-server drops text, after a stray
+    `<channel|>` or a `<|channel>` that opens no thought, edged keeps it as the answer's.)"""
+    text, message = reply["raw"], reply["message"]
+    if reply["case"] == "chat_empty_channel":
+        # An empty channel before the thought: llama-server skips it; here it is the answer's.
+        assert split(text, GEMMA_TAGS, opened=None, trim=False)[0] == ""
+        return
+    whole = split(text, GEMMA_TAGS, opened=None, trim=False)
+    assert whole == (message["reasoning_content"], message["content"])
+    for cut in range(len(text) + 1):
+        stream = ThinkingSplit(GEMMA_TAGS, opened=None, trim=False)
+        parts = [stream.feed(text[:cut], False), stream.feed(text[cut:], False), stream.feed("", True)]
+        assert ("".join(r for r, _ in parts), "".join(c for _, c in parts)) == whole, cut

@@ -59,6 +59,21 @@ def _xml(content: str, calls: list[tuple[str, dict[str, object]]]) -> str:
     )
 
 
+def _gemma_value(v: object) -> str:
+    if isinstance(v, str):
+        return f'<|"|>{v}<|"|>'
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{_gemma_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ",".join(_gemma_value(x) for x in v) + "]"
+    return json.dumps(v)
+
+
+def _gemma(content: str, calls: list[tuple[str, dict[str, object]]]) -> str:
+    """Gemma 4's template: `<|tool_call>call:name{key:value,...}<tool_call|>` per call."""
+    return content + "".join(f"<|tool_call>call:{n}{_gemma_value(a)}<tool_call|>" for n, a in calls)
+
+
 BOTH = [("get_weather", ARGUMENTS[0]), ("lights_off", ARGUMENTS[1])]
 REPLIES = {
     "hermes": _hermes("Let me look.\n", BOTH),
@@ -67,6 +82,7 @@ REPLIES = {
     "mistral_call_id": _named("Let me look.\n", BOTH, ident=True),
     "llama3": _llama3("", [("get_weather", ARGUMENTS[0])]),
     "qwen3_coder": _xml("Let me look.\n\n", BOTH),  # "n" is no declared parameter: any type
+    "gemma4": _gemma("Let me look.\n", BOTH),
 }
 NATIVE = list(REPLIES)
 
@@ -312,6 +328,41 @@ def test_xml_replies_read_as_llama_server_reads_them(reply: dict) -> None:
     # llama-server's parser for these templates drops the whitespace the reasoning starts with
     # (the "\n" after the prompt's <think>); edged keeps it, as llama-server does for R1's.
     assert (thought or "").lstrip() == message.get("reasoning_content", thought or "").lstrip()
+    stream = use.stream()
+    pieces = [text[k : k + 3] for k in range(0, len(text), 3)]
+    deltas = [d for i, p in enumerate(pieces) for d in stream.feed(p, final=i == len(pieces) - 1)]
+    streamed: list[list[str]] = []
+    for delta in deltas:
+        for call in delta.get("tool_calls", []):
+            if call["index"] == len(streamed):
+                streamed.append([call["function"]["name"], ""])
+            streamed[call["index"]][1] += call["function"].get("arguments", "")
+    assert [tuple(c) for c in streamed] == expected
+
+
+GEMMA_ORACLE = json.loads((Path(__file__).parent.parent / "fixtures" / "chat_templates" / "gemma4_replies.json").read_text())
+
+
+@pytest.mark.parametrize("reply", [r for r in GEMMA_ORACLE["replies"] if r.get("raw") and r["request"].get("tools")],
+                         ids=lambda r: f"{r['case']}-{r['seed']}-{r['request']['max_tokens']}")
+def test_gemma_replies_read_as_llama_server_reads_them(reply: dict) -> None:
+    """gemma4_replies.json (see the fixtures' README): llama-server's reading of Gemma 4 tool
+    calls its grammar let a tiny random model write (keys and strings holding markers, cut
+    anywhere): the same names and arguments text, whole and streamed."""
+    request = reply["request"]
+    tools = msgspec.convert(request["tools"], list[openai_tools.Tool])
+    use = openai_tools.ToolUse("gemma4", tools, request.get("tool_choice"), request.get("parallel_tool_calls", True))
+    text = reply["raw"]
+    thinking = request.get("chat_template_kwargs", {}).get("enable_thinking", True)
+    if thinking:
+        _, text = split(text, ("<|channel>thought", "<channel|>"), opened=None, trim=False)
+    content, calls = use.reply(text, cut=reply["finish_reason"] == "length")
+    message = reply["message"]
+    expected = [(c["name"], c["arguments"]) for c in message.get("tool_calls", [])]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected
+    # llama-server drops the text after a stray <channel|> in the content; edged keeps it.
+    kept = (content or "").removeprefix(message.get("content") or "")
+    assert kept == "" or kept.startswith("<channel|>"), content
     stream = use.stream()
     pieces = [text[k : k + 3] for k in range(0, len(text), 3)]
     deltas = [d for i, p in enumerate(pieces) for d in stream.feed(p, final=i == len(pieces) - 1)]

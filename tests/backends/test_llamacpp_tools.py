@@ -59,6 +59,7 @@ SYNTAXES = {
     "mistralai-Ministral-3-14B-Reasoning-2512": "mistral_args",
     "unsloth-mistral-Devstral-Small-2507": "mistral_args",
     "Qwen3.5-4B": "qwen3_coder",
+    "google-gemma-4-31B-it": "gemma4",
     "google-gemma-2-2b-it": "",
     "microsoft-Phi-3.5-mini-instruct": "",
 }
@@ -139,6 +140,20 @@ async def test_xml_tool_calls_render_what_llama_server_renders(load: Loader, tmp
         prompt = backend.chat_prompt(request["messages"], tools=request["tools"],
                                      template_kwargs=request.get("chat_template_kwargs"))
         assert prompt == XML_ORACLE["prompts"][case], case
+
+
+async def test_gemma4_renders_what_llama_server_renders(load: Loader, tmp_path: Path) -> None:
+    """gemma4_replies.json's prompts (Gemma 4's template): tools, a system message, an agent's
+    loop with arguments of each type and JSON and text results, parallel calls, reasoning on
+    a turn with calls, thinking on and off, byte for byte as llama-server's /apply-template
+    (which, as edged, passes enable_thinking true unless the request says otherwise)."""
+    oracle = json.loads((TEMPLATES / "gemma4_replies.json").read_text())
+    template = (TEMPLATES / "google-gemma-4-31B-it.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template))
+    for case, request in oracle["prompt_requests"].items():
+        prompt = backend.chat_prompt(request["messages"], tools=request.get("tools"),
+                                     template_kwargs=request.get("chat_template_kwargs"))
+        assert prompt == oracle["prompts"][case], case
 
 
 async def test_tool_call_arguments_are_objects_where_the_template_reads_them_so(load: Loader, tmp_path: Path) -> None:
@@ -268,7 +283,7 @@ async def test_named_calls_frame(load: Loader, tmp_path: Path, id_marker: str) -
 
 
 XML = {"open": "<tool_call>\n<function=", "separator": "</function>\n</tool_call>\n<tool_call>\n<function=",
-       "close": "</function>\n</tool_call>", "args_marker": ">\n", "xml_arguments": True}
+       "close": "</function>\n</tool_call>", "args_marker": ">\n", "arguments_syntax": "xml"}
 SET_LIGHT = {
     "type": "object",
     "properties": {
@@ -337,6 +352,56 @@ async def test_xml_arguments_frame(load: Loader, tmp_path: Path) -> None:
         params = GenerateParams(temperature=1.0, seed=seed, max_tokens=1000, tool_calls=lazy, logit_bias={marker: 100.0})
         text, finish = await text_of(backend, PROMPT, params)
         assert finish == "stop" and len(xml_calls(text)) == 1, text
+
+
+GEMMA = {"open": "<|tool_call>call:", "separator": "<tool_call|><|tool_call>call:", "close": "<tool_call|>",
+         "arguments_syntax": "gemma"}
+GEMMA_TOKENS = ("<|tool_call>", "<tool_call|>", '<|"|>')
+
+
+async def test_gemma_arguments_frame(load: Loader, tmp_path: Path) -> None:
+    """Gemma 4's calls, `<|tool_call>call:name{key:value,...}<tool_call|>` one after another,
+    their objects held to each tool's schema as the JSON converter holds JSON: the required
+    keys in either order, optional ones at most once, each value of its type (an enum's
+    texts between Gemma's string marks, a $ref's object), a tool without parameters `{}`."""
+    from daemon.api import openai_tools
+
+    path = write_tiny_llama(tmp_path / "model.gguf", n_ctx=2048, user_tokens=GEMMA_TOKENS)
+    backend = await load(path)
+    empty = json.dumps({"type": "object", "properties": {}})
+    frame = ToolCallFrame(named_calls={"set_light": json.dumps(SET_LIGHT), "lights_off": empty}, max_calls=2, **GEMMA)
+    tools = msgspec.convert([{"type": "function", "function": {"name": "set_light", "parameters": SET_LIGHT}},
+                             {"type": "function", "function": {"name": "lights_off"}}], list[openai_tools.Tool])
+    use = openai_tools.ToolUse("gemma4", tools, "required", parallel=True)
+    names, orders = set(), set()
+    biases = [{token_id(path, a): 20.0, token_id(path, b): 20.0} for a, b in (("s", "o"), ("s", "r"), ("l", "o"))]
+    for seed in range(12):
+        params = GenerateParams(temperature=1.0, seed=seed, max_tokens=1000, tool_calls=frame, logit_bias=biases[seed % 3])
+        text, finish = await text_of(backend, PROMPT, params)
+        assert finish == "stop", text
+        content, calls = use.reply(text, cut=False)
+        assert content is None and 1 <= len(calls) <= 2, text
+        for call in calls:
+            name, arguments = call["function"]["name"], call["function"]["arguments"]
+            names.add(name)
+            value = json.loads(arguments)  # also: no key twice, as a JSON object reads it back
+            assert arguments.count('":') == len(value) + sum(len(v) for v in value.values() if isinstance(v, dict))
+            if name == "lights_off":
+                assert value == {}
+                continue
+            keys = list(value)
+            assert sorted(keys[:2]) == ["on", "room"] and set(keys[2:]) <= {"level", "color"}, keys
+            orders.add(tuple(keys[:2]))
+            assert value["room"] in ("hall", "attic") and isinstance(value["on"], bool)
+            assert isinstance(value.get("level", 0), int) and not isinstance(value.get("level", 0), bool)
+            assert set(value.get("color", {"r": 0})) == {"r"} and isinstance(value.get("color", {"r": 0})["r"], int)
+    assert names == {"set_light", "lights_off"}, "the biases should call both tools"
+    assert len(orders) == 2, "the biases should show the required keys in both orders"
+    lazy = msgspec.structs.replace(frame, lazy=True, max_calls=1)
+    marker = len(_vocab()[0])
+    params = GenerateParams(temperature=1.0, seed=1, max_tokens=1000, tool_calls=lazy, logit_bias={marker: 100.0})
+    text, finish = await text_of(backend, PROMPT, params)
+    assert finish == "stop" and len(use.reply(text, cut=False)[1]) == 1, text
 
 
 @pytest.mark.parametrize("text, accepted", [
@@ -416,6 +481,10 @@ async def test_tool_call_frame_errors(load: Loader, tmp_path: Path) -> None:
         xml = ToolCallFrame(named_calls={"f": json.dumps({"type": "object", "properties": {"p": schema}})}, **XML)
         with pytest.raises(InvalidArgument, match=rf"tools\[f\]\.parameters\.properties\.p: keyword '{keyword}' cannot be enforced"):
             await text_of(backend, PROMPT, GenerateParams(tool_calls=xml))
+    for schema, keyword in (({"type": "string", "pattern": "^a"}, "pattern"), ({"type": "integer", "minimum": 1}, "minimum")):
+        gemma = ToolCallFrame(named_calls={"f": json.dumps({"type": "object", "properties": {"p": schema}})}, **GEMMA)
+        with pytest.raises(InvalidArgument, match=rf"tools\[f\]\.parameters\.properties\.p: keyword '{keyword}'"):
+            await text_of(backend, PROMPT, GenerateParams(tool_calls=gemma))
     string_calls = ToolCallFrame(call_schema='{"type": "string"}', lazy=True)
     with pytest.raises(InvalidArgument, match="with an empty open, each call must be a JSON object"):
         await text_of(backend, PROMPT, GenerateParams(tool_calls=string_calls))

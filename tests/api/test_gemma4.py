@@ -1,0 +1,135 @@
+"""Gemma 4 end to end: tool calls in its own syntax and reasoning in its thought channel, with
+the `openai` client and Ollama's API against a tiny GGUF carrying Gemma 4's real chat template
+(its markers single tokens, as in Gemma's vocabulary)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from gguf_builder import _vocab, write_tiny_llama  # noqa: E402
+
+TEMPLATE = Path(__file__).parent.parent / "fixtures" / "chat_templates" / "google-gemma-4-31B-it.jinja"
+MARKERS = ("<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>", "<|turn>", "<turn|>",
+           "<|tool_response>", "<tool_response|>", "<|think|>", "<|tool>", "<tool|>")
+TOKEN = {marker: len(_vocab()[0]) + index for index, marker in enumerate(MARKERS)}
+LIGHT = {"type": "function", "function": {
+    "name": "set_light", "description": "Set a room's light",
+    "parameters": {"type": "object", "properties": {
+        "room": {"type": "string", "enum": ["hall", "attic"]},
+        "on": {"type": "boolean"},
+        "level": {"type": "integer"},
+    }, "required": ["room", "on"]},
+}}
+QUESTION = [{"role": "user", "content": "Lights in the hall?"}]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory):
+    from support import start_daemon_process
+
+    repo = tmp_path_factory.mktemp("gemma4")
+    (repo / "gemma4" / "1").mkdir(parents=True)
+    write_tiny_llama(repo / "gemma4" / "1" / "model.gguf", seed=3, n_ctx=4096, chat_template=TEMPLATE.read_text(),
+                     user_tokens=MARKERS)
+    (repo / "gemma4" / "config.pbtxt").write_text('backend: "llamacpp"\n')
+    process = start_daemon_process(tmp_path_factory.mktemp("edged"), "--model-repository", str(repo), http=True)
+    yield process
+    process.stop()
+
+
+def check_light(arguments: str) -> dict[str, Any]:
+    value = json.loads(arguments)
+    assert value["room"] in ("hall", "attic") and isinstance(value["on"], bool)
+    assert set(value) <= {"room", "on", "level"} and isinstance(value.get("level", 0), int)
+    return dict(value)
+
+
+def streamed(chunks: Any) -> tuple[str, str, list[tuple[str, str]], str | None]:
+    """(reasoning, content, [(name, arguments)], finish_reason) of a streamed chat reply."""
+    reasoning = content = ""
+    calls: list[list[str]] = []
+    finish = None
+    for chunk in chunks:
+        for choice in chunk.choices:
+            delta = choice.delta
+            reasoning += getattr(delta, "reasoning_content", None) or ""
+            content += delta.content or ""
+            for call in delta.tool_calls or []:
+                if call.index == len(calls):
+                    assert call.id and call.function and call.function.name
+                    calls.append([call.function.name, ""])
+                calls[call.index][1] += call.function.arguments or "" if call.function else ""
+            finish = choice.finish_reason or finish
+    return reasoning, content, [(name, arguments) for name, arguments in calls], finish
+
+
+def test_the_model_metadata_names_its_syntax_and_tags(daemon: Any) -> None:
+    engine = httpx.get(f"http://127.0.0.1:{daemon.http_port}/v2/models/gemma4", timeout=30).json()["engine"]
+    assert engine["chat_template_tools"] == "gemma4"
+    assert engine["chat_template_thinking"] == "<|channel>thought<channel|>"
+
+
+def test_calls_come_back_as_json_whole_and_streamed(client: openai.OpenAI) -> None:
+    # A bias on <turn|> (end of generation in Gemma 4's vocabulary, as llama.cpp reads it)
+    # ends the run of parallel calls the tiny model would go on writing.
+    kwargs: dict[str, Any] = {"model": "gemma4", "messages": QUESTION, "tools": [LIGHT], "tool_choice": "required",
+                              "temperature": 1.0, "max_tokens": 1000, "logit_bias": {str(TOKEN["<turn|>"]): 100}}
+    for seed in range(3):
+        choice = client.chat.completions.create(seed=seed, **kwargs).choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice.message
+        calls = choice.message.tool_calls or []
+        whole = [check_light(call.function.arguments) for call in calls]
+        assert calls and calls[0].function.arguments == json.dumps(whole[0], separators=(",", ":"))
+        _, content, stream, finish = streamed(client.chat.completions.create(stream=True, seed=seed, **kwargs))
+        assert (content, finish) == ("", "tool_calls")
+        assert [(name, json.loads(arguments)) for name, arguments in stream] == [("set_light", w) for w in whole]
+    single = client.chat.completions.create(parallel_tool_calls=False, seed=1, **kwargs).choices[0]
+    assert len(single.message.tool_calls or []) == 1
+
+
+def test_thinking_reaches_the_template(client: openai.OpenAI) -> None:
+    """Thinking is on by default for a thinking template (as llama-server passes it): the
+    template asks for it in the system turn; off, it closes an empty thought channel in the
+    prompt. (The split of a reply's thought channel: tests/api/test_reasoning.py, against
+    llama-server's.)"""
+    kwargs: dict[str, Any] = {"model": "gemma4", "messages": QUESTION, "max_tokens": 8, "temperature": 0}
+    on = client.chat.completions.create(**kwargs)
+    off = client.chat.completions.create(extra_body={"chat_template_kwargs": {"enable_thinking": False}}, **kwargs)
+    assert on.usage is not None and off.usage is not None
+    # "<|turn>system\n<|think|>\n<turn|>\n" against "<|channel>thought\n<channel|>".
+    assert on.usage.prompt_tokens != off.usage.prompt_tokens
+    # A reply that does not open the channel is all answer, split or not.
+    for response in (on, off):
+        message = response.choices[0].message
+        assert getattr(message, "reasoning_content", None) is None and message.content
+    raw = client.chat.completions.create(extra_body={"reasoning_format": "none"}, **kwargs).choices[0].message
+    assert raw.content == on.choices[0].message.content
+
+
+def test_the_tool_loop_goes_back_through_the_template(client: openai.OpenAI, daemon: Any) -> None:
+    kwargs: dict[str, Any] = {"model": "gemma4", "tools": [LIGHT], "tool_choice": "required", "temperature": 0,
+                              "parallel_tool_calls": False, "max_tokens": 1000}
+    reply = client.chat.completions.create(messages=QUESTION, **kwargs).choices[0].message
+    assert reply.tool_calls
+    answered = [*QUESTION, reply, {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": "done"}]
+    base = client.chat.completions.create(model="gemma4", messages=QUESTION, tools=[LIGHT], max_tokens=1)
+    after = client.chat.completions.create(model="gemma4", messages=answered, tools=[LIGHT], max_tokens=1)
+    assert base.usage is not None and after.usage is not None
+    assert after.usage.prompt_tokens > base.usage.prompt_tokens + len("call:set_light{room:hall,on:true}done")
+    # Ollama's shape: arguments as an object, results by tool name; the same prompt.
+    arguments = json.loads(reply.tool_calls[0].function.arguments)
+    body = {"model": "gemma4", "stream": False, "tools": [LIGHT], "options": {"num_predict": 1},
+            "messages": [*QUESTION, {"role": "assistant", "content": "",
+                                     "tool_calls": [{"function": {"name": "set_light", "arguments": arguments}}]},
+                         {"role": "tool", "tool_name": "set_light", "content": "done"}]}
+    response = httpx.post(f"http://127.0.0.1:{daemon.http_port}/api/chat", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["prompt_eval_count"] == after.usage.prompt_tokens
