@@ -294,21 +294,23 @@ def _xml_value(schema: Any, root: Any, where: str, rule: str, json_values: list[
                 alone[key] = root[key]
         json_values.append((json.dumps(alone), rule))
         return f"{rule} {close}"
-    extra = sorted(set(schema) - _XML_STRING_KEYS) if isinstance(schema, dict) else []
+    if not isinstance(schema, dict):
+        return "xml-arg-string"  # true: any value
+    extra = sorted(set(schema) - _XML_STRING_KEYS)
     if types != {"string"}:
         # Raw text may be any of the types (read as JSON first): only plain types can be held.
         plain = all(
             isinstance(a, dict) and not set(a) - {"type"} - _ANNOTATIONS
-            for a in schema.get("anyOf", schema.get("oneOf", [])) if isinstance(schema, dict)
+            for a in schema.get("anyOf") or schema.get("oneOf") or []
         )
         extra = [key for key in extra if key not in ("anyOf", "oneOf")] if plain else extra
-        extra += [key for key in ("enum", "const") if isinstance(schema, dict) and key in schema]
+        extra += [key for key in ("enum", "const") if key in schema]
     if extra:
         raise InvalidArgument(
             f"{where}: keyword '{extra[0]}' cannot be enforced on a value this model writes as raw "
             "text (its XML tool calls)"
         )
-    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    values: Any = [schema["const"]] if "const" in schema else schema.get("enum")
     if types == {"string"} and isinstance(values, list):
         texts = [gbnf_literal(str(value)) or '""' for value in values]
         return f"({' | '.join(texts)}) {close}"
