@@ -476,6 +476,11 @@ async def test_tool_call_frame_errors(load: Loader, tmp_path: Path) -> None:
     for other in ({"tool_calls": frame}, {"grammar": 'root ::= "x"'}):
         with pytest.raises(InvalidArgument, match="ignore_eos cannot be used together with grammar"):
             await text_of(backend, PROMPT, GenerateParams(ignore_eos=True, **other))
+    # A parameter whose schema is `true` takes any raw text.
+    anything = ToolCallFrame(named_calls={"f": json.dumps({"type": "object", "properties": {"p": True}, "required": ["p"]})},
+                             **XML)
+    text, _ = await text_of(backend, PROMPT, GenerateParams(tool_calls=anything, max_tokens=60, temperature=0))
+    assert text.startswith("<tool_call>\n<function=f>\n<parameter=p>\n"), text
     # What raw text cannot hold, in XML arguments: a string's pattern, a mixed value's enum.
     for schema, keyword in (({"type": "string", "pattern": "^a"}, "pattern"), ({"type": ["string", "null"], "enum": ["a", None]}, "enum")):
         xml = ToolCallFrame(named_calls={"f": json.dumps({"type": "object", "properties": {"p": schema}})}, **XML)
