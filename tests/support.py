@@ -195,3 +195,55 @@ def failing_generation_plugin(plugins: Path, repo: Path, model: str = "broken") 
     (repo / model / "1").mkdir(parents=True)
     (repo / model / "1" / "failing.txt").write_text("x")
     (repo / model / "config.pbtxt").write_text('backend: "failing"\n')
+
+
+def streamed_chat(chunks: Any) -> tuple[str, str, list[tuple[str, str]], str | None]:
+    """(reasoning, content, [(name, arguments)], finish_reason) of a chat reply streamed by the
+    `openai` client: each call's id and name once, then its arguments in pieces."""
+    reasoning = content = ""
+    calls: list[list[str]] = []
+    finish = None
+    for chunk in chunks:
+        for choice in chunk.choices:
+            delta = choice.delta
+            reasoning += getattr(delta, "reasoning_content", None) or ""
+            content += delta.content or ""
+            for call in delta.tool_calls or []:
+                if call.index == len(calls):
+                    assert call.id and call.function and call.function.name
+                    calls.append([call.function.name, ""])
+                calls[call.index][1] += call.function.arguments or "" if call.function else ""
+            finish = choice.finish_reason or finish
+    return reasoning, content, [(name, arguments) for name, arguments in calls], finish
+
+
+def gguf_daemon(factory: Any, models: dict[str, dict[str, Any]]) -> DaemonProcess:
+    """A daemon process (HTTP too) serving tiny llama.cpp models: name -> write_tiny_llama's
+    keyword arguments. `factory`: pytest's tmp_path_factory."""
+    from gguf_builder import write_tiny_llama
+
+    repo = factory.mktemp("gguf-models")
+    for name, options in models.items():
+        (repo / name / "1").mkdir(parents=True)
+        write_tiny_llama(repo / name / "1" / "model.gguf", **options)
+        (repo / name / "config.pbtxt").write_text('backend: "llamacpp"\n')
+    return start_daemon_process(factory.mktemp("edged"), "--model-repository", str(repo), http=True)
+
+
+# A tool for the end-to-end tool-calling tests, and the check of its arguments.
+LIGHT_TOOL = {"type": "function", "function": {
+    "name": "set_light", "description": "Set a room's light",
+    "parameters": {"type": "object", "properties": {
+        "room": {"type": "string", "enum": ["hall", "attic"]},
+        "on": {"type": "boolean"},
+        "level": {"type": "integer"},
+    }, "required": ["room", "on"]},
+}}
+
+
+def check_light(arguments: str) -> dict[str, Any]:
+    """The arguments of a set_light call (JSON text), each of its schema's type."""
+    value = json.loads(arguments)
+    assert value["room"] in ("hall", "attic") and isinstance(value["on"], bool)
+    assert set(value) <= {"room", "on", "level"} and isinstance(value.get("level", 0), int)
+    return dict(value)

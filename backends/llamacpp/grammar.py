@@ -121,17 +121,23 @@ gemma-number ::= gemma-integer ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,16})?
 gemma-integer ::= "-"? ([0-9] | [1-9] [0-9]{1,15})
 gemma-ws ::= [ \t\n]{0,20}"""
 
+def _parameters(name: str, schema_json: str) -> tuple[str, Any]:
+    """Where a named call's parameters schema is (for errors) and the schema, checked."""
+    where = f"tools[{name}].parameters"
+    try:
+        schema = json.loads(schema_json)
+    except ValueError as exc:
+        raise InvalidArgument(f"{where}: not valid JSON: {exc}") from None
+    _check(schema, where)
+    return where, schema
+
+
 def _gemma_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
     """Per tool, the rule of its arguments in Gemma 4's object syntax, held to the tool's
     schema (_GemmaSchema), and all the rules."""
     names, rules = [], [_GEMMA_RULES, _including("gemma-string-rest", GEMMA_QUOTE)]
     for number, (name, schema_json) in enumerate(tools):
-        where = f"tools[{name}].parameters"
-        try:
-            schema = json.loads(schema_json)
-        except ValueError as exc:
-            raise InvalidArgument(f"{where}: not valid JSON: {exc}") from None
-        _check(schema, where)
+        where, schema = _parameters(name, schema_json)
         converter = _GemmaSchema(schema, f"tool-{number}", rules)
         names.append(converter.rule(converter.value(schema, where, 0)))
     return names, "\n".join(rules)
@@ -251,12 +257,7 @@ def _xml_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
     rules: list[str] = []
     arguments: list[str] = []
     for number, (name, schema_json) in enumerate(tools):
-        where = f"tools[{name}].parameters"
-        try:
-            root = json.loads(schema_json)
-        except ValueError as exc:
-            raise InvalidArgument(f"{where}: not valid JSON: {exc}") from None
-        _check(root, where)
+        where, root = _parameters(name, schema_json)
         properties = root.get("properties", {}) if isinstance(root, dict) else {}
         required = set(root.get("required", [])) if isinstance(root, dict) else set()
         needed: list[str] = []

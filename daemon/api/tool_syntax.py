@@ -190,12 +190,9 @@ class _Named(Syntax):
 
     def read(self, text: str, final: bool) -> Reading:
         reading = Reading()
-        at = text.find(self.marker)
-        if at < 0:
-            reading.content = text if final else _held_back(text, self.marker)
+        i = _content(text, self.marker, final, reading)
+        if i < 0:
             return reading
-        reading.content = text[:at].rstrip()
-        i = at
         while text.startswith(self.marker, i):
             i += len(self.marker)
             # The name ends at the id's marker or the arguments' (the grammar wrote one of them).
@@ -266,13 +263,8 @@ class _Xml(Syntax):
 
     def read(self, text: str, final: bool) -> Reading:
         reading = Reading()
-        at = text.find(_XML_MARKER)
-        if at < 0:
-            reading.content = text if final else _held_back(text, _XML_MARKER)
-            return reading
-        reading.content = text[:at].rstrip()
-        i = at
-        while text.startswith(_XML_MARKER, i):
+        i = _content(text, _XML_MARKER, final, reading)
+        while i >= 0 and text.startswith(_XML_MARKER, i):
             reading.complete = False
             i = _skip(text, i + len(_XML_MARKER))
             end = text.find(">", i)
@@ -336,13 +328,8 @@ class _Gemma(Syntax):
 
     def read(self, text: str, final: bool) -> Reading:
         reading = Reading()
-        at = text.find(_GEMMA_CALL)
-        if at < 0:
-            reading.content = text if final else _held_back(text, _GEMMA_CALL)
-            return reading
-        reading.content = text[:at].rstrip()
-        i = at
-        while text.startswith(_GEMMA_CALL, i):
+        i = _content(text, _GEMMA_CALL, final, reading)
+        while i >= 0 and text.startswith(_GEMMA_CALL, i):
             reading.complete = False
             i += len(_GEMMA_CALL)
             brace = text.find("{", i)
@@ -481,6 +468,17 @@ _NATIVE: dict[str, Syntax] = {
 def syntax_named(name: str) -> Syntax:
     """The syntax a backend's `tool_syntax()` names; generic for "" or a name edged cannot read."""
     return _NATIVE.get(name, GENERIC)
+
+
+def _content(text: str, marker: str, final: bool, reading: Reading) -> int:
+    """Set the content before the first `marker` (the calls' start) and return where the
+    marker is; -1 without one (the content then holds back what may begin it, unless `final`)."""
+    at = text.find(marker)
+    if at < 0:
+        reading.content = text if final else _held_back(text, marker)
+    else:
+        reading.content = text[:at].rstrip()
+    return at
 
 
 def _held_back(text: str, marker: str) -> str:

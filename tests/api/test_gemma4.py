@@ -14,61 +14,24 @@ pytest.importorskip("llama_cpp")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from gguf_builder import _vocab, write_tiny_llama  # noqa: E402
+from gguf_builder import _vocab  # noqa: E402
+
+from support import LIGHT_TOOL, check_light, gguf_daemon, streamed_chat  # noqa: E402
 
 TEMPLATE = Path(__file__).parent.parent / "fixtures" / "chat_templates" / "google-gemma-4-31B-it.jinja"
 MARKERS = ("<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>", "<|turn>", "<turn|>",
            "<|tool_response>", "<tool_response|>", "<|think|>", "<|tool>", "<tool|>")
 TOKEN = {marker: len(_vocab()[0]) + index for index, marker in enumerate(MARKERS)}
-LIGHT = {"type": "function", "function": {
-    "name": "set_light", "description": "Set a room's light",
-    "parameters": {"type": "object", "properties": {
-        "room": {"type": "string", "enum": ["hall", "attic"]},
-        "on": {"type": "boolean"},
-        "level": {"type": "integer"},
-    }, "required": ["room", "on"]},
-}}
+LIGHT = LIGHT_TOOL
 QUESTION = [{"role": "user", "content": "Lights in the hall?"}]
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory):
-    from support import start_daemon_process
-
-    repo = tmp_path_factory.mktemp("gemma4")
-    (repo / "gemma4" / "1").mkdir(parents=True)
-    write_tiny_llama(repo / "gemma4" / "1" / "model.gguf", seed=3, n_ctx=4096, chat_template=TEMPLATE.read_text(),
-                     user_tokens=MARKERS)
-    (repo / "gemma4" / "config.pbtxt").write_text('backend: "llamacpp"\n')
-    process = start_daemon_process(tmp_path_factory.mktemp("edged"), "--model-repository", str(repo), http=True)
+    process = gguf_daemon(tmp_path_factory, {"gemma4": {
+        "seed": 3, "n_ctx": 4096, "chat_template": TEMPLATE.read_text(), "user_tokens": MARKERS}})
     yield process
     process.stop()
-
-
-def check_light(arguments: str) -> dict[str, Any]:
-    value = json.loads(arguments)
-    assert value["room"] in ("hall", "attic") and isinstance(value["on"], bool)
-    assert set(value) <= {"room", "on", "level"} and isinstance(value.get("level", 0), int)
-    return dict(value)
-
-
-def streamed(chunks: Any) -> tuple[str, str, list[tuple[str, str]], str | None]:
-    """(reasoning, content, [(name, arguments)], finish_reason) of a streamed chat reply."""
-    reasoning = content = ""
-    calls: list[list[str]] = []
-    finish = None
-    for chunk in chunks:
-        for choice in chunk.choices:
-            delta = choice.delta
-            reasoning += getattr(delta, "reasoning_content", None) or ""
-            content += delta.content or ""
-            for call in delta.tool_calls or []:
-                if call.index == len(calls):
-                    assert call.id and call.function and call.function.name
-                    calls.append([call.function.name, ""])
-                calls[call.index][1] += call.function.arguments or "" if call.function else ""
-            finish = choice.finish_reason or finish
-    return reasoning, content, [(name, arguments) for name, arguments in calls], finish
 
 
 def test_the_model_metadata_names_its_syntax_and_tags(daemon: Any) -> None:
@@ -88,7 +51,7 @@ def test_calls_come_back_as_json_whole_and_streamed(client: openai.OpenAI) -> No
         calls = choice.message.tool_calls or []
         whole = [check_light(call.function.arguments) for call in calls]
         assert calls and calls[0].function.arguments == json.dumps(whole[0], separators=(",", ":"))
-        _, content, stream, finish = streamed(client.chat.completions.create(stream=True, seed=seed, **kwargs))
+        _, content, stream, finish = streamed_chat(client.chat.completions.create(stream=True, seed=seed, **kwargs))
         assert (content, finish) == ("", "tool_calls")
         assert [(name, json.loads(arguments)) for name, arguments in stream] == [("set_light", w) for w in whole]
     single = client.chat.completions.create(parallel_tool_calls=False, seed=1, **kwargs).choices[0]

@@ -301,6 +301,20 @@ def test_xml_stream_holds_back_what_may_close_a_value() -> None:
     assert use.reply("<tool_call>\n<function=f>\n<parameter=i>\n12", cut=True)[1][0]["function"]["arguments"] == '{"i":12'
 
 
+def streamed_calls(use: openai_tools.ToolUse, text: str) -> list[tuple[str, str]]:
+    """(name, arguments) of the calls `text` streams as, fed three characters at a time."""
+    stream = use.stream()
+    pieces = [text[k : k + 3] for k in range(0, len(text), 3)]
+    deltas = [d for i, p in enumerate(pieces) for d in stream.feed(p, final=i == len(pieces) - 1)]
+    streamed: list[list[str]] = []
+    for delta in deltas:
+        for call in delta.get("tool_calls", []):
+            if call["index"] == len(streamed):
+                streamed.append([call["function"]["name"], ""])
+            streamed[call["index"]][1] += call["function"].get("arguments", "")
+    return [(name, arguments) for name, arguments in streamed]
+
+
 XML_ORACLE = json.loads((Path(__file__).parent.parent / "fixtures" / "chat_templates" / "xml_tool_replies.json").read_text())
 
 
@@ -328,16 +342,7 @@ def test_xml_replies_read_as_llama_server_reads_them(reply: dict) -> None:
     # llama-server's parser for these templates drops the whitespace the reasoning starts with
     # (the "\n" after the prompt's <think>); edged keeps it, as llama-server does for R1's.
     assert (thought or "").lstrip() == message.get("reasoning_content", thought or "").lstrip()
-    stream = use.stream()
-    pieces = [text[k : k + 3] for k in range(0, len(text), 3)]
-    deltas = [d for i, p in enumerate(pieces) for d in stream.feed(p, final=i == len(pieces) - 1)]
-    streamed: list[list[str]] = []
-    for delta in deltas:
-        for call in delta.get("tool_calls", []):
-            if call["index"] == len(streamed):
-                streamed.append([call["function"]["name"], ""])
-            streamed[call["index"]][1] += call["function"].get("arguments", "")
-    assert [tuple(c) for c in streamed] == expected
+    assert streamed_calls(use, text) == expected
 
 
 GEMMA_ORACLE = json.loads((Path(__file__).parent.parent / "fixtures" / "chat_templates" / "gemma4_replies.json").read_text())
@@ -363,13 +368,4 @@ def test_gemma_replies_read_as_llama_server_reads_them(reply: dict) -> None:
     # llama-server drops the text after a stray <channel|> in the content; edged keeps it.
     kept = (content or "").removeprefix(message.get("content") or "")
     assert kept == "" or kept.startswith("<channel|>"), content
-    stream = use.stream()
-    pieces = [text[k : k + 3] for k in range(0, len(text), 3)]
-    deltas = [d for i, p in enumerate(pieces) for d in stream.feed(p, final=i == len(pieces) - 1)]
-    streamed: list[list[str]] = []
-    for delta in deltas:
-        for call in delta.get("tool_calls", []):
-            if call["index"] == len(streamed):
-                streamed.append([call["function"]["name"], ""])
-            streamed[call["index"]][1] += call["function"].get("arguments", "")
-    assert [tuple(c) for c in streamed] == expected
+    assert streamed_calls(use, text) == expected

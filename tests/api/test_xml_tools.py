@@ -14,62 +14,24 @@ pytest.importorskip("llama_cpp")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from gguf_builder import _vocab, write_tiny_llama  # noqa: E402
+from gguf_builder import _vocab  # noqa: E402
+
+from support import LIGHT_TOOL, check_light, gguf_daemon, streamed_chat  # noqa: E402
 
 TEMPLATE = Path(__file__).parent.parent / "fixtures" / "chat_templates" / "Qwen3.5-4B.jinja"
 USER_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 THINK, UNTHINK, TOOL_CALL = (len(_vocab()[0]) + i for i in range(3))
-LIGHT = {"type": "function", "function": {
-    "name": "set_light", "description": "Set a room's light",
-    "parameters": {"type": "object", "properties": {
-        "room": {"type": "string", "enum": ["hall", "attic"]},
-        "on": {"type": "boolean"},
-        "level": {"type": "integer"},
-    }, "required": ["room", "on"]},
-}}
+LIGHT = LIGHT_TOOL
 QUESTION = [{"role": "user", "content": "Lights in the hall?"}]
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory):
-    from support import start_daemon_process
-
-    repo = tmp_path_factory.mktemp("xml-tools")
-    (repo / "qwen35" / "1").mkdir(parents=True)
-    write_tiny_llama(repo / "qwen35" / "1" / "model.gguf", seed=3, n_ctx=4096, chat_template=TEMPLATE.read_text(),
-                     user_tokens=USER_TOKENS)
-    (repo / "qwen35" / "config.pbtxt").write_text('backend: "llamacpp"\n')
-    process = start_daemon_process(tmp_path_factory.mktemp("edged"), "--model-repository", str(repo), http=True)
+    process = gguf_daemon(tmp_path_factory, {"qwen35": {
+        "seed": 3, "n_ctx": 4096, "chat_template": TEMPLATE.read_text(), "user_tokens": USER_TOKENS}})
     yield process
     process.stop()
-
-
-def check_light(arguments: str) -> dict[str, Any]:
-    """The arguments of a set_light call, each of its schema's type (raw text in the reply)."""
-    value = json.loads(arguments)
-    assert value["room"] in ("hall", "attic") and isinstance(value["on"], bool)
-    assert set(value) <= {"room", "on", "level"} and isinstance(value.get("level", 0), int)
-    return dict(value)
-
-
-def streamed_calls(chunks: Any) -> tuple[str, str, list[tuple[str, str]], str | None]:
-    """(reasoning, content, [(name, arguments)], finish_reason) of a streamed chat reply."""
-    reasoning = content = ""
-    calls: list[list[str]] = []
-    finish = None
-    for chunk in chunks:
-        for choice in chunk.choices:
-            delta = choice.delta
-            reasoning += getattr(delta, "reasoning_content", None) or ""
-            content += delta.content or ""
-            for call in delta.tool_calls or []:
-                if call.index == len(calls):
-                    assert call.id and call.function and call.function.name
-                    calls.append([call.function.name, ""])
-                calls[call.index][1] += call.function.arguments or "" if call.function else ""
-            finish = choice.finish_reason or finish
-    return reasoning, content, [(name, arguments) for name, arguments in calls], finish
 
 
 def test_calls_are_read_by_their_parameters_types(client: openai.OpenAI) -> None:
@@ -83,7 +45,7 @@ def test_calls_are_read_by_their_parameters_types(client: openai.OpenAI) -> None
         whole = [check_light(call.function.arguments) for call in calls]
         # llama-server's compact JSON: no spaces between members.
         assert calls[0].function.arguments == json.dumps(whole[0], separators=(",", ":"))
-        _, content, streamed, finish = streamed_calls(client.chat.completions.create(stream=True, seed=seed, **kwargs))
+        _, content, streamed, finish = streamed_chat(client.chat.completions.create(stream=True, seed=seed, **kwargs))
         assert content == "" and finish == "tool_calls"
         assert [name for name, _ in streamed] == ["set_light"] * len(calls)
         assert [json.loads(arguments) for _, arguments in streamed] == whole
@@ -101,7 +63,7 @@ def test_the_model_reasons_before_it_calls(client: openai.OpenAI) -> None:
         message = client.chat.completions.create(seed=seed, **kwargs).choices[0].message
         assert getattr(message, "reasoning_content", None) and message.content is None
         check_light((message.tool_calls or [])[0].function.arguments)
-        reasoning, content, streamed, finish = streamed_calls(
+        reasoning, content, streamed, finish = streamed_chat(
             client.chat.completions.create(stream=True, seed=seed, **kwargs))
         assert (reasoning, content, finish) == (message.reasoning_content, "", "tool_calls")
         assert [json.loads(a) for _, a in streamed] == [json.loads(c.function.arguments) for c in message.tool_calls or []]
@@ -119,7 +81,7 @@ def test_a_call_inside_the_reasoning_ends_it(client: openai.OpenAI) -> None:
     # This seed writes "e" and the call, no </think> (the tiny model's choice).
     assert getattr(message, "reasoning_content", None) == "\ne" and message.content is None
     check_light((message.tool_calls or [])[0].function.arguments)
-    reasoning, content, streamed, finish = streamed_calls(client.chat.completions.create(stream=True, **kwargs))
+    reasoning, content, streamed, finish = streamed_chat(client.chat.completions.create(stream=True, **kwargs))
     assert (reasoning or None, content, finish) == (getattr(message, "reasoning_content", None), "", "tool_calls")
     assert [a for _, a in streamed] == [c.function.arguments for c in message.tool_calls or []]
     # Unsplit (reasoning_format none), the text before the call is the content, with the tag
