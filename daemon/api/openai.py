@@ -838,8 +838,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     # with reasoning, the split of its reply and logprobs of tokens whose text is held back.
     first_delta = [True for _ in choices]
     stream_tools = [use.stream() for _ in choices] if use else []
-    ends = syntax_named(syntax).ends_reasoning
-    splits = [reasoning.ThinkingSplit(tags, opened=opened, trim=False, ends=ends) for _ in choices] if split else []
+    reading = syntax_named(syntax)
+    ends, trim = reading.ends_reasoning, reading.trims_reasoning
+    splits = [reasoning.ThinkingSplit(tags, opened=opened, trim=trim, ends=ends) for _ in choices] if split else []
     unsent: list[list[TokenLogprob]] = [[] for _ in choices]
     fresh = [True for _ in choices]  # no chunk of the choice came yet
 
@@ -915,7 +916,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         text = reopened + text
         thought = ""
         if split:
-            thought, text = reasoning.split(text, tags, opened=opened, trim=False, ends=ends)
+            thought, text = reasoning.split(text, tags, opened=opened, trim=trim, ends=ends)
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if thought:
             message["reasoning_content"] = thought

@@ -55,8 +55,11 @@ class Syntax:
 
     name: str
     native = True
-    # A marker that also ends a thinking model's reasoning (reasoning.ThinkingSplit's `ends`).
+    # A marker that also ends a thinking model's reasoning (reasoning.ThinkingSplit's `ends`),
+    # and whether the whitespace that opens the reasoning is dropped (its `trim`): how
+    # llama-server's parser for the format reads reasoning.
     ends_reasoning: ClassVar[str] = ""
+    trims_reasoning: ClassVar[bool] = False
 
     def read(self, text: str, final: bool) -> Reading:
         raise NotImplementedError
@@ -234,8 +237,10 @@ class _Xml(Syntax):
     as a JSON string, JSON text as written."""
 
     name: str
-    # llama-server ends the reasoning at a call too (its parser for these templates).
+    # llama-server ends the reasoning at a call too, and drops the newline after the <think>
+    # the prompt opens (its parser for these templates).
     ends_reasoning: ClassVar[str] = _XML_MARKER
+    trims_reasoning: ClassVar[bool] = True
     # tool -> parameter -> the JSON types of its value (xml_value_types).
     types: Mapping[str, Mapping[str, frozenset[str]]] = field(default_factory=dict)
 

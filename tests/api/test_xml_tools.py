@@ -78,8 +78,9 @@ def test_a_call_inside_the_reasoning_ends_it(client: openai.OpenAI) -> None:
     choice = client.chat.completions.create(**kwargs).choices[0]
     assert choice.finish_reason == "tool_calls", choice.message
     message = choice.message
-    # This seed writes "e" and the call, no </think> (the tiny model's choice).
-    assert getattr(message, "reasoning_content", None) == "\ne" and message.content is None
+    # This seed writes "e" and the call, no </think> (the tiny model's choice); the newline the
+    # prompt put after <think> is not reasoning (llama-server drops it for these templates).
+    assert getattr(message, "reasoning_content", None) == "e" and message.content is None
     check_light((message.tool_calls or [])[0].function.arguments)
     reasoning, content, streamed, finish = streamed_chat(client.chat.completions.create(stream=True, **kwargs))
     assert (reasoning or None, content, finish) == (getattr(message, "reasoning_content", None), "", "tool_calls")
