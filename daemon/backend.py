@@ -642,6 +642,12 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # only after the output's first occurrence of this text (e.g. "</think>") and the
     # whitespace after it. "": from the first token.
     grammar_after: str = ""
+    # Reasoning the output may write first (a thinking model that opens its reasoning itself,
+    # as Qwen 3 and Gemma 4 do): its (opening, closing) tags. The output either opens with the
+    # opening tag, reasons freely up to the closing one and the whitespace after it, and then
+    # the grammar of `grammar`, `json_schema` or a non-lazy `tool_calls` holds, or that grammar
+    # holds from the first token. ("", ""): no such reasoning. Not with `grammar_after`.
+    grammar_reasoning: tuple[str, str] = ("", "")
     seed: int | None = None
     stop: list[str] = []
     # Fill-in-the-middle: the text after the insertion point (the prompt is the text

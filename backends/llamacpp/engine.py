@@ -66,7 +66,7 @@ from daemon.backend import (
 )
 
 from . import templates
-from .grammar import GEMMA_QUOTE, gbnf_literal, regex_escape, tool_call_trigger
+from .grammar import GEMMA_QUOTE, gbnf_including, gbnf_literal, regex_escape, tool_call_trigger
 from .templates import ChatTemplate
 from .text import PieceDecoder, StopMatcher
 
@@ -90,8 +90,10 @@ SCORED_PREFILL_TOKENS = 64
 # After a step that produced a sequence's first chunk, the engine waits up to this long for
 # the consumer to take it (see `_hand_over_first_chunks`) before it starts the next decode.
 FIRST_CHUNK_HANDOFF_S = 0.003
-# The root rule of a grammar that holds only after a text (Engine._grammar_after).
+# The root rule of a grammar that holds only after a text (Engine._grammar_after), and of
+# one the output may reason before (Engine._grammar_reasoning).
 _AFTER_ROOT = "edged-after"
+_REASONING_ROOT = "edged-reasoning"
 # ggml log levels (ggml.h): forward warnings and errors to Python logging, drop the rest.
 _GGML_LOG_WARN, _GGML_LOG_ERROR = 3, 4
 
@@ -530,12 +532,18 @@ class Engine:
                     f"logit_bias: token id {bad} is out of range for model '{self.name}' "
                     f"(vocabulary of {self.n_vocab} tokens)"
                 )
+            if params.grammar_after and params.grammar_reasoning[0]:
+                raise InvalidArgument("grammar_after and grammar_reasoning cannot be used together")
             if params.grammar and params.tool_calls is not None and params.tool_calls.lazy:
-                if params.grammar_after:
-                    raise InvalidArgument("grammar_after: not with a lazy tool_calls frame (it has its own trigger)")
+                if params.grammar_after or params.grammar_reasoning[0]:
+                    raise InvalidArgument(
+                        "grammar_after, grammar_reasoning: not with a lazy tool_calls frame (it has its own trigger)"
+                    )
                 grammar = self._lazy_tool_grammar(params.grammar, params.tool_calls)
             elif params.grammar and params.grammar_after:
                 grammar = self._grammar_after(params.grammar, params.grammar_after)
+            elif params.grammar and params.grammar_reasoning[0]:
+                grammar = self._grammar_reasoning(params.grammar, params.grammar_reasoning)
             elif params.grammar:
                 grammar = llama.llama_sampler_init_grammar(self._vocab, params.grammar.encode(), b"root")
                 if not grammar:
@@ -580,12 +588,32 @@ class Engine:
 
         llama.cpp's lazy grammar replays the output from the trigger into the grammar, the
         trigger's own text too, and aborts the process on text the grammar rejects: so the
-        grammar here starts with `after` itself, then the caller's root."""
-        wrapped = f"{text}\n{_AFTER_ROOT} ::= {gbnf_literal(after)} [ \\t\\r\\n]* root\n"
+        grammar here starts with `after` itself, then the caller's root. The whitespace between
+        is bounded, as llama.cpp's own `space` rule: a tiny or confused model would otherwise
+        write it forever."""
+        wrapped = f"{text}\n{_AFTER_ROOT} ::= {gbnf_literal(after)} [ \\t\\r\\n]{{0,8}} root\n"
         patterns = (ctypes.c_char_p * 1)(f"({regex_escape(after)})".encode())
         grammar = llama.llama_sampler_init_grammar_lazy_patterns(
             self._vocab, wrapped.encode(), _AFTER_ROOT.encode(), patterns, 1, None, 0
         )
+        if not grammar:
+            raise InvalidArgument("grammar: llama.cpp could not parse it (the daemon log has why)")
+        return grammar
+
+    def _grammar_reasoning(self, text: str, tags: tuple[str, str]) -> Any:
+        """A grammar sampler for `text` that lets the output first reason between `tags`
+        (GenerateParams.grammar_reasoning): the opening tag, any text up to the first closing
+        tag, the whitespace after it, then the caller's root; or that root at once. As
+        llama-server's grammars for thinking templates let the model think before it answers
+        in the required form."""
+        opening, closing = tags
+        if not closing:
+            raise InvalidArgument("grammar_reasoning: both tags are needed")
+        wrapped = (
+            f"{text}\n{_REASONING_ROOT} ::= ({gbnf_literal(opening)} edged-thought [ \\t\\r\\n]{{0,8}})? root\n"
+            f"{gbnf_including('edged-thought', closing)}\n"
+        )
+        grammar = llama.llama_sampler_init_grammar(self._vocab, wrapped.encode(), _REASONING_ROOT.encode())
         if not grammar:
             raise InvalidArgument("grammar: llama.cpp could not parse it (the daemon log has why)")
         return grammar

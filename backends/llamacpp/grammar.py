@@ -135,7 +135,7 @@ def _parameters(name: str, schema_json: str) -> tuple[str, Any]:
 def _gemma_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
     """Per tool, the rule of its arguments in Gemma 4's object syntax, held to the tool's
     schema (_GemmaSchema), and all the rules."""
-    names, rules = [], [_GEMMA_RULES, _including("gemma-string-rest", GEMMA_QUOTE)]
+    names, rules = [], [_GEMMA_RULES, gbnf_including("gemma-string-rest", GEMMA_QUOTE)]
     for number, (name, schema_json) in enumerate(tools):
         where, schema = _parameters(name, schema_json)
         converter = _GemmaSchema(schema, f"tool-{number}", rules)
@@ -278,7 +278,7 @@ def _xml_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
     names, value_rules = _convert_all(json_values, "tools") if json_values else ([], "")
     # The converter names a value by its own rule where it has one ("integer"): an alias.
     rules += [f"{rule} ::= {name}" for (_, rule), name in zip(json_values, names, strict=True) if name != rule]
-    return arguments, "\n".join([*rules, _including("xml-arg-string", _XML_CLOSE), value_rules])
+    return arguments, "\n".join([*rules, gbnf_including("xml-arg-string", _XML_CLOSE), value_rules])
 
 
 def _xml_value(schema: Any, root: Any, where: str, rule: str, json_values: list[tuple[str, str]]) -> str:
@@ -348,7 +348,7 @@ def _any_order(name: str, rules: list[str], out: list[str], *, some: bool = Fals
     return rule_of((1 << len(rules)) - 1)
 
 
-def _including(name: str, delimiter: str) -> str:
+def gbnf_including(name: str, delimiter: str) -> str:
     """Rules `name`(-state) for any text up to and including the first `delimiter` (the
     automaton of a search for it: state k has matched its first k characters)."""
     alphabet = sorted(set(delimiter))

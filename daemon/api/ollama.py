@@ -508,12 +508,11 @@ class _Thinking:
         return _Split(self.tags, reasoning.opened_by(prompt, self.tags), chat=chat, ends=self.ends)
 
     def hold_grammar(self, prompt: str, params: GenerateParams) -> None:
-        """A prompt that opened the reasoning: `format` or tools constrain the reply from the
-        closing tag on, after the model has thought, as Ollama lets it think first. When the
-        model is to open the reasoning itself (Qwen 3), the grammar holds from the first token
-        and the model answers without thinking."""
+        """`format` or tools constrain the reply after the model has thought, as Ollama lets
+        it think first: from the closing tag on where the prompt opened the reasoning, after
+        the reasoning the model may open itself (Qwen 3) otherwise."""
         if self.tags[0]:
-            reasoning.hold_grammar_after(params, self.tags, reasoning.opened_by(prompt, self.tags))
+            reasoning.hold_grammar_after(params, self.tags, prompt)
 
 
 class _Split:

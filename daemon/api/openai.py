@@ -828,7 +828,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prompt = model.chat_prompt(messages, template_kwargs=req.chat_template_kwargs, tools=described)
     tags = model.thinking_tags()
     opened = reasoning.opened_by(prompt, tags)
-    reasoning.hold_grammar_after(params, tags, opened)
+    reasoning.hold_grammar_after(params, tags, prompt)
     split = splits_reasoning(req.reasoning_format) and bool(tags[0])
     # Unsplit, the reply starts with the tag the prompt opened, as llama-server's "none" shows it.
     reopened = tags[0] + opened if opened is not None and not split else ""

@@ -560,7 +560,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     prompt = model.chat_prompt(messages, tools=openai_tools.described_tools(syntax, all_tools))
     tags = model.thinking_tags()
     opened = reasoning.opened_by(prompt, tags)
-    reasoning.hold_grammar_after(params, tags, opened)
+    reasoning.hold_grammar_after(params, tags, prompt)
     reading = syntax_named(syntax)
     thinking = _Thinking(tags, opened, reading.ends_reasoning, reading.trims_reasoning) if tags[0] else None
     ident, created = f"resp_{uuid.uuid4().hex}", int(time.time())

@@ -124,13 +124,20 @@ def split(text: str, tags: tuple[str, str], *, opened: str | None, trim: bool, e
     return ThinkingSplit(tags, opened=opened, trim=trim, ends=ends).feed(text, final=True)
 
 
-def hold_grammar_after(params: GenerateParams, tags: tuple[str, str], opened: str | None) -> None:
-    """A prompt that opened the model's reasoning (DeepSeek R1's templates): an output grammar
-    (response_format, a generic or required tool reply) holds from the closing tag on, or the
-    model would write its answer inside the reasoning. A lazy tool frame has its own trigger."""
+def hold_grammar_after(params: GenerateParams, tags: tuple[str, str], prompt: str) -> None:
+    """An output grammar (response_format, a generic or required tool reply) of a thinking
+    model holds after its reasoning, as llama-server's and Ollama's do: from the closing tag
+    on where the prompt opened the reasoning (DeepSeek R1's templates; else the model would
+    write its answer inside the reasoning), after the reasoning the model may open itself
+    (Qwen 3, Gemma 4) otherwise, and at once where the prompt closed it (thinking turned off).
+    A lazy tool frame has its own trigger."""
     lazy = params.tool_calls is not None and params.tool_calls.lazy
-    if opened is not None and not lazy and (params.json_schema or params.grammar or params.tool_calls):
+    if not tags[0] or lazy or not (params.json_schema or params.grammar or params.tool_calls):
+        return
+    if opened_by(prompt, tags) is not None:
         params.grammar_after = tags[1]
+    elif not prompt.rstrip().endswith(tags[1]):
+        params.grammar_reasoning = tags
 
 
 _GEMMA_CHANNEL = "<|channel>thought"

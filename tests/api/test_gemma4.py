@@ -87,10 +87,12 @@ def test_the_tool_loop_goes_back_through_the_template(client: openai.OpenAI, dae
     after = client.chat.completions.create(model="gemma4", messages=answered, tools=[LIGHT], max_tokens=1)
     assert base.usage is not None and after.usage is not None
     assert after.usage.prompt_tokens > base.usage.prompt_tokens + len("call:set_light{room:hall,on:true}done")
-    # Ollama's shape: arguments as an object, results by tool name; the same prompt.
+    # Ollama's shape: arguments as an object, the reasoning (if the model reasoned before its
+    # call) as `thinking`, results by tool name; the same prompt.
     arguments = json.loads(reply.tool_calls[0].function.arguments)
+    thinking = {"thinking": reply.reasoning_content} if getattr(reply, "reasoning_content", None) else {}
     body = {"model": "gemma4", "stream": False, "tools": [LIGHT], "options": {"num_predict": 1},
-            "messages": [*QUESTION, {"role": "assistant", "content": "",
+            "messages": [*QUESTION, {"role": "assistant", "content": "", **thinking,
                                      "tool_calls": [{"function": {"name": "set_light", "arguments": arguments}}]},
                          {"role": "tool", "tool_name": "set_light", "content": "done"}]}
     response = httpx.post(f"http://127.0.0.1:{daemon.http_port}/api/chat", json=body, timeout=60)

@@ -172,6 +172,33 @@ def test_a_json_answer_after_an_opened_reasoning(client: Any) -> None:
     assert set(json.loads(choice.message.content)) == {"a"}
 
 
+def test_a_json_answer_after_reasoning_the_model_opens(client: Any) -> None:
+    # Qwen 3 opens its reasoning itself: the output grammar lets it reason first (its opening
+    # tag, any text, its closing tag) and holds after that, as llama-server's does; before,
+    # the grammar held from the first token and the model could not think.
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    bias = {str(OPEN): 8, str(CLOSE): 8}
+    for seed in range(40):
+        choice = ask(client, model="qwen3", seed=seed, max_tokens=80, response_format=fmt, logit_bias=bias)
+        if choice.finish_reason == "stop" and (choice.message.model_extra or {}).get("reasoning_content"):
+            break
+    else:
+        pytest.fail("no seed of 40 closed the reasoning and finished the JSON")
+    thought = (choice.message.model_extra or {}).get("reasoning_content")
+    assert thought and "</think>" not in thought
+    assert set(json.loads(choice.message.content)) == {"a"}
+    # Streamed alike.
+    reasoning, content, _ = streamed(client, model="qwen3", seed=seed, max_tokens=80, response_format=fmt,
+                                     logit_bias=bias)
+    assert (reasoning, content) == (thought, choice.message.content)
+    # A model that does not open its reasoning (here: pushed to "{") answers in the format at once.
+    brace = _vocab()[0].index("{")
+    plain = ask(client, model="qwen3", seed=0, max_tokens=80, response_format=fmt, logit_bias={str(brace): 30})
+    assert plain.finish_reason == "stop" and set(json.loads(plain.message.content)) == {"a"}
+    assert not (plain.message.model_extra or {}).get("reasoning_content")
+
+
 def test_control_token_tags_keep_their_text(client: Any) -> None:
     # Ministral 3's [THINK] and [/THINK] are control tokens, which write no text: kept (as
     # llama-server's preserved tokens), the reasoning comes apart as with <think>.

@@ -89,5 +89,38 @@ async def test_grammar_after_is_not_for_a_lazy_tool_frame(load: Loader, tmp_path
     template = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
     backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template, user_tokens=TAGS))
     frame = ToolCallFrame(call_schema='{"type": "object"}', open="<tool_call>\n", close="\n</tool_call>", lazy=True)
-    with pytest.raises(InvalidArgument, match="grammar_after: not with a lazy tool_calls frame"):
-        await _text(backend, "x", GenerateParams(max_tokens=4, tool_calls=frame, grammar_after="</think>"))
+    for other in ({"grammar_after": "</think>"}, {"grammar_reasoning": TAGS}):
+        with pytest.raises(InvalidArgument, match="grammar_after, grammar_reasoning: not with a lazy tool_calls frame"):
+            await _text(backend, "x", GenerateParams(max_tokens=4, tool_calls=frame, **other))
+    with pytest.raises(InvalidArgument, match="grammar_after and grammar_reasoning cannot be used together"):
+        await _text(backend, "x", GenerateParams(max_tokens=4, grammar='root ::= "x"', grammar_after="</think>",
+                                                 grammar_reasoning=TAGS))
+
+
+async def test_a_grammar_holds_after_reasoning_the_model_opens(load: Loader, tmp_path: Path) -> None:
+    """grammar_reasoning (Qwen 3 opens its reasoning itself): the output may open the tag,
+    reason freely up to the closing one, and the grammar holds after it; or the grammar holds
+    at once. Never text the grammar rejects outside the reasoning."""
+    template = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template, user_tokens=TAGS))
+    prompt = backend.chat_prompt([{"role": "user", "content": "Hi"}])
+    tokens = len(_vocab()[0])
+    grammar = 'root ::= "yes" | "no"'
+    kinds = set()
+    # Even seeds: pushed to reason first; odd ones: kept from opening the tag (its token and
+    # its first character), so that the grammar holds at once.
+    biases = [{tokens: 4.0, tokens + 1: 4.0}, {tokens: -100.0, _vocab()[0].index("<"): -100.0}]
+    for seed in range(12):
+        params = GenerateParams(max_tokens=60, temperature=1.0, seed=seed, grammar=grammar, grammar_reasoning=TAGS,
+                                logit_bias=biases[seed % 2])
+        text, finish = await _text(backend, prompt, params)
+        assert finish == "stop", text
+        if text.startswith("<think>"):
+            reasoning, closed, answer = text[len("<think>"):].partition("</think>")
+            assert closed and "</think>" not in reasoning
+            kinds.add("reasoned" if reasoning else "empty")
+        else:
+            answer = text
+            kinds.add("at once")
+        assert answer.strip() in ("yes", "no") and len(answer) - len(answer.lstrip()) <= 8, text
+    assert {"reasoned", "at once"} <= kinds, kinds
