@@ -353,10 +353,17 @@ class _Gemma(Syntax):
         return reading
 
 
-def _gemma_value(text: str, i: int) -> tuple[str, int]:
+# Deeper nesting than this in a Gemma value is read no further (the reply stays text): the
+# reader recurses, and a model's output must not exhaust Python's stack.
+_GEMMA_DEPTH = 64
+
+
+def _gemma_value(text: str, i: int, depth: int = 0) -> tuple[str, int]:
     """The JSON of the Gemma value at text[i] (after whitespace) and the index after it; while
     it is incomplete, the JSON of what is certain so far and -1 (an end that may begin a
     string's closing mark is held back)."""
+    if depth > _GEMMA_DEPTH:
+        return "", -1
     i = _skip(text, i)
     rest = text[i:]
     if rest.startswith(_GEMMA_QUOTE):
@@ -369,14 +376,14 @@ def _gemma_value(text: str, i: int) -> tuple[str, int]:
     if not rest or _GEMMA_QUOTE.startswith(rest):
         return "", -1
     if rest[0] in "{[":
-        return _gemma_container(text, i)
+        return _gemma_container(text, i, depth)
     end = i
     while end < len(text) and text[end] not in ",}] \t\n\r":
         end += 1
     return text[i:end], end if end < len(text) else -1
 
 
-def _gemma_container(text: str, i: int) -> tuple[str, int]:
+def _gemma_container(text: str, i: int, depth: int) -> tuple[str, int]:
     """_gemma_value of the object or list at text[i]; a member goes out as its key comes
     (llama-server's streaming), a comma with the member after it."""
     keyed = text[i] == "{"
@@ -404,7 +411,7 @@ def _gemma_container(text: str, i: int) -> tuple[str, int]:
                 return out, -1
             head += json.dumps(text[i:colon], ensure_ascii=False) + ":"
             i = colon + 1
-        value, end = _gemma_value(text, i)
+        value, end = _gemma_value(text, i, depth + 1)
         if end < 0:
             return out + head + value, -1
         out, i, members = out + head + value, end, members + 1

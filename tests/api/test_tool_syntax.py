@@ -368,3 +368,13 @@ def test_gemma_replies_read_as_llama_server_reads_them(reply: dict) -> None:
     kept = (content or "").removeprefix(message.get("content") or "")
     assert kept == "" or kept.startswith("<channel|>"), content
     assert streamed_calls(use, text) == expected
+
+
+def test_a_gemma_value_nested_past_reason_stays_text() -> None:
+    # The reader recurses: nesting a model could write forever is read no further than 64
+    # levels, and the reply is its text (a complete call nested less deep reads as usual).
+    use = openai_tools.ToolUse("gemma4", TOOLS, "required", parallel=True)
+    deep = "<|tool_call>call:get_weather{a:" + "[" * 5000 + "]" * 5000 + "}<tool_call|>"
+    assert use.reply(deep, cut=False) == (deep, [])
+    fine = "<|tool_call>call:get_weather{a:" + "[" * 30 + "]" * 30 + "}<tool_call|>"
+    assert json.loads(use.reply(fine, cut=False)[1][0]["function"]["arguments"]) == {"a": json.loads("[" * 30 + "]" * 30)}
