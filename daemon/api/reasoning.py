@@ -7,7 +7,8 @@ when the prompt already ends with the opening tag (DeepSeek R1's templates). As 
 - the reasoning opens only at the very start of the output (after whitespace); a tag later on
   is the answer's text, and an output that does not open with the tag is all answer;
 - it runs to the first closing tag; whitespace after that tag is not part of the answer;
-- an output that ends before the closing tag (a length cut) is all reasoning.
+- an output that ends before the closing tag (a length cut) is all reasoning (a start of the
+  closing tag at its very end left out).
 They differ in one place: Ollama drops the whitespace that starts the reasoning, llama-server
 keeps it, with the whitespace the prompt put after an opening tag it wrote (`trim`). For Gemma 4's
 thought channel (`<|channel>thought` ... `<channel|>`) llama-server drops the whitespace that
