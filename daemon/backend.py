@@ -560,7 +560,8 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
     arguments_syntax: Literal["json", "xml", "gemma"] = "json"
 
 
-_JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
+# The types of JSON schema (xml_value_types: a schema that says nothing admits them all).
+JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
 
 
 def xml_value_types(schema: Any, root: Any, depth: int = 0) -> frozenset[str]:
@@ -569,7 +570,7 @@ def xml_value_types(schema: Any, root: Any, depth: int = 0) -> frozenset[str]:
     they include "string" the value is raw text (read as JSON first when other types are
     admitted too), else JSON text. Both the grammar and the reader of a frame go by this."""
     if not isinstance(schema, dict) or depth > 16:
-        return _JSON_TYPES
+        return JSON_TYPES
     ref = schema.get("$ref")
     if isinstance(ref, str):
         target: Any = root
@@ -583,14 +584,15 @@ def xml_value_types(schema: Any, root: Any, depth: int = 0) -> frozenset[str]:
         return frozenset(kind for kind in kinds if isinstance(kind, str))
     values = [schema["const"]] if "const" in schema else schema.get("enum")
     if isinstance(values, list):
-        return frozenset(_json_type(value) for value in values)
+        return frozenset(json_type(value) for value in values)
     alternatives = schema.get("anyOf", schema.get("oneOf"))
     if isinstance(alternatives, list):
         return frozenset().union(*(xml_value_types(a, root, depth + 1) for a in alternatives))
-    return _JSON_TYPES
+    return JSON_TYPES
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """The JSON schema type of a decoded JSON value ("integer" for ints, not "number")."""
     if isinstance(value, str):
         return "string"
     if isinstance(value, bool):

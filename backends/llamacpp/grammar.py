@@ -160,9 +160,14 @@ class _GemmaSchema:
         self.root, self.prefix, self.rules = root, prefix, rules
         self.count = 0
 
-    def rule(self, body: str) -> str:
+    def fresh(self) -> str:
+        """A rule name not used yet."""
         name = f"{self.prefix}-{self.count}"
         self.count += 1
+        return name
+
+    def rule(self, body: str) -> str:
+        name = self.fresh()
         self.rules.append(f"{name} ::= {body}")
         return name
 
@@ -222,13 +227,13 @@ class _GemmaSchema:
             member = self.rule(f'{gbnf_literal(key)} ":" gemma-ws {self.value(value, f"{where}.properties.{key}", depth + 1)}')
             (needed if key in required else optional).append(member)
         joiner = '"," gemma-ws'
-        name = f"{self.prefix}-{self.count}"
-        self.count += 1
+        name = self.fresh()
         body = _any_order(f"{name}-needed", needed, self.rules, joiner=joiner) if needed else ""
         if optional:
             more = _any_order(f"{name}-more", optional, self.rules, some=True, joiner=joiner)
             body = f"{body} ({joiner} {more})?" if body else f"({more})?"
-        return self.rule(f'"{{" gemma-ws {body} gemma-ws "}}"'.replace("gemma-ws  gemma-ws", "gemma-ws"))
+        inner = f" {body} gemma-ws" if body else ""
+        return self.rule(f'"{{" gemma-ws{inner} "}}"')
 
     def literal(self, value: Any, where: str) -> str:
         if isinstance(value, str):

@@ -839,8 +839,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     first_delta = [True for _ in choices]
     stream_tools = [use.stream() for _ in choices] if use else []
     reading = syntax_named(syntax)
-    ends, trim = reading.ends_reasoning, reading.trims_reasoning
-    splits = [reasoning.ThinkingSplit(tags, opened=opened, trim=trim, ends=ends) for _ in choices] if split else []
+    splits = [reading.thinking_split(tags, opened) for _ in choices] if split else []
     unsent: list[list[TokenLogprob]] = [[] for _ in choices]
     fresh = [True for _ in choices]  # no chunk of the choice came yet
 
@@ -916,7 +915,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         text = reopened + text
         thought = ""
         if split:
-            thought, text = reasoning.split(text, tags, opened=opened, trim=trim, ends=ends)
+            thought, text = reading.thinking_split(tags, opened).feed(text, final=True)
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if thought:
             message["reasoning_content"] = thought

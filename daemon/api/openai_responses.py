@@ -45,7 +45,7 @@ from daemon.api.openai import (
     start_sse,
     token_text,
 )
-from daemon.api.tool_syntax import syntax_named
+from daemon.api.tool_syntax import GENERIC, Syntax, syntax_named
 from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
 from daemon.errors import EdgedError, InvalidArgument
 
@@ -480,8 +480,8 @@ class _Thinking:
     to hold text back), so the token completing the tag ends a chunk and the count is exact;
     whitespace after the tag counts as the answer's."""
 
-    def __init__(self, tags: tuple[str, str], opened: str | None, ends: str = "", trim: bool = False) -> None:
-        self._split = reasoning.ThinkingSplit(tags, opened=opened, trim=trim, ends=ends)
+    def __init__(self, tags: tuple[str, str], opened: str | None, syntax: Syntax = GENERIC) -> None:
+        self._split = syntax.thinking_split(tags, opened)
         self._tokens = 0  # of chunks not yet known to be reasoning or answer
         self._logprobs: list[TokenLogprob] = []
         self.tokens = 0
@@ -561,8 +561,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     tags = model.thinking_tags()
     opened = reasoning.opened_by(prompt, tags)
     reasoning.hold_grammar_after(params, tags, prompt)
-    reading = syntax_named(syntax)
-    thinking = _Thinking(tags, opened, reading.ends_reasoning, reading.trims_reasoning) if tags[0] else None
+    thinking = _Thinking(tags, opened, syntax_named(syntax)) if tags[0] else None
     ident, created = f"resp_{uuid.uuid4().hex}", int(time.time())
     output = _Output(logprobs=params.logprobs is not None, streamed=bool(req.stream))
     reply = use.stream() if use else None

@@ -10,9 +10,10 @@ when the prompt already ends with the opening tag (DeepSeek R1's templates). As 
 - an output that ends before the closing tag (a length cut) is all reasoning (a start of the
   closing tag at its very end left out).
 They differ in one place: Ollama drops the whitespace that starts the reasoning, llama-server
-keeps it, with the whitespace the prompt put after an opening tag it wrote (`trim`). For Gemma 4's
-thought channel (`<|channel>thought` ... `<channel|>`) llama-server drops the whitespace that
-opens the reasoning and keeps the whitespace after the channel closes.
+keeps it, with the whitespace the prompt put after an opening tag it wrote (`trim`). Some of
+llama-server's parsers for newer formats differ again (Qwen 3.5's trims; Gemma 4's thought
+channel trims and keeps the whitespace after the closing tag as the answer's, `keep_after`):
+the tool syntax of the model says which (`tool_syntax.Syntax`).
 
 Streamed, a piece that might still become a tag is held back until it is known, so the streamed
 parts add up to the whole reply's.
@@ -48,11 +49,15 @@ class ThinkingSplit:
     """One reply's reasoning and answer. `opened`: what `opened_by` found in the prompt;
     `trim`: drop the whitespace that starts the reasoning (Ollama) rather than keep it;
     `ends`: a marker that also ends the reasoning and begins the answer (Qwen 3.5's
-    `<tool_call>`: llama-server reads a call written inside the reasoning as a call)."""
+    `<tool_call>`: llama-server reads a call written inside the reasoning as a call);
+    `keep_after`: the whitespace after the closing tag is the answer's (Gemma 4's channel)."""
 
-    def __init__(self, tags: tuple[str, str], *, opened: str | None, trim: bool, ends: str = "") -> None:
+    def __init__(
+        self, tags: tuple[str, str], *, opened: str | None, trim: bool, ends: str = "", keep_after: bool = False
+    ) -> None:
         self._opening, self._closing = tags
         self._ends = ends
+        self._keep_after = keep_after
         self._trim = trim
         self._held = ""
         if opened is None:
@@ -60,11 +65,8 @@ class ThinkingSplit:
         else:
             self._state = _State.REASONING
             self._held = "" if trim else opened
-        # llama-server's parser for Gemma 4's thought channel drops the whitespace that opens
-        # the reasoning and keeps that after the channel closes (the answer's).
-        self._channel = tags[0] == _GEMMA_CHANNEL and not trim
         # The reasoning's start is still whitespace to drop.
-        self._eating = trim or self._channel
+        self._eating = trim
         self._closed = False
 
     @property
@@ -109,20 +111,22 @@ class ThinkingSplit:
             else:
                 # A start of the closing tag at the end of a reply cut short is no reasoning
                 # (llama-server leaves it out too).
-                keep = max(_overlap(pending, self._closing), _overlap(pending, self._ends))
+                keep = max(overlap(pending, self._closing), overlap(pending, self._ends))
                 reasoning, self._held, pending = pending[: len(pending) - keep], pending[len(pending) - keep:], ""
                 if final:
                     self._held = ""
         if self._state is _State.AFTER:
-            pending = pending if self._channel else pending.lstrip()
+            pending = pending if self._keep_after else pending.lstrip()
             if pending:
                 self._state = _State.ANSWER
         return reasoning, pending if self._state is _State.ANSWER else ""
 
 
-def split(text: str, tags: tuple[str, str], *, opened: str | None, trim: bool, ends: str = "") -> tuple[str, str]:
+def split(
+    text: str, tags: tuple[str, str], *, opened: str | None, trim: bool, ends: str = "", keep_after: bool = False
+) -> tuple[str, str]:
     """A whole reply's reasoning and answer (ThinkingSplit, fed once)."""
-    return ThinkingSplit(tags, opened=opened, trim=trim, ends=ends).feed(text, final=True)
+    return ThinkingSplit(tags, opened=opened, trim=trim, ends=ends, keep_after=keep_after).feed(text, final=True)
 
 
 def hold_grammar_after(params: GenerateParams, tags: tuple[str, str], prompt: str) -> None:
@@ -141,11 +145,9 @@ def hold_grammar_after(params: GenerateParams, tags: tuple[str, str], prompt: st
         params.grammar_reasoning = tags
 
 
-_GEMMA_CHANNEL = "<|channel>thought"
-
-
-def _overlap(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that is a start of `tag` (shorter than it)."""
+def overlap(text: str, tag: str) -> int:
+    """The length of the longest end of `text` that is a start of `tag` (shorter than it): what
+    a stream holds back until it knows whether the tag is coming."""
     for size in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:size]):
             return size

@@ -32,7 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from daemon.backend import ToolCallFrame, xml_value_types
+from daemon.api.reasoning import ThinkingSplit, overlap
+from daemon.backend import JSON_TYPES, ToolCallFrame, json_type, xml_value_types
 
 
 @dataclass
@@ -55,11 +56,13 @@ class Syntax:
 
     name: str
     native = True
-    # A marker that also ends a thinking model's reasoning (reasoning.ThinkingSplit's `ends`),
-    # and whether the whitespace that opens the reasoning is dropped (its `trim`): how
-    # llama-server's parser for the format reads reasoning.
+    # How llama-server's parser for the format reads a thinking model's reasoning
+    # (reasoning.ThinkingSplit's `ends`, `trim` and `keep_after`): a marker that also ends
+    # it, whether the whitespace that opens it is dropped, whether the whitespace after its
+    # closing tag is the answer's.
     ends_reasoning: ClassVar[str] = ""
     trims_reasoning: ClassVar[bool] = False
+    keeps_after_reasoning: ClassVar[bool] = False
 
     def read(self, text: str, final: bool) -> Reading:
         raise NotImplementedError
@@ -72,6 +75,13 @@ class Syntax:
 
     def call_id(self) -> str:
         return f"call_{uuid.uuid4().hex[:24]}"
+
+    def thinking_split(self, tags: tuple[str, str], opened: str | None) -> ThinkingSplit:
+        """A reply's reasoning and answer as llama-server's parser for the format reads them."""
+        return ThinkingSplit(
+            tags, opened=opened, trim=self.trims_reasoning, ends=self.ends_reasoning,
+            keep_after=self.keeps_after_reasoning,
+        )
 
     def for_tools(self, parameters: Mapping[str, Any]) -> Syntax:
         """This syntax for one request's tools (name -> parameters schema): a syntax that
@@ -127,11 +137,9 @@ class _Framed(Syntax):
     def read(self, text: str, final: bool) -> Reading:
         reading = Reading()
         if self.open:
-            at = text.find(self.open)
+            at = _content(text, self.open, final, reading)
             if at < 0:
-                reading.content = text if final else _held_back(text, self.open)
                 return reading
-            reading.content = text[:at].rstrip()
             i = at + len(self.open)
         else:
             # No opening marker (Llama 3.x): a reply starting with "{" is a call, anything
@@ -165,8 +173,22 @@ class _Framed(Syntax):
             return reading
 
 
+class _ByName(Syntax):
+    """A syntax whose calls are no JSON objects but a tool's name and its arguments (the
+    frame's `named_calls`)."""
+
+    def call_schema(self, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        # Not a schema of the call: what `frame` needs of it.
+        return {"name": name, "arguments": parameters}
+
+
+def _named_calls(calls: list[dict[str, Any]]) -> dict[str, str]:
+    """ToolCallFrame.named_calls of `_ByName.call_schema`s: tool name -> arguments schema."""
+    return {call["name"]: json.dumps(call["arguments"]) for call in calls}
+
+
 @dataclass(frozen=True)
-class _Named(Syntax):
+class _Named(_ByName):
     """Calls written as `marker` + name (+ `id_marker` + id) + `args_marker` + arguments object,
     one after another: newer Mistral templates (`[TOOL_CALLS]get_weather[ARGS]{...}`)."""
 
@@ -175,15 +197,10 @@ class _Named(Syntax):
     args_marker: str = "[ARGS]"
     id_marker: str = ""
 
-    def call_schema(self, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
-        # Not a schema of the call (it is no JSON object): what `frame` needs of it.
-        return {"name": name, "arguments": parameters}
-
     def frame(self, calls: list[dict[str, Any]], *, lazy: bool, parallel: bool) -> ToolCallFrame:
         return ToolCallFrame(
             open=self.marker, separator=self.marker, max_calls=None if parallel else 1, lazy=lazy,
-            named_calls={call["name"]: json.dumps(call["arguments"]) for call in calls},
-            args_marker=self.args_marker, id_marker=self.id_marker,
+            named_calls=_named_calls(calls), args_marker=self.args_marker, id_marker=self.id_marker,
         )
 
     def call_id(self) -> str:
@@ -228,7 +245,7 @@ _XML_CLOSE = "\n</parameter>\n"
 
 
 @dataclass(frozen=True)
-class _Xml(Syntax):
+class _Xml(_ByName):
     """Qwen 3.5 and Qwen3-Coder: each call is `<tool_call>\n<function=name>\n`, one
     `<parameter=key>\nvalue\n</parameter>\n` per argument, then `</function>\n</tool_call>`.
     A value is raw text where its schema admits strings (as JSON first, where it admits
@@ -254,16 +271,12 @@ class _Xml(Syntax):
             }
         return replace(self, types=types)
 
-    def call_schema(self, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
-        # Not a schema of the call (it is no JSON object): what `frame` needs of it.
-        return {"name": name, "arguments": parameters}
-
     def frame(self, calls: list[dict[str, Any]], *, lazy: bool, parallel: bool) -> ToolCallFrame:
         end = "</function>\n</tool_call>"
         return ToolCallFrame(
             open=f"{_XML_MARKER}\n{_XML_FUNCTION}", separator=f"{end}\n{_XML_MARKER}\n{_XML_FUNCTION}", close=end,
             max_calls=None if parallel else 1, lazy=lazy, args_marker=">\n", arguments_syntax="xml",
-            named_calls={call["name"]: json.dumps(call["arguments"]) for call in calls},
+            named_calls=_named_calls(calls),
         )
 
     def read(self, text: str, final: bool) -> Reading:
@@ -289,7 +302,7 @@ class _Xml(Syntax):
                 call.arguments += f"{comma}{json.dumps(key, ensure_ascii=False)}:"
                 start = end + 2 if text.startswith(">\n", end) else end + 1
                 close = text.find(_XML_CLOSE, start)
-                kinds = types.get(key, _ALL_TYPES)
+                kinds = types.get(key, JSON_TYPES)
                 if close < 0:
                     call.arguments += _xml_partial(text[start:], kinds, final)
                     return reading
@@ -312,23 +325,23 @@ _GEMMA_QUOTE = '<|"|>'
 
 
 @dataclass(frozen=True)
-class _Gemma(Syntax):
+class _Gemma(_ByName):
     """Gemma 4: `<|tool_call>call:name{...}<tool_call|>` per call, one after another, the
     arguments in Gemma's object syntax (`{key:<|"|>text<|"|>,n:3,o:{a:true},l:[1]}`), read
     into compact JSON as llama-server converts them: keys quoted, strings escaped, numbers,
     booleans and null as written."""
 
     name: str
-
-    def call_schema(self, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
-        # Not a schema of the call (it is no JSON object): what `frame` needs of it.
-        return {"name": name, "arguments": parameters}
+    # llama-server's parser for Gemma 4's thought channel drops the whitespace that opens the
+    # reasoning and keeps that after the channel closes (the answer's).
+    trims_reasoning: ClassVar[bool] = True
+    keeps_after_reasoning: ClassVar[bool] = True
 
     def frame(self, calls: list[dict[str, Any]], *, lazy: bool, parallel: bool) -> ToolCallFrame:
         return ToolCallFrame(
             open=_GEMMA_CALL, separator=_GEMMA_END + _GEMMA_CALL, close=_GEMMA_END,
             max_calls=None if parallel else 1, lazy=lazy, arguments_syntax="gemma",
-            named_calls={call["name"]: json.dumps(call["arguments"]) for call in calls},
+            named_calls=_named_calls(calls),
         )
 
     def read(self, text: str, final: bool) -> Reading:
@@ -371,7 +384,7 @@ def _gemma_value(text: str, i: int, depth: int = 0) -> tuple[str, int]:
         end = text.find(_GEMMA_QUOTE, start)
         if end < 0:
             raw = text[start:]
-            return json.dumps(raw[: len(raw) - _overlap(raw, _GEMMA_QUOTE)], ensure_ascii=False)[:-1], -1
+            return json.dumps(raw[: len(raw) - overlap(raw, _GEMMA_QUOTE)], ensure_ascii=False)[:-1], -1
         return json.dumps(text[start:end], ensure_ascii=False), end + len(_GEMMA_QUOTE)
     if not rest or _GEMMA_QUOTE.startswith(rest):
         return "", -1
@@ -417,9 +430,6 @@ def _gemma_container(text: str, i: int, depth: int) -> tuple[str, int]:
         out, i, members = out + head + value, end, members + 1
 
 
-_ALL_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
-
-
 def _xml_value(raw: str, kinds: frozenset[str]) -> str:
     """A complete parameter value as JSON text (see _Xml)."""
     if kinds != {"string"}:
@@ -437,7 +447,7 @@ def _xml_partial(raw: str, kinds: frozenset[str], final: bool) -> str:
     string without its closing quote, JSON text as written; nothing for a value that may be
     either until the reply ends. An end that may begin the closing `</parameter>` is not the
     value's (llama-server leaves it out of a cut reply too)."""
-    raw = raw[: len(raw) - _overlap(raw, _XML_CLOSE)]
+    raw = raw[: len(raw) - overlap(raw, _XML_CLOSE)]
     if kinds == {"string"} or (final and "string" in kinds):
         return json.dumps(raw, ensure_ascii=False)[:-1]
     if "string" in kinds:
@@ -446,23 +456,8 @@ def _xml_partial(raw: str, kinds: frozenset[str], final: bool) -> str:
 
 
 def _admits(kinds: frozenset[str], value: Any) -> bool:
-    if isinstance(value, bool):
-        return "boolean" in kinds
-    if isinstance(value, int):
-        return "integer" in kinds or "number" in kinds
-    if isinstance(value, float):
-        return "number" in kinds
-    if value is None:
-        return "null" in kinds
-    return ("object" if isinstance(value, dict) else "array") in kinds
-
-
-def _overlap(text: str, marker: str) -> int:
-    """The length of the longest end of `text` that is a start of `marker` (shorter than it)."""
-    for size in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:size]):
-            return size
-    return 0
+    kind = json_type(value)
+    return kind in kinds or (kind == "integer" and "number" in kinds)
 
 
 GENERIC: Syntax = _Generic()
@@ -495,7 +490,7 @@ def _content(text: str, marker: str, final: bool, reading: Reading) -> int:
 
 def _held_back(text: str, marker: str) -> str:
     """`text` without an end that may be the start of `marker`, nor whitespace before it."""
-    return text[: len(text) - _overlap(text, marker)].rstrip()
+    return text[: len(text) - overlap(text, marker)].rstrip()
 
 
 # --------------------------------------------------------------------------- partial JSON

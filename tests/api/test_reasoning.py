@@ -114,11 +114,11 @@ def test_gemma_thought_channel_as_llama_server_splits_it(reply: dict) -> None:
     text, message = reply["raw"], reply["message"]
     if reply["case"] == "chat_empty_channel":
         # An empty channel before the thought: llama-server skips it; here it is the answer's.
-        assert split(text, GEMMA_TAGS, opened=None, trim=False)[0] == ""
+        assert split(text, GEMMA_TAGS, opened=None, trim=True, keep_after=True)[0] == ""
         return
-    whole = split(text, GEMMA_TAGS, opened=None, trim=False)
+    whole = split(text, GEMMA_TAGS, opened=None, trim=True, keep_after=True)
     assert whole == (message["reasoning_content"], message["content"])
     for cut in range(len(text) + 1):
-        stream = ThinkingSplit(GEMMA_TAGS, opened=None, trim=False)
+        stream = ThinkingSplit(GEMMA_TAGS, opened=None, trim=True, keep_after=True)
         parts = [stream.feed(text[:cut], False), stream.feed(text[cut:], False), stream.feed("", True)]
         assert ("".join(r for r, _ in parts), "".join(c for _, c in parts)) == whole, cut

@@ -10,7 +10,6 @@ import msgspec
 import pytest
 
 from daemon.api import openai_tools
-from daemon.api.reasoning import split
 from daemon.api.tool_syntax import GENERIC, syntax_named
 from daemon.backend import GenerateParams
 from daemon.errors import InvalidArgument
@@ -330,7 +329,7 @@ def test_xml_replies_read_as_llama_server_reads_them(reply: dict) -> None:
     text, thought = reply["raw"], None
     if request.get("chat_template_kwargs", {}).get("enable_thinking", True):
         # The prompt ends with "<think>\n": the reply starts inside the reasoning.
-        thought, text = split(text, ("<think>", "</think>"), opened="\n", trim=True, ends="<tool_call>")
+        thought, text = syntax_named("qwen3_coder").thinking_split(("<think>", "</think>"), "\n").feed(text, True)
     cut = reply["finish_reason"] == "length"
     content, calls = use.reply(text, cut=cut)
     message = reply["message"]
@@ -359,7 +358,7 @@ def test_gemma_replies_read_as_llama_server_reads_them(reply: dict) -> None:
     text = reply["raw"]
     thinking = request.get("chat_template_kwargs", {}).get("enable_thinking", True)
     if thinking:
-        _, text = split(text, ("<|channel>thought", "<channel|>"), opened=None, trim=False)
+        _, text = syntax_named("gemma4").thinking_split(("<|channel>thought", "<channel|>"), None).feed(text, True)
     content, calls = use.reply(text, cut=reply["finish_reason"] == "length")
     message = reply["message"]
     expected = [(c["name"], c["arguments"]) for c in message.get("tool_calls", [])]
