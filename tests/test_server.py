@@ -192,7 +192,9 @@ def test_plugin_hot_load_and_broken_plugin_report(start_daemon, tmp_path: Path) 
     assert daemon.post_json("/v2/models/ok/infer", _x([7])).json()["outputs"][0]["data"] == [7.0]
 
 
-def test_plugin_change_reloads_its_models(start_daemon, tmp_path: Path) -> None:
+def _scaled_by_plugin(start_daemon, tmp_path: Path):
+    """A daemon watching a plugins directory (polled every 0.3 s) whose plugin "scale" (x2)
+    serves the model "scaled"; the daemon and the directory."""
     plugins = tmp_path / "plugins"
     plugins.mkdir()
     plugins.chmod(0o755)
@@ -209,6 +211,11 @@ def test_plugin_change_reloads_its_models(start_daemon, tmp_path: Path) -> None:
     daemon = start_daemon("--config", str(config), "--model-repository", str(repo),
                           "--backend-directory", str(plugins))
     assert daemon.post_json("/v2/models/scaled/infer", _x([1])).json()["outputs"][0]["data"] == [2.0]
+    return daemon, plugins
+
+
+def test_plugin_change_reloads_its_models(start_daemon, tmp_path: Path) -> None:
+    daemon, plugins = _scaled_by_plugin(start_daemon, tmp_path)
     shutil.rmtree(plugins / "scale")
     _plugin(plugins, "scale", 3.0)
     wait_until(lambda: daemon.post_json("/v2/models/scaled/infer", _x([1])).json()["outputs"][0]["data"] == [3.0])
@@ -217,22 +224,7 @@ def test_plugin_change_reloads_its_models(start_daemon, tmp_path: Path) -> None:
 def test_plugin_removed_then_put_back_reloads_its_models(start_daemon, tmp_path: Path) -> None:
     # A scan between the removal and the new copy (rm -rf, then copy) sees the plugin gone, the
     # next one sees it added: the models still running the old copy must reload all the same.
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    plugins.chmod(0o755)
-    _plugin(plugins, "scale", 2.0)
-    repo = tmp_path / "repo"
-    (repo / "scaled" / "1").mkdir(parents=True)
-    (repo / "scaled" / "1" / "scale.txt").write_text("1")
-    (repo / "scaled" / "config.pbtxt").write_text(
-        'backend: "scale"\ninput [{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
-        'output [{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
-    )
-    config = tmp_path / "edged.toml"
-    config.write_text("[backends]\npoll-secs = 0.3\n")
-    daemon = start_daemon("--config", str(config), "--model-repository", str(repo),
-                          "--backend-directory", str(plugins))
-    assert daemon.post_json("/v2/models/scaled/infer", _x([1])).json()["outputs"][0]["data"] == [2.0]
+    daemon, plugins = _scaled_by_plugin(start_daemon, tmp_path)
     shutil.rmtree(plugins / "scale")
     wait_until(lambda: "scale" not in {b["name"] for b in daemon.request("GET", "/v2/backends").json()["backends"]})
     assert daemon.post_json("/v2/models/scaled/infer", _x([1])).json()["outputs"][0]["data"] == [2.0]
