@@ -558,6 +558,10 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
     args_marker: str = ""
     id_marker: str = ""
     arguments_syntax: Literal["json", "xml", "gemma"] = "json"
+    # Where a lazy frame's grammar starts: the output ends with this start of `open` ("": the
+    # marker that begins `open`, up to its first ">" or "]"). gpt-oss: "<|channel|>commentary
+    # to", since its reasoning opens with "<|channel|>" too.
+    trigger: str = ""
 
 
 # The types of JSON schema (xml_value_types: a schema that says nothing admits them all).
@@ -650,6 +654,9 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # the grammar of `grammar`, `json_schema` or a non-lazy `tool_calls` holds, or that grammar
     # holds from the first token. ("", ""): no such reasoning. Not with `grammar_after`.
     grammar_reasoning: tuple[str, str] = ("", "")
+    # Text the output writes right before what `json_schema` holds it to, part of the grammar:
+    # gpt-oss's final-channel header, `<|channel|>final<|message|>`. Only with `json_schema`.
+    answer_header: str = ""
     seed: int | None = None
     stop: list[str] = []
     # Fill-in-the-middle: the text after the insertion point (the prompt is the text

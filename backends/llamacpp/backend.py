@@ -218,8 +218,11 @@ class LlamaCppBackend(GenerationBackend):
                 raise InvalidArgument("json_schema and grammar cannot be used together")
             # Pure Python, milliseconds for any schema a client sends.
             params = msgspec.structs.replace(
-                params, grammar=schema_to_grammar(params.json_schema, "json_schema"), json_schema=""
+                params, grammar=schema_to_grammar(params.json_schema, "json_schema", params.answer_header),
+                json_schema="", answer_header="",
             )
+        if params.answer_header:
+            raise InvalidArgument("answer_header: only together with json_schema")
         if params.grammar and params.ignore_eos:
             # A complete grammar allows only end-of-generation tokens, which ignore_eos bans:
             # llama.cpp then samples a token the grammar rejects and aborts the process.

@@ -33,9 +33,13 @@ _TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array",
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
 
-def schema_to_grammar(schema_json: str, where: str) -> str:
-    """GBNF for a JSON schema (JSON text); InvalidArgument naming `where` for what we cannot enforce."""
-    return _convert(schema_json, where, "")[1]
+def schema_to_grammar(schema_json: str, where: str, header: str = "") -> str:
+    """GBNF for a JSON schema (JSON text); InvalidArgument naming `where` for what we cannot
+    enforce. `header`: text the output writes first (GenerateParams.answer_header)."""
+    if not header:
+        return _convert(schema_json, where, "")[1]
+    rule, rules = _convert(schema_json, where, "edged-answer")
+    return f"root ::= {gbnf_literal(header)} {rule}\n{rules}\n"
 
 
 def _convert(schema_json: str, where: str, rule: str) -> tuple[str, str]:
@@ -409,7 +413,12 @@ def tool_call_trigger(frame: ToolCallFrame, *, brace: bool, brace_quote: bool) -
     # `<|tool_call>` before Gemma 4's `call:`; the grammar then writes the rest of `open`. So
     # the output may end with the marker and any start of what follows it.
     marker = re.match(r"[^>\]]*[>\]]", frame.open)
-    core = marker.group(0) if marker else frame.open.rstrip(" \t\r\n[{") or frame.open
+    if frame.trigger:
+        if not frame.open.startswith(frame.trigger):
+            raise InvalidArgument("tool_calls.trigger: must be a start of open")
+        core = frame.trigger
+    else:
+        core = marker.group(0) if marker else frame.open.rstrip(" \t\r\n[{") or frame.open
     rest = f"(?:{'|'.join(brace_tails)})?" if brace_tails else ""
     for char in reversed(frame.open[len(core) :]):
         rest = f"(?:{regex_escape(char)}{rest})?"

@@ -68,6 +68,8 @@ _ARGUMENT_PROBE = "edged-argument-probe"
 _XML_PROBE = f"<tool_call>\n<function=tool1>\n<parameter=arg>\n{_ARGUMENT_PROBE}\n</parameter>\n</function>\n</tool_call>"
 # As Gemma 4's template writes it.
 _GEMMA_PROBE = f'<|tool_call>call:tool1{{arg:<|"|>{_ARGUMENT_PROBE}<|"|>}}<tool_call|>'
+# As gpt-oss's template writes it (its "harmony" format: the recipient in the message's header).
+_HARMONY_PROBE = "to=functions.tool1<|channel|>commentary json<|message|>"
 # Markers of the tool-call syntaxes edged reads, as llama.cpp's common/chat.cpp matched
 # templates before its automatic parser (Hermes 2 Pro first, then Llama 3.x, Mistral Nemo).
 _TOOL_SYNTAXES = (
@@ -75,7 +77,11 @@ _TOOL_SYNTAXES = (
     ("<|start_header_id|>ipython<|end_header_id|>", "llama3"),
     ("[TOOL_CALLS]", "mistral"),
     ("<|tool_call>call:", "gemma4"),
+    ("<|start|>assistant to=", "gpt_oss"),
 )
+# gpt-oss's reasoning (thinking_tags): its analysis channel, up to where the next message
+# begins, as a grammar that lets the model reason first must write it.
+HARMONY_TAGS = ("<|channel|>analysis<|message|>", "<|end|><|start|>assistant")
 
 # The reasoning tags edged splits a reply on (GenerationBackend.thinking_tags): those of Qwen 3,
 # QwQ, DeepSeek R1 and its distills, GLM 4.5+, SmolLM 3, MiniMax M2, Nemotron Nano and most open
@@ -159,8 +165,8 @@ class ChatTemplate:
         self.source = source
         self.jinja = jinja
         # "hermes" | "llama3" | "mistral" | "mistral_args" | "mistral_call_id" | "qwen3_coder" |
-        # "gemma4" | "": see tool_syntax_of, _named_mistral, _XML_PROBE and _GEMMA_PROBE (Jinja
-        # templates only).
+        # "gemma4" | "gpt_oss" | "": see tool_syntax_of, _named_mistral, _XML_PROBE, _GEMMA_PROBE
+        # and _HARMONY_PROBE (Jinja templates only).
         self.tool_syntax = tool_syntax
         # The reasoning tags (thinking_tags_of; Jinja templates only).
         self.thinking = thinking
@@ -264,12 +270,15 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
 
     system_role = _takes_system_role(run)
     object_arguments = _takes_object_arguments(run)
+    harmony = False  # set below, once the probe has shown the template is gpt-oss's
 
     def render(messages: Messages, variables: Mapping[str, Any], tools: Sequence[Mapping[str, Any]] | None) -> str:
         # Rebuilt as llama-server passes them to the template (checked, naming the bad field).
         normalized: Messages = _messages(messages, object_arguments=object_arguments)
         if not system_role:
             normalized = _system_into_next(normalized)
+        if harmony:
+            normalized = _harmony_messages(normalized)
         try:
             prompt = run(normalized, variables, _tools(tools) if tools else None)
         except Exception as exc:
@@ -289,7 +298,12 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
             rendered = render(messages, {}, tools)
         except InvalidArgument:
             rendered = ""
-        written = _GEMMA_PROBE in rendered if syntax == "gemma4" else _writes_calls_in(syntax, rendered)
+        if syntax == "gemma4":
+            written = _GEMMA_PROBE in rendered
+        elif syntax == "gpt_oss":
+            written = _HARMONY_PROBE in rendered and _ARGUMENT_PROBE in rendered
+        else:
+            written = _writes_calls_in(syntax, rendered)
         if not written and syntax == "mistral":
             # Newer Mistral templates write `[TOOL_CALLS]name[ARGS]{...}`, a frame of its own.
             syntax = _named_mistral(rendered)
@@ -301,7 +315,31 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
             log.info("chat template (%s) names %s tool-call markers but writes calls another way; "
                      "tools use the generic JSON reply", source, syntax)
             syntax = ""
+    if syntax == "gpt_oss":
+        harmony, thinking = True, HARMONY_TAGS
     return ChatTemplate(source, render, jinja=True, tool_syntax=syntax, thinking=thinking)
+
+
+def _harmony_messages(messages: Messages) -> Messages:
+    """The messages as llama-server hands them to gpt-oss's template: an assistant's
+    `reasoning_content` as its `thinking` (the template's name for it), and no `content`
+    beside it in a message with tool calls (the template refuses both). The template renders
+    one call per assistant message (its first): more is a 400, not a call left out."""
+    result = []
+    for index, message in enumerate(messages):
+        calls = message.get("tool_calls") or []
+        if len(calls) > 1:
+            raise InvalidArgument(
+                f"messages[{index}].tool_calls: the model's chat template (gpt-oss) takes one call per "
+                "assistant message; send each call in its own assistant message"
+            )
+        if message.get("reasoning_content"):
+            rebuilt = {**message, "thinking": message["reasoning_content"]}
+            if calls:
+                del rebuilt["content"]
+            message = rebuilt
+        result.append(message)
+    return result
 
 
 def _messages(messages: Messages, *, object_arguments: bool) -> list[dict[str, Any]]:

@@ -44,7 +44,7 @@ from daemon.api import dimensions, openai_tools, reasoning, sampling
 from daemon.api.body import read_body
 from daemon.api.leases import hold
 from daemon.api.state import daemon_of
-from daemon.api.tool_syntax import syntax_named
+from daemon.api.tool_syntax import Syntax, syntax_named
 from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
 from daemon.core import layout
 from daemon.core.model import LoadedVersion
@@ -460,14 +460,20 @@ class _Thinking:
     def __init__(self, model: LoadedVersion, think: bool | str | None, raw: str) -> None:
         tags = model.thinking_tags()
         self.tags: tuple[str, str] = ("", "")
-        self.ends = syntax_named(model.tool_syntax()).ends_reasoning
+        self.syntax = syntax_named(model.tool_syntax())
         self.variables: dict[str, Any] | None = None
+        # The reasoning is left out of the reply (gpt-oss with think false: it always reasons).
+        self.hidden = False
         # "max" is "high" in Ollama (the level gpt-oss's template knows).
         self.level = "high" if think == "max" else think if isinstance(think, str) else ""
         if not tags[0]:
             # Unset or false: what happens anyway. A level asks for thinking too.
             if think is True or self.level:
                 raise InvalidArgument(f'"{raw}" does not support thinking')
+        elif think is False and self.syntax.own_split:
+            # gpt-oss reasons whatever it is told (its template has no way to turn it off, as
+            # Ollama's docs say): its answer is still read off its channels, without the reasoning.
+            self.tags, self.hidden = tags, True
         elif think is False:
             # The template's way to turn thinking off (Qwen 3 closes an empty reasoning, DeepSeek
             # R1 closes the one it opens); the reply, tags and all, is the answer.
@@ -505,7 +511,8 @@ class _Thinking:
         """How the reply to `prompt` splits (None: it does not)."""
         if not self.tags[0]:
             return None
-        return _Split(self.tags, reasoning.opened_by(prompt, self.tags), chat=chat, ends=self.ends)
+        return _Split(self.tags, reasoning.opened_by(prompt, self.tags), chat=chat, syntax=self.syntax,
+                      hidden=self.hidden)
 
     def hold_grammar(self, prompt: str, params: GenerateParams) -> None:
         """`format` or tools constrain the reply after the model has thought, as Ollama lets
@@ -513,27 +520,34 @@ class _Thinking:
         the reasoning the model may open itself (Qwen 3) otherwise."""
         if self.tags[0]:
             reasoning.hold_grammar_after(params, self.tags, prompt)
+        if params.json_schema:
+            params.answer_header = self.syntax.answer_header
 
 
 class _Split:
     """A thinking reply's reasoning and answer (Ollama's split: reasoning.ThinkingSplit with
     trim); `chat`: the reasoning goes in message.thinking, else in thinking (/api/generate)."""
 
-    def __init__(self, tags: tuple[str, str], opened: str | None, *, chat: bool, ends: str) -> None:
+    def __init__(
+        self, tags: tuple[str, str], opened: str | None, *, chat: bool, syntax: Syntax, hidden: bool
+    ) -> None:
         self.tags = tags
         self.opened = opened
         self.chat = chat
-        self.ends = ends
+        self.syntax = syntax
+        self.hidden = hidden
 
-    def stream(self) -> reasoning.ThinkingSplit:
-        return reasoning.ThinkingSplit(self.tags, opened=self.opened, trim=True, ends=self.ends)
+    def stream(self) -> reasoning.Split:
+        if self.syntax.own_split:
+            return self.syntax.thinking_split(self.tags, self.opened)
+        return reasoning.ThinkingSplit(self.tags, opened=self.opened, trim=True, ends=self.syntax.ends_reasoning)
 
     def whole(self, text: str) -> tuple[str, str]:
-        return reasoning.split(text, self.tags, opened=self.opened, trim=True, ends=self.ends)
+        return self.stream().feed(text, final=True)
 
     def put(self, item: dict[str, Any], thought: str) -> dict[str, Any]:
         """`item` carrying `thought` (Ollama leaves the field out when it is empty)."""
-        if not thought:
+        if not thought or self.hidden:
             return item
         if self.chat:
             return {**item, "message": {**item["message"], "thinking": thought}}
@@ -707,7 +721,7 @@ async def _respond(
                 return shape.stream(text)
             thought, text = splitter.feed(text, final)
             # The reasoning first: it comes before the answer in the reply.
-            out = [split.put(shape.whole(""), thought)] if thought else []
+            out = [split.put(shape.whole(""), thought)] if thought and not split.hidden else []
             return out + shape.stream(text)
 
         try:

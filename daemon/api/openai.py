@@ -168,6 +168,8 @@ class ChatRequest(_Sampling):
     # llama-server's: a thinking model's reasoning in `reasoning_content` ("deepseek"; "auto",
     # the default, means the same here) or left in `content` with its tags ("none").
     reasoning_format: str | None = None
+    # OpenAI's; the chat template's `reasoning_effort` (gpt-oss's), as llama-server passes it.
+    reasoning_effort: str | None = None
 
 
 class EmbeddingRequest(_Strict):
@@ -784,6 +786,29 @@ def schema_of_format(fmt: ResponseFormat | None) -> str:
     return json.dumps(fmt.json_schema.schema if fmt.json_schema.schema is not None else {"type": "object"})
 
 
+# The levels a chat template's `reasoning_effort` takes (gpt-oss's, and OpenAI's names for them).
+EFFORTS = ("low", "medium", "high")
+
+
+def with_effort(
+    model: LoadedVersion, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any] | None, effort: str | None, field: str,
+) -> dict[str, Any] | None:
+    """`kwargs` (chat_template_kwargs) with `effort` as the template's `reasoning_effort`, as
+    llama-server passes it. The level must change the prompt: a template that does not read
+    it would ignore it, and nothing is taken without its effect."""
+    if effort is None:
+        return kwargs
+    if effort not in EFFORTS:
+        raise InvalidArgument(f"{field}: {effort!r} is not one of {', '.join(EFFORTS)}")
+    low, high = (model.chat_prompt(messages, template_kwargs={**(kwargs or {}), "reasoning_effort": level}, tools=tools)
+                 for level in ("low", "high"))
+    if low == high:
+        raise InvalidArgument(f"{field}: the chat template of model '{model.name}' has no reasoning levels "
+                              "(it does not read reasoning_effort)")
+    return {**(kwargs or {}), "reasoning_effort": effort}
+
+
 def _message_text(message: ChatMessage, index: int) -> str:
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
@@ -825,10 +850,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         messages = use.messages(messages)
     # With tool_choice "none" too (described_tools).
     described = openai_tools.described_tools(syntax, req.tools or [])
-    prompt = model.chat_prompt(messages, template_kwargs=req.chat_template_kwargs, tools=described)
+    kwargs = with_effort(model, messages, described, req.chat_template_kwargs, req.reasoning_effort, "reasoning_effort")
+    prompt = model.chat_prompt(messages, template_kwargs=kwargs, tools=described)
     tags = model.thinking_tags()
     opened = reasoning.opened_by(prompt, tags)
     reasoning.hold_grammar_after(params, tags, prompt)
+    if params.json_schema:
+        params.answer_header = syntax_named(syntax).answer_header
     split = splits_reasoning(req.reasoning_format) and bool(tags[0])
     # Unsplit, the reply starts with the tag the prompt opened, as llama-server's "none" shows it.
     reopened = tags[0] + opened if opened is not None and not split else ""
@@ -839,7 +867,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     first_delta = [True for _ in choices]
     stream_tools = [use.stream() for _ in choices] if use else []
     reading = syntax_named(syntax)
-    splits = [reading.thinking_split(tags, opened) for _ in choices] if split else []
+
+    def splitter() -> reasoning.Split | None:
+        return reading.thinking_split(tags, opened) if split else reading.unsplit()
+
+    splits = [splitter() for _ in choices]
     unsent: list[list[TokenLogprob]] = [[] for _ in choices]
     fresh = [True for _ in choices]  # no chunk of the choice came yet
 
@@ -876,8 +908,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         text, thought = chunk.text, ""
         if fresh[index]:
             text, fresh[index] = reopened + text, False
-        if splits:
-            thought, text = splits[index].feed(text, final)
+        if (splitting := splits[index]) is not None:
+            thought, text = splitting.feed(text, final)
         entries = unsent[index] = unsent[index] + chunk.logprobs
         events = [chunk_payload(index, {"reasoning_content": thought}, None)] if thought else []
         if use is None:
@@ -914,8 +946,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     def final_choice(index: int, text: str, last: GenerateChunk) -> dict[str, Any]:
         text = reopened + text
         thought = ""
-        if split:
-            thought, text = reading.thinking_split(tags, opened).feed(text, final=True)
+        if (splitting := splitter()) is not None:
+            thought, text = splitting.feed(text, final=True)
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if thought:
             message["reasoning_content"] = thought

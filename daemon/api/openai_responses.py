@@ -44,6 +44,7 @@ from daemon.api.openai import (
     schema_of_format,
     start_sse,
     token_text,
+    with_effort,
 )
 from daemon.api.tool_syntax import GENERIC, Syntax, syntax_named
 from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
@@ -154,8 +155,8 @@ class TextConfig(_Strict):
 
 
 class ReasoningConfig(_Strict):
-    # Each only null (_refuse_stateful): the chat templates here take no effort setting, and
-    # the reasoning comes whole, not summarized.
+    # The chat template's `reasoning_effort` (gpt-oss's; openai.with_effort). The others only
+    # null (_refuse_stateful): the reasoning comes whole, not summarized.
     effort: str | None = None
     summary: str | None = None
     generate_summary: str | None = None  # OpenAI's older name of `summary`
@@ -219,10 +220,6 @@ def _refuse_stateful(req: ResponsesRequest) -> None:
     if req.truncation == "auto":
         raise InvalidArgument("truncation: only 'disabled' is supported (a prompt over the context is a 400)")
     if req.reasoning is not None:
-        # A thinking model reasons as its chat template has it; these templates read no effort.
-        if req.reasoning.effort is not None:
-            raise InvalidArgument("reasoning.effort: not supported; a thinking model here reasons as its chat template "
-                                  "has it (omit it or send null)")
         for field in ("summary", "generate_summary"):
             if getattr(req.reasoning, field) is not None:
                 raise InvalidArgument(f"reasoning.{field}: not supported; a thinking model's reasoning comes whole "
@@ -557,10 +554,15 @@ async def responses(request: web.Request) -> web.StreamResponse:
         use.constrain(params)
         messages = use.messages(messages)
     # With tool_choice "none" too (described_tools).
-    prompt = model.chat_prompt(messages, tools=openai_tools.described_tools(syntax, all_tools))
+    described = openai_tools.described_tools(syntax, all_tools)
+    effort = req.reasoning.effort if req.reasoning is not None else None
+    kwargs = with_effort(model, messages, described, None, effort, "reasoning.effort")
+    prompt = model.chat_prompt(messages, template_kwargs=kwargs, tools=described)
     tags = model.thinking_tags()
     opened = reasoning.opened_by(prompt, tags)
     reasoning.hold_grammar_after(params, tags, prompt)
+    if params.json_schema:
+        params.answer_header = syntax_named(syntax).answer_header
     thinking = _Thinking(tags, opened, syntax_named(syntax)) if tags[0] else None
     ident, created = f"resp_{uuid.uuid4().hex}", int(time.time())
     output = _Output(logprobs=params.logprobs is not None, streamed=bool(req.stream))

@@ -22,6 +22,8 @@ parts add up to the whole reply's.
 from __future__ import annotations
 
 import enum
+import re
+from typing import Protocol
 
 from daemon.backend import GenerateParams
 
@@ -122,6 +124,161 @@ class ThinkingSplit:
         return reasoning, pending if self._state is _State.ANSWER else ""
 
 
+class Split(Protocol):
+    """What the routes read a thinking reply with: ThinkingSplit, or ChannelSplit for gpt-oss."""
+
+    @property
+    def began(self) -> bool | None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def feed(self, text: str, final: bool) -> tuple[str, str]: ...
+
+
+# gpt-oss's harmony format (ChannelSplit): a reply is messages, each a header up to
+# `<|message|>`, then its text up to `<|end|>`; the messages after the first open with
+# `<|start|>assistant` (the prompt wrote the first one's).
+HARMONY_START = "<|start|>assistant"
+HARMONY_MESSAGE = "<|message|>"
+HARMONY_END = "<|end|>"
+_NEXT = HARMONY_END + HARMONY_START
+_ANALYSIS = "<|channel|>analysis" + HARMONY_MESSAGE
+# How ChannelSplit writes a call to a function in the answer it hands on, whichever of the two
+# header forms the model wrote: the tool syntax "gpt_oss" reads this (tool_syntax._Harmony).
+HARMONY_CALL = "<|channel|>commentary to=functions."
+HARMONY_ARGS = " <|constrain|>json" + HARMONY_MESSAGE
+# A header is short and on one line; longer, or with a newline, the text is no header.
+_HEADER_MAX = 256
+_RECIPIENT = re.compile(r"(?:^|\s)to=(\S+?)(?=<\||\s|$)")
+_CHANNEL = re.compile(r"<\|channel\|>(\w+)")
+
+
+class ChannelSplit:
+    """A gpt-oss reply's reasoning and answer, as llama-server's parser for the format reads them:
+    the analysis channel's messages are the reasoning; the final channel's and commentary
+    without a recipient (a preamble) are the answer; a message to `functions.NAME` (the
+    recipient in the channel's header or before it) is a tool call, handed on in the answer as
+    `HARMONY_CALL` NAME `HARMONY_ARGS` ARGUMENTS for the tool syntax to read. Text that is no
+    message (a model that does not write the format) is the answer as written; so is a message
+    to another recipient (the built-in browser or python tools, which edged does not run).
+    A message ends where the next begins (`<|end|><|start|>assistant`); a reply cut short in a
+    header says nothing more. Streamed, a header is held back until it is complete, and what
+    may begin the next message until known."""
+
+    def __init__(self, *, keep_reasoning: bool = False) -> None:
+        # llama-server's `reasoning_format: none` for the format: each analysis message stays in
+        # the answer as written, from its channel on (`<|channel|>analysis<|message|>...<|end|>`).
+        self._keep = keep_reasoning
+        self._held = ""
+        self._in_header = True
+        self._raw = False  # the rest is the answer as written
+        self._kind = ""  # the open message's: "analysis" | "answer"
+        self._messages = 0
+        self._began: bool | None = None
+        self._closed = False
+
+    @property
+    def began(self) -> bool | None:
+        return self._began
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def feed(self, text: str, final: bool) -> tuple[str, str]:
+        pending, self._held = self._held + text, ""
+        thought: list[str] = []
+        answer: list[str] = []
+        while pending:
+            if self._raw:
+                answer.append(pending)
+                break
+            if self._in_header:
+                at = pending.find(HARMONY_MESSAGE)
+                header = pending[:at] if at >= 0 else pending
+                if at < 0 and _may_be_header(header):
+                    # A reply cut short in a header says nothing more (llama-server's reading).
+                    self._held = "" if final else pending
+                    break
+                opened = self._open(header, answer) if at >= 0 else False
+                if not opened:
+                    self._raw = True
+                    if self._began is None:
+                        self._began = False
+                    self._closed = True
+                    continue
+                pending = pending[at + len(HARMONY_MESSAGE):]
+                continue
+            # A message ends where the next begins; an `<|end|>` before anything else is text,
+            # as a grammar that lets the model reason first reads it (its closing tag is the
+            # backend's, `<|end|><|start|>assistant`).
+            end = pending.find(_NEXT)
+            body = pending if end < 0 else pending[:end]
+            if end < 0:
+                # What may begin the next message is held back, and left out of a reply cut
+                # short there, with an `<|end|>` that ends it.
+                keep = overlap(pending, _NEXT)
+                body, self._held = pending[: len(pending) - keep], "" if final else pending[len(pending) - keep:]
+                if final:
+                    body = body.removesuffix(HARMONY_END)
+            analysis = self._kind == "analysis"
+            (thought if analysis and not self._keep else answer).append(body)
+            if end < 0:
+                break
+            if analysis and self._keep:
+                answer.append(HARMONY_END)
+            pending, self._in_header = pending[end + len(HARMONY_END):], True
+        return "".join(thought), "".join(answer)
+
+    def _open(self, header: str, answer: list[str]) -> bool:
+        """Begin the message `header` (the text before its `<|message|>`) opens; False when it
+        is no message header."""
+        start = header.startswith(HARMONY_START)
+        rest = _after_start(header)
+        # The last channel: gpt-oss-20b sometimes writes a stray `<|channel|>commentary` first.
+        channel = next(reversed(list(_CHANNEL.finditer(rest))), None)
+        if channel is None or len(header) > _HEADER_MAX or "\n" in rest or (self._messages and not start):
+            return False
+        self._messages += 1
+        self._in_header = False
+        recipient = _RECIPIENT.search(rest)
+        if recipient is None and channel.group(1) == "analysis":
+            self._kind = "analysis"
+            if self._began is None:
+                self._began = True
+            if self._keep:
+                answer.append(_ANALYSIS)
+            return True
+        self._kind = "answer"
+        self._closed = True
+        if self._began is None:
+            self._began = False
+        if recipient is not None:
+            name = recipient.group(1)
+            answer.append(
+                HARMONY_CALL + name.removeprefix("functions.") + HARMONY_ARGS if name.startswith("functions.")
+                else header + HARMONY_MESSAGE
+            )
+        return True
+
+
+def _may_be_header(text: str) -> bool:
+    """Whether `text` may still become a message's header (its `<|message|>` not out yet)."""
+    rest = _after_start(text)
+    if len(text) > _HEADER_MAX or "\n" in rest:
+        return False
+    if HARMONY_START.startswith(rest) and text == rest:
+        return True
+    return any(rest.startswith(lead) or lead.startswith(rest) for lead in ("<|channel|>", "to="))
+
+
+def _after_start(header: str) -> str:
+    """`header` after its `<|start|>assistant` and the whitespace there (a grammar lets the
+    model write some after the reasoning's closing tag), or before the recipient (` to=`)."""
+    return header.removeprefix(HARMONY_START).lstrip(" \t\r\n")
+
+
 def split(
     text: str, tags: tuple[str, str], *, opened: str | None, trim: bool, ends: str = "", keep_after: bool = False
 ) -> tuple[str, str]:
@@ -141,8 +298,16 @@ def hold_grammar_after(params: GenerateParams, tags: tuple[str, str], prompt: st
         return
     if opened_by(prompt, tags) is not None:
         params.grammar_after = tags[1]
-    elif not prompt.rstrip().endswith(tags[1]):
+    elif not _closed_empty(prompt, tags):
         params.grammar_reasoning = tags
+
+
+def _closed_empty(prompt: str, tags: tuple[str, str]) -> bool:
+    """Whether `prompt` ends with an empty reasoning its template opened and closed (Qwen 3's
+    `<think>\\n\\n</think>`: thinking turned off). gpt-oss's prompts end with `<|end|>` and
+    `<|start|>assistant` after every user message, its closing tag, with no reasoning before."""
+    body = prompt.rstrip()
+    return body.endswith(tags[1]) and body[: len(body) - len(tags[1])].rstrip().endswith(tags[0])
 
 
 def overlap(text: str, tag: str) -> int:

@@ -32,7 +32,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from daemon.api.reasoning import ThinkingSplit, overlap
+from daemon.api.reasoning import (
+    HARMONY_ARGS,
+    HARMONY_CALL,
+    ChannelSplit,
+    Split,
+    ThinkingSplit,
+    overlap,
+)
 from daemon.backend import JSON_TYPES, ToolCallFrame, json_type, xml_value_types
 
 
@@ -63,6 +70,11 @@ class Syntax:
     ends_reasoning: ClassVar[str] = ""
     trims_reasoning: ClassVar[bool] = False
     keeps_after_reasoning: ClassVar[bool] = False
+    # What the output writes before a structured answer (GenerateParams.answer_header).
+    answer_header: ClassVar[str] = ""
+    # Every route reads a reply through `thinking_split` (gpt-oss's channels), Ollama's too,
+    # which otherwise splits reasoning its own way.
+    own_split: ClassVar[bool] = False
 
     def read(self, text: str, final: bool) -> Reading:
         raise NotImplementedError
@@ -76,7 +88,12 @@ class Syntax:
     def call_id(self) -> str:
         return f"call_{uuid.uuid4().hex[:24]}"
 
-    def thinking_split(self, tags: tuple[str, str], opened: str | None) -> ThinkingSplit:
+    def unsplit(self) -> Split | None:
+        """How a reply is read when its reasoning is not split off (`reasoning_format: none`):
+        None, as it is; gpt-oss's still off its channels."""
+        return None
+
+    def thinking_split(self, tags: tuple[str, str], opened: str | None) -> Split:
         """A reply's reasoning and answer as llama-server's parser for the format reads them."""
         return ThinkingSplit(
             tags, opened=opened, trim=self.trims_reasoning, ends=self.ends_reasoning,
@@ -236,6 +253,38 @@ class _Named(_ByName):
         # another call is still starting.
         reading.complete = not self.marker.startswith(text[i:]) or final
         return reading
+
+
+@dataclass(frozen=True)
+class _Harmony(_Named):
+    """gpt-oss: its reply is messages on channels (reasoning.ChannelSplit), one call per reply,
+    a message to `functions.NAME` whose text is the arguments object; the split hands the call
+    on as `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}`, the form
+    the grammar holds the model to, and the one read here. A lazy grammar starts at
+    `<|channel|>commentary to`, as llama-server's does (a preamble on the commentary channel
+    has no recipient and stays free text)."""
+
+    name: str = "gpt_oss"
+    marker: str = HARMONY_CALL
+    args_marker: str = HARMONY_ARGS
+    answer_header: ClassVar[str] = "<|channel|>final<|message|>"
+    own_split: ClassVar[bool] = True
+
+    def thinking_split(self, tags: tuple[str, str], opened: str | None) -> Split:
+        return ChannelSplit()
+
+    def unsplit(self) -> Split | None:
+        return ChannelSplit(keep_reasoning=True)
+
+    def frame(self, calls: list[dict[str, Any]], *, lazy: bool, parallel: bool) -> ToolCallFrame:
+        # The template takes one call per assistant message (it renders tool_calls[0]).
+        return ToolCallFrame(
+            open=self.marker, max_calls=1, lazy=lazy, named_calls=_named_calls(calls),
+            args_marker=self.args_marker, trigger="<|channel|>commentary to",
+        )
+
+    def call_id(self) -> str:
+        return Syntax.call_id(self)
 
 
 _XML_MARKER = "<tool_call>"
@@ -469,6 +518,7 @@ _NATIVE: dict[str, Syntax] = {
     "llama3": _Framed("llama3", "", "", "", "parameters", one_call=True),
     "qwen3_coder": _Xml("qwen3_coder"),
     "gemma4": _Gemma("gemma4"),
+    "gpt_oss": _Harmony(),
 }
 
 

@@ -259,7 +259,7 @@ def test_client_disconnect_cancels_the_generation(daemon) -> None:
     ({"conversation": "conv_1"}, "conversation: responses are not stored here"),
     ({"background": True}, "background: not supported"),
     ({"truncation": "auto"}, "truncation: only 'disabled' is supported"),
-    ({"reasoning": {"effort": "low"}}, r"reasoning\.effort: not supported"),
+    ({"reasoning": {"effort": "low"}}, r"reasoning\.effort: the chat template of model .tiny. has no reasoning levels"),
     ({"include": ["reasoning.encrypted_content"]}, "include: 'reasoning.encrypted_content' is not supported"),
     ({"top_logprobs": 2}, r"top_logprobs: requires include \['message.output_text.logprobs'\]"),
     ({"top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs must be between 0 and 20"),

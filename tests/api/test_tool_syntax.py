@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from daemon.api import openai_tools
+from daemon.api.reasoning import ChannelSplit
 from daemon.api.tool_syntax import GENERIC, syntax_named
 from daemon.backend import GenerateParams
 from daemon.errors import InvalidArgument
@@ -377,3 +378,50 @@ def test_a_gemma_value_nested_past_reason_stays_text() -> None:
     assert use.reply(deep, cut=False) == (deep, [])
     fine = "<|tool_call>call:get_weather{a:" + "[" * 30 + "]" * 30 + "}<tool_call|>"
     assert json.loads(use.reply(fine, cut=False)[1][0]["function"]["arguments"]) == {"a": json.loads("[" * 30 + "]" * 30)}
+
+
+HARMONY_ORACLE = json.loads((Path(__file__).parent.parent / "fixtures" / "chat_templates" / "gpt_oss_replies.json").read_text())
+
+
+def _channels(text: str, *, keep: bool = False) -> tuple[tuple[str, str], tuple[str, str]]:
+    """A gpt-oss reply's (reasoning, answer), whole and streamed three characters at a time."""
+    whole = ChannelSplit(keep_reasoning=keep).feed(text, final=True)
+    split = ChannelSplit(keep_reasoning=keep)
+    pieces = [text[k : k + 3] for k in range(0, len(text), 3)] or [""]
+    parts = [split.feed(p, final=i == len(pieces) - 1) for i, p in enumerate(pieces)]
+    return whole, ("".join(p[0] for p in parts), "".join(p[1] for p in parts))
+
+
+@pytest.mark.parametrize("reply", [r for r in HARMONY_ORACLE["replies"] if r.get("raw") and "error" not in r],
+                         ids=lambda r: f"{r['case']}-{r.get('seed')}")
+def test_gpt_oss_replies_read_as_llama_server_reads_them(reply: dict) -> None:
+    """gpt_oss_replies.json (see the fixtures' README): llama-server's reading of gpt-oss
+    replies (forced, or what its grammars let a tiny random model write): the same reasoning,
+    answer and calls, whole and streamed. Where edged differs, on purpose: a call where no
+    tools are in use is the answer's text (llama-server drops it), and a reply cut short in a
+    call's header says nothing (llama-server's unstreamed reply is the raw text, its stream
+    nothing)."""
+    request, message, raw = reply["request"], reply["message"], reply["raw"]
+    keep = request.get("reasoning_format") == "none"
+    whole, streamed = _channels(raw, keep=keep)
+    assert streamed == whole
+    thought, answer = whole
+    assert thought == message.get("reasoning_content", "")
+    tools = request.get("tools") if request.get("tool_choice") not in (None, "none") else None
+    called = re.search(r"(?:^|\s)to=functions\.", raw) is not None
+    if tools is None:
+        if called:  # the call's text, in the form the split hands it on
+            assert answer.startswith("<|channel|>commentary to=functions.") and message["content"] in ("", raw)
+        else:
+            assert answer == message["content"]
+        return
+    use = openai_tools.ToolUse("gpt_oss", msgspec.convert(tools, list[openai_tools.Tool]),
+                               request["tool_choice"], True)
+    content, calls = use.reply(answer, cut=reply["finish_reason"] == "length")
+    expected = [(c["name"], c["arguments"]) for c in message.get("tool_calls", [])]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected
+    assert streamed_calls(use, answer) == expected
+    if calls or not called:
+        assert (content or "") == message["content"]
+    else:  # cut in the call's header
+        assert (content or "") == "" and message["content"] in ("", raw)

@@ -60,6 +60,7 @@ SYNTAXES = {
     "unsloth-mistral-Devstral-Small-2507": "mistral_args",
     "Qwen3.5-4B": "qwen3_coder",
     "google-gemma-4-31B-it": "gemma4",
+    "openai-gpt-oss-120b": "gpt_oss",
     "google-gemma-2-2b-it": "",
     "microsoft-Phi-3.5-mini-instruct": "",
 }
@@ -154,6 +155,28 @@ async def test_gemma4_renders_what_llama_server_renders(load: Loader, tmp_path: 
         prompt = backend.chat_prompt(request["messages"], tools=request.get("tools"),
                                      template_kwargs=request.get("chat_template_kwargs"))
         assert prompt == oracle["prompts"][case], case
+
+
+async def test_gpt_oss_renders_what_llama_server_renders(load: Loader, tmp_path: Path) -> None:
+    """gpt_oss_replies.json's prompts (gpt-oss's template): a system message, reasoning levels
+    (as chat_template_kwargs and as OpenAI's top-level reasoning_effort), tools, a call with its
+    reasoning and its result (the reasoning as the template's `thinking`), and an earlier
+    answer whose reasoning the template drops, byte for byte as llama-server's /apply-template."""
+    oracle = json.loads((TEMPLATES / "gpt_oss_replies.json").read_text())
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=(TEMPLATES / "openai-gpt-oss-120b.jinja").read_text()))
+    assert backend.thinking_tags() == ("<|channel|>analysis<|message|>", "<|end|><|start|>assistant")
+    today = datetime.datetime.now().strftime("%Y-%m-%d")
+    for case, request in oracle["prompt_requests"].items():
+        kwargs = request.get("chat_template_kwargs") or {}
+        if "reasoning_effort" in request:
+            kwargs = {**kwargs, "reasoning_effort": request["reasoning_effort"]}
+        prompt = backend.chat_prompt(request["messages"], tools=request.get("tools"), template_kwargs=kwargs or None)
+        assert prompt == oracle["prompts"][case].replace("{date_string}", today), case
+    two = {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    loop = oracle["prompt_requests"]["tool_loop"]["messages"]
+    parallel = [*loop[:1], {**loop[1], "tool_calls": [*loop[1]["tool_calls"], two]}]
+    with pytest.raises(InvalidArgument, match=r"messages\[1\]\.tool_calls: .* one call per assistant message"):
+        backend.chat_prompt(parallel, tools=oracle["tools"])
 
 
 async def test_tool_call_arguments_are_objects_where_the_template_reads_them_so(load: Loader, tmp_path: Path) -> None:
