@@ -1,8 +1,8 @@
 """gpt-oss end to end: its harmony format (reasoning on the analysis channel, the answer on the
 final one, a call as a message to `functions.NAME`), with the `openai` client, the Responses
 API and Ollama's API against a tiny GGUF carrying gpt-oss's real chat template (its markers
-single tokens, as in its vocabulary; `<|return|>` and `<|call|>` end a reply, `<|end|>` does
-not, as llama.cpp reads them)."""
+control tokens, as in its vocabulary: llama.cpp renders them as text, and `<|return|>` and
+`<|call|>` end a reply, `<|end|>` does not)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ ROOM = {"type": "object", "properties": {"room": {"enum": ["hall", "attic"]}}, "
 def daemon(tmp_path_factory: pytest.TempPathFactory):
     process = gguf_daemon(tmp_path_factory, {
         "gptoss": {"seed": 3, "n_ctx": 4096, "chat_template": TEMPLATE.read_text(),
-                   "user_tokens": (*MARKERS, *WHOLE)},
+                   "control_tokens": MARKERS, "user_tokens": WHOLE},
         "chatml": {"seed": 3, "n_ctx": 1024},
     })
     yield process
