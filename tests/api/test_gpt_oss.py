@@ -97,9 +97,10 @@ def test_auto_tools_hold_from_the_call_header_on(client: openai.OpenAI) -> None:
 
 
 def test_a_json_answer_comes_on_the_final_channel(client: openai.OpenAI, daemon: Any) -> None:
-    """response_format: the grammar writes the final channel's header after the reasoning, then
-    the JSON; the answer is that JSON, without the header, whole and streamed (chat, Responses
-    and Ollama's format)."""
+    """response_format: the grammar lets the model reason first, then writes the final
+    channel's header and the JSON; the answer is that JSON, without the header, whole and
+    streamed. With reasoning_format none the analysis message stays in the content, as
+    llama-server shows it (the final channel's header does not)."""
     room = {"type": "json_schema", "json_schema": {"name": "room", "schema": ROOM, "strict": True}}
     kwargs: dict[str, Any] = {"model": "gptoss", "messages": QUESTION, "temperature": 1.0, "max_tokens": 400,
                               "response_format": room, "logit_bias": CLOSE_REASONING}
@@ -110,6 +111,9 @@ def test_a_json_answer_comes_on_the_final_channel(client: openai.OpenAI, daemon:
         thought, content, calls, finish = streamed_chat(client.chat.completions.create(stream=True, seed=seed, **kwargs))
         assert (thought, content, calls, finish) == (getattr(message, "reasoning_content", None) or "",
                                                      message.content, [], "stop")
+        raw = client.chat.completions.create(seed=seed, extra_body={"reasoning_format": "none"}, **kwargs)
+        shown = raw.choices[0].message.content or ""
+        assert shown == f"{OPEN}{thought}<|end|>{message.content}", shown
 
 
 def test_the_routes_read_the_channels_alike(client: openai.OpenAI, daemon: Any) -> None:
