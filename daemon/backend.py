@@ -540,7 +540,10 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
     args_marker ">\n"); "gemma", Gemma 4's object syntax (`{key:<|"|>text<|"|>,n:3,o:{...},
     l:[...]}`: unquoted keys, strings between `<|"|>` marks, JSON numbers, booleans and null),
     held to that syntax but not to the tool's schema (as llama-server holds it; open
-    "<|tool_call>call:", close "<tool_call|>").
+    "<|tool_call>call:", close "<tool_call|>"); "python", Python keyword arguments up to the
+    call's closing parenthesis (`key=value, ...)`, each value JSON by its property's schema,
+    required keys in any order, then optional ones), as LFM2 writes its calls (open
+    "<|tool_call_start|>[", separator ", ", close "]<|tool_call_end|>", args_marker "(").
 
     `lazy` (tool_choice "auto"): the model may write free text instead, and the grammar holds
     only once the output reaches `open` (llama.cpp's lazy grammar); with an empty `open`, once
@@ -557,7 +560,7 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
     named_calls: dict[str, str] = {}
     args_marker: str = ""
     id_marker: str = ""
-    arguments_syntax: Literal["json", "xml", "gemma"] = "json"
+    arguments_syntax: Literal["json", "xml", "gemma", "python"] = "json"
     # Where a lazy frame's grammar starts: the output ends with this start of `open` ("": the
     # marker that begins `open`, up to its first ">" or "]"). gpt-oss: "<|channel|>commentary
     # to", since its reasoning opens with "<|channel|>" too.

@@ -98,6 +98,8 @@ def _named_calls(frame: ToolCallFrame) -> tuple[str, str]:
     tools = list(frame.named_calls.items())
     if frame.arguments_syntax == "xml":
         names, rules = _xml_arguments(tools)
+    elif frame.arguments_syntax == "python":
+        names, rules = _python_arguments(tools)
     elif frame.arguments_syntax == "gemma":
         names, rules = _gemma_arguments(tools)
     else:
@@ -290,6 +292,52 @@ def _xml_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
     return arguments, "\n".join([*rules, gbnf_including("xml-arg-string", _XML_CLOSE), value_rules])
 
 
+def _python_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
+    """Per tool, the rule of its arguments written as Python keyword arguments up to the call's
+    closing parenthesis (ToolCallFrame.arguments_syntax "python", LFM2's `name(key=value, ...)`
+    after `args_marker` "("): each value JSON by its property's schema (a JSON string is a
+    Python string; true, false and null are what llama-server's parser takes too), the required
+    keys in any order, then optional ones, each at most once; and all the rules."""
+    json_values: list[tuple[str, str]] = []
+    rules: list[str] = []
+    arguments: list[str] = []
+    comma = gbnf_literal(", ")
+    for number, (name, schema_json) in enumerate(tools):
+        where, root = _parameters(name, schema_json)
+        properties = root.get("properties", {}) if isinstance(root, dict) else {}
+        required = set(root.get("required", [])) if isinstance(root, dict) else set()
+        needed: list[str] = []
+        optional: list[str] = []
+        for index, (key, schema) in enumerate(properties.items()):
+            if not key.isidentifier():
+                raise InvalidArgument(f"{where}.properties: {key!r} cannot be written as a Python keyword argument")
+            rule = f"tool-{number}-arg-{index}"
+            json_values.append((_alone(schema, root), f"{rule}-value"))
+            rules.append(f"{rule} ::= {gbnf_literal(key + '=')} {rule}-value")
+            (needed if key in required else optional).append(rule)
+        head = _any_order(f"tool-{number}-args", needed, rules, joiner=comma) if needed else ""
+        more = _any_order(f"tool-{number}-more", optional, rules, some=True, joiner=comma) if optional else ""
+        if head and more:
+            body = f"{head} ({comma} {more})?"
+        else:
+            body = head or (f"({more})?" if more else "")
+        rules.append(f"tool-{number}-call-args ::= {body} {gbnf_literal(')')}")
+        arguments.append(f"tool-{number}-call-args")
+    names, value_rules = _convert_all(json_values, "tools") if json_values else ([], "")
+    rules += [f"{rule} ::= {name}" for (_, rule), name in zip(json_values, names, strict=True) if name != rule]
+    return arguments, "\n".join([*rules, value_rules])
+
+
+def _alone(schema: Any, root: Any) -> str:
+    """A property's schema as JSON text on its own, with the definitions its references point
+    into (the tool's parameters' `$defs`)."""
+    alone = dict(schema) if isinstance(schema, dict) else {}
+    for key in ("$defs", "definitions"):
+        if isinstance(root, dict) and key in root and key not in alone:
+            alone[key] = root[key]
+    return json.dumps(alone)
+
+
 def _xml_value(schema: Any, root: Any, where: str, rule: str, json_values: list[tuple[str, str]]) -> str:
     """The GBNF of a parameter's value and the close after it: raw text where the schema
     admits strings, its enum's texts where it has one; else JSON by the schema (its rule
@@ -297,12 +345,7 @@ def _xml_value(schema: Any, root: Any, where: str, rule: str, json_values: list[
     types = xml_value_types(schema, root)
     close = gbnf_literal(_XML_CLOSE)
     if "string" not in types:
-        # The value's schema alone, with the definitions its references point into.
-        alone = dict(schema) if isinstance(schema, dict) else {}
-        for key in ("$defs", "definitions"):
-            if isinstance(root, dict) and key in root and key not in alone:
-                alone[key] = root[key]
-        json_values.append((json.dumps(alone), rule))
+        json_values.append((_alone(schema, root), rule))
         return f"{rule} {close}"
     if not isinstance(schema, dict):
         return "xml-arg-string"  # true: any value

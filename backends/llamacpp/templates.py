@@ -78,6 +78,10 @@ _TOOL_SYNTAXES = (
     ("[TOOL_CALLS]", "mistral"),
     ("<|tool_call>call:", "gemma4"),
     ("<|start|>assistant to=", "gpt_oss"),
+    # LFM2 lists the tools between its own tokens, LFM2.5 after "List of tools: [" (llama.cpp's
+    # matching); either may leave calls out of the history, so no probe decides.
+    ("<|tool_list_start|>", "lfm2"),
+    ("List of tools: [", "lfm2"),
 )
 # gpt-oss's reasoning (thinking_tags): its analysis channel, up to where the next message
 # begins, as a grammar that lets the model reason first must write it.
@@ -165,8 +169,8 @@ class ChatTemplate:
         self.source = source
         self.jinja = jinja
         # "hermes" | "llama3" | "mistral" | "mistral_args" | "mistral_call_id" | "qwen3_coder" |
-        # "gemma4" | "gpt_oss" | "": see tool_syntax_of, _named_mistral, _XML_PROBE, _GEMMA_PROBE
-        # and _HARMONY_PROBE (Jinja templates only).
+        # "gemma4" | "gpt_oss" | "lfm2" | "": see tool_syntax_of, _named_mistral, _XML_PROBE,
+        # _GEMMA_PROBE and _HARMONY_PROBE (Jinja templates only).
         self.tool_syntax = tool_syntax
         # The reasoning tags (thinking_tags_of; Jinja templates only).
         self.thinking = thinking
@@ -302,6 +306,8 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
             written = _GEMMA_PROBE in rendered
         elif syntax == "gpt_oss":
             written = _HARMONY_PROBE in rendered and _ARGUMENT_PROBE in rendered
+        elif syntax == "lfm2":
+            written = True
         else:
             written = _writes_calls_in(syntax, rendered)
         if not written and syntax == "mistral":
@@ -488,7 +494,8 @@ def _takes_object_arguments(run: Render) -> bool:
         rendered = run(probe, {}, tools)
     except Exception:
         return False
-    return _ARGUMENT_PROBE in rendered and f"'{_ARGUMENT_PROBE}'" not in rendered
+    # Python's repr of the dict, not a value in quotes (LFM2.5 writes `tool1(arg='...')`).
+    return _ARGUMENT_PROBE in rendered and f"'arg': '{_ARGUMENT_PROBE}'" not in rendered
 
 
 def _system_into_next(messages: Messages) -> Messages:

@@ -12,7 +12,9 @@ Two families of syntax:
   the name), Llama 3.x one `{"name", "parameters"}` object as the whole reply, Qwen 3.5 and
   Qwen3-Coder XML (`<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>\n...`,
   read by the tools' parameter types), Gemma 4 (`<|tool_call>call:name{key:<|"|>text<|"|>}<tool_call|>`,
-  its own object syntax). Free text before the calls is the message's content.
+  its own object syntax), gpt-oss (a message to `functions.NAME` on its channels, handed on by
+  reasoning.ChannelSplit), LFM2 (`<|tool_call_start|>[name(key="value"), ...]<|tool_call_end|>`,
+  Python-style calls). Free text before the calls is the message's content.
 
 The engine's grammar guarantees the calls part is a prefix of a valid frame (`frame`), so a
 reader only has to follow it; a reply cut short (max_tokens) is read as far as it goes.
@@ -24,7 +26,9 @@ unstreamed one.
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import secrets
 import string
 import uuid
@@ -287,6 +291,193 @@ class _Harmony(_Named):
         return Syntax.call_id(self)
 
 
+_PY_START = "<|tool_call_start|>"
+_PY_END = "<|tool_call_end|>"
+
+
+@dataclass(frozen=True)
+class _Pythonic(_ByName):
+    """LFM2 / LFM2.5: `<|tool_call_start|>[name(key=value, ...), ...]<|tool_call_end|>`, keyword
+    arguments whose values are Python or JSON literals (strings in either quotes, True/False/
+    None or true/false/null, numbers, lists, dicts), read into compact JSON, as llama-server's
+    parser for the format converts them. Streamed, a string value grows as it arrives; other
+    values come whole."""
+
+    name: str
+
+    def frame(self, calls: list[dict[str, Any]], *, lazy: bool, parallel: bool) -> ToolCallFrame:
+        return ToolCallFrame(
+            open=f"{_PY_START}[", separator=", ", close=f"]{_PY_END}", max_calls=None if parallel else 1, lazy=lazy,
+            named_calls=_named_calls(calls), args_marker="(", arguments_syntax="python",
+        )
+
+    def read(self, text: str, final: bool) -> Reading:
+        reading = Reading()
+        i = _content(text, _PY_START, final, reading)
+        if i < 0:
+            return reading
+        i = _skip(text, i + len(_PY_START))
+        if not text.startswith("[", i):
+            return reading
+        i += 1
+        while True:
+            i = _skip(text, i)
+            open_at = text.find("(", i)
+            if open_at < 0 or not text[i:open_at].strip():
+                return reading
+            call = Call(name=text[i:open_at].strip(), arguments="{")
+            reading.calls.append(call)
+            i = _py_arguments(text, open_at + 1, call, final)
+            if i < 0:
+                return reading
+            i = _skip(text, i)
+            if text.startswith(",", i):
+                i += 1
+                continue
+            if text.startswith("]", i) and text.startswith(_PY_END, _skip(text, i + 1)):
+                reading.complete = True
+            return reading
+
+
+def _py_arguments(text: str, i: int, call: Call, final: bool) -> int:
+    """Read keyword arguments from text[i] (after the call's "(") into `call.arguments`; the
+    index after the closing ")", or -1 while the call is incomplete (what is certain so far is
+    in `call.arguments`)."""
+    first = True
+    while True:
+        i = _skip(text, i)
+        if i >= len(text):
+            return -1
+        if text[i] == ")":
+            call.arguments += "}"
+            return i + 1
+        if not first:
+            if text[i] != ",":
+                return -1
+            i = _skip(text, i + 1)
+        equals = text.find("=", i)
+        if equals < 0 or not text[i:equals].strip().isidentifier():
+            return -1
+        key = text[i:equals].strip()
+        # The key is out once its "=" is, as llama-server streams it.
+        call.arguments += ("" if first else ",") + json.dumps(key, ensure_ascii=False) + ":"
+        first = False
+        i = _skip(text, equals + 1)
+        end = _py_value_end(text, i)
+        if end < 0:
+            call.arguments += _py_partial(text[i:])
+            return -1
+        value = _py_json(text[i:end])
+        if value is None:
+            return -1
+        call.arguments += value
+        i = end
+
+
+def _py_value_end(text: str, i: int) -> int:
+    """Index after the Python or JSON literal starting at text[i]; -1 while it is incomplete."""
+    depth, j = 0, i
+    while j < len(text):
+        char = text[j]
+        if char in "\"'":
+            j = _py_string_end(text, j)
+            if j < 0:
+                return -1
+            if depth == 0:
+                return j
+            continue
+        if char in "[{(":
+            depth += 1
+        elif char in "]})":
+            if depth == 0:
+                return j  # the call's ")" ends a bare value
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        elif char == "," and depth == 0:
+            return j
+        j += 1
+    return -1
+
+
+def _py_string_end(text: str, i: int) -> int:
+    """Index after the closing quote of the string starting at text[i] (either quote); -1 if
+    incomplete."""
+    quote, j = text[i], i + 1
+    while j < len(text):
+        if text[j] == "\\":
+            j += 2
+        elif text[j] == quote:
+            return j + 1
+        else:
+            j += 1
+    return -1
+
+
+def _py_json(literal: str) -> str | None:
+    """A complete Python or JSON literal as JSON text: JSON as written (llama-server copies it),
+    a Python literal converted, compact; None when it is neither."""
+    literal = literal.strip()
+    try:
+        json.loads(literal)
+        return literal
+    except ValueError:
+        pass
+    try:
+        value = ast.literal_eval(_py_names(literal))
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None  # neither, or a set, bytes, a complex number: no JSON
+
+
+def _py_names(literal: str) -> str:
+    """`literal` with JSON's true, false and null (outside strings) as Python's names."""
+    out, j = [], 0
+    while j < len(literal):
+        char = literal[j]
+        if char in "\"'":
+            end = _py_string_end(literal, j)
+            end = len(literal) if end < 0 else end
+            out.append(literal[j:end])
+            j = end
+            continue
+        word = re.match(r"[A-Za-z_]\w*", literal[j:])
+        if word:
+            out.append({"true": "True", "false": "False", "null": "None"}.get(word.group(), word.group()))
+            j += len(word.group())
+            continue
+        out.append(char)
+        j += 1
+    return "".join(out)
+
+
+def _py_partial(raw: str) -> str:
+    """What is certain of a value still arriving: a string's JSON text without the closing
+    quote (up to a complete escape); JSON text as written, as llama-server streams it, where it
+    cannot turn into something else (no Python names or quotes in it yet); else nothing."""
+    if not raw:
+        return ""
+    if raw[0] not in "\"'":
+        written = raw.rstrip()
+        if written[0] in "-0123456789[{" and "'" not in written and not re.search(r"\b(True|False|None)", written):
+            return written
+        return ""
+    body, j, cut = raw[1:], 0, 0
+    while j < len(body):
+        if body[j] == "\\":
+            if j + 1 >= len(body):
+                break
+            j += 2
+        else:
+            j += 1
+        cut = j
+    try:
+        value = ast.literal_eval(raw[0] + body[:cut] + raw[0])
+    except (ValueError, SyntaxError):
+        return ""
+    return json.dumps(value, ensure_ascii=False)[:-1]
+
+
 _XML_MARKER = "<tool_call>"
 _XML_FUNCTION = "<function="
 _XML_PARAMETER = "<parameter="
@@ -519,6 +710,7 @@ _NATIVE: dict[str, Syntax] = {
     "qwen3_coder": _Xml("qwen3_coder"),
     "gemma4": _Gemma("gemma4"),
     "gpt_oss": _Harmony(),
+    "lfm2": _Pythonic("lfm2"),
 }
 
 

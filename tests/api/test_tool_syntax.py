@@ -425,3 +425,39 @@ def test_gpt_oss_replies_read_as_llama_server_reads_them(reply: dict) -> None:
         assert (content or "") == message["content"]
     else:  # cut in the call's header
         assert (content or "") == "" and message["content"] in ("", raw)
+
+
+LFM2_ORACLE = json.loads((Path(__file__).parent.parent / "fixtures" / "chat_templates" / "lfm2_replies.json").read_text())
+LFM2_THINKING = {"LFM2.5-8B-A1B": ("<think>", "</think>")}  # LFM2.5-Instruct's has no opening tag
+
+
+@pytest.mark.parametrize("reply", [r for r in LFM2_ORACLE["replies"] if r.get("raw") is not None and "error" not in r],
+                         ids=lambda r: f"{r['template']}-{r['case']}-{r.get('seed')}")
+def test_lfm2_replies_read_as_llama_server_reads_them(reply: dict) -> None:
+    """lfm2_replies.json (see the fixtures' README): llama-server's reading of LFM2 / LFM2.5
+    Python-style calls its grammar let a tiny random model write (markers inside strings, keys
+    twice, values of other types, cuts in a name and in the arguments) and of forced replies:
+    the same names, arguments text and content, whole and streamed. One difference, as for
+    every syntax here: a reply cut inside a call's name is its raw text (llama-server leaves
+    the call's start out)."""
+    request, message = reply["request"], reply["message"]
+    text = reply["raw"]
+    tags = LFM2_THINKING.get(reply["template"], ("", ""))
+    thought = ""
+    if tags[0] and request.get("reasoning_format") != "none":
+        thought, text = syntax_named("lfm2").thinking_split(tags, None).feed(text, True)
+    assert thought == message.get("reasoning_content", "")
+    tools = request.get("tools") if request.get("tool_choice") != "none" else None
+    if tools is None:
+        assert text == message["content"]
+        return
+    use = openai_tools.ToolUse("lfm2", msgspec.convert(tools, list[openai_tools.Tool]),
+                               request.get("tool_choice"), request.get("parallel_tool_calls", True))
+    content, calls = use.reply(text, cut=reply["finish_reason"] == "length")
+    expected = [(c["name"], c["arguments"]) for c in message.get("tool_calls", [])]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected
+    assert streamed_calls(use, text) == expected
+    if not calls and "<|tool_call_start|>" in text:  # cut in the name
+        assert (content, reply["finish_reason"]) == (text, "length") and text.startswith(message["content"])
+    else:
+        assert (content or "") == message["content"]

@@ -61,6 +61,9 @@ SYNTAXES = {
     "Qwen3.5-4B": "qwen3_coder",
     "google-gemma-4-31B-it": "gemma4",
     "openai-gpt-oss-120b": "gpt_oss",
+    "LFM2-8B-A1B": "lfm2",
+    "LFM2.5-8B-A1B": "lfm2",
+    "LFM2.5-Instruct": "lfm2",
     "google-gemma-2-2b-it": "",
     "microsoft-Phi-3.5-mini-instruct": "",
 }
@@ -177,6 +180,20 @@ async def test_gpt_oss_renders_what_llama_server_renders(load: Loader, tmp_path:
     parallel = [*loop[:1], {**loop[1], "tool_calls": [*loop[1]["tool_calls"], two]}]
     with pytest.raises(InvalidArgument, match=r"messages\[1\]\.tool_calls: .* one call per assistant message"):
         backend.chat_prompt(parallel, tools=oracle["tools"])
+
+
+@pytest.mark.parametrize("family", ["LFM2-8B-A1B", "LFM2.5-8B-A1B", "LFM2.5-Instruct"])
+async def test_lfm2_renders_what_llama_server_renders(load: Loader, tmp_path: Path, family: str) -> None:
+    """lfm2_replies.json's prompts (Liquid's templates): tools, a system message, a call and
+    two parallel calls with their results (LFM2.5-8B-A1B writes them back as Python-style calls
+    from their arguments as objects, the others leave them out), byte for byte as llama-server's
+    /apply-template."""
+    oracle = json.loads((TEMPLATES / "lfm2_replies.json").read_text())
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=(TEMPLATES / f"{family}.jinja").read_text()))
+    assert backend.tool_syntax() == "lfm2"
+    for case, request in oracle["prompt_requests"].items():
+        prompt = backend.chat_prompt(request["messages"], tools=request.get("tools"))
+        assert prompt == oracle["prompts"][f"{family}/{case}"], case
 
 
 async def test_tool_call_arguments_are_objects_where_the_template_reads_them_so(load: Loader, tmp_path: Path) -> None:

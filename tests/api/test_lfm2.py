@@ -1,0 +1,107 @@
+"""LFM2 / LFM2.5 end to end: tool calls as Python-style calls
+(`<|tool_call_start|>[set_light(room="hall", on=true)]<|tool_call_end|>`), with the `openai`
+client and Ollama's API against tiny GGUFs carrying Liquid's real chat templates (LFM2.5's
+writes past calls back in that form; LFM2's lists the tools between its own tokens)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from gguf_builder import _vocab  # noqa: E402
+
+from support import LIGHT_TOOL, check_light, gguf_daemon, streamed_chat  # noqa: E402
+
+TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
+# Control tokens, as in LFM2's vocabulary (`<think>` and `</think>` are user-defined there).
+MARKERS = ("<|im_start|>", "<|im_end|>", "<|tool_call_start|>", "<|tool_call_end|>", "<|tool_list_start|>",
+           "<|tool_list_end|>", "<|tool_response_start|>", "<|tool_response_end|>")
+THINK = ("<think>", "</think>")
+TOKEN = {marker: len(_vocab()[0]) + index for index, marker in enumerate((*MARKERS, *THINK))}
+QUESTION = [{"role": "user", "content": "Lights in the hall?"}]
+# The end of the reply, which the grammar allows only once the calls are complete, and the
+# "]" that closes them (the tiny model would go on writing calls); reasoning, which the grammar lets LFM2.5 write first,
+# closed as soon as it opens.
+ENDING = {str(TOKEN["<|im_end|>"]): 100, str(TOKEN["</think>"]): 100, str(_vocab()[0].index("]")): 50}
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory):
+    process = gguf_daemon(tmp_path_factory, {
+        name: {"seed": 3, "n_ctx": 4096, "chat_template": (TEMPLATES / template).read_text(),
+               "control_tokens": MARKERS, "user_tokens": THINK}
+        for name, template in (("lfm25", "LFM2.5-8B-A1B.jinja"), ("lfm2", "LFM2-8B-A1B.jinja"))
+    })
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def client(daemon: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="none", max_retries=0)
+
+
+def test_the_model_metadata_names_its_syntax(daemon: Any) -> None:
+    for name, thinking in (("lfm25", "<think></think>"), ("lfm2", "")):
+        engine = httpx.get(f"http://127.0.0.1:{daemon.http_port}/v2/models/{name}", timeout=30).json()["engine"]
+        assert engine["chat_template_tools"] == "lfm2"
+        assert engine.get("chat_template_thinking", "") == thinking
+
+
+@pytest.mark.parametrize("model", ["lfm25", "lfm2"])
+def test_required_calls_come_back_as_json_whole_and_streamed(client: openai.OpenAI, model: str) -> None:
+    kwargs: dict[str, Any] = {"model": model, "messages": QUESTION, "tools": [LIGHT_TOOL], "tool_choice": "required",
+                              "temperature": 1.0, "max_tokens": 600, "logit_bias": ENDING}
+    for seed in range(3):
+        choice = client.chat.completions.create(seed=seed, **kwargs).choices[0]
+        assert choice.finish_reason == "tool_calls" and not choice.message.content, choice.message
+        calls = choice.message.tool_calls or []
+        whole = [check_light(call.function.arguments) for call in calls]
+        # Compact JSON, each value as the model wrote it (as llama-server copies it: `-0` stays).
+        assert calls and all(" " not in call.function.arguments for call in calls)
+        _, content, stream, finish = streamed_chat(client.chat.completions.create(stream=True, seed=seed, **kwargs))
+        assert (content, finish) == ("", "tool_calls")
+        assert [(name, json.loads(arguments)) for name, arguments in stream] == [("set_light", w) for w in whole]
+    single = client.chat.completions.create(parallel_tool_calls=False, seed=1, **kwargs).choices[0]
+    assert len(single.message.tool_calls or []) == 1
+
+
+def test_auto_calls_hold_from_the_call_marker_on(client: openai.OpenAI) -> None:
+    kwargs: dict[str, Any] = {"model": "lfm25", "messages": QUESTION, "tools": [LIGHT_TOOL], "temperature": 1.0,
+                              "max_tokens": 300, "logit_bias": {**ENDING, str(TOKEN["<|im_end|>"]): 50,
+                                                                     str(TOKEN["<|tool_call_start|>"]): 100}}
+    for seed in range(2):
+        choice = client.chat.completions.create(seed=seed, **kwargs).choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        for call in choice.message.tool_calls or []:
+            check_light(call.function.arguments)
+
+
+def test_the_tool_loop_goes_back_through_the_template(client: openai.OpenAI, daemon: Any) -> None:
+    """LFM2.5's template writes a past call back as `name(key='value', ...)` (its arguments read
+    as an object); Ollama's shape of the same conversation renders the same prompt."""
+    kwargs: dict[str, Any] = {"model": "lfm25", "tools": [LIGHT_TOOL], "tool_choice": "required", "temperature": 0,
+                              "parallel_tool_calls": False, "max_tokens": 600, "logit_bias": ENDING}
+    reply = client.chat.completions.create(messages=QUESTION, **kwargs).choices[0].message
+    assert reply.tool_calls
+    answered = [*QUESTION, reply, {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": "done"}]
+    base = client.chat.completions.create(model="lfm25", messages=QUESTION, tools=[LIGHT_TOOL], max_tokens=1)
+    after = client.chat.completions.create(model="lfm25", messages=answered, tools=[LIGHT_TOOL], max_tokens=1)
+    assert base.usage is not None and after.usage is not None
+    assert after.usage.prompt_tokens > base.usage.prompt_tokens + len("set_light(room='hall', on=True)done")
+    arguments = json.loads(reply.tool_calls[0].function.arguments)
+    thinking = {"thinking": reply.reasoning_content} if getattr(reply, "reasoning_content", None) else {}
+    body = {"model": "lfm25", "stream": False, "tools": [LIGHT_TOOL], "options": {"num_predict": 1},
+            "messages": [*QUESTION, {"role": "assistant", "content": "", **thinking,
+                                     "tool_calls": [{"function": {"name": "set_light", "arguments": arguments}}]},
+                         {"role": "tool", "tool_name": "set_light", "content": "done"}]}
+    response = httpx.post(f"http://127.0.0.1:{daemon.http_port}/api/chat", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["prompt_eval_count"] == after.usage.prompt_tokens
