@@ -74,14 +74,20 @@ def test_required_calls_come_back_as_json_whole_and_streamed(client: openai.Open
 
 
 def test_auto_calls_hold_from_the_call_marker_on(client: openai.OpenAI) -> None:
+    """tool_choice auto: free text until `<|tool_call_start|>`, then the grammar holds: a bias
+    that makes the model write "x" wherever it may is overruled there."""
+    free = str(_vocab()[0].index("x"))
+    bias = {**ENDING, str(TOKEN["<|im_end|>"]): 50, str(TOKEN["<|tool_call_start|>"]): 100, free: 90}
     kwargs: dict[str, Any] = {"model": "lfm25", "messages": QUESTION, "tools": [LIGHT_TOOL], "temperature": 1.0,
-                              "max_tokens": 300, "logit_bias": {**ENDING, str(TOKEN["<|im_end|>"]): 50,
-                                                                     str(TOKEN["<|tool_call_start|>"]): 100}}
+                              "max_tokens": 300, "logit_bias": bias}
     for seed in range(2):
         choice = client.chat.completions.create(seed=seed, **kwargs).choices[0]
-        assert choice.finish_reason == "tool_calls", choice
-        for call in choice.message.tool_calls or []:
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
+        for call in choice.message.tool_calls:
             check_light(call.function.arguments)
+        _, content, stream, finish = streamed_chat(client.chat.completions.create(stream=True, seed=seed, **kwargs))
+        assert (content, finish) == ("", "tool_calls")
+        assert stream == [(call.function.name, call.function.arguments) for call in choice.message.tool_calls]
 
 
 def test_the_tool_loop_goes_back_through_the_template(client: openai.OpenAI, daemon: Any) -> None:
