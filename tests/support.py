@@ -247,3 +247,31 @@ def check_light(arguments: str) -> dict[str, Any]:
     assert value["room"] in ("hall", "attic") and isinstance(value["on"], bool)
     assert set(value) <= {"room", "on", "level"} and isinstance(value.get("level", 0), int)
     return dict(value)
+
+
+def check_tool_loop(client: Any, port: int, model: str, kwargs: dict[str, Any], call_text: str) -> None:
+    """A required call (`kwargs`: the chat request's fields but model and messages) and its
+    result go back through the model's template: the prompt grows by at least `call_text` and
+    the result; Ollama's shape of the same conversation (arguments an object, the reasoning as
+    `thinking`, the result by tool name) renders the same prompt."""
+    import httpx
+
+    question = [{"role": "user", "content": "Lights in the hall?"}]
+    tools = kwargs["tools"]
+    reply = client.chat.completions.create(model=model, messages=question, **kwargs).choices[0].message
+    assert reply.tool_calls
+    call = reply.tool_calls[0]
+    answered = [*question, reply, {"role": "tool", "tool_call_id": call.id, "content": "done"}]
+    base = client.chat.completions.create(model=model, messages=question, tools=tools, max_tokens=1)
+    after = client.chat.completions.create(model=model, messages=answered, tools=tools, max_tokens=1)
+    assert base.usage is not None and after.usage is not None
+    assert after.usage.prompt_tokens > base.usage.prompt_tokens + len(call_text + "done")
+    arguments = json.loads(call.function.arguments)
+    thinking = {"thinking": reply.reasoning_content} if getattr(reply, "reasoning_content", None) else {}
+    body = {"model": model, "stream": False, "tools": tools, "options": {"num_predict": 1},
+            "messages": [*question, {"role": "assistant", "content": "", **thinking,
+                                     "tool_calls": [{"function": {"name": call.function.name, "arguments": arguments}}]},
+                         {"role": "tool", "tool_name": call.function.name, "content": "done"}]}
+    response = httpx.post(f"http://127.0.0.1:{port}/api/chat", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["prompt_eval_count"] == after.usage.prompt_tokens

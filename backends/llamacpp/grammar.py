@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from daemon.backend import InvalidArgument, ToolCallFrame, xml_value_types
@@ -264,44 +265,45 @@ _XML_STRING_KEYS = frozenset({"type", "enum", "const"}) | _ANNOTATIONS
 def _xml_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
     """Per tool, the rule of its arguments written as XML parameters
     (ToolCallFrame.arguments_syntax "xml"; "" for a tool without parameters) and all the rules."""
-    json_values: list[tuple[str, str]] = []
-    rules: list[str] = []
-    arguments: list[str] = []
-    for number, (name, schema_json) in enumerate(tools):
-        where, root = _parameters(name, schema_json)
-        properties = root.get("properties", {}) if isinstance(root, dict) else {}
-        required = set(root.get("required", [])) if isinstance(root, dict) else set()
-        needed: list[str] = []
-        optional: list[str] = []
-        for index, (key, schema) in enumerate(properties.items()):
-            if not key or any(char in key for char in "<>\n"):
-                raise InvalidArgument(f"{where}.properties: {key!r} cannot be written as an XML tool-call parameter")
-            rule = f"tool-{number}-arg-{index}"
-            value = _xml_value(schema, root, f"{where}.properties.{key}", f"{rule}-value", json_values)
-            rules.append(f"{rule} ::= {gbnf_literal(f'<parameter={key}>' + chr(10))} {value}")
-            (needed if key in required else optional).append(rule)
-        parts = [_any_order(f"tool-{number}-args", needed, rules)] if needed else []
-        if optional:
-            parts.append(f"({_any_order(f'tool-{number}-more', optional, rules, some=True)})?")
-        if parts:
-            rules.append(f"tool-{number}-args ::= {' '.join(parts)}")
-        arguments.append(f"tool-{number}-args" if parts else "")
-    names, value_rules = _convert_all(json_values, "tools") if json_values else ([], "")
-    # The converter names a value by its own rule where it has one ("integer"): an alias.
-    rules += [f"{rule} ::= {name}" for (_, rule), name in zip(json_values, names, strict=True) if name != rule]
-    return arguments, "\n".join([*rules, gbnf_including("xml-arg-string", _XML_CLOSE), value_rules])
+
+    def parameter(key: str, schema: Any, root: Any, where: str, rule: str, json_values: list[tuple[str, str]]) -> str:
+        if not key or any(char in key for char in "<>\n"):
+            raise InvalidArgument(f"{where}.properties: {key!r} cannot be written as an XML tool-call parameter")
+        value = _xml_value(schema, root, f"{where}.properties.{key}", f"{rule}-value", json_values)
+        return f"{gbnf_literal(f'<parameter={key}>' + chr(10))} {value}"
+
+    arguments, rules = _keyword_arguments(tools, parameter, joiner="", close="")
+    return arguments, "\n".join([rules, gbnf_including("xml-arg-string", _XML_CLOSE)])
 
 
 def _python_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
     """Per tool, the rule of its arguments written as Python keyword arguments up to the call's
     closing parenthesis (ToolCallFrame.arguments_syntax "python", LFM2's `name(key=value, ...)`
     after `args_marker` "("): each value JSON by its property's schema (a JSON string is a
-    Python string; true, false and null are what llama-server's parser takes too), the required
-    keys in any order, then optional ones, each at most once; and all the rules."""
+    Python string; true, false and null are what llama-server's parser takes too); and all the
+    rules."""
+
+    def keyword(key: str, schema: Any, root: Any, where: str, rule: str, json_values: list[tuple[str, str]]) -> str:
+        if not key.isidentifier():
+            raise InvalidArgument(f"{where}.properties: {key!r} cannot be written as a Python keyword argument")
+        json_values.append((_alone(schema, root), f"{rule}-value"))
+        return f"{gbnf_literal(key + '=')} {rule}-value"
+
+    return _keyword_arguments(tools, keyword, joiner=gbnf_literal(", "), close=gbnf_literal(")"))
+
+
+def _keyword_arguments(
+    tools: list[tuple[str, str]],
+    argument: Callable[[str, Any, Any, str, str, list[tuple[str, str]]], str],
+    *, joiner: str, close: str,
+) -> tuple[list[str], str]:
+    """Per tool, the rule of arguments written one per property, `argument(key, schema, root,
+    where, rule, json_values)` the GBNF of one (JSON values it needs added to `json_values`):
+    the required ones in any order, then optional ones, each at most once, `joiner` between
+    two, `close` after them ("" for a tool with nothing to write); and all the rules."""
     json_values: list[tuple[str, str]] = []
     rules: list[str] = []
     arguments: list[str] = []
-    comma = gbnf_literal(", ")
     for number, (name, schema_json) in enumerate(tools):
         where, root = _parameters(name, schema_json)
         properties = root.get("properties", {}) if isinstance(root, dict) else {}
@@ -309,21 +311,21 @@ def _python_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
         needed: list[str] = []
         optional: list[str] = []
         for index, (key, schema) in enumerate(properties.items()):
-            if not key.isidentifier():
-                raise InvalidArgument(f"{where}.properties: {key!r} cannot be written as a Python keyword argument")
             rule = f"tool-{number}-arg-{index}"
-            json_values.append((_alone(schema, root), f"{rule}-value"))
-            rules.append(f"{rule} ::= {gbnf_literal(key + '=')} {rule}-value")
+            rules.append(f"{rule} ::= {argument(key, schema, root, where, rule, json_values)}")
             (needed if key in required else optional).append(rule)
-        head = _any_order(f"tool-{number}-args", needed, rules, joiner=comma) if needed else ""
-        more = _any_order(f"tool-{number}-more", optional, rules, some=True, joiner=comma) if optional else ""
+        head = _any_order(f"tool-{number}-args", needed, rules, joiner=joiner) if needed else ""
+        more = _any_order(f"tool-{number}-more", optional, rules, some=True, joiner=joiner) if optional else ""
         if head and more:
-            body = f"{head} ({comma} {more})?"
+            body = f"{head} ({joiner} {more})?" if joiner else f"{head} ({more})?"
         else:
             body = head or (f"({more})?" if more else "")
-        rules.append(f"tool-{number}-call-args ::= {body} {gbnf_literal(')')}")
-        arguments.append(f"tool-{number}-call-args")
+        body = f"{body} {close}".strip()
+        if body:
+            rules.append(f"tool-{number}-call-args ::= {body}")
+        arguments.append(f"tool-{number}-call-args" if body else "")
     names, value_rules = _convert_all(json_values, "tools") if json_values else ([], "")
+    # The converter names a value by its own rule where it has one ("integer"): an alias.
     rules += [f"{rule} ::= {name}" for (_, rule), name in zip(json_values, names, strict=True) if name != rule]
     return arguments, "\n".join([*rules, value_rules])
 

@@ -16,7 +16,7 @@ httpx = pytest.importorskip("httpx")
 
 from gguf_builder import _vocab  # noqa: E402
 
-from support import LIGHT_TOOL, check_light, gguf_daemon, streamed_chat  # noqa: E402
+from support import LIGHT_TOOL, check_light, check_tool_loop, gguf_daemon, streamed_chat  # noqa: E402
 
 TEMPLATE = Path(__file__).parent.parent / "fixtures" / "chat_templates" / "google-gemma-4-31B-it.jinja"
 MARKERS = ("<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>", "<|turn>", "<turn|>",
@@ -78,23 +78,6 @@ def test_thinking_reaches_the_template(client: openai.OpenAI) -> None:
 
 
 def test_the_tool_loop_goes_back_through_the_template(client: openai.OpenAI, daemon: Any) -> None:
-    kwargs: dict[str, Any] = {"model": "gemma4", "tools": [LIGHT], "tool_choice": "required", "temperature": 0,
+    kwargs: dict[str, Any] = {"tools": [LIGHT], "tool_choice": "required", "temperature": 0,
                               "parallel_tool_calls": False, "max_tokens": 1000}
-    reply = client.chat.completions.create(messages=QUESTION, **kwargs).choices[0].message
-    assert reply.tool_calls
-    answered = [*QUESTION, reply, {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": "done"}]
-    base = client.chat.completions.create(model="gemma4", messages=QUESTION, tools=[LIGHT], max_tokens=1)
-    after = client.chat.completions.create(model="gemma4", messages=answered, tools=[LIGHT], max_tokens=1)
-    assert base.usage is not None and after.usage is not None
-    assert after.usage.prompt_tokens > base.usage.prompt_tokens + len("call:set_light{room:hall,on:true}done")
-    # Ollama's shape: arguments as an object, the reasoning (if the model reasoned before its
-    # call) as `thinking`, results by tool name; the same prompt.
-    arguments = json.loads(reply.tool_calls[0].function.arguments)
-    thinking = {"thinking": reply.reasoning_content} if getattr(reply, "reasoning_content", None) else {}
-    body = {"model": "gemma4", "stream": False, "tools": [LIGHT], "options": {"num_predict": 1},
-            "messages": [*QUESTION, {"role": "assistant", "content": "", **thinking,
-                                     "tool_calls": [{"function": {"name": "set_light", "arguments": arguments}}]},
-                         {"role": "tool", "tool_name": "set_light", "content": "done"}]}
-    response = httpx.post(f"http://127.0.0.1:{daemon.http_port}/api/chat", json=body, timeout=60)
-    assert response.status_code == 200, response.text
-    assert response.json()["prompt_eval_count"] == after.usage.prompt_tokens
+    check_tool_loop(client, daemon.http_port, "gemma4", kwargs, "call:set_light{room:hall,on:true}")

@@ -17,7 +17,7 @@ httpx = pytest.importorskip("httpx")
 
 from gguf_builder import _vocab  # noqa: E402
 
-from support import LIGHT_TOOL, check_light, gguf_daemon, streamed_chat  # noqa: E402
+from support import LIGHT_TOOL, check_light, check_tool_loop, gguf_daemon, streamed_chat  # noqa: E402
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
 # Control tokens, as in LFM2's vocabulary (`<think>` and `</think>` are user-defined there).
@@ -93,21 +93,6 @@ def test_auto_calls_hold_from_the_call_marker_on(client: openai.OpenAI) -> None:
 def test_the_tool_loop_goes_back_through_the_template(client: openai.OpenAI, daemon: Any) -> None:
     """LFM2.5's template writes a past call back as `name(key='value', ...)` (its arguments read
     as an object); Ollama's shape of the same conversation renders the same prompt."""
-    kwargs: dict[str, Any] = {"model": "lfm25", "tools": [LIGHT_TOOL], "tool_choice": "required", "temperature": 0,
+    kwargs: dict[str, Any] = {"tools": [LIGHT_TOOL], "tool_choice": "required", "temperature": 0,
                               "parallel_tool_calls": False, "max_tokens": 600, "logit_bias": ENDING}
-    reply = client.chat.completions.create(messages=QUESTION, **kwargs).choices[0].message
-    assert reply.tool_calls
-    answered = [*QUESTION, reply, {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": "done"}]
-    base = client.chat.completions.create(model="lfm25", messages=QUESTION, tools=[LIGHT_TOOL], max_tokens=1)
-    after = client.chat.completions.create(model="lfm25", messages=answered, tools=[LIGHT_TOOL], max_tokens=1)
-    assert base.usage is not None and after.usage is not None
-    assert after.usage.prompt_tokens > base.usage.prompt_tokens + len("set_light(room='hall', on=True)done")
-    arguments = json.loads(reply.tool_calls[0].function.arguments)
-    thinking = {"thinking": reply.reasoning_content} if getattr(reply, "reasoning_content", None) else {}
-    body = {"model": "lfm25", "stream": False, "tools": [LIGHT_TOOL], "options": {"num_predict": 1},
-            "messages": [*QUESTION, {"role": "assistant", "content": "", **thinking,
-                                     "tool_calls": [{"function": {"name": "set_light", "arguments": arguments}}]},
-                         {"role": "tool", "tool_name": "set_light", "content": "done"}]}
-    response = httpx.post(f"http://127.0.0.1:{daemon.http_port}/api/chat", json=body, timeout=60)
-    assert response.status_code == 200, response.text
-    assert response.json()["prompt_eval_count"] == after.usage.prompt_tokens
+    check_tool_loop(client, daemon.http_port, "lfm25", kwargs, "set_light(room='hall', on=True)")
