@@ -150,6 +150,9 @@ HARMONY_CALL = "<|channel|>commentary to=functions."
 HARMONY_ARGS = " <|constrain|>json" + HARMONY_MESSAGE
 # A header is short and on one line; longer, or with a newline, the text is no header.
 _HEADER_MAX = 256
+# What a header begins with after `<|start|>assistant` (and the first message's, which the
+# prompt opened): its channel, or its recipient before it.
+_LEADS = ("<|channel|>", "to=")
 _RECIPIENT = re.compile(r"(?:^|\s)to=(\S+?)(?=<\||\s|$)")
 _CHANNEL = re.compile(r"<\|channel\|>(\w+)")
 
@@ -220,8 +223,6 @@ class ChannelSplit:
                 # short there, with an `<|end|>` that ends it.
                 keep = overlap(pending, _NEXT)
                 body, self._held = pending[: len(pending) - keep], "" if final else pending[len(pending) - keep:]
-                if final:
-                    body = body.removesuffix(HARMONY_END)
             analysis = self._kind == "analysis"
             (thought if analysis and not self._keep else answer).append(body)
             if end < 0:
@@ -238,7 +239,8 @@ class ChannelSplit:
         rest = _after_start(header)
         # The last channel: gpt-oss-20b sometimes writes a stray `<|channel|>commentary` first.
         channel = next(reversed(list(_CHANNEL.finditer(rest))), None)
-        if channel is None or len(header) > _HEADER_MAX or "\n" in rest or (self._messages and not start):
+        if (channel is None or not rest.startswith(_LEADS) or len(header) > _HEADER_MAX or "\n" in rest
+                or (self._messages and not start)):
             return False
         self._messages += 1
         self._in_header = False
@@ -270,7 +272,7 @@ def _may_be_header(text: str) -> bool:
         return False
     if HARMONY_START.startswith(rest) and text == rest:
         return True
-    return any(rest.startswith(lead) or lead.startswith(rest) for lead in ("<|channel|>", "to="))
+    return any(rest.startswith(lead) or lead.startswith(rest) for lead in _LEADS)
 
 
 def _after_start(header: str) -> str:

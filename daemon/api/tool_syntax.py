@@ -299,9 +299,10 @@ _PY_END = "<|tool_call_end|>"
 class _Pythonic(_ByName):
     """LFM2 / LFM2.5: `<|tool_call_start|>[name(key=value, ...), ...]<|tool_call_end|>`, keyword
     arguments whose values are Python or JSON literals (strings in either quotes, True/False/
-    None or true/false/null, numbers, lists, dicts), read into compact JSON, as llama-server's
-    parser for the format converts them. Streamed, a string value grows as it arrives; other
-    values come whole."""
+    None or true/false/null, numbers, lists, dicts), read into JSON as llama-server's parser
+    for the format converts them (`_py_rewrite`): `{"key":value,...}`, each value as written
+    but for its strings in JSON's quotes and Python's names as JSON's. Streamed, a key once its
+    "=" is out and a value as far as it is certain."""
 
     name: str
 
@@ -415,35 +416,57 @@ def _py_string_end(text: str, i: int) -> int:
 
 
 def _py_json(literal: str) -> str | None:
-    """A complete Python or JSON literal as JSON text: JSON as written (llama-server copies it),
-    a Python literal converted, compact; None when it is neither."""
-    literal = literal.strip()
+    """A complete Python or JSON literal as JSON text, as llama-server converts it: written as
+    it is, each Python string in JSON's quotes and True/False/None as JSON's names; None when
+    the result is no JSON (a tuple, a set, a name)."""
+    text = _py_rewrite(literal.strip(), final=True)
     try:
-        json.loads(literal)
-        return literal
+        json.loads(text)
     except ValueError:
-        pass
-    try:
-        value = ast.literal_eval(_py_names(literal))
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return None  # neither, or a set, bytes, a complex number: no JSON
+        return None
+    return text
 
 
-def _py_names(literal: str) -> str:
-    """`literal` with JSON's true, false and null (outside strings) as Python's names."""
-    out, j = [], 0
-    while j < len(literal):
-        char = literal[j]
+def _py_partial(raw: str) -> str:
+    """What is certain of a value still arriving (`_py_rewrite` of its start): a string's JSON
+    text without the closing quote, other values as far as their complete parts go."""
+    return _py_rewrite(raw, final=False).rstrip()
+
+
+def _py_rewrite(raw: str, *, final: bool) -> str:
+    """`raw` (a Python or JSON literal, or its start) rewritten into JSON text in place: strings
+    in JSON's quotes (single-quoted ones converted, double-quoted ones as written where JSON reads
+    them), True/False/None as true/false/null, everything else as written. Not `final`: it ends
+    before a name still arriving and a string's closing quote, so what it returns only grows as
+    `raw` does."""
+    out: list[str] = []
+    j = 0
+    while j < len(raw):
+        char = raw[j]
         if char in "\"'":
-            end = _py_string_end(literal, j)
-            end = len(literal) if end < 0 else end
-            out.append(literal[j:end])
+            end = _py_string_end(raw, j)
+            if end < 0:
+                out.append(_py_open_string(raw[j:]))
+                break
+            literal = raw[j:end]
+            try:
+                value = json.loads(literal) if char == '"' else None
+                text = literal if char == '"' and isinstance(value, str) else None
+            except ValueError:
+                text = None
+            if text is None:
+                try:
+                    text = json.dumps(ast.literal_eval(literal), ensure_ascii=False)
+                except (ValueError, SyntaxError, MemoryError, RecursionError):
+                    text = literal
+            out.append(text)
             j = end
             continue
-        word = re.match(r"[A-Za-z_]\w*", literal[j:])
+        word = re.match(r"[A-Za-z_]\w*", raw[j:])
         if word:
-            out.append({"true": "True", "false": "False", "null": "None"}.get(word.group(), word.group()))
+            if j + len(word.group()) == len(raw) and not final:
+                break  # the name may go on
+            out.append(_PY_NAMES.get(word.group(), word.group()))
             j += len(word.group())
             continue
         out.append(char)
@@ -451,26 +474,28 @@ def _py_names(literal: str) -> str:
     return "".join(out)
 
 
-def _py_partial(raw: str) -> str:
-    """What is certain of a value still arriving: a string's JSON text without the closing
-    quote (up to a complete escape); JSON text as written, as llama-server streams it, where it
-    cannot turn into something else (no Python names or quotes in it yet); else nothing."""
-    if not raw:
-        return ""
-    if raw[0] not in "\"'":
-        written = raw.rstrip()
-        if written[0] in "-0123456789[{" and "'" not in written and not re.search(r"\b(True|False|None)", written):
-            return written
-        return ""
+_PY_NAMES = {"True": "true", "False": "false", "None": "null"}
+
+
+def _py_open_string(raw: str) -> str:
+    """A string still arriving as JSON text without its closing quote, up to a complete escape."""
     body, j, cut = raw[1:], 0, 0
     while j < len(body):
         if body[j] == "\\":
-            if j + 1 >= len(body):
+            # An escape counts once whole: \uXXXX, \xXX, \UXXXXXXXX, or two characters.
+            size = {"u": 6, "x": 4, "U": 10}.get(body[j + 1], 2) if j + 1 < len(body) else 2
+            if j + size > len(body):
                 break
-            j += 2
+            j += size
         else:
             j += 1
         cut = j
+    if raw[0] == '"':
+        try:  # JSON's so far: as written, as the whole string will be
+            json.loads(raw[: 1 + cut] + '"')
+            return raw[: 1 + cut]
+        except ValueError:
+            pass
     try:
         value = ast.literal_eval(raw[0] + body[:cut] + raw[0])
     except (ValueError, SyntaxError):

@@ -4,11 +4,12 @@ of the same replies (tests/fixtures/chat_templates/reasoning_replies.json), whol
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
-from daemon.api.reasoning import ThinkingSplit, opened_by, split
+from daemon.api.reasoning import ChannelSplit, ThinkingSplit, opened_by, split
 
 TAGS = ("<think>", "</think>")
 CAPTURE = json.loads(
@@ -122,3 +123,20 @@ def test_gemma_thought_channel_as_llama_server_splits_it(reply: dict) -> None:
         stream = ThinkingSplit(GEMMA_TAGS, opened=None, trim=True, keep_after=True)
         parts = [stream.feed(text[:cut], False), stream.feed(text[cut:], False), stream.feed("", True)]
         assert ("".join(r for r, _ in parts), "".join(c for _, c in parts)) == whole, cut
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_harmony_reply_streams_as_it_reads_whole(keep: bool) -> None:
+    """Seeded soups of gpt-oss's markers and text (headers that are and are not ones, cuts
+    anywhere), fed 1, 2 and 5 characters at a time: the same reasoning and answer as whole."""
+    rng = random.Random(0)
+    pieces = ["<|channel|>", "analysis", "final", "commentary", " to=functions.get_weather", "<|message|>", "<|end|>",
+              "<|start|>assistant", " <|constrain|>json", "{", '"city"', ":", '"P"', "}", "x", " ", "\n", "to=",
+              "browser.search"]
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        whole = ChannelSplit(keep_reasoning=keep).feed(text, True)
+        for step in (1, 2, 5):
+            split = ChannelSplit(keep_reasoning=keep)
+            parts = [split.feed(text[k : k + step], False) for k in range(0, len(text), step)] + [split.feed("", True)]
+            assert ("".join(p[0] for p in parts), "".join(p[1] for p in parts)) == whole, text

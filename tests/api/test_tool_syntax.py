@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 from pathlib import Path
 
@@ -461,3 +462,36 @@ def test_lfm2_replies_read_as_llama_server_reads_them(reply: dict) -> None:
         assert (content, reply["finish_reason"]) == (text, "length") and text.startswith(message["content"])
     else:
         assert (content or "") == message["content"]
+
+
+def test_python_literals_read_into_json_as_llama_server_converts_them() -> None:
+    """LFM2's values: JSON as written (spaces too), a Python string in JSON's quotes, Python's
+    names as JSON's, in place; what is no JSON (a tuple) leaves the call unread."""
+    use = openai_tools.ToolUse("lfm2", TOOLS, "auto", parallel=True)
+    text = ("<|tool_call_start|>[get_weather(city='Pa\\'ris', days=None, when={\"a\": [1, True]}, x=\"\\u00e9\"),"
+            " get_weather(city=-0)]<|tool_call_end|>")
+    content, calls = use.reply(text, cut=False)
+    assert content is None and [c["function"]["arguments"] for c in calls] == [
+        '{"city":"Pa\'ris","days":null,"when":{"a": [1, true]},"x":"\\u00e9"}', '{"city":-0}']
+    assert streamed_calls(use, text) == [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+    assert use.reply("<|tool_call_start|>[get_weather(city=(1, 2))]<|tool_call_end|>", cut=False)[1] == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_python_calls_stream_as_they_read_whole_however_cut(seed: int) -> None:
+    """Seeded soups of LFM2 calls (each value of another kind: quotes of both kinds, escapes
+    still arriving, names, nested values), whole and cut anywhere: the streamed arguments add up
+    to the whole reading's."""
+    rng = random.Random(seed)
+    use = openai_tools.ToolUse("lfm2", TOOLS, "auto", parallel=True)
+    values = ['"Pa,ris"', "'Pa\\'r)is'", "True", "None", "12", "-0", "[1, 'a']", "{'k': 1}", '{"a": [true, null]}',
+              '"x\\"y"', "3.5e2", "'é'", '"\\u00e9"', "[None, False]", "'\\x41b'"]
+    for _ in range(300):
+        calls = []
+        for _ in range(rng.randint(1, 3)):
+            arguments = [rng.choice(("city", "days")) + "=" + rng.choice(values) for _ in range(rng.randint(0, 3))]
+            calls.append(f"get_weather({', '.join(arguments)})")
+        text = "<|tool_call_start|>[" + ", ".join(calls) + "]<|tool_call_end|>"
+        text = text[: rng.randint(1, len(text))]
+        _, whole = use.reply(text, cut=True)
+        assert streamed_calls(use, text) == [(c["function"]["name"], c["function"]["arguments"]) for c in whole], text
