@@ -526,7 +526,8 @@ class _Thinking:
 
 class _Split:
     """A thinking reply's reasoning and answer (Ollama's split: reasoning.ThinkingSplit with
-    trim); `chat`: the reasoning goes in message.thinking, else in thinking (/api/generate)."""
+    trim, or the syntax's own, gpt-oss's channels); `chat`: the reasoning goes in
+    message.thinking, else in thinking (/api/generate); `hidden`: it is left out."""
 
     def __init__(
         self, tags: tuple[str, str], opened: str | None, *, chat: bool, syntax: Syntax, hidden: bool
