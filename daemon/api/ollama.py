@@ -480,25 +480,26 @@ class _Thinking:
             self.variables = {"enable_thinking": False}
         else:
             # Unset is true for a thinking model (Ollama); the template already has
-            # enable_thinking true (templates.py), as llama-server gives it.
+            # enable_thinking true (templates.py), as llama-server gives it. A level reaches it
+            # in `prompt`.
             self.tags = tags
-            if self.level:
-                self.variables = {"reasoning_effort": self.level}
 
     def prompt(self, model: LoadedVersion, messages: list[dict[str, Any]], raw: str,
                tools: list[dict[str, Any]] | None = None) -> str:
         """The chat prompt with the template variables `think` sets. A level must change the
         prompt: a template that does not read `reasoning_effort` (most with <think> tags)
         would ignore it, and edged takes nothing without its effect."""
-        if self.level:
-            low, high = (model.chat_prompt(messages, template_kwargs={"reasoning_effort": level}, tools=tools)
-                         for level in ("low", "high"))
-            if low == high:
-                raise InvalidArgument(
-                    f'think: "{self.level}": the chat template of "{raw}" has no thinking levels (it does not '
-                    "read reasoning_effort); send think true or false"
-                )
-        return model.chat_prompt(messages, template_kwargs=self.variables, tools=tools)
+        if not self.level:
+            return model.chat_prompt(messages, template_kwargs=self.variables, tools=tools)
+        prompt = reasoning.effort_prompt(
+            lambda variables: model.chat_prompt(messages, template_kwargs=variables, tools=tools), None, self.level
+        )
+        if prompt is None:
+            raise InvalidArgument(
+                f'think: "{self.level}": the chat template of "{raw}" has no thinking levels (it does not '
+                "read reasoning_effort); send think true or false"
+            )
+        return prompt
 
     def without_template(self, raw: str) -> None:
         """A prompt not rendered by the model's chat template (/api/generate's raw, template or

@@ -790,23 +790,24 @@ def schema_of_format(fmt: ResponseFormat | None) -> str:
 EFFORTS = ("low", "medium", "high")
 
 
-def with_effort(
+def effort_prompt(
     model: LoadedVersion, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
     kwargs: dict[str, Any] | None, effort: str | None, field: str,
-) -> dict[str, Any] | None:
-    """`kwargs` (chat_template_kwargs) with `effort` as the template's `reasoning_effort`, as
-    llama-server passes it. The level must change the prompt: a template that does not read
-    it would ignore it, and nothing is taken without its effect."""
+) -> str:
+    """The chat prompt, with `effort` (when given) as the template's `reasoning_effort`, as
+    llama-server passes it; a 400 naming `field` for another level or a template that does not
+    read it (reasoning.effort_prompt)."""
     if effort is None:
-        return kwargs
+        return model.chat_prompt(messages, template_kwargs=kwargs, tools=tools)
     if effort not in EFFORTS:
         raise InvalidArgument(f"{field}: {effort!r} is not one of {', '.join(EFFORTS)}")
-    low, high = (model.chat_prompt(messages, template_kwargs={**(kwargs or {}), "reasoning_effort": level}, tools=tools)
-                 for level in ("low", "high"))
-    if low == high:
+    prompt = reasoning.effort_prompt(
+        lambda variables: model.chat_prompt(messages, template_kwargs=variables, tools=tools), kwargs, effort
+    )
+    if prompt is None:
         raise InvalidArgument(f"{field}: the chat template of model '{model.name}' has no reasoning levels "
                               "(it does not read reasoning_effort)")
-    return {**(kwargs or {}), "reasoning_effort": effort}
+    return prompt
 
 
 def _message_text(message: ChatMessage, index: int) -> str:
@@ -850,8 +851,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         messages = use.messages(messages)
     # With tool_choice "none" too (described_tools).
     described = openai_tools.described_tools(syntax, req.tools or [])
-    kwargs = with_effort(model, messages, described, req.chat_template_kwargs, req.reasoning_effort, "reasoning_effort")
-    prompt = model.chat_prompt(messages, template_kwargs=kwargs, tools=described)
+    prompt = effort_prompt(model, messages, described, req.chat_template_kwargs, req.reasoning_effort, "reasoning_effort")
     tags = model.thinking_tags()
     opened = reasoning.opened_by(prompt, tags)
     reasoning.hold_grammar_after(params, tags, prompt)

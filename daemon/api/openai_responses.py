@@ -37,6 +37,7 @@ from daemon.api.openai import (
     ResponseFormat,
     chat_messages,
     decode_with,
+    effort_prompt,
     first_chunk,
     generation_model,
     in_range,
@@ -44,7 +45,6 @@ from daemon.api.openai import (
     schema_of_format,
     start_sse,
     token_text,
-    with_effort,
 )
 from daemon.api.tool_syntax import GENERIC, Syntax, syntax_named
 from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
@@ -155,7 +155,7 @@ class TextConfig(_Strict):
 
 
 class ReasoningConfig(_Strict):
-    # The chat template's `reasoning_effort` (gpt-oss's; openai.with_effort). The others only
+    # The chat template's `reasoning_effort` (gpt-oss's; openai.effort_prompt). The others only
     # null (_refuse_stateful): the reasoning comes whole, not summarized.
     effort: str | None = None
     summary: str | None = None
@@ -556,8 +556,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     # With tool_choice "none" too (described_tools).
     described = openai_tools.described_tools(syntax, all_tools)
     effort = req.reasoning.effort if req.reasoning is not None else None
-    kwargs = with_effort(model, messages, described, None, effort, "reasoning.effort")
-    prompt = model.chat_prompt(messages, template_kwargs=kwargs, tools=described)
+    prompt = effort_prompt(model, messages, described, None, effort, "reasoning.effort")
     tags = model.thinking_tags()
     opened = reasoning.opened_by(prompt, tags)
     reasoning.hold_grammar_after(params, tags, prompt)

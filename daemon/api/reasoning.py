@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from daemon.backend import GenerateParams
 
@@ -310,6 +311,17 @@ def _closed_empty(prompt: str, tags: tuple[str, str]) -> bool:
     `<|start|>assistant` after every user message, its closing tag, with no reasoning before."""
     body = prompt.rstrip()
     return body.endswith(tags[1]) and body[: len(body) - len(tags[1])].rstrip().endswith(tags[0])
+
+
+def effort_prompt(render: Callable[[dict[str, Any]], str], variables: Mapping[str, Any] | None, effort: str) -> str | None:
+    """The prompt `render` (the chat template, given its variables) writes with `effort` as
+    its `reasoning_effort` (the name gpt-oss's template reads a reasoning level by), or None
+    where the template does not read it: its prompt for "low" and for "high" is the same, and
+    a level without effect is not taken."""
+    prompts = {level: render({**(variables or {}), "reasoning_effort": level}) for level in ("low", "high")}
+    if prompts["low"] == prompts["high"]:
+        return None
+    return prompts.get(effort) or render({**(variables or {}), "reasoning_effort": effort})
 
 
 def overlap(text: str, tag: str) -> int:

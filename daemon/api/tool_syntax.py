@@ -381,7 +381,7 @@ def _py_value_end(text: str, i: int) -> int:
     while j < len(text):
         char = text[j]
         if char in "\"'":
-            j = _py_string_end(text, j)
+            j = _string_end(text, j)
             if j < 0:
                 return -1
             if depth == 0:
@@ -398,20 +398,6 @@ def _py_value_end(text: str, i: int) -> int:
         elif char == "," and depth == 0:
             return j
         j += 1
-    return -1
-
-
-def _py_string_end(text: str, i: int) -> int:
-    """Index after the closing quote of the string starting at text[i] (either quote); -1 if
-    incomplete."""
-    quote, j = text[i], i + 1
-    while j < len(text):
-        if text[j] == "\\":
-            j += 2
-        elif text[j] == quote:
-            return j + 1
-        else:
-            j += 1
     return -1
 
 
@@ -444,7 +430,7 @@ def _py_rewrite(raw: str, *, final: bool) -> str:
     while j < len(raw):
         char = raw[j]
         if char in "\"'":
-            end = _py_string_end(raw, j)
+            end = _string_end(raw, j)
             if end < 0:
                 out.append(_py_open_string(raw[j:]))
                 break
@@ -770,12 +756,13 @@ def _skip(text: str, i: int) -> int:
 
 
 def _string_end(text: str, i: int) -> int:
-    """Index after the closing quote of the string starting at text[i] == '"'; -1 if incomplete."""
-    j = i + 1
+    """Index after the closing quote of the string starting at text[i] (its quote: `"`, or `'`
+    for a Python string); -1 if incomplete."""
+    quote, j = text[i], i + 1
     while j < len(text):
         if text[j] == "\\":
             j += 2
-        elif text[j] == '"':
+        elif text[j] == quote:
             return j + 1
         else:
             j += 1

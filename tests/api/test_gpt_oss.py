@@ -48,11 +48,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
     process.stop()
 
 
-@pytest.fixture(scope="module")
-def client(daemon: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="none", max_retries=0)
-
-
 def _post(daemon: Any, path: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(f"http://127.0.0.1:{daemon.http_port}{path}", json=body, timeout=120)
 

@@ -43,11 +43,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
     process.stop()
 
 
-@pytest.fixture(scope="module")
-def client(daemon: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="none", max_retries=0)
-
-
 def test_the_model_metadata_names_its_syntax(daemon: Any) -> None:
     for name, thinking in (("lfm25", "<think></think>"), ("lfm2", "")):
         engine = httpx.get(f"http://127.0.0.1:{daemon.http_port}/v2/models/{name}", timeout=30).json()["engine"]
