@@ -672,7 +672,37 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # lm-eval-harness scores text): each token's log probability given the tokens before it.
     # The prompt is evaluated whole (a cached prefix keeps no logits); max_tokens 0 is allowed.
     prompt_logprobs: int | None = None
-    # Greedy decoding regardless of the fields above (temperature <= 0 means the same).
+    # llama-server's other samplers, with its meanings and defaults (each off by default).
+    # Mirostat 1 or 2 (0: off): the temperature, then Mirostat's own truncation and draw in
+    # place of the samplers below and top-k, typical, top-p and min-p; it aims at a surprise
+    # of `mirostat_tau` per token, learning at rate `mirostat_eta`.
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    # Dynamic temperature: between temperature - range (at least 0) and temperature + range,
+    # by the candidates' normalised entropy to this exponent (range 0: off).
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    # Keep only the tokens whose logit is within this many standard deviations of the best
+    # one (<= 0: off).
+    top_n_sigma: float = -1.0
+    # XTC: at each token, with this probability, drop every token more likely than the
+    # threshold but the least likely of them (threshold above 0.5: off).
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    # DRY: a token that would extend a repetition of the last `dry_penalty_last_n` tokens
+    # (prompt included) beyond `dry_allowed_length` loses multiplier * base ** (length -
+    # allowed length) from its logit; the breakers' texts end a repetition (multiplier 0: off).
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: list[str] = msgspec.field(default_factory=lambda: ["\n", ":", '"', "*"])
+    # The fewest candidates typical, top-p, min-p and XTC leave (0 and 1 alike: one).
+    min_keep: int = 0
+    # The most likely token at each step, after the biases, penalties and DRY (temperature
+    # <= 0 means the same): unless XTC or a dynamic temperature is on, which act at
+    # temperature 0 too, as in llama-server.
     greedy: bool = False
     # Never sample an end-of-generation token (llama-server's `ignore_eos`): the output runs to
     # max_tokens, a stop string or the end of the context, as benchmarks ask for. Not with

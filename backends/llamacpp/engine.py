@@ -856,23 +856,53 @@ class Engine:
             if freq or present:
                 # OpenAI's penalties count every token of the text so far: the whole context.
                 self._add_penalties(chain, prompt, self.n_ctx_seq, 1.0, freq, present)
+        if params.dry_multiplier > 0.0 and params.dry_penalty_last_n > 0:
+            # Like the penalties, DRY counts the prompt's tokens and changes the best token too.
+            self._add_dry(chain, prompt, params)
         if grammar:
             # After the biases and penalties, before truncation: the grammar masks the
             # tokens it does not allow, so top-k & co. pick only among allowed ones.
             llama.llama_sampler_chain_add(chain, grammar)
-        if params.greedy or params.temperature <= 0:
+        xtc = params.xtc_probability > 0.0 and params.xtc_threshold <= 0.5  # llama.cpp: above 0.5 is off
+        # At temperature 0 llama-server's chain keeps the best token only, unless XTC drops
+        # it first or a dynamic temperature raises the temperature again; else it is greedy.
+        if (params.greedy or params.temperature <= 0) and not xtc and params.dynatemp_range <= 0.0:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
             return chain
+        seed = llama.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
+        if params.mirostat:
+            # llama-server's Mirostat: the temperature, then Mirostat's own truncation and draw
+            # in place of every other sampler (its m for version 1: 100 tokens).
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(params.temperature))
+            if params.mirostat == 1:
+                miro = llama.llama_sampler_init_mirostat(self.n_vocab, seed, params.mirostat_tau, params.mirostat_eta, 100)
+            else:
+                miro = llama.llama_sampler_init_mirostat_v2(seed, params.mirostat_tau, params.mirostat_eta)
+            llama.llama_sampler_chain_add(chain, miro)
+            return chain
+        keep = max(1, params.min_keep)
+        # llama-server's order: top-n-sigma, top-k, typical, top-p, min-p, XTC, temperature.
+        if params.top_n_sigma > 0.0:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_n_sigma(params.top_n_sigma))
         if params.top_k > 0:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(params.top_k))
-        if params.typical_p < 1.0:  # llama.cpp's order: top-k, typical, top-p, min-p
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_typical(params.typical_p, 1))
+        if params.typical_p < 1.0:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_typical(params.typical_p, keep))
         if 0.0 < params.top_p < 1.0:
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(params.top_p, 1))
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(params.top_p, keep))
         if params.min_p > 0.0:
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_min_p(params.min_p, 1))
-        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(params.temperature))
-        seed = llama.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_min_p(params.min_p, keep))
+        if xtc:
+            llama.llama_sampler_chain_add(
+                chain, llama.llama_sampler_init_xtc(params.xtc_probability, params.xtc_threshold, keep, seed)
+            )
+        if params.dynatemp_range > 0.0:
+            temperature = llama.llama_sampler_init_temp_ext(
+                params.temperature, params.dynatemp_range, params.dynatemp_exponent
+            )
+        else:
+            temperature = llama.llama_sampler_init_temp(params.temperature)
+        llama.llama_sampler_chain_add(chain, temperature)
         llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_dist(seed))
         return chain
 
@@ -897,6 +927,18 @@ class Engine:
         if self._eog is None:
             self._eog = [t for t in range(self.n_vocab) if llama.llama_vocab_is_eog(self._vocab, t)]
         return self._eog
+
+    def _add_dry(self, chain: Any, prompt: Sequence[int], params: GenerateParams) -> None:
+        breakers = [text.encode() for text in params.dry_sequence_breakers]
+        array = (ctypes.c_char_p * len(breakers))(*breakers)
+        sampler = llama.llama_sampler_init_dry(
+            self._vocab, params.dry_multiplier, params.dry_base, params.dry_allowed_length,
+            params.dry_penalty_last_n, array, len(breakers),
+        )
+        # Primed with the prompt's end on its own, as the penalties are (below).
+        for token in prompt[-params.dry_penalty_last_n :]:
+            llama.llama_sampler_accept(sampler, token)
+        llama.llama_sampler_chain_add(chain, sampler)
 
     def _add_penalties(
         self, chain: Any, prompt: Sequence[int], last_n: int, repeat: float, freq: float, present: float

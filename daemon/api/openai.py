@@ -8,7 +8,8 @@ Every field a request may carry either has its effect or is a 400 naming it (unk
 are rejected by the decoders, `forbid_unknown_fields`); ranges are OpenAI's: temperature
 [0, 2], top_p [0, 1], presence/frequency penalty [-2, 2], logit_bias values [-100, 100].
 llama-server's extensions `top_k`, `min_p`, `typical_p`, `repeat_penalty`, `repeat_last_n`,
-`ignore_eos` and `cache_prompt` are taken too, with llama-server's meaning.
+`ignore_eos`, `cache_prompt` and its other samplers (Mirostat, dynamic temperature, top-n-sigma,
+XTC, DRY, `min_keep`) are taken too, with llama-server's meaning and order.
 
 `n` choices are `n` sequences in the engine, run side by side as separate requests would be
 (choice i samples with `seed + i` when a seed is given, so that the choices differ and the
@@ -94,6 +95,21 @@ class _Sampling(_Strict):
     ignore_eos: bool | None = None
     # False: evaluate the whole prompt, whatever the slot's cache holds (default true).
     cache_prompt: bool | None = None
+    # llama-server's other samplers (GenerateParams says what each does).
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    top_n_sigma: float | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[str] | None = None
+    min_keep: int | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -271,6 +287,7 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
             params.frequency_penalty = req.frequency_penalty
         if req.logit_bias:
             params.logit_bias = _logit_bias(req.logit_bias)
+        _llama_samplers(req, params)
     if req.temperature is not None:
         in_range("temperature", req.temperature, 0.0, 2.0)
         params.temperature = req.temperature
@@ -286,6 +303,60 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
     if req.stop is not None:
         params.stop = sampling.stop_strings(req.stop, "stop")
     return params
+
+
+# llama.cpp cuts a longer DRY sequence breaker to its first 40 bytes (with a log line only).
+_MAX_BREAKER_BYTES = 40
+
+
+def _llama_samplers(req: _Sampling, params: GenerateParams) -> None:
+    """llama-server's other samplers, checked where a value would be changed or mean nothing
+    (llama-server clamps some and replaces a DRY base below 1 with its default: a 400 here)."""
+    if req.mirostat is not None:
+        if req.mirostat not in (0, 1, 2):
+            raise InvalidArgument(f"mirostat must be 0 (off), 1 or 2, got {req.mirostat}")
+        params.mirostat = req.mirostat
+    for name in ("mirostat_tau", "mirostat_eta", "dynatemp_range", "dry_multiplier"):
+        value = getattr(req, name)
+        if value is not None:
+            _at_least(name, value, 0.0)
+            setattr(params, name, value)
+    for name in ("dynatemp_exponent", "top_n_sigma"):
+        value = getattr(req, name)
+        if value is not None:
+            if not math.isfinite(value):
+                raise InvalidArgument(f"{name} must be a finite number, got {value}")
+            setattr(params, name, value)
+    for name in ("xtc_probability", "xtc_threshold"):
+        value = getattr(req, name)
+        if value is not None:
+            in_range(name, value, 0.0, 1.0)
+            setattr(params, name, value)
+    if req.dry_base is not None:
+        _at_least("dry_base", req.dry_base, 1.0)
+        params.dry_base = req.dry_base
+    for name in ("dry_allowed_length", "dry_penalty_last_n", "min_keep"):
+        value = getattr(req, name)
+        if value is not None:
+            if not 0 <= value <= 2**31 - 1:
+                raise InvalidArgument(f"{name} must be between 0 and {2**31 - 1}, got {value}")
+            setattr(params, name, value)
+    if req.dry_sequence_breakers is not None:
+        if not req.dry_sequence_breakers:
+            raise InvalidArgument("dry_sequence_breakers must be a non-empty list of strings")
+        for index, breaker in enumerate(req.dry_sequence_breakers):
+            size = len(breaker.encode("utf-8", "surrogatepass"))
+            if not breaker or "\0" in breaker or size > _MAX_BREAKER_BYTES:
+                raise InvalidArgument(
+                    f"dry_sequence_breakers[{index}] must be 1 to {_MAX_BREAKER_BYTES} bytes of UTF-8 "
+                    f"without NUL, got {breaker!r}"
+                )
+        params.dry_sequence_breakers = list(req.dry_sequence_breakers)
+
+
+def _at_least(name: str, value: float, low: float) -> None:
+    if not (math.isfinite(value) and value >= low):
+        raise InvalidArgument(f"{name} must be a finite number >= {low:g}, got {value}")
 
 
 def _logit_bias(biases: dict[str, float]) -> dict[int, float]:

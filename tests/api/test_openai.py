@@ -4,6 +4,7 @@ over TCP and over the Unix socket; plus Triton's generate extension."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -444,6 +445,113 @@ def test_typical_p_keeps_the_most_typical_tokens(client: openai.OpenAI) -> None:
     assert len(typical) == 1
     with pytest.raises(openai.BadRequestError, match=r"typical_p must be between 0 and 1, got 1\.5"):
         client.completions.create(model="tiny", prompt="x", max_tokens=1, extra_body={"typical_p": 1.5})
+
+
+# Single-character tokens of the tiny vocabulary (gguf_builder: printable ASCII from id 260).
+def char_token(char: str) -> int:
+    return 259 + ord(char) - 0x20
+
+
+HOT = {"model": "tiny", "prompt": "Samplers", "temperature": 1.5, "max_tokens": 12, "top_p": 1.0}
+FREE = {"top_k": 0, "min_p": 0}
+
+
+def seeded_texts(client: openai.OpenAI, extra: dict[str, Any], **fields: Any) -> set[str]:
+    request = {**HOT, **fields}
+    return {client.completions.create(**request, seed=s, extra_body={**FREE, **extra}).choices[0].text for s in range(4)}
+
+
+def test_mirostat_top_n_sigma_and_dynamic_temperature(client: openai.OpenAI) -> None:
+    """llama-server's samplers with its meaning. Hot sampling over the whole vocabulary differs
+    from seed to seed; each of these, set to its narrowest, leaves the best token only, so every
+    seed writes the greedy text: Mirostat 2 aiming at a surprise near zero, top-n-sigma with
+    almost no spread, a dynamic temperature whose exponent takes it to its low end (0)."""
+    greedy = client.completions.create(model="tiny", prompt=HOT["prompt"], max_tokens=12, temperature=0).choices[0].text
+    assert len(seeded_texts(client, {})) > 1
+    for narrow in (
+        {"mirostat": 2, "mirostat_tau": 1e-4},
+        {"top_n_sigma": 1e-6},
+        {"dynatemp_range": 1.5, "dynatemp_exponent": 1e9},
+    ):
+        assert seeded_texts(client, narrow) == {greedy}, narrow
+    # A dynamic temperature acts at temperature 0 too (llama-server's chain): with exponent 0
+    # it is temperature + range, hot again.
+    hot_at_zero = seeded_texts(client, {"dynatemp_range": 2.0, "dynatemp_exponent": 0.0}, temperature=0.0)
+    assert len(hot_at_zero) > 1 and greedy not in hot_at_zero
+    # Mirostat 1 with a seed is reproducible and samples (it is not greedy at its default tau).
+    miro = {"mirostat": 1}
+    first = client.completions.create(**HOT, seed=7, extra_body=miro).choices[0].text
+    assert client.completions.create(**HOT, seed=7, extra_body=miro).choices[0].text == first
+    assert len(seeded_texts(client, miro)) > 1
+
+
+def test_xtc_drops_the_most_likely_tokens(client: openai.OpenAI) -> None:
+    """XTC: after "The" the tiny model's two best tokens, "=" and the byte token of "t", are
+    about as likely (log probabilities -0.84 and -0.88); biased alike, both are far above the
+    threshold and every other token far below it. XTC at probability 1 drops the more likely of
+    the two and writes the other, whatever the seed; without it the more likely one wins at
+    temperature 0. At temperature 0 too, as llama-server's chain applies XTC before the
+    temperature."""
+    pair = ("=", "t")
+    tokens = (char_token("="), 3 + ord("t"))  # gguf_builder: byte b is token 3 + b
+    request = {"model": "tiny", "prompt": [char_token(c) for c in "The"], "max_tokens": 1,
+               "logit_bias": {str(t): 100 for t in tokens}}
+    best = client.completions.create(**request, temperature=0.0).choices[0].text
+    assert best in pair
+    other = pair[1] if best == pair[0] else pair[0]
+    xtc = {"xtc_probability": 1.0, "xtc_threshold": 0.1}
+    for temperature in (0.0, 1.0):
+        written = {client.completions.create(**request, temperature=temperature, seed=s, extra_body={**FREE, **xtc})
+                   .choices[0].text for s in range(6)}
+        assert written == {other}, temperature
+    plain = {client.completions.create(**request, temperature=1.0, seed=s, extra_body=FREE).choices[0].text
+             for s in range(6)}
+    assert best in plain
+    # A threshold above 0.5 turns XTC off (llama.cpp's rule).
+    off = client.completions.create(**request, temperature=0.0, extra_body={**xtc, "xtc_threshold": 0.6})
+    assert off.choices[0].text == best
+
+
+def test_dry_penalises_extending_a_repetition(client: openai.OpenAI) -> None:
+    """DRY over the prompt's tokens: after "a b c d a b c", writing "d" would extend a repeated
+    run of 3 past the allowed 2, so it loses 100 * 1.75 from its logit and the +100 bias no
+    longer wins. A sequence breaker inside the run ("b") ends it: no penalty."""
+    prompt = [char_token(c) for c in "abcdabc"]
+    request = {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
+               "logit_bias": {str(char_token("d")): 100}}
+    assert client.completions.create(**request).choices[0].text == "d"
+    dry = {"dry_multiplier": 100.0, "dry_base": 1.75, "dry_allowed_length": 2}
+    assert client.completions.create(**request, extra_body=dry).choices[0].text != "d"
+    broken = {**dry, "dry_sequence_breakers": ["b"]}
+    assert client.completions.create(**request, extra_body=broken).choices[0].text == "d"
+    # Only the last 3 tokens looked at: the earlier run is out of sight.
+    assert client.completions.create(**request, extra_body={**dry, "dry_penalty_last_n": 3}).choices[0].text == "d"
+    # On chat too (the same fields).
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0,
+        logit_bias={str(char_token("d")): 100}, extra_body={"dry_multiplier": 100.0, "dry_allowed_length": 1},
+    )
+    assert chat.choices[0].message.content != "dddd"
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"mirostat": 3}, "mirostat must be 0 (off), 1 or 2, got 3"),
+    ({"mirostat_tau": -1}, "mirostat_tau must be a finite number >= 0, got -1"),
+    ({"dynatemp_range": -0.5}, "dynatemp_range must be a finite number >= 0, got -0.5"),
+    ({"xtc_probability": 1.5}, "xtc_probability must be between 0 and 1, got 1.5"),
+    ({"xtc_threshold": -0.1}, "xtc_threshold must be between 0 and 1, got -0.1"),
+    ({"dry_base": 0.5}, "dry_base must be a finite number >= 1, got 0.5"),
+    ({"dry_allowed_length": -1}, "dry_allowed_length must be between 0 and 2147483647, got -1"),
+    ({"dry_penalty_last_n": -1}, "dry_penalty_last_n must be between 0 and 2147483647, got -1"),
+    ({"min_keep": -2}, "min_keep must be between 0 and 2147483647, got -2"),
+    ({"dry_sequence_breakers": []}, "dry_sequence_breakers must be a non-empty list of strings"),
+    ({"dry_sequence_breakers": ["\n", ""]}, "dry_sequence_breakers[1] must be 1 to 40 bytes"),
+    ({"dry_sequence_breakers": ["é" * 21]}, "dry_sequence_breakers[0] must be 1 to 40 bytes"),
+    ({"samplers": ["top_k"]}, "samplers"),
+])
+def test_llama_sampler_fields_are_checked(client: openai.OpenAI, extra: dict[str, Any], message: str) -> None:
+    with pytest.raises(openai.BadRequestError, match=re.escape(message)):
+        client.completions.create(model="tiny", prompt="x", max_tokens=1, extra_body=extra)
 
 
 def test_ignore_eos_runs_to_max_tokens(client: openai.OpenAI) -> None:
