@@ -38,7 +38,7 @@ import ctypes
 import datetime
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import llama_cpp.llama_cpp as llama
@@ -442,8 +442,28 @@ def _environment() -> Any:
         lstrip_blocks=True,
         extensions=[Jinja2ChatFormatter.IgnoreGenerationTags, jinja2.ext.loopcontrols],
     )
-    environment.filters["tojson"] = Jinja2ChatFormatter.tojson
+    environment.filters["tojson"] = _tojson
     return environment
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None,
+    separators: tuple[str, str] | None = None, sort_keys: bool = False,
+) -> str:
+    """Jinja2ChatFormatter's `tojson`, but a filter's lazy result (`map`, `select`, `reject`:
+    llama.cpp's `llama-cpp-deepseek-r1.jinja` writes `tools | map(attribute='function') |
+    tojson(indent=2)`) is written as the list it yields, as llama-server's Jinja writes it;
+    json.dumps alone refuses a generator."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+        default=_lazy_sequence,
+    )
+
+
+def _lazy_sequence(value: Any) -> list[Any]:
+    if isinstance(value, Iterator):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _raise_exception(message: str) -> None:

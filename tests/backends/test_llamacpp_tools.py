@@ -196,6 +196,26 @@ async def test_lfm2_renders_what_llama_server_renders(load: Loader, tmp_path: Pa
         assert prompt == oracle["prompts"][f"{family}/{case}"], case
 
 
+@pytest.mark.parametrize(
+    "family",
+    ["deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "llama-cpp-deepseek-r1", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B"],
+)
+async def test_deepseek_r1_renders_what_llama_server_renders(load: Loader, tmp_path: Path, family: str) -> None:
+    """deepseek_r1_replies.json's prompts (DeepSeek R1's templates): tools (llama.cpp's own
+    template lists them with `tools | map(attribute='function') | tojson(indent=2)`, a lazy
+    `map` result), a call and two parallel calls with their results (arguments as objects
+    where the template writes them with tojson; the Llama distill's drops a call whose content
+    is "", as llama-server hands it), an answered loop, a system message, thinking off; byte
+    for byte as llama-server's /apply-template."""
+    oracle = json.loads((TEMPLATES / "deepseek_r1_replies.json").read_text())
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=(TEMPLATES / f"{family}.jinja").read_text()))
+    for case, request in oracle["prompt_requests"].items():
+        prompt = backend.chat_prompt(
+            request["messages"], template_kwargs=request.get("chat_template_kwargs"), tools=request.get("tools")
+        )
+        assert prompt == oracle["prompts"][f"{family}/{case}"], case
+
+
 async def test_tool_call_arguments_are_objects_where_the_template_reads_them_so(load: Loader, tmp_path: Path) -> None:
     """Qwen writes `arguments | tojson`: JSON text is parsed (and written back in tojson's
     spacing, as llama-server does); a template that prints the text gets it verbatim."""
