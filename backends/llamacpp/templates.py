@@ -82,7 +82,12 @@ _TOOL_SYNTAXES = (
     # matching); either may leave calls out of the history, so no probe decides.
     ("<|tool_list_start|>", "lfm2"),
     ("List of tools: [", "lfm2"),
+    # Nemotron Nano v2 (llama.cpp patches its automatic parser for this template: one JSON list
+    # per `<TOOLCALL>` section); the probe checks the template writes calls so.
+    ("<TOOLCALL>", "nemotron_v2"),
 )
+# Syntaxes whose calls are one JSON list after their marker (`_writes_calls_in`).
+_LIST_MARKERS = {"mistral": "[TOOL_CALLS]", "nemotron_v2": "<TOOLCALL>"}
 # gpt-oss's reasoning (thinking_tags): its analysis channel, up to where the next message
 # begins, as a grammar that lets the model reason first must write it.
 HARMONY_TAGS = ("<|channel|>analysis<|message|>", "<|end|><|start|>assistant")
@@ -115,7 +120,7 @@ def _writes_calls_in(syntax: str, rendered: str) -> bool:
     for a syntax it was not trained on writes worse calls than the generic reply gets."""
     decoder = json.JSONDecoder()
     arguments_key = "parameters" if syntax == "llama3" else "arguments"
-    marker = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}.get(syntax, "")
+    marker = {"hermes": "<tool_call>", **_LIST_MARKERS}.get(syntax, "")
     at = rendered.find(marker) if marker else 0
     while at >= 0:
         start = at + len(marker)
@@ -125,7 +130,7 @@ def _writes_calls_in(syntax: str, rendered: str) -> bool:
             value, _ = decoder.raw_decode(rendered, start)
         except ValueError:
             value = None
-        calls = value if syntax == "mistral" and isinstance(value, list) else [value]
+        calls = value if syntax in _LIST_MARKERS and isinstance(value, list) else [value]
         for call in calls:
             if isinstance(call, dict) and call.get("name") == "tool1":
                 arguments = call.get(arguments_key)
@@ -169,7 +174,7 @@ class ChatTemplate:
         self.source = source
         self.jinja = jinja
         # "hermes" | "llama3" | "mistral" | "mistral_args" | "mistral_call_id" | "qwen3_coder" |
-        # "gemma4" | "gpt_oss" | "lfm2" | "": see tool_syntax_of, _named_mistral, _XML_PROBE,
+        # "gemma4" | "gpt_oss" | "lfm2" | "nemotron_v2" | "": see tool_syntax_of, _named_mistral, _XML_PROBE,
         # _GEMMA_PROBE and _HARMONY_PROBE (Jinja templates only).
         self.tool_syntax = tool_syntax
         # The reasoning tags (thinking_tags_of; Jinja templates only).

@@ -7,7 +7,8 @@ Two families of syntax:
 - **native**: the syntax the model's own chat template describes, as llama.cpp's llama-server
   parses it, for the families the llama.cpp backend recognises (`tool_syntax()`):
   Hermes / Qwen `<tool_call>\\n{"name", "arguments"}\\n</tool_call>` (several in a row), Mistral
-  Nemo `[TOOL_CALLS][{"name", "arguments", "id"}, ...]`, newer Mistral templates
+  Nemo `[TOOL_CALLS][{"name", "arguments", "id"}, ...]`, Nemotron Nano v2
+  `<TOOLCALL>[{"name", "arguments"}, ...]</TOOLCALL>`, newer Mistral templates
   `[TOOL_CALLS]name[ARGS]{...}` (several in a row; Mistral Small 3.2 with `[CALL_ID]id` after
   the name), Llama 3.x one `{"name", "parameters"}` object as the whole reply, Qwen 3.5 and
   Qwen3-Coder XML (`<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>\n...`,
@@ -192,6 +193,59 @@ class _Framed(Syntax):
             if text.startswith(close, i):
                 reading.complete = True
             return reading
+
+
+@dataclass(frozen=True)
+class _JsonList(_Framed):
+    """Calls as one JSON list after a marker, closed by `end` (if any): Nemotron Nano v2's
+    `<TOOLCALL>[{"name", "arguments"}, ...]</TOOLCALL>`. Read as llama-server's parser for the
+    format reads it: whitespace between the marker, the list's brackets and commas, and the end
+    marker; several such sections one after another (its grammar repeats them, edged's writes
+    one, so only replies of other writers have more)."""
+
+    marker: str = ""
+    end: str = ""
+    # llama-server drops the newline after the `<think>` Nemotron's prompt opens (its parser
+    # for the template), also from a reply without tools.
+    trims_reasoning: ClassVar[bool] = True
+
+    def read(self, text: str, final: bool) -> Reading:
+        reading = Reading()
+        i = _content(text, self.marker, final, reading)
+        while i >= 0 and text.startswith(self.marker, i):
+            reading.complete = False
+            i = _skip(text, i + len(self.marker))
+            if not text.startswith("[", i):
+                return reading
+            i += 1
+            while True:
+                i = _skip(text, i)
+                if not text.startswith("{", i):
+                    return reading
+                call = Call()
+                reading.calls.append(call)
+                i = _scan_call(text, i + 1, call, self.arguments_key)
+                if i < 0:
+                    # llama-server opens the arguments as soon as the name is complete.
+                    if call.name is not None and not call.arguments:
+                        call.arguments = "{"
+                    return reading
+                i = _skip(text, i)
+                if not text.startswith(",", i):
+                    break
+                i += 1
+            if not text.startswith("]", i):
+                return reading
+            i = _skip(text, i + 1)
+            if not text.startswith(self.end, i):
+                return reading
+            reading.complete = True
+            i = _skip(text, i + len(self.end))
+        return reading
+
+
+def _json_list(name: str, marker: str, end: str) -> _JsonList:
+    return _JsonList(name, f"{marker}[", ", ", f"]{end}", "arguments", marker=marker, end=end)
 
 
 class _ByName(Syntax):
@@ -718,6 +772,7 @@ _NATIVE: dict[str, Syntax] = {
     "mistral_args": _Named("mistral_args"),
     "mistral_call_id": _Named("mistral_call_id", id_marker="[CALL_ID]"),
     "llama3": _Framed("llama3", "", "", "", "parameters", one_call=True),
+    "nemotron_v2": _json_list("nemotron_v2", "<TOOLCALL>", "</TOOLCALL>"),
     "qwen3_coder": _Xml("qwen3_coder"),
     "gemma4": _Gemma("gemma4"),
     "gpt_oss": _Harmony(),

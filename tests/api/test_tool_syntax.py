@@ -37,6 +37,12 @@ def _mistral(content: str, calls: list[tuple[str, object]]) -> str:
     return f"{content}[TOOL_CALLS][{body}]"
 
 
+def _nemotron(content: str, calls: list[tuple[str, object]]) -> str:
+    """Nemotron Nano v2's template: one list in `<TOOLCALL>`, ", " between the calls."""
+    body = ", ".join(json.dumps({"name": n, "arguments": a}) for n, a in calls)
+    return f"{content}<TOOLCALL>[{body}]</TOOLCALL>"
+
+
 def _llama3(content: str, calls: list[tuple[str, object]]) -> str:
     assert not content and len(calls) == 1
     return json.dumps({"name": calls[0][0], "parameters": calls[0][1]})
@@ -82,6 +88,7 @@ REPLIES = {
     "mistral_args": _named("Let me look.\n", BOTH, ident=False),
     "mistral_call_id": _named("Let me look.\n", BOTH, ident=True),
     "llama3": _llama3("", [("get_weather", ARGUMENTS[0])]),
+    "nemotron_v2": _nemotron("Let me look.\n", BOTH),
     "qwen3_coder": _xml("Let me look.\n\n", BOTH),  # "n" is no declared parameter: any type
     "gemma4": _gemma("Let me look.\n", BOTH),
 }
@@ -495,3 +502,41 @@ def test_python_calls_stream_as_they_read_whole_however_cut(seed: int) -> None:
         text = text[: rng.randint(1, len(text))]
         _, whole = use.reply(text, cut=True)
         assert streamed_calls(use, text) == [(c["function"]["name"], c["function"]["arguments"]) for c in whole], text
+
+
+JSON_LIST_ORACLE = json.loads((Path(__file__).parent.parent / "fixtures" / "chat_templates" / "json_list_replies.json").read_text())
+
+
+@pytest.mark.parametrize("reply", [r for r in JSON_LIST_ORACLE["replies"]
+                                   if r["template"] == "NVIDIA-Nemotron-Nano-v2" and r.get("raw") is not None],
+                         ids=lambda r: f"{r['case']}-{r['seed']}-{r['request']['max_tokens']}")
+def test_nemotron_v2_replies_read_as_llama_server_reads_them(reply: dict) -> None:
+    """json_list_replies.json (see the fixtures' README): llama-server's reading of Nemotron
+    Nano v2 calls its grammar let a tiny random model write (markers inside the reasoning and
+    strings, whitespace around the list's brackets and commas, several `<TOOLCALL>` sections,
+    cuts in a name and in the arguments) and of forced replies: the same reasoning, content,
+    names and arguments text, whole and streamed. One difference, as for every syntax here: a
+    reply cut inside a call's name is its raw text (llama-server leaves the call's start out)."""
+    request, message = reply["request"], reply["message"]
+    syntax = syntax_named("nemotron_v2")
+    # The prompt ends with "<think>\n": the reply starts inside the reasoning.
+    thought, text = "", reply["raw"]
+    if request.get("reasoning_format") != "none":
+        thought, text = syntax.thinking_split(("<think>", "</think>"), "\n").feed(text, True)
+    else:
+        text = "<think>\n" + text
+    assert thought == message.get("reasoning_content", "")
+    tools = request.get("tools") if request.get("tool_choice") != "none" else None
+    if tools is None:
+        assert text == message["content"]
+        return
+    use = openai_tools.ToolUse("nemotron_v2", msgspec.convert(tools, list[openai_tools.Tool]),
+                               request.get("tool_choice"), request.get("parallel_tool_calls", True))
+    content, calls = use.reply(text, cut=reply["finish_reason"] == "length")
+    expected = [(c["name"], c["arguments"]) for c in message.get("tool_calls", [])]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected
+    assert streamed_calls(use, text) == expected
+    if not calls and "<TOOLCALL>" in text:  # cut in the name
+        assert (content, reply["finish_reason"]) == (text, "length") and text.startswith(message["content"])
+    else:
+        assert (content or "") == message["content"]

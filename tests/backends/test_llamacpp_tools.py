@@ -64,6 +64,10 @@ SYNTAXES = {
     "LFM2-8B-A1B": "lfm2",
     "LFM2.5-8B-A1B": "lfm2",
     "LFM2.5-Instruct": "lfm2",
+    "NVIDIA-Nemotron-Nano-v2": "nemotron_v2",
+    # Its system prompt asks for `<|tool_call|>[...]`, but it writes no past calls and
+    # llama-server parses none: the generic reply.
+    "ibm-granite-granite-3.3-2B-Instruct": "",
     "google-gemma-2-2b-it": "",
     "microsoft-Phi-3.5-mini-instruct": "",
 }
@@ -214,6 +218,21 @@ async def test_deepseek_r1_renders_what_llama_server_renders(load: Loader, tmp_p
             request["messages"], template_kwargs=request.get("chat_template_kwargs"), tools=request.get("tools")
         )
         assert prompt == oracle["prompts"][f"{family}/{case}"], case
+
+
+@pytest.mark.parametrize("family", ["NVIDIA-Nemotron-Nano-v2", "ibm-granite-granite-3.3-2B-Instruct"])
+async def test_json_list_templates_render_what_llama_server_renders(load: Loader, tmp_path: Path, family: str) -> None:
+    """json_list_replies.json's prompts: a user turn (also `/no_think`, which closes Nemotron's
+    reasoning), tools, a system message with tools, a call and two parallel calls with their
+    results (Nemotron writes them back as one `<TOOLCALL>[...]` list from their arguments as
+    objects; Granite 3.3 leaves them out), byte for byte as llama-server's /apply-template."""
+    oracle = json.loads((TEMPLATES / "json_list_replies.json").read_text())
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=(TEMPLATES / f"{family}.jinja").read_text()))
+    assert backend.tool_syntax() == SYNTAXES[family]
+    today = datetime.date.today().strftime("%B %d, %Y")
+    for case, request in oracle["prompt_requests"].items():
+        prompt = backend.chat_prompt(request["messages"], tools=request.get("tools"))
+        assert prompt == oracle["prompts"][f"{family}/{case}"].replace("{today}", today), case
 
 
 async def test_tool_call_arguments_are_objects_where_the_template_reads_them_so(load: Loader, tmp_path: Path) -> None:
