@@ -526,7 +526,8 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
     separated by `separator`, then `close`; at most `max_calls` of them (None: no limit).
 
     E.g. Hermes / Qwen: open "<tool_call>\n", separator "\n</tool_call>\n<tool_call>\n",
-    close "\n</tool_call>"; Mistral: "[TOOL_CALLS][", ", ", "]"; Llama 3.x: "", "", "".
+    close "\n</tool_call>"; Mistral: "[TOOL_CALLS][", ", ", "]"; Nemotron Nano v2: "<TOOLCALL>[",
+    ", ", "]</TOOLCALL>"; Llama 3.x: "", "", "".
 
     `named_calls` instead of `call_schema`: calls that are not JSON objects but a tool's name,
     then `args_marker` and its arguments object, as newer Mistral templates write them
