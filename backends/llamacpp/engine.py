@@ -205,6 +205,10 @@ class _Sequence:
     stops: StopMatcher = field(default_factory=lambda: StopMatcher(()))
     # Control tokens whose text stays in the output (see Engine._preserved).
     preserved: frozenset[int] = frozenset()
+    # GenerateParams.grammar_after's text while the output has not written it yet (b"" once it
+    # has, or without one): until then the output may not end (Engine._hold_end).
+    awaiting: bytes = b""
+    seen: bytes = b""  # the output's last bytes, too few to hold `awaiting` yet
 
 
 class Engine:
@@ -759,6 +763,8 @@ class Engine:
                 stops=StopMatcher(item.request.params.stop),
                 preserved=self._preserved(item.request.params.tool_calls) | self._thinking_tokens,
             )
+            if item.grammar is not None and item.request.params.grammar_after and not _is_lazy_frame(item.request.params):
+                seq.awaiting = item.request.params.grammar_after.encode()
             if scored:
                 # The first token has nothing before it to be scored against.
                 seq.prompt_logprobs.append(TokenLogprob(tokens[0], self._piece(tokens[0]), 0.0))
@@ -1017,10 +1023,22 @@ class Engine:
             wanted = seq.request.params.logprobs
             # Read before sampling: the model's own distribution, not the sampler's.
             logprobs = self._log_softmax(index) if wanted is not None else None
+            if seq.awaiting:
+                self._hold_end(index)
             token = llama.llama_sampler_sample(seq.sampler, self._ctx, index)
             if logprobs is not None and wanted is not None:
                 seq.logprobs.append(self._token_logprob(logprobs, token, wanted, seq.preserved))
             self._accept(seq, token)
+
+    def _hold_end(self, index: int) -> None:
+        """No end-of-generation token at output `index`: the grammar that holds after
+        GenerateParams.grammar_after has not started yet, and llama.cpp's lazy grammar lets
+        the output end before its trigger. llama-server's grammar for such a reply (a thinking
+        prompt with tool_choice required, or a response format) spans the reasoning too, so
+        its reply never ends without the call or the answer; nor does this one."""
+        logits = llama.llama_get_logits_ith(self._ctx, index)
+        for token in self._eog_tokens():
+            logits[token] = -math.inf
 
     def _log_softmax(self, index: int) -> np.ndarray:
         logits = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, index), shape=(self.n_vocab,))
@@ -1047,6 +1065,13 @@ class Engine:
         self._tokens_generated += 1
         seq.generated += 1
         seq.ids.append(token)
+        if seq.awaiting:
+            # The trigger as llama.cpp's lazy grammar sees it: token texts, control tokens' too.
+            seen = seq.seen + self._special_piece(token)
+            if seq.awaiting in seen:
+                seq.awaiting = seq.seen = b""
+            else:
+                seq.seen = seen[-(len(seq.awaiting) - 1) :] if len(seq.awaiting) > 1 else b""
         if llama.llama_vocab_is_eog(self._vocab, token):
             self._finish(seq, "stop", "", flush=True)
             return
@@ -1316,6 +1341,10 @@ class Engine:
         if self._model:
             llama.llama_model_free(self._model)
         self._model = None
+
+
+def _is_lazy_frame(params: GenerateParams) -> bool:
+    return params.tool_calls is not None and params.tool_calls.lazy
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

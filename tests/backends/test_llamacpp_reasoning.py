@@ -85,6 +85,31 @@ async def test_a_grammar_holds_only_after_the_reasoning(load: Loader, tmp_path: 
     assert text in ("yes", "no")
 
 
+async def test_the_output_does_not_end_before_its_grammar_holds(load: Loader, tmp_path: Path) -> None:
+    """llama-server's grammar for a thinking prompt with a required answer (tool_choice
+    required, a response format) spans the reasoning, so the reply cannot end before the
+    answer; nor can edged's: no end-of-generation token before grammar_after's text. Biased to
+    end at once (+100 on </s>) and to close the reasoning (+50 on </think>), the output closes
+    it, writes the grammar's answer, then ends (before, it ended at once with nothing)."""
+    template = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
+    path = write_tiny_llama(tmp_path / "model.gguf", chat_template=template, user_tokens=TAGS)
+    backend = await load(path)
+    prompt = backend.chat_prompt([{"role": "user", "content": "Hi"}])
+    close, eos = len(_vocab()[0]) + 1, 2
+    params = GenerateParams(max_tokens=16, temperature=0.0, grammar='root ::= "yes"', grammar_after="</think>",
+                            logit_bias={eos: 100.0, close: 50.0})
+    text, finish = await _text(backend, prompt, params)
+    reasoning, closed, answer = text.partition("</think>")
+    assert (reasoning, closed, answer.strip(), finish) == ("", "</think>", "yes", "stop")
+    # Once the grammar's answer is complete, the end is the one thing it allows.
+    assert text.endswith("yes")
+    # A lazy tool frame (tool_choice auto) may still end before its trigger: no call is due.
+    frame = ToolCallFrame(call_schema='{"type": "object"}', open="<tool_call>\n", close="\n</tool_call>", lazy=True)
+    text, finish = await _text(backend, prompt, GenerateParams(max_tokens=16, temperature=0.0, tool_calls=frame,
+                                                               logit_bias={eos: 100.0, close: 50.0}))
+    assert (text, finish) == ("", "stop")
+
+
 async def test_grammar_after_is_not_for_a_lazy_tool_frame(load: Loader, tmp_path: Path) -> None:
     template = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
     backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template, user_tokens=TAGS))
