@@ -566,6 +566,10 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
     # marker that begins `open`, up to its first ">" or "]"). gpt-oss: "<|channel|>commentary
     # to", since its reasoning opens with "<|channel|>" too.
     trigger: str = ""
+    # The trigger also ends reasoning the output is in (Qwen 3.5 and Qwen3-Coder: llama-server
+    # counts `<tool_call>` among the reasoning's closing tags): written there, it closes the
+    # reasoning and starts the call (see GenerateParams.grammar_reasoning).
+    ends_reasoning: bool = False
 
 
 # The types of JSON schema (xml_value_types: a schema that says nothing admits them all).
@@ -650,13 +654,18 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # Where the output may first reason freely (a thinking model whose prompt opened its
     # reasoning): the grammar of `grammar`, `json_schema` or a non-lazy `tool_calls` holds
     # only after the output's first occurrence of this text (e.g. "</think>") and the
-    # whitespace after it. "": from the first token.
+    # whitespace after it, and the output does not end before. "": from the first token.
+    # With a lazy `tool_calls` frame: the prompt opened the reasoning whose tags
+    # `grammar_reasoning` names (this is its closing tag).
     grammar_after: str = ""
     # Reasoning the output may write first (a thinking model that opens its reasoning itself,
     # as Qwen 3 and Gemma 4 do): its (opening, closing) tags. The output either opens with the
     # opening tag, reasons freely up to the closing one and the whitespace after it, and then
     # the grammar of `grammar`, `json_schema` or a non-lazy `tool_calls` holds, or that grammar
-    # holds from the first token. ("", ""): no such reasoning. Not with `grammar_after`.
+    # holds from the first token. ("", ""): no such reasoning. Not with `grammar_after`, but
+    # for a lazy `tool_calls` frame: its grammar then sees only the output outside the
+    # reasoning (a call marker the model writes while it reasons starts no call), as
+    # llama-server's lazy grammars do; with `grammar_after`, the output starts inside it.
     grammar_reasoning: tuple[str, str] = ("", "")
     # Text the output writes right before what `json_schema` holds it to, part of the grammar:
     # gpt-oss's final-channel header, `<|channel|>final<|message|>`. Only with `json_schema`.

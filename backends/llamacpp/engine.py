@@ -66,9 +66,16 @@ from daemon.backend import (
 )
 
 from . import templates
-from .grammar import GEMMA_QUOTE, gbnf_including, gbnf_literal, regex_escape, tool_call_trigger
+from .grammar import (
+    GEMMA_QUOTE,
+    gbnf_including,
+    gbnf_literal,
+    regex_escape,
+    tool_call_trigger,
+    trigger_core,
+)
 from .templates import ChatTemplate
-from .text import PieceDecoder, StopMatcher
+from .text import PieceDecoder, ReasoningTracker, StopMatcher
 
 log = logging.getLogger(__name__)
 
@@ -205,10 +212,13 @@ class _Sequence:
     stops: StopMatcher = field(default_factory=lambda: StopMatcher(()))
     # Control tokens whose text stays in the output (see Engine._preserved).
     preserved: frozenset[int] = frozenset()
-    # GenerateParams.grammar_after's text while the output has not written it yet (b"" once it
-    # has, or without one): until then the output may not end (Engine._hold_end).
-    awaiting: bytes = b""
-    seen: bytes = b""  # the output's last bytes, too few to hold `awaiting` yet
+    # Where the output is relative to its reasoning, while that matters (see Engine._track):
+    # a grammar that holds after the reasoning (grammar_after), before which the output may
+    # not end; or a lazy tool frame whose grammar only sees the output outside the reasoning.
+    reasoning: ReasoningTracker | None = None
+    lazy: bool = False  # the second case: the lazy grammar is attached outside the reasoning only
+    marker: bytes = b""  # lazy: the frame's trigger; once written outside, the call has begun
+    outside: bytes = b""  # lazy: the output's end since it last left the reasoning
 
 
 class Engine:
@@ -536,13 +546,12 @@ class Engine:
                     f"logit_bias: token id {bad} is out of range for model '{self.name}' "
                     f"(vocabulary of {self.n_vocab} tokens)"
                 )
-            if params.grammar_after and params.grammar_reasoning[0]:
+            lazy = params.tool_calls is not None and params.tool_calls.lazy
+            if params.grammar_after and params.grammar_reasoning[0] and not lazy:
                 raise InvalidArgument("grammar_after and grammar_reasoning cannot be used together")
+            if lazy and params.grammar_after and params.grammar_reasoning[1] != params.grammar_after:
+                raise InvalidArgument("grammar_after: with a lazy tool_calls frame, grammar_reasoning's closing tag")
             if params.grammar and params.tool_calls is not None and params.tool_calls.lazy:
-                if params.grammar_after or params.grammar_reasoning[0]:
-                    raise InvalidArgument(
-                        "grammar_after, grammar_reasoning: not with a lazy tool_calls frame (it has its own trigger)"
-                    )
                 grammar = self._lazy_tool_grammar(params.grammar, params.tool_calls)
             elif params.grammar and params.grammar_after:
                 grammar = self._grammar_after(params.grammar, params.grammar_after)
@@ -757,14 +766,31 @@ class Engine:
             self._last_used[slot] = self._admitted
             self._prompt_cached += keep
             self._prompt_evaluated += len(tokens) - keep
-            sampler = self._make_sampler(item.request.params, tokens, item.grammar)
+            params = item.request.params
+            tracker, grammar = None, item.grammar
+            if grammar is not None and _is_lazy_frame(params) and params.grammar_reasoning[0]:
+                opening, closing = params.grammar_reasoning
+                assert params.tool_calls is not None
+                # A trigger that also ends the reasoning (ToolCallFrame.ends_reasoning) closes it too.
+                ends = (trigger_core(params.tool_calls),) if params.tool_calls.ends_reasoning else ()
+                tracker = ReasoningTracker(
+                    opening.encode(), tuple(tag.encode() for tag in (closing, *ends)), inside=bool(params.grammar_after)
+                )
+                if tracker.inside:  # the prompt opened the reasoning: no grammar until it ends
+                    llama.llama_sampler_free(grammar)
+                    grammar = None
+            elif grammar is not None and params.grammar_after:
+                tracker = ReasoningTracker(b"", (params.grammar_after.encode(),), inside=True)
+            sampler = self._make_sampler(params, tokens, grammar)
             seq = _Sequence(
                 item.request, tokens, slot, sampler, n_past=keep, cached=keep,
-                stops=StopMatcher(item.request.params.stop),
-                preserved=self._preserved(item.request.params.tool_calls) | self._thinking_tokens,
+                stops=StopMatcher(params.stop),
+                preserved=self._preserved(params.tool_calls) | self._thinking_tokens,
+                reasoning=tracker,
             )
-            if item.grammar is not None and item.request.params.grammar_after and not _is_lazy_frame(item.request.params):
-                seq.awaiting = item.request.params.grammar_after.encode()
+            if tracker is not None and tracker.opening:
+                assert params.tool_calls is not None
+                seq.lazy, seq.marker = True, trigger_core(params.tool_calls).encode()
             if scored:
                 # The first token has nothing before it to be scored against.
                 seq.prompt_logprobs.append(TokenLogprob(tokens[0], self._piece(tokens[0]), 0.0))
@@ -1023,12 +1049,58 @@ class Engine:
             wanted = seq.request.params.logprobs
             # Read before sampling: the model's own distribution, not the sampler's.
             logprobs = self._log_softmax(index) if wanted is not None else None
-            if seq.awaiting:
+            if seq.reasoning is not None and seq.reasoning.inside and not seq.lazy:
                 self._hold_end(index)
             token = llama.llama_sampler_sample(seq.sampler, self._ctx, index)
             if logprobs is not None and wanted is not None:
                 seq.logprobs.append(self._token_logprob(logprobs, token, wanted, seq.preserved))
             self._accept(seq, token)
+
+    def _track(self, seq: _Sequence, token: int) -> None:
+        """Follow the output in and out of its reasoning (token texts as llama.cpp's grammar
+        triggers see them, control tokens' too).
+
+        grammar_after: once the output leaves the reasoning, the (lazy-pattern) grammar has
+        taken over and nothing more is tracked. A lazy tool frame: llama-server keeps its lazy
+        grammar from seeing the reasoning (a call marker the model writes while it thinks
+        starts no call there), so the grammar is attached to the sampler chain only outside
+        the reasoning, a fresh one each time the output leaves it; once the frame's trigger is
+        written outside, a call has begun and the chain stays as it is."""
+        assert seq.reasoning is not None
+        piece = self._special_piece(token)
+        if not seq.reasoning.feed(piece):
+            if seq.lazy and not seq.reasoning.inside:
+                seq.outside = (seq.outside + piece)[-max(len(seq.marker), 1) * 2 :]
+                if seq.marker and seq.marker in seq.outside:
+                    seq.reasoning = None
+            return
+        if not seq.lazy:
+            seq.reasoning = None
+            return
+        params = seq.request.params
+        assert params.tool_calls is not None
+        grammar = None
+        if not seq.reasoning.inside:
+            grammar = self._lazy_tool_grammar(params.grammar, params.tool_calls)
+            if seq.reasoning.ended_by == seq.marker:
+                # The trigger ended the reasoning (Qwen 3.5's `<tool_call>`): replayed into the
+                # grammar, as llama-server replays a reasoning's end, it starts the call.
+                for replayed in self._tokens_ending_with([*seq.decoded, token], seq.marker):
+                    llama.llama_sampler_accept(grammar, replayed)
+                seq.reasoning = None
+        # The new chain counts the output so far as the prompt, for the penalties and DRY.
+        sampler = self._make_sampler(params, seq.prompt + seq.decoded + [token], grammar)
+        llama.llama_sampler_free(seq.sampler)
+        seq.sampler, seq.outside = sampler, b""
+
+    def _tokens_ending_with(self, tokens: list[int], text: bytes) -> list[int]:
+        """The fewest last `tokens` whose texts (control tokens' too) hold `text`."""
+        joined = b""
+        for start in range(len(tokens) - 1, -1, -1):
+            joined = self._special_piece(tokens[start]) + joined
+            if text in joined:
+                return tokens[start:]
+        return tokens
 
     def _hold_end(self, index: int) -> None:
         """No end-of-generation token at output `index`: the grammar that holds after
@@ -1065,13 +1137,8 @@ class Engine:
         self._tokens_generated += 1
         seq.generated += 1
         seq.ids.append(token)
-        if seq.awaiting:
-            # The trigger as llama.cpp's lazy grammar sees it: token texts, control tokens' too.
-            seen = seq.seen + self._special_piece(token)
-            if seq.awaiting in seen:
-                seq.awaiting = seq.seen = b""
-            else:
-                seq.seen = seen[-(len(seq.awaiting) - 1) :] if len(seq.awaiting) > 1 else b""
+        if seq.reasoning is not None:
+            self._track(seq, token)
         if llama.llama_vocab_is_eog(self._vocab, token):
             self._finish(seq, "stop", "", flush=True)
             return

@@ -457,17 +457,22 @@ def tool_call_trigger(frame: ToolCallFrame, *, brace: bool, brace_quote: bool) -
     # "[" of "[TOOL_CALLS][", `<tool_call>` before its newline (and Qwen 3.5's `<function=`),
     # `<|tool_call>` before Gemma 4's `call:`; the grammar then writes the rest of `open`. So
     # the output may end with the marker and any start of what follows it.
-    marker = re.match(r"[^>\]]*[>\]]", frame.open)
-    if frame.trigger:
-        if not frame.open.startswith(frame.trigger):
-            raise InvalidArgument("tool_calls.trigger: must be a start of open")
-        core = frame.trigger
-    else:
-        core = marker.group(0) if marker else frame.open.rstrip(" \t\r\n[{") or frame.open
+    core = trigger_core(frame)
     rest = f"(?:{'|'.join(brace_tails)})?" if brace_tails else ""
     for char in reversed(frame.open[len(core) :]):
         rest = f"(?:{regex_escape(char)}{rest})?"
     return f"({regex_escape(core)}{rest})$"
+
+
+def trigger_core(frame: ToolCallFrame) -> str:
+    """The text whose writing starts a lazy `frame`'s grammar (see tool_call_trigger): the
+    frame's `trigger`, else its marker ("" for an empty `open`: a first "{" starts it)."""
+    if frame.trigger:
+        if not frame.open.startswith(frame.trigger):
+            raise InvalidArgument("tool_calls.trigger: must be a start of open")
+        return frame.trigger
+    marker = re.match(r"[^>\]]*[>\]]", frame.open)
+    return marker.group(0) if marker else frame.open.rstrip(" \t\r\n[{") or frame.open
 
 
 def gbnf_literal(text: str) -> str:

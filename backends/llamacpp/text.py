@@ -71,6 +71,39 @@ class StopMatcher:
         return longest
 
 
+class ReasoningTracker:
+    """Whether an output is inside its reasoning, from the token texts as they come (control
+    tokens' texts too): an opening tag enters it, a closing tag (one of several) leaves it, and
+    a later opening tag enters it again (some models write several reasoning blocks), as
+    llama-server's reasoning-budget sampler tracks it. Tags may span tokens; a piece may hold
+    several."""
+
+    def __init__(self, opening: bytes, closing: tuple[bytes, ...], *, inside: bool) -> None:
+        self.opening = opening
+        self.closing = tuple(tag for tag in closing if tag)
+        self.inside = inside
+        self.ended_by = b""  # the closing tag that last left the reasoning
+        self._tail = b""  # the output's end, shorter than the tags looked for
+
+    def feed(self, piece: bytes) -> bool:
+        """Take the next token's text; whether the output is now on the other side."""
+        before = self.inside
+        text = self._tail + piece
+        while True:
+            tags = self.closing if self.inside else (self.opening,) if self.opening else ()
+            found = [(at, tag) for tag in tags if (at := text.find(tag)) >= 0]
+            if not found:
+                longest = max((len(tag) for tag in tags), default=1)
+                self._tail = text[max(0, len(text) - longest + 1) :] if longest > 1 else b""
+                break
+            at, tag = min(found)
+            if self.inside:
+                self.ended_by = tag
+            self.inside = not self.inside
+            text = text[at + len(tag) :]
+        return self.inside != before
+
+
 def chatml(messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
     """ChatML, the fallback when a model ships no chat template llama.cpp understands."""
     parts = [f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in message_pairs(messages)]

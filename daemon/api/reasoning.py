@@ -295,9 +295,17 @@ def hold_grammar_after(params: GenerateParams, tags: tuple[str, str], prompt: st
     on where the prompt opened the reasoning (DeepSeek R1's templates; else the model would
     write its answer inside the reasoning), after the reasoning the model may open itself
     (Qwen 3, Gemma 4) otherwise, and at once where the prompt closed it (thinking turned off).
-    A lazy tool frame has its own trigger."""
+    A lazy tool frame (tool_choice auto) has its own trigger, which llama-server's grammar
+    does not see inside the reasoning: the engine gets the tags, and whether the prompt opened
+    the reasoning."""
     lazy = params.tool_calls is not None and params.tool_calls.lazy
-    if not tags[0] or lazy or not (params.json_schema or params.grammar or params.tool_calls):
+    if not tags[0] or not (params.json_schema or params.grammar or params.tool_calls):
+        return
+    if lazy:
+        if not _closed_empty(prompt, tags):
+            params.grammar_reasoning = tags
+            if opened_by(prompt, tags) is not None:
+                params.grammar_after = tags[1]
         return
     if opened_by(prompt, tags) is not None:
         params.grammar_after = tags[1]

@@ -581,7 +581,7 @@ class _Xml(_ByName):
         return ToolCallFrame(
             open=f"{_XML_MARKER}\n{_XML_FUNCTION}", separator=f"{end}\n{_XML_MARKER}\n{_XML_FUNCTION}", close=end,
             max_calls=None if parallel else 1, lazy=lazy, args_marker=">\n", arguments_syntax="xml",
-            named_calls=_named_calls(calls),
+            named_calls=_named_calls(calls), ends_reasoning=True,
         )
 
     def read(self, text: str, final: bool) -> Reading:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.api.reasoning import ChannelSplit, ThinkingSplit, opened_by, split
+from daemon.api.reasoning import ChannelSplit, ThinkingSplit, hold_grammar_after, opened_by, split
+from daemon.backend import GenerateParams, ToolCallFrame
 
 TAGS = ("<think>", "</think>")
 CAPTURE = json.loads(
@@ -140,3 +141,24 @@ def test_a_harmony_reply_streams_as_it_reads_whole(keep: bool) -> None:
             split = ChannelSplit(keep_reasoning=keep)
             parts = [split.feed(text[k : k + step], False) for k in range(0, len(text), step)] + [split.feed("", True)]
             assert ("".join(p[0] for p in parts), "".join(p[1] for p in parts)) == whole, text
+
+
+def test_a_lazy_tool_frame_gets_the_reasoning_tags() -> None:
+    """tool_choice auto (a lazy frame): the engine keeps its grammar from seeing the reasoning,
+    so it gets the tags and whether the prompt opened the reasoning; a required frame holds
+    after it (grammar_after) or after reasoning the model may open (grammar_reasoning)."""
+    lazy = ToolCallFrame(call_schema="{}", open="<tool_call>", lazy=True)
+    eager = ToolCallFrame(call_schema="{}", open="<tool_call>")
+    cases = {
+        # prompt end -> (lazy: grammar_after, grammar_reasoning), (required: the same)
+        "<|Assistant|><think>\n": (("</think>", TAGS), ("</think>", ("", ""))),
+        "<|im_start|>assistant\n": (("", TAGS), ("", TAGS)),
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n": (("", ("", "")), ("", ("", ""))),
+    }
+    for prompt, expected in cases.items():
+        got = []
+        for frame in (lazy, eager):
+            params = GenerateParams(tool_calls=frame)
+            hold_grammar_after(params, TAGS, prompt)
+            got.append((params.grammar_after, params.grammar_reasoning))
+        assert tuple(got) == expected, prompt

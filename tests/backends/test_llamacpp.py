@@ -146,6 +146,25 @@ def test_stop_matcher_holds_back_partial_matches(backend_class: Callable[[str], 
     assert released.flush() == "EN"  # the stream ended: the partial match was plain text
 
 
+def test_reasoning_tracker_follows_tags_across_pieces(backend_class: Callable[[str], type[Any]]) -> None:
+    backend_class("llamacpp")
+    from edged_backends.llamacpp.text import ReasoningTracker
+
+    tracker = ReasoningTracker(b"<think>", (b"</think>", b"<tool_call>"), inside=False)
+    assert not tracker.feed(b"Hi <th") and not tracker.inside  # a tag's start is held
+    assert tracker.feed(b"ink>plan <tool") and tracker.inside
+    assert not tracker.feed(b"_ca") and tracker.inside  # "<tool_ca" may still end it...
+    assert tracker.feed(b"ll> x") and not tracker.inside and tracker.ended_by == b"<tool_call>"  # ...and does
+    assert tracker.feed(b"<think> </thi") and tracker.inside
+    assert tracker.feed(b"nk>") and not tracker.inside and tracker.ended_by == b"</think>"
+    # A second block enters it again; open and close in one piece is no change.
+    assert not tracker.feed(b"<think>x</think>") and not tracker.inside
+    assert tracker.feed(b"<think>again") and tracker.inside
+    # Nothing to look for on one side (grammar_after: only its closing text).
+    after = ReasoningTracker(b"", (b"</think>",), inside=True)
+    assert after.feed(b"</think><think>") and not after.inside
+
+
 # --------------------------------------------------------------------------- generation
 
 

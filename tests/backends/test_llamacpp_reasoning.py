@@ -110,16 +110,49 @@ async def test_the_output_does_not_end_before_its_grammar_holds(load: Loader, tm
     assert (text, finish) == ("", "stop")
 
 
-async def test_grammar_after_is_not_for_a_lazy_tool_frame(load: Loader, tmp_path: Path) -> None:
+async def test_grammar_after_and_reasoning_with_a_lazy_tool_frame(load: Loader, tmp_path: Path) -> None:
     template = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
     backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template, user_tokens=TAGS))
     frame = ToolCallFrame(call_schema='{"type": "object"}', open="<tool_call>\n", close="\n</tool_call>", lazy=True)
-    for other in ({"grammar_after": "</think>"}, {"grammar_reasoning": TAGS}):
-        with pytest.raises(InvalidArgument, match="grammar_after, grammar_reasoning: not with a lazy tool_calls frame"):
-            await _text(backend, "x", GenerateParams(max_tokens=4, tool_calls=frame, **other))
+    with pytest.raises(InvalidArgument, match="grammar_after: with a lazy tool_calls frame, grammar_reasoning's closing tag"):
+        await _text(backend, "x", GenerateParams(max_tokens=4, tool_calls=frame, grammar_after="</think>"))
     with pytest.raises(InvalidArgument, match="grammar_after and grammar_reasoning cannot be used together"):
         await _text(backend, "x", GenerateParams(max_tokens=4, grammar='root ::= "x"', grammar_after="</think>",
                                                  grammar_reasoning=TAGS))
+
+
+CALL = ToolCallFrame(
+    call_schema='{"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"], "additionalProperties": false}',
+    open="<tool_call>\n", close="\n</tool_call>", lazy=True, max_calls=1,
+)
+
+
+@pytest.mark.parametrize("opened", [True, False])
+async def test_a_call_marker_inside_the_reasoning_starts_no_call(load: Loader, tmp_path: Path, opened: bool) -> None:
+    """llama-server's lazy grammar does not see the reasoning (its reasoning tracker keeps it
+    from applying there), so a call marker the model writes while it thinks starts no call;
+    once the reasoning is closed, the marker starts one. Biases and a repeat penalty (which
+    halves a biased logit once its token has appeared) steer the tiny model; before, the
+    first marker started a call inside the reasoning.
+
+    `opened`: the prompt opened the reasoning (DeepSeek R1; grammar_after): the marker inside,
+    the closing tag, the marker again, which starts the call. Else the model opens it (Qwen 3):
+    the opening tag, the marker inside, the closing tag."""
+    family = "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B" if opened else "Qwen-Qwen3-0.6B"
+    path = write_tiny_llama(tmp_path / "model.gguf", chat_template=(TEMPLATES / f"{family}.jinja").read_text(),
+                            user_tokens=(*TAGS, "<tool_call>"))
+    backend = await load(path)
+    first = len(_vocab()[0])
+    think, close, call = first, first + 1, first + 2
+    prompt = backend.chat_prompt([{"role": "user", "content": "Hi"}])
+    bias = {call: 70.0, close: 40.0} if opened else {think: 100.0, call: 70.0, close: 40.0}
+    params = GenerateParams(max_tokens=60, temperature=0.0, tool_calls=CALL, logit_bias=bias, repeat_penalty=4.0,
+                            grammar_reasoning=TAGS, grammar_after="</think>" if opened else "")
+    text, finish = await _text(backend, prompt, params)
+    reasoning, closed, answer = text.partition("</think>")
+    assert (reasoning, closed) == ("<tool_call>" if opened else "<think><tool_call>", "</think>"), text
+    if opened:
+        assert "<tool_call>\n{" in answer and answer.endswith("</tool_call>") and finish == "stop", text
 
 
 async def test_a_grammar_holds_after_reasoning_the_model_opens(load: Loader, tmp_path: Path) -> None:
