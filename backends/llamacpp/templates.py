@@ -70,6 +70,11 @@ _XML_PROBE = f"<tool_call>\n<function=tool1>\n<parameter=arg>\n{_ARGUMENT_PROBE}
 _GEMMA_PROBE = f'<|tool_call>call:tool1{{arg:<|"|>{_ARGUMENT_PROBE}<|"|>}}<tool_call|>'
 # As gpt-oss's template writes it (its "harmony" format: the recipient in the message's header).
 _HARMONY_PROBE = "to=functions.tool1<|channel|>commentary json<|message|>"
+# DeepSeek R1's calls section and how its templates write the probe's call in it (the fullwidth
+# bar and the "lower one eighth block" are R1's own characters): the tool's type and name, then
+# its arguments object in a JSON code block.
+_R1_CALLS = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
+_R1_PROBE = "<\uff5ctool\u2581call\u2581begin\uff5c>function<\uff5ctool\u2581sep\uff5c>tool1\n```json\n"
 # Markers of the tool-call syntaxes edged reads, as llama.cpp's common/chat.cpp matched
 # templates before its automatic parser (Hermes 2 Pro first, then Llama 3.x, Mistral Nemo).
 _TOOL_SYNTAXES = (
@@ -85,6 +90,10 @@ _TOOL_SYNTAXES = (
     # Nemotron Nano v2 (llama.cpp patches its automatic parser for this template: one JSON list
     # per `<TOOLCALL>` section); the probe checks the template writes calls so.
     ("<TOOLCALL>", "nemotron_v2"),
+    # DeepSeek R1 (llama.cpp's own R1 template) and its Qwen distill (llama.cpp patches its
+    # automatic parser for it); DeepSeek V3.1 and later share the marker but write calls
+    # another way, which the probe tells apart (_R1_PROBE).
+    (_R1_CALLS, "deepseek_r1"),
 )
 # Syntaxes whose calls are one JSON list after their marker (`_writes_calls_in`).
 _LIST_MARKERS = {"mistral": "[TOOL_CALLS]", "nemotron_v2": "<TOOLCALL>"}
@@ -144,6 +153,20 @@ def _writes_calls_in(syntax: str, rendered: str) -> bool:
     return False
 
 
+def _writes_r1_calls(rendered: str) -> bool:
+    """Whether `rendered` (the probe conversation) holds the probe's call as DeepSeek R1's
+    templates write it: `_R1_PROBE`, then its arguments object. The Llama distill's template
+    writes calls only for a `content` of None, which llama-server (and edged) make "": none."""
+    at = rendered.find(_R1_PROBE)
+    if at < 0:
+        return False
+    try:
+        value, _ = json.JSONDecoder().raw_decode(rendered, at + len(_R1_PROBE))
+    except ValueError:
+        return False
+    return value == {"arg": _ARGUMENT_PROBE}
+
+
 def _named_mistral(rendered: str) -> str:
     """The syntax "mistral_call_id" or "mistral_args" where `rendered` (the probe conversation)
     holds the probe's call as newer Mistral templates write it, name then arguments, with
@@ -174,7 +197,7 @@ class ChatTemplate:
         self.source = source
         self.jinja = jinja
         # "hermes" | "llama3" | "mistral" | "mistral_args" | "mistral_call_id" | "qwen3_coder" |
-        # "gemma4" | "gpt_oss" | "lfm2" | "nemotron_v2" | "": see tool_syntax_of, _named_mistral, _XML_PROBE,
+        # "gemma4" | "gpt_oss" | "lfm2" | "nemotron_v2" | "deepseek_r1" | "": see tool_syntax_of, _named_mistral, _XML_PROBE,
         # _GEMMA_PROBE and _HARMONY_PROBE (Jinja templates only).
         self.tool_syntax = tool_syntax
         # The reasoning tags (thinking_tags_of; Jinja templates only).
@@ -313,6 +336,8 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
             written = _HARMONY_PROBE in rendered and _ARGUMENT_PROBE in rendered
         elif syntax == "lfm2":
             written = True
+        elif syntax == "deepseek_r1":
+            written = _writes_r1_calls(rendered)
         else:
             written = _writes_calls_in(syntax, rendered)
         if not written and syntax == "mistral":

@@ -15,7 +15,9 @@ Two families of syntax:
   read by the tools' parameter types), Gemma 4 (`<|tool_call>call:name{key:<|"|>text<|"|>}<tool_call|>`,
   its own object syntax), gpt-oss (a message to `functions.NAME` on its channels, handed on by
   reasoning.ChannelSplit), LFM2 (`<|tool_call_start|>[name(key="value"), ...]<|tool_call_end|>`,
-  Python-style calls). Free text before the calls is the message's content.
+  Python-style calls), DeepSeek R1 and its Qwen distill (one section of calls, each the tool's
+  name and its arguments in a JSON code block between R1's own markers: `_R1_CALLS`). Free text
+  before the calls is the message's content.
 
 The engine's grammar guarantees the calls part is a prefix of a valid frame (`frame`), so a
 reader only has to follow it; a reply cut short (max_tokens) is read as far as it goes.
@@ -265,29 +267,50 @@ def _named_calls(calls: list[dict[str, Any]]) -> dict[str, str]:
 @dataclass(frozen=True)
 class _Named(_ByName):
     """Calls written as `marker` + name (+ `id_marker` + id) + `args_marker` + arguments object,
-    one after another: newer Mistral templates (`[TOOL_CALLS]get_weather[ARGS]{...}`)."""
+    one after another: newer Mistral templates (`[TOOL_CALLS]get_weather[ARGS]{...}`).
+
+    With `start`, the calls are one section: `start`, then each call closed by `call_end`,
+    then `end` (DeepSeek R1's, `_R1_CALLS` ... `_R1_CALLS_END`); read as
+    llama-server's parser reads it: whitespace after `start`, between calls, before `end` and
+    around the arguments object. The frame writes `between` between two calls and a newline
+    before each `call_end`, as the model's template does."""
 
     name: str
     marker: str = "[TOOL_CALLS]"
     args_marker: str = "[ARGS]"
     id_marker: str = ""
+    start: str = ""
+    call_end: str = ""
+    end: str = ""
+    between: str = ""
 
     def frame(self, calls: list[dict[str, Any]], *, lazy: bool, parallel: bool) -> ToolCallFrame:
+        if self.start:
+            call_end = f"\n{self.call_end}"
+            return ToolCallFrame(
+                open=self.start + self.marker, separator=call_end + self.between + self.marker,
+                close=call_end + self.end, max_calls=None if parallel else 1, lazy=lazy,
+                named_calls=_named_calls(calls), args_marker=self.args_marker,
+            )
         return ToolCallFrame(
             open=self.marker, separator=self.marker, max_calls=None if parallel else 1, lazy=lazy,
             named_calls=_named_calls(calls), args_marker=self.args_marker, id_marker=self.id_marker,
         )
 
     def call_id(self) -> str:
+        if self.start:
+            return super().call_id()
         # Mistral's templates take back only ids of 9 letters and digits.
         alphabet = string.ascii_letters + string.digits
         return "".join(secrets.choice(alphabet) for _ in range(9))
 
     def read(self, text: str, final: bool) -> Reading:
         reading = Reading()
-        i = _content(text, self.marker, final, reading)
+        i = _content(text, self.start or self.marker, final, reading)
         if i < 0:
             return reading
+        if self.start:
+            i = _skip(text, i + len(self.start))
         while text.startswith(self.marker, i):
             i += len(self.marker)
             # The name ends at the id's marker or the arguments' (the grammar wrote one of them).
@@ -301,12 +324,25 @@ class _Named(_ByName):
             reading.calls.append(call)
             i = _skip(text, args_at + len(self.args_marker))
             if i >= len(text) or text[i] != "{":
+                if self.start:
+                    # llama-server opens the arguments as soon as the name is complete.
+                    call.arguments = "{"
                 return reading
             end = _value_end(text, i)
             call.arguments = text[i:end] if end > 0 else text[i:]
             if end < 0:
+                if self.start:
+                    # llama-server leaves the whitespace that ends arguments still arriving out.
+                    call.arguments = call.arguments.rstrip(" \t\n\r")
                 return reading
             i = _skip(text, end)
+            if self.call_end:
+                if not text.startswith(self.call_end, i):
+                    return reading
+                i = _skip(text, i + len(self.call_end))
+        if self.start:
+            reading.complete = text.startswith(self.end, i)
+            return reading
         # Nothing closes the frame: it is complete once a call's arguments are, unless
         # another call is still starting.
         reading.complete = not self.marker.startswith(text[i:]) or final
@@ -765,6 +801,14 @@ def _admits(kinds: frozenset[str], value: Any) -> bool:
     return kind in kinds or (kind == "integer" and "number" in kinds)
 
 
+# DeepSeek R1 and its Qwen distill (written with the fullwidth bar on purpose): the calls'
+# section, and in it per call the marker, the tool's name, "\n```json\n", the arguments
+# object, "\n" and the call's end; a newline between two calls.
+_R1_CALLS = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
+_R1_CALLS_END = "<\uff5ctool\u2581calls\u2581end\uff5c>"
+_R1_CALL = "<\uff5ctool\u2581call\u2581begin\uff5c>function<\uff5ctool\u2581sep\uff5c>"
+_R1_CALL_END = "```<\uff5ctool\u2581call\u2581end\uff5c>"
+
 GENERIC: Syntax = _Generic()
 _NATIVE: dict[str, Syntax] = {
     "hermes": _Framed("hermes", "<tool_call>\n", "\n</tool_call>\n<tool_call>\n", "\n</tool_call>", "arguments"),
@@ -777,6 +821,10 @@ _NATIVE: dict[str, Syntax] = {
     "gemma4": _Gemma("gemma4"),
     "gpt_oss": _Harmony(),
     "lfm2": _Pythonic("lfm2"),
+    "deepseek_r1": _Named(
+        "deepseek_r1", marker=_R1_CALL, args_marker="\n```json\n", start=_R1_CALLS, call_end=_R1_CALL_END,
+        end=_R1_CALLS_END, between="\n",
+    ),
 }
 
 

@@ -81,6 +81,17 @@ def _gemma(content: str, calls: list[tuple[str, dict[str, object]]]) -> str:
     return content + "".join(f"<|tool_call>call:{n}{_gemma_value(a)}<tool_call|>" for n, a in calls)
 
 
+def _deepseek_r1(content: str, calls: list[tuple[str, object]]) -> str:
+    """DeepSeek R1's templates: one section, per call the tool's type and name, its arguments
+    in a JSON code block; a newline between two calls."""
+    body = "\n".join(
+        f"<\uff5ctool\u2581call\u2581begin\uff5c>function<\uff5ctool\u2581sep\uff5c>{n}\n```json\n{json.dumps(a)}\n```"
+        "<\uff5ctool\u2581call\u2581end\uff5c>"
+        for n, a in calls
+    )
+    return f"{content}<\uff5ctool\u2581calls\u2581begin\uff5c>{body}<\uff5ctool\u2581calls\u2581end\uff5c>"
+
+
 BOTH = [("get_weather", ARGUMENTS[0]), ("lights_off", ARGUMENTS[1])]
 REPLIES = {
     "hermes": _hermes("Let me look.\n", BOTH),
@@ -91,6 +102,7 @@ REPLIES = {
     "nemotron_v2": _nemotron("Let me look.\n", BOTH),
     "qwen3_coder": _xml("Let me look.\n\n", BOTH),  # "n" is no declared parameter: any type
     "gemma4": _gemma("Let me look.\n", BOTH),
+    "deepseek_r1": _deepseek_r1("Let me look.\n", BOTH),
 }
 NATIVE = list(REPLIES)
 
@@ -540,3 +552,87 @@ def test_nemotron_v2_replies_read_as_llama_server_reads_them(reply: dict) -> Non
         assert (content, reply["finish_reason"]) == (text, "length") and text.startswith(message["content"])
     else:
         assert (content or "") == message["content"]
+
+
+R1_ORACLE = json.loads((Path(__file__).parent.parent / "fixtures" / "chat_templates" / "deepseek_r1_replies.json").read_text())
+R1_CALL_BEGIN = "<\uff5ctool\u2581call\u2581begin\uff5c>"
+R1_CALL_END = "<\uff5ctool\u2581call\u2581end\uff5c>"
+R1_CALLS_END = "<\uff5ctool\u2581calls\u2581end\uff5c>"
+
+
+def _r1_text(reply: dict) -> str:
+    """The reply's text as edged's engine writes it. llama-server prints a control token that
+    is not on its preserved list as nothing, and with the Qwen distill's template it keeps only
+    the calls' and a call's opening markers: the ends it dropped go back after each call's
+    closing fence (edged's frame holds all the markers, so its text has them)."""
+    raw = reply["raw"]
+    if reply["template"] != "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B" or R1_CALL_END in raw:
+        return raw
+    raw = re.sub(rf"```(?=\s*{re.escape(R1_CALL_BEGIN)})", "```" + R1_CALL_END, raw)
+    if reply["finish_reason"] == "tool_calls":
+        raw += R1_CALL_END + R1_CALLS_END
+    return raw
+
+
+@pytest.mark.parametrize("reply", [r for r in R1_ORACLE["replies"] if r.get("raw") is not None],
+                         ids=lambda r: f"{r['template'][:14]}-{r['case']}-{r['seed']}-{r['request']['max_tokens']}")
+def test_deepseek_r1_replies_read_as_llama_server_reads_them(reply: dict) -> None:
+    """deepseek_r1_replies.json (see the fixtures' README): llama-server's reading of DeepSeek
+    R1 calls its grammar let a tiny random model write (whitespace around the arguments and
+    between calls, markers inside the reasoning and before the calls, several calls, cuts in a
+    name and in the arguments) and of forced replies: the same reasoning, content, names and
+    arguments text, whole and streamed. Two differences: a reply cut inside a call's name is
+    its raw text (llama-server leaves the call's start out), as for every syntax here; a
+    reasoning of only the newline after the prompt's `<think>` is that newline (llama-server
+    sends none)."""
+    request, message = reply["request"], reply["message"]
+    syntax = syntax_named("deepseek_r1")
+    text = _r1_text(reply)
+    closed = request.get("chat_template_kwargs", {}).get("enable_thinking") is False
+    # The prompt ends with "<think>\n" (the reply starts inside the reasoning) or, thinking off
+    # with the Qwen distill's template, "<think>\n</think>".
+    thought = ""
+    if request.get("reasoning_format") == "none":
+        text = ("<think>\n</think>" if closed else "<think>\n") + text
+    elif not closed:
+        thought, text = syntax.thinking_split(("<think>", "</think>"), "\n").feed(text, True)
+    assert thought == (message.get("reasoning_content") or ("\n" if thought == "\n" else ""))
+    tools = request.get("tools") if request.get("tool_choice") != "none" else None
+    if tools is None:
+        assert text == message["content"]
+        return
+    use = openai_tools.ToolUse("deepseek_r1", msgspec.convert(tools, list[openai_tools.Tool]),
+                               request.get("tool_choice"), request.get("parallel_tool_calls", True))
+    content, calls = use.reply(text, cut=reply["finish_reason"] == "length")
+    expected = [(c["name"], c["arguments"]) for c in message.get("tool_calls", [])]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected
+    assert streamed_calls(use, text) == expected
+    if not calls and "<\uff5ctool\u2581calls\u2581begin\uff5c>" in text:  # cut before a name is complete
+        assert (content, reply["finish_reason"]) == (text, "length") and text.startswith(message["content"])
+    else:
+        assert (content or "") == message["content"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_deepseek_r1_calls_stream_as_they_read_whole_however_cut(seed: int) -> None:
+    """Seeded DeepSeek R1 replies (content first or not, whitespace wherever llama-server's
+    grammar allows it, several calls, arguments with strings that hold the markers' text),
+    whole and cut anywhere: the streamed names and arguments add up to the whole reading's."""
+    rng = random.Random(seed)
+    use = openai_tools.ToolUse("deepseek_r1", TOOLS, "auto", parallel=True)
+    spaces = ["", " ", "\n", "\n\n  ", "\t"]
+    arguments = ['{"city": "Paris"}', '{ "city" :\n "P```a" }', "{}", '{"city": "<\uff5ctool\u2581call\u2581end\uff5c>"}',
+                 '{"n": [1, {"x": "}]"}], "city": "\\u00e9"}']
+    for _ in range(300):
+        calls = [
+            f"{R1_CALL_BEGIN}function<\uff5ctool\u2581sep\uff5c>{rng.choice(('get_weather', 'lights_off'))}\n```json\n"
+            f"{rng.choice(spaces)}{rng.choice(arguments)}{rng.choice(spaces)}```{R1_CALL_END}"
+            for _ in range(rng.randint(1, 3))
+        ]
+        text = (rng.choice(("", "Let me look. ", "x\n")) + "<\uff5ctool\u2581calls\u2581begin\uff5c>" + rng.choice(spaces)
+                + rng.choice(spaces).join(calls) + rng.choice(spaces) + R1_CALLS_END)
+        whole = use.reply(text, cut=False)[1]
+        assert len(whole) == len(calls), text
+        text = text[: rng.randint(1, len(text))]
+        _, whole = use.reply(text, cut=True)
+        assert streamed_calls(use, text) == [(c["function"]["name"], c["function"]["arguments"]) for c in whole], text

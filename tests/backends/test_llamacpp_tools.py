@@ -65,6 +65,10 @@ SYNTAXES = {
     "LFM2.5-8B-A1B": "lfm2",
     "LFM2.5-Instruct": "lfm2",
     "NVIDIA-Nemotron-Nano-v2": "nemotron_v2",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "deepseek_r1",
+    "llama-cpp-deepseek-r1": "deepseek_r1",
+    # It writes calls only for a `content` of None, which llama-server makes "": none.
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": "",
     # Its system prompt asks for `<|tool_call|>[...]`, but it writes no past calls and
     # llama-server parses none: the generic reply.
     "ibm-granite-granite-3.3-2B-Instruct": "",
@@ -99,8 +103,20 @@ PAREN_CALLS = (
     "{% elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]{% endif %}{% endfor %}"
 )
 
+# DeepSeek V3.1's way: R1's markers, but the name right after the call's marker and the
+# arguments right after the separator, no code block.
+R1_MARKERS_V31_CALLS = (
+    "{%- for m in messages %}{% if m.role == 'user' %}<\uff5cUser\uff5c>{{ m.content }}"
+    "{% elif m.role == 'assistant' %}<\uff5cAssistant\uff5c>{% for c in m.tool_calls or [] %}"
+    "<\uff5ctool\u2581calls\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin\uff5c>{{ c.function.name }}"
+    "<\uff5ctool\u2581sep\uff5c>{{ c.function.arguments | tojson }}<\uff5ctool\u2581call\u2581end\uff5c>"
+    "<\uff5ctool\u2581calls\u2581end\uff5c>{% endfor %}{{ m.content }}"
+    "{% elif m.role == 'tool' %}<\uff5ctool\u2581output\u2581begin\uff5c>{{ m.content }}{% endif %}{% endfor %}"
+    "<\uff5cAssistant\uff5c>"
+)
 
-@pytest.mark.parametrize("template", [XML_CALLS, PAREN_CALLS])
+
+@pytest.mark.parametrize("template", [XML_CALLS, PAREN_CALLS, R1_MARKERS_V31_CALLS])
 async def test_markers_without_the_syntax_are_no_tool_syntax(load: Loader, tmp_path: Path, template: str) -> None:
     # Asked for Hermes JSON or Mistral Nemo's list, such a model would write calls it was
     # not trained on: the routes use the generic reply instead.
