@@ -531,7 +531,9 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
 
     `named_calls` instead of `call_schema`: calls that are not JSON objects but a tool's name,
     then `args_marker` and its arguments object, as newer Mistral templates write them
-    (`[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}`; open and separator "[TOOL_CALLS]"): tool
+    (`[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}`; open and separator "[TOOL_CALLS]"; DeepSeek
+    R1's section of calls, each closed by its own end, has open, separator and close around
+    them, args_marker "\n```json\n"): tool
     name -> its arguments' JSON schema (text). With `id_marker`, the name is followed by it and
     a call id of 9 letters and digits before `args_marker` (Mistral Small 3.2's `[CALL_ID]`).
     `arguments_syntax` says how a named call writes its arguments: "json", a JSON object;
