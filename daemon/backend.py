@@ -547,6 +547,10 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
     call's closing parenthesis (`key=value, ...)`, each value JSON by its property's schema,
     required keys in any order, then optional ones), as LFM2 writes its calls (open
     "<|tool_call_start|>[", separator ", ", close "]<|tool_call_end|>", args_marker "(").
+    "xml" with `xml_parameter` ('<param name="', '">', "</param>") and `xml_cdata`: MiniCPM5's
+    `<param name="key">value</param>` (open '<function name="', args_marker '">', close
+    "</function>"), a raw-text value either in `<![CDATA[...]]>` or holding no "<" (so that it
+    cannot be taken for CDATA; the template wraps such values in CDATA too).
 
     `lazy` (tool_choice "auto"): the model may write free text instead, and the grammar holds
     only once the output reaches `open` (llama.cpp's lazy grammar); with an empty `open`, once
@@ -564,6 +568,9 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
     args_marker: str = ""
     id_marker: str = ""
     arguments_syntax: Literal["json", "xml", "gemma", "python"] = "json"
+    # "xml": a parameter is xml_parameter[0] + key + xml_parameter[1] + value + xml_parameter[2].
+    xml_parameter: tuple[str, str, str] = ("<parameter=", ">\n", "\n</parameter>\n")
+    xml_cdata: bool = False
     # Where a lazy frame's grammar starts: the output ends with this start of `open` ("": the
     # marker that begins `open`, up to its first ">" or "]"). gpt-oss: "<|channel|>commentary
     # to", since its reasoning opens with "<|channel|>" too.
@@ -806,7 +813,8 @@ class GenerationBackend(Backend):
         templates), "mistral_call_id" (the same with `[CALL_ID]id` after the name), "llama3"
         (`{"name", "parameters"}`), "qwen3_coder" (`<tool_call>\n<function=name>\n` and
         `<parameter=key>\nvalue\n</parameter>\n` per argument, Qwen 3.5 and Qwen3-Coder),
-        "gemma4" (`<|tool_call>call:name{key:<|"|>text<|"|>}<tool_call|>`, Gemma 4); "" when the template has none of these (the routes then
+        "gemma4" (`<|tool_call>call:name{key:<|"|>text<|"|>}<tool_call|>`, Gemma 4), "minicpm5"
+        (`<function name="name"><param name="key">value</param></function>`, MiniCPM5); "" when the template has none of these (the routes then
         describe the tools in a system message and ask for a generic JSON reply)."""
         return ""
 

@@ -98,7 +98,7 @@ def _named_calls(frame: ToolCallFrame) -> tuple[str, str]:
     part where the frame has one, `args_marker`, then its arguments."""
     tools = list(frame.named_calls.items())
     if frame.arguments_syntax == "xml":
-        names, rules = _xml_arguments(tools)
+        names, rules = _xml_arguments(tools, frame.xml_parameter, cdata=frame.xml_cdata)
     elif frame.arguments_syntax == "python":
         names, rules = _python_arguments(tools)
     elif frame.arguments_syntax == "gemma":
@@ -250,9 +250,8 @@ class _GemmaSchema:
         raise InvalidArgument(f"{where}: an enum or const of objects or lists cannot be enforced in Gemma 4's tool-call syntax")
 
 
-# What ends a parameter of an XML tool call (Qwen 3.5, Qwen3-Coder): its value is the text
-# before it, so a raw-text value is any text that does not hold it.
-_XML_CLOSE = "\n</parameter>\n"
+# A raw-text value in CDATA (MiniCPM5's XML calls): its text is anything up to the first "]]>".
+_CDATA = ("<![CDATA[", "]]>")
 # Past this many required (or optional) parameters they go in the schema's order, not in any
 # order (as llama.cpp's grammar: the rules for any order double with each one). Unlike
 # llama.cpp's, an optional parameter comes at most once (a key twice is no JSON object).
@@ -262,18 +261,29 @@ _MAX_PERMUTED = 6
 _XML_STRING_KEYS = frozenset({"type", "enum", "const"}) | _ANNOTATIONS
 
 
-def _xml_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
-    """Per tool, the rule of its arguments written as XML parameters
-    (ToolCallFrame.arguments_syntax "xml"; "" for a tool without parameters) and all the rules."""
+def _xml_arguments(tools: list[tuple[str, str]], tags: tuple[str, str, str], *, cdata: bool) -> tuple[list[str], str]:
+    """Per tool, the rule of its arguments written as XML parameters (ToolCallFrame.arguments_syntax
+    "xml", each `tags[0]` key `tags[1]` value `tags[2]`; "" for a tool without parameters) and
+    all the rules. A raw-text value is any text up to the first `tags[2]` (the value is the text
+    before it); `cdata` (MiniCPM5): one in `<![CDATA[...]]>` or one that holds no "<", since
+    llama-server reads a value that starts with `<![CDATA[` as CDATA only."""
+    before, after, close = tags
+    # What would end the key early or break the tag it sits in.
+    forbidden = set("<>\n" + after[:1])
 
     def parameter(key: str, schema: Any, root: Any, where: str, rule: str, json_values: list[tuple[str, str]]) -> str:
-        if not key or any(char in key for char in "<>\n"):
+        if not key or any(char in key for char in forbidden):
             raise InvalidArgument(f"{where}.properties: {key!r} cannot be written as an XML tool-call parameter")
-        value = _xml_value(schema, root, f"{where}.properties.{key}", f"{rule}-value", json_values)
-        return f"{gbnf_literal(f'<parameter={key}>' + chr(10))} {value}"
+        value = _xml_value(schema, root, f"{where}.properties.{key}", f"{rule}-value", json_values, close)
+        return f"{gbnf_literal(before + key + after)} {value}"
 
     arguments, rules = _keyword_arguments(tools, parameter, joiner="", close="")
-    return arguments, "\n".join([rules, gbnf_including("xml-arg-string", _XML_CLOSE)])
+    if not cdata:
+        return arguments, "\n".join([rules, gbnf_including("xml-arg-string", close)])
+    string = (
+        f"xml-arg-string ::= [^<]* {gbnf_literal(close)} | {gbnf_literal(_CDATA[0])} xml-arg-cdata {gbnf_literal(close)}"
+    )
+    return arguments, "\n".join([rules, string, gbnf_including("xml-arg-cdata", _CDATA[1])])
 
 
 def _python_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
@@ -340,12 +350,12 @@ def _alone(schema: Any, root: Any) -> str:
     return json.dumps(alone)
 
 
-def _xml_value(schema: Any, root: Any, where: str, rule: str, json_values: list[tuple[str, str]]) -> str:
-    """The GBNF of a parameter's value and the close after it: raw text where the schema
+def _xml_value(schema: Any, root: Any, where: str, rule: str, json_values: list[tuple[str, str]], end: str) -> str:
+    """The GBNF of a parameter's value and the close `end` after it: raw text where the schema
     admits strings, its enum's texts where it has one; else JSON by the schema (its rule
     `rule`, converted with the other JSON values into `json_values`)."""
     types = xml_value_types(schema, root)
-    close = gbnf_literal(_XML_CLOSE)
+    close = gbnf_literal(end)
     if "string" not in types:
         json_values.append((_alone(schema, root), rule))
         return f"{rule} {close}"

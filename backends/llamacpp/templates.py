@@ -66,6 +66,8 @@ _ARGUMENT_PROBE = "edged-argument-probe"
 # The probe's call as Qwen 3.5 / Qwen3-Coder templates write it (llama.cpp's "Qwen3-Coder"
 # format; templates that leave out the newlines between the tags are another format).
 _XML_PROBE = f"<tool_call>\n<function=tool1>\n<parameter=arg>\n{_ARGUMENT_PROBE}\n</parameter>\n</function>\n</tool_call>"
+# As MiniCPM5's template writes it (llama.cpp's "MiniCPM5" format).
+_MINICPM5_PROBE = f'<function name="tool1"><param name="arg">{_ARGUMENT_PROBE}</param></function>'
 # As Gemma 4's template writes it.
 _GEMMA_PROBE = f'<|tool_call>call:tool1{{arg:<|"|>{_ARGUMENT_PROBE}<|"|>}}<tool_call|>'
 # As gpt-oss's template writes it (its "harmony" format: the recipient in the message's header).
@@ -94,6 +96,9 @@ _TOOL_SYNTAXES = (
     # automatic parser for it); DeepSeek V3.1 and later share the marker but write calls
     # another way, which the probe tells apart (_R1_PROBE).
     (_R1_CALLS, "deepseek_r1"),
+    # MiniCPM5: llama.cpp also looks for `<function name="` and `<param name="`, which the probe
+    # call checks.
+    ("Tool usage guidelines:", "minicpm5"),
 )
 # Syntaxes whose calls are one JSON list after their marker (`_writes_calls_in`).
 _LIST_MARKERS = {"mistral": "[TOOL_CALLS]", "nemotron_v2": "<TOOLCALL>"}
@@ -197,8 +202,9 @@ class ChatTemplate:
         self.source = source
         self.jinja = jinja
         # "hermes" | "llama3" | "mistral" | "mistral_args" | "mistral_call_id" | "qwen3_coder" |
-        # "gemma4" | "gpt_oss" | "lfm2" | "nemotron_v2" | "deepseek_r1" | "": see tool_syntax_of, _named_mistral, _XML_PROBE,
-        # _GEMMA_PROBE and _HARMONY_PROBE (Jinja templates only).
+        # "gemma4" | "gpt_oss" | "lfm2" | "nemotron_v2" | "deepseek_r1" | "minicpm5" | "": see
+        # tool_syntax_of, _named_mistral, _XML_PROBE, _GEMMA_PROBE, _HARMONY_PROBE, _R1_PROBE and
+        # _MINICPM5_PROBE (Jinja templates only).
         self.tool_syntax = tool_syntax
         # The reasoning tags (thinking_tags_of; Jinja templates only).
         self.thinking = thinking
@@ -303,6 +309,7 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
     system_role = _takes_system_role(run)
     object_arguments = _takes_object_arguments(run)
     harmony = False  # set below, once the probe has shown the template is gpt-oss's
+    minicpm5 = False  # likewise for MiniCPM5's
 
     def render(messages: Messages, variables: Mapping[str, Any], tools: Sequence[Mapping[str, Any]] | None) -> str:
         # Rebuilt as llama-server passes them to the template (checked, naming the bad field).
@@ -311,6 +318,8 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
             normalized = _system_into_next(normalized)
         if harmony:
             normalized = _harmony_messages(normalized)
+        if minicpm5:
+            normalized = _minicpm5_messages(normalized)
         try:
             prompt = run(normalized, variables, _tools(tools) if tools else None)
         except Exception as exc:
@@ -338,6 +347,8 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
             written = True
         elif syntax == "deepseek_r1":
             written = _writes_r1_calls(rendered)
+        elif syntax == "minicpm5":
+            written = _MINICPM5_PROBE in rendered
         else:
             written = _writes_calls_in(syntax, rendered)
         if not written and syntax == "mistral":
@@ -353,7 +364,32 @@ def _jinja(template: str, source: str, *, bos: str, eos: str, strip_bos: bool) -
             syntax = ""
     if syntax == "gpt_oss":
         harmony, thinking = True, HARMONY_TAGS
+    minicpm5 = syntax == "minicpm5"
     return ChatTemplate(source, render, jinja=True, tool_syntax=syntax, thinking=thinking)
+
+
+def _minicpm5_messages(messages: Messages) -> Messages:
+    """The messages for MiniCPM5's template, which prints each argument's value as it is (`{{ v
+    }}`): an object, a list or null as its JSON text, the way the model writes such a value
+    (llama-server's Jinja prints an object and null as nothing and runs a list's items
+    together, Python's Jinja would print their repr); strings, numbers and booleans as given."""
+    result = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            rebuilt = []
+            for call in calls:
+                arguments = call["function"]["arguments"]
+                if isinstance(arguments, dict):
+                    arguments = {
+                        key: json.dumps(value, ensure_ascii=False) if value is None or isinstance(value, (dict, list))
+                        else value
+                        for key, value in arguments.items()
+                    }
+                rebuilt.append({**call, "function": {**call["function"], "arguments": arguments}})
+            message = {**message, "tool_calls": rebuilt}
+        result.append(message)
+    return result
 
 
 def _harmony_messages(messages: Messages) -> Messages:

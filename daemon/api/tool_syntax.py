@@ -16,8 +16,9 @@ Two families of syntax:
   its own object syntax), gpt-oss (a message to `functions.NAME` on its channels, handed on by
   reasoning.ChannelSplit), LFM2 (`<|tool_call_start|>[name(key="value"), ...]<|tool_call_end|>`,
   Python-style calls), DeepSeek R1 and its Qwen distill (one section of calls, each the tool's
-  name and its arguments in a JSON code block between R1's own markers: `_R1_CALLS`). Free text
-  before the calls is the message's content.
+  name and its arguments in a JSON code block between R1's own markers: `_R1_CALLS`), MiniCPM5
+  (`<function name="name"><param name="key">value</param></function>`, a string value raw or in
+  CDATA). Free text before the calls is the message's content.
 
 The engine's grammar guarantees the calls part is a prefix of a valid frame (`frame`), so a
 reader only has to follow it; a reply cut short (max_tokens) is read as far as it goes.
@@ -579,25 +580,48 @@ def _py_open_string(raw: str) -> str:
     return json.dumps(value, ensure_ascii=False)[:-1]
 
 
-_XML_MARKER = "<tool_call>"
-_XML_FUNCTION = "<function="
-_XML_PARAMETER = "<parameter="
-_XML_CLOSE = "\n</parameter>\n"
+_CDATA_OPEN = "<![CDATA["
+_CDATA_CLOSE = "]]>"
 
 
 @dataclass(frozen=True)
 class _Xml(_ByName):
-    """Qwen 3.5 and Qwen3-Coder: each call is `<tool_call>\n<function=name>\n`, one
-    `<parameter=key>\nvalue\n</parameter>\n` per argument, then `</function>\n</tool_call>`.
-    A value is raw text where its schema admits strings (as JSON first, where it admits
-    another type too and parses as one), else JSON text (`xml_value_types`). The arguments
-    are read into compact JSON, as llama-server writes them: `{"key":value,...}`, raw text
-    as a JSON string, JSON text as written."""
+    """XML calls, one tag per parameter. Qwen 3.5 and Qwen3-Coder (the defaults): each call is
+    `<tool_call>\n<function=name>\n`, one `<parameter=key>\nvalue\n</parameter>\n` per
+    argument, then `</function>\n</tool_call>`; a value is raw text where its schema admits
+    strings (as JSON first, where it admits another type too and parses as one), else JSON text
+    (`xml_value_types`). The arguments are read into compact JSON, as llama-server writes them:
+    `{"key":value,...}`, raw text as a JSON string, JSON text as written. `_MiniCpm5` is the
+    same with other tags."""
 
     name: str
+    # The text that begins a call (the content ends there), then the tags that open it, each
+    # after optional whitespace; the last is followed by the name and `name_end`.
+    marker: str = "<tool_call>"
+    opens: tuple[str, ...] = ("<tool_call>", "<function=")
+    name_end: str = ">"
+    # What the grammar writes after the name (the name's tag and the whitespace after it).
+    args_marker: str = ">\n"
+    # A parameter: parameter[0] key parameter[1], an optional `value_lead`, the value, parameter[2].
+    parameter: tuple[str, str, str] = ("<parameter=", ">", "\n</parameter>\n")
+    value_lead: str = "\n"
+    # The tags that close a call, each after optional whitespace.
+    ends: tuple[str, ...] = ("</function>", "</tool_call>")
+    # Whitespace allowed after the name's tag and after each value, and the whitespace before
+    # the first call kept in the content (as llama-server reads MiniCPM5's calls).
+    spaced: bool = False
+    # A value where strings are allowed: read as JSON first where another type is allowed too
+    # (Qwen), or always as the string (MiniCPM5, which may also write it in `<![CDATA[...]]>`).
+    strings_as_json: bool = True
+    cdata: bool = False
+    # A JSON value ends where its JSON text does (a string in it may hold the close), not at
+    # the first close.
+    scan_json: bool = False
+    # Where a lazy grammar starts (ToolCallFrame.trigger; "" for its default).
+    trigger: str = ""
     # llama-server ends the reasoning at a call too, and drops the newline after the <think>
     # the prompt opens (its parser for these templates).
-    ends_reasoning: ClassVar[str] = _XML_MARKER
+    ends_reasoning: ClassVar[str] = "<tool_call>"
     trims_reasoning: ClassVar[bool] = True
     # tool -> parameter -> the JSON types of its value (xml_value_types).
     types: Mapping[str, Mapping[str, frozenset[str]]] = field(default_factory=dict)
@@ -613,51 +637,115 @@ class _Xml(_ByName):
         return replace(self, types=types)
 
     def frame(self, calls: list[dict[str, Any]], *, lazy: bool, parallel: bool) -> ToolCallFrame:
-        end = "</function>\n</tool_call>"
+        # As the template writes calls: one tag a line (Qwen), the next call on a new line.
+        start, end = "\n".join(self.opens), "\n".join(self.ends)
+        key_open, key_end, close = self.parameter
         return ToolCallFrame(
-            open=f"{_XML_MARKER}\n{_XML_FUNCTION}", separator=f"{end}\n{_XML_MARKER}\n{_XML_FUNCTION}", close=end,
-            max_calls=None if parallel else 1, lazy=lazy, args_marker=">\n", arguments_syntax="xml",
-            named_calls=_named_calls(calls), ends_reasoning=True,
+            open=start, separator=f"{end}\n{start}", close=end,
+            max_calls=None if parallel else 1, lazy=lazy, args_marker=self.args_marker, arguments_syntax="xml",
+            named_calls=_named_calls(calls), xml_parameter=(key_open, key_end + self.value_lead, close),
+            xml_cdata=self.cdata, trigger=self.trigger, ends_reasoning=bool(self.ends_reasoning),
         )
 
     def read(self, text: str, final: bool) -> Reading:
         reading = Reading()
-        i = _content(text, _XML_MARKER, final, reading)
-        while i >= 0 and text.startswith(_XML_MARKER, i):
+        i = _content(text, self.marker, final, reading, strip=not self.spaced)
+        key_open, key_end, _ = self.parameter
+        while i >= 0 and text.startswith(self.marker, i):
             reading.complete = False
-            i = _skip(text, i + len(_XML_MARKER))
-            end = text.find(">", i)
-            if not text.startswith(_XML_FUNCTION, i) or end < 0:
+            for tag in self.opens[:-1]:
+                if not text.startswith(tag, i):
+                    return reading
+                i = _skip(text, i + len(tag))
+            head = self.opens[-1]
+            end = text.find(self.name_end, i + len(head))
+            if not text.startswith(head, i) or end < 0:
                 return reading
-            name = text[i + len(_XML_FUNCTION) : end]
+            name = text[i + len(head) : end]
             call = Call(name=name, arguments="{")
             reading.calls.append(call)
             types = self.types.get(name, {})
-            i = _skip(text, end + 1)
-            while text.startswith(_XML_PARAMETER, i):
-                end = text.find(">", i)
+            i = _skip(text, end + len(self.name_end))
+            while text.startswith(key_open, i):
+                end = text.find(key_end, i + len(key_open))
                 if end < 0:
                     return reading
-                key = text[i + len(_XML_PARAMETER) : end]
+                key = text[i + len(key_open) : end]
                 comma = "," if call.arguments != "{" else ""
                 call.arguments += f"{comma}{json.dumps(key, ensure_ascii=False)}:"
-                start = end + 2 if text.startswith(">\n", end) else end + 1
-                close = text.find(_XML_CLOSE, start)
-                kinds = types.get(key, JSON_TYPES)
-                if close < 0:
-                    call.arguments += _xml_partial(text[start:], kinds, final)
+                start = end + len(key_end)
+                if self.value_lead and text.startswith(self.value_lead, start):
+                    start += len(self.value_lead)
+                value, i = self._value(text, start, types.get(key, JSON_TYPES), final)
+                call.arguments += value
+                if i < 0:
                     return reading
-                call.arguments += _xml_value(text[start:close], kinds)
-                i = close + len(_XML_CLOSE)
-            if not text.startswith("</function>", i):
-                return reading
-            call.arguments += "}"
-            i = _skip(text, i + len("</function>"))
-            if not text.startswith("</tool_call>", i):
-                return reading
+                if self.spaced:
+                    i = _skip(text, i)
+            for number, tag in enumerate(self.ends):
+                i = _skip(text, i) if number else i
+                if not text.startswith(tag, i):
+                    return reading
+                call.arguments += "" if number else "}"
+                i += len(tag)
             reading.complete = True
-            i = _skip(text, i + len("</tool_call>"))
+            i = _skip(text, i)
         return reading
+
+    def _value(self, text: str, start: int, kinds: frozenset[str], final: bool) -> tuple[str, int]:
+        """The JSON of the value at text[start] and the index after its close; while it is
+        incomplete, what is certain of it and -1."""
+        close = self.parameter[2]
+        string = "string" in kinds and (kinds == {"string"} or not self.strings_as_json)
+        if self.cdata and string and _CDATA_OPEN.startswith(text[start : start + len(_CDATA_OPEN)]):
+            if not text.startswith(_CDATA_OPEN, start):
+                return "", -1  # CDATA or not: nothing of the value yet
+            inner = start + len(_CDATA_OPEN)
+            end = text.find(_CDATA_CLOSE, inner)
+            raw = text[inner:] if end < 0 else text[inner:end]
+            if end < 0:
+                return _open_string(raw[: len(raw) - overlap(raw, _CDATA_CLOSE)]), -1
+            after = end + len(_CDATA_CLOSE)
+            if text.startswith(close, after):
+                return json.dumps(raw, ensure_ascii=False), after + len(close)
+            # The close still arriving; anything else after "]]>" llama-server does not read.
+            return json.dumps(raw, ensure_ascii=False)[:-1], -1
+        end = text.find(close, start)
+        if self.scan_json and not string and text[start : start + 1] in ('"', "{", "["):
+            # JSON text may hold the close in a string: the value ends where its JSON does.
+            end = _value_end(text, start)
+            if end < 0 or not text.startswith(close, end):
+                if end >= 0 and not close.startswith(text[end : end + len(close)]):
+                    return "", -1  # something else after the value: llama-server reads no call
+                return _xml_partial(text[start:] if end < 0 else text[start:end], kinds, final, close, string=string), -1
+        if end < 0:
+            return _xml_partial(text[start:], kinds, final, close, string=string), -1
+        return _xml_value(text[start:end], kinds, string=string), end + len(close)
+
+
+@dataclass(frozen=True)
+class _MiniCpm5(_Xml):
+    """MiniCPM5: `<function name="name">`, one `<param name="key">value</param>` per argument,
+    then `</function>`, whitespace allowed between the tags. A value is a string where its
+    schema admits strings (whatever it looks like), raw or in `<![CDATA[...]]>` (its text up to
+    the first "]]>", which "</param>" must follow), else JSON text, as llama-server reads them.
+    Free text before the first call is the content, its whitespace too; a call does not end the
+    reasoning."""
+
+    marker: str = "<function"
+    opens: tuple[str, ...] = ('<function name="',)
+    name_end: str = '">'
+    args_marker: str = '">'
+    parameter: tuple[str, str, str] = ('<param name="', '">', "</param>")
+    value_lead: str = ""
+    ends: tuple[str, ...] = ("</function>",)
+    spaced: bool = True
+    strings_as_json: bool = False
+    cdata: bool = True
+    scan_json: bool = True
+    # llama-server's lazy grammar starts at the word "<function".
+    trigger: str = "<function"
+    ends_reasoning: ClassVar[str] = ""
 
 
 _GEMMA_CALL = "<|tool_call>call:"
@@ -771,9 +859,9 @@ def _gemma_container(text: str, i: int, depth: int) -> tuple[str, int]:
         out, i, members = out + head + value, end, members + 1
 
 
-def _xml_value(raw: str, kinds: frozenset[str]) -> str:
-    """A complete parameter value as JSON text (see _Xml)."""
-    if kinds != {"string"}:
+def _xml_value(raw: str, kinds: frozenset[str], *, string: bool) -> str:
+    """A complete parameter value as JSON text (see _Xml; `string`: read as a string)."""
+    if not string:
         try:
             value = json.loads(raw)
         except ValueError:
@@ -783,17 +871,23 @@ def _xml_value(raw: str, kinds: frozenset[str]) -> str:
     return json.dumps(raw, ensure_ascii=False)
 
 
-def _xml_partial(raw: str, kinds: frozenset[str], final: bool) -> str:
+def _xml_partial(raw: str, kinds: frozenset[str], final: bool, close: str, *, string: bool) -> str:
     """What is certain of a value still arriving (or cut short, `final`): raw text as a JSON
     string without its closing quote, JSON text as written; nothing for a value that may be
-    either until the reply ends. An end that may begin the closing `</parameter>` is not the
-    value's (llama-server leaves it out of a cut reply too)."""
-    raw = raw[: len(raw) - overlap(raw, _XML_CLOSE)]
-    if kinds == {"string"} or (final and "string" in kinds):
-        return json.dumps(raw, ensure_ascii=False)[:-1]
+    either until the reply ends. An end that may begin the `close` is not the value's
+    (llama-server leaves it out of a cut reply too)."""
+    raw = raw[: len(raw) - overlap(raw, close)]
+    if string or (final and "string" in kinds):
+        return _open_string(raw)
     if "string" in kinds:
         return ""
     return raw.rstrip()
+
+
+def _open_string(raw: str) -> str:
+    """A string value still arriving as JSON text without its closing quote; nothing before its
+    first character (llama-server's reading writes the opening quote with it)."""
+    return json.dumps(raw, ensure_ascii=False)[:-1] if raw else ""
 
 
 def _admits(kinds: frozenset[str], value: Any) -> bool:
@@ -818,6 +912,7 @@ _NATIVE: dict[str, Syntax] = {
     "llama3": _Framed("llama3", "", "", "", "parameters", one_call=True),
     "nemotron_v2": _json_list("nemotron_v2", "<TOOLCALL>", "</TOOLCALL>"),
     "qwen3_coder": _Xml("qwen3_coder"),
+    "minicpm5": _MiniCpm5("minicpm5"),
     "gemma4": _Gemma("gemma4"),
     "gpt_oss": _Harmony(),
     "lfm2": _Pythonic("lfm2"),
@@ -833,14 +928,15 @@ def syntax_named(name: str) -> Syntax:
     return _NATIVE.get(name, GENERIC)
 
 
-def _content(text: str, marker: str, final: bool, reading: Reading) -> int:
+def _content(text: str, marker: str, final: bool, reading: Reading, *, strip: bool = True) -> int:
     """Set the content before the first `marker` (the calls' start) and return where the
-    marker is; -1 without one (the content then holds back what may begin it, unless `final`)."""
+    marker is; -1 without one (the content then holds back what may begin it, unless `final`).
+    `strip`: without the whitespace that leads up to the marker."""
     at = text.find(marker)
     if at < 0:
         reading.content = text if final else _held_back(text, marker)
     else:
-        reading.content = text[:at].rstrip()
+        reading.content = text[:at].rstrip() if strip else text[:at]
     return at
 
 

@@ -636,3 +636,141 @@ def test_deepseek_r1_calls_stream_as_they_read_whole_however_cut(seed: int) -> N
         text = text[: rng.randint(1, len(text))]
         _, whole = use.reply(text, cut=True)
         assert streamed_calls(use, text) == [(c["function"]["name"], c["function"]["arguments"]) for c in whole], text
+
+
+MINICPM_TOOLS = msgspec.convert(
+    [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "s": {"type": "string"}, "i": {"type": "integer"}, "maybe": {"type": ["string", "null"]},
+        "o": {"type": "object"}, "l": {"type": "array"}}}}},
+     {"type": "function", "function": {"name": "g"}}],
+    list[openai_tools.Tool],
+)
+MINICPM_REPLY = (
+    'Let me look. \n<function name="f"> <param name="s"><![CDATA[a </param> & <b>\nc]]></param>\n'
+    '<param name="i">-12</param><param name="maybe">null</param><param name="o">{"k": [1, "x"]}</param>'
+    '<param name="l">[]</param><param name="s">x<y</param> </function>\n<function name="g"></function> '
+)
+MINICPM_CALLS = [
+    ("f", '{"s":"a </param> & <b>\\nc","i":-12,"maybe":"null","o":{"k": [1, "x"]},"l":[],"s":"x<y"}'),
+    ("g", "{}"),
+]
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
+def test_minicpm5_calls_whole_and_streamed(step: int) -> None:
+    """MiniCPM5's `<function name="f"><param name="k">v</param></function>`: a string where the
+    schema admits one (raw, or CDATA's text, which may hold the close), other values as JSON
+    text, whitespace between the tags, a key as often as written; the content keeps the
+    whitespace before the first call (as llama-server reads them)."""
+    use = openai_tools.ToolUse("minicpm5", MINICPM_TOOLS, "auto", parallel=True)
+    content, calls = use.reply(MINICPM_REPLY, cut=False)
+    assert content == "Let me look. \n"
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == MINICPM_CALLS
+    stream = use.stream()
+    pieces = [MINICPM_REPLY[k : k + step] for k in range(0, len(MINICPM_REPLY), step)]
+    deltas = [d for i, p in enumerate(pieces) for d in stream.feed(p, final=i == len(pieces) - 1)]
+    assert "".join(d.get("content", "") for d in deltas) == content
+    streamed: list[list[str]] = []
+    for delta in deltas:
+        for call in delta.get("tool_calls", []):
+            if call["index"] == len(streamed):
+                streamed.append([call["function"]["name"], ""])
+            streamed[call["index"]][1] += call["function"].get("arguments", "")
+    assert [tuple(c) for c in streamed] == MINICPM_CALLS
+
+
+def test_minicpm5_holds_back_what_may_be_cdata_or_a_close() -> None:
+    use = openai_tools.ToolUse("minicpm5", MINICPM_TOOLS, "required", parallel=True)
+    stream = use.stream()
+    head = stream.feed('<function name="f"><param name="s"><![CD')
+    # The key once its tag is out; the string's opening quote with its first character.
+    assert [d["tool_calls"][0]["function"].get("arguments") for d in head] == ["", '{"s":']
+    assert stream.feed("ATA[a]]") == [{"tool_calls": [{"index": 0, "function": {"arguments": '"a'}}]}]
+    assert stream.feed("></par") == []
+    assert stream.feed("am>") == [{"tool_calls": [{"index": 0, "function": {"arguments": '"'}}]}]
+    # Text after CDATA's end other than the close: no call (llama-server answers an error), the
+    # reply is its text.
+    broken = '<function name="f"><param name="s"><![CDATA[a]]>b</param></function>'
+    assert use.reply(broken, cut=False) == (broken, [])
+    # Free text: "<function" only once it is no longer a start of it.
+    stream = use.stream()
+    assert stream.feed("Hi <func") == [{"content": "Hi"}]
+    assert stream.feed("k") == [{"content": " <funck"}]
+
+
+MINICPM_ORACLE = json.loads(
+    (Path(__file__).parent.parent / "fixtures" / "chat_templates" / "minicpm5_replies.json").read_text())
+
+
+@pytest.mark.parametrize("reply", [r for r in MINICPM_ORACLE["replies"] if r.get("raw") is not None and "error" not in r],
+                         ids=lambda r: f"{r['case']}-{r.get('seed')}-{r['request'].get('max_tokens')}")
+def test_minicpm5_replies_read_as_llama_server_reads_them(reply: dict) -> None:
+    """minicpm5_replies.json (see the fixtures' README): llama-server's reading of MiniCPM5 calls
+    its grammar let a tiny random model write (markers inside values, keys twice, cuts in a name
+    and in a value), of replies it continued from a given start (CDATA, whitespace, types) and
+    of forced replies without tools: the same reasoning, content, names and arguments text,
+    whole and streamed. One difference, as for every syntax here: a reply cut inside a call's
+    name is its raw text (llama-server leaves the call's start out)."""
+    request, message = reply["request"], reply["message"]
+    text = reply.get("prefill", "") + reply["raw"]
+    thought = ""
+    thinking = request.get("chat_template_kwargs", {}).get("enable_thinking", True)
+    if thinking and request.get("reasoning_format") != "none":
+        # The prompt ends with "<think>\n": the reply starts inside the reasoning.
+        thought, text = syntax_named("minicpm5").thinking_split(("<think>", "</think>"), "\n").feed(text, True)
+    elif thinking:
+        text = "<think>\n" + text  # llama-server's content then holds the reasoning, tags and all
+    assert thought == message.get("reasoning_content", "")
+    tools = request.get("tools") if request.get("tool_choice") != "none" else None
+    if tools is None:
+        assert text == message["content"]
+        return
+    use = openai_tools.ToolUse("minicpm5", msgspec.convert(tools, list[openai_tools.Tool]),
+                               request.get("tool_choice"), request.get("parallel_tool_calls", True))
+    content, calls = use.reply(text, cut=reply["finish_reason"] == "length")
+    expected = [(c["name"], c["arguments"]) for c in message.get("tool_calls", [])]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected
+    assert streamed_calls(use, text) == expected
+    if not calls and "<function" in text:  # cut in the name
+        assert (content, reply["finish_reason"]) == (text, "length") and text.startswith(message["content"])
+    else:
+        assert (content or "") == message["content"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_minicpm5_calls_stream_as_they_read_whole_however_cut(seed: int) -> None:
+    """Seeded soups of MiniCPM5 calls (raw, CDATA and JSON values, markers inside them, spaces
+    between the tags), whole and cut anywhere: the streamed content and arguments add up to
+    the whole reading's."""
+    rng = random.Random(seed)
+    use = openai_tools.ToolUse("minicpm5", MINICPM_TOOLS, "auto", parallel=True)
+    values = {"s": ["Paris", "", "a<b", "<![CDATA[x</param>y]]>", "<![CDATA[]]>", "<!", "é\n", '"q"'],
+              "i": ["3", "-0", "12"], "maybe": ["null", "<![CDATA[null]]>", "x"],
+              "o": ['{"a": [1, "</param>"]}', "{}"], "l": ["[1, 2]", '["<function"]']}
+    for _ in range(300):
+        calls = []
+        for _ in range(rng.randint(1, 3)):
+            keys = [rng.choice(list(values)) for _ in range(rng.randint(0, 3))]
+            space = rng.choice(["", " ", "\n"])
+            body = space.join(f'<param name="{k}">{rng.choice(values[k])}</param>' for k in keys)
+            calls.append(f'<function name="{rng.choice("fg")}">{space}{body}{space}</function>')
+        text = rng.choice(["", "Hi ", "a<b\n"]) + "\n".join(calls)
+        text = text[: rng.randint(1, len(text))]
+        content, whole = use.reply(text, cut=True)
+        assert streamed_calls(use, text) == [(c["function"]["name"], c["function"]["arguments"]) for c in whole], text
+        stream = use.stream()
+        pieces = [text[k : k + 2] for k in range(0, len(text), 2)]
+        sent = "".join(d.get("content", "") for i, p in enumerate(pieces)
+                       for d in stream.feed(p, final=i == len(pieces) - 1))
+        assert sent == (content or ""), text
+
+
+def test_minicpm5_frame() -> None:
+    params = GenerateParams()
+    openai_tools.ToolUse("minicpm5", MINICPM_TOOLS, "auto", parallel=True).constrain(params)
+    frame = params.tool_calls
+    assert frame is not None and frame.lazy and frame.max_calls is None
+    assert (frame.open, frame.separator, frame.close, frame.args_marker, frame.trigger) == (
+        '<function name="', '</function>\n<function name="', "</function>", '">', "<function")
+    assert (frame.arguments_syntax, frame.xml_parameter, frame.xml_cdata) == (
+        "xml", ('<param name="', '">', "</param>"), True)

@@ -64,6 +64,7 @@ SYNTAXES = {
     "LFM2-8B-A1B": "lfm2",
     "LFM2.5-8B-A1B": "lfm2",
     "LFM2.5-Instruct": "lfm2",
+    "openbmb-MiniCPM5-1B": "minicpm5",
     "NVIDIA-Nemotron-Nano-v2": "nemotron_v2",
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "deepseek_r1",
     "llama-cpp-deepseek-r1": "deepseek_r1",
@@ -249,6 +250,37 @@ async def test_json_list_templates_render_what_llama_server_renders(load: Loader
     for case, request in oracle["prompt_requests"].items():
         prompt = backend.chat_prompt(request["messages"], tools=request.get("tools"))
         assert prompt == oracle["prompts"][f"{family}/{case}"].replace("{today}", today), case
+
+
+# Where edged renders MiniCPM5's history on purpose otherwise than llama-server: the template
+# prints a value as it is, and llama-server's Jinja prints an object and null as nothing and
+# runs a list's items together; edged gives the template their JSON text, as the model writes them.
+MINICPM5_DIFFERENCES = {
+    "loop": ('<param name="filters"></param><param name="tags">cheapquiet</param>',
+             '<param name="filters">{"stars": 4}</param><param name="tags">["cheap", "quiet"]</param>'),
+    "values": ('<param name="query"></param><param name="filters"></param><param name="tags"></param>',
+               '<param name="query">null</param><param name="filters">{"a": [1, "x"], "b": false}</param>'
+               '<param name="tags">[]</param>'),
+}
+MINICPM5_DIFFERENCES["loop_no_thinking"] = MINICPM5_DIFFERENCES["loop"]
+
+
+async def test_minicpm5_renders_what_llama_server_renders(load: Loader, tmp_path: Path) -> None:
+    """minicpm5_replies.json's prompts (MiniCPM5's template): tools after a system message or
+    alone, a call with a CDATA value and its result, two parallel calls and results, a call
+    after content and reasoning, booleans, numbers and strings in calls, thinking on and off,
+    byte for byte as llama-server's /apply-template; objects, lists and null as their JSON
+    text (MINICPM5_DIFFERENCES)."""
+    oracle = json.loads((TEMPLATES / "minicpm5_replies.json").read_text())
+    template = (TEMPLATES / "openbmb-MiniCPM5-1B.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template))
+    assert backend.tool_syntax() == "minicpm5"
+    for case, request in oracle["prompt_requests"].items():
+        prompt = backend.chat_prompt(request["messages"], template_kwargs=request.get("chat_template_kwargs"),
+                                     tools=request.get("tools"))
+        theirs, ours = MINICPM5_DIFFERENCES.get(case, ("", ""))
+        assert theirs in oracle["prompts"][case]
+        assert prompt == oracle["prompts"][case].replace(theirs, ours), case
 
 
 async def test_tool_call_arguments_are_objects_where_the_template_reads_them_so(load: Loader, tmp_path: Path) -> None:
@@ -520,6 +552,84 @@ async def test_xml_string_value_runs_to_the_first_close(load: Loader, tmp_path: 
     assert (count == len(whole.encode())) is accepted
     if not accepted:
         assert count == len((head + text).encode()) - len("more")
+
+
+MINICPM5 = {"open": '<function name="', "separator": '</function>\n<function name="', "close": "</function>",
+            "args_marker": '">', "arguments_syntax": "xml", "xml_parameter": ('<param name="', '">', "</param>"),
+            "xml_cdata": True}
+MINICPM5_TOKENS = ("<function", "</function>", "<param", "</param>", "<![CDATA[", "]]>")
+
+
+async def test_minicpm5_arguments_frame(load: Loader, tmp_path: Path) -> None:
+    """MiniCPM5's calls, `<function name="f"><param name="k">v</param></function>`: each value
+    of its type (a string raw without "<", an enum's texts, JSON for the rest), the
+    required parameters in either order, then optional ones; eager, then lazy from
+    `<function` on. Read back by the syntax's reader."""
+    from daemon.api import openai_tools
+
+    path = write_tiny_llama(tmp_path / "model.gguf", n_ctx=2048, user_tokens=MINICPM5_TOKENS)
+    backend = await load(path)
+    schema = {**SET_LIGHT, "properties": {**SET_LIGHT["properties"], "note": {"type": "string"}}}
+    empty = json.dumps({"type": "object", "properties": {}})
+    frame = ToolCallFrame(named_calls={"set_light": json.dumps(schema), "lights_off": empty}, max_calls=2, **MINICPM5)
+    tools = msgspec.convert([{"type": "function", "function": {"name": "set_light", "parameters": schema}},
+                             {"type": "function", "function": {"name": "lights_off"}}], list[openai_tools.Tool])
+    use = openai_tools.ToolUse("minicpm5", tools, "required", parallel=True)
+    token = {t: len(_vocab()[0]) + i for i, t in enumerate(MINICPM5_TOKENS)}
+    names, orders, notes = set(), set(), set()
+    biases = [{token_id(path, a): 20.0, token_id(path, b): 20.0} for a, b in (("s", "o"), ("s", "r"), ("l", "o"))]
+    for seed in range(12):
+        # Values end soon, optional parameters follow, the note mostly, in raw text (a bias that
+        # opened CDATA would keep it open: test_minicpm5_string_value_is_raw_or_cdata has CDATA).
+        bias = {**biases[seed % 3], token["<param"]: 40.0, token_id(path, "n"): 22.0, token["</param>"]: 25.0,
+                token["<![CDATA["]: -100.0, token["]]>"]: 28.0}
+        params = GenerateParams(temperature=1.0, seed=seed, max_tokens=1000, tool_calls=frame, logit_bias=bias)
+        text, finish = await text_of(backend, PROMPT, params)
+        assert finish == "stop", text
+        content, calls = use.reply(text, cut=False)
+        assert content is None and 1 <= len(calls) <= 2, text
+        for call in calls:
+            name, value = call["function"]["name"], json.loads(call["function"]["arguments"])
+            names.add(name)
+            if name == "lights_off":
+                assert value == {}
+                continue
+            keys = list(value)
+            assert sorted(keys[:2]) == ["on", "room"] and set(keys[2:]) <= {"level", "color", "note"}, keys
+            orders.add(tuple(keys[:2]))
+            assert value["room"] in ("hall", "attic") and isinstance(value["on"], bool)
+            assert isinstance(value.get("level", 0), int) and set(value.get("color", {"r": 0})) == {"r"}
+            if "note" in value:
+                notes.add(value["note"])
+    assert names == {"set_light", "lights_off"}, "the biases should call both tools"
+    assert len(orders) == 2, "the biases should show the required parameters in both orders"
+    assert notes and all("<" not in note for note in notes), notes
+    lazy = msgspec.structs.replace(frame, lazy=True, max_calls=1, trigger="<function")
+    for seed in range(3):
+        bias = {token["<function"]: 100.0, token["</param>"]: 25.0, token["<![CDATA["]: -100.0}
+        params = GenerateParams(temperature=1.0, seed=seed, max_tokens=1000, tool_calls=lazy, logit_bias=bias)
+        text, finish = await text_of(backend, PROMPT, params)
+        assert finish == "stop" and len(use.reply(text, cut=False)[1]) == 1, text
+
+
+@pytest.mark.parametrize("text, accepted", [
+    ("Paris</param>", True),
+    ("</param>", True),  # an empty value
+    ("<![CDATA[a </param> <b>\n]]></param>", True),
+    ("<![CDATA[]]></param>", True),
+    ("a<b</param>", False),  # raw text holds no "<" (it could begin CDATA)
+    ("<![CDATA[a]]>b</param>", False),  # CDATA's end, then only the close
+])
+async def test_minicpm5_string_value_is_raw_or_cdata(load: Loader, tmp_path: Path, text: str, accepted: bool) -> None:
+    """A MiniCPM5 string value is text without "<" or CDATA, then `</param>` (llama.cpp's grammar
+    sampler itself tells which bytes it accepts)."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    frame = ToolCallFrame(named_calls={"f": json.dumps({"type": "object", "properties": {"s": {"type": "string"}},
+                                                        "required": ["s"]})}, **MINICPM5)
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    whole = '<function name="f"><param name="s">' + text + "</function>"
+    count = backend._engine._grammar_accepts(grammar.tool_call_grammar(frame), whole)
+    assert (count == len(whole.encode())) is accepted, count
 
 
 async def test_lazy_frame_holds_from_its_open_on(load: Loader, tmp_path: Path) -> None:
