@@ -715,8 +715,7 @@ class _Xml(_ByName):
             # JSON text may hold the close in a string: the value ends where its JSON does.
             end = _value_end(text, start)
             if end < 0 or not text.startswith(close, end):
-                if end >= 0 and not close.startswith(text[end : end + len(close)]):
-                    return "", -1  # something else after the value: llama-server reads no call
+                # Still arriving, or something else after it (llama-server reads no call there).
                 return _xml_partial(text[start:] if end < 0 else text[start:end], kinds, final, close, string=string), -1
         if end < 0:
             return _xml_partial(text[start:], kinds, final, close, string=string), -1

@@ -746,7 +746,7 @@ def test_minicpm5_calls_stream_as_they_read_whole_however_cut(seed: int) -> None
     use = openai_tools.ToolUse("minicpm5", MINICPM_TOOLS, "auto", parallel=True)
     values = {"s": ["Paris", "", "a<b", "<![CDATA[x</param>y]]>", "<![CDATA[]]>", "<!", "é\n", '"q"'],
               "i": ["3", "-0", "12"], "maybe": ["null", "<![CDATA[null]]>", "x"],
-              "o": ['{"a": [1, "</param>"]}', "{}"], "l": ["[1, 2]", '["<function"]']}
+              "o": ['{"a": [1, "</param>"]}', "{}", '{"b": 2}x'], "l": ["[1, 2]", '["<function"]']}
     for _ in range(300):
         calls = []
         for _ in range(rng.randint(1, 3)):
