@@ -554,7 +554,7 @@ class Engine:
             if params.grammar and params.tool_calls is not None and params.tool_calls.lazy:
                 grammar = self._lazy_tool_grammar(params.grammar, params.tool_calls)
             elif params.grammar and params.grammar_after:
-                grammar = self._grammar_after(params.grammar, params.grammar_after)
+                grammar = self._grammar_after(params.grammar, params.grammar_after, _also_ends(params))
             elif params.grammar and params.grammar_reasoning[0]:
                 grammar = self._grammar_reasoning(params.grammar, params.grammar_reasoning)
             elif params.grammar:
@@ -595,19 +595,23 @@ class Engine:
             raise InvalidArgument("tool_calls: llama.cpp could not parse their grammar (the daemon log has why)")
         return grammar
 
-    def _grammar_after(self, text: str, after: str) -> Any:
+    def _grammar_after(self, text: str, after: str, also: str = "") -> Any:
         """A grammar sampler for `text` that holds only from the output's first `after` on
-        (GenerateParams.grammar_after), the whitespace after it allowed.
+        (GenerateParams.grammar_after), the whitespace after it allowed; or from `also`, where
+        the root itself begins (a tool frame's trigger that also ends the reasoning:
+        ToolCallFrame.ends_reasoning, Qwen 3.5's `<tool_call>`).
 
         llama.cpp's lazy grammar replays the output from the trigger into the grammar, the
         trigger's own text too, and aborts the process on text the grammar rejects: so the
         grammar here starts with `after` itself, then the caller's root. The whitespace between
         is bounded, as llama.cpp's own `space` rule: a tiny or confused model would otherwise
         write it forever."""
-        wrapped = f"{text}\n{_AFTER_ROOT} ::= {gbnf_literal(after)} [ \\t\\r\\n]{{0,8}} root\n"
-        patterns = (ctypes.c_char_p * 1)(f"({regex_escape(after)})".encode())
+        rule = f"{gbnf_literal(after)} [ \\t\\r\\n]{{0,8}} root" + (" | root" if also else "")
+        wrapped = f"{text}\n{_AFTER_ROOT} ::= {rule}\n"
+        triggers = [f"({regex_escape(after)})".encode()] + ([f"({regex_escape(also)})".encode()] if also else [])
+        patterns = (ctypes.c_char_p * len(triggers))(*triggers)
         grammar = llama.llama_sampler_init_grammar_lazy_patterns(
-            self._vocab, wrapped.encode(), _AFTER_ROOT.encode(), patterns, 1, None, 0
+            self._vocab, wrapped.encode(), _AFTER_ROOT.encode(), patterns, len(triggers), None, 0
         )
         if not grammar:
             raise InvalidArgument("grammar: llama.cpp could not parse it (the daemon log has why)")
@@ -780,7 +784,9 @@ class Engine:
                     llama.llama_sampler_free(grammar)
                     grammar = None
             elif grammar is not None and params.grammar_after:
-                tracker = ReasoningTracker(b"", (params.grammar_after.encode(),), inside=True)
+                tracker = ReasoningTracker(
+                    b"", (params.grammar_after.encode(), _also_ends(params).encode()), inside=True
+                )
             sampler = self._make_sampler(params, tokens, grammar)
             seq = _Sequence(
                 item.request, tokens, slot, sampler, n_past=keep, cached=keep,
@@ -1408,6 +1414,13 @@ class Engine:
         if self._model:
             llama.llama_model_free(self._model)
         self._model = None
+
+
+def _also_ends(params: GenerateParams) -> str:
+    """A non-lazy tool frame's trigger that also ends the reasoning (ToolCallFrame.ends_reasoning),
+    else ""."""
+    frame = params.tool_calls
+    return trigger_core(frame) if frame is not None and frame.ends_reasoning and not frame.lazy else ""
 
 
 def _is_lazy_frame(params: GenerateParams) -> bool:

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from gguf_builder import _vocab, write_tiny_llama
 
@@ -153,6 +154,28 @@ async def test_a_call_marker_inside_the_reasoning_starts_no_call(load: Loader, t
     assert (reasoning, closed) == ("<tool_call>" if opened else "<think><tool_call>", "</think>"), text
     if opened:
         assert "<tool_call>\n{" in answer and answer.endswith("</tool_call>") and finish == "stop", text
+
+
+@pytest.mark.parametrize("ends", [True, False])
+async def test_a_trigger_that_ends_the_reasoning_starts_a_required_call(load: Loader, tmp_path: Path, ends: bool) -> None:
+    """Qwen 3.5's `<tool_call>` also ends its reasoning (llama-server counts it among the
+    closing tags, and its grammar for a required call lets the call begin there): with
+    ToolCallFrame.ends_reasoning, the marker written inside the reasoning starts the required
+    call, which then ends the reply; without it, the grammar waits for `</think>` and the marker
+    is reasoning text (biased, written until max_tokens)."""
+    template = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template,
+                                          user_tokens=(*TAGS, "<tool_call>")))
+    call = len(_vocab()[0]) + 2
+    prompt = backend.chat_prompt([{"role": "user", "content": "Hi"}])
+    frame = msgspec.structs.replace(CALL, lazy=False, ends_reasoning=ends)
+    params = GenerateParams(max_tokens=40, temperature=0.0, tool_calls=frame, logit_bias={call: 70.0, 2: 100.0},
+                            grammar_after="</think>")
+    text, finish = await _text(backend, prompt, params)
+    if ends:
+        assert text.startswith("<tool_call>\n{") and text.endswith("</tool_call>") and finish == "stop", text
+    else:
+        assert text == "<tool_call>" * 40 and finish == "length", text
 
 
 async def test_a_grammar_holds_after_reasoning_the_model_opens(load: Loader, tmp_path: Path) -> None:
