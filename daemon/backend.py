@@ -676,6 +676,15 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # reasoning (a call marker the model writes while it reasons starts no call), as
     # llama-server's lazy grammars do; with `grammar_after`, the output starts inside it.
     grammar_reasoning: tuple[str, str] = ("", "")
+    # llama-server's reasoning budget: the output spends at most this many tokens inside its
+    # reasoning (between `reasoning_tags`, the opening tag's own token not counted; a later
+    # reasoning block gets the budget again), then writes `reasoning_end` (a message and the
+    # closing tag) there, token by token, and goes on. `reasoning_opened`: the prompt opened
+    # the reasoning, so the output starts inside it. None: no budget.
+    reasoning_budget: int | None = None
+    reasoning_end: str = ""
+    reasoning_tags: tuple[str, str] = ("", "")
+    reasoning_opened: bool = False
     # Text the output writes right before what `json_schema` holds it to, part of the grammar:
     # gpt-oss's final-channel header, `<|channel|>final<|message|>`. Only with `json_schema`.
     answer_header: str = ""

@@ -219,6 +219,46 @@ class _Sequence:
     lazy: bool = False  # the second case: the lazy grammar is attached outside the reasoning only
     marker: bytes = b""  # lazy: the frame's trigger; once written outside, the call has begun
     outside: bytes = b""  # lazy: the output's end since it last left the reasoning
+    budget: _Budget | None = None  # GenerateParams.reasoning_budget
+
+
+@dataclass
+class _Budget:
+    """A sequence's reasoning budget (GenerateParams.reasoning_budget), as llama-server's
+    reasoning-budget sampler keeps it: tokens left inside the reasoning, then the forced end."""
+
+    tracker: ReasoningTracker
+    budget: int
+    forced: list[int]  # the message and closing tag, tokenized
+    left: int = 0
+    at: int = -1  # the next forced token's index while forcing, else -1
+
+    def __post_init__(self) -> None:
+        self.left = self.budget
+        if self.tracker.inside and self.left <= 0:
+            self.at = 0
+
+    def next_forced(self) -> int | None:
+        return self.forced[self.at] if self.at >= 0 else None
+
+    def accept(self, piece: bytes) -> None:
+        if self.at >= 0:
+            self.tracker.feed(piece)
+            self.at += 1
+            if self.at >= len(self.forced):
+                # Written: whatever the tokens said, the reasoning is over.
+                self.at, self.tracker.inside = -1, False
+            return
+        if self.tracker.feed(piece):
+            self.left = self.budget  # entered (again): a fresh budget; left: nothing to count
+            if self.tracker.inside and self.left <= 0:
+                self.at = 0
+            return
+        if self.tracker.inside:
+            self.left -= 1
+            # Not inside a UTF-8 character: the forced text must not split one.
+            if self.left <= 0 and _utf8_complete(piece):
+                self.at = 0
 
 
 class Engine:
@@ -797,6 +837,10 @@ class Engine:
             if tracker is not None and tracker.opening:
                 assert params.tool_calls is not None
                 seq.lazy, seq.marker = True, trigger_core(params.tool_calls).encode()
+            if params.reasoning_budget is not None:
+                opening, closing = params.reasoning_tags
+                inside = ReasoningTracker(opening.encode(), (closing.encode(),), inside=params.reasoning_opened)
+                seq.budget = _Budget(inside, params.reasoning_budget, self._tokenize(params.reasoning_end, add_special=False))
             if scored:
                 # The first token has nothing before it to be scored against.
                 seq.prompt_logprobs.append(TokenLogprob(tokens[0], self._piece(tokens[0]), 0.0))
@@ -1057,6 +1101,9 @@ class Engine:
             logprobs = self._log_softmax(index) if wanted is not None else None
             if seq.reasoning is not None and seq.reasoning.inside and not seq.lazy:
                 self._hold_end(index)
+            forced = seq.budget.next_forced() if seq.budget is not None else None
+            if forced is not None:
+                self._force(index, forced)
             token = llama.llama_sampler_sample(seq.sampler, self._ctx, index)
             if logprobs is not None and wanted is not None:
                 seq.logprobs.append(self._token_logprob(logprobs, token, wanted, seq.preserved))
@@ -1108,6 +1155,14 @@ class Engine:
                 return tokens[start:]
         return tokens
 
+    def _force(self, index: int, token: int) -> None:
+        """Only `token` at output `index` (a reasoning budget's forced end, as llama-server's
+        budget sampler forces it: every other logit -inf, then the sampler chain as ever)."""
+        logits = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, index), shape=(self.n_vocab,))
+        kept = float(logits[token])
+        logits[:] = -np.inf
+        logits[token] = kept
+
     def _hold_end(self, index: int) -> None:
         """No end-of-generation token at output `index`: the grammar that holds after
         GenerateParams.grammar_after has not started yet, and llama.cpp's lazy grammar lets
@@ -1145,6 +1200,8 @@ class Engine:
         seq.ids.append(token)
         if seq.reasoning is not None:
             self._track(seq, token)
+        if seq.budget is not None:
+            seq.budget.accept(self._special_piece(token))
         if llama.llama_vocab_is_eog(self._vocab, token):
             self._finish(seq, "stop", "", flush=True)
             return
@@ -1414,6 +1471,15 @@ class Engine:
         if self._model:
             llama.llama_model_free(self._model)
         self._model = None
+
+
+def _utf8_complete(piece: bytes) -> bool:
+    """Whether `piece` ends on a whole UTF-8 character (a byte token may end inside one)."""
+    try:
+        piece.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.reason != "unexpected end of data"
+    return True
 
 
 def _also_ends(params: GenerateParams) -> str:

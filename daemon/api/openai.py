@@ -186,6 +186,11 @@ class ChatRequest(_Sampling):
     reasoning_format: str | None = None
     # OpenAI's; the chat template's `reasoning_effort` (gpt-oss's), as llama-server passes it.
     reasoning_effort: str | None = None
+    # llama-server's reasoning budget (tokens; -1: none; `thinking_budget_tokens` its other
+    # name) and the message written before the forced closing tag.
+    reasoning_budget_tokens: int | None = None
+    thinking_budget_tokens: int | None = None
+    reasoning_budget_message: str | None = None
 
 
 class EmbeddingRequest(_Strict):
@@ -303,6 +308,15 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
     if req.stop is not None:
         params.stop = sampling.stop_strings(req.stop, "stop")
     return params
+
+
+def _budget_tokens(req: ChatRequest) -> int | None:
+    """The reasoning budget asked for under either of llama-server's names (None: none)."""
+    given = {k: v for k, v in (("reasoning_budget_tokens", req.reasoning_budget_tokens),
+                               ("thinking_budget_tokens", req.thinking_budget_tokens)) if v is not None}
+    if len(set(given.values())) > 1:
+        raise InvalidArgument("reasoning_budget_tokens and thinking_budget_tokens disagree; send one of them")
+    return next(iter(given.values()), None)
 
 
 # llama.cpp cuts a longer DRY sequence breaker to its first 40 bytes (with a log line only).
@@ -926,6 +940,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     tags = model.thinking_tags()
     opened = reasoning.opened_by(prompt, tags)
     reasoning.hold_grammar_after(params, tags, prompt)
+    reasoning.budget(params, _budget_tokens(req), req.reasoning_budget_message, tags, opened is not None)
     if params.json_schema:
         params.answer_header = syntax_named(syntax).answer_header
     split = splits_reasoning(req.reasoning_format) and bool(tags[0])

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from daemon.backend import GenerateParams
+from daemon.errors import InvalidArgument
 
 
 class _State(enum.Enum):
@@ -311,6 +312,25 @@ def hold_grammar_after(params: GenerateParams, tags: tuple[str, str], prompt: st
         params.grammar_after = tags[1]
     elif not _closed_empty(prompt, tags):
         params.grammar_reasoning = tags
+
+
+def budget(params: GenerateParams, tokens: int | None, message: str | None, tags: tuple[str, str], opened: bool) -> None:
+    """llama-server's reasoning budget (`reasoning_budget_tokens`, -1: none): at most `tokens`
+    tokens inside the reasoning, then `message` (if any) and the closing tag are written in
+    its place. A budget for a template without reasoning, or a message without a budget,
+    would change nothing: a 400 naming the field."""
+    if tokens is None or tokens == -1:
+        if message is not None:
+            raise InvalidArgument("reasoning_budget_message: only with reasoning_budget_tokens")
+        return
+    if not -1 <= tokens <= 2**31 - 1:
+        raise InvalidArgument(f"reasoning_budget_tokens must be -1 (none) or between 0 and {2**31 - 1}, got {tokens}")
+    if not tags[0]:
+        raise InvalidArgument("reasoning_budget_tokens: the model's chat template has no reasoning")
+    params.reasoning_budget = tokens
+    params.reasoning_end = (message or "") + tags[1]
+    params.reasoning_tags = tags
+    params.reasoning_opened = opened
 
 
 def _closed_empty(prompt: str, tags: tuple[str, str]) -> bool:

@@ -5,6 +5,7 @@ R1's (the prompt opens it), their vocabularies holding `<think>` and `</think>` 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +214,34 @@ def test_control_token_tags_keep_their_text(client: Any) -> None:
     scored = ask(client, model="ministral", seed=seed, max_tokens=24, logit_bias=bias, logprobs=True,
                  extra_body={"reasoning_format": "none"})
     assert "".join(entry.token for entry in scored.logprobs.content) == raw
+
+
+def test_a_reasoning_budget_ends_the_reasoning(client: Any) -> None:
+    """llama-server's `reasoning_budget_tokens` (or `thinking_budget_tokens`): the reasoning
+    the prompt opened (R1) ends after that many tokens, with `reasoning_budget_message` and the
+    closing tag forced in, though the closing tag is biased away here, and the answer follows.
+    Without a budget the same seed reasons to max_tokens; with one, its reasoning is where that
+    reasoning starts."""
+    kwargs: dict[str, Any] = {"model": "r1", "seed": 5, "max_tokens": 16, "logit_bias": {str(CLOSE): -100}}
+    free = ask(client, **kwargs).message
+    assert free.content == "" and free.model_extra["reasoning_content"]
+    capped = ask(client, extra_body={"reasoning_budget_tokens": 4}, **kwargs).message
+    thought = capped.model_extra["reasoning_content"]
+    assert thought and free.model_extra["reasoning_content"].startswith(thought) and thought != free.model_extra["reasoning_content"]
+    assert capped.content
+    assert streamed(client, extra_body={"thinking_budget_tokens": 4}, **kwargs)[:2] == (thought, capped.content)
+    said = ask(client, extra_body={"reasoning_budget_tokens": 0, "reasoning_budget_message": "Enough."}, **kwargs).message
+    assert said.model_extra["reasoning_content"].strip() == "Enough." and said.content
+
+
+@pytest.mark.parametrize(("model", "extra", "message"), [
+    ("r1", {"reasoning_budget_tokens": 2, "thinking_budget_tokens": 3}, "reasoning_budget_tokens and thinking_budget_tokens disagree"),
+    ("r1", {"reasoning_budget_message": "x"}, "reasoning_budget_message: only with reasoning_budget_tokens"),
+    ("r1", {"reasoning_budget_tokens": -2}, "reasoning_budget_tokens must be -1 (none) or between 0 and 2147483647, got -2"),
+    ("qwen25", {"reasoning_budget_tokens": 8}, "reasoning_budget_tokens: the model's chat template has no reasoning"),
+])
+def test_reasoning_budget_fields_are_checked(client: Any, model: str, extra: dict[str, Any], message: str) -> None:
+    with pytest.raises(openai.BadRequestError, match=re.escape(message)):
+        ask(client, model=model, max_tokens=2, extra_body=extra)
+    # -1 is no budget, as llama-server reads it.
+    assert ask(client, model="r1", max_tokens=2, extra_body={"reasoning_budget_tokens": -1}).finish_reason == "length"

@@ -178,6 +178,45 @@ async def test_a_trigger_that_ends_the_reasoning_starts_a_required_call(load: Lo
         assert text == "<tool_call>" * 40 and finish == "length", text
 
 
+async def _ids(backend: Any, prompt: str, params: GenerateParams) -> list[int]:
+    ids: list[int] = []
+    async for chunk in backend.generate(prompt, params):
+        ids += chunk.token_ids
+    return ids
+
+
+async def test_a_reasoning_budget_forces_the_end(load: Loader, tmp_path: Path) -> None:
+    """llama-server's reasoning budget, token by token: where the prompt opened the reasoning
+    (DeepSeek R1), the budget's tokens, then the end (the message and the closing tag) forced
+    though the closing tag is biased away, then the answer; where the model opens it (Qwen 3),
+    the opening tag is not counted, and a second reasoning block gets the budget again."""
+    first = len(_vocab()[0])
+    think, close = first, first + 1
+    r1 = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "r1.gguf", chat_template=r1, user_tokens=TAGS))
+    prompt = backend.chat_prompt([{"role": "user", "content": "Hi"}])
+    base = GenerateParams(max_tokens=12, temperature=1.0, seed=3, logit_bias={close: -100.0, think: -100.0},
+                          reasoning_tags=TAGS, reasoning_opened=True)
+    free = await _ids(backend, prompt, base)
+    assert close not in free and len(free) == 12
+    # gguf_builder: printable ASCII from id 260 (259 is SPM's space, which the tokenizer puts
+    # before the message's text, as llama-server's tokenizing of it does).
+    end = [259] + [ord(c) - 0x20 + 259 for c in "Ok."] + [close]
+    capped = await _ids(backend, prompt, msgspec.structs.replace(base, reasoning_budget=3, reasoning_end="Ok.</think>"))
+    assert capped[:3] == free[:3] and capped[3:8] == end and close not in capped[8:] and len(capped) == 12
+    none = await _ids(backend, prompt, msgspec.structs.replace(base, reasoning_budget=0, reasoning_end="</think>"))
+    assert none[0] == close and len(none) == 12
+
+    qwen3 = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "qwen3.gguf", chat_template=qwen3, user_tokens=TAGS))
+    prompt = backend.chat_prompt([{"role": "user", "content": "Hi"}])
+    params = GenerateParams(max_tokens=10, temperature=0.0, logit_bias={think: 100.0, close: -100.0},
+                            reasoning_tags=TAGS, reasoning_budget=2, reasoning_end="</think>")
+    ids = await _ids(backend, prompt, params)
+    # <think>, two tokens (the bias makes them <think> again: inside, they count), </think>, ...
+    assert ids[0] == think and ids[3] == close and ids[4] == think and ids[7] == close, ids
+
+
 async def test_a_grammar_holds_after_reasoning_the_model_opens(load: Loader, tmp_path: Path) -> None:
     """grammar_reasoning (Qwen 3 opens its reasoning itself): the output may open the tag,
     reason freely up to the closing one, and the grammar holds after it; or the grammar holds
