@@ -230,11 +230,14 @@ class _Budget:
     tracker: ReasoningTracker
     budget: int
     forced: list[int]  # the message and closing tag, tokenized
+    # Tokens the prompt already holds inside the reasoning it opened (R1's "\n" after its
+    # "<think>"): llama-server feeds them to its budget too.
+    used: int = 0
     left: int = 0
     at: int = -1  # the next forced token's index while forcing, else -1
 
     def __post_init__(self) -> None:
-        self.left = self.budget
+        self.left = self.budget - self.used
         if self.tracker.inside and self.left <= 0:
             self.at = 0
 
@@ -840,7 +843,9 @@ class Engine:
             if params.reasoning_budget is not None:
                 opening, closing = params.reasoning_tags
                 inside = ReasoningTracker(opening.encode(), (closing.encode(),), inside=params.reasoning_opened)
-                seq.budget = _Budget(inside, params.reasoning_budget, self._tokenize(params.reasoning_end, add_special=False))
+                used = self._tokens_after(tokens, opening.encode()) if params.reasoning_opened else 0
+                forced = self._tokenize(params.reasoning_end, add_special=False)
+                seq.budget = _Budget(inside, params.reasoning_budget, forced, used)
             if scored:
                 # The first token has nothing before it to be scored against.
                 seq.prompt_logprobs.append(TokenLogprob(tokens[0], self._piece(tokens[0]), 0.0))
@@ -1145,6 +1150,20 @@ class Engine:
         sampler = self._make_sampler(params, seq.prompt + seq.decoded + [token], grammar)
         llama.llama_sampler_free(seq.sampler)
         seq.sampler, seq.outside = sampler, b""
+
+    def _tokens_after(self, tokens: list[int], text: bytes) -> int:
+        """How many of the last `tokens` begin after the last `text` in their texts."""
+        joined = b""
+        for start in range(len(tokens) - 1, -1, -1):
+            joined = self._special_piece(tokens[start]) + joined
+            at = joined.rfind(text)
+            if at >= 0:
+                end, offset, after = at + len(text), 0, 0
+                for token in tokens[start:]:
+                    after += offset >= end
+                    offset += len(self._special_piece(token))
+                return after
+        return 0
 
     def _tokens_ending_with(self, tokens: list[int], text: bytes) -> list[int]:
         """The fewest last `tokens` whose texts (control tokens' too) hold `text`."""
