@@ -249,6 +249,30 @@ def check_light(arguments: str) -> dict[str, Any]:
     return dict(value)
 
 
+def check_required_calls(client: Any, model: str, bias: dict[str, int], *, compact: bool = False) -> None:
+    """`tool_choice: required` with LIGHT_TOOL on `model` (`bias`: the logit biases that end the
+    tiny model's reply once its calls are complete): for three seeds, the calls come back whole
+    with finish_reason tool_calls and no content, each a valid set_light call, and streamed the
+    same names and arguments text and the same reasoning; `parallel_tool_calls: false` gives
+    one. `compact`: the arguments are compact JSON (a syntax whose values llama-server copies)."""
+    kwargs: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "Lights in the hall?"}],
+                              "tools": [LIGHT_TOOL], "tool_choice": "required", "temperature": 1.0,
+                              "max_tokens": 600, "logit_bias": bias}
+    for seed in range(3):
+        choice = client.chat.completions.create(seed=seed, **kwargs).choices[0]
+        assert choice.finish_reason == "tool_calls" and not choice.message.content, choice.message
+        calls = choice.message.tool_calls or []
+        assert calls and all(check_light(call.function.arguments) for call in calls)
+        if compact:
+            assert all(" " not in call.function.arguments for call in calls)
+        reasoning, content, stream, finish = streamed_chat(client.chat.completions.create(stream=True, seed=seed, **kwargs))
+        assert (content, finish) == ("", "tool_calls")
+        assert reasoning == (getattr(choice.message, "reasoning_content", None) or "")
+        assert stream == [(call.function.name, call.function.arguments) for call in calls]
+    single = client.chat.completions.create(parallel_tool_calls=False, seed=1, **kwargs).choices[0]
+    assert len(single.message.tool_calls or []) == 1
+
+
 def check_tool_loop(client: Any, port: int, model: str, kwargs: dict[str, Any], call_text: str) -> None:
     """A required call (`kwargs`: the chat request's fields but model and messages) and its
     result go back through the model's template: the prompt grows by at least `call_text` and
