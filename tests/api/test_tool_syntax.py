@@ -335,6 +335,29 @@ def streamed_calls(use: openai_tools.ToolUse, text: str) -> list[tuple[str, str]
     return [(name, arguments) for name, arguments in streamed]
 
 
+def check_reading(syntax: str, text: str, reply: dict, marker: str) -> None:
+    """An oracle reply's text (its reasoning split off) read as llama-server read it: with its
+    request's tools, the same names, arguments text and content, whole and streamed; without
+    tools (or tool_choice none), all content. A reply cut before a call's name is complete
+    (`marker` begins the calls) is its raw text, as for every syntax here (llama-server leaves
+    the call's start out)."""
+    request, message = reply["request"], reply["message"]
+    tools = request.get("tools") if request.get("tool_choice") != "none" else None
+    if tools is None:
+        assert text == message["content"]
+        return
+    use = openai_tools.ToolUse(syntax, msgspec.convert(tools, list[openai_tools.Tool]),
+                               request.get("tool_choice"), request.get("parallel_tool_calls", True))
+    content, calls = use.reply(text, cut=reply["finish_reason"] == "length")
+    expected = [(c["name"], c["arguments"]) for c in message.get("tool_calls", [])]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected
+    assert streamed_calls(use, text) == expected
+    if not calls and marker in text:
+        assert (content, reply["finish_reason"]) == (text, "length") and text.startswith(message["content"])
+    else:
+        assert (content or "") == message["content"]
+
+
 XML_ORACLE = json.loads((Path(__file__).parent.parent / "fixtures" / "chat_templates" / "xml_tool_replies.json").read_text())
 
 
@@ -467,20 +490,7 @@ def test_lfm2_replies_read_as_llama_server_reads_them(reply: dict) -> None:
     if tags[0] and request.get("reasoning_format") != "none":
         thought, text = syntax_named("lfm2").thinking_split(tags, None).feed(text, True)
     assert thought == message.get("reasoning_content", "")
-    tools = request.get("tools") if request.get("tool_choice") != "none" else None
-    if tools is None:
-        assert text == message["content"]
-        return
-    use = openai_tools.ToolUse("lfm2", msgspec.convert(tools, list[openai_tools.Tool]),
-                               request.get("tool_choice"), request.get("parallel_tool_calls", True))
-    content, calls = use.reply(text, cut=reply["finish_reason"] == "length")
-    expected = [(c["name"], c["arguments"]) for c in message.get("tool_calls", [])]
-    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected
-    assert streamed_calls(use, text) == expected
-    if not calls and "<|tool_call_start|>" in text:  # cut in the name
-        assert (content, reply["finish_reason"]) == (text, "length") and text.startswith(message["content"])
-    else:
-        assert (content or "") == message["content"]
+    check_reading("lfm2", text, reply, "<|tool_call_start|>")
 
 
 def test_python_literals_read_into_json_as_llama_server_converts_them() -> None:
@@ -538,20 +548,7 @@ def test_nemotron_v2_replies_read_as_llama_server_reads_them(reply: dict) -> Non
     else:
         text = "<think>\n" + text
     assert thought == message.get("reasoning_content", "")
-    tools = request.get("tools") if request.get("tool_choice") != "none" else None
-    if tools is None:
-        assert text == message["content"]
-        return
-    use = openai_tools.ToolUse("nemotron_v2", msgspec.convert(tools, list[openai_tools.Tool]),
-                               request.get("tool_choice"), request.get("parallel_tool_calls", True))
-    content, calls = use.reply(text, cut=reply["finish_reason"] == "length")
-    expected = [(c["name"], c["arguments"]) for c in message.get("tool_calls", [])]
-    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected
-    assert streamed_calls(use, text) == expected
-    if not calls and "<TOOLCALL>" in text:  # cut in the name
-        assert (content, reply["finish_reason"]) == (text, "length") and text.startswith(message["content"])
-    else:
-        assert (content or "") == message["content"]
+    check_reading("nemotron_v2", text, reply, "<TOOLCALL>")
 
 
 R1_ORACLE = json.loads((Path(__file__).parent.parent / "fixtures" / "chat_templates" / "deepseek_r1_replies.json").read_text())
@@ -597,20 +594,7 @@ def test_deepseek_r1_replies_read_as_llama_server_reads_them(reply: dict) -> Non
     elif not closed:
         thought, text = syntax.thinking_split(("<think>", "</think>"), "\n").feed(text, True)
     assert thought == (message.get("reasoning_content") or ("\n" if thought == "\n" else ""))
-    tools = request.get("tools") if request.get("tool_choice") != "none" else None
-    if tools is None:
-        assert text == message["content"]
-        return
-    use = openai_tools.ToolUse("deepseek_r1", msgspec.convert(tools, list[openai_tools.Tool]),
-                               request.get("tool_choice"), request.get("parallel_tool_calls", True))
-    content, calls = use.reply(text, cut=reply["finish_reason"] == "length")
-    expected = [(c["name"], c["arguments"]) for c in message.get("tool_calls", [])]
-    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected
-    assert streamed_calls(use, text) == expected
-    if not calls and "<\uff5ctool\u2581calls\u2581begin\uff5c>" in text:  # cut before a name is complete
-        assert (content, reply["finish_reason"]) == (text, "length") and text.startswith(message["content"])
-    else:
-        assert (content or "") == message["content"]
+    check_reading("deepseek_r1", text, reply, "<\uff5ctool\u2581calls\u2581begin\uff5c>")
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -721,20 +705,7 @@ def test_minicpm5_replies_read_as_llama_server_reads_them(reply: dict) -> None:
     elif thinking:
         text = "<think>\n" + text  # llama-server's content then holds the reasoning, tags and all
     assert thought == message.get("reasoning_content", "")
-    tools = request.get("tools") if request.get("tool_choice") != "none" else None
-    if tools is None:
-        assert text == message["content"]
-        return
-    use = openai_tools.ToolUse("minicpm5", msgspec.convert(tools, list[openai_tools.Tool]),
-                               request.get("tool_choice"), request.get("parallel_tool_calls", True))
-    content, calls = use.reply(text, cut=reply["finish_reason"] == "length")
-    expected = [(c["name"], c["arguments"]) for c in message.get("tool_calls", [])]
-    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected
-    assert streamed_calls(use, text) == expected
-    if not calls and "<function" in text:  # cut in the name
-        assert (content, reply["finish_reason"]) == (text, "length") and text.startswith(message["content"])
-    else:
-        assert (content or "") == message["content"]
+    check_reading("minicpm5", text, reply, "<function")
 
 
 @pytest.mark.parametrize("seed", range(4))
