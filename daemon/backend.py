@@ -806,6 +806,20 @@ class GenerationBackend(Backend):
         arguments as an object for templates that read them as one)."""
         raise Unsupported(f"backend {self.name!r} has no chat template")
 
+    async def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """The model's token ids for `text` (llama-server's /tokenize). `add_special`: with the
+        tokens the tokenizer puts around a whole prompt (BOS for most models); `parse_special`:
+        the text of a control or user-defined token (`<|im_start|>`) is that token, otherwise
+        it is tokenized as plain text. Runs off the event loop."""
+        raise Unsupported(f"backend {self.name!r} does not tokenize text")
+
+    async def token_pieces(self, tokens: Sequence[int]) -> list[bytes]:
+        """Each token's bytes as the model writes them, a control token's text included (as
+        llama-server's /tokenize pieces and /detokenize show them; their concatenation is the
+        detokenized text). A byte-fallback token's piece is one byte, possibly part of a UTF-8
+        character. An id outside the vocabulary is an InvalidArgument. Runs off the event loop."""
+        raise Unsupported(f"backend {self.name!r} does not detokenize tokens")
+
     def thinking_tags(self) -> tuple[str, str]:
         """The tags the model writes its reasoning between, such as ("<think>", "</think>")
         (Qwen 3, QwQ, DeepSeek R1 and their distills), so the routes can return it apart from

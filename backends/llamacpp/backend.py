@@ -262,6 +262,15 @@ class LlamaCppBackend(GenerationBackend):
             raise InvalidArgument(f"model '{self.context.model_name}' is an embedding model; it does not chat")
         return engine.chat_template.render(messages, template_kwargs or {}, tools=tools)
 
+    async def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """On this instance's thread, beside the engine's (which keeps decoding meanwhile)."""
+        engine = self._require_engine()
+        return await self.run_blocking(engine.tokenize, text, add_special=add_special, parse_special=parse_special)
+
+    async def token_pieces(self, tokens: Sequence[int]) -> list[bytes]:
+        engine = self._require_engine()
+        return await self.run_blocking(engine.token_pieces, list(tokens))
+
     def thinking_tags(self) -> tuple[str, str]:
         """The chat template's reasoning tags (templates.thinking_tags_of); none when not loaded."""
         engine = self._engine

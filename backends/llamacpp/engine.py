@@ -278,6 +278,9 @@ class Engine:
         self.chat_template: ChatTemplate | None = None
 
         self._cond = threading.Condition()
+        # Held by other threads while they use the vocabulary, and by the engine thread while
+        # it frees the model.
+        self._vocab_lock = threading.Lock()
         self._inbox: deque[Request | EmbedJob] = deque()
         self._pending = 0  # submitted but not yet admitted to a slot (guarded by _cond)
         self._stopping = False
@@ -1386,15 +1389,46 @@ class Engine:
 
     # --------------------------------------------------------------- text
 
-    def _tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """`text`'s token ids, from any thread (llama-server's /tokenize): the vocabulary is
+        read-only once loaded, and llama-server tokenizes on its HTTP threads too."""
+        with self._vocab_lock:
+            self._require_model()
+            return self._tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def token_pieces(self, tokens: Sequence[int]) -> list[bytes]:
+        """Each token's bytes, control tokens' text included, from any thread (a buffer of its
+        own: `_piece_buf` is the engine thread's)."""
+        with self._vocab_lock:
+            self._require_model()
+            bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
+            if bad is not None:
+                raise InvalidArgument(
+                    f"token id {bad} is out of range for model '{self.name}' (vocabulary of {self.n_vocab} tokens)"
+                )
+            buffer = ctypes.create_string_buffer(64)
+            pieces = []
+            for token in tokens:
+                size = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
+                if size < 0:
+                    buffer = ctypes.create_string_buffer(-size)
+                    size = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
+                pieces.append(buffer.raw[:size])
+            return pieces
+
+    def _require_model(self) -> None:
+        if not self._model:
+            raise Unavailable(f"model '{self.name}' is not loaded")
+
+    def _tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8", errors="replace")
         capacity = len(data) + 8
         buffer = (llama.llama_token * capacity)()
-        count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, True)
+        count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, parse_special)
         if count < 0 and count != -(2**31):
             capacity = -count
             buffer = (llama.llama_token * capacity)()
-            count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, True)
+            count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, parse_special)
         if count < 0:
             raise InvalidArgument(f"prompt of {len(data)} bytes is too long to tokenize")
         return buffer[:count]  # a slice of a ctypes array is a new list
@@ -1487,9 +1521,11 @@ class Engine:
         if self._ctx:
             llama.llama_free(self._ctx)
         self._ctx = None
-        if self._model:
-            llama.llama_model_free(self._model)
-        self._model = None
+        # Not while another thread tokenizes with the model's vocabulary (tokenize, token_pieces).
+        with self._vocab_lock:
+            if self._model:
+                llama.llama_model_free(self._model)
+            self._model = None
 
 
 def _utf8_complete(piece: bytes) -> bool:

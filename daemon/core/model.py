@@ -195,6 +195,24 @@ class LoadedVersion:
             extra["tools"] = tools
         return generator.chat_prompt(messages, **extra)
 
+    async def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """The model's token ids for `text` (see GenerationBackend.tokenize)."""
+        generator = self.require_generator()
+        self._enter()  # a drain before unloading waits for it
+        try:
+            return await generator.tokenize(text, add_special=add_special, parse_special=parse_special)
+        finally:
+            self._leave()
+
+    async def token_pieces(self, tokens: Sequence[int]) -> list[bytes]:
+        """Each token's bytes (see GenerationBackend.token_pieces)."""
+        generator = self.require_generator()
+        self._enter()
+        try:
+            return await generator.token_pieces(tokens)
+        finally:
+            self._leave()
+
     def thinking_tags(self) -> tuple[str, str]:
         """The tags the model reasons between (("", "") for none; see GenerationBackend.thinking_tags)."""
         opening, closing = self.require_generator().thinking_tags()

@@ -345,6 +345,8 @@ _CONTRACT_METHODS: tuple[tuple[type[Backend], str], ...] = (
     (Backend, "describe"),
     (GenerationBackend, "generate"),
     (GenerationBackend, "chat_prompt"),
+    (GenerationBackend, "tokenize"),
+    (GenerationBackend, "token_pieces"),
     (GenerationBackend, "tool_syntax"),
     (GenerationBackend, "thinking_tags"),
     (GenerationBackend, "embed"),
