@@ -27,7 +27,8 @@ import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from typing import Any, Literal, TypeVar
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar
 
 import msgspec
 import numpy as np
@@ -842,7 +843,7 @@ def splits_reasoning(value: str | None) -> bool:
     return value != "none"
 
 
-def _tools_in_use(req: ChatRequest) -> list[openai_tools.Tool]:
+def _tools_in_use(req: PromptFields) -> list[openai_tools.Tool]:
     """The tools the model may call in this request ([] without tools or with tool_choice none)."""
     if req.tools is None:
         if req.tool_choice is not None:
@@ -906,15 +907,48 @@ def _message_text(message: ChatMessage, index: int) -> str:
     return "".join(texts)
 
 
+class PromptFields(Protocol):
+    """The fields of a chat request that shape its prompt: ChatRequest's, and those of
+    llama-server's /apply-template (daemon.api.llama_native), which shows that prompt."""
+
+    messages: list[ChatMessage]
+    tools: list[openai_tools.Tool] | None
+    tool_choice: openai_tools.ToolChoice | None
+    parallel_tool_calls: bool | None
+    chat_template_kwargs: dict[str, Any] | None
+    reasoning_effort: str | None
+
+
+@dataclass
+class ChatPrompt:
+    text: str
+    syntax: str  # the model's tool syntax ("" for none)
+    use: openai_tools.ToolUse | None  # the tools the model may call, if any
+
+
+def chat_prompt(model: LoadedVersion, req: PromptFields) -> ChatPrompt:
+    """The prompt the chat route generates from: the messages, with the tools described (by
+    the template or in the generic reply's system message), rendered by the model's template."""
+    if not req.messages:
+        raise InvalidArgument("messages: at least one message is required")
+    syntax = model.tool_syntax()
+    messages = chat_messages(req.messages, native_tools=bool(syntax))
+    tools = _tools_in_use(req)
+    use = None
+    if tools:
+        use = openai_tools.ToolUse(syntax, tools, req.tool_choice, req.parallel_tool_calls is not False)
+        messages = use.messages(messages)
+    # With tool_choice "none" too (described_tools).
+    described = openai_tools.described_tools(syntax, req.tools or [])
+    text = effort_prompt(model, messages, described, req.chat_template_kwargs, req.reasoning_effort, "reasoning_effort")
+    return ChatPrompt(text, syntax, use)
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req: ChatRequest = _decode(await request_body(request), ChatRequest)
     if req.store:
         raise InvalidArgument("store: chat completions are not stored here (omit store or set it to false)")
-    if not req.messages:
-        raise InvalidArgument("messages: at least one message is required")
     model = await generation_model(request, req.model)
-    syntax = model.tool_syntax()
-    messages = chat_messages(req.messages, native_tools=bool(syntax))
     params = _params(req)
     params.json_schema = schema_of_format(req.response_format)
     if req.top_logprobs is not None:
@@ -924,19 +958,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             raise InvalidArgument(f"top_logprobs must be between 0 and 20, got {req.top_logprobs}")
     if req.logprobs:
         params.logprobs = req.top_logprobs or 0
-    tools = _tools_in_use(req)
-    use = None
-    if tools:
+    rendered = chat_prompt(model, req)
+    prompt, syntax, use = rendered.text, rendered.syntax, rendered.use
+    if use is not None:
         if req.logprobs:
             raise InvalidArgument("logprobs: not supported together with tools")
         if params.json_schema:
             raise InvalidArgument("response_format: cannot be combined with tools")
-        use = openai_tools.ToolUse(syntax, tools, req.tool_choice, req.parallel_tool_calls is not False)
         use.constrain(params)
-        messages = use.messages(messages)
-    # With tool_choice "none" too (described_tools).
-    described = openai_tools.described_tools(syntax, req.tools or [])
-    prompt = effort_prompt(model, messages, described, req.chat_template_kwargs, req.reasoning_effort, "reasoning_effort")
     tags = model.thinking_tags()
     opened = reasoning.opened_by(prompt, tags)
     reasoning.hold_grammar_after(params, tags, prompt)
