@@ -7,7 +7,17 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from daemon.api import admin, kserve, logging_routes, ollama, openai, openai_responses, shm, trace
+from daemon.api import (
+    admin,
+    kserve,
+    llama_native,
+    logging_routes,
+    ollama,
+    openai,
+    openai_responses,
+    shm,
+    trace,
+)
 from daemon.api.access import make_access_middleware
 from daemon.api.errors import make_error_middleware
 from daemon.api.infer import InferEndpoint
@@ -43,6 +53,7 @@ def create_app(service: Service, token: str | None) -> web.Application:
     openai.add_routes(app)
     openai_responses.add_routes(app)
     ollama.add_routes(app)
+    llama_native.add_routes(app)
     admin.add_routes(app)
     trace.add_routes(app, config.trace.file)
     # The infer route's work, shared with the lean front (daemon.api.front).
