@@ -99,9 +99,12 @@ _TOOL_SYNTAXES = (
     # MiniCPM5: llama.cpp also looks for `<function name="` and `<param name="`, which the probe
     # call checks.
     ("Tool usage guidelines:", "minicpm5"),
+    # Apertus: one JSON list of `{"NAME": {...}}` objects (llama.cpp's automatic parser finds
+    # this layout from the template's renderings); the probe checks the template writes calls so.
+    ("<|tools_prefix|>", "apertus"),
 )
 # Syntaxes whose calls are one JSON list after their marker (`_writes_calls_in`).
-_LIST_MARKERS = {"mistral": "[TOOL_CALLS]", "nemotron_v2": "<TOOLCALL>"}
+_LIST_MARKERS = {"mistral": "[TOOL_CALLS]", "nemotron_v2": "<TOOLCALL>", "apertus": "<|tools_prefix|>"}
 # gpt-oss's reasoning (thinking_tags): its analysis channel, up to where the next message
 # begins, as a grammar that lets the model reason first must write it.
 HARMONY_TAGS = ("<|channel|>analysis<|message|>", "<|end|><|start|>assistant")
@@ -146,6 +149,9 @@ def _writes_calls_in(syntax: str, rendered: str) -> bool:
             value = None
         calls = value if syntax in _LIST_MARKERS and isinstance(value, list) else [value]
         for call in calls:
+            if syntax == "apertus" and isinstance(call, dict) and list(call) == ["tool1"]:
+                # The tool's name is the call object's only key.
+                call = {"name": "tool1", arguments_key: call["tool1"]}
             if isinstance(call, dict) and call.get("name") == "tool1":
                 arguments = call.get(arguments_key)
                 if isinstance(arguments, str):
@@ -202,7 +208,7 @@ class ChatTemplate:
         self.source = source
         self.jinja = jinja
         # "hermes" | "llama3" | "mistral" | "mistral_args" | "mistral_call_id" | "qwen3_coder" |
-        # "gemma4" | "gpt_oss" | "lfm2" | "nemotron_v2" | "deepseek_r1" | "minicpm5" | "": see
+        # "gemma4" | "gpt_oss" | "lfm2" | "nemotron_v2" | "deepseek_r1" | "minicpm5" | "apertus" | "": see
         # tool_syntax_of, _named_mistral, _XML_PROBE, _GEMMA_PROBE, _HARMONY_PROBE, _R1_PROBE and
         # _MINICPM5_PROBE (Jinja templates only).
         self.tool_syntax = tool_syntax

@@ -202,6 +202,7 @@ def cut_reply(text: str, syntax: Syntax = GENERIC) -> tuple[str | None, list[dic
     short with its partial arguments and finish_reason "length"): the answer so far, or the
     calls whose name is complete with their arguments so far; the raw text when the reply
     said nothing yet."""
+    text = syntax.reply_text(text)
     return _calls_read(text, syntax.read(text, final=True), syntax)
 
 
@@ -264,6 +265,7 @@ class ToolUse:
             return cut_reply(text, self.syntax)
         if not self.native:
             return parse_reply(text)
+        text = self.syntax.reply_text(text)
         reading = self.syntax.read(text, final=True)
         if not reading.complete:
             # No call, or a frame the grammar did not hold (a token ran past the trigger):
@@ -276,7 +278,7 @@ class ToolUse:
         whose arguments are not complete JSON are left out (the reply was cut short)."""
         if not self.native:
             return reply_calls(text)
-        reading = self.syntax.read(text, final=True)
+        reading = self.syntax.read(self.syntax.reply_text(text), final=True)
         calls = []
         for call in reading.calls:
             try:  # a call cut short (max_tokens) has no complete arguments: left out
@@ -364,7 +366,9 @@ class ToolStream:
     def feed(self, text: str, final: bool = False) -> list[dict[str, Any]]:
         """Deltas (OpenAI `delta` objects) for the text added since the last call."""
         self._text += text
-        reading = self._syntax.read(self._text, final)
+        # What is read (Syntax.reply_text: a prefix of the reply reads as a prefix of it).
+        view = self._syntax.reply_text(self._text)
+        reading = self._syntax.read(view, final)
         deltas: list[dict[str, Any]] = []
         if reading.content is not None and len(reading.content) > self._content:
             deltas.append({"content": reading.content[self._content :]})
@@ -383,9 +387,9 @@ class ToolStream:
             if len(call.arguments) > sent:
                 deltas.append({"tool_calls": [{"index": index, "function": {"arguments": call.arguments[sent:]}}]})
                 self._calls[index] = (ident, len(call.arguments))
-        if final and self._syntax.native and not self._calls and len(self._text) > self._content:
+        if final and self._syntax.native and not self._calls and len(view) > self._content:
             # The reply ended inside a call marker or an unnamed call (cut short, or a frame the
             # grammar did not hold): the rest of the text goes out as content, as unstreamed.
-            deltas.append({"content": self._text[self._content :]})
-            self._content = len(self._text)
+            deltas.append({"content": view[self._content :]})
+            self._content = len(view)
         return deltas

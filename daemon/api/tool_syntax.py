@@ -8,7 +8,8 @@ Two families of syntax:
   parses it, for the families the llama.cpp backend recognises (`tool_syntax()`):
   Hermes / Qwen `<tool_call>\\n{"name", "arguments"}\\n</tool_call>` (several in a row), Mistral
   Nemo `[TOOL_CALLS][{"name", "arguments", "id"}, ...]`, Nemotron Nano v2
-  `<TOOLCALL>[{"name", "arguments"}, ...]</TOOLCALL>`, newer Mistral templates
+  `<TOOLCALL>[{"name", "arguments"}, ...]</TOOLCALL>`, Apertus
+  `<|tools_prefix|>[{"NAME": {...}}, ...]<|tools_suffix|>` (the name as the object's key), newer Mistral templates
   `[TOOL_CALLS]name[ARGS]{...}` (several in a row; Mistral Small 3.2 with `[CALL_ID]id` after
   the name), Llama 3.x one `{"name", "parameters"}` object as the whole reply, Qwen 3.5 and
   Qwen3-Coder XML (`<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>\n...`,
@@ -108,6 +109,12 @@ class Syntax:
             keep_after=self.keeps_after_reasoning,
         )
 
+    def reply_text(self, text: str) -> str:
+        """The reply as it is read, content and calls: the text, or (Apertus) without the
+        whitespace that opens it, which llama-server's automatic parser skips when tools are
+        given (its parser lets space follow the generation prompt)."""
+        return text
+
     def for_tools(self, parameters: Mapping[str, Any]) -> Syntax:
         """This syntax for one request's tools (name -> parameters schema): a syntax that
         writes arguments by their types reads them by the same."""
@@ -201,20 +208,34 @@ class _Framed(Syntax):
 @dataclass(frozen=True)
 class _JsonList(_Framed):
     """Calls as one JSON list after a marker, closed by `end` (if any): Nemotron Nano v2's
-    `<TOOLCALL>[{"name", "arguments"}, ...]</TOOLCALL>`. Read as llama-server's parser for the
+    `<TOOLCALL>[{"name", "arguments"}, ...]</TOOLCALL>`, Apertus's
+    `<|tools_prefix|>[{"NAME": {...}}, ...]<|tools_suffix|>`. Read as llama-server's parser for the
     format reads it: whitespace between the marker, the list's brackets and commas, and the end
     marker; several such sections one after another (its grammar repeats them, edged's writes
     one, so only replies of other writers have more)."""
 
     marker: str = ""
     end: str = ""
+    # Apertus: each call is `{"NAME": ARGUMENTS}`, the tool's name its object's only key
+    # (llama.cpp's automatic parser finds this layout in the template and reads it so).
+    name_is_key: bool = False
     # llama-server drops the newline after the `<think>` Nemotron's prompt opens (its parser
     # for the template), also from a reply without tools.
     trims_reasoning: ClassVar[bool] = True
 
+    def reply_text(self, text: str) -> str:
+        return text[_skip(text, 0) :] if self.name_is_key else text
+
+    def call_schema(self, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        if not self.name_is_key:
+            return super().call_schema(name, parameters)
+        return {"type": "object", "properties": {name: parameters}, "required": [name], "additionalProperties": False}
+
     def read(self, text: str, final: bool) -> Reading:
         reading = Reading()
-        i = _content(text, self.marker, final, reading)
+        # Apertus: llama-server's automatic parser keeps the whitespace before the marker as
+        # content (Nemotron's parser for its template does not).
+        i = _content(text, self.marker, final, reading, strip=not self.name_is_key)
         while i >= 0 and text.startswith(self.marker, i):
             reading.complete = False
             i = _skip(text, i + len(self.marker))
@@ -227,7 +248,10 @@ class _JsonList(_Framed):
                     return reading
                 call = Call()
                 reading.calls.append(call)
-                i = _scan_call(text, i + 1, call, self.arguments_key)
+                if self.name_is_key:
+                    i = _scan_keyed_call(text, i + 1, call)
+                else:
+                    i = _scan_call(text, i + 1, call, self.arguments_key)
                 if i < 0:
                     # llama-server opens the arguments as soon as the name is complete.
                     if call.name is not None and not call.arguments:
@@ -247,8 +271,8 @@ class _JsonList(_Framed):
         return reading
 
 
-def _json_list(name: str, marker: str, end: str) -> _JsonList:
-    return _JsonList(name, f"{marker}[", ", ", f"]{end}", "arguments", marker=marker, end=end)
+def _json_list(name: str, marker: str, end: str, *, name_is_key: bool = False) -> _JsonList:
+    return _JsonList(name, f"{marker}[", ", ", f"]{end}", "arguments", marker=marker, end=end, name_is_key=name_is_key)
 
 
 class _ByName(Syntax):
@@ -626,6 +650,12 @@ class _Xml(_ByName):
     # tool -> parameter -> the JSON types of its value (xml_value_types).
     types: Mapping[str, Mapping[str, frozenset[str]]] = field(default_factory=dict)
 
+    def reply_text(self, text: str) -> str:
+        """The reply as it is read, content and calls: the text, or (Apertus) without the
+        whitespace that opens it, which llama-server's automatic parser skips when tools are
+        given (its parser lets space follow the generation prompt)."""
+        return text
+
     def for_tools(self, parameters: Mapping[str, Any]) -> Syntax:
         types = {}
         for tool, schema in parameters.items():
@@ -910,6 +940,7 @@ _NATIVE: dict[str, Syntax] = {
     "mistral_call_id": _Named("mistral_call_id", id_marker="[CALL_ID]"),
     "llama3": _Framed("llama3", "", "", "", "parameters", one_call=True),
     "nemotron_v2": _json_list("nemotron_v2", "<TOOLCALL>", "</TOOLCALL>"),
+    "apertus": _json_list("apertus", "<|tools_prefix|>", "<|tools_suffix|>", name_is_key=True),
     "qwen3_coder": _Xml("qwen3_coder"),
     "minicpm5": _MiniCpm5("minicpm5"),
     "gemma4": _Gemma("gemma4"),
@@ -1064,6 +1095,47 @@ def _scan_call(text: str, i: int, call: Call, arguments_key: str) -> int:
         if i < len(text) and text[i] == "}":
             return i + 1
         return -1
+
+
+def _scan_keyed_call(text: str, i: int, call: Call) -> int:
+    """Read a call object whose only key is the tool's name (Apertus: `{"NAME": {...}}`) from
+    text[i] (just after its "{") into `call`: the name once its string is closed (llama-server
+    names the call before the colon comes), the arguments' raw text as far as it goes. Index
+    after the object's "}"; -1 while it is incomplete."""
+    i = _skip(text, i)
+    if not text.startswith('"', i):
+        return -1
+    end = _string_end(text, i)
+    if end < 0:
+        return -1
+    call.name = str(json.loads(text[i:end]))
+    i = _skip(text, end)
+    if not text.startswith(":", i):
+        return -1
+    i = _skip(text, i + 1)
+    if i >= len(text):
+        return -1
+    end = _value_end(text, i)
+    if end < 0:
+        call.arguments = _partial_arguments(text[i:])
+        return -1
+    call.arguments = text[i:end]
+    i = _skip(text, end)
+    return i + 1 if text.startswith("}", i) else -1
+
+
+def _partial_arguments(raw: str) -> str:
+    """Arguments still being written, as llama-server sends them: without the whitespace they
+    end with, nor an escape still arriving (both may yet grow, so each reading is a prefix of
+    the next)."""
+    raw = raw.rstrip(" \t\n\r")
+    escape = re.search(r"\\(u[0-9a-fA-F]{0,3})?$", raw)
+    if escape:
+        # An odd number of backslashes before the end: the last one opens an escape.
+        slashes = len(raw[: escape.start() + 1]) - len(raw[: escape.start() + 1].rstrip("\\"))
+        if slashes % 2:
+            raw = raw[: escape.start()]
+    return raw
 
 
 def _scan_generic(text: str) -> Reading:

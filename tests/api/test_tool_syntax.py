@@ -43,6 +43,12 @@ def _nemotron(content: str, calls: list[tuple[str, object]]) -> str:
     return f"{content}<TOOLCALL>[{body}]</TOOLCALL>"
 
 
+def _apertus(content: str, calls: list[tuple[str, object]]) -> str:
+    """Apertus's template: one list, each call an object keyed by the tool's name."""
+    body = ", ".join(json.dumps({n: a}) for n, a in calls)
+    return f"{content}<|tools_prefix|>[{body}]<|tools_suffix|>"
+
+
 def _llama3(content: str, calls: list[tuple[str, object]]) -> str:
     assert not content and len(calls) == 1
     return json.dumps({"name": calls[0][0], "parameters": calls[0][1]})
@@ -100,6 +106,7 @@ REPLIES = {
     "mistral_call_id": _named("Let me look.\n", BOTH, ident=True),
     "llama3": _llama3("", [("get_weather", ARGUMENTS[0])]),
     "nemotron_v2": _nemotron("Let me look.\n", BOTH),
+    "apertus": _apertus("Let me look.\n", BOTH),
     "qwen3_coder": _xml("Let me look.\n\n", BOTH),  # "n" is no declared parameter: any type
     "gemma4": _gemma("Let me look.\n", BOTH),
     "deepseek_r1": _deepseek_r1("Let me look.\n", BOTH),
@@ -119,8 +126,10 @@ def test_whole_reply(name: str) -> None:
     expected = [("get_weather", ARGUMENTS[0]), ("lights_off", ARGUMENTS[1])][: len(calls)]
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == expected
     assert len(calls) == (1 if name == "llama3" else 2)
-    # Content before the calls, without the whitespace that led up to them.
-    assert content == ("Let me look." if REPLIES[name].startswith("Let") else None)
+    # Content before the calls, without the whitespace that led up to them (Apertus: with it,
+    # as llama-server's automatic parser reads it).
+    before = "Let me look.\n" if name == "apertus" else "Let me look."
+    assert content == (before if REPLIES[name].startswith("Let") else None)
     assert use.reply_calls(REPLIES[name]) == (content, expected)
     # Mistral's template takes back only ids of 9 letters and digits.
     pattern = r"[A-Za-z0-9]{9}" if name.startswith("mistral") else r"call_[0-9a-f]{24}"
@@ -549,6 +558,84 @@ def test_nemotron_v2_replies_read_as_llama_server_reads_them(reply: dict) -> Non
         text = "<think>\n" + text
     assert thought == message.get("reasoning_content", "")
     check_reading("nemotron_v2", text, reply, "<TOOLCALL>")
+
+
+APERTUS_ORACLE = json.loads((Path(__file__).parent.parent / "fixtures" / "chat_templates" / "apertus_replies.json").read_text())
+
+
+@pytest.mark.parametrize("reply", [r for r in APERTUS_ORACLE["replies"] if r.get("raw") is not None],
+                         ids=lambda r: f"{r['case']}-{r['seed']}-{r['request']['max_tokens']}")
+def test_apertus_replies_read_as_llama_server_reads_them(reply: dict) -> None:
+    """apertus_replies.json (see the fixtures' README): llama-server's reading of Apertus calls
+    (`<|tools_prefix|>[{"NAME": {...}}, ...]<|tools_suffix|>`) its grammar let a tiny random
+    model write (markers inside strings, whitespace around the list's brackets and commas, text
+    before the calls, a reply cut after each of its first tokens) and of forced replies: the
+    same content, names and arguments text, whole and streamed. One difference: a reply cut
+    inside a call's name is its raw text, and llama-server names the call once the name's
+    characters are all there, before its closing quote."""
+    request, message, text = reply["request"], reply["message"], reply["raw"]
+    tools = request.get("tools") if request.get("tool_choice") != "none" else None
+    if tools is None:
+        assert text == message["content"]
+        return
+    use = openai_tools.ToolUse("apertus", msgspec.convert(tools, list[openai_tools.Tool]),
+                               request.get("tool_choice"), request.get("parallel_tool_calls", True))
+    content, calls = use.reply(text, cut=reply["finish_reason"] == "length")
+    expected = [(c["name"], c["arguments"]) for c in message.get("tool_calls", [])]
+    if not calls and text.endswith(tuple(f'{{"{c[0]}' for c in expected)):  # the name's closing quote to come
+        assert (content, reply["finish_reason"]) == (text, "length") and len(expected) == 1
+        return
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected
+    assert streamed_calls(use, text) == expected
+    if not calls and "<|tools_prefix|>" in text:  # cut in the name
+        assert (content, reply["finish_reason"]) == (text, "length") and text.startswith(message["content"])
+    else:
+        assert (content or "") == message["content"]
+
+
+def test_apertus_frame_keys_each_call_by_its_tool() -> None:
+    """The grammar writes one list between Apertus's markers, each call an object whose only
+    key is the tool's name and whose value the tool's arguments (llama-server's frame, without
+    the whitespace its grammar also allows); auto holds from `<|tools_prefix|>` on."""
+    params = GenerateParams()
+    openai_tools.ToolUse("apertus", TOOLS, "auto", parallel=True).constrain(params)
+    frame = msgspec.to_builtins(params.tool_calls)
+    assert (frame["open"], frame["separator"], frame["close"]) == ("<|tools_prefix|>[", ", ", "]<|tools_suffix|>")
+    assert frame["lazy"] is True and frame.get("trigger", "") == ""
+    first = json.loads(frame["call_schema"])["anyOf"][0]
+    assert first == {"type": "object", "properties": {"get_weather": TOOLS[0].function.parameters},
+                     "required": ["get_weather"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_apertus_calls_stream_as_they_read_whole_however_cut(seed: int) -> None:
+    """Seeded Apertus replies (content first or not, with whitespace before it and before the
+    marker, whitespace wherever llama-server's grammar allows it, several calls, arguments
+    with escapes and strings that hold the markers' text), whole and cut anywhere: the
+    streamed content, names and arguments add up to the whole reading's."""
+    rng = random.Random(seed)
+    use = openai_tools.ToolUse("apertus", TOOLS, "auto", parallel=True)
+    spaces = ["", " ", "\n", "\n\n  ", "\t"]
+    arguments = ['{"city": "Paris"}', '{ "city" :\n "P]a, " }', "{}", '{"city": "<|tools_suffix|>"}',
+                 '{"n": [1, {"x": "}]"}], "city": "\\u00e9\\\\u12 \\""}']
+    for _ in range(300):
+        calls = [
+            f"{{{rng.choice(spaces)}\"{rng.choice(('get_weather', 'lights_off'))}\"{rng.choice(spaces)}:"
+            f"{rng.choice(spaces)}{rng.choice(arguments)}{rng.choice(spaces)}}}"
+            for _ in range(rng.randint(1, 3))
+        ]
+        text = (rng.choice(spaces) + rng.choice(("", "Let me look. ", "x\n")) + "<|tools_prefix|>" + rng.choice(spaces)
+                + "[" + rng.choice(spaces) + (rng.choice(spaces) + "," + rng.choice(spaces)).join(calls)
+                + rng.choice(spaces) + "]" + rng.choice(spaces) + "<|tools_suffix|>")
+        content, whole = use.reply(text, cut=False)
+        assert len(whole) == len(calls) and not (content or "")[:1].isspace(), text
+        text = text[: rng.randint(1, len(text))]
+        content, whole = use.reply(text, cut=True)
+        stream = use.stream()
+        pieces = [text[k : k + 3] for k in range(0, len(text), 3)]
+        deltas = [d for i, p in enumerate(pieces) for d in stream.feed(p, final=i == len(pieces) - 1)]
+        assert "".join(d.get("content", "") for d in deltas) == (content or ""), text
+        assert streamed_calls(use, text) == [(c["function"]["name"], c["function"]["arguments"]) for c in whole], text
 
 
 R1_ORACLE = json.loads((Path(__file__).parent.parent / "fixtures" / "chat_templates" / "deepseek_r1_replies.json").read_text())

@@ -66,6 +66,7 @@ SYNTAXES = {
     "LFM2.5-Instruct": "lfm2",
     "openbmb-MiniCPM5-1B": "minicpm5",
     "NVIDIA-Nemotron-Nano-v2": "nemotron_v2",
+    "Apertus-8B-Instruct": "apertus",
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "deepseek_r1",
     "llama-cpp-deepseek-r1": "deepseek_r1",
     # It writes calls only for a `content` of None, which llama-server makes "": none.
@@ -281,6 +282,23 @@ async def test_minicpm5_renders_what_llama_server_renders(load: Loader, tmp_path
         theirs, ours = MINICPM5_DIFFERENCES.get(case, ("", ""))
         assert theirs in oracle["prompts"][case]
         assert prompt == oracle["prompts"][case].replace(theirs, ours), case
+
+
+async def test_apertus_renders_what_llama_server_renders(load: Loader, tmp_path: Path) -> None:
+    """apertus_replies.json's prompts: a user turn, tools (also with `enable_thinking`, which
+    turns on its "Deliberation"), a system message with tools, a call and its result, an
+    answer after it, two parallel calls with text and their results (written back as one
+    `<|tools_prefix|>[{"NAME": {...}}, ...]<|tools_suffix|>` list from their arguments as
+    objects, the results as one list), byte for byte as llama-server's /apply-template."""
+    oracle = json.loads((TEMPLATES / "apertus_replies.json").read_text())
+    template = (TEMPLATES / "Apertus-8B-Instruct.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template))
+    assert backend.tool_syntax() == "apertus"
+    today = datetime.date.today().strftime("%Y-%m-%d")
+    for case, request in oracle["prompt_requests"].items():
+        prompt = backend.chat_prompt(request["messages"], template_kwargs=request.get("chat_template_kwargs"),
+                                     tools=request.get("tools"))
+        assert prompt == oracle["prompts"][case].replace("{today}", today), case
 
 
 async def test_tool_call_arguments_are_objects_where_the_template_reads_them_so(load: Loader, tmp_path: Path) -> None:
