@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,14 @@ httpx = pytest.importorskip("httpx")
 
 from gguf_builder import _vocab  # noqa: E402
 
-from support import LIGHT_TOOL, check_light, check_tool_loop, gguf_daemon, streamed_chat  # noqa: E402
+from support import (  # noqa: E402
+    LIGHT_TOOL,
+    check_light,
+    check_required_calls,
+    check_tool_loop,
+    gguf_daemon,
+    streamed_chat,
+)
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
 # Control tokens, as in Apertus's vocabulary.
@@ -50,20 +56,7 @@ def test_the_model_metadata_names_its_syntax(daemon: Any) -> None:
 
 
 def test_required_calls_come_back_as_json_whole_and_streamed(client: openai.OpenAI) -> None:
-    kwargs: dict[str, Any] = {"model": "apertus", "messages": QUESTION, "tools": [LIGHT_TOOL], "tool_choice": "required",
-                              "temperature": 1.0, "max_tokens": 600, "logit_bias": ENDING}
-    for seed in range(3):
-        choice = client.chat.completions.create(seed=seed, **kwargs).choices[0]
-        assert choice.finish_reason == "tool_calls" and not choice.message.content, choice.message
-        calls = choice.message.tool_calls or []
-        whole = [check_light(call.function.arguments) for call in calls]
-        assert calls and all(call.function.name == "set_light" for call in calls)
-        _, content, stream, finish = streamed_chat(client.chat.completions.create(stream=True, seed=seed, **kwargs))
-        assert (content, finish) == ("", "tool_calls")
-        assert stream == [(call.function.name, call.function.arguments) for call in calls]
-        assert [json.loads(arguments) for _, arguments in stream] == whole
-    single = client.chat.completions.create(parallel_tool_calls=False, seed=1, **kwargs).choices[0]
-    assert len(single.message.tool_calls or []) == 1
+    check_required_calls(client, "apertus", ENDING)
 
 
 def test_auto_calls_hold_from_the_call_marker_on(client: openai.OpenAI) -> None:

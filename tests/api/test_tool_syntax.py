@@ -568,29 +568,18 @@ APERTUS_ORACLE = json.loads((Path(__file__).parent.parent / "fixtures" / "chat_t
 def test_apertus_replies_read_as_llama_server_reads_them(reply: dict) -> None:
     """apertus_replies.json (see the fixtures' README): llama-server's reading of Apertus calls
     (`<|tools_prefix|>[{"NAME": {...}}, ...]<|tools_suffix|>`) its grammar let a tiny random
-    model write (markers inside strings, whitespace around the list's brackets and commas, text
-    before the calls, a reply cut after each of its first tokens) and of forced replies: the
-    same content, names and arguments text, whole and streamed. One difference: a reply cut
-    inside a call's name is its raw text, and llama-server names the call once the name's
-    characters are all there, before its closing quote."""
-    request, message, text = reply["request"], reply["message"], reply["raw"]
-    tools = request.get("tools") if request.get("tool_choice") != "none" else None
-    if tools is None:
-        assert text == message["content"]
+    model write (markers inside strings, whitespace around the list's brackets, commas, keys
+    and colons, text before the calls, a reply cut after each of its first tokens) and of
+    forced replies, as check_reading checks them. One more difference: llama-server names a
+    call once the name's characters are all there, edged once its closing quote is, so a reply
+    cut just before that quote is its raw text."""
+    text, expected = reply["raw"], reply["message"].get("tool_calls", [])
+    if len(expected) == 1 and text.endswith('{"' + expected[0]["name"]):
+        tools = msgspec.convert(reply["request"]["tools"], list[openai_tools.Tool])
+        use = openai_tools.ToolUse("apertus", tools, reply["request"]["tool_choice"], True)
+        assert use.reply(text, cut=True) == (text, []) and reply["finish_reason"] == "length"
         return
-    use = openai_tools.ToolUse("apertus", msgspec.convert(tools, list[openai_tools.Tool]),
-                               request.get("tool_choice"), request.get("parallel_tool_calls", True))
-    content, calls = use.reply(text, cut=reply["finish_reason"] == "length")
-    expected = [(c["name"], c["arguments"]) for c in message.get("tool_calls", [])]
-    if not calls and text.endswith(tuple(f'{{"{c[0]}' for c in expected)):  # the name's closing quote to come
-        assert (content, reply["finish_reason"]) == (text, "length") and len(expected) == 1
-        return
-    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected
-    assert streamed_calls(use, text) == expected
-    if not calls and "<|tools_prefix|>" in text:  # cut in the name
-        assert (content, reply["finish_reason"]) == (text, "length") and text.startswith(message["content"])
-    else:
-        assert (content or "") == message["content"]
+    check_reading("apertus", text, reply, "<|tools_prefix|>")
 
 
 def test_apertus_frame_keys_each_call_by_its_tool() -> None:
