@@ -650,12 +650,6 @@ class _Xml(_ByName):
     # tool -> parameter -> the JSON types of its value (xml_value_types).
     types: Mapping[str, Mapping[str, frozenset[str]]] = field(default_factory=dict)
 
-    def reply_text(self, text: str) -> str:
-        """The reply as it is read, content and calls: the text, or (Apertus) without the
-        whitespace that opens it, which llama-server's automatic parser skips when tools are
-        given (its parser lets space follow the generation prompt)."""
-        return text
-
     def for_tools(self, parameters: Mapping[str, Any]) -> Syntax:
         types = {}
         for tool, schema in parameters.items():
