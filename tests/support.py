@@ -273,6 +273,20 @@ def check_required_calls(client: Any, model: str, bias: dict[str, int], *, compa
     assert len(single.message.tool_calls or []) == 1
 
 
+def check_auto_calls(client: Any, kwargs: dict[str, Any]) -> None:
+    """`tool_choice: auto` (`kwargs`: the chat request, biased so that the tiny model starts a
+    call): for two seeds the reply is valid set_light calls with finish_reason tool_calls, and
+    streamed the same calls and no content."""
+    for seed in range(2):
+        choice = client.chat.completions.create(seed=seed, **kwargs).choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
+        for call in choice.message.tool_calls:
+            check_light(call.function.arguments)
+        _, content, stream, finish = streamed_chat(client.chat.completions.create(stream=True, seed=seed, **kwargs))
+        assert (content, finish) == ("", "tool_calls")
+        assert stream == [(call.function.name, call.function.arguments) for call in choice.message.tool_calls]
+
+
 def check_tool_loop(client: Any, port: int, model: str, kwargs: dict[str, Any], call_text: str) -> None:
     """A required call (`kwargs`: the chat request's fields but model and messages) and its
     result go back through the model's template: the prompt grows by at least `call_text` and

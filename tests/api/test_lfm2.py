@@ -18,11 +18,10 @@ from gguf_builder import _vocab  # noqa: E402
 
 from support import (  # noqa: E402
     LIGHT_TOOL,
-    check_light,
+    check_auto_calls,
     check_required_calls,
     check_tool_loop,
     gguf_daemon,
-    streamed_chat,
 )
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
@@ -68,14 +67,7 @@ def test_auto_calls_hold_from_the_call_marker_on(client: openai.OpenAI) -> None:
     bias = {**ENDING, str(TOKEN["<|im_end|>"]): 50, str(TOKEN["<|tool_call_start|>"]): 100, free: 90}
     kwargs: dict[str, Any] = {"model": "lfm25", "messages": QUESTION, "tools": [LIGHT_TOOL], "temperature": 1.0,
                               "max_tokens": 300, "logit_bias": bias}
-    for seed in range(2):
-        choice = client.chat.completions.create(seed=seed, **kwargs).choices[0]
-        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
-        for call in choice.message.tool_calls:
-            check_light(call.function.arguments)
-        _, content, stream, finish = streamed_chat(client.chat.completions.create(stream=True, seed=seed, **kwargs))
-        assert (content, finish) == ("", "tool_calls")
-        assert stream == [(call.function.name, call.function.arguments) for call in choice.message.tool_calls]
+    check_auto_calls(client, kwargs)
 
 
 def test_the_tool_loop_goes_back_through_the_template(client: openai.OpenAI, daemon: Any) -> None:
