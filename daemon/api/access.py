@@ -5,7 +5,8 @@
 - TCP: anyone who can reach the port. Admin routes (model load/unload, updates, logging)
   need `Authorization: Bearer <token>`
   with the token from `server.token-file`; without a token file they are refused over TCP.
-  With `server.tcp-auth = "all"` every route but `/v2/health/*` needs the token.
+  With `server.tcp-auth = "all"` every route but the health checks (`/v2/health/*`, and
+  llama-server's `/health`, `/v1/health`) needs the token.
 - Shared-memory registration follows `server.shared-memory`: "socket" (default) and "off"
   refuse TCP callers (daemon.api.shm answers 501), "token" admits TCP callers with the
   token, "all" admits every TCP caller, as Triton does.
@@ -33,6 +34,8 @@ _ADMIN_PATHS = re.compile(
     r"|^/v1/updates(/.*)?$"
     r"|^/v2/logging$"
 )
+# llama-server's health check, public there too (no API key), as Triton's /v2/health/* here.
+_LLAMA_HEALTH = frozenset({"/health", "/v1/health"})
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _SHM_PATHS = re.compile(r"^/v2/(system|cuda)sharedmemory/")
 
@@ -64,7 +67,7 @@ def make_access_middleware(server: ServerConfig, token: str | None) -> Middlewar
         path = request.path
         needs_token = (
             is_admin(request.method, path)
-            or (everything and not path.startswith("/v2/health/"))
+            or (everything and not (path.startswith("/v2/health/") or path in _LLAMA_HEALTH))
             or (shm_token and request.method not in _READ_METHODS and _SHM_PATHS.match(path) is not None)
         )
         if needs_token:

@@ -1,5 +1,6 @@
 """llama-server's utility routes for generation models: `POST /tokenize`, `/detokenize` and
-`/apply-template`, with its request and response shapes (llama.cpp tools/server).
+`/apply-template`, with its request and response shapes (llama.cpp tools/server); and its
+`GET /health` (also `/v1/health`), which container health checks and clients poll.
 
 As in llama-server's router mode, the body names the model (`model`, required); an unknown
 one is a 404. Where llama-server ignores what it cannot use (an unknown field, a field of the
@@ -16,6 +17,7 @@ from aiohttp import web
 
 from daemon.api import openai_tools
 from daemon.api.openai import ChatMessage, chat_prompt, decode_with, generation_model, request_body
+from daemon.api.state import daemon_of
 from daemon.core.model import LoadedVersion
 from daemon.errors import InvalidArgument
 
@@ -113,8 +115,26 @@ def _piece_json(piece: bytes) -> str | list[int]:
         return list(piece)
 
 
+async def health(request: web.Request) -> web.Response:
+    """`{"status": "ok"}` once the daemon is ready (what /v2/health/ready says: started,
+    accepting, every model in the repository ready), else a 503 in llama-server's shape: its
+    "Loading model" while the daemon starts, else what is not ready (llama-server has no other
+    state: a model that fails to load ends it)."""
+    service = daemon_of(request)
+    if service.ready():
+        return web.Response(body=b'{"status":"ok"}', content_type="application/json")
+    if not service.accepting:
+        message = "Shutting down"
+    else:
+        message = "Loading model" if not service.started else f"Not ready: {service.status()}"
+    body = _json.encode({"error": {"message": message, "type": "unavailable_error", "code": 503}})
+    return web.Response(status=503, body=body, content_type="application/json")
+
+
 def add_routes(app: web.Application) -> None:
     r = app.router
+    r.add_get("/health", health)  # also answers HEAD
+    r.add_get("/v1/health", health)
     r.add_post("/tokenize", tokenize)
     r.add_post("/detokenize", detokenize)
     r.add_post("/apply-template", apply_template)

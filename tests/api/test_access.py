@@ -79,6 +79,8 @@ def test_tcp_auth_all_gates_inference_but_not_health(start_daemon, repo: Path, t
     assert tcp(daemon, "POST", "/v2/models/m/infer", _infer())[0] == 401
     assert tcp(daemon, "POST", "/v2/models/m/infer", _infer(), token=TOKEN)[0] == 200
     assert tcp(daemon, "GET", "/v2/health/ready")[0] == 200
+    # llama-server's health check is public there too (no API key).
+    assert tcp(daemon, "GET", "/health")[0] == 200 and tcp(daemon, "GET", "/v1/health")[0] == 200
     assert tcp(daemon, "GET", "/v2/models/m")[0] == 401
 
 

@@ -383,6 +383,10 @@ def test_failing_plugin_load_and_execute(start_daemon, tmp_path: Path) -> None:
             pass
         time.sleep(0.1)
     assert daemon.request("GET", "/v2/health/ready").status == 400  # one model failed
+    # llama-server's /health: a 503 in its shape, saying what is not ready.
+    health = daemon.request("GET", "/health")
+    assert health.status == 503 and health.json()["error"]["type"] == "unavailable_error"
+    assert health.json()["error"]["message"].startswith("Not ready: ")
     index = {r["name"]: r for r in daemon.post_json("/v2/repository/index", {}).json()}
     assert index["bad_load"]["state"] == "UNAVAILABLE"
     assert "weights missing" in index["bad_load"]["reason"]

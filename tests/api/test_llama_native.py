@@ -158,6 +158,15 @@ def test_unknown_model_is_404(daemon: Any, path: str, body: dict[str, Any]) -> N
     assert error["type"] == "not_found_error" and "nope" in error["message"]
 
 
+def test_health(daemon: Any) -> None:
+    """llama-server's GET /health and /v1/health: `{"status": "ok"}` once ready (the 503 while
+    starting and for a failed model: tests/api/test_kserve.py's failing repository)."""
+    for path in ("/health", "/v1/health"):
+        reply = daemon.request("GET", path)
+        assert (reply.status, reply.json()) == (200, {"status": "ok"})
+        assert daemon.request("HEAD", path).status == 200
+
+
 def test_not_under_v1(daemon: Any) -> None:
     # llama-server has them at the root only.
     for path, body in (("/tokenize", {"content": "x"}), ("/detokenize", {"tokens": [1]}),
