@@ -220,6 +220,7 @@ class _Sequence:
     marker: bytes = b""  # lazy: the frame's trigger; once written outside, the call has begun
     outside: bytes = b""  # lazy: the output's end since it last left the reasoning
     budget: _Budget | None = None  # GenerateParams.reasoning_budget
+    grammar: Any = None  # the grammar sampler in `sampler`'s chain, if any (owned by the chain)
 
 
 @dataclass
@@ -838,7 +839,7 @@ class Engine:
                 item.request, tokens, slot, sampler, n_past=keep, cached=keep,
                 stops=StopMatcher(params.stop),
                 preserved=self._preserved(params.tool_calls) | self._thinking_tokens,
-                reasoning=tracker,
+                reasoning=tracker, grammar=grammar,
             )
             if tracker is not None and tracker.opening:
                 assert params.tool_calls is not None
@@ -1110,6 +1111,11 @@ class Engine:
             if seq.reasoning is not None and seq.reasoning.inside and not seq.lazy:
                 self._hold_end(index)
             forced = seq.budget.next_forced() if seq.budget is not None else None
+            if forced is not None and seq.grammar is not None and not self._allows(seq.grammar, forced):
+                # The grammar holds the output to something else here (a message that writes a
+                # tag or a call marker itself): forcing would leave no token at all, so the
+                # budget gives way to the grammar.
+                seq.budget, forced = None, None
             if forced is not None:
                 self._force(index, forced)
             token = llama.llama_sampler_sample(seq.sampler, self._ctx, index)
@@ -1152,7 +1158,7 @@ class Engine:
         # The new chain counts the output so far as the prompt, for the penalties and DRY.
         sampler = self._make_sampler(params, seq.prompt + seq.decoded + [token], grammar)
         llama.llama_sampler_free(seq.sampler)
-        seq.sampler, seq.outside = sampler, b""
+        seq.sampler, seq.grammar, seq.outside = sampler, grammar, b""
 
     def _tokens_after(self, tokens: list[int], text: bytes) -> int:
         """How many of the last `tokens` begin after the last `text` in their texts."""
@@ -1176,6 +1182,14 @@ class Engine:
             if text in joined:
                 return tokens[start:]
         return tokens
+
+    def _allows(self, grammar: Any, token: int) -> bool:
+        """Whether `grammar` (a sampler in a chain; applying it changes nothing) admits `token`
+        next."""
+        data = (llama.llama_token_data * 1)(llama.llama_token_data(token, 0.0, 0.0))
+        candidates = llama.llama_token_data_array(data, 1, -1, False)
+        llama.llama_sampler_apply(grammar, ctypes.byref(candidates))
+        return bool(data[0].logit != -math.inf)
 
     def _force(self, index: int, token: int) -> None:
         """Only `token` at output `index` (a reasoning budget's forced end, as llama-server's

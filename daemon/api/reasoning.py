@@ -327,6 +327,9 @@ def budget(params: GenerateParams, tokens: int | None, message: str | None, tags
         raise InvalidArgument(f"reasoning_budget_tokens must be -1 (none) or between 0 and {2**31 - 1}, got {tokens}")
     if not tags[0]:
         raise InvalidArgument("reasoning_budget_tokens: the model's chat template has no reasoning")
+    if message and tags[1] in message:
+        # The message goes before the closing tag: one inside it would close the reasoning early.
+        raise InvalidArgument(f"reasoning_budget_message: must not hold the closing tag {tags[1]!r}")
     params.reasoning_budget = tokens
     params.reasoning_end = (message or "") + tags[1]
     params.reasoning_tags = tags

@@ -239,6 +239,8 @@ def test_a_reasoning_budget_ends_the_reasoning(client: Any) -> None:
     ("r1", {"reasoning_budget_message": "x"}, "reasoning_budget_message: only with reasoning_budget_tokens"),
     ("r1", {"reasoning_budget_tokens": -2}, "reasoning_budget_tokens must be -1 (none) or between 0 and 2147483647, got -2"),
     ("qwen25", {"reasoning_budget_tokens": 8}, "reasoning_budget_tokens: the model's chat template has no reasoning"),
+    ("r1", {"reasoning_budget_tokens": 8, "reasoning_budget_message": "Done.</think>"},
+     "reasoning_budget_message: must not hold the closing tag '</think>'"),
 ])
 def test_reasoning_budget_fields_are_checked(client: Any, model: str, extra: dict[str, Any], message: str) -> None:
     with pytest.raises(openai.BadRequestError, match=re.escape(message)):

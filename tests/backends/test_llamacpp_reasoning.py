@@ -220,6 +220,22 @@ async def test_a_reasoning_budget_forces_the_end(load: Loader, tmp_path: Path) -
     assert ids[0] == think and ids[3] == close and ids[4] == think and ids[7] == close, ids
 
 
+async def test_a_budget_gives_way_to_the_grammar(load: Loader, tmp_path: Path) -> None:
+    """A forced end the grammar does not admit (here the budget's message is a call marker that
+    starts a required call, after which the closing tag does not fit): the budget gives way to
+    the grammar instead of leaving no token to sample (which aborts llama.cpp)."""
+    template = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", chat_template=template,
+                                          user_tokens=(*TAGS, "<tool_call>")))
+    prompt = backend.chat_prompt([{"role": "user", "content": "Hi"}])
+    frame = msgspec.structs.replace(CALL, lazy=False, ends_reasoning=True)
+    params = GenerateParams(max_tokens=60, temperature=0.0, tool_calls=frame, grammar_after="</think>",
+                            reasoning_tags=TAGS, reasoning_opened=True, reasoning_budget=0,
+                            reasoning_end="<tool_call></think>", logit_bias={2: 100.0})
+    text, finish = await _text(backend, prompt, params)
+    assert text.startswith("<tool_call>\n{") and text.endswith("</tool_call>") and finish == "stop", text
+
+
 async def test_a_grammar_holds_after_reasoning_the_model_opens(load: Loader, tmp_path: Path) -> None:
     """grammar_reasoning (Qwen 3 opens its reasoning itself): the output may open the tag,
     reason freely up to the closing one, and the grammar holds after it; or the grammar holds
