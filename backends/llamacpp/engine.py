@@ -593,15 +593,16 @@ class Engine:
                     f"logit_bias: token id {bad} is out of range for model '{self.name}' "
                     f"(vocabulary of {self.n_vocab} tokens)"
                 )
-            lazy = params.tool_calls is not None and params.tool_calls.lazy
+            lazy = _is_lazy_frame(params)
             if params.grammar_after and params.grammar_reasoning[0] and not lazy:
                 raise InvalidArgument("grammar_after and grammar_reasoning cannot be used together")
             if lazy and params.grammar_after and params.grammar_reasoning[1] != params.grammar_after:
                 raise InvalidArgument("grammar_after: with a lazy tool_calls frame, grammar_reasoning's closing tag")
-            if params.grammar and params.tool_calls is not None and params.tool_calls.lazy:
+            if params.grammar and lazy:
+                assert params.tool_calls is not None
                 grammar = self._lazy_tool_grammar(params.grammar, params.tool_calls)
             elif params.grammar and params.grammar_after:
-                grammar = self._grammar_after(params.grammar, params.grammar_after, _also_ends(params))
+                grammar = self._grammar_after(params.grammar, params.grammar_after, _ending_trigger(params))
             elif params.grammar and params.grammar_reasoning[0]:
                 grammar = self._grammar_reasoning(params.grammar, params.grammar_reasoning)
             elif params.grammar:
@@ -819,21 +820,16 @@ class Engine:
             self._prompt_evaluated += len(tokens) - keep
             params = item.request.params
             tracker, grammar = None, item.grammar
+            # A frame's trigger that also ends the reasoning (ToolCallFrame.ends_reasoning) closes it too.
+            ending = _ending_trigger(params).encode()
             if grammar is not None and _is_lazy_frame(params) and params.grammar_reasoning[0]:
                 opening, closing = params.grammar_reasoning
-                assert params.tool_calls is not None
-                # A trigger that also ends the reasoning (ToolCallFrame.ends_reasoning) closes it too.
-                ends = (trigger_core(params.tool_calls),) if params.tool_calls.ends_reasoning else ()
-                tracker = ReasoningTracker(
-                    opening.encode(), tuple(tag.encode() for tag in (closing, *ends)), inside=bool(params.grammar_after)
-                )
+                tracker = ReasoningTracker(opening.encode(), (closing.encode(), ending), inside=bool(params.grammar_after))
                 if tracker.inside:  # the prompt opened the reasoning: no grammar until it ends
                     llama.llama_sampler_free(grammar)
                     grammar = None
             elif grammar is not None and params.grammar_after:
-                tracker = ReasoningTracker(
-                    b"", (params.grammar_after.encode(), _also_ends(params).encode()), inside=True
-                )
+                tracker = ReasoningTracker(b"", (params.grammar_after.encode(), ending), inside=True)
             sampler = self._make_sampler(params, tokens, grammar)
             seq = _Sequence(
                 item.request, tokens, slot, sampler, n_past=keep, cached=keep,
@@ -1123,7 +1119,7 @@ class Engine:
                 seq.logprobs.append(self._token_logprob(logprobs, token, wanted, seq.preserved))
             self._accept(seq, token)
 
-    def _track(self, seq: _Sequence, token: int) -> None:
+    def _track(self, seq: _Sequence, token: int, piece: bytes) -> None:
         """Follow the output in and out of its reasoning (token texts as llama.cpp's grammar
         triggers see them, control tokens' too).
 
@@ -1134,7 +1130,6 @@ class Engine:
         the reasoning, a fresh one each time the output leaves it; once the frame's trigger is
         written outside, a call has begun and the chain stays as it is."""
         assert seq.reasoning is not None
-        piece = self._special_piece(token)
         if not seq.reasoning.feed(piece):
             if seq.lazy and not seq.reasoning.inside:
                 seq.outside = (seq.outside + piece)[-max(len(seq.marker), 1) * 2 :]
@@ -1234,10 +1229,13 @@ class Engine:
         self._tokens_generated += 1
         seq.generated += 1
         seq.ids.append(token)
-        if seq.reasoning is not None:
-            self._track(seq, token)
-        if seq.budget is not None:
-            seq.budget.accept(self._special_piece(token))
+        if seq.reasoning is not None or seq.budget is not None:
+            # The token's text as triggers and tags are matched: control tokens' too.
+            special = self._special_piece(token)
+            if seq.reasoning is not None:
+                self._track(seq, token, special)
+            if seq.budget is not None:
+                seq.budget.accept(special)
         if llama.llama_vocab_is_eog(self._vocab, token):
             self._finish(seq, "stop", "", flush=True)
             return
@@ -1421,14 +1419,7 @@ class Engine:
                     f"token id {bad} is out of range for model '{self.name}' (vocabulary of {self.n_vocab} tokens)"
                 )
             buffer = ctypes.create_string_buffer(64)
-            pieces = []
-            for token in tokens:
-                size = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
-                if size < 0:
-                    buffer = ctypes.create_string_buffer(-size)
-                    size = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
-                pieces.append(buffer.raw[:size])
-            return pieces
+            return [self._to_piece(token, special=True, buffer=buffer) for token in tokens]
 
     def _require_model(self) -> None:
         if not self._model:
@@ -1478,8 +1469,9 @@ class Engine:
             piece = self._pieces[token] = self._to_piece(token, special=False)
         return piece
 
-    def _to_piece(self, token: int, *, special: bool) -> bytes:
-        buffer = self._piece_buf
+    def _to_piece(self, token: int, *, special: bool, buffer: Any = None) -> bytes:
+        """`buffer`: another thread's own (`_piece_buf` is the engine thread's)."""
+        buffer = self._piece_buf if buffer is None else buffer
         size = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
         if size < 0:
             buffer = ctypes.create_string_buffer(-size)
@@ -1551,11 +1543,11 @@ def _utf8_complete(piece: bytes) -> bool:
     return True
 
 
-def _also_ends(params: GenerateParams) -> str:
-    """A non-lazy tool frame's trigger that also ends the reasoning (ToolCallFrame.ends_reasoning),
+def _ending_trigger(params: GenerateParams) -> str:
+    """The tool frame's trigger where it also ends the reasoning (ToolCallFrame.ends_reasoning),
     else ""."""
     frame = params.tool_calls
-    return trigger_core(frame) if frame is not None and frame.ends_reasoning and not frame.lazy else ""
+    return trigger_core(frame) if frame is not None and frame.ends_reasoning else ""
 
 
 def _is_lazy_frame(params: GenerateParams) -> bool:

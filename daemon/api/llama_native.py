@@ -122,7 +122,7 @@ async def health(request: web.Request) -> web.Response:
     state: a model that fails to load ends it)."""
     service = daemon_of(request)
     if service.ready():
-        return web.Response(body=b'{"status":"ok"}', content_type="application/json")
+        return _ok({"status": "ok"})
     if not service.accepting:
         message = "Shutting down"
     else:

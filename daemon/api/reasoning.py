@@ -299,17 +299,12 @@ def hold_grammar_after(params: GenerateParams, tags: tuple[str, str], prompt: st
     A lazy tool frame (tool_choice auto) has its own trigger, which llama-server's grammar
     does not see inside the reasoning: the engine gets the tags, and whether the prompt opened
     the reasoning."""
-    lazy = params.tool_calls is not None and params.tool_calls.lazy
     if not tags[0] or not (params.json_schema or params.grammar or params.tool_calls):
-        return
-    if lazy:
-        if not _closed_empty(prompt, tags):
-            params.grammar_reasoning = tags
-            if opened_by(prompt, tags) is not None:
-                params.grammar_after = tags[1]
         return
     if opened_by(prompt, tags) is not None:
         params.grammar_after = tags[1]
+        if params.tool_calls is not None and params.tool_calls.lazy:
+            params.grammar_reasoning = tags  # the opening tag too: a later reasoning block
     elif not _closed_empty(prompt, tags):
         params.grammar_reasoning = tags
 
