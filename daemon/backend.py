@@ -72,6 +72,7 @@ __all__ = [
     "GenerateChunk",
     "GenerateParams",
     "GenerationBackend",
+    "GenerationProps",
     "Hardware",
     "HardwareInfo",
     "InferRequest",
@@ -82,6 +83,8 @@ __all__ = [
     "NotFound",
     "NvidiaGpu",
     "Probe",
+    "SlotState",
+    "SlotTask",
     "TensorBackend",
     "TensorConfig",
     "TokenLogprob",
@@ -772,6 +775,45 @@ class GenerateChunk(msgspec.Struct):
     prompt_logprobs: list[TokenLogprob] = []
 
 
+class GenerationProps(msgspec.Struct, frozen=True):
+    """What a generation backend says about its loaded model (llama-server's GET /props)."""
+
+    n_ctx: int  # tokens one sequence (slot) holds
+    total_slots: int  # sequences generated at once
+    # The chat template's text the chat routes render with, where it is one (Jinja) text;
+    # None when they render otherwise (a built-in template chosen by name, a fallback).
+    chat_template: str | None = None
+    bos_token: str = ""  # the BOS token's text, "" when the vocabulary has none
+    eos_token: str = ""
+    ftype: str | None = None  # the weights' type as llama.cpp names it ("Q8_0"), when the file says
+    # llama-server's names of the sampling steps (its `samplers`), in the order they apply.
+    samplers: tuple[str, ...] = ()
+    vision: bool = False  # takes images in a chat message
+    audio: bool = False
+    video: bool = False
+    build_info: str = ""  # the runtime that runs the model, with its version
+
+
+class SlotTask(msgspec.Struct, frozen=True):
+    """The request a slot is generating for (see SlotState)."""
+
+    id: int  # the request's number among those this instance has started
+    params: GenerateParams
+    n_prompt_tokens: int
+    n_prompt_tokens_cache: int  # of those, found in the slot's cache
+    n_prompt_tokens_processed: int  # of those, decoded so far
+    n_decoded: int  # tokens generated so far
+
+
+class SlotState(msgspec.Struct, frozen=True):
+    """One slot of the engine (llama-server's GET /slots): `task` is None while it is idle."""
+
+    id: int
+    n_ctx: int
+    task: SlotTask | None = None
+    speculative: bool = False  # drafts tokens with a second model
+
+
 class GenerationBackend(Backend):
     """A backend that generates text with its own continuous-batching engine loop."""
 
@@ -851,6 +893,17 @@ class GenerationBackend(Backend):
         `truncate`: an input longer than the model embeds at once keeps its first tokens
         (Ollama's `truncate`, its default); otherwise such an input is an InvalidArgument."""
         raise Unsupported(f"backend {self.name!r} does not compute embeddings")
+
+    async def props(self) -> GenerationProps:
+        """Facts about the loaded model for llama-server's GET /props. Runs off the event loop
+        where it must wait for the runtime; an InvalidArgument for a model that does not
+        generate (an embedding model)."""
+        raise Unsupported(f"backend {self.name!r} does not describe its model")
+
+    def slots(self) -> list[SlotState]:
+        """Each slot's state now (llama-server's GET /slots); a snapshot read without waiting
+        for the engine, so counts may be a step apart. InvalidArgument as for `props`."""
+        raise Unsupported(f"backend {self.name!r} does not report its slots")
 
     def engine_stats(self) -> dict[str, int | float | str]:
         """Engine counters and facts for model metadata (slots, busy, queued, chat template...).

@@ -44,14 +44,16 @@ from daemon.backend import (
     GenerateChunk,
     GenerateParams,
     GenerationBackend,
+    GenerationProps,
     InstanceContext,
     InvalidArgument,
     ModelConfig,
     Probe,
+    SlotState,
     Unavailable,
 )
 
-from .engine import Engine, EngineSettings
+from .engine import SAMPLER_ORDER, Engine, EngineSettings
 from .grammar import schema_to_grammar, tool_call_grammar
 
 T = TypeVar("T")
@@ -185,6 +187,29 @@ class LlamaCppBackend(GenerationBackend):
             stats["chat_template_tools"] = engine.chat_template.tool_syntax
             stats["chat_template_thinking"] = "".join(engine.chat_template.thinking)
         return stats
+
+    async def props(self) -> GenerationProps:
+        """The engine's slots and context, what its vocabulary and GGUF say (read on this
+        instance's thread, beside the engine's), the sampler order of its chains. No media:
+        this backend takes text only."""
+        import llama_cpp
+
+        engine = self._require_generating()
+        template, bos, eos, ftype = await self.run_blocking(engine.describe)
+        return GenerationProps(
+            n_ctx=engine.n_ctx_seq, total_slots=engine.settings.n_parallel, chat_template=template,
+            bos_token=bos, eos_token=eos, ftype=ftype, samplers=SAMPLER_ORDER,
+            build_info=f"llama-cpp-python {llama_cpp.__version__}",
+        )
+
+    def slots(self) -> list[SlotState]:
+        return self._require_generating().slot_states()
+
+    def _require_generating(self) -> Engine:
+        engine = self._require_engine()
+        if engine.settings.embedding:
+            raise InvalidArgument(f"model '{self.context.model_name}' is an embedding model; it has no generation slots")
+        return engine
 
     def _require_engine(self) -> Engine:
         if self._engine is None:

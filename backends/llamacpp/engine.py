@@ -59,6 +59,8 @@ from daemon.backend import (
     GenerateChunk,
     GenerateParams,
     InvalidArgument,
+    SlotState,
+    SlotTask,
     TokenLogprob,
     ToolCallFrame,
     Unavailable,
@@ -84,6 +86,9 @@ log = logging.getLogger(__name__)
 DEFAULT_CTX_PER_SLOT = 4096
 # Tokens of history the repeat penalty looks at (llama.cpp's default penalty_last_n).
 PENALTY_LAST_N = 64
+# The sampling steps of _make_sampler's chain in the order it applies them, by llama-server's
+# names (its default `samplers`, which /props shows): Mirostat and greedy replace the tail.
+SAMPLER_ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 # A slot's cached prefix must cover this share of a new prompt for the request to take that
 # slot rather than the least recently used one (llama-server's --slot-prompt-similarity).
 SLOT_PROMPT_SIMILARITY = 0.1
@@ -368,6 +373,56 @@ class Engine:
             "prefix_store_bytes": self._store_bytes,
             "prefix_store_hits": self._store_hits,
         }
+
+    def describe(self) -> tuple[str | None, str, str, str | None]:
+        """From any thread: the chat template's text where it is Jinja (None else), the BOS
+        and EOS tokens' texts ("" when none) and the weights' type as llama.cpp names it
+        (None when the GGUF does not say: llama.cpp would guess it)."""
+        with self._vocab_lock:
+            self._require_model()
+            text = None
+            if self.chat_template is not None and self.chat_template.jinja:
+                # Jinja is either the configured text or the GGUF's (templates.resolve).
+                raw = self.settings.chat_template.encode() or llama.llama_model_chat_template(self._model, None) or b""
+                text = raw.decode("utf-8", errors="replace")
+            buffer = ctypes.create_string_buffer(64)
+
+            def special(token: int) -> str:
+                if token < 0:
+                    return ""
+                return self._to_piece(token, special=True, buffer=buffer).decode("utf-8", errors="replace")
+
+            bos, eos = special(llama.llama_vocab_bos(self._vocab)), special(llama.llama_vocab_eos(self._vocab))
+            value = ctypes.create_string_buffer(32)
+            ftype = None
+            if llama.llama_model_meta_val_str(self._model, b"general.file_type", value, len(value)) > 0:
+                name = llama.llama_ftype_name(int(value.value))
+                ftype = name.decode() if name else None
+            return text, bos, eos, ftype
+
+    def slot_states(self) -> list[SlotState]:
+        """Each slot now, from any thread: a racy read of engine state as `stats`, but each
+        slot's figures come from one sequence object, numbered by its admission."""
+        states = []
+        for index in range(self.settings.n_parallel):
+            while True:
+                # _admit numbers a slot before it puts the sequence there, and a slot is freed
+                # before it is numbered again: an unchanged number holds for what was read.
+                number = self._last_used[index]
+                seq = self._slots[index]
+                if self._last_used[index] == number:
+                    break
+            task = None
+            if seq is not None:
+                prompt = len(seq.prompt)
+                task = SlotTask(
+                    id=number, params=seq.request.params, n_prompt_tokens=prompt,
+                    n_prompt_tokens_cache=seq.cached,
+                    n_prompt_tokens_processed=max(0, min(seq.n_past, prompt) - seq.cached),
+                    n_decoded=seq.generated,
+                )
+            states.append(SlotState(id=index, n_ctx=self.n_ctx_seq, task=task))
+        return states
 
     def stop(self, timeout: float = 60.0) -> None:
         """Finish in-flight sequences as cancelled, fail queued ones, free llama.cpp objects."""

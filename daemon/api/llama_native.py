@@ -1,9 +1,10 @@
 """llama-server's utility routes for generation models: `POST /tokenize`, `/detokenize` and
-`/apply-template`, with its request and response shapes (llama.cpp tools/server); and its
-`GET /health` (also `/v1/health`), which container health checks and clients poll.
+`/apply-template`, `GET /props` and `/slots`, with its request and response shapes (llama.cpp
+tools/server); and its `GET /health` (also `/v1/health`), which container health checks and
+clients poll.
 
-As in llama-server's router mode, the body names the model (`model`, required); an unknown
-one is a 404. Where llama-server ignores what it cannot use (an unknown field, a field of the
+As in llama-server's router mode, the body names the model (`model`, required; for a GET the
+query, `?model=NAME`); an unknown one is a 404. Where llama-server ignores what it cannot use (an unknown field, a field of the
 wrong type) or fails with a 500 (an id outside the vocabulary), these answer with a 400 naming
 the field. llama-server serves them at these paths only, not under /v1/.
 """
@@ -18,6 +19,7 @@ from aiohttp import web
 from daemon.api import openai_tools
 from daemon.api.openai import ChatMessage, chat_prompt, decode_with, generation_model, request_body
 from daemon.api.state import daemon_of
+from daemon.backend import GenerateParams, SlotState
 from daemon.core.model import LoadedVersion
 from daemon.errors import InvalidArgument
 
@@ -115,6 +117,142 @@ def _piece_json(piece: bytes) -> str | list[int]:
         return list(piece)
 
 
+# llama-server's seed for "random" (LLAMA_DEFAULT_SEED), which the engine samples with when
+# a request sets none; a request asks for it with -1.
+_RANDOM_SEED = 0xFFFFFFFF
+
+
+def _query(request: web.Request, *optional: str) -> tuple[str, dict[str, str]]:
+    """The model a GET names (`?model=NAME`, required) and the other query fields the route
+    takes; any other field, or one given twice, is a 400 naming it (llama-server ignores them)."""
+    for key in request.query:
+        if key != "model" and key not in optional:
+            raise InvalidArgument(f"{key}: not a query field of {request.path} (it takes model{''.join(', ' + o for o in optional)})")
+        if len(request.query.getall(key)) > 1:
+            raise InvalidArgument(f"{key}: given more than once")
+    model = request.query.get("model", "")
+    if not model:
+        raise InvalidArgument(f"model: required, as the query ?model=NAME (GET {request.path} of llama-server's router mode)")
+    return model, {key: request.query[key] for key in optional if key in request.query}
+
+
+def _params_json(params: GenerateParams, samplers: tuple[str, ...]) -> dict[str, object]:
+    """Sampling settings under llama-server's names (its task params' `to_json(true)`), as the
+    engine applies them; what edged has no such setting for, or no single value for, is left
+    out (see docs/llama-server.md)."""
+    unlimited = params.max_tokens is None  # until the sequence's context is full: llama-server's -1
+    out: dict[str, object] = {
+        "seed": _RANDOM_SEED if params.seed is None else params.seed,
+        "temperature": 0.0 if params.greedy else params.temperature,
+        "dynatemp_range": params.dynatemp_range,
+        "dynatemp_exponent": params.dynatemp_exponent,
+        "top_k": params.top_k,
+        "top_p": params.top_p,
+        "min_p": params.min_p,
+        "top_n_sigma": params.top_n_sigma,
+        "xtc_probability": params.xtc_probability,
+        "xtc_threshold": params.xtc_threshold,
+        "typical_p": params.typical_p,
+    }
+    if params.penalty_last_n is not None:
+        # None has no one value: the repeat penalty looks back 64 tokens, OpenAI's two the
+        # whole context (llama-server: all three the same 64).
+        out["repeat_last_n"] = params.penalty_last_n
+    out |= {
+        "repeat_penalty": params.repeat_penalty,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "dry_multiplier": params.dry_multiplier,
+        "dry_base": params.dry_base,
+        "dry_allowed_length": params.dry_allowed_length,
+        "dry_penalty_last_n": params.dry_penalty_last_n,
+        "mirostat": params.mirostat,
+        "mirostat_tau": params.mirostat_tau,
+        "mirostat_eta": params.mirostat_eta,
+        "max_tokens": -1 if unlimited else params.max_tokens,
+        "n_predict": -1 if unlimited else params.max_tokens,
+        "ignore_eos": params.ignore_eos,
+        "n_probs": params.logprobs or 0,
+        "min_keep": params.min_keep,
+        "samplers": list(samplers),
+        "lora": [],  # edged applies no LoRA adapters
+    }
+    return out
+
+
+async def props(request: web.Request) -> web.Response:
+    """llama-server's GET /props for one model: what its router answers for `?model=`. The
+    sampling defaults are what a request that sets none of them gets (GenerateParams')."""
+    name, _ = _query(request)
+    model = await generation_model(request, name)
+    info = await model.require_generator().props()
+    payload: dict[str, object] = {
+        "default_generation_settings": {"params": _params_json(GenerateParams(), info.samplers), "n_ctx": info.n_ctx},
+        "total_slots": info.total_slots,
+        "model_alias": model.name,
+    }
+    if info.ftype is not None:
+        payload["model_ftype"] = info.ftype
+    payload |= {
+        "modalities": {"vision": info.vision, "video": info.video, "audio": info.audio},
+        "endpoint_slots": True,  # GET /slots is served
+        "endpoint_props": False,  # POST /props is not
+        "ui": False,  # no web UI
+    }
+    if info.chat_template is not None:
+        payload["chat_template"] = info.chat_template
+    payload |= {
+        "bos_token": info.bos_token,
+        "eos_token": info.eos_token,
+        "build_info": info.build_info,
+        # Answering loaded the model (an on-demand one too), as llama-server's router does.
+        "is_sleeping": False,
+        "cors_proxy_enabled": False,
+    }
+    return _ok(payload)
+
+
+async def slots(request: web.Request) -> web.Response:
+    """llama-server's GET /slots for one model: each slot, and with `fail_on_no_slot` a 503
+    when none is idle (its "no slot available")."""
+    name, fields = _query(request, "fail_on_no_slot")
+    flag = fields.get("fail_on_no_slot", "")
+    if flag not in ("", "1", "true"):
+        # llama-server takes any text but "" as on, "0" and "false" too: a 400, not a guess.
+        raise InvalidArgument(f"fail_on_no_slot: 1 or true (or leave it out), got {flag!r}")
+    model = await generation_model(request, name)
+    generator = model.require_generator()
+    states = generator.slots()
+    if flag and all(state.task is not None for state in states):
+        body = _json.encode({"error": {"message": "no slot available", "type": "unavailable_error", "code": 503}})
+        return web.Response(status=503, body=body, content_type="application/json")
+    samplers = (await generator.props()).samplers if any(state.task for state in states) else ()
+    return _ok([_slot_json(state, samplers) for state in states])
+
+
+def _slot_json(state: SlotState, samplers: tuple[str, ...]) -> dict[str, object]:
+    slot: dict[str, object] = {
+        "id": state.id, "n_ctx": state.n_ctx, "speculative": state.speculative, "is_processing": state.task is not None,
+    }
+    task = state.task
+    if task is None:
+        # llama-server shows an idle slot's last request here; the engine keeps none.
+        return slot
+    limit = task.params.max_tokens
+    return slot | {
+        "id_task": task.id,
+        "n_prompt_tokens": task.n_prompt_tokens,
+        "n_prompt_tokens_processed": task.n_prompt_tokens_processed,
+        "n_prompt_tokens_cache": task.n_prompt_tokens_cache,
+        "params": _params_json(task.params, samplers),
+        "next_token": [{
+            "has_next_token": True,  # a slot is freed when its request ends
+            "n_remain": -1 if limit is None else limit - task.n_decoded,
+            "n_decoded": task.n_decoded,
+        }],
+    }
+
+
 async def health(request: web.Request) -> web.Response:
     """`{"status": "ok"}` once the daemon is ready (what /v2/health/ready says: started,
     accepting, every model in the repository ready), else a 503 in llama-server's shape: its
@@ -138,3 +276,7 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/tokenize", tokenize)
     r.add_post("/detokenize", detokenize)
     r.add_post("/apply-template", apply_template)
+    # GET only: POST /props (changing settings) and POST /slots/{id} (save, restore, erase)
+    # are not offered; aiohttp answers 405 and 404 for them.
+    r.add_get("/props", props)
+    r.add_get("/slots", slots)

@@ -351,6 +351,8 @@ _CONTRACT_METHODS: tuple[tuple[type[Backend], str], ...] = (
     (GenerationBackend, "thinking_tags"),
     (GenerationBackend, "embed"),
     (GenerationBackend, "engine_stats"),
+    (GenerationBackend, "props"),
+    (GenerationBackend, "slots"),
 )
 
 
