@@ -658,10 +658,13 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # A GBNF grammar (root rule "root") the output must match; "" = free text.
     grammar: str = ""
     # A JSON schema (JSON text) the output must match, e.g. '{"type": "object"}' for any JSON
-    # object; the backend turns it into a grammar. Not together with `grammar`.
+    # object; the backend turns it into a grammar. Not together with `grammar`. Beside a
+    # `tool_calls` frame that is not lazy: the output is either that frame (the calls) or a
+    # JSON value matching this schema (the answer), as OpenAI's tool_choice "auto" with a
+    # response format lets the model call tools or answer in the format.
     json_schema: str = ""
-    # Tool calls in the model's own syntax (see ToolCallFrame). Not together with `grammar`
-    # or `json_schema`.
+    # Tool calls in the model's own syntax (see ToolCallFrame). Not together with `grammar`;
+    # with `json_schema` only when not lazy (see there).
     tool_calls: ToolCallFrame | None = None
     # Where the output may first reason freely (a thinking model whose prompt opened its
     # reasoning): the grammar of `grammar`, `json_schema` or a non-lazy `tool_calls` holds
@@ -689,7 +692,8 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     reasoning_tags: tuple[str, str] = ("", "")
     reasoning_opened: bool = False
     # Text the output writes right before what `json_schema` holds it to, part of the grammar:
-    # gpt-oss's final-channel header, `<|channel|>final<|message|>`. Only with `json_schema`.
+    # gpt-oss's final-channel header, `<|channel|>final<|message|>`. Only with `json_schema`
+    # (beside a `tool_calls` frame: before the answer, not before the calls).
     answer_header: str = ""
     seed: int | None = None
     stop: list[str] = []

@@ -234,10 +234,15 @@ class LlamaCppBackend(GenerationBackend):
     ) -> AsyncGenerator[GenerateChunk, None]:
         _check_params(params)
         if params.tool_calls is not None:
-            if params.grammar or params.json_schema:
-                raise InvalidArgument("tool_calls cannot be used together with grammar or json_schema")
-            # The engine reads `tool_calls` on for a lazy frame's trigger.
-            params = msgspec.structs.replace(params, grammar=tool_call_grammar(params.tool_calls))
+            if params.grammar:
+                raise InvalidArgument("tool_calls cannot be used together with grammar")
+            # The engine reads `tool_calls` on for a lazy frame's trigger. A `json_schema`
+            # beside the frame is the answer the output may write instead of the calls.
+            params = msgspec.structs.replace(
+                params,
+                grammar=tool_call_grammar(params.tool_calls, params.json_schema, params.answer_header),
+                json_schema="", answer_header="",
+            )
         elif params.json_schema:
             if params.grammar:
                 raise InvalidArgument("json_schema and grammar cannot be used together")

@@ -47,41 +47,98 @@ def _convert(schema_json: str, where: str, rule: str) -> tuple[str, str]:
     """The schema's rule name and the GBNF rules, by llama-cpp-python's port of llama.cpp's
     converter (`json_schema_to_gbnf`'s steps): rule "" is "root"; another name leaves
     "root" to the caller's own top rule. The schema is checked first (`_check`)."""
-    names, rules = _convert_all([(schema_json, rule)], where)
-    return names[0], rules
+    return rule or "root", _convert_all([(schema_json, rule, where)])
 
 
-def _convert_all(schemas: list[tuple[str, str]], where: str) -> tuple[list[str], str]:
-    """`_convert` for several (schema, rule) pairs into one set of rules: one converter, so
-    the rules they share (strings, whitespace) are written once and their names never clash."""
+def _convert_all(schemas: list[tuple[str, str, str]]) -> str:
+    """The GBNF rules of several (schema, rule, where) triples, each schema's value then the
+    rule of that name ("" is "root"); problems name `where`. One converter, so the rules they
+    share (strings, whitespace) are written once and their names never clash; each schema
+    resolves its own `$ref`s (a base of its own: two schemas' `#/$defs/X` are not one)."""
     from llama_cpp.llama_grammar import SchemaConverter
 
     converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-    names = []
-    for schema_json, rule in schemas:
+    aliases = []
+    for number, (schema_json, rule, where) in enumerate(schemas):
         try:
             schema = json.loads(schema_json)
         except ValueError as exc:
             raise InvalidArgument(f"{where}: not valid JSON: {exc}") from None
         _check(schema, where)
         try:
-            names.append(converter.visit(converter.resolve_refs(schema, "stdin"), rule))
+            schema = _own_refs(schema, f"edged-ref-{number}")
+            name = converter.visit(converter.resolve_refs(schema, "stdin"), rule)
         except (ValueError, AssertionError, KeyError, TypeError, RecursionError) as exc:
             raise InvalidArgument(f"{where}: cannot be turned into a grammar: {exc}") from None
-    return names, converter.format_grammar()
+        if name != (rule or "root"):
+            # The converter names a value by its own rule where it has one ("integer").
+            aliases.append(f"{rule or 'root'} ::= {name}")
+    return "\n".join([converter.format_grammar(), *aliases])
 
 
-def tool_call_grammar(frame: ToolCallFrame) -> str:
+def _own_refs(schema: Any, prefix: str) -> Any:
+    """`schema` with each local `$ref` pointing at a copy of its target in the root's `$defs`
+    under a name of its own (`prefix`-n): the converter names a reference's rule by the last
+    part of its path and reuses a rule of that name, so two schemas' `#/$defs/x` would
+    otherwise share the first one's rule."""
+    if not isinstance(schema, dict):
+        return schema
+    names: dict[str, str] = {}
+    copies: dict[str, Any] = {}
+
+    def target(ref: str) -> Any:
+        node: Any = schema
+        for part in ref[2:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        moved = {key: value if key in _VALUES else walk(value) for key, value in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/") and target(ref) is not None:
+            if ref not in names:
+                names[ref] = f"{prefix}-{len(names)}"
+                copies[names[ref]] = walk(target(ref))  # named first: a recursive one ends
+            moved["$ref"] = f"#/$defs/{names[ref]}"
+        return moved
+
+    moved = walk(schema)
+    if copies:
+        moved["$defs"] = {**moved.get("$defs", {}), **copies}
+    return moved
+
+
+# Keywords whose values are JSON values, not schemas: no references in them.
+_VALUES = frozenset({"const", "enum", "default", "examples"})
+
+
+def tool_call_grammar(frame: ToolCallFrame, answer: str = "", header: str = "") -> str:
     """GBNF (root rule "root") for `frame`: open, 1..max_calls calls each matching its
-    `call_schema`, separated by `separator`, then close; schema problems name "tools"."""
+    `call_schema`, separated by `separator`, then close; schema problems name "tools".
+    `answer` (a JSON schema, text; GenerateParams.json_schema beside a non-lazy frame): or
+    instead `header` and a JSON value matching it (problems name "json_schema")."""
     if frame.max_calls is not None and frame.max_calls < 1:
         raise InvalidArgument(f"tool_calls.max_calls must be >= 1, got {frame.max_calls}")
+    if answer and frame.lazy:
+        raise InvalidArgument("json_schema: with tool_calls only for a frame that is not lazy")
+    # The JSON schemas of the grammar, all converted at once (their rule names never clash).
+    schemas: list[tuple[str, str, str]] = []
     if frame.named_calls:
-        call, rules = _named_calls(frame)
+        call, rules = _named_calls(frame, schemas)
     else:
         # The call's rule is "tool-call": "root" is the frame's own rule below, the one
         # llama.cpp starts from.
-        call, rules = _convert(frame.call_schema, "tools", "tool-call")
+        call, rules = "tool-call", ""
+        schemas.append((frame.call_schema, call, "tools"))
+    if answer:
+        schemas.append((answer, "edged-answer", "json_schema"))
     more = f"{gbnf_literal(frame.separator)} {call}".strip()
     if frame.max_calls is None:
         calls = f"{call} ({more})*"
@@ -90,21 +147,26 @@ def tool_call_grammar(frame: ToolCallFrame) -> str:
     else:
         calls = f"{call} ({more}){{0,{frame.max_calls - 1}}}"
     root = " ".join(part for part in (gbnf_literal(frame.open), calls, gbnf_literal(frame.close)) if part)
-    return f"root ::= {root}\n{rules}\n"
+    if answer:
+        root = f"({root}) | {gbnf_literal(header)} edged-answer"
+    converted = _convert_all(schemas) if schemas else ""
+    return f"root ::= {root}\n{rules}\n{converted}\n"
 
 
-def _named_calls(frame: ToolCallFrame) -> tuple[str, str]:
+def _named_calls(frame: ToolCallFrame, schemas: list[tuple[str, str, str]]) -> tuple[str, str]:
     """The call rule of a frame of named calls: one alternative per tool, its name, the id
-    part where the frame has one, `args_marker`, then its arguments."""
+    part where the frame has one, `args_marker`, then its arguments. The JSON schemas its
+    rules use are added to `schemas` (the caller converts them)."""
     tools = list(frame.named_calls.items())
     if frame.arguments_syntax == "xml":
-        names, rules = _xml_arguments(tools, frame.xml_parameter, cdata=frame.xml_cdata)
+        names, rules = _xml_arguments(tools, frame.xml_parameter, schemas, cdata=frame.xml_cdata)
     elif frame.arguments_syntax == "python":
-        names, rules = _python_arguments(tools)
+        names, rules = _python_arguments(tools, schemas)
     elif frame.arguments_syntax == "gemma":
         names, rules = _gemma_arguments(tools)
     else:
-        names, rules = _convert_all([(schema, f"tool-args-{i}") for i, (_, schema) in enumerate(tools)], "tools")
+        names, rules = [f"tool-args-{i}" for i in range(len(tools))], ""
+        schemas += [(schema, f"tool-args-{i}", "tools") for i, (_, schema) in enumerate(tools)]
     ident = f"{gbnf_literal(frame.id_marker)} [a-zA-Z0-9]{{9}} " if frame.id_marker else ""
     marker = gbnf_literal(frame.args_marker)
     alternatives = " | ".join(
@@ -261,7 +323,9 @@ _MAX_PERMUTED = 6
 _XML_STRING_KEYS = frozenset({"type", "enum", "const"}) | _ANNOTATIONS
 
 
-def _xml_arguments(tools: list[tuple[str, str]], tags: tuple[str, str, str], *, cdata: bool) -> tuple[list[str], str]:
+def _xml_arguments(
+    tools: list[tuple[str, str]], tags: tuple[str, str, str], schemas: list[tuple[str, str, str]], *, cdata: bool,
+) -> tuple[list[str], str]:
     """Per tool, the rule of its arguments written as XML parameters (ToolCallFrame.arguments_syntax
     "xml", each `tags[0]` key `tags[1]` value `tags[2]`; "" for a tool without parameters) and
     all the rules. A raw-text value is any text up to the first `tags[2]` (the value is the text
@@ -271,13 +335,13 @@ def _xml_arguments(tools: list[tuple[str, str]], tags: tuple[str, str, str], *, 
     # What would end the key early or break the tag it sits in.
     forbidden = set("<>\n" + after[:1])
 
-    def parameter(key: str, schema: Any, root: Any, where: str, rule: str, json_values: list[tuple[str, str]]) -> str:
+    def parameter(key: str, schema: Any, root: Any, where: str, rule: str, json_values: list[tuple[str, str, str]]) -> str:
         if not key or any(char in key for char in forbidden):
             raise InvalidArgument(f"{where}.properties: {key!r} cannot be written as an XML tool-call parameter")
         value = _xml_value(schema, root, f"{where}.properties.{key}", f"{rule}-value", json_values, close)
         return f"{gbnf_literal(before + key + after)} {value}"
 
-    arguments, rules = _keyword_arguments(tools, parameter, joiner="", close="")
+    arguments, rules = _keyword_arguments(tools, parameter, schemas, joiner="", close="")
     if not cdata:
         return arguments, "\n".join([rules, gbnf_including("xml-arg-string", close)])
     string = (
@@ -286,32 +350,33 @@ def _xml_arguments(tools: list[tuple[str, str]], tags: tuple[str, str, str], *, 
     return arguments, "\n".join([rules, string, gbnf_including("xml-arg-cdata", _CDATA[1])])
 
 
-def _python_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
+def _python_arguments(tools: list[tuple[str, str]], schemas: list[tuple[str, str, str]]) -> tuple[list[str], str]:
     """Per tool, the rule of its arguments written as Python keyword arguments up to the call's
     closing parenthesis (ToolCallFrame.arguments_syntax "python", LFM2's `name(key=value, ...)`
     after `args_marker` "("): each value JSON by its property's schema (a JSON string is a
     Python string; true, false and null are what llama-server's parser takes too); and all the
     rules."""
 
-    def keyword(key: str, schema: Any, root: Any, where: str, rule: str, json_values: list[tuple[str, str]]) -> str:
+    def keyword(key: str, schema: Any, root: Any, where: str, rule: str, json_values: list[tuple[str, str, str]]) -> str:
         if not key.isidentifier():
             raise InvalidArgument(f"{where}.properties: {key!r} cannot be written as a Python keyword argument")
-        json_values.append((_alone(schema, root), f"{rule}-value"))
+        json_values.append((_alone(schema, root), f"{rule}-value", "tools"))
         return f"{gbnf_literal(key + '=')} {rule}-value"
 
-    return _keyword_arguments(tools, keyword, joiner=gbnf_literal(", "), close=gbnf_literal(")"))
+    return _keyword_arguments(tools, keyword, schemas, joiner=gbnf_literal(", "), close=gbnf_literal(")"))
 
 
 def _keyword_arguments(
     tools: list[tuple[str, str]],
-    argument: Callable[[str, Any, Any, str, str, list[tuple[str, str]]], str],
+    argument: Callable[[str, Any, Any, str, str, list[tuple[str, str, str]]], str],
+    json_values: list[tuple[str, str, str]],
     *, joiner: str, close: str,
 ) -> tuple[list[str], str]:
     """Per tool, the rule of arguments written one per property, `argument(key, schema, root,
-    where, rule, json_values)` the GBNF of one (JSON values it needs added to `json_values`):
-    the required ones in any order, then optional ones, each at most once, `joiner` between
-    two, `close` after them ("" for a tool with nothing to write); and all the rules."""
-    json_values: list[tuple[str, str]] = []
+    where, rule, json_values)` the GBNF of one (the JSON values it needs added to
+    `json_values`, which the caller converts): the required ones in any order, then optional
+    ones, each at most once, `joiner` between two, `close` after them ("" for a tool with
+    nothing to write); and all the rules."""
     rules: list[str] = []
     arguments: list[str] = []
     for number, (name, schema_json) in enumerate(tools):
@@ -334,10 +399,7 @@ def _keyword_arguments(
         if body:
             rules.append(f"tool-{number}-call-args ::= {body}")
         arguments.append(f"tool-{number}-call-args" if body else "")
-    names, value_rules = _convert_all(json_values, "tools") if json_values else ([], "")
-    # The converter names a value by its own rule where it has one ("integer"): an alias.
-    rules += [f"{rule} ::= {name}" for (_, rule), name in zip(json_values, names, strict=True) if name != rule]
-    return arguments, "\n".join([*rules, value_rules])
+    return arguments, "\n".join(rules)
 
 
 def _alone(schema: Any, root: Any) -> str:
@@ -350,14 +412,14 @@ def _alone(schema: Any, root: Any) -> str:
     return json.dumps(alone)
 
 
-def _xml_value(schema: Any, root: Any, where: str, rule: str, json_values: list[tuple[str, str]], end: str) -> str:
+def _xml_value(schema: Any, root: Any, where: str, rule: str, json_values: list[tuple[str, str, str]], end: str) -> str:
     """The GBNF of a parameter's value and the close `end` after it: raw text where the schema
     admits strings, its enum's texts where it has one; else JSON by the schema (its rule
     `rule`, converted with the other JSON values into `json_values`)."""
     types = xml_value_types(schema, root)
     close = gbnf_literal(end)
     if "string" not in types:
-        json_values.append((_alone(schema, root), rule))
+        json_values.append((_alone(schema, root), rule, "tools"))
         return f"{rule} {close}"
     if not isinstance(schema, dict):
         return "xml-arg-string"  # true: any value

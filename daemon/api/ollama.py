@@ -782,8 +782,6 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return await _load_or_unload(request, daemon, req.model, name, version, keep, started,
                                      {"message": {"role": "assistant", "content": ""}}, opts, req.think)
     tools = req.tools or []  # Ollama treats an empty list as no tools
-    if tools and schema:
-        raise InvalidArgument("format: cannot be combined with tools")
     if tools and top is not None:
         # The model writes the tool reply's JSON, not the answer: its tokens' logprobs would
         # not be the reply's (the OpenAI route refuses this pair too).
@@ -801,7 +799,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if tools:
         # Ollama has no tool_choice: the model may call tools or answer ("auto").
         use = openai_tools.ToolUse(syntax, tools, "auto", parallel=True)
-        use.constrain(params)
+        # With `format`: tool calls or an answer in the format (ToolUse.constrain).
+        use.constrain(params, "format")
         messages = use.messages(messages)
     prompt = thinking.prompt(model, messages, req.model, tools=use.template_tools() if use else None)
     thinking.hold_grammar(prompt, params)

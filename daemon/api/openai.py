@@ -963,9 +963,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if use is not None:
         if req.logprobs:
             raise InvalidArgument("logprobs: not supported together with tools")
-        if params.json_schema:
-            raise InvalidArgument("response_format: cannot be combined with tools")
-        use.constrain(params)
+        # With response_format: tool calls or an answer in the format (ToolUse.constrain).
+        use.constrain(params, "response_format")
     tags = model.thinking_tags()
     opened = reasoning.opened_by(prompt, tags)
     reasoning.hold_grammar_after(params, tags, prompt)

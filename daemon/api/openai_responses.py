@@ -544,14 +544,13 @@ async def responses(request: web.Request) -> web.StreamResponse:
     if chat_tools:
         if params.logprobs is not None:
             raise InvalidArgument(f"include: {_LOGPROBS!r} is not supported together with tools")
-        if params.json_schema:
-            raise InvalidArgument("text.format: cannot be combined with tools")
         choice: openai_tools.ToolChoice | None = (
             openai_tools.NamedToolChoice(type="function", function=openai_tools.FunctionName(name=req.tool_choice.name))
             if isinstance(req.tool_choice, FunctionChoice) else req.tool_choice
         )
         use = openai_tools.ToolUse(syntax, chat_tools, choice, parallel)
-        use.constrain(params)
+        # With text.format: tool calls or an answer in the format (ToolUse.constrain).
+        use.constrain(params, "text.format")
         messages = use.messages(messages)
     # With tool_choice "none" too (described_tools).
     described = openai_tools.described_tools(syntax, all_tools)

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from daemon.api.tool_syntax import GENERIC, Reading, Syntax, syntax_named
+from daemon.api.tool_syntax import GENERIC, GENERIC_ANSWER, Reading, Syntax, syntax_named
 from daemon.backend import GenerateParams
 from daemon.errors import InvalidArgument
 
@@ -79,8 +79,9 @@ class ToolCall(_Strict):
     index: int | None = None
 
 
-def tool_schema(tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> str:
-    """The JSON schema (text) of the reply object for these tools and this choice."""
+def tool_schema(tools: list[Tool], choice: ToolChoice | None, parallel: bool, answer: str = "") -> str:
+    """The JSON schema (text) of the reply object for these tools and this choice; `answer`
+    (a JSON schema, text: the response format) is what "response" holds instead of a string."""
     tools = _chosen(tools, choice)
     calls: dict[str, Any] = {
         "type": "array",
@@ -94,12 +95,37 @@ def tool_schema(tools: list[Tool], choice: ToolChoice | None, parallel: bool) ->
         "required": ["tool_calls"], "additionalProperties": False,
     }
     if choice == "auto" or choice is None:
-        answer = {
+        reply: dict[str, Any] = {"anyOf": [with_calls, {
             "type": "object", "properties": {"response": {"type": "string"}},
             "required": ["response"], "additionalProperties": False,
-        }
-        return json.dumps({"anyOf": [with_calls, answer]})
+        }]}
+        if answer:
+            # The format's schema as a definition of the reply's, its local references moved
+            # to where it now is (the converter resolves them from the reply's root).
+            reply["anyOf"][1]["properties"]["response"] = {"$ref": f"#/$defs/{_ANSWER}"}
+            reply["$defs"] = {_ANSWER: _moved_refs(json.loads(answer), f"#/$defs/{_ANSWER}")}
+        return json.dumps(reply)
     return json.dumps(with_calls)
+
+
+# The name of the response format's schema among the generic reply's definitions.
+_ANSWER = "edged-answer"
+# Keywords whose values are JSON values, not schemas: no references in them.
+_VALUES = frozenset({"const", "enum", "default", "examples"})
+
+
+def _moved_refs(schema: Any, base: str) -> Any:
+    """`schema` with each local `$ref` ("#/..." or "#") made relative to `base` (where the
+    schema now sits in a larger one)."""
+    if isinstance(schema, list):
+        return [_moved_refs(item, base) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    moved = {key: value if key in _VALUES else _moved_refs(value, base) for key, value in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        moved["$ref"] = base + ref[1:]
+    return moved
 
 
 def _call_schema(tool: Tool) -> dict[str, Any]:
@@ -231,6 +257,8 @@ class ToolUse:
         self.tools = tools
         self.choice = choice
         self.parallel = parallel
+        # Whether the reply may be an answer in a response format instead of calls (constrain).
+        self.answers = False
 
     @property
     def native(self) -> bool:
@@ -245,16 +273,38 @@ class ToolUse:
         tools goes into the system message; a native template describes them itself."""
         return messages if self.native else with_tools(messages, self.tools, self.parallel)
 
-    def constrain(self, params: GenerateParams) -> None:
+    def constrain(self, params: GenerateParams, format_field: str = "response_format") -> None:
         """What the engine enforces: the generic reply's schema, or the native frame (lazy for
-        `auto`: the model may answer in text instead)."""
+        `auto`: the model may answer in text instead).
+
+        A response format already in `params.json_schema` (the request's `format_field`):
+        with `auto` the model calls tools or answers with a JSON value matching it (OpenAI's
+        semantics): the generic reply's "response" holds that value, or the output is the
+        native frame or that value (one grammar, not lazy: its first token starts either).
+        With `required` or a named tool the turn is a call and has no content, so the format
+        has nothing to apply to (as at OpenAI); it applies to a later turn's answer."""
+        answer, params.json_schema = params.json_schema, ""
+        auto = self.choice is None or self.choice == "auto"
+        self.answers = bool(answer) and auto
         if not self.native:
-            params.json_schema = tool_schema(self.tools, self.choice, self.parallel)
+            params.json_schema = tool_schema(self.tools, self.choice, self.parallel, answer if auto else "")
+            if self.answers:
+                self.syntax = GENERIC_ANSWER
             return
         tools = _chosen(self.tools, self.choice)
         calls = [self.syntax.call_schema(t.function.name, _parameters(t)) for t in tools]
-        lazy = self.choice is None or self.choice == "auto"
-        params.tool_calls = self.syntax.frame(calls, lazy=lazy, parallel=self.parallel)
+        frame = self.syntax.frame(calls, lazy=auto and not self.answers, parallel=self.parallel)
+        if self.answers:
+            if not frame.open:
+                # Llama 3.x: a call is a bare JSON object, as the answer may be; neither the
+                # grammar's first token nor the reader could tell which one the model began.
+                raise InvalidArgument(
+                    f"{format_field}: cannot be combined with tools for this model: its tool calls "
+                    "are bare JSON objects, which an answer in the format could not be told from"
+                )
+            params.json_schema = answer
+            self.syntax = _CallsOrAnswer(self.syntax, frame.open)
+        params.tool_calls = frame
 
     def stream(self) -> ToolStream:
         return ToolStream(self.syntax)
@@ -264,6 +314,8 @@ class ToolUse:
         if cut:
             return cut_reply(text, self.syntax)
         if not self.native:
+            if self.answers and (content := self.syntax.read(text, final=True).content) is not None:
+                return content, []
             return parse_reply(text)
         text = self.syntax.reply_text(text)
         reading = self.syntax.read(text, final=True)
@@ -277,6 +329,8 @@ class ToolUse:
         """(content, [(name, arguments object)]) of a whole reply (Ollama's shape); calls
         whose arguments are not complete JSON are left out (the reply was cut short)."""
         if not self.native:
+            if self.answers and (content := self.syntax.read(text, final=True).content) is not None:
+                return content or None, []
             return reply_calls(text)
         reading = self.syntax.read(self.syntax.reply_text(text), final=True)
         calls = []
@@ -286,6 +340,30 @@ class ToolUse:
             except ValueError:
                 continue
         return reading.content or None, calls
+
+
+class _CallsOrAnswer(Syntax):
+    """A native syntax whose reply is either its calls (`open`, the frame the grammar holds it
+    to) or an answer in the response format (a JSON value, ToolUse.constrain): read as that
+    syntax reads it when it opens with `open`, else all of it is the answer (whatever the
+    answer's strings hold: a call marker quoted in it starts no call)."""
+
+    def __init__(self, calls: Syntax, open: str) -> None:
+        self.calls, self.open, self.name = calls, open, calls.name
+
+    def read(self, text: str, final: bool) -> Reading:
+        start = text.lstrip()
+        if start.startswith(self.open):
+            return self.calls.read(text, final)
+        if not final and self.open.startswith(start):
+            return Reading(content="")  # it may still turn into the calls' opening
+        return Reading(content=text, complete=True)
+
+    def reply_text(self, text: str) -> str:
+        return self.calls.reply_text(text)
+
+    def call_id(self) -> str:
+        return self.calls.call_id()
 
 
 def described_tools(syntax_name: str, tools: list[Tool]) -> list[dict[str, Any]] | None:

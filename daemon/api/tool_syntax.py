@@ -129,6 +129,14 @@ class _Generic(Syntax):
         return _scan_generic(text)
 
 
+class _GenericAnswer(_Generic):
+    """The generic reply when the answer has a response format: `{"response": VALUE}`, VALUE
+    any JSON value (the format's); the content is VALUE's JSON text as the model wrote it."""
+
+    def read(self, text: str, final: bool) -> Reading:
+        return _scan_generic(text, raw_answer=True)
+
+
 @dataclass(frozen=True)
 class _Framed(Syntax):
     """A native syntax: `open`, call objects separated by `separator`, `close`."""
@@ -927,6 +935,7 @@ _R1_CALL = "<\uff5ctool\u2581call\u2581begin\uff5c>function<\uff5ctool\u2581sep\
 _R1_CALL_END = "```<\uff5ctool\u2581call\u2581end\uff5c>"
 
 GENERIC: Syntax = _Generic()
+GENERIC_ANSWER: Syntax = _GenericAnswer()
 _NATIVE: dict[str, Syntax] = {
     "hermes": _Framed("hermes", "<tool_call>\n", "\n</tool_call>\n<tool_call>\n", "\n</tool_call>", "arguments"),
     "mistral": _Framed("mistral", "[TOOL_CALLS][", ", ", "]", "arguments", id_length=9),
@@ -1132,12 +1141,18 @@ def _partial_arguments(raw: str) -> str:
     return raw
 
 
-def _scan_generic(text: str) -> Reading:
+def _scan_generic(text: str, raw_answer: bool = False) -> Reading:
     reading = Reading()
     i = _skip(text, 0)
     if i >= len(text) or text[i] != "{":
         return reading
     key, i = _key(text, i + 1)
+    if key == "response" and raw_answer:
+        # The value's text so far: while it is incomplete, all of it is the value's (a
+        # scalar's characters, or what lies inside its brackets or quotes).
+        end = _value_end(text, i) if i < len(text) else -1
+        reading.content = text[i:end] if end > 0 else text[i:]
+        return reading
     if key == "response":
         if i < len(text) and text[i] == '"':
             end = _string_end(text, i)

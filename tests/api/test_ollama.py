@@ -504,7 +504,6 @@ def test_tool_result_goes_back_through_the_template(client: ollama.Client, daemo
          "messages[0].tool_calls: only on assistant messages"),
         ({"messages": [{"role": "user", "content": "x", "tool_name": "get_weather"}]},
          "messages[0].tool_name: only on tool messages"),
-        ({"messages": question, "tools": [WEATHER], "format": "json"}, "format: cannot be combined with tools"),
     ]:
         with pytest.raises(ollama.ResponseError) as caught:
             client.chat(model="agent", options=one, **kwargs)

@@ -870,7 +870,9 @@ def test_tool_results_go_back_through_the_template(client: openai.OpenAI) -> Non
     for extra, pattern in [
         ({"tool_choice": "auto"}, "tool_choice: only allowed when tools are specified"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "no tool named 'nope'"),
-        ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format: cannot be combined with tools"),
+        # With tools, the format is still held to what the grammar can enforce.
+        ({"tools": [WEATHER], "response_format": {"type": "json_schema", "json_schema": {
+            "name": "n", "schema": {"type": "integer", "maximum": 3}}}}, "keyword 'maximum' is not supported"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
             "n": {"type": "integer", "maximum": 3}}}}}]}, "keyword 'maximum' is not supported"),
     ]:

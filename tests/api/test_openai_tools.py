@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from daemon.api import openai_tools
+from daemon.backend import GenerateParams
 from daemon.errors import InvalidArgument
 
 TOOLS = msgspec.convert(
@@ -79,3 +80,54 @@ def test_cut_reply_is_what_its_stream_sent() -> None:
     assert content is None and [c["function"] for c in calls] == [{"name": "get_weather", "arguments": '{"city": "Pa'}]
     assert openai_tools.cut_reply('{"response": "hel') == ("hel", [])
     assert openai_tools.cut_reply('{"tool_calls": [{"na') == ('{"tool_calls": [{"na', [])  # nothing said yet
+
+
+ANSWER = {"type": "object", "properties": {"c": {"$ref": "#/$defs/c"}}, "$defs": {"c": {"enum": ["x", {"$ref": "#/k"}]}}}
+
+
+def test_the_generic_reply_takes_a_format_as_its_response() -> None:
+    auto = json.loads(openai_tools.tool_schema(TOOLS, "auto", parallel=True, answer=json.dumps(ANSWER)))
+    assert auto["anyOf"][1]["properties"]["response"] == {"$ref": "#/$defs/edged-answer"}
+    # Its references now point into where it is; values that only look like one stay.
+    moved = auto["$defs"]["edged-answer"]
+    assert moved["properties"]["c"] == {"$ref": "#/$defs/edged-answer/$defs/c"}
+    assert moved["$defs"]["c"]["enum"][1] == {"$ref": "#/k"}
+    required = json.loads(openai_tools.tool_schema(TOOLS, "required", parallel=True, answer=json.dumps(ANSWER)))
+    assert "$defs" not in required and set(required["properties"]) == {"tool_calls"}
+
+
+@pytest.mark.parametrize("step", [1, 2, 5])
+@pytest.mark.parametrize("value", ['{"a": [1, {"b": "}\\" ]"}], "c" : null }', '"te\\"xt"', "-12.5e3", "true"])
+def test_stream_deltas_rebuild_an_answer_in_a_format(step: int, value: str) -> None:
+    """The response's JSON text as the model wrote it, streamed as it grows and whole alike."""
+    reply = '{"response": ' + value + " }"
+    use = openai_tools.ToolUse("", TOOLS, "auto", parallel=True)
+    params = GenerateParams(json_schema='{"type": "object"}')
+    use.constrain(params)
+    stream = use.stream()
+    out = "".join(d.get("content", "") for k in range(0, len(reply), step) for d in stream.feed(reply[k : k + step]))
+    out += "".join(d.get("content", "") for d in stream.feed("", final=True))
+    assert out == value == use.reply(reply, cut=False)[0] == use.reply_calls(reply)[0]
+    assert use.reply('{"tool_calls": [{"name": "lights_off", "arguments": {}}]}', cut=False)[1]
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_a_native_answer_is_its_text_even_with_a_call_marker_inside(step: int) -> None:
+    use = openai_tools.ToolUse("hermes", TOOLS, "auto", parallel=True)
+    params = GenerateParams(json_schema='{"type": "object"}')
+    use.constrain(params)
+    assert params.tool_calls is not None and not params.tool_calls.lazy and params.json_schema
+    answer = '{"note": "<tool_call>\\n{\\"name\\": \\"lights_off\\"}"}'
+    stream = use.stream()
+    deltas = [d for k in range(0, len(answer), step) for d in stream.feed(answer[k : k + step])]
+    deltas += stream.feed("", final=True)
+    assert "".join(d.get("content", "") for d in deltas) == answer and stream.calls_sent == 0
+    assert use.reply(answer, cut=False) == (answer, [])
+    call = '<tool_call>\n{"name": "lights_off", "arguments": {}}\n</tool_call>'
+    content, calls = use.reply(call, cut=False)
+    assert content is None and [c["function"]["name"] for c in calls] == ["lights_off"]
+    # Forced calls have no content: the format is not enforced in that turn.
+    forced = openai_tools.ToolUse("hermes", TOOLS, "required", parallel=True)
+    params = GenerateParams(json_schema='{"type": "object"}')
+    forced.constrain(params)
+    assert not params.json_schema and params.tool_calls is not None

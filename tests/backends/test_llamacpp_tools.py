@@ -686,9 +686,12 @@ async def test_lazy_frame_holds_from_its_open_on(load: Loader, tmp_path: Path) -
 async def test_tool_call_frame_errors(load: Loader, tmp_path: Path) -> None:
     backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
     frame = ToolCallFrame(call_schema=json.dumps(WEATHER_CALL), **HERMES)
-    for other in ({"grammar": 'root ::= "x"'}, {"json_schema": '{"type": "object"}'}):
-        with pytest.raises(InvalidArgument, match="tool_calls cannot be used together with grammar or json_schema"):
-            await text_of(backend, PROMPT, GenerateParams(tool_calls=frame, **other))
+    with pytest.raises(InvalidArgument, match="tool_calls cannot be used together with grammar"):
+        await text_of(backend, PROMPT, GenerateParams(tool_calls=frame, grammar='root ::= "x"'))
+    # An answer beside the calls only where the first token may begin either (not lazy).
+    lazy = msgspec.structs.replace(frame, lazy=True)
+    with pytest.raises(InvalidArgument, match="json_schema: with tool_calls only for a frame that is not lazy"):
+        await text_of(backend, PROMPT, GenerateParams(tool_calls=lazy, json_schema='{"type": "object"}'))
     bad = ToolCallFrame(call_schema=json.dumps({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}))
     with pytest.raises(InvalidArgument, match=r"tools\.properties\.n: keyword 'minimum' is not supported"):
         await text_of(backend, PROMPT, GenerateParams(tool_calls=bad))
@@ -716,3 +719,69 @@ async def test_tool_call_frame_errors(load: Loader, tmp_path: Path) -> None:
     string_calls = ToolCallFrame(call_schema='{"type": "string"}', lazy=True)
     with pytest.raises(InvalidArgument, match="with an empty open, each call must be a JSON object"):
         await text_of(backend, PROMPT, GenerateParams(tool_calls=string_calls))
+
+
+# --------------------------------------------------------------------------- calls or an answer
+
+# A tool's and the answer's schemas both define `$defs/x`, differently: each must keep its own.
+TOOL_X = {"type": "object", "properties": {"v": {"$ref": "#/$defs/x"}}, "required": ["v"],
+          "additionalProperties": False, "$defs": {"x": {"type": "string", "enum": ["s"]}}}
+ANSWER_X = {"type": "object", "properties": {"v": {"$ref": "#/$defs/x"}}, "required": ["v"],
+            "additionalProperties": False, "$defs": {"x": {"type": "integer"}}}
+ANSWERED_FRAMES = {
+    # Hermes / Qwen: JSON call objects.
+    "json": (ToolCallFrame(call_schema=json.dumps({
+        "type": "object", "properties": {"name": {"const": "f"}, "arguments": {
+            "type": "object", "properties": {"v": {"enum": ["s"]}}, "required": ["v"]}},
+        "required": ["name", "arguments"], "additionalProperties": False}),
+        open="<tool_call>\n", separator="\n</tool_call>\n<tool_call>\n", close="\n</tool_call>"),
+        '<tool_call>\n{"name": "f", "arguments": {"v": "s"}}\n</tool_call>'),
+    # Newer Mistral: a name, then its JSON arguments.
+    "named": (ToolCallFrame(named_calls={"f": json.dumps(TOOL_X)}, open="[TOOL_CALLS]", separator="[TOOL_CALLS]",
+                            args_marker="[ARGS]"), '[TOOL_CALLS]f[ARGS]{"v": "s"}'),
+    # Qwen 3.5's XML parameters, a JSON value among them.
+    "xml": (ToolCallFrame(named_calls={"f": json.dumps({
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})}, **XML),
+        "<tool_call>\n<function=f>\n<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>"),
+    # Gemma 4's own object syntax (no JSON converter of its own).
+    "gemma": (ToolCallFrame(named_calls={"f": json.dumps({"type": "object", "properties": {"v": {"type": "string"}}})},
+                            open="<|tool_call>call:", separator="<tool_call|><|tool_call>call:", close="<tool_call|>",
+                            arguments_syntax="gemma"), '<|tool_call>call:f{v:<|"|>s<|"|>}<tool_call|>'),
+}
+
+
+@pytest.mark.parametrize("kind", list(ANSWERED_FRAMES))
+async def test_a_frame_with_an_answer_takes_either(load: Loader, tmp_path: Path, kind: str) -> None:
+    """GenerateParams.json_schema beside a frame that is not lazy: llama.cpp's grammar sampler
+    takes the whole calls or the whole answer (after its header), and neither's `$defs` the
+    other's."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    frame, calls = ANSWERED_FRAMES[kind]
+    text = grammar.tool_call_grammar(frame, json.dumps(ANSWER_X), "<|answer|>")
+    for whole, accepted in [(calls, True), ('<|answer|>{"v": 3}', True), ('<|answer|>{"v": "s"}', False),
+                            ('{"v": 3}', False), (calls.replace('"s"', "3").replace("<|\"|>s<|\"|>", "3"), kind == "xml")]:
+        count = backend._engine._grammar_accepts(text, whole)
+        assert (count == len(whole.encode())) is accepted, (whole, count)
+    with pytest.raises(InvalidArgument, match="json_schema: with tool_calls only for a frame that is not lazy"):
+        grammar.tool_call_grammar(msgspec.structs.replace(frame, lazy=True), json.dumps(ANSWER_X))
+    with pytest.raises(InvalidArgument, match="json_schema: keyword 'maximum' is not supported"):
+        grammar.tool_call_grammar(frame, json.dumps({"type": "integer", "maximum": 3}))
+
+
+async def test_generation_with_a_frame_and_an_answer_ends_in_either(load: Loader, tmp_path: Path) -> None:
+    """The backend's params -> grammar: a frame and json_schema generate, steered either way,
+    a complete call or a complete answer, and end there (a token the grammar rejects would
+    abort llama.cpp)."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", n_ctx=1024))
+    frame, _ = ANSWERED_FRAMES["json"]
+    for start, want in (("<", "<tool_call>\n"), ("{", '{"v"')):
+        bias = {259 + ord(start) - 0x20: 30.0}
+        params = GenerateParams(temperature=1.0, seed=1, max_tokens=300, tool_calls=frame,
+                                json_schema=json.dumps(ANSWER_X), logit_bias=bias)
+        text, finish = await text_of(backend, PROMPT, params)
+        assert finish == "stop" and text.startswith(want), text
+        if start == "{":
+            assert isinstance(json.loads(text)["v"], int)
+        else:
+            assert json.loads(text.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))["arguments"] == {"v": "s"}
