@@ -80,36 +80,52 @@ def _own_refs(schema: Any, prefix: str) -> Any:
     """`schema` with each local `$ref` pointing at a copy of its target in the root's `$defs`
     under a name of its own (`prefix`-n): the converter names a reference's rule by the last
     part of its path and reuses a rule of that name, so two schemas' `#/$defs/x` would
-    otherwise share the first one's rule."""
+    otherwise share the first one's rule.
+
+    A reference is looked up from the nearest enclosing schema where its path exists, the root
+    last: a tool's parameters, written as a document of their own (Pydantic puts a nested
+    model in their `$defs`), sit inside the call's schema here, where `#/$defs/x` means their
+    own `$defs`, not the root's. The targets' copies sit at the root, so the converter (which
+    walks objects only, no list indices) resolves every reference there."""
     if not isinstance(schema, dict):
         return schema
-    names: dict[str, str] = {}
+    names: dict[int, str] = {}  # by the target object: one path may mean two targets
     copies: dict[str, Any] = {}
 
-    def target(ref: str) -> Any:
-        node: Any = schema
-        for part in ref[2:].split("/"):
-            part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(node, dict) or part not in node:
-                return None
-            node = node[part]
-        return node
+    def find(ref: str, bases: list[Any]) -> tuple[Any, list[Any]] | None:
+        parts = [part.replace("~1", "/").replace("~0", "~") for part in ref[2:].split("/")]
+        for index in range(len(bases) - 1, -1, -1):
+            node, chain = bases[index], bases[: index + 1]
+            for part in parts:
+                if isinstance(node, dict) and part in node:
+                    node = node[part]
+                elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                    node = node[int(part)]
+                else:
+                    break
+                chain = [*chain, node]
+            else:
+                return node, chain[:-1]
+        return None
 
-    def walk(node: Any) -> Any:
+    def walk(node: Any, bases: list[Any]) -> Any:
         if isinstance(node, list):
-            return [walk(item) for item in node]
+            return [walk(item, bases) for item in node]
         if not isinstance(node, dict):
             return node
-        moved = {key: value if key in _VALUES else walk(value) for key, value in node.items()}
+        inner = [*bases, node]
+        moved = {key: value if key in _VALUES else walk(value, inner) for key, value in node.items()}
         ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#/") and target(ref) is not None:
-            if ref not in names:
-                names[ref] = f"{prefix}-{len(names)}"
-                copies[names[ref]] = walk(target(ref))  # named first: a recursive one ends
-            moved["$ref"] = f"#/$defs/{names[ref]}"
+        found = find(ref, inner) if isinstance(ref, str) and ref.startswith("#/") else None
+        if found is not None:
+            target, chain = found
+            if id(target) not in names:
+                name = names[id(target)] = f"{prefix}-{len(names)}"
+                copies[name] = walk(target, chain)  # named first: a recursive one ends
+            moved["$ref"] = f"#/$defs/{names[id(target)]}"
         return moved
 
-    moved = walk(schema)
+    moved = walk(schema, [])
     if copies:
         moved["$defs"] = {**moved.get("$defs", {}), **copies}
     return moved

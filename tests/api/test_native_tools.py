@@ -221,3 +221,28 @@ def test_auto_triggers_on_the_marker_token(client: openai.OpenAI) -> None:
     ).choices[0]
     assert choice.finish_reason == "tool_calls", choice.message.content
     assert [c.function.name for c in choice.message.tool_calls or []] == ["get_weather"]
+
+
+# Pydantic's shape for a tool taking a nested model: the model in the parameters' own $defs.
+MOVE = {"type": "function", "function": {"name": "move_to", "parameters": {
+    "type": "object", "properties": {"target": {"$ref": "#/$defs/Point"}}, "required": ["target"],
+    "additionalProperties": False,
+    "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                        "required": ["x", "y"], "additionalProperties": False}},
+}}}
+
+
+@pytest.mark.parametrize("model", ["qwen", "mistral", "ministral"])
+def test_parameters_with_their_own_defs_are_enforced(client: openai.OpenAI, model: str) -> None:
+    """A tool whose parameters reference their own `$defs` (every Pydantic model with a nested
+    one) was a 400 for templates whose calls are JSON objects ("$defs not in ..."); its calls
+    now hold to the nested schema."""
+    for seed in (1, 2):
+        choice = client.chat.completions.create(
+            model=model, messages=QUESTION, tools=[MOVE], tool_choice="required", parallel_tool_calls=False, seed=seed,
+            temperature=1.0,
+            max_tokens=400, **NO_REASONING.get(model, {}),
+        ).choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        target = json.loads((choice.message.tool_calls or [])[0].function.arguments)["target"]
+        assert set(target) == {"x", "y"} and all(isinstance(v, int) for v in target.values()), target

@@ -787,3 +787,49 @@ async def test_generation_with_a_frame_and_an_answer_ends_in_either(load: Loader
             assert isinstance(json.loads(text)["v"], int)
         else:
             assert json.loads(text.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))["arguments"] == {"v": "s"}
+
+
+# --------------------------------------------------------------------------- a tool's own $defs
+
+# Pydantic's shape: a nested model in the parameters' own `$defs`. Two tools define `Point`
+# differently; each call's schema must hold to its own.
+POINT_TOOLS = [
+    {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": {"p": {"$ref": "#/$defs/Point"}}, "required": ["p"],
+        "additionalProperties": False,
+        "$defs": {"Point": {"type": "object", "properties": {"x": {"type": kind}}, "required": ["x"],
+                            "additionalProperties": False}},
+    }}}
+    for name, kind in (("ints", "integer"), ("texts", "string"))
+]
+
+
+@pytest.mark.parametrize("syntax", ["hermes", "mistral", "apertus", ""])
+async def test_tool_parameters_keep_their_own_defs(load: Loader, tmp_path: Path, syntax: str) -> None:
+    """A tool's parameters are a schema document of their own: inside the call's schema (a JSON
+    object frame, the generic reply), their `#/$defs/Point` is still theirs. It was a 400 ("$defs
+    not in ...": the reference was looked up from the call schema's root) for every client whose
+    tools come from Pydantic models with a nested one."""
+    from daemon.api import openai_tools
+
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    tools = msgspec.convert(POINT_TOOLS, list[openai_tools.Tool])
+    use = openai_tools.ToolUse(syntax, tools, "required", parallel=False)
+    params = GenerateParams()
+    use.constrain(params)
+    if params.tool_calls is not None:
+        text = grammar.tool_call_grammar(params.tool_calls)
+    else:
+        text = grammar.schema_to_grammar(params.json_schema, "json_schema")
+    calls = {
+        "hermes": '<tool_call>\n{"name": "NAME", "arguments": {"p": {"x": X}}}\n</tool_call>',
+        "mistral": '[TOOL_CALLS][{"name": "NAME", "arguments": {"p": {"x": X}}, "id": "abcdefghi"}]',
+        "apertus": '<|tools_prefix|>[{"NAME": {"p": {"x": X}}}]<|tools_suffix|>',
+        "": '{"tool_calls": [{"name": "NAME", "arguments": {"p": {"x": X}}}]}',
+    }[syntax]
+    for name, value, accepted in [("ints", "3", True), ("texts", '"a"', True), ("ints", '"a"', False),
+                                  ("texts", "3", False)]:
+        whole = calls.replace("NAME", name).replace("X", value)
+        count = backend._engine._grammar_accepts(text, whole)
+        assert (count == len(whole.encode())) is accepted, (whole, count)
