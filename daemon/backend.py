@@ -777,6 +777,20 @@ class GenerateChunk(msgspec.Struct):
     # meaningful when nothing preceded it (logprob 0.0, no alternatives): OpenAI reports the
     # first entry as null whatever it is, and so do the routes.
     prompt_logprobs: list[TokenLogprob] = []
+    # On the last chunk with finish_reason "stop": the stop string (of GenerateParams.stop)
+    # that ended the sequence; "" when an end-of-generation token did (llama-server's
+    # stop_type "word" and "eos").
+    stop_word: str = ""
+
+
+class InfillInput(msgspec.Struct, frozen=True):
+    """llama-server's /infill: the text before and after the insertion point, other files of
+    the project as (filename, text), and text the completion starts with (after the prefix)."""
+
+    prefix: str
+    suffix: str
+    extra: tuple[tuple[str, str], ...] = ()
+    prompt: str = ""
 
 
 class GenerationProps(msgspec.Struct, frozen=True):
@@ -858,6 +872,13 @@ class GenerationBackend(Backend):
         the text of a control or user-defined token (`<|im_start|>`) is that token, otherwise
         it is tokenized as plain text. Runs off the event loop."""
         raise Unsupported(f"backend {self.name!r} does not tokenize text")
+
+    async def infill_tokens(self, infill: InfillInput) -> list[int]:
+        """The prompt llama-server's /infill builds from `infill` with the model's
+        fill-in-the-middle tokens (its repository-level layout where the model has those
+        tokens), as token ids to generate from. InvalidArgument when the model has no FIM
+        tokens. Runs off the event loop."""
+        raise Unsupported(f"backend {self.name!r} does not build fill-in-the-middle prompts")
 
     async def token_pieces(self, tokens: Sequence[int]) -> list[bytes]:
         """Each token's bytes as the model writes them, a control token's text included (as

@@ -179,8 +179,11 @@ def write_tiny_llama(
     return path
 
 
-def with_fim_tokens(source: Path, target: Path, pre: int, suf: int, mid: int) -> Path:
-    """A copy of a GGUF whose tokenizer names fill-in-the-middle tokens (llama.cpp's keys)."""
+def with_fim_tokens(
+    source: Path, target: Path, pre: int, suf: int, mid: int, rep: int | None = None, sep: int | None = None
+) -> Path:
+    """A copy of a GGUF whose tokenizer names fill-in-the-middle tokens (llama.cpp's keys);
+    `rep` and `sep`: the repository-level ones too (FIM_REP, FIM_SEP)."""
     import gguf
     from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
 
@@ -189,7 +192,9 @@ def with_fim_tokens(source: Path, target: Path, pre: int, suf: int, mid: int) ->
     keys = gguf.Keys.Tokenizer
     metadata = {
         key: MetadataDetails(gguf.GGUFValueType.UINT32, value)
-        for key, value in ((keys.FIM_PRE_ID, pre), (keys.FIM_SUF_ID, suf), (keys.FIM_MID_ID, mid))
+        for key, value in ((keys.FIM_PRE_ID, pre), (keys.FIM_SUF_ID, suf), (keys.FIM_MID_ID, mid),
+                           (keys.FIM_REP_ID, rep), (keys.FIM_SEP_ID, sep))
+        if value is not None
     }
     copy_with_new_metadata(reader, writer, metadata, [])
     return target

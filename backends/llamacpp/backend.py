@@ -45,6 +45,7 @@ from daemon.backend import (
     GenerateParams,
     GenerationBackend,
     GenerationProps,
+    InfillInput,
     InstanceContext,
     InvalidArgument,
     ModelConfig,
@@ -300,6 +301,10 @@ class LlamaCppBackend(GenerationBackend):
     async def token_pieces(self, tokens: Sequence[int]) -> list[bytes]:
         engine = self._require_engine()
         return await self.run_blocking(engine.token_pieces, list(tokens))
+
+    async def infill_tokens(self, infill: InfillInput) -> list[int]:
+        engine = self._require_engine()
+        return await self.run_blocking(engine.infill_tokens, infill)
 
     def thinking_tags(self) -> tuple[str, str]:
         """The chat template's reasoning tags (templates.thinking_tags_of); none when not loaded."""

@@ -58,6 +58,7 @@ from daemon.backend import (
     EdgedError,
     GenerateChunk,
     GenerateParams,
+    InfillInput,
     InvalidArgument,
     SlotState,
     SlotTask,
@@ -1328,6 +1329,7 @@ class Engine:
                 prompt_tokens=len(seq.prompt),
                 completion_tokens=seq.generated,
                 cached_tokens=seq.cached,
+                stop_word=seq.stops.matched,
             ),
         )
 
@@ -1475,6 +1477,46 @@ class Engine:
                 )
             buffer = ctypes.create_string_buffer(64)
             return [self._to_piece(token, special=True, buffer=buffer) for token in tokens]
+
+    def infill_tokens(self, infill: InfillInput) -> list[int]:
+        """llama-server's /infill prompt (its format_prompt_infill, with its default n_predict
+        of -1), from any thread: the extra files first, as many of their last tokens as fit
+        in the context beyond one batch; then [BOS] FIM_PRE, the prefix's last 3/4 batch of
+        tokens, the prompt, FIM_SUF, the suffix's first tokens up to a 1/4 batch, FIM_MID.
+        Where the model has FIM_REP and FIM_SEP, the extra part is the repository-level
+        layout: FIM_REP "myproject\n", FIM_SEP "<filename>\n" before each file's text and
+        FIM_SEP "filename\n" after them; else the files' texts between snippet markers."""
+        with self._vocab_lock:
+            self._require_model()
+            vocab = self._vocab
+            pre, suf, mid = llama.llama_vocab_fim_pre(vocab), llama.llama_vocab_fim_suf(vocab), llama.llama_vocab_fim_mid(vocab)
+            if min(pre, suf, mid) < 0:
+                raise InvalidArgument(
+                    f"model '{self.name}' has no fill-in-the-middle tokens (FIM prefix/suffix/middle)"
+                )
+            rep, sep = llama.llama_vocab_fim_rep(vocab), llama.llama_vocab_fim_sep(vocab)
+
+            def text(value: str) -> list[int]:
+                return self._tokenize(value, add_special=False, parse_special=False)
+
+            extra: list[int] = [rep, *text("myproject\n")] if rep >= 0 else []
+            for filename, chunk in infill.extra:
+                extra += [sep, *text(filename + "\n")] if sep >= 0 else text("\n\n--- snippet ---\n\n")
+                extra += text(chunk)
+            if sep >= 0:
+                extra += [sep, *text("filename\n")]
+            prefix, suffix = text(infill.prefix), text(infill.suffix)
+            prompt = self._tokenize(infill.prompt, add_special=False, parse_special=True)
+            quarter = self._n_batch // 4
+            n_prefix = min(len(prefix), 3 * quarter)
+            n_suffix = min(len(suffix), max(0, quarter - (2 + len(prompt))))
+            n_extra = min(max(0, self.n_ctx_seq - self._n_batch + 2), len(extra))
+            bos = llama.llama_vocab_bos(vocab)
+            head = [bos] if llama.llama_vocab_get_add_bos(vocab) and bos >= 0 else []
+            return [
+                *extra[len(extra) - n_extra :], *head, pre, *prefix[len(prefix) - n_prefix :], *prompt,
+                suf, *suffix[:n_suffix], mid,
+            ]
 
     def _require_model(self) -> None:
         if not self._model:

@@ -41,6 +41,9 @@ class StopMatcher:
     def __init__(self, stops: Sequence[str]) -> None:
         self._stops = [s for s in stops if s]
         self._held = ""
+        # The stop string that was hit: the earliest in the text, the first listed of those
+        # starting there (llama-server's stopping_word).
+        self.matched = ""
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Return (text safe to emit, whether a stop string was hit)."""
@@ -48,10 +51,12 @@ class StopMatcher:
             return text, False
         buffer = self._held + text
         # Emitted text never held a partial match, so a stop can only start in `buffer`.
-        hits = [i for i in (buffer.find(stop) for stop in self._stops) if i >= 0]
+        hits = [(i, stop) for stop in self._stops if (i := buffer.find(stop)) >= 0]
         if hits:
             self._held = ""
-            return buffer[: min(hits)], True
+            at = min(i for i, _ in hits)
+            self.matched = next(stop for i, stop in hits if i == at)
+            return buffer[:at], True
         keep = self._partial_suffix(buffer)
         self._held = buffer[len(buffer) - keep :]
         return buffer[: len(buffer) - keep], False

@@ -10,6 +10,7 @@ from aiohttp import web
 from daemon.api import (
     admin,
     kserve,
+    llama_completion,
     llama_native,
     logging_routes,
     ollama,
@@ -54,6 +55,7 @@ def create_app(service: Service, token: str | None) -> web.Application:
     openai_responses.add_routes(app)
     ollama.add_routes(app)
     llama_native.add_routes(app)
+    llama_completion.add_routes(app)
     admin.add_routes(app)
     trace.add_routes(app, config.trace.file)
     # The infer route's work, shared with the lean front (daemon.api.front).

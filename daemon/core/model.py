@@ -25,6 +25,7 @@ from daemon.backend import (
     GenerationBackend,
     InferRequest,
     InferResponse,
+    InfillInput,
 )
 from daemon.core.plugins import takes_keyword
 from daemon.core.scheduler import Scheduler
@@ -210,6 +211,15 @@ class LoadedVersion:
         self._enter()
         try:
             return await generator.token_pieces(tokens)
+        finally:
+            self._leave()
+
+    async def infill_tokens(self, infill: InfillInput) -> list[int]:
+        """llama-server's /infill prompt (see GenerationBackend.infill_tokens)."""
+        generator = self.require_generator()
+        self._enter()
+        try:
+            return await generator.infill_tokens(infill)
         finally:
             self._leave()
 

@@ -353,6 +353,7 @@ _CONTRACT_METHODS: tuple[tuple[type[Backend], str], ...] = (
     (GenerationBackend, "engine_stats"),
     (GenerationBackend, "props"),
     (GenerationBackend, "slots"),
+    (GenerationBackend, "infill_tokens"),
 )
 
 

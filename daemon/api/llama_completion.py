@@ -1,0 +1,425 @@
+"""llama-server's native completion routes: `POST /completion` (also `/completions`) and
+`POST /infill` (fill-in-the-middle for code editors), with its field names, response object
+and event stream (llama.cpp tools/server), on the engine the OpenAI routes use.
+
+The body names the model (`model`, required, as in llama_native). Every field llama-server
+takes either has its effect here or is a 400 naming it: an unknown field (llama-server ignores
+one) and the fields not implemented (`samplers`, `n_cmpl`/`n`, `id_slot`, `lora`, `n_keep`,
+`t_max_predict_ms`, ...) are rejected by the decoder. Sampling values are checked as on the
+OpenAI routes (openai._params), which reject what llama-server clamps.
+
+Streamed, each event is `data: {json}\\n\\n`: one per engine chunk (`content`, its `tokens`,
+`stop: false`), then the summary with `stop: true`; no `[DONE]`, as llama-server's native
+stream has none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from daemon.api.errors import error_body
+from daemon.api.openai import (
+    _params,
+    _Sampling,
+    decode_with,
+    first_chunk,
+    generation_model,
+    in_range,
+    request_body,
+    start_sse,
+)
+from daemon.backend import GenerateChunk, GenerateParams, InfillInput, TokenLogprob
+from daemon.core.model import LoadedVersion
+from daemon.errors import EdgedError, InvalidArgument
+
+_json = msgspec.json.Encoder()
+# llama-server's seed when none is given (LLAMA_DEFAULT_SEED): a random one per request.
+_RANDOM_SEED = 2**32 - 1
+# llama-server's window for every penalty when repeat_last_n is not given.
+_REPEAT_LAST_N = 64
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class _Completion(_Strict):
+    """The fields /completion and /infill share: llama-server's names and defaults."""
+
+    model: str
+    # -1: until an end-of-generation token or the end of the context. llama-server also takes
+    # the OpenAI names; they must agree when several are sent.
+    n_predict: int | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stream: bool = False
+    cache_prompt: bool = True
+    # The generated token ids in `tokens` (streamed events carry theirs always, as llama-server's).
+    return_tokens: bool = False
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    top_n_sigma: float | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[str] | None = None
+    min_keep: int | None = None
+    # Each generated token's log probability and the n most likely (before sampling, as
+    # llama-server's default post_sampling_probs false); `logprobs` is its other name.
+    n_probs: int | None = None
+    logprobs: int | None = None
+    # llama-server's two forms: [[token id or text, bias], ...] or {"id or text": bias}; a
+    # text biases each of its tokens. Biases in [-100, 100], as the engine takes them:
+    # llama-server's false (a ban, -inf) is a 400 (-100 bans a token in practice).
+    logit_bias: list[tuple[int | str, float | bool]] | dict[str, float | bool] | None = None  # bool: for its 400
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Completion):
+    # A text (BOS added, special tokens' texts parsed), token ids, or texts and ids mixed (a
+    # text after the first item gets no BOS). llama-server's lists of prompts are a 400.
+    prompt: str | list[str | int | list[int]] | None = None
+
+
+class ExtraChunk(_Strict):
+    text: str
+    filename: str = "tmp"  # llama-server's name for a chunk without one
+
+
+class InfillRequest(_Completion):
+    input_prefix: str | None = None
+    input_suffix: str | None = None
+    input_extra: list[ExtraChunk] = []
+    # Text the completion starts with, after the prefix (llama-server's layout).
+    prompt: str = ""
+
+
+_COMPLETION = msgspec.json.Decoder(CompletionRequest)
+_INFILL = msgspec.json.Decoder(InfillRequest)
+# The fields _Completion shares with the OpenAI routes' _Sampling, read by openai._params.
+_SHARED = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
+           "presence_penalty", "frequency_penalty", "seed", "stop", "ignore_eos", "cache_prompt", "mirostat",
+           "mirostat_tau", "mirostat_eta", "dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability",
+           "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+           "dry_sequence_breakers", "min_keep")
+
+
+def _n_predict(req: _Completion) -> int | None:
+    """The output limit (None: none), from n_predict or its OpenAI names."""
+    given = {name: value for name in ("n_predict", "max_completion_tokens", "max_tokens")
+             if (value := getattr(req, name)) is not None}
+    if len(set(given.values())) > 1:
+        raise InvalidArgument(f"{', '.join(given)} disagree; send one of them")
+    name, value = next(iter(given.items()), ("n_predict", -1))
+    if value < -1:
+        raise InvalidArgument(f"{name} must be -1 (no limit) or >= 0, got {value}")
+    return None if value == -1 else value
+
+
+async def sampling_params(model: LoadedVersion, req: _Completion) -> GenerateParams:
+    """The request's GenerateParams: the sampling fields through the OpenAI routes' checks,
+    then what only llama-server's routes take (its logit_bias forms, n_probs, grammar)."""
+    shared = {name: getattr(req, name) for name in _SHARED}
+    if shared["repeat_last_n"] is None:
+        shared["repeat_last_n"] = _REPEAT_LAST_N
+    params = _params(_Sampling(model=req.model, **shared), min_tokens=0)
+    params.max_tokens = _n_predict(req)
+    if req.n_probs is not None and req.logprobs is not None and req.n_probs != req.logprobs:
+        raise InvalidArgument("n_probs and logprobs disagree; send one of them")
+    probs = req.n_probs if req.n_probs is not None else req.logprobs
+    if probs is not None:
+        if not 0 <= probs <= 20:
+            raise InvalidArgument(f"n_probs must be between 0 and 20, got {probs}")
+        params.logprobs = probs or None  # 0: none, as llama-server
+    if req.logit_bias:
+        params.logit_bias = await _logit_bias(model, req.logit_bias)
+    if req.grammar is not None and req.json_schema is not None:
+        # llama-server then uses the grammar and drops the schema without a word.
+        raise InvalidArgument("grammar and json_schema: send one of them")
+    if req.grammar:
+        params.grammar = req.grammar
+    if req.json_schema is not None:
+        params.json_schema = json.dumps(req.json_schema or {"type": "object"})  # {}: any object
+    return params
+
+
+async def _logit_bias(
+    model: LoadedVersion, biases: list[tuple[int | str, float | bool]] | dict[str, float | bool]
+) -> dict[int, float]:
+    pairs: list[tuple[int | str, float | bool]]
+    pairs = list(biases.items()) if isinstance(biases, dict) else list(biases)
+    out: dict[int, float] = {}
+    for key, value in pairs:
+        if isinstance(value, bool):
+            raise InvalidArgument(
+                f"logit_bias[{key!r}]: {json.dumps(value)} is not supported; a bias is a number in [-100, 100] "
+                "(-100 to ban the token)"
+            )
+        bias = float(value)
+        in_range(f"logit_bias[{key!r}]", bias, -100.0, 100.0)
+        token: int | None = key if isinstance(key, int) else None
+        if isinstance(key, str):
+            with contextlib.suppress(ValueError):
+                token = int(key) if key.strip() == key and key.lstrip("-").isdigit() else None
+        if token is not None:
+            out[token] = bias  # the engine answers a 400 for an id outside the vocabulary
+            continue
+        assert isinstance(key, str)
+        for each in await model.tokenize(key, add_special=False, parse_special=False):
+            out[each] = bias
+    return out
+
+
+async def prompt_tokens(model: LoadedVersion, prompt: str | list[str | int | list[int]] | None) -> list[int]:
+    """llama-server's tokens for one prompt: a text with the BOS and special tokens' texts
+    parsed; ids as they are; texts and ids in order, the BOS before a first text only."""
+    if prompt is None:
+        raise InvalidArgument("prompt: required")
+    if isinstance(prompt, str):
+        return await model.tokenize(prompt, add_special=True, parse_special=True)
+    if not any(isinstance(item, int) for item in prompt):
+        # llama-server takes such a list as several prompts and answers with a list.
+        raise InvalidArgument(
+            "prompt: one text, token ids, or texts and token ids mixed; lists of prompts are not supported"
+        )
+    tokens: list[int] = []
+    for index, item in enumerate(prompt):
+        if isinstance(item, list):
+            raise InvalidArgument(f"prompt[{index}]: a list among token ids; lists of prompts are not supported")
+        if isinstance(item, int):
+            tokens.append(item)
+        else:
+            tokens += await model.tokenize(item, add_special=index == 0, parse_special=True)
+    return tokens
+
+
+@dataclass
+class _Result:
+    """What a sequence produced, gathered as its chunks come."""
+
+    text: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    probs: list[TokenLogprob] = field(default_factory=list)
+    last: GenerateChunk = field(default_factory=lambda: GenerateChunk(text=""))
+    started: float = 0.0
+    first_at: float = 0.0
+    ended_at: float = 0.0
+
+    def add(self, chunk: GenerateChunk) -> None:
+        self.text.append(chunk.text)
+        self.tokens += chunk.token_ids
+        self.probs += chunk.logprobs
+        self.last = chunk
+        self.ended_at = time.monotonic()
+
+
+def _token_json(entry: TokenLogprob) -> dict[str, Any]:
+    return {"id": entry.token_id, "token": _piece_text(entry.piece), "bytes": list(entry.piece),
+            "logprob": entry.logprob}
+
+
+def _piece_text(piece: bytes) -> str:
+    """As llama-server: an incomplete UTF-8 character at the end is cut; `bytes` has it."""
+    for back in range(1, min(4, len(piece)) + 1):
+        byte = piece[-back]
+        need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 0
+        if need and back < need:
+            piece = piece[: len(piece) - back]
+            break
+    return piece.decode("utf-8", errors="replace")
+
+
+def _probs_json(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+    return [{**_token_json(e), "top_logprobs": [_token_json(t) for t in e.top]} for e in entries]
+
+
+def _settings(params: GenerateParams, stream: bool, grammar: str | None) -> dict[str, Any]:
+    """llama-server's generation_settings, for what this engine has: the values sampled with."""
+    out: dict[str, Any] = {
+        "seed": _RANDOM_SEED if params.seed is None else params.seed,
+        "temperature": params.temperature, "dynatemp_range": params.dynatemp_range,
+        "dynatemp_exponent": params.dynatemp_exponent, "top_k": params.top_k, "top_p": params.top_p,
+        "min_p": params.min_p, "top_n_sigma": params.top_n_sigma, "xtc_probability": params.xtc_probability,
+        "xtc_threshold": params.xtc_threshold, "typical_p": params.typical_p,
+        "repeat_last_n": params.penalty_last_n, "repeat_penalty": params.repeat_penalty,
+        "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
+        "dry_multiplier": params.dry_multiplier, "dry_base": params.dry_base,
+        "dry_allowed_length": params.dry_allowed_length, "dry_penalty_last_n": params.dry_penalty_last_n,
+        "dry_sequence_breakers": params.dry_sequence_breakers, "mirostat": params.mirostat,
+        "mirostat_tau": params.mirostat_tau, "mirostat_eta": params.mirostat_eta, "stop": params.stop,
+        "max_tokens": -1 if params.max_tokens is None else params.max_tokens,
+        "n_predict": -1 if params.max_tokens is None else params.max_tokens,
+        "ignore_eos": params.ignore_eos, "stream": stream,
+        "logit_bias": [{"bias": b, "token": t} for t, b in params.logit_bias.items()],
+        "n_probs": params.logprobs or 0, "min_keep": params.min_keep,
+    }
+    if not params.json_schema:
+        out["grammar"] = grammar or ""  # with a json_schema, llama-server shows its GBNF, which is the engine's
+    return out
+
+
+def _stop_type(last: GenerateChunk) -> str:
+    if last.finish_reason == "length":
+        return "limit"
+    if last.finish_reason == "stop":
+        return "word" if last.stop_word else "eos"
+    return "none"
+
+
+def _timings(result: _Result) -> dict[str, Any]:
+    """Measured here, at the route: prompt from handing the request to the engine to its first
+    chunk (a wait for a free slot included), generation from then to the last chunk."""
+    last = result.last
+    evaluated = last.prompt_tokens - last.cached_tokens
+    prompt_ms = (result.first_at - result.started) * 1000
+    predicted_ms = (result.ended_at - result.first_at) * 1000
+    # As llama-server: the first token comes with the prompt's logits, so rates count the rest.
+    steps = max(last.completion_tokens - 1, 0)
+    return {
+        "cache_n": last.cached_tokens,
+        "prompt_n": evaluated, "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / evaluated if evaluated else 0.0,
+        "prompt_per_second": 1e3 / prompt_ms * evaluated if prompt_ms > 0 else 0.0,
+        "predicted_n": last.completion_tokens, "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
+        "predicted_per_second": 1e3 / predicted_ms * steps if predicted_ms > 0 else 0.0,
+    }
+
+
+async def _complete(
+    request: web.Request, model: LoadedVersion, req: _Completion, tokens: list[int], params: GenerateParams
+) -> web.StreamResponse:
+    prompt_text = b"".join(await model.token_pieces(tokens)).decode("utf-8", errors="replace")
+    result = _Result(started=time.monotonic())
+
+    async def summary(stream: bool) -> dict[str, Any]:
+        last = result.last
+        content = "".join(result.text)
+        probs = result.probs
+        if last.stop_word and probs and not stream:
+            # As llama-server: the stop string's tokens (as many as it tokenizes to) are not listed.
+            cut = len(await model.tokenize(last.stop_word, add_special=False, parse_special=False))
+            probs = probs[: max(len(probs) - cut, 0)]
+        limit = params.max_tokens
+        out: dict[str, Any] = {
+            "index": 0,
+            "content": "" if stream else content,  # streamed, the events carried it
+            "tokens": result.tokens if req.return_tokens and not stream else [],
+            "stop": True,
+            "model": model.name,
+            "tokens_predicted": last.completion_tokens,
+            "tokens_evaluated": last.prompt_tokens,
+            "generation_settings": _settings(params, stream, req.grammar),
+            "prompt": prompt_text,
+            "has_new_line": "\n" in content,
+            # Cut off by the end of the context rather than n_predict.
+            "truncated": last.finish_reason == "length" and (limit is None or last.completion_tokens < limit),
+            "stop_type": _stop_type(last),
+            "stopping_word": last.stop_word,
+            # The slot's cache after it: the prompt and every generated token but the last.
+            "tokens_cached": last.prompt_tokens + max(last.completion_tokens - 1, 0),
+            "timings": _timings(result),
+        }
+        if params.logprobs and not stream:
+            out["completion_probabilities"] = _probs_json(probs)
+        return out
+
+    chunks: AsyncGenerator[GenerateChunk, None] = model.generate(tokens, params)
+    async with contextlib.aclosing(chunks):
+        # Before the status: a full queue or a prompt too long is a real 4xx/5xx.
+        first = await first_chunk(chunks)
+        result.first_at = time.monotonic()
+        if first is not None:
+            result.add(first)
+        if not req.stream:
+            async for chunk in chunks:
+                result.add(chunk)
+            return web.Response(body=_json.encode(await summary(False)), content_type="application/json")
+        response = await start_sse(request)
+        try:
+            pending = [first] if first is not None else []
+            while True:
+                for chunk in pending:
+                    if chunk.text or chunk.token_ids:
+                        await _event(response, {
+                            "index": 0, "content": chunk.text, "tokens": chunk.token_ids, "stop": False,
+                            "tokens_predicted": len(result.tokens), "tokens_evaluated": len(tokens),
+                            **({"completion_probabilities": _probs_json(chunk.logprobs)} if params.logprobs else {}),
+                        })
+                if result.last.finish_reason is not None:
+                    break
+                chunk = await anext(chunks)
+                result.add(chunk)
+                pending = [chunk]
+        except EdgedError as exc:
+            # The 200 went out: the error is the stream's last event, as llama-server's.
+            await _event(response, error_body(exc.status, exc.message, request.path))
+            await response.write_eof()
+            return response
+        except StopAsyncIteration:
+            pass
+        await _event(response, await summary(True))
+        await response.write_eof()
+        return response
+
+
+async def _event(response: web.StreamResponse, payload: object) -> None:
+    await response.write(b"data: " + _json.encode(payload) + b"\n\n")
+
+
+async def completion(request: web.Request) -> web.StreamResponse:
+    req = decode_with(_COMPLETION, await request_body(request))
+    model = await generation_model(request, req.model)
+    params = await sampling_params(model, req)
+    tokens = await prompt_tokens(model, req.prompt)
+    return await _complete(request, model, req, tokens, params)
+
+
+async def infill(request: web.Request) -> web.StreamResponse:
+    req = decode_with(_INFILL, await request_body(request))
+    model = await generation_model(request, req.model)
+    for name in ("input_prefix", "input_suffix"):
+        if getattr(req, name) is None:
+            raise InvalidArgument(f"{name}: required")  # as llama-server
+    assert req.input_prefix is not None and req.input_suffix is not None
+    params = await sampling_params(model, req)
+    extra = tuple((chunk.filename, chunk.text) for chunk in req.input_extra)
+    try:
+        tokens = await model.infill_tokens(InfillInput(req.input_prefix, req.input_suffix, extra, req.prompt))
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"infill: {exc.message}") from None
+    return await _complete(request, model, req, tokens, params)
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_post("/completion", completion)
+    r.add_post("/completions", completion)
+    r.add_post("/infill", infill)

@@ -1,0 +1,230 @@
+"""llama-server's POST /completion (/completions) and /infill against the daemon serving tiny
+GGUFs on llama.cpp, over its real socket. tests/fixtures/oracle/llama_completion.py compares
+the same requests with llama-server's answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from gguf_builder import with_fim_tokens, write_tiny_llama
+
+# Ids in the tiny vocabulary: <s> 1, </s> 2; the control tokens come last (379 on).
+BOS, EOS = 1, 2
+PRE, SUF, MID, REP, SEP = 379, 380, 381, 382, 383
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("llm-repo")
+    for name in ("tiny", "coder", "fim"):
+        (path / name / "1").mkdir(parents=True)
+        (path / name / "config.pbtxt").write_text('backend: "llamacpp"\n')
+    controls = ("[FP]", "[FS]", "[FM]", "[FR]", "[FE]")  # names llama.cpp does not take for FIM
+    source = write_tiny_llama(path / "tiny" / "1" / "model.gguf", seed=1, n_ctx=1024, control_tokens=controls)
+    # Repository-level FIM tokens (Qwen 2.5 Coder's layout), and the three plain ones only.
+    with_fim_tokens(source, path / "coder" / "1" / "model.gguf", PRE, SUF, MID, rep=REP, sep=SEP)
+    with_fim_tokens(source, path / "fim" / "1" / "model.gguf", PRE, SUF, MID)
+    return path
+
+
+@pytest.fixture(scope="module")
+def daemon(repo: Path, tmp_path_factory: pytest.TempPathFactory):
+    from support import start_daemon_process
+
+    process = start_daemon_process(tmp_path_factory.mktemp("edged"), "--model-repository", str(repo), http=True)
+    yield process
+    process.stop()
+
+
+def post(daemon: Any, path: str, body: dict[str, Any], status: int = 200) -> Any:
+    reply = daemon.post_json(path, body)
+    assert reply.status == status, reply.body
+    return reply.json()
+
+
+def complete(daemon: Any, path: str = "/completion", **body: Any) -> Any:
+    return post(daemon, path, {"model": "tiny", "temperature": 0, **body})
+
+
+def tokenize(daemon: Any, text: str, model: str = "tiny", **options: Any) -> list[int]:
+    return post(daemon, "/tokenize", {"model": model, "content": text, **options})["tokens"]
+
+
+def events(daemon: Any, path: str, body: dict[str, Any]) -> list[Any]:
+    reply = daemon.post_json(path, {"model": "tiny", "temperature": 0, "stream": True, **body})
+    assert reply.status == 200, reply.body
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    frames = reply.body.decode().split("\n\n")
+    assert frames[-1] == ""  # every event ends with a blank line
+    assert all(frame.startswith("data: ") for frame in frames[:-1])
+    return [json.loads(frame[len("data: "):]) for frame in frames[:-1]]  # no [DONE]: not JSON
+
+
+def test_greedy_text_is_the_openai_routes(daemon: Any) -> None:
+    for path in ("/completion", "/completions"):
+        got = complete(daemon, path, prompt=PROMPT, n_predict=16)
+        openai = post(daemon, "/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 16, "temperature": 0})
+        assert got["content"] == openai["choices"][0]["text"] and got["content"]
+        assert got["stop"] is True and got["stop_type"] == "limit" and got["stopping_word"] == ""
+        assert got["tokens_predicted"] == 16 and got["truncated"] is False
+        prompt = tokenize(daemon, PROMPT, add_special=True)
+        assert got["tokens_evaluated"] == len(prompt) == openai["usage"]["prompt_tokens"]
+        assert got["prompt"] == post(daemon, "/detokenize", {"model": "tiny", "tokens": prompt})["content"]
+        assert got["model"] == "tiny" and got["tokens"] == []
+        assert got["tokens_cached"] == len(prompt) + 15
+        assert got["has_new_line"] == ("\n" in got["content"])
+        timings = got["timings"]
+        assert timings["predicted_n"] == 16 and timings["prompt_n"] + timings["cache_n"] == len(prompt)
+        assert timings["predicted_ms"] >= 0 and timings["prompt_ms"] > 0
+        settings = got["generation_settings"]
+        assert settings["n_predict"] == 16 and settings["temperature"] == 0 and settings["repeat_last_n"] == 64
+        assert settings["seed"] == 2**32 - 1 and settings["stream"] is False
+
+
+def test_n_predict_and_return_tokens(daemon: Any) -> None:
+    got = complete(daemon, prompt=PROMPT, n_predict=3, return_tokens=True)
+    assert got["tokens_predicted"] == 3 and len(got["tokens"]) == 3 and got["stop_type"] == "limit"
+    assert post(daemon, "/detokenize", {"model": "tiny", "tokens": got["tokens"]})["content"] == got["content"]
+    longer = complete(daemon, prompt=PROMPT, n_predict=8)
+    assert longer["content"].startswith(got["content"])
+    # The OpenAI name means the same; -1 runs to the end of the context (1024 tokens here).
+    assert complete(daemon, prompt=PROMPT, max_tokens=3)["content"] == got["content"]
+    full = complete(daemon, prompt=PROMPT, n_predict=-1, ignore_eos=True)
+    assert full["stop_type"] == "limit" and full["truncated"] is True
+    assert full["tokens_cached"] == 1024  # the whole context: the last token sampled is not decoded
+
+
+def test_stop_word(daemon: Any) -> None:
+    text = complete(daemon, prompt=PROMPT, n_predict=16)["content"]
+    word = text[5:8]
+    got = complete(daemon, prompt=PROMPT, n_predict=16, stop=["never-there", word])
+    assert got["content"] == text[: text.index(word)]
+    assert got["stop_type"] == "word" and got["stopping_word"] == word
+    assert got["tokens_predicted"] < 16
+
+
+def test_eos(daemon: Any) -> None:
+    # The end-of-sequence token made certain, in either of llama-server's logit_bias forms.
+    for bias in ([[EOS, 100]], {str(EOS): 100}, [["never", -100], [EOS, 100]]):
+        got = complete(daemon, prompt=PROMPT, n_predict=8, logit_bias=bias, return_tokens=True)
+        assert got["stop_type"] == "eos" and got["content"] == "" and got["stopping_word"] == ""
+        assert got["tokens"] == [EOS] and got["tokens_predicted"] == 1
+
+
+def test_logit_bias_bans_a_token(daemon: Any) -> None:
+    first = complete(daemon, prompt=PROMPT, n_predict=1, return_tokens=True)["tokens"][0]
+    again = complete(daemon, prompt=PROMPT, n_predict=1, return_tokens=True, logit_bias=[[first, -100]])
+    assert again["tokens"][0] != first
+    assert again["generation_settings"]["logit_bias"] == [{"bias": -100.0, "token": first}]
+
+
+def test_stream_frames_and_summary(daemon: Any) -> None:
+    whole = complete(daemon, prompt=PROMPT, n_predict=10, return_tokens=True)
+    frames = events(daemon, "/completion", {"prompt": PROMPT, "n_predict": 10})
+    *parts, final = frames
+    assert parts and all(p["stop"] is False and set(p) == {"index", "content", "tokens", "stop", "tokens_predicted", "tokens_evaluated"} for p in parts)
+    assert "".join(p["content"] for p in parts) == whole["content"]
+    assert [t for p in parts for t in p["tokens"]] == whole["tokens"]
+    assert parts[-1]["tokens_predicted"] == 10 and parts[0]["tokens_evaluated"] == whole["tokens_evaluated"]
+    assert final["stop"] is True and final["content"] == "" and final["tokens"] == []
+    assert final["stop_type"] == "limit" and final["tokens_predicted"] == 10 and "timings" in final
+    assert final["generation_settings"]["stream"] is True
+    # A stop word ends the stream with its summary too.
+    word = whole["content"][4:6]
+    *parts, final = events(daemon, "/completion", {"prompt": PROMPT, "n_predict": 10, "stop": word})
+    assert "".join(p["content"] for p in parts) == whole["content"][: whole["content"].index(word)]
+    assert final["stop_type"] == "word" and final["stopping_word"] == word
+
+
+def test_token_id_prompts(daemon: Any) -> None:
+    text = complete(daemon, prompt=PROMPT, n_predict=8)["content"]
+    ids = tokenize(daemon, PROMPT, add_special=True)
+    assert complete(daemon, prompt=ids, n_predict=8)["content"] == text
+    # Texts and ids mixed: a first text gets the BOS, a later one none (llama-server's).
+    head, tail = "Once upon", " a time"
+    mixed = complete(daemon, prompt=[BOS, *tokenize(daemon, head), tail], n_predict=8)
+    assert mixed["tokens_evaluated"] == 1 + len(tokenize(daemon, head)) + len(tokenize(daemon, tail))
+    mixed = complete(daemon, prompt=[head, 300], n_predict=2)
+    assert mixed["tokens_evaluated"] == len(tokenize(daemon, head, add_special=True)) + 1
+
+
+def test_n_probs(daemon: Any) -> None:
+    got = complete(daemon, prompt=PROMPT, n_predict=4, n_probs=3, return_tokens=True)
+    probs = got["completion_probabilities"]
+    assert [p["id"] for p in probs] == got["tokens"]
+    assert all(set(p) == {"id", "token", "bytes", "logprob", "top_logprobs"} and len(p["top_logprobs"]) == 3 for p in probs)
+    # Greedy: the token is the most likely one.
+    assert all(p["top_logprobs"][0]["id"] == p["id"] for p in probs)
+    assert got["generation_settings"]["n_probs"] == 3
+
+
+def test_grammar_and_json_schema(daemon: Any) -> None:
+    got = complete(daemon, prompt=PROMPT, n_predict=20, grammar='root ::= "yes" | "no"')
+    assert got["content"] in ("yes", "no") and got["stop_type"] == "eos"
+    got = complete(daemon, prompt=PROMPT, n_predict=64, json_schema={"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]})
+    if got["stop_type"] == "eos":
+        assert isinstance(json.loads(got["content"])["a"], bool)
+
+
+def test_infill_repository_layout(daemon: Any) -> None:
+    body = {"model": "coder", "input_prefix": "def f(x):\n", "input_suffix": "\n    return y\n",
+            "input_extra": [{"filename": "a.py", "text": "import os\n"}], "prompt": "    y",
+            "n_predict": 4, "temperature": 0}
+    got = post(daemon, "/infill", body)
+
+    def text(value: str) -> list[int]:
+        return tokenize(daemon, value, "coder", parse_special=False)
+
+    # llama-server's format_prompt_infill: the extra files before the BOS, the prompt after the prefix.
+    expected = [REP, *text("myproject\n"), SEP, *text("a.py\n"), *text("import os\n"), SEP, *text("filename\n"),
+                BOS, PRE, *text("def f(x):\n"), *text("    y"), SUF, *text("\n    return y\n"), MID]
+    assert got["tokens_evaluated"] == len(expected)
+    assert got["prompt"] == post(daemon, "/detokenize", {"model": "coder", "tokens": expected})["content"]
+    assert got["tokens_predicted"] == 4
+    # Only the three plain FIM tokens: no repository part, the files between snippet markers.
+    got = post(daemon, "/infill", {**body, "model": "fim"})
+    expected = [*text("\n\n--- snippet ---\n\n"), *text("import os\n"),
+                BOS, PRE, *text("def f(x):\n"), *text("    y"), SUF, *text("\n    return y\n"), MID]
+    assert got["prompt"] == post(daemon, "/detokenize", {"model": "fim", "tokens": expected})["content"]
+    frames = events(daemon, "/infill", {**body, "model": "fim"})
+    assert frames[-1]["stop"] is True and frames[-1]["tokens_evaluated"] == len(expected)
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/completion", {"prompt": "x", "samplers": ["top_k"]}, "samplers"),
+    ("/completion", {"prompt": "x", "n": 2}, "`n`"),
+    ("/completion", {"prompt": "x", "id_slot": 0}, "id_slot"),
+    ("/completion", {"prompt": "x", "n_keep": 4}, "n_keep"),
+    ("/completion", {}, "prompt"),
+    ("/completion", {"prompt": ["a", "b"]}, "prompt"),
+    ("/completion", {"prompt": [1, [2]]}, "prompt[1]"),
+    ("/completion", {"prompt": "x", "n_predict": -2}, "n_predict"),
+    ("/completion", {"prompt": "x", "n_predict": 3, "max_tokens": 4}, "disagree"),
+    ("/completion", {"prompt": "x", "grammar": "root ::= \"a\"", "json_schema": {}}, "json_schema"),
+    ("/completion", {"prompt": "x", "logit_bias": [[5, True]]}, "logit_bias"),
+    ("/completion", {"prompt": "x", "logit_bias": [[5, False]]}, "logit_bias"),  # llama-server's ban: -inf
+    ("/completion", {"prompt": "x", "logit_bias": {"a": 101}}, "logit_bias"),
+    ("/completion", {"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias"),
+    ("/completion", {"prompt": "x", "n_probs": 21}, "n_probs"),
+    ("/completion", {"prompt": "x", "temperature": -1}, "temperature"),
+    ("/completion", {"prompt": [99999]}, "99999"),
+    ("/infill", {"input_suffix": "x"}, "input_prefix"),
+    ("/infill", {"input_prefix": "x"}, "input_suffix"),
+    ("/infill", {"input_prefix": "x", "input_suffix": "y", "input_extra": [{"filename": "a"}]}, "text"),
+    ("/infill", {"input_prefix": "x", "input_suffix": "y"}, "fill-in-the-middle"),  # tiny has no FIM tokens
+])
+def test_what_is_refused(daemon: Any, path: str, body: dict[str, Any], field: str) -> None:
+    error = post(daemon, path, {"model": "tiny", **body}, 400)["error"]
+    assert field in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_model_is_required_and_known(daemon: Any) -> None:
+    assert "model" in post(daemon, "/completion", {"prompt": "x"}, 400)["error"]["message"]
+    post(daemon, "/completion", {"model": "nope", "prompt": "x"}, 404)
