@@ -630,6 +630,16 @@ def json_type(value: Any) -> str:
     return "object" if isinstance(value, dict) else "array"
 
 
+# The samplers GenerateParams.samplers may list, by llama.cpp's canonical names (its
+# common_sampler_type_to_str); in llama-server's default order but for the last: "infill",
+# its fill-in-the-middle sampler, is only ever where a list puts it.
+SAMPLERS = (
+    "penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature", "infill",
+)
+# llama-server's default order (common_params_sampling.samplers).
+DEFAULT_SAMPLERS = SAMPLERS[:-1]
+
+
 class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     """Sampling and stopping for one generation request (OpenAI/Triton generate fields)."""
 
@@ -735,9 +745,23 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     dry_sequence_breakers: list[str] = msgspec.field(default_factory=lambda: ["\n", ":", '"', "*"])
     # The fewest candidates typical, top-p, min-p and XTC leave (0 and 1 alike: one).
     min_keep: int = 0
+    # The samplers after the logit biases, in order (llama-server's `samplers`, by SAMPLERS'
+    # names): each runs where it stands, as often as it is listed, and is skipped where its
+    # fields turn it off; one not listed does not run, whatever its fields say. "penalties"
+    # stands for repeat_penalty, presence_penalty and frequency_penalty together; "infill" is
+    # llama.cpp's fill-in-the-middle sampler (it may end the output on its own, so not with a
+    # grammar, json_schema, tool_calls or ignore_eos: InvalidArgument). A grammar masks the
+    # tokens it does not allow before the first listed sampler other than penalties and DRY
+    # (which shift logits: the same either way). A draw from what is left ends the chain, so
+    # () draws from the model's own distribution, biased. Temperature 0 (or `greedy`) is where
+    # "temperature" stands: it keeps the best token left there; not listed, it changes nothing.
+    # With Mirostat the list changes nothing (llama-server ignores it then too): the chain is
+    # the one without it. DEFAULT_SAMPLERS: what every route sends without the field.
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
     # The most likely token at each step, after the biases, penalties and DRY (temperature
     # <= 0 means the same): unless XTC or a dynamic temperature is on, which act at
-    # temperature 0 too, as in llama-server.
+    # temperature 0 too, as in llama-server. With another `samplers` order: temperature 0
+    # where "temperature" stands.
     greedy: bool = False
     # Never sample an end-of-generation token (llama-server's `ignore_eos`): the output runs to
     # max_tokens, a stop string or the end of the context, as benchmarks ask for. Not with

@@ -37,6 +37,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 import msgspec
 
 from daemon.backend import (
+    SAMPLERS,
     Capabilities,
     ConfigError,
     Device,
@@ -258,6 +259,12 @@ class LlamaCppBackend(GenerationBackend):
             # A complete grammar allows only end-of-generation tokens, which ignore_eos bans:
             # llama.cpp then samples a token the grammar rejects and aborts the process.
             raise InvalidArgument("ignore_eos cannot be used together with grammar, json_schema or tool_calls")
+        if "infill" in params.samplers and (params.grammar or params.ignore_eos):
+            # llama.cpp's infill sampler ends the output (EOT) when no token stands out, whatever
+            # the biases and the grammar allow: a grammar would reject it and abort the process.
+            raise InvalidArgument(
+                "samplers: infill cannot be used together with grammar, json_schema, tool_calls or ignore_eos"
+            )
         queue: asyncio.Queue[GenerateChunk | EdgedError] = asyncio.Queue()
         request = engine.submit(prompt, params, _emitter(asyncio.get_running_loop(), queue.put_nowait))
         first = True
@@ -374,6 +381,9 @@ def _check_params(params: GenerateParams) -> None:
         raise InvalidArgument(f"top_p must be in [0, 1], got {params.top_p}")
     if not 0.0 <= params.min_p <= 1.0:
         raise InvalidArgument(f"min_p must be in [0, 1], got {params.min_p}")
+    unknown = next((name for name in params.samplers if name not in SAMPLERS), None)
+    if unknown is not None:
+        raise InvalidArgument(f"samplers: unknown sampler {unknown!r}")
 
 
 def _emitter(loop: asyncio.AbstractEventLoop, deliver: Callable[[T], None]) -> Callable[[T], None]:

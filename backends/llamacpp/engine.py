@@ -54,6 +54,7 @@ import llama_cpp.llama_cpp as llama
 import numpy as np
 
 from daemon.backend import (
+    DEFAULT_SAMPLERS,
     BackendError,
     EdgedError,
     GenerateChunk,
@@ -974,6 +975,9 @@ class Engine:
         return lru, _common_prefix(self._cached[lru], tokens)
 
     def _make_sampler(self, params: GenerateParams, prompt: Sequence[int], grammar: Any = None) -> Any:
+        """llama-server's chain (common_sampler_init): the logit biases, the samplers in the
+        order of `params.samplers` (each skipped where its fields turn it off), then the draw;
+        the grammar after the leading penalties and DRY (GenerateParams.samplers)."""
         chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
         wanted = dict(params.logit_bias)
         if params.ignore_eos:
@@ -986,30 +990,27 @@ class Engine:
             llama.llama_sampler_chain_add(
                 chain, llama.llama_sampler_init_logit_bias(self.n_vocab, len(wanted), biases)
             )
-        repeat, freq, present = params.repeat_penalty, params.frequency_penalty, params.presence_penalty
-        if params.penalty_last_n is not None:
-            # One window for all three, llama.cpp's own way (Ollama's repeat_last_n).
-            window = self.n_ctx_seq if params.penalty_last_n < 0 else params.penalty_last_n
-            if window > 0 and (repeat != 1.0 or freq or present):
-                self._add_penalties(chain, prompt, window, repeat, freq, present)
-        else:
-            if repeat != 1.0:
-                # llama.cpp's repeat penalty over its usual window of recent tokens.
-                self._add_penalties(chain, prompt, PENALTY_LAST_N, repeat, 0.0, 0.0)
-            if freq or present:
-                # OpenAI's penalties count every token of the text so far: the whole context.
-                self._add_penalties(chain, prompt, self.n_ctx_seq, 1.0, freq, present)
-        if params.dry_multiplier > 0.0 and params.dry_penalty_last_n > 0:
-            # Like the penalties, DRY counts the prompt's tokens and changes the best token too.
-            self._add_dry(chain, prompt, params)
+        # With Mirostat llama-server ignores the order (the temperature, then Mirostat); the
+        # default order's penalties and DRY stay before them here, as they always have
+        # (llama-server's Mirostat chain has neither: a known difference, kept as it was).
+        order = DEFAULT_SAMPLERS if params.mirostat else params.samplers
+        lead = next((i for i, name in enumerate(order) if name not in ("penalties", "dry")), len(order))
+        for name in order[:lead]:
+            self._add_sampler(chain, name, params, prompt)
         if grammar:
-            # After the biases and penalties, before truncation: the grammar masks the
-            # tokens it does not allow, so top-k & co. pick only among allowed ones.
+            # After the biases and the order's leading penalties and DRY (which shift logits:
+            # the same before or after the mask), before the rest: the grammar masks the tokens
+            # it does not allow, so top-k & co. pick only among allowed ones.
             llama.llama_sampler_chain_add(chain, grammar)
         xtc = params.xtc_probability > 0.0 and params.xtc_threshold <= 0.5  # llama.cpp: above 0.5 is off
-        # At temperature 0 llama-server's chain keeps the best token only, unless XTC drops
-        # it first or a dynamic temperature raises the temperature again; else it is greedy.
-        if (params.greedy or params.temperature <= 0) and not xtc and params.dynatemp_range <= 0.0:
+        # At temperature 0 llama-server's default chain keeps the best token only, unless XTC
+        # drops it first or a dynamic temperature raises the temperature again; else it is
+        # greedy. (Another order keeps its temperature sampler, which at 0 keeps the best
+        # token left where it stands.)
+        if (
+            order == DEFAULT_SAMPLERS and (params.greedy or params.temperature <= 0)
+            and not xtc and params.dynatemp_range <= 0.0
+        ):
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
             return chain
         seed = llama.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
@@ -1023,31 +1024,64 @@ class Engine:
                 miro = llama.llama_sampler_init_mirostat_v2(seed, params.mirostat_tau, params.mirostat_eta)
             llama.llama_sampler_chain_add(chain, miro)
             return chain
-        keep = max(1, params.min_keep)
-        # llama-server's order: top-n-sigma, top-k, typical, top-p, min-p, XTC, temperature.
-        if params.top_n_sigma > 0.0:
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_n_sigma(params.top_n_sigma))
-        if params.top_k > 0:
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(params.top_k))
-        if params.typical_p < 1.0:
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_typical(params.typical_p, keep))
-        if 0.0 < params.top_p < 1.0:
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(params.top_p, keep))
-        if params.min_p > 0.0:
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_min_p(params.min_p, keep))
-        if xtc:
-            llama.llama_sampler_chain_add(
-                chain, llama.llama_sampler_init_xtc(params.xtc_probability, params.xtc_threshold, keep, seed)
-            )
-        if params.dynatemp_range > 0.0:
-            temperature = llama.llama_sampler_init_temp_ext(
-                params.temperature, params.dynatemp_range, params.dynatemp_exponent
-            )
-        else:
-            temperature = llama.llama_sampler_init_temp(params.temperature)
-        llama.llama_sampler_chain_add(chain, temperature)
+        for name in order[lead:]:
+            self._add_sampler(chain, name, params, prompt, seed)
         llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_dist(seed))
         return chain
+
+    def _add_sampler(
+        self, chain: Any, name: str, params: GenerateParams, prompt: Sequence[int], seed: int = 0
+    ) -> None:
+        """One of GenerateParams.samplers, where its fields turn it on, as llama-server makes it."""
+        keep = max(1, params.min_keep)
+        if name == "penalties":
+            repeat, freq, present = params.repeat_penalty, params.frequency_penalty, params.presence_penalty
+            if params.penalty_last_n is not None:
+                # One window for all three, llama.cpp's own way (Ollama's repeat_last_n).
+                window = self.n_ctx_seq if params.penalty_last_n < 0 else params.penalty_last_n
+                if window > 0 and (repeat != 1.0 or freq or present):
+                    self._add_penalties(chain, prompt, window, repeat, freq, present)
+            else:
+                if repeat != 1.0:
+                    # llama.cpp's repeat penalty over its usual window of recent tokens.
+                    self._add_penalties(chain, prompt, PENALTY_LAST_N, repeat, 0.0, 0.0)
+                if freq or present:
+                    # OpenAI's penalties count every token of the text so far: the whole context.
+                    self._add_penalties(chain, prompt, self.n_ctx_seq, 1.0, freq, present)
+        elif name == "dry":
+            if params.dry_multiplier > 0.0 and params.dry_penalty_last_n > 0:
+                # Like the penalties, DRY counts the prompt's tokens and changes the best token too.
+                self._add_dry(chain, prompt, params)
+        elif name == "top_n_sigma":
+            if params.top_n_sigma > 0.0:
+                llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_n_sigma(params.top_n_sigma))
+        elif name == "top_k":
+            if params.top_k > 0:
+                llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(params.top_k))
+        elif name == "typ_p":
+            if params.typical_p < 1.0:
+                llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_typical(params.typical_p, keep))
+        elif name == "top_p":
+            if 0.0 < params.top_p < 1.0:
+                llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(params.top_p, keep))
+        elif name == "min_p":
+            if params.min_p > 0.0:
+                llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_min_p(params.min_p, keep))
+        elif name == "xtc":
+            if params.xtc_probability > 0.0 and params.xtc_threshold <= 0.5:  # llama.cpp: above 0.5 is off
+                xtc = llama.llama_sampler_init_xtc(params.xtc_probability, params.xtc_threshold, keep, seed)
+                llama.llama_sampler_chain_add(chain, xtc)
+        elif name == "temperature":
+            temp = 0.0 if params.greedy else params.temperature
+            if params.dynatemp_range > 0.0:
+                sampler = llama.llama_sampler_init_temp_ext(temp, params.dynatemp_range, params.dynatemp_exponent)
+            else:
+                sampler = llama.llama_sampler_init_temp(temp)
+            llama.llama_sampler_chain_add(chain, sampler)
+        elif name == "infill":
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_infill(self._vocab))
+        else:
+            raise InvalidArgument(f"samplers: unknown sampler {name!r}")
 
     def _as_text(self, entries: list[TokenLogprob]) -> list[TokenLogprob]:
         """A prompt's entries whose pieces join into the text the prompt stands for: an SPM

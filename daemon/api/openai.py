@@ -9,7 +9,7 @@ are rejected by the decoders, `forbid_unknown_fields`); ranges are OpenAI's: tem
 [0, 2], top_p [0, 1], presence/frequency penalty [-2, 2], logit_bias values [-100, 100].
 llama-server's extensions `top_k`, `min_p`, `typical_p`, `repeat_penalty`, `repeat_last_n`,
 `ignore_eos`, `cache_prompt` and its other samplers (Mirostat, dynamic temperature, top-n-sigma,
-XTC, DRY, `min_keep`) are taken too, with llama-server's meaning and order.
+XTC, DRY, `min_keep`) and their order (`samplers`) are taken too, with llama-server's meaning.
 
 `n` choices are `n` sequences in the engine, run side by side as separate requests would be
 (choice i samples with `seed + i` when a seed is given, so that the choices differ and the
@@ -111,6 +111,8 @@ class _Sampling(_Strict):
     dry_penalty_last_n: int | None = None
     dry_sequence_breakers: list[str] | None = None
     min_keep: int | None = None
+    # The samplers' order: names or a string of one-letter codes (sampling.sampler_order).
+    samplers: list[str] | str | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -367,6 +369,7 @@ def _llama_samplers(req: _Sampling, params: GenerateParams) -> None:
                     f"without NUL, got {breaker!r}"
                 )
         params.dry_sequence_breakers = list(req.dry_sequence_breakers)
+    params.samplers = sampling.sampler_order(req.samplers)
 
 
 def _at_least(name: str, value: float, low: float) -> None:

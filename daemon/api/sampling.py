@@ -1,7 +1,9 @@
-"""Sampling fields as the OpenAI and Ollama routes both read them into GenerateParams."""
+"""Sampling fields as the OpenAI and Ollama routes both read them into GenerateParams (and
+llama-server's `samplers`, for every route that takes llama-server's fields)."""
 
 from __future__ import annotations
 
+from daemon.backend import DEFAULT_SAMPLERS, SAMPLERS
 from daemon.errors import InvalidArgument
 
 # The llama.cpp engine keeps 32 bits of a seed, and its all-ones value means "random": a seed
@@ -25,3 +27,56 @@ def stop_strings(value: str | list[str], field: str) -> list[str]:
     if "" in stops:
         raise InvalidArgument(f"{field}: an empty string is not a stop string")
     return stops
+
+
+# llama.cpp's sampler names (common_sampler_types_from_names): each canonical name with an
+# underscore also spelt with a dash and without it ("top-k", "topk"), and three more aliases.
+# Matched after ASCII lowercasing, as llama.cpp's ::tolower does.
+_SAMPLER_ALIASES = {
+    **{name: name for name in (*SAMPLERS, "adaptive_p")},
+    **{name.replace("_", "-"): name for name in (*SAMPLERS, "adaptive_p") if "_" in name},
+    **{name.replace("_", ""): name for name in (*SAMPLERS, "adaptive_p") if "_" in name},
+    "nucleus": "top_p",
+    "temp": "temperature",
+    "typ": "typ_p",
+}
+# llama.cpp's one-letter codes (common_sampler_type_to_chr), case-sensitive as there.
+_SAMPLER_CODES = {
+    "e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
+    "m": "min_p", "x": "xtc", "t": "temperature", "i": "infill", "a": "adaptive_p",
+}
+_CODES = ", ".join(f"{code} ({name})" for code, name in _SAMPLER_CODES.items() if name != "adaptive_p")
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def sampler_order(value: list[str] | str | None, field: str = "samplers") -> tuple[str, ...]:
+    """llama-server's `samplers`: a list of sampler names (any case, its aliases too) or a
+    string of one-letter codes ("edskypmxt" is its default order), as GenerateParams.samplers
+    (canonical names, in order, repeats kept); None (the field absent or null): the default
+    order. llama-server skips a name or code it does not know (with a log line); here it is a
+    400 naming it. "adaptive_p" is a 400 too: it does nothing without `adaptive_target`, which
+    no route here takes. An empty list or string is llama-server's too: no sampler but the
+    biases, a draw from the model's own distribution."""
+    if value is None:
+        return DEFAULT_SAMPLERS
+    order = []
+    for index, given in enumerate(value):
+        where = f"{field}[{index}]"
+        if isinstance(value, str):
+            name = _SAMPLER_CODES.get(given)
+            if name is None:
+                raise InvalidArgument(f"{where}: unknown sampler code {given!r} in {value!r}; the codes are {_CODES}")
+        else:
+            name = _SAMPLER_ALIASES.get(given.translate(_ASCII_LOWER))
+            if name is None:
+                raise InvalidArgument(
+                    f"{where}: unknown sampler {given!r}; the samplers are {', '.join(SAMPLERS)} (also "
+                    "spelt with '-' for '_' or without it, e.g. top-k or topk; nucleus, temp, typ)"
+                )
+        if name == "adaptive_p":
+            raise InvalidArgument(
+                f"{where}: {given!r} (adaptive-p) is not offered: it needs adaptive_target, "
+                "which this server does not take"
+            )
+        order.append(name)
+    return tuple(order)

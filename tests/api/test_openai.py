@@ -547,7 +547,6 @@ def test_dry_penalises_extending_a_repetition(client: openai.OpenAI) -> None:
     ({"dry_sequence_breakers": []}, "dry_sequence_breakers must be a non-empty list of strings"),
     ({"dry_sequence_breakers": ["\n", ""]}, "dry_sequence_breakers[1] must be 1 to 40 bytes"),
     ({"dry_sequence_breakers": ["é" * 21]}, "dry_sequence_breakers[0] must be 1 to 40 bytes"),
-    ({"samplers": ["top_k"]}, "samplers"),
 ])
 def test_llama_sampler_fields_are_checked(client: openai.OpenAI, extra: dict[str, Any], message: str) -> None:
     with pytest.raises(openai.BadRequestError, match=re.escape(message)):
