@@ -759,8 +759,8 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # the one without it. DEFAULT_SAMPLERS: what every route sends without the field.
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
     # The most likely token at each step, after the biases, penalties and DRY (temperature
-    # <= 0 means the same): unless XTC or a dynamic temperature is on, which act at
-    # temperature 0 too, as in llama-server. With another `samplers` order: temperature 0
+    # <= 0 means the same): unless XTC, typical-p or a dynamic temperature is on, which act
+    # at temperature 0 too, as in llama-server. With another `samplers` order: temperature 0
     # where "temperature" stands.
     greedy: bool = False
     # Never sample an end-of-generation token (llama-server's `ignore_eos`): the output runs to
@@ -828,8 +828,6 @@ class GenerationProps(msgspec.Struct, frozen=True):
     bos_token: str = ""  # the BOS token's text, "" when the vocabulary has none
     eos_token: str = ""
     ftype: str | None = None  # the weights' type as llama.cpp names it ("Q8_0"), when the file says
-    # llama-server's names of the sampling steps (its `samplers`), in the order they apply.
-    samplers: tuple[str, ...] = ()
     vision: bool = False  # takes images in a chat message
     audio: bool = False
     video: bool = False

@@ -55,7 +55,7 @@ from daemon.backend import (
     Unavailable,
 )
 
-from .engine import SAMPLER_ORDER, Engine, EngineSettings
+from .engine import Engine, EngineSettings
 from .grammar import schema_to_grammar, tool_call_grammar
 
 T = TypeVar("T")
@@ -192,7 +192,7 @@ class LlamaCppBackend(GenerationBackend):
 
     async def props(self) -> GenerationProps:
         """The engine's slots and context, what its vocabulary and GGUF say (read on this
-        instance's thread, beside the engine's), the sampler order of its chains. No media:
+        instance's thread, beside the engine's). No media:
         this backend takes text only."""
         import llama_cpp
 
@@ -200,7 +200,7 @@ class LlamaCppBackend(GenerationBackend):
         template, bos, eos, ftype = await self.run_blocking(engine.describe)
         return GenerationProps(
             n_ctx=engine.n_ctx_seq, total_slots=engine.settings.n_parallel, chat_template=template,
-            bos_token=bos, eos_token=eos, ftype=ftype, samplers=SAMPLER_ORDER,
+            bos_token=bos, eos_token=eos, ftype=ftype,
             build_info=f"llama-cpp-python {llama_cpp.__version__}",
         )
 

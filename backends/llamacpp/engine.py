@@ -88,9 +88,6 @@ log = logging.getLogger(__name__)
 DEFAULT_CTX_PER_SLOT = 4096
 # Tokens of history the repeat penalty looks at (llama.cpp's default penalty_last_n).
 PENALTY_LAST_N = 64
-# The sampling steps of _make_sampler's chain in the order it applies them, by llama-server's
-# names (its default `samplers`, which /props shows): Mirostat and greedy replace the tail.
-SAMPLER_ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 # A slot's cached prefix must cover this share of a new prompt for the request to take that
 # slot rather than the least recently used one (llama-server's --slot-prompt-similarity).
 SLOT_PROMPT_SIMILARITY = 0.1
@@ -1004,12 +1001,12 @@ class Engine:
             llama.llama_sampler_chain_add(chain, grammar)
         xtc = params.xtc_probability > 0.0 and params.xtc_threshold <= 0.5  # llama.cpp: above 0.5 is off
         # At temperature 0 llama-server's default chain keeps the best token only, unless XTC
-        # drops it first or a dynamic temperature raises the temperature again; else it is
-        # greedy. (Another order keeps its temperature sampler, which at 0 keeps the best
-        # token left where it stands.)
+        # or typical-p drops it first (each may: the rest keep it) or a dynamic temperature
+        # raises the temperature again; else it is greedy. (Another order keeps its
+        # temperature sampler, which at 0 keeps the best token left where it stands.)
         if (
             order == DEFAULT_SAMPLERS and (params.greedy or params.temperature <= 0)
-            and not xtc and params.dynatemp_range <= 0.0
+            and not xtc and params.typical_p >= 1.0 and params.dynatemp_range <= 0.0
         ):
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
             return chain
@@ -1062,7 +1059,7 @@ class Engine:
             if params.typical_p < 1.0:
                 llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_typical(params.typical_p, keep))
         elif name == "top_p":
-            if 0.0 < params.top_p < 1.0:
+            if params.top_p < 1.0:  # 0 too: it keeps the min_keep best (llama.cpp's, as llama-server)
                 llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(params.top_p, keep))
         elif name == "min_p":
             if params.min_p > 0.0:

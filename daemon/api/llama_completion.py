@@ -4,7 +4,7 @@ and event stream (llama.cpp tools/server), on the engine the OpenAI routes use.
 
 The body names the model (`model`, required, as in llama_native). Every field llama-server
 takes either has its effect here or is a 400 naming it: an unknown field (llama-server ignores
-one) and the fields not implemented (`samplers`, `n_cmpl`/`n`, `id_slot`, `lora`, `n_keep`,
+one) and the fields not implemented (`n_cmpl`/`n`, `id_slot`, `lora`, `n_keep`,
 `t_max_predict_ms`, ...) are rejected by the decoder. Sampling values are checked as on the
 OpenAI routes (openai._params), which reject what llama-server clamps.
 
@@ -26,6 +26,7 @@ import msgspec
 from aiohttp import web
 
 from daemon.api.errors import error_body
+from daemon.api.llama_native import settings_json
 from daemon.api.openai import (
     _params,
     _Sampling,
@@ -90,6 +91,8 @@ class _Completion(_Strict):
     dry_penalty_last_n: int | None = None
     dry_sequence_breakers: list[str] | None = None
     min_keep: int | None = None
+    # The samplers' order: names or a string of one-letter codes (sampling.sampler_order).
+    samplers: list[str] | str | None = None
     # Each generated token's log probability and the n most likely (before sampling, as
     # llama-server's default post_sampling_probs false); `logprobs` is its other name.
     n_probs: int | None = None
@@ -128,7 +131,7 @@ _SHARED = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalt
            "presence_penalty", "frequency_penalty", "seed", "stop", "ignore_eos", "cache_prompt", "mirostat",
            "mirostat_tau", "mirostat_eta", "dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability",
            "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
-           "dry_sequence_breakers", "min_keep")
+           "dry_sequence_breakers", "min_keep", "samplers")
 
 
 def _n_predict(req: _Completion) -> int | None:
@@ -261,24 +264,11 @@ def _probs_json(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
 
 
 def _settings(params: GenerateParams, stream: bool, grammar: str | None) -> dict[str, Any]:
-    """llama-server's generation_settings, for what this engine has: the values sampled with."""
-    out: dict[str, Any] = {
-        "seed": _RANDOM_SEED if params.seed is None else params.seed,
-        "temperature": params.temperature, "dynatemp_range": params.dynatemp_range,
-        "dynatemp_exponent": params.dynatemp_exponent, "top_k": params.top_k, "top_p": params.top_p,
-        "min_p": params.min_p, "top_n_sigma": params.top_n_sigma, "xtc_probability": params.xtc_probability,
-        "xtc_threshold": params.xtc_threshold, "typical_p": params.typical_p,
-        "repeat_last_n": params.penalty_last_n, "repeat_penalty": params.repeat_penalty,
-        "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
-        "dry_multiplier": params.dry_multiplier, "dry_base": params.dry_base,
-        "dry_allowed_length": params.dry_allowed_length, "dry_penalty_last_n": params.dry_penalty_last_n,
-        "dry_sequence_breakers": params.dry_sequence_breakers, "mirostat": params.mirostat,
-        "mirostat_tau": params.mirostat_tau, "mirostat_eta": params.mirostat_eta, "stop": params.stop,
-        "max_tokens": -1 if params.max_tokens is None else params.max_tokens,
-        "n_predict": -1 if params.max_tokens is None else params.max_tokens,
-        "ignore_eos": params.ignore_eos, "stream": stream,
+    """llama-server's generation_settings, for what this engine has: the values sampled with
+    (llama_native.settings_json, as /props and /slots show them) and this request's own."""
+    out: dict[str, Any] = settings_json(params) | {
+        "dry_sequence_breakers": params.dry_sequence_breakers, "stop": params.stop, "stream": stream,
         "logit_bias": [{"bias": b, "token": t} for t, b in params.logit_bias.items()],
-        "n_probs": params.logprobs or 0, "min_keep": params.min_keep,
     }
     if not params.json_schema:
         out["grammar"] = grammar or ""  # with a json_schema, llama-server shows its GBNF, which is the engine's

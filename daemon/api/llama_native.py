@@ -136,10 +136,10 @@ def _query(request: web.Request, *optional: str) -> tuple[str, dict[str, str]]:
     return model, {key: request.query[key] for key in optional if key in request.query}
 
 
-def _params_json(params: GenerateParams, samplers: tuple[str, ...]) -> dict[str, object]:
+def settings_json(params: GenerateParams) -> dict[str, object]:
     """Sampling settings under llama-server's names (its task params' `to_json(true)`), as the
     engine applies them; what edged has no such setting for, or no single value for, is left
-    out (see docs/llama-server.md)."""
+    out (see docs/llama-server.md). /completion's generation_settings adds its request's own."""
     unlimited = params.max_tokens is None  # until the sequence's context is full: llama-server's -1
     out: dict[str, object] = {
         "seed": _RANDOM_SEED if params.seed is None else params.seed,
@@ -174,7 +174,7 @@ def _params_json(params: GenerateParams, samplers: tuple[str, ...]) -> dict[str,
         "ignore_eos": params.ignore_eos,
         "n_probs": params.logprobs or 0,
         "min_keep": params.min_keep,
-        "samplers": list(samplers),
+        "samplers": list(params.samplers),
         "lora": [],  # edged applies no LoRA adapters
     }
     return out
@@ -187,7 +187,7 @@ async def props(request: web.Request) -> web.Response:
     model = await generation_model(request, name)
     info = await model.require_generator().props()
     payload: dict[str, object] = {
-        "default_generation_settings": {"params": _params_json(GenerateParams(), info.samplers), "n_ctx": info.n_ctx},
+        "default_generation_settings": {"params": settings_json(GenerateParams()), "n_ctx": info.n_ctx},
         "total_slots": info.total_slots,
         "model_alias": model.name,
     }
@@ -226,11 +226,10 @@ async def slots(request: web.Request) -> web.Response:
     if flag and all(state.task is not None for state in states):
         body = _json.encode({"error": {"message": "no slot available", "type": "unavailable_error", "code": 503}})
         return web.Response(status=503, body=body, content_type="application/json")
-    samplers = (await generator.props()).samplers if any(state.task for state in states) else ()
-    return _ok([_slot_json(state, samplers) for state in states])
+    return _ok([_slot_json(state) for state in states])
 
 
-def _slot_json(state: SlotState, samplers: tuple[str, ...]) -> dict[str, object]:
+def _slot_json(state: SlotState) -> dict[str, object]:
     slot: dict[str, object] = {
         "id": state.id, "n_ctx": state.n_ctx, "speculative": state.speculative, "is_processing": state.task is not None,
     }
@@ -244,7 +243,7 @@ def _slot_json(state: SlotState, samplers: tuple[str, ...]) -> dict[str, object]
         "n_prompt_tokens": task.n_prompt_tokens,
         "n_prompt_tokens_processed": task.n_prompt_tokens_processed,
         "n_prompt_tokens_cache": task.n_prompt_tokens_cache,
-        "params": _params_json(task.params, samplers),
+        "params": settings_json(task.params),
         "next_token": [{
             "has_next_token": True,  # a slot is freed when its request ends
             "n_remain": -1 if limit is None else limit - task.n_decoded,

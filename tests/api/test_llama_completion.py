@@ -67,6 +67,17 @@ def events(daemon: Any, path: str, body: dict[str, Any]) -> list[Any]:
     return [json.loads(frame[len("data: "):]) for frame in frames[:-1]]  # no [DONE]: not JSON
 
 
+def test_samplers_order_has_its_effect(daemon: Any) -> None:
+    """`samplers` as on the OpenAI routes: top-k 1 alone leaves the best token, whatever the
+    temperature; the default order (its llama-server code string) samples at that temperature."""
+    greedy = complete(daemon, prompt=PROMPT, n_predict=16)["content"]
+    hot = {"prompt": PROMPT, "n_predict": 16, "temperature": 2.0, "seed": 5, "top_k": 1}
+    got = complete(daemon, **hot, samplers="k")
+    assert got["content"] == greedy and got["generation_settings"]["samplers"] == ["top_k"]
+    wide = {**hot, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    assert complete(daemon, **wide, samplers="edskypmxt")["content"] == complete(daemon, **wide)["content"] != greedy
+
+
 def test_greedy_text_is_the_openai_routes(daemon: Any) -> None:
     for path in ("/completion", "/completions"):
         got = complete(daemon, path, prompt=PROMPT, n_predict=16)
@@ -198,7 +209,7 @@ def test_infill_repository_layout(daemon: Any) -> None:
 
 
 @pytest.mark.parametrize(("path", "body", "field"), [
-    ("/completion", {"prompt": "x", "samplers": ["top_k"]}, "samplers"),
+    ("/completion", {"prompt": "x", "samplers": ["top_k", "bogus"]}, "samplers[1]: unknown sampler 'bogus'"),
     ("/completion", {"prompt": "x", "n": 2}, "`n`"),
     ("/completion", {"prompt": "x", "id_slot": 0}, "id_slot"),
     ("/completion", {"prompt": "x", "n_keep": 4}, "n_keep"),

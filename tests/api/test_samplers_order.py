@@ -225,3 +225,11 @@ def test_mirostat_still_checks_the_names(client: Any) -> None:
         client.completions.create(
             model="tiny", prompt="x", max_tokens=1, extra_body={"mirostat": 2, "samplers": ["top"]}
         )
+
+
+def test_top_p_0_keeps_the_best_token(client: Any) -> None:
+    """top_p 0 keeps the min_keep best tokens (one), as llama.cpp's top-p does in llama-server's
+    chain: the text at any temperature is the greedy one. It was taken as "top-p off"."""
+    greedy = texts(client, {}, temperature=0)
+    assert texts(client, {}, top_p=0.0) == greedy
+    assert texts(client, {}, top_p=0.0, temperature=2.0) == greedy != texts(client, {}, temperature=2.0)
