@@ -798,7 +798,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     use = None
     if tools:
         # Ollama has no tool_choice: the model may call tools or answer ("auto").
-        use = openai_tools.ToolUse(syntax, tools, "auto", parallel=True)
+        use = openai_tools.ToolUse(syntax, tools, "auto", parallel=True, answer=schema)
         # With `format`: tool calls or an answer in the format (ToolUse.constrain).
         use.constrain(params, "format")
         messages = use.messages(messages)

@@ -929,9 +929,11 @@ class ChatPrompt:
     use: openai_tools.ToolUse | None  # the tools the model may call, if any
 
 
-def chat_prompt(model: LoadedVersion, req: PromptFields) -> ChatPrompt:
+def chat_prompt(model: LoadedVersion, req: PromptFields, answer: str = "") -> ChatPrompt:
     """The prompt the chat route generates from: the messages, with the tools described (by
-    the template or in the generic reply's system message), rendered by the model's template."""
+    the template or in the generic reply's system message), rendered by the model's template.
+    `answer`: the response format's schema (JSON text), which the generic reply's instructions
+    name beside the tools."""
     if not req.messages:
         raise InvalidArgument("messages: at least one message is required")
     syntax = model.tool_syntax()
@@ -939,7 +941,7 @@ def chat_prompt(model: LoadedVersion, req: PromptFields) -> ChatPrompt:
     tools = _tools_in_use(req)
     use = None
     if tools:
-        use = openai_tools.ToolUse(syntax, tools, req.tool_choice, req.parallel_tool_calls is not False)
+        use = openai_tools.ToolUse(syntax, tools, req.tool_choice, req.parallel_tool_calls is not False, answer)
         messages = use.messages(messages)
     # With tool_choice "none" too (described_tools).
     described = openai_tools.described_tools(syntax, req.tools or [])
@@ -961,7 +963,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             raise InvalidArgument(f"top_logprobs must be between 0 and 20, got {req.top_logprobs}")
     if req.logprobs:
         params.logprobs = req.top_logprobs or 0
-    rendered = chat_prompt(model, req)
+    rendered = chat_prompt(model, req, params.json_schema)
     prompt, syntax, use = rendered.text, rendered.syntax, rendered.use
     if use is not None:
         if req.logprobs:

@@ -548,7 +548,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
             openai_tools.NamedToolChoice(type="function", function=openai_tools.FunctionName(name=req.tool_choice.name))
             if isinstance(req.tool_choice, FunctionChoice) else req.tool_choice
         )
-        use = openai_tools.ToolUse(syntax, chat_tools, choice, parallel)
+        use = openai_tools.ToolUse(syntax, chat_tools, choice, parallel, params.json_schema)
         # With text.format: tool calls or an answer in the format (ToolUse.constrain).
         use.constrain(params, "text.format")
         messages = use.messages(messages)

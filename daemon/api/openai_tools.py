@@ -140,22 +140,30 @@ def _call_schema(tool: Tool) -> dict[str, Any]:
     }
 
 
-def system_prompt(tools: list[Tool], parallel: bool) -> str:
+def system_prompt(tools: list[Tool], parallel: bool, answer: str = "") -> str:
+    """The generic reply's instructions; `answer`: the response format's schema (JSON text),
+    which a direct answer's "response" holds to (the grammar enforces it: the model is told)."""
     described = [
         {k: v for k, v in msgspec.to_builtins(t.function).items() if k != "strict"} for t in tools
     ]
     many = "one or more tool calls" if parallel else "one tool call"
+    direct = (
+        f'{{"response": ...}} to answer directly, "response" being a JSON value matching this schema: {answer}'
+        if answer else '{"response": "..."} to answer directly.'
+    )
     return (
         "You can use these tools:\n"
         + json.dumps(described, ensure_ascii=False)
         + f'\n\nAnswer with one JSON object: {{"tool_calls": [{{"name": ..., "arguments": {{...}}}}]}} '
-        f'for {many}, or {{"response": "..."}} to answer directly.'
+        f"for {many}, or {direct}"
     )
 
 
-def with_tools(messages: list[dict[str, str]], tools: list[Tool], parallel: bool) -> list[dict[str, str]]:
+def with_tools(
+    messages: list[dict[str, str]], tools: list[Tool], parallel: bool, answer: str = ""
+) -> list[dict[str, str]]:
     """Messages with the tools' description in the (first) system message."""
-    text = system_prompt(tools, parallel)
+    text = system_prompt(tools, parallel, answer)
     if messages and messages[0]["role"] == "system":
         first = dict(messages[0])
         first["content"] = first["content"] + "\n\n" + text
@@ -252,11 +260,16 @@ class ToolUse:
     (`tool_syntax.syntax_named`), else in the generic JSON reply: what the template is given,
     what the engine enforces, and how the reply is read."""
 
-    def __init__(self, syntax_name: str, tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> None:
+    def __init__(
+        self, syntax_name: str, tools: list[Tool], choice: ToolChoice | None, parallel: bool, answer: str = ""
+    ) -> None:
         self.syntax = syntax_named(syntax_name).for_tools({t.function.name: _parameters(t) for t in tools})
         self.tools = tools
         self.choice = choice
         self.parallel = parallel
+        # The response format's schema (JSON text, "" none) a direct answer holds to with
+        # `auto` (constrain): the generic reply's instructions say so.
+        self.answer = answer if choice is None or choice == "auto" else ""
         # Whether the reply may be an answer in a response format instead of calls (constrain).
         self.answers = False
 
@@ -271,7 +284,7 @@ class ToolUse:
     def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The conversation as the template gets it: the generic reply's description of the
         tools goes into the system message; a native template describes them itself."""
-        return messages if self.native else with_tools(messages, self.tools, self.parallel)
+        return messages if self.native else with_tools(messages, self.tools, self.parallel, self.answer)
 
     def constrain(self, params: GenerateParams, format_field: str = "response_format") -> None:
         """What the engine enforces: the generic reply's schema, or the native frame (lazy for

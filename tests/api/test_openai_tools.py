@@ -131,3 +131,17 @@ def test_a_native_answer_is_its_text_even_with_a_call_marker_inside(step: int) -
     params = GenerateParams(json_schema='{"type": "object"}')
     forced.constrain(params)
     assert not params.json_schema and params.tool_calls is not None
+
+
+def test_the_generic_instructions_name_the_format() -> None:
+    """With `auto` and a response format the generic reply's instructions give the format's
+    schema for the direct answer (the grammar holds "response" to it); else they ask for text."""
+    question = [{"role": "user", "content": "hi"}]
+    schema = json.dumps(ANSWER)
+    auto = openai_tools.ToolUse("", TOOLS, "auto", parallel=True, answer=schema).messages(question)
+    assert auto[0]["role"] == "system" and auto[0]["content"].endswith(
+        f'or {{"response": ...}} to answer directly, "response" being a JSON value matching this schema: {schema}'
+    )
+    for use in (openai_tools.ToolUse("", TOOLS, "required", parallel=True, answer=schema),
+                openai_tools.ToolUse("", TOOLS, "auto", parallel=True)):
+        assert use.messages(question)[0]["content"].endswith('or {"response": "..."} to answer directly.')
