@@ -965,18 +965,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         params.logprobs = req.top_logprobs or 0
     rendered = chat_prompt(model, req, params.json_schema)
     prompt, syntax, use = rendered.text, rendered.syntax, rendered.use
+    tags = model.thinking_tags()
+    split = splits_reasoning(req.reasoning_format) and bool(tags[0])
     if use is not None:
         if req.logprobs:
             raise InvalidArgument("logprobs: not supported together with tools")
-        # With response_format: tool calls or an answer in the format (ToolUse.constrain).
-        use.constrain(params, "response_format")
-    tags = model.thinking_tags()
+        # With response_format: tool calls or an answer in the format (ToolUse.constrain),
+        # after the reasoning where the reply shows it.
+        use.constrain(params, "response_format", ("", "") if split else tags)
     opened = reasoning.opened_by(prompt, tags)
     reasoning.hold_grammar_after(params, tags, prompt)
     reasoning.budget(params, _budget_tokens(req), req.reasoning_budget_message, tags, opened is not None)
     if params.json_schema:
         params.answer_header = syntax_named(syntax).answer_header
-    split = splits_reasoning(req.reasoning_format) and bool(tags[0])
     # Unsplit, the reply starts with the tag the prompt opened, as llama-server's "none" shows it.
     reopened = tags[0] + opened if opened is not None and not split else ""
     choices = _choices(model, [prompt], params, req.n or 1)

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from daemon.api.reasoning import overlap
 from daemon.api.tool_syntax import GENERIC, GENERIC_ANSWER, Reading, Syntax, syntax_named
 from daemon.backend import GenerateParams
 from daemon.errors import InvalidArgument
@@ -286,7 +287,9 @@ class ToolUse:
         tools goes into the system message; a native template describes them itself."""
         return messages if self.native else with_tools(messages, self.tools, self.parallel, self.answer)
 
-    def constrain(self, params: GenerateParams, format_field: str = "response_format") -> None:
+    def constrain(
+        self, params: GenerateParams, format_field: str = "response_format", unsplit: tuple[str, str] = ("", "")
+    ) -> None:
         """What the engine enforces: the generic reply's schema, or the native frame (lazy for
         `auto`: the model may answer in text instead).
 
@@ -295,7 +298,10 @@ class ToolUse:
         semantics): the generic reply's "response" holds that value, or the output is the
         native frame or that value (one grammar, not lazy: its first token starts either).
         With `required` or a named tool the turn is a call and has no content, so the format
-        has nothing to apply to (as at OpenAI); it applies to a later turn's answer."""
+        has nothing to apply to (as at OpenAI); it applies to a later turn's answer.
+
+        `unsplit`: the model's reasoning tags where the reply is read with its reasoning left in
+        (`reasoning_format: none`), which the calls or the answer then follow."""
         answer, params.json_schema = params.json_schema, ""
         auto = self.choice is None or self.choice == "auto"
         self.answers = bool(answer) and auto
@@ -316,7 +322,7 @@ class ToolUse:
                     "are bare JSON objects, which an answer in the format could not be told from"
                 )
             params.json_schema = answer
-            self.syntax = _CallsOrAnswer(self.syntax, frame.open)
+            self.syntax = _CallsOrAnswer(self.syntax, frame.open, self.syntax.shown_reasoning(unsplit))
         params.tool_calls = frame
 
     def stream(self) -> ToolStream:
@@ -359,18 +365,44 @@ class _CallsOrAnswer(Syntax):
     """A native syntax whose reply is either its calls (`open`, the frame the grammar holds it
     to) or an answer in the response format (a JSON value, ToolUse.constrain): read as that
     syntax reads it when it opens with `open`, else all of it is the answer (whatever the
-    answer's strings hold: a call marker quoted in it starts no call)."""
+    answer's strings hold: a call marker quoted in it starts no call).
 
-    def __init__(self, calls: Syntax, open: str) -> None:
+    `reasoning`: the opening and closing tags of reasoning the reply shows first (unsplit,
+    `reasoning_format: none`): the calls or the answer begin after a closing tag, as the
+    grammar lets the model reason before either; ("", "") when the reasoning is split off."""
+
+    def __init__(self, calls: Syntax, open: str, reasoning: tuple[str, str] = ("", "")) -> None:
         self.calls, self.open, self.name = calls, open, calls.name
+        self.reasoning = reasoning
 
     def read(self, text: str, final: bool) -> Reading:
         start = text.lstrip()
+        opening = self.reasoning[0]
+        if opening and start.startswith(opening):
+            return self._after_reasoning(text, len(text) - len(start) + len(opening), final)
         if start.startswith(self.open):
             return self.calls.read(text, final)
         if not final and self.open.startswith(start):
             return Reading(content="")  # it may still turn into the calls' opening
         return Reading(content=text, complete=True)
+
+    def _after_reasoning(self, text: str, at: int, final: bool) -> Reading:
+        """`read` of a reply that shows its reasoning first (from text[at] on, after its opening
+        tag): calls where a closing tag is followed by `open`; the reasoning may hold a closing
+        tag of its own (gpt-oss's `<|end|>`, shown without the `<|start|>assistant` that really
+        closes it), so each is tried."""
+        closing = self.reasoning[1]
+        end = text.find(closing, at)
+        while end >= 0:
+            rest = text[end + len(closing):].lstrip()
+            if rest.startswith(self.open):
+                return self.calls.read(text, final)
+            if not final and self.open.startswith(rest):
+                return Reading(content=text[:end])  # it may still turn into the calls' opening
+            end = text.find(closing, end + 1)
+        # The reasoning so far, or the answer after it; what may begin a closing tag held back.
+        held = 0 if final else overlap(text, closing)
+        return Reading(content=text[: len(text) - held], complete=True)
 
     def reply_text(self, text: str) -> str:
         return self.calls.reply_text(text)

@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 from daemon.api.reasoning import (
     HARMONY_ARGS,
     HARMONY_CALL,
+    HARMONY_END,
     ChannelSplit,
     Split,
     ThinkingSplit,
@@ -108,6 +109,10 @@ class Syntax:
             tags, opened=opened, trim=self.trims_reasoning, ends=self.ends_reasoning,
             keep_after=self.keeps_after_reasoning,
         )
+
+    def shown_reasoning(self, tags: tuple[str, str]) -> tuple[str, str]:
+        """The reasoning's tags (the model's `tags`) as a reply read `unsplit` shows them."""
+        return tags
 
     def reply_text(self, text: str) -> str:
         """The reply as it is read, content and calls: the text, or (Apertus) without the
@@ -402,6 +407,10 @@ class _Harmony(_Named):
 
     def unsplit(self) -> Split | None:
         return ChannelSplit(keep_reasoning=True)
+
+    def shown_reasoning(self, tags: tuple[str, str]) -> tuple[str, str]:
+        # ChannelSplit(keep_reasoning) ends an analysis message with `<|end|>` alone.
+        return (tags[0], HARMONY_END) if tags[0] else tags
 
     def frame(self, calls: list[dict[str, Any]], *, lazy: bool, parallel: bool) -> ToolCallFrame:
         # The template takes one call per assistant message (it renders tool_calls[0]).

@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
+jsonschema = pytest.importorskip("jsonschema")
 
 from gguf_builder import _vocab  # noqa: E402
 
@@ -43,6 +44,11 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
         "gptoss": {"seed": 3, "n_ctx": 4096, "chat_template": TEMPLATE.read_text(),
                    "control_tokens": MARKERS, "user_tokens": WHOLE},
         "chatml": {"seed": 3, "n_ctx": 1024},
+        # The same template on other weights whose greedy reply with tools and a format is a
+        # call (seed 7) or an answer (seed 8): the Responses API takes no logit bias to steer it.
+        **{name: {"seed": seed, "n_ctx": 4096, "chat_template": TEMPLATE.read_text(),
+                  "control_tokens": MARKERS, "user_tokens": WHOLE}
+           for name, seed in (("gptoss_calls", 7), ("gptoss_answers", 8))},
     })
     yield process
     process.stop()
@@ -195,3 +201,97 @@ def test_the_tool_loop_goes_back_through_the_template(client: openai.OpenAI, dae
         "tools": [LIGHT_TOOL], "max_tokens": 1})
     assert response.status_code == 400, response.text
     assert "messages[1].tool_calls" in response.json()["error"]["message"]
+
+
+# Tools with a response format (tool_choice auto): the grammar is the call's frame or the final
+# channel's header and a JSON value matching the format, after the reasoning the model may write.
+WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}, "warm": {"type": "boolean"}},
+           "required": ["city", "warm"], "additionalProperties": False}
+WEATHER_FORMAT = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}}
+# A mild push towards closing the reasoning and towards a call: the seeds below reason first,
+# then some call and some answer.
+REASON_THEN_EITHER = {str(TOKEN[CLOSE]): 20, str(TOKEN[CALL]): 8}
+
+
+def _branch(choice: Any) -> str:
+    """"calls" (valid set_light calls) or "answer" (content valid against WEATHER)."""
+    if choice.message.tool_calls:
+        assert choice.finish_reason == "tool_calls" and not choice.message.content, choice
+        assert [call.function.name for call in choice.message.tool_calls] == ["set_light"]
+        check_light(choice.message.tool_calls[0].function.arguments)
+        return "calls"
+    assert choice.finish_reason == "stop", choice
+    jsonschema.validate(json.loads(choice.message.content or ""), WEATHER)
+    return "answer"
+
+
+def _calls(message: Any) -> list[tuple[str, str]]:
+    return [(call.function.name, call.function.arguments) for call in message.tool_calls or []]
+
+
+def test_auto_tools_with_a_format_call_or_answer_after_reasoning(client: openai.OpenAI, daemon: Any) -> None:
+    """Each reply is a valid call or content valid against the format, both happen, each after
+    reasoning that comes back as reasoning_content; streamed the same. With reasoning_format
+    none the reasoning stays in the content as without tools, and a call is still a call."""
+    kwargs: dict[str, Any] = {"model": "gptoss", "messages": QUESTION, "tools": [LIGHT_TOOL],
+                              "response_format": WEATHER_FORMAT, "temperature": 1.0, "max_tokens": 300,
+                              "logit_bias": REASON_THEN_EITHER}
+    reasoned = set()
+    for seed in range(6):
+        choice = client.chat.completions.create(seed=seed, **kwargs).choices[0]
+        branch = _branch(choice)
+        thought = getattr(choice.message, "reasoning_content", None) or ""
+        if thought:
+            reasoned.add(branch)
+        streamed = streamed_chat(client.chat.completions.create(stream=True, seed=seed, **kwargs))
+        assert streamed == (thought, choice.message.content or "", _calls(choice.message), choice.finish_reason)
+        raw = client.chat.completions.create(seed=seed, extra_body={"reasoning_format": "none"}, **kwargs).choices[0]
+        shown = f"{OPEN}{thought}<|end|>" if thought else ""
+        assert (raw.message.content or "", _calls(raw.message), raw.finish_reason) \
+            == (shown + (choice.message.content or ""), _calls(choice.message), choice.finish_reason), raw
+        raw_streamed = streamed_chat(client.chat.completions.create(
+            stream=True, seed=seed, extra_body={"reasoning_format": "none"}, **kwargs))
+        assert raw_streamed == ("", raw.message.content or "", _calls(raw.message), raw.finish_reason)
+    assert reasoned == {"calls", "answer"}
+    # A grammar that rejected a token the model was allowed would have aborted the daemon.
+    assert httpx.get(f"http://127.0.0.1:{daemon.http_port}/v2/health/ready", timeout=30).status_code == 200
+
+
+def test_auto_tools_with_a_format_greedy_streams_as_unstreamed(client: openai.OpenAI) -> None:
+    branches = set()
+    for bias in ({str(TOKEN[CALL]): 14}, {str(TOKEN[CLOSE]): 20}):
+        kwargs: dict[str, Any] = {"model": "gptoss", "messages": QUESTION, "tools": [LIGHT_TOOL], "temperature": 0,
+                                  "response_format": WEATHER_FORMAT, "max_tokens": 300, "logit_bias": bias}
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        branches.add(_branch(choice))
+        streamed = streamed_chat(client.chat.completions.create(stream=True, **kwargs))
+        assert streamed == (getattr(choice.message, "reasoning_content", None) or "", choice.message.content or "",
+                            _calls(choice.message), choice.finish_reason)
+    assert branches == {"calls", "answer"}
+
+
+def test_responses_api_tools_with_a_format(client: openai.OpenAI) -> None:
+    """text.format with tools: the greedy reply of one model is a call, of the other an answer in
+    the format (without the final channel's header); streamed the same."""
+    text = {"format": {"type": "json_schema", "name": "weather", "strict": True, "schema": WEATHER}}
+    seen = []
+    for model in ("gptoss_calls", "gptoss_answers"):
+        kwargs: dict[str, Any] = {"model": model, "input": "Lights in the hall?", "text": text, "temperature": 0,
+                                  "tools": [{"type": "function", **LIGHT_TOOL["function"]}],
+                                  "parallel_tool_calls": False, "max_output_tokens": 300}
+        whole = client.responses.create(**kwargs)
+        assert whole.status == "completed", whole
+        items = [item for item in whole.output if item.type != "reasoning"]
+        assert len(items) == 1, whole.output
+        if items[0].type == "function_call":
+            check_light(items[0].arguments)
+        else:
+            jsonschema.validate(json.loads(whole.output_text), WEATHER)
+        seen.append(items[0].type)
+        with client.responses.stream(**kwargs) as stream:
+            list(stream)
+            final = stream.get_final_response()
+        assert final.output_text == whole.output_text
+        assert [(i.type, getattr(i, "arguments", None)) for i in final.output] \
+            == [(i.type, getattr(i, "arguments", None)) for i in whole.output]
+    assert seen == ["function_call", "message"]
