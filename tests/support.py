@@ -217,6 +217,17 @@ def streamed_chat(chunks: Any) -> tuple[str, str, list[tuple[str, str]], str | N
     return reasoning, content, [(name, arguments) for name, arguments in calls], finish
 
 
+def check_responses_stream(client: Any, kwargs: dict[str, Any], whole: Any) -> None:
+    """The Responses API streamed with `kwargs` ends in the same text and output items (their
+    types and call arguments) as `whole`, the reply unstreamed."""
+    with client.responses.stream(**kwargs) as stream:
+        list(stream)
+        final = stream.get_final_response()
+    assert final.output_text == whole.output_text
+    assert [(i.type, getattr(i, "arguments", None)) for i in final.output] \
+        == [(i.type, getattr(i, "arguments", None)) for i in whole.output]
+
+
 def gguf_daemon(factory: Any, models: dict[str, dict[str, Any]]) -> DaemonProcess:
     """A daemon process (HTTP too) serving tiny llama.cpp models: name -> write_tiny_llama's
     keyword arguments. `factory`: pytest's tmp_path_factory."""

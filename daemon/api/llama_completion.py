@@ -28,6 +28,7 @@ from aiohttp import web
 from daemon.api.errors import error_body
 from daemon.api.llama_native import settings_json
 from daemon.api.openai import (
+    SharedSampling,
     _params,
     _Sampling,
     decode_with,
@@ -52,7 +53,7 @@ class _Strict(msgspec.Struct, forbid_unknown_fields=True):
     pass
 
 
-class _Completion(_Strict):
+class _Completion(SharedSampling):
     """The fields /completion and /infill share: llama-server's names and defaults."""
 
     model: str
@@ -62,37 +63,8 @@ class _Completion(_Strict):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     stream: bool = False
-    cache_prompt: bool = True
     # The generated token ids in `tokens` (streamed events carry theirs always, as llama-server's).
     return_tokens: bool = False
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    typical_p: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    ignore_eos: bool = False
-    mirostat: int | None = None
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
-    dynatemp_range: float | None = None
-    dynatemp_exponent: float | None = None
-    top_n_sigma: float | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: int | None = None
-    dry_sequence_breakers: list[str] | None = None
-    min_keep: int | None = None
-    # The samplers' order: names or a string of one-letter codes (sampling.sampler_order).
-    samplers: list[str] | str | None = None
     # Each generated token's log probability and the n most likely (before sampling, as
     # llama-server's default post_sampling_probs false); `logprobs` is its other name.
     n_probs: int | None = None
@@ -126,12 +98,6 @@ class InfillRequest(_Completion):
 
 _COMPLETION = msgspec.json.Decoder(CompletionRequest)
 _INFILL = msgspec.json.Decoder(InfillRequest)
-# The fields _Completion shares with the OpenAI routes' _Sampling, read by openai._params.
-_SHARED = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
-           "presence_penalty", "frequency_penalty", "seed", "stop", "ignore_eos", "cache_prompt", "mirostat",
-           "mirostat_tau", "mirostat_eta", "dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability",
-           "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
-           "dry_sequence_breakers", "min_keep", "samplers")
 
 
 def _n_predict(req: _Completion) -> int | None:
@@ -149,7 +115,7 @@ def _n_predict(req: _Completion) -> int | None:
 async def sampling_params(model: LoadedVersion, req: _Completion) -> GenerateParams:
     """The request's GenerateParams: the sampling fields through the OpenAI routes' checks,
     then what only llama-server's routes take (its logit_bias forms, n_probs, grammar)."""
-    shared = {name: getattr(req, name) for name in _SHARED}
+    shared = {name: getattr(req, name) for name in SharedSampling.__struct_fields__}
     if shared["repeat_last_n"] is None:
         shared["repeat_last_n"] = _REPEAT_LAST_N
     params = _params(_Sampling(model=req.model, **shared), min_tokens=0)

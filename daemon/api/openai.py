@@ -62,28 +62,16 @@ class StreamOptions(_Strict):
     include_obfuscation: bool | None = None
 
 
-class _Sampling(_Strict):
-    """Fields shared by completions and chat completions (OpenAI names)."""
+class SharedSampling(_Strict, kw_only=True):
+    """The sampling fields the OpenAI routes share with llama-server's own /completion and
+    /infill (daemon.api.llama_completion), by the same names: `_params` reads them for both."""
 
-    model: str
-    # None: until the context is full (OpenAI's and llama-server's default).
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    # Choices per request (1..MAX_CHOICES), each its own sequence in the engine. OpenAI's
-    # schema makes these nullable (null: the default), and its client sends null for None.
-    n: int | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    # Token id (as a string, OpenAI's form) -> bias added to its logit.
-    logit_bias: dict[str, float] | None = None
-    # End-user id for abuse tracking at OpenAI; it changes no output there either.
-    user: str | None = None
     # Extensions llama.cpp's server also accepts.
     top_k: int | None = None
     min_p: float | None = None
@@ -113,6 +101,24 @@ class _Sampling(_Strict):
     min_keep: int | None = None
     # The samplers' order: names or a string of one-letter codes (sampling.sampler_order).
     samplers: list[str] | str | None = None
+
+
+class _Sampling(SharedSampling):
+    """Fields shared by completions and chat completions (OpenAI names)."""
+
+    model: str
+    # None: until the context is full (OpenAI's and llama-server's default).
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    # Choices per request (1..MAX_CHOICES), each its own sequence in the engine. OpenAI's
+    # schema makes these nullable (null: the default), and its client sends null for None.
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    # Token id (as a string, OpenAI's form) -> bias added to its logit.
+    logit_bias: dict[str, float] | None = None
+    # End-user id for abuse tracking at OpenAI; it changes no output there either.
+    user: str | None = None
 
 
 class CompletionRequest(_Sampling):

@@ -19,7 +19,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from gguf_builder import _vocab  # noqa: E402
 
-from support import LIGHT_TOOL, check_light, gguf_daemon, streamed_chat  # noqa: E402
+from support import LIGHT_TOOL, check_light, check_responses_stream, gguf_daemon, streamed_chat  # noqa: E402
 
 TEMPLATE = Path(__file__).parent.parent / "fixtures" / "chat_templates" / "openai-gpt-oss-120b.jinja"
 MARKERS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
@@ -288,10 +288,5 @@ def test_responses_api_tools_with_a_format(client: openai.OpenAI) -> None:
         else:
             jsonschema.validate(json.loads(whole.output_text), WEATHER)
         seen.append(items[0].type)
-        with client.responses.stream(**kwargs) as stream:
-            list(stream)
-            final = stream.get_final_response()
-        assert final.output_text == whole.output_text
-        assert [(i.type, getattr(i, "arguments", None)) for i in final.output] \
-            == [(i.type, getattr(i, "arguments", None)) for i in whole.output]
+        check_responses_stream(client, kwargs, whole)
     assert seen == ["function_call", "message"]

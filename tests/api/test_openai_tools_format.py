@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
 
-from support import LIGHT_TOOL, check_light, gguf_daemon, streamed_chat  # noqa: E402
+from support import LIGHT_TOOL, check_light, check_responses_stream, gguf_daemon, streamed_chat  # noqa: E402
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
 THINKING = ("<think>", "</think>", "<tool_call>", "</tool_call>")
@@ -159,12 +159,7 @@ def test_responses_api_calls_or_answers(client: openai.OpenAI) -> None:
         else:
             jsonschema.validate(json.loads(whole.output_text), ANSWER)
         seen.add(item.type)
-        with client.responses.stream(**kwargs) as stream:
-            list(stream)
-            final = stream.get_final_response()
-        assert final.output_text == whole.output_text
-        assert [(i.type, getattr(i, "arguments", None)) for i in final.output] \
-            == [(i.type, getattr(i, "arguments", None)) for i in whole.output]
+        check_responses_stream(client, kwargs, whole)
     assert seen == {"function_call", "message"}
 
 
