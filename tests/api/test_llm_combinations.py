@@ -1,6 +1,6 @@
 """Seeded combinations of this daemon's LLM request features on thinking models (reasoning
-budgets and their messages, tools and tool_choice, response formats, llama.cpp's samplers,
-stop strings, n, streaming), end to end on tiny real GGUFs: every answer is a 200 or a 4xx,
+budgets and their messages, tools and tool_choice, response formats, llama.cpp's samplers and
+their order, stop strings, n, streaming), end to end on tiny real GGUFs: every answer is a 200 or a 4xx,
 every stream ends with [DONE], and the daemon stays up. The features meet inside one sampler
 chain and one grammar, where a forced token the grammar refuses, or a grammar that admits
 nothing, aborts llama.cpp (and the daemon): this found one (a budget message holding the
@@ -35,6 +35,10 @@ OPTIONS: dict[str, list[Any]] = {
     "stop": [None, ["a"], "</think>"], "temperature": [0, 1.0], "seed": [1, 2], "max_tokens": [8, 40],
     "mirostat": [None, 2], "xtc_probability": [None, 0.5], "dry_multiplier": [None, 1.0],
     "dynatemp_range": [None, 0.5], "top_n_sigma": [None, 1.0],
+    # Orders where the grammar (tools, formats) meets samplers placed anywhere, none at all
+    # (a draw from the model's own distribution), or temperature 0 not listed.
+    "samplers": [None, None, "xkt", ["top_p", "temperature", "dry", "penalties"], "", "edskypmxt"],
+    "top_p": [None, 0.0, 0.5],
 }
 
 
@@ -51,7 +55,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
 
 def test_feature_combinations_never_take_the_daemon_down(daemon: Any) -> None:
     rng = random.Random(7)
-    for _ in range(60):
+    for _ in range(72):
         body: dict[str, Any] = {"model": rng.choice(sorted(MODELS)), "messages": [{"role": "user", "content": "hi"}]}
         for field, values in OPTIONS.items():
             value = rng.choice(values)
