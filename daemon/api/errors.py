@@ -26,6 +26,7 @@ _encode = msgspec.json.Encoder().encode
 # OpenAI clients read `error.message`; Triton/KServe clients read a plain `error` string.
 # llama-server's utility routes (daemon.api.llama_native) answer in OpenAI's shape as it does.
 _OPENAI_PREFIXES = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/responses",
+                    "/chat/completions", "/models", "/responses",
                     "/tokenize", "/detokenize", "/apply-template", "/props", "/slots", "/completion", "/infill")
 _OPENAI_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
                  429: "rate_limit_error", 503: "server_error"}

@@ -1197,6 +1197,10 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/chat/completions", chat_completions)
     r.add_post("/v1/embeddings", embeddings)
+    # llama-server's paths without /v1/ (a client whose base URL lacks it): the same routes.
+    # Not /completions: that is llama-server's native route (daemon.api.llama_completion).
+    r.add_get("/models", list_models)
+    r.add_post("/chat/completions", chat_completions)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         r.add_post(prefix + "/generate", generate)
         r.add_post(prefix + "/generate_stream", generate_stream)

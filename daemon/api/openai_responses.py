@@ -680,4 +680,5 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/responses", responses)  # llama-server's path without /v1/ too
 

@@ -68,6 +68,22 @@ def test_models_listed(client: openai.OpenAI) -> None:
     assert {"tiny", "embedder"} <= ids
 
 
+def test_llama_servers_paths_without_v1(daemon: Any, client: openai.OpenAI) -> None:
+    """llama-server also answers /models, /chat/completions and /responses: a client whose base
+    URL lacks /v1 reaches the same routes (and their OpenAI error shape)."""
+    bare = openai.OpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}", api_key="unused", max_retries=0)
+    assert {m.id for m in bare.models.list()} == {m.id for m in client.models.list()}
+    messages = [{"role": "user", "content": "Hello there"}]
+    chat = [c.chat.completions.create(model="tiny", messages=messages, **GREEDY) for c in (bare, client)]
+    assert chat[0].choices[0].message.content == chat[1].choices[0].message.content
+    answers = [c.responses.create(model="tiny", input="Hello there", temperature=0, max_output_tokens=12)
+               for c in (bare, client)]
+    assert answers[0].output_text == answers[1].output_text
+    with pytest.raises(openai.BadRequestError, match="top_p must be between 0 and 1") as refused:
+        bare.chat.completions.create(model="tiny", messages=messages, top_p=2.0)
+    assert isinstance(refused.value.body, dict) and refused.value.body["type"] == "invalid_request_error"
+
+
 def test_chat_completion_and_stream_agree(client: openai.OpenAI, uds_client: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": "Hello there"}]
     full = client.chat.completions.create(model="tiny", messages=messages, **GREEDY)
