@@ -955,6 +955,18 @@ def chat_prompt(model: LoadedVersion, req: PromptFields, answer: str = "") -> Ch
     return ChatPrompt(text, syntax, use)
 
 
+async def chat_input_tokens(request: web.Request) -> web.Response:
+    """llama-server's POST /v1/chat/completions/input_tokens: how many tokens the request's
+    prompt is, as the model tokenizes what /v1/chat/completions would generate from (the
+    request checked as there)."""
+    req: ChatRequest = _decode(await request_body(request), ChatRequest)
+    model = await generation_model(request, req.model)
+    _params(req)
+    prompt = chat_prompt(model, req, schema_of_format(req.response_format)).text
+    tokens = await model.tokenize(prompt, add_special=True, parse_special=True)
+    return web.json_response({"object": "response.input_tokens", "input_tokens": len(tokens)})
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req: ChatRequest = _decode(await request_body(request), ChatRequest)
     if req.store:
@@ -1201,6 +1213,8 @@ def add_routes(app: web.Application) -> None:
     # Not /completions: that is llama-server's native route (daemon.api.llama_completion).
     r.add_get("/models", list_models)
     r.add_post("/chat/completions", chat_completions)
+    for prefix in ("/v1", ""):
+        r.add_post(prefix + "/chat/completions/input_tokens", chat_input_tokens)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         r.add_post(prefix + "/generate", generate)
         r.add_post(prefix + "/generate_stream", generate_stream)

@@ -25,6 +25,7 @@ import json
 import secrets
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -48,6 +49,7 @@ from daemon.api.openai import (
 )
 from daemon.api.tool_syntax import GENERIC, Syntax, syntax_named
 from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
+from daemon.core.model import LoadedVersion
 from daemon.errors import EdgedError, InvalidArgument
 
 _json = msgspec.json.Encoder()
@@ -524,10 +526,20 @@ def _logprob(entry: TokenLogprob, *, full: bool) -> dict[str, Any]:
     return out
 
 
-async def responses(request: web.Request) -> web.StreamResponse:
-    req = decode_with(_DECODER, await request_body(request))
+@dataclass
+class _Prompt:
+    """What a Responses request generates from: the prompt and the params it was built with."""
+
+    text: str
+    params: GenerateParams
+    text_format: dict[str, Any]
+    syntax: str
+    use: openai_tools.ToolUse | None
+
+
+def _prompt(model: LoadedVersion, req: ResponsesRequest) -> _Prompt:
+    """The request checked and its prompt rendered (the route's, and /input_tokens' count)."""
     _refuse_stateful(req)
-    model = await generation_model(request, req.model)
     params = _params(req)
     params.json_schema, text_format = _format(req.text)
     tools = _tools(req)
@@ -556,6 +568,23 @@ async def responses(request: web.Request) -> web.StreamResponse:
     described = openai_tools.described_tools(syntax, all_tools)
     effort = req.reasoning.effort if req.reasoning is not None else None
     prompt = effort_prompt(model, messages, described, None, effort, "reasoning.effort")
+    return _Prompt(prompt, params, text_format, syntax, use)
+
+
+async def input_tokens(request: web.Request) -> web.Response:
+    """OpenAI's POST /v1/responses/input_tokens (and llama-server's): how many tokens the
+    request's prompt is, as the model tokenizes what /v1/responses would generate from."""
+    req = decode_with(_DECODER, await request_body(request))
+    model = await generation_model(request, req.model)
+    tokens = await model.tokenize(_prompt(model, req).text, add_special=True, parse_special=True)
+    return web.json_response({"object": "response.input_tokens", "input_tokens": len(tokens)})
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    req = decode_with(_DECODER, await request_body(request))
+    model = await generation_model(request, req.model)
+    built = _prompt(model, req)
+    prompt, params, text_format, syntax, use = built.text, built.params, built.text_format, built.syntax, built.use
     tags = model.thinking_tags()
     opened = reasoning.opened_by(prompt, tags)
     reasoning.hold_grammar_after(params, tags, prompt)
@@ -605,10 +634,11 @@ async def responses(request: web.Request) -> web.StreamResponse:
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
             "metadata": req.metadata or {}, "model": model.name,
             "output": [_copy(item) for item in output.items] if done else [],
-            "parallel_tool_calls": parallel, "previous_response_id": None, "reasoning": None,
+            "parallel_tool_calls": req.parallel_tool_calls is not False, "previous_response_id": None,
+            "reasoning": None,
             "store": False, "background": False, "temperature": params.temperature, "top_p": params.top_p,
             "text": {"format": text_format}, "tool_choice": msgspec.to_builtins(req.tool_choice or "auto"),
-            "tools": [msgspec.to_builtins(t) for t in tools], "top_logprobs": req.top_logprobs or 0,
+            "tools": [msgspec.to_builtins(t) for t in _tools(req)], "top_logprobs": req.top_logprobs or 0,
             "truncation": "disabled", "usage": usage, "user": req.user,
             "safety_identifier": req.safety_identifier, "prompt_cache_key": req.prompt_cache_key,
         }
@@ -679,6 +709,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/responses", responses)
-    app.router.add_post("/responses", responses)  # llama-server's path without /v1/ too
+    for prefix in ("/v1", ""):  # llama-server's paths without /v1/ too
+        app.router.add_post(prefix + "/responses", responses)
+        app.router.add_post(prefix + "/responses/input_tokens", input_tokens)
 

@@ -290,3 +290,32 @@ def test_unknown_model_is_a_404(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="nope", input="x")
 
+
+
+def test_input_tokens_count_the_prompt_each_route_generates_from(client: openai.OpenAI, daemon) -> None:
+    """OpenAI's POST /v1/responses/input_tokens (the client's `responses.input_tokens.count`) and
+    llama-server's /v1/chat/completions/input_tokens: the tokens of the prompt the route would
+    generate from, as its usage counts them (tools and a format shape that prompt too)."""
+    cases = [
+        {"instructions": "Be brief", "input": "Hello there"},
+        {"input": "Weather in Paris?", "tools": [WEATHER, LIGHTS], "tool_choice": "required"},
+        {"input": "Weather?", "tools": [WEATHER], "text": {"format": {"type": "json_object"}}},
+    ]
+    counts = []
+    for case in cases:
+        counted = client.responses.input_tokens.count(model="tiny", **case)
+        assert counted.object == "response.input_tokens"
+        usage = client.responses.create(model="tiny", max_output_tokens=1, temperature=0, **case).usage
+        assert usage is not None and counted.input_tokens == usage.input_tokens
+        counts.append(counted.input_tokens)
+    assert len(set(counts)) == len(counts)
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "Weather?"}], "tools": CHAT_TOOLS,
+            "response_format": {"type": "json_object"}}
+    usage = client.chat.completions.create(**chat, max_tokens=1, temperature=0).usage
+    for path in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"):
+        reply = daemon.post_json(path, chat)
+        assert reply.status == 200, reply.body
+        assert json.loads(reply.body) == {"object": "response.input_tokens", "input_tokens": usage.prompt_tokens}
+    refused = daemon.post_json("/v1/chat/completions/input_tokens", {**chat, "top_p": 2.0})
+    assert refused.status == 400 and b"top_p must be between 0 and 1" in refused.body
+    assert daemon.post_json("/v1/responses/input_tokens", {"model": "tiny", "input": "x", "store": True}).status == 400
