@@ -941,6 +941,12 @@ class GenerationBackend(Backend):
         (Ollama's `truncate`, its default); otherwise such an input is an InvalidArgument."""
         raise Unsupported(f"backend {self.name!r} does not compute embeddings")
 
+    def unpooled(self) -> bool:
+        """True for an embedding model that names no pooling (llama.cpp's pooling none), so
+        that llama-server's native /embedding would answer one vector per token: `embed`
+        averages them instead, and that route refuses what it cannot answer as llama-server."""
+        return False
+
     async def props(self) -> GenerationProps:
         """Facts about the loaded model for llama-server's GET /props. Runs off the event loop
         where it must wait for the runtime; an InvalidArgument for a model that does not

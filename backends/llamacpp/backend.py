@@ -190,6 +190,10 @@ class LlamaCppBackend(GenerationBackend):
             stats["chat_template_thinking"] = "".join(engine.chat_template.thinking)
         return stats
 
+    def unpooled(self) -> bool:
+        engine = self._engine
+        return engine is not None and engine.unpooled
+
     async def props(self) -> GenerationProps:
         """The engine's slots and context, what its vocabulary and GGUF say (read on this
         instance's thread, beside the engine's). No media:

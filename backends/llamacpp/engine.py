@@ -280,6 +280,9 @@ class Engine:
         self.n_ctx_seq = 0
         self.n_vocab = 0
         self.n_embd = 0
+        # An embedding model whose GGUF and config name no pooling: llama.cpp would give one
+        # vector per token, which edged averages instead (see load).
+        self.unpooled = False
         self.chat_template: ChatTemplate | None = None
 
         self._cond = threading.Condition()
@@ -504,6 +507,7 @@ class Engine:
         if s.embedding and llama.llama_pooling_type(self._ctx) == llama.LLAMA_POOLING_TYPE_NONE:
             # The GGUF names no pooling (a generative model used for embeddings): average
             # the token states, the usual choice for such models.
+            self.unpooled = True
             llama.llama_free(self._ctx)
             self._ctx = None
             self._ctx = self._new_context("mean")

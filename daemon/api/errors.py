@@ -27,7 +27,8 @@ _encode = msgspec.json.Encoder().encode
 # llama-server's utility routes (daemon.api.llama_native) answer in OpenAI's shape as it does.
 _OPENAI_PREFIXES = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/responses",
                     "/chat/completions", "/models", "/responses",
-                    "/tokenize", "/detokenize", "/apply-template", "/props", "/slots", "/completion", "/infill")
+                    "/tokenize", "/detokenize", "/apply-template", "/props", "/slots", "/completion", "/infill",
+                    "/embedding")  # also /embeddings
 _OPENAI_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
                  429: "rate_limit_error", 503: "server_error"}
 

@@ -26,7 +26,7 @@ import msgspec
 from aiohttp import web
 
 from daemon.api.errors import error_body
-from daemon.api.llama_native import settings_json
+from daemon.api.llama_native import mixed_tokens, settings_json
 from daemon.api.openai import (
     SharedSampling,
     _params,
@@ -172,21 +172,18 @@ async def prompt_tokens(model: LoadedVersion, prompt: str | list[str | int | lis
     if prompt is None:
         raise InvalidArgument("prompt: required")
     if isinstance(prompt, str):
-        return await model.tokenize(prompt, add_special=True, parse_special=True)
+        return await mixed_tokens(model, prompt)
     if not any(isinstance(item, int) for item in prompt):
         # llama-server takes such a list as several prompts and answers with a list.
         raise InvalidArgument(
             "prompt: one text, token ids, or texts and token ids mixed; lists of prompts are not supported"
         )
-    tokens: list[int] = []
+    items: list[str | int] = []
     for index, item in enumerate(prompt):
         if isinstance(item, list):
             raise InvalidArgument(f"prompt[{index}]: a list among token ids; lists of prompts are not supported")
-        if isinstance(item, int):
-            tokens.append(item)
-        else:
-            tokens += await model.tokenize(item, add_special=index == 0, parse_special=True)
-    return tokens
+        items.append(item)
+    return await mixed_tokens(model, items)
 
 
 @dataclass

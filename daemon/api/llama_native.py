@@ -1,7 +1,7 @@
 """llama-server's utility routes for generation models: `POST /tokenize`, `/detokenize` and
 `/apply-template`, `GET /props` and `/slots`, with its request and response shapes (llama.cpp
-tools/server); and its `GET /health` (also `/v1/health`), which container health checks and
-clients poll.
+tools/server); its native `POST /embedding` (also `/embeddings`) for embedding models; and its
+`GET /health` (also `/v1/health`), which container health checks and clients poll.
 
 As in llama-server's router mode, the body names the model (`model`, required; for a GET the
 query, `?model=NAME`); an unknown one is a 404. Where llama-server ignores what it cannot use (an unknown field, a field of the
@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import numpy as np
 from aiohttp import web
 
 from daemon.api import openai_tools
@@ -58,9 +59,26 @@ class ApplyTemplateRequest(_Strict):
     reasoning_effort: str | None = None
 
 
+# One prompt: a text, or texts and token ids in order. A list without ids is several prompts.
+Prompt = str | list[str | int]
+
+
+class EmbeddingRequest(_Strict):
+    model: str
+    # llama-server's two names for the prompts (`input` wins there when both are sent; here
+    # that is a 400): a prompt, or a list of them.
+    content: str | list[str | int | list[str | int]] | None = None
+    input: str | list[str | int | list[str | int]] | None = None
+    # -1 none, 0 max-abs scaled to int16's range, 1 taxicab, 2 Euclidean, p > 2 the p-norm.
+    embd_normalize: int = 2
+    # llama-server parses it, but its native shape is floats whatever is asked.
+    encoding_format: str | None = None
+
+
 _TOKENIZE = msgspec.json.Decoder(TokenizeRequest)
 _DETOKENIZE = msgspec.json.Decoder(DetokenizeRequest)
 _APPLY_TEMPLATE = msgspec.json.Decoder(ApplyTemplateRequest)
+_EMBEDDING = msgspec.json.Decoder(EmbeddingRequest)
 
 
 def _ok(payload: object) -> web.Response:
@@ -99,6 +117,90 @@ async def apply_template(request: web.Request) -> web.Response:
     req = decode_with(_APPLY_TEMPLATE, await request_body(request))
     model = await generation_model(request, req.model)
     return _ok({"prompt": chat_prompt(model, req).text})
+
+
+async def mixed_tokens(model: LoadedVersion, prompt: Prompt) -> list[int]:
+    """llama-server's tokens for one prompt: a text with the BOS and special tokens' texts
+    parsed; texts and ids in order, the BOS before a first text only, ids as they are."""
+    if isinstance(prompt, str):
+        return await model.tokenize(prompt, add_special=True, parse_special=True)
+    tokens: list[int] = []
+    for index, item in enumerate(prompt):
+        if isinstance(item, int):
+            tokens.append(item)
+        else:
+            tokens += await model.tokenize(item, add_special=index == 0, parse_special=True)
+    return tokens
+
+
+def _embedding_prompts(field: str, value: str | list[str | int | list[str | int]]) -> list[Prompt]:
+    """llama-server's reading: a text, or a list holding an id, is one prompt; any other list
+    is one prompt per element."""
+    if isinstance(value, str):
+        return [value]
+    if not value:
+        raise InvalidArgument(f"{field}: must not be empty")
+    if any(isinstance(item, int) for item in value):
+        prompt: list[str | int] = []
+        for index, item in enumerate(value):
+            if isinstance(item, list):
+                raise InvalidArgument(f"{field}[{index}]: a list among token ids; send one prompt of texts and ids, or a list of prompts")
+            prompt.append(item)
+        return [prompt]
+    return [item for item in value if not isinstance(item, int)]
+
+
+def _normalized(vector: list[float], norm: int) -> list[float]:
+    """llama-server's `embd_normalize` of the engine's vector, which is already divided by its
+    Euclidean norm: every norm here scales with the vector, so dividing this one by its own
+    norm gives what dividing the raw vector does. The p-norm is taken of the vector scaled by
+    its largest element, so that no power under- or overflows."""
+    if norm == 2:
+        return vector
+    v = np.asarray(vector, dtype=np.float64)
+    largest = float(np.max(np.abs(v)))
+    if largest == 0.0:
+        return vector  # llama-server's zero norm leaves zeros
+    if norm == 0:
+        return (v * (32760.0 / largest)).tolist()
+    p_norm = largest * float(np.sum((np.abs(v) / largest) ** norm)) ** (1.0 / norm)
+    return (v / p_norm).tolist()
+
+
+async def embedding(request: web.Request) -> web.Response:
+    """llama-server's native embeddings: `[{"index": i, "embedding": [vector]}, ...]`, one
+    pooled vector per prompt, in the order of the prompts."""
+    req = decode_with(_EMBEDDING, await request_body(request))
+    if req.input is not None and req.content is not None:
+        raise InvalidArgument("input, content: give one of them (llama-server reads input and ignores content)")
+    field, value = ("input", req.input) if req.input is not None else ("content", req.content)
+    if value is None:
+        raise InvalidArgument("content: required (or input): the text, token ids, or a list of prompts to embed")
+    if req.encoding_format not in (None, "float"):
+        raise InvalidArgument(
+            f"encoding_format: only float here, got {req.encoding_format!r} "
+            "(llama-server's /embedding answers floats whatever is asked; /v1/embeddings takes base64)"
+        )
+    if req.embd_normalize < 0:
+        raise InvalidArgument(
+            f"embd_normalize: 0, 1, 2 or a p-norm above 2, got {req.embd_normalize} "
+            "(the engine returns vectors already normalised, so unnormalised ones, -1, are not offered)"
+        )
+    prompts = _embedding_prompts(field, value)
+    model = await generation_model(request, req.model)
+    if model.require_generator().unpooled():
+        raise InvalidArgument(
+            f"model '{model.name}' names no pooling: llama-server's /embedding answers one vector per "
+            "token for it, which edged does not offer; set its parameters pooling (mean, cls or last)"
+        )
+    inputs: list[str | list[int]] = []
+    for index, prompt in enumerate(prompts):
+        tokens = await mixed_tokens(model, prompt)
+        if not tokens:
+            raise InvalidArgument(f"{field}[{index}]: no tokens to embed (the model adds none to an empty text)")
+        inputs.append(tokens)
+    vectors, _ = await model.embed(inputs)
+    return _ok([{"index": i, "embedding": [_normalized(v, req.embd_normalize)]} for i, v in enumerate(vectors)])
 
 
 async def _pieces(model: LoadedVersion, tokens: list[int], field: str) -> list[bytes]:
@@ -275,6 +377,8 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/tokenize", tokenize)
     r.add_post("/detokenize", detokenize)
     r.add_post("/apply-template", apply_template)
+    r.add_post("/embedding", embedding)
+    r.add_post("/embeddings", embedding)
     # GET only: POST /props (changing settings) and POST /slots/{id} (save, restore, erase)
     # are not offered; aiohttp answers 405 and 404 for them.
     r.add_get("/props", props)
