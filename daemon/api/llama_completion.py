@@ -26,7 +26,7 @@ import msgspec
 from aiohttp import web
 
 from daemon.api.errors import error_body
-from daemon.api.llama_native import mixed_tokens, settings_json
+from daemon.api.llama_native import joined_text, mixed_tokens, settings_json
 from daemon.api.openai import (
     SharedSampling,
     _params,
@@ -269,7 +269,7 @@ def _timings(result: _Result) -> dict[str, Any]:
 async def _complete(
     request: web.Request, model: LoadedVersion, req: _Completion, tokens: list[int], params: GenerateParams
 ) -> web.StreamResponse:
-    prompt_text = b"".join(await model.token_pieces(tokens)).decode("utf-8", errors="replace")
+    prompt_text = joined_text(await model.token_pieces(tokens), "prompt")  # the answer echoes it
     result = _Result(started=time.monotonic())
 
     async def summary(stream: bool) -> dict[str, Any]:

@@ -109,8 +109,20 @@ async def detokenize(request: web.Request) -> web.Response:
     req = decode_with(_DETOKENIZE, await request_body(request))
     model = await generation_model(request, req.model)
     pieces = await _pieces(model, req.tokens, "tokens")
-    # The pieces joined, as llama-server's; bytes that are not UTF-8 become U+FFFD.
-    return _ok({"content": b"".join(pieces).decode("utf-8", errors="replace")})
+    return _ok({"content": joined_text(pieces, "tokens")})
+
+
+def joined_text(pieces: list[bytes], field: str) -> str:
+    """The pieces joined as text. Bytes that are not UTF-8 (ids that cut a character) are a
+    400: llama-server writes U+FFFD for them, which would change the text unannounced."""
+    data = b"".join(pieces)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(
+            f"{field}: the tokens' bytes are not UTF-8 text (byte {exc.start} of {len(data)}: a character cut "
+            "between tokens); POST /tokenize with these ids as content and with_pieces true gives each token's bytes"
+        ) from None
 
 
 async def apply_template(request: web.Request) -> web.Response:

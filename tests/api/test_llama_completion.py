@@ -226,6 +226,8 @@ def test_infill_repository_layout(daemon: Any) -> None:
     ("/completion", {"prompt": "x", "n_probs": 21}, "n_probs"),
     ("/completion", {"prompt": "x", "temperature": -1}, "temperature"),
     ("/completion", {"prompt": [99999]}, "99999"),
+    # Two bytes of "€": the answer's `prompt` echo cannot be that text (llama-server: U+FFFD).
+    ("/completion", {"prompt": [229, 133]}, "prompt: the tokens' bytes are not UTF-8 text"),
     ("/infill", {"input_suffix": "x"}, "input_prefix"),
     ("/infill", {"input_prefix": "x"}, "input_suffix"),
     ("/infill", {"input_prefix": "x", "input_suffix": "y", "input_extra": [{"filename": "a"}]}, "text"),

@@ -93,8 +93,11 @@ def test_mixed_content_and_detokenize_bytes(daemon: Any) -> None:
     # Texts and ids in order; only a text that comes first gets the BOS (llama-server's rule).
     assert tokens(daemon, ["ab", 5, "cd"], add_special=True) == [BOS, 369, 325, 5, 259, 326, 327]
     assert tokens(daemon, [5, "ab"], add_special=True) == [5, 369, 325]
-    detok = {"model": "tiny", "tokens": [229, 133]}  # two bytes of "€": U+FFFD, as llama-server
-    assert post(daemon, "/detokenize", detok) == {"content": "\ufffd"}
+    detok = {"model": "tiny", "tokens": [229, 133]}  # two bytes of "€": llama-server writes U+FFFD
+    assert post(daemon, "/detokenize", detok, status=400)["error"]["message"] == (
+        "tokens: the tokens' bytes are not UTF-8 text (byte 0 of 2: a character cut between tokens); "
+        "POST /tokenize with these ids as content and with_pieces true gives each token's bytes"
+    )
     assert post(daemon, "/detokenize", {**detok, "tokens": [229, 133, 175]}) == {"content": "€"}
     # Control tokens' texts are written.
     assert post(daemon, "/detokenize", {**detok, "tokens": [CTRL, THINK, 2, 0]}) == {"content": "[CTRL]<think></s><unk>"}
