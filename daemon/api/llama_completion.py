@@ -43,8 +43,6 @@ from daemon.core.model import LoadedVersion
 from daemon.errors import EdgedError, InvalidArgument
 
 _json = msgspec.json.Encoder()
-# llama-server's seed when none is given (LLAMA_DEFAULT_SEED): a random one per request.
-_RANDOM_SEED = 2**32 - 1
 # llama-server's window for every penalty when repeat_last_n is not given.
 _REPEAT_LAST_N = 64
 
