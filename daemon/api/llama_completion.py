@@ -4,8 +4,9 @@ and event stream (llama.cpp tools/server), on the engine the OpenAI routes use.
 
 The body names the model (`model`, required, as in llama_native). Every field llama-server
 takes either has its effect here or is a 400 naming it: an unknown field (llama-server ignores
-one) and the fields not implemented (`n_cmpl`/`n`, `id_slot`, `lora`, `n_keep`,
-`t_max_predict_ms`, ...) are rejected by the decoder. Sampling values are checked as on the
+one) and the fields not implemented (`id_slot`, `lora`, `n_keep`, `t_max_predict_ms`, ...) are
+rejected by the decoder. A list of prompts and `n_cmpl` (also `n`) completions of each are
+several generations, run together; the answer is then a list, index `prompt * n_cmpl + i`. Sampling values are checked as on the
 OpenAI routes (openai._params), which reject what llama-server clamps.
 
 Streamed, each event is `data: {json}\\n\\n`: one per engine chunk (`content`, its `tokens`,
@@ -18,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +26,12 @@ import msgspec
 from aiohttp import web
 
 from daemon.api.errors import error_body
-from daemon.api.llama_native import joined_text, mixed_tokens, settings_json
+from daemon.api.llama_native import joined_text, prompts_tokens, settings_json
 from daemon.api.openai import (
     SharedSampling,
+    _all,
+    _choices,
+    _merged,
     _params,
     _Sampling,
     decode_with,
@@ -73,12 +76,16 @@ class _Completion(SharedSampling):
     logit_bias: list[tuple[int | str, float | bool]] | dict[str, float | bool] | None = None  # bool: for its 400
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
+    # Completions of each prompt (`n` is llama-server's other name); completion i > 0 samples
+    # with seed + i when a seed is given, as llama-server's child tasks.
+    n_cmpl: int | None = None
+    n: int | None = None
 
 
 class CompletionRequest(_Completion):
     # A text (BOS added, special tokens' texts parsed), token ids, or texts and ids mixed (a
-    # text after the first item gets no BOS). llama-server's lists of prompts are a 400.
-    prompt: str | list[str | int | list[int]] | None = None
+    # text after the first item gets no BOS); a list without ids is one prompt per element.
+    prompt: str | list[str | int | list[str | int]] | None = None
 
 
 class ExtraChunk(_Strict):
@@ -108,6 +115,16 @@ def _n_predict(req: _Completion) -> int | None:
     if value < -1:
         raise InvalidArgument(f"{name} must be -1 (no limit) or >= 0, got {value}")
     return None if value == -1 else value
+
+
+def _n_cmpl(req: _Completion) -> int:
+    """Completions per prompt, from n_cmpl or its other name n."""
+    if req.n_cmpl is not None and req.n is not None and req.n_cmpl != req.n:
+        raise InvalidArgument("n_cmpl and n disagree; send one of them")
+    name, value = ("n", req.n) if req.n is not None else ("n_cmpl", req.n_cmpl)
+    if value is not None and value < 1:
+        raise InvalidArgument(f"{name} must be >= 1, got {value}")
+    return value or 1
 
 
 async def sampling_params(model: LoadedVersion, req: _Completion) -> GenerateParams:
@@ -162,26 +179,6 @@ async def _logit_bias(
         for each in await model.tokenize(key, add_special=False, parse_special=False):
             out[each] = bias
     return out
-
-
-async def prompt_tokens(model: LoadedVersion, prompt: str | list[str | int | list[int]] | None) -> list[int]:
-    """llama-server's tokens for one prompt: a text with the BOS and special tokens' texts
-    parsed; ids as they are; texts and ids in order, the BOS before a first text only."""
-    if prompt is None:
-        raise InvalidArgument("prompt: required")
-    if isinstance(prompt, str):
-        return await mixed_tokens(model, prompt)
-    if not any(isinstance(item, int) for item in prompt):
-        # llama-server takes such a list as several prompts and answers with a list.
-        raise InvalidArgument(
-            "prompt: one text, token ids, or texts and token ids mixed; lists of prompts are not supported"
-        )
-    items: list[str | int] = []
-    for index, item in enumerate(prompt):
-        if isinstance(item, list):
-            raise InvalidArgument(f"prompt[{index}]: a list among token ids; lists of prompts are not supported")
-        items.append(item)
-    return await mixed_tokens(model, items)
 
 
 @dataclass
@@ -265,12 +262,19 @@ def _timings(result: _Result) -> dict[str, Any]:
 
 
 async def _complete(
-    request: web.Request, model: LoadedVersion, req: _Completion, tokens: list[int], params: GenerateParams
+    request: web.Request, model: LoadedVersion, req: _Completion, prompts: list[list[int]], params: GenerateParams
 ) -> web.StreamResponse:
-    prompt_text = joined_text(await model.token_pieces(tokens), "prompt")  # the answer echoes it
-    result = _Result(started=time.monotonic())
+    """Generate `n_cmpl` completions of each prompt, together. Whole: llama-server's result
+    object, or a list of them (each with its `index`) for several. Streamed: each chunk's
+    event and, as a generation ends, its summary, all carrying their `index`."""
+    per_prompt = _n_cmpl(req)
+    texts = [joined_text(await model.token_pieces(tokens), "prompt") for tokens in prompts]  # the answer echoes them
+    generations = _choices(model, prompts, params, per_prompt, "n" if req.n is not None else "n_cmpl")
+    started = time.monotonic()
+    results = [_Result(started=started) for _ in generations]
 
-    async def summary(stream: bool) -> dict[str, Any]:
+    async def summary(index: int, stream: bool) -> dict[str, Any]:
+        result = results[index]
         last = result.last
         content = "".join(result.text)
         probs = result.probs
@@ -280,7 +284,7 @@ async def _complete(
             probs = probs[: max(len(probs) - cut, 0)]
         limit = params.max_tokens
         out: dict[str, Any] = {
-            "index": 0,
+            "index": index,
             "content": "" if stream else content,  # streamed, the events carried it
             "tokens": result.tokens if req.return_tokens and not stream else [],
             "stop": True,
@@ -288,7 +292,7 @@ async def _complete(
             "tokens_predicted": last.completion_tokens,
             "tokens_evaluated": last.prompt_tokens,
             "generation_settings": _settings(params, stream, req.grammar),
-            "prompt": prompt_text,
+            "prompt": texts[index // per_prompt],
             "has_new_line": "\n" in content,
             # Cut off by the end of the context rather than n_predict.
             "truncated": last.finish_reason == "length" and (limit is None or last.completion_tokens < limit),
@@ -302,41 +306,52 @@ async def _complete(
             out["completion_probabilities"] = _probs_json(probs)
         return out
 
-    chunks: AsyncGenerator[GenerateChunk, None] = model.generate(tokens, params)
-    async with contextlib.aclosing(chunks):
+    async def first(index: int) -> GenerateChunk | None:
+        chunk = await first_chunk(generations[index])
+        results[index].first_at = time.monotonic()
+        return chunk
+
+    async def rest(index: int) -> None:
+        async for chunk in generations[index]:
+            results[index].add(chunk)
+
+    async with contextlib.AsyncExitStack() as stack:
+        for chunks in generations:
+            await stack.enter_async_context(contextlib.aclosing(chunks))
         # Before the status: a full queue or a prompt too long is a real 4xx/5xx.
-        first = await first_chunk(chunks)
-        result.first_at = time.monotonic()
-        if first is not None:
-            result.add(first)
+        firsts = await _all([first(index) for index in range(len(generations))])
+        for result, chunk in zip(results, firsts, strict=True):
+            if chunk is not None:
+                result.add(chunk)
         if not req.stream:
-            async for chunk in chunks:
-                result.add(chunk)
-            return web.Response(body=_json.encode(await summary(False)), content_type="application/json")
+            await _all([rest(index) for index in range(len(generations))])
+            answers = [await summary(index, False) for index in range(len(generations))]
+            return web.Response(body=_json.encode(answers[0] if len(answers) == 1 else answers),
+                                content_type="application/json")
         response = await start_sse(request)
+
+        async def emit(index: int, chunk: GenerateChunk) -> None:
+            if chunk.text or chunk.token_ids:
+                await _event(response, {
+                    "index": index, "content": chunk.text, "tokens": chunk.token_ids, "stop": False,
+                    "tokens_predicted": len(results[index].tokens),
+                    "tokens_evaluated": len(prompts[index // per_prompt]),
+                    **({"completion_probabilities": _probs_json(chunk.logprobs)} if params.logprobs else {}),
+                })
+            if chunk.finish_reason is not None:
+                await _event(response, await summary(index, True))
+
         try:
-            pending = [first] if first is not None else []
-            while True:
-                for chunk in pending:
-                    if chunk.text or chunk.token_ids:
-                        await _event(response, {
-                            "index": 0, "content": chunk.text, "tokens": chunk.token_ids, "stop": False,
-                            "tokens_predicted": len(result.tokens), "tokens_evaluated": len(tokens),
-                            **({"completion_probabilities": _probs_json(chunk.logprobs)} if params.logprobs else {}),
-                        })
-                if result.last.finish_reason is not None:
-                    break
-                chunk = await anext(chunks)
-                result.add(chunk)
-                pending = [chunk]
+            for index, chunk in enumerate(firsts):
+                if chunk is not None:
+                    await emit(index, chunk)
+            async with contextlib.aclosing(_merged(generations)) as merged:
+                async for index, chunk in merged:
+                    results[index].add(chunk)
+                    await emit(index, chunk)
         except EdgedError as exc:
             # The 200 went out: the error is the stream's last event, as llama-server's.
             await _event(response, error_body(exc.status, exc.message, request.path))
-            await response.write_eof()
-            return response
-        except StopAsyncIteration:
-            pass
-        await _event(response, await summary(True))
         await response.write_eof()
         return response
 
@@ -349,8 +364,9 @@ async def completion(request: web.Request) -> web.StreamResponse:
     req = decode_with(_COMPLETION, await request_body(request))
     model = await generation_model(request, req.model)
     params = await sampling_params(model, req)
-    tokens = await prompt_tokens(model, req.prompt)
-    return await _complete(request, model, req, tokens, params)
+    if req.prompt is None:
+        raise InvalidArgument("prompt: required")
+    return await _complete(request, model, req, await prompts_tokens(model, "prompt", req.prompt), params)
 
 
 async def infill(request: web.Request) -> web.StreamResponse:
@@ -366,7 +382,7 @@ async def infill(request: web.Request) -> web.StreamResponse:
         tokens = await model.infill_tokens(InfillInput(req.input_prefix, req.input_suffix, extra, req.prompt))
     except InvalidArgument as exc:
         raise InvalidArgument(f"infill: {exc.message}") from None
-    return await _complete(request, model, req, tokens, params)
+    return await _complete(request, model, req, [tokens], params)
 
 
 def add_routes(app: web.Application) -> None:

@@ -145,7 +145,7 @@ async def mixed_tokens(model: LoadedVersion, prompt: Prompt) -> list[int]:
     return tokens
 
 
-def _embedding_prompts(field: str, value: str | list[str | int | list[str | int]]) -> list[Prompt]:
+def _prompt_list(field: str, value: str | list[str | int | list[str | int]]) -> list[Prompt]:
     """llama-server's reading: a text, or a list holding an id, is one prompt; any other list
     is one prompt per element."""
     if isinstance(value, str):
@@ -160,6 +160,19 @@ def _embedding_prompts(field: str, value: str | list[str | int | list[str | int]
             prompt.append(item)
         return [prompt]
     return [item for item in value if not isinstance(item, int)]
+
+
+async def prompts_tokens(
+    model: LoadedVersion, field: str, value: str | list[str | int | list[str | int]]
+) -> list[list[int]]:
+    """The tokens of each prompt `value` holds (llama-server's one prompt or list of them)."""
+    out = []
+    for index, prompt in enumerate(_prompt_list(field, value)):
+        tokens = await mixed_tokens(model, prompt)
+        if not tokens:
+            raise InvalidArgument(f"{field}[{index}]: no tokens (the model adds none to an empty text)")
+        out.append(tokens)
+    return out
 
 
 def _normalized(vector: list[float], norm: int) -> list[float]:
@@ -198,19 +211,13 @@ async def embedding(request: web.Request) -> web.Response:
             f"embd_normalize: 0, 1, 2 or a p-norm above 2, got {req.embd_normalize} "
             "(the engine returns vectors already normalised, so unnormalised ones, -1, are not offered)"
         )
-    prompts = _embedding_prompts(field, value)
     model = await generation_model(request, req.model)
     if model.require_generator().unpooled():
         raise InvalidArgument(
             f"model '{model.name}' names no pooling: llama-server's /embedding answers one vector per "
             "token for it, which edged does not offer; set its parameters pooling (mean, cls or last)"
         )
-    inputs: list[str | list[int]] = []
-    for index, prompt in enumerate(prompts):
-        tokens = await mixed_tokens(model, prompt)
-        if not tokens:
-            raise InvalidArgument(f"{field}[{index}]: no tokens to embed (the model adds none to an empty text)")
-        inputs.append(tokens)
+    inputs: list[str | list[int]] = [*await prompts_tokens(model, field, value)]
     vectors, _ = await model.embed(inputs)
     return _ok([{"index": i, "embedding": [_normalized(v, req.embd_normalize)]} for i, v in enumerate(vectors)])
 

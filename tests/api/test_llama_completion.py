@@ -166,6 +166,42 @@ def test_token_id_prompts(daemon: Any) -> None:
     assert mixed["tokens_evaluated"] == len(tokenize(daemon, head, add_special=True)) + 1
 
 
+def test_prompts_and_completions_of_each(daemon: Any) -> None:
+    # A list of prompts: one result each, in order, each what the prompt gets alone.
+    prompts = ["Once upon", [BOS, *tokenize(daemon, " a time")], ["Hello", 300]]
+    alone = [complete(daemon, prompt=p, n_predict=6) for p in prompts]
+    got = complete(daemon, prompt=prompts, n_predict=6)
+    assert [r["index"] for r in got] == [0, 1, 2]
+    assert [r["content"] for r in got] == [r["content"] for r in alone]
+    assert [r["prompt"] for r in got] == [r["prompt"] for r in alone]
+    assert [r["tokens_evaluated"] for r in got] == [r["tokens_evaluated"] for r in alone]
+    # n_cmpl completions of each prompt, index prompt * n_cmpl + i; with a seed, completion i
+    # samples with seed + i (llama-server's child tasks).
+    sampled = {"temperature": 1.5, "top_k": 0, "n_predict": 12}
+    pair = post(daemon, "/completion", {"model": "tiny", "prompt": ["Once", "Hello"], "n_cmpl": 2, "seed": 7, **sampled})
+    assert [r["index"] for r in pair] == [0, 1, 2, 3]
+    for index, (prompt, seed) in enumerate([("Once", 7), ("Once", 8), ("Hello", 7), ("Hello", 8)]):
+        single = post(daemon, "/completion", {"model": "tiny", "prompt": prompt, "seed": seed, **sampled})
+        assert pair[index]["content"] == single["content"]
+    assert pair[0]["content"] != pair[1]["content"]  # independent samples differ
+    # `n` is its other name; one completion of one prompt stays an object.
+    by_n = post(daemon, "/completion", {"model": "tiny", "prompt": "Once", "n": 2, "seed": 7, **sampled})
+    assert [r["content"] for r in by_n] == [r["content"] for r in pair[:2]]
+    assert isinstance(complete(daemon, prompt=["Once"], n_predict=2), dict)
+
+
+def test_prompts_streamed(daemon: Any) -> None:
+    prompts = ["Once upon", "Hello"]
+    whole = complete(daemon, prompt=prompts, n_predict=6, n_cmpl=2)
+    frames = events(daemon, "/completion", {"prompt": prompts, "n_predict": 6, "n_cmpl": 2})
+    for index in range(4):
+        mine = [f for f in frames if f["index"] == index]
+        # Each generation's chunks, then its one summary last.
+        assert [f["stop"] for f in mine] == [False] * (len(mine) - 1) + [True]
+        assert "".join(f["content"] for f in mine) == whole[index]["content"]
+        assert mine[-1]["tokens_predicted"] == whole[index]["tokens_predicted"]
+
+
 def test_n_probs(daemon: Any) -> None:
     got = complete(daemon, prompt=PROMPT, n_predict=4, n_probs=3, return_tokens=True)
     probs = got["completion_probabilities"]
@@ -210,11 +246,14 @@ def test_infill_repository_layout(daemon: Any) -> None:
 
 @pytest.mark.parametrize(("path", "body", "field"), [
     ("/completion", {"prompt": "x", "samplers": ["top_k", "bogus"]}, "samplers[1]: unknown sampler 'bogus'"),
-    ("/completion", {"prompt": "x", "n": 2}, "`n`"),
+    ("/completion", {"prompt": "x", "n": 2, "n_cmpl": 3}, "n_cmpl and n disagree"),
+    ("/completion", {"prompt": "x", "n_cmpl": 0}, "n_cmpl must be >= 1"),
+    ("/completion", {"prompt": "x", "n": 500}, "n: 500 choices are more than"),
+    ("/completion", {"prompt": []}, "prompt: must not be empty"),
+    ("/completion", {"prompt": ["a", []]}, "prompt[1]: no tokens"),
     ("/completion", {"prompt": "x", "id_slot": 0}, "id_slot"),
     ("/completion", {"prompt": "x", "n_keep": 4}, "n_keep"),
     ("/completion", {}, "prompt"),
-    ("/completion", {"prompt": ["a", "b"]}, "prompt"),
     ("/completion", {"prompt": [1, [2]]}, "prompt[1]"),
     ("/completion", {"prompt": "x", "n_predict": -2}, "n_predict"),
     ("/completion", {"prompt": "x", "n_predict": 3, "max_tokens": 4}, "disagree"),
