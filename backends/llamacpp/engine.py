@@ -225,6 +225,8 @@ class _Sequence:
     outside: bytes = b""  # lazy: the output's end since it last left the reasoning
     budget: _Budget | None = None  # GenerateParams.reasoning_budget
     grammar: Any = None  # the grammar sampler in `sampler`'s chain, if any (owned by the chain)
+    admitted_ns: int = 0  # perf_counter_ns when the sequence took its slot
+    first_ns: int = 0  # and when its first token was sampled (0: not yet)
 
 
 @dataclass
@@ -297,6 +299,14 @@ class Engine:
         self._step_ns = 0  # time in decode steps (batch, llama_decode, sampling) since load
         self._prompt_cached = 0  # prompt tokens served from a slot's cache
         self._prompt_evaluated = 0  # prompt tokens decoded
+        # llama-server's /metrics counters (its llamacpp:* families): time from admission to
+        # the first token and from there to the end, summed over sequences; decode calls,
+        # busy slots summed over them, and the most tokens one slot has held.
+        self._prompt_ns = 0
+        self._generation_ns = 0
+        self._decodes = 0
+        self._busy_decoding = 0
+        self._n_tokens_max = 0
 
         # Engine-thread state.
         self._model: Any = None
@@ -368,6 +378,11 @@ class Engine:
             "decode_seconds": self._step_ns / 1e9,
             "prompt_tokens_cached": self._prompt_cached,
             "prompt_tokens_evaluated": self._prompt_evaluated,
+            "prompt_seconds": self._prompt_ns / 1e9,
+            "generation_seconds": self._generation_ns / 1e9,
+            "decode_calls": self._decodes,
+            "busy_slots_decoding": self._busy_decoding,
+            "n_tokens_max": self._n_tokens_max,
             "kv_cells_used": cells,
             "kv_cells_total": self.n_ctx_seq * self.settings.n_parallel,
             "prefix_store_budget_bytes": self._store_budget,
@@ -893,7 +908,7 @@ class Engine:
                 item.request, tokens, slot, sampler, n_past=keep, cached=keep,
                 stops=StopMatcher(params.stop),
                 preserved=self._preserved(params.tool_calls) | self._thinking_tokens,
-                reasoning=tracker, grammar=grammar,
+                reasoning=tracker, grammar=grammar, admitted_ns=time.perf_counter_ns(),
             )
             if tracker is not None and tracker.opening:
                 assert params.tool_calls is not None
@@ -1184,6 +1199,11 @@ class Engine:
             log.error("%s", error.message)
             self._fail_all(error)
             return
+        self._decodes += 1
+        for seq in self._slots:
+            if seq is not None:
+                self._busy_decoding += 1
+                self._n_tokens_max = max(self._n_tokens_max, seq.n_past)
         for seq, index, token in scoring:
             top = seq.request.params.prompt_logprobs or 0
             seq.prompt_logprobs.append(self._token_logprob(self._log_softmax(index), token, top))
@@ -1318,6 +1338,9 @@ class Engine:
 
     def _accept(self, seq: _Sequence, token: int) -> None:
         self._tokens_generated += 1
+        if not seq.first_ns:
+            seq.first_ns = time.perf_counter_ns()
+            self._prompt_ns += seq.first_ns - seq.admitted_ns
         seq.generated += 1
         seq.ids.append(token)
         if seq.reasoning is not None or seq.budget is not None:
@@ -1370,6 +1393,8 @@ class Engine:
 
     def _free_sequence(self, seq: _Sequence, *, keep_cache: bool = True) -> None:
         """Give the slot back; its cells stay as the slot's prefix cache unless told not to."""
+        if seq.first_ns:
+            self._generation_ns += time.perf_counter_ns() - seq.first_ns
         if keep_cache:
             self._cached[seq.slot] = (seq.prompt + seq.decoded)[: seq.n_past]
         else:

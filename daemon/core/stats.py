@@ -274,6 +274,29 @@ _ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# llama-server's own /metrics families (its names and help texts' meaning), from the same
+# engine counters, with the model and version as labels (llama-server's router mode asks one
+# model's server with ?model=). Left out: its prompt_tokens_seconds and
+# predicted_tokens_seconds gauges, whose rates llama-server resets at every scrape (a second
+# scraper would change what the first reads: compute them from the _total counters with
+# rate()), and the speculative-decoding counters (no draft model here).
+_LLAMA_SERVER: tuple[tuple[str, str, str, str], ...] = (
+    ("counter", "prompt_tokens_evaluated", "llamacpp:prompt_tokens_total",
+     "Number of prompt tokens processed, excluding cached tokens"),
+    ("counter", "prompt_tokens_cached", "llamacpp:prompt_tokens_cached_total",
+     "Number of prompt tokens reused from the cache"),
+    ("counter", "prompt_seconds", "llamacpp:prompt_seconds_total",
+     "Total time spent processing prompts (from a request taking its slot to its first token)"),
+    ("counter", "tokens_generated", "llamacpp:tokens_predicted_total", "Number of generation tokens processed"),
+    ("counter", "generation_seconds", "llamacpp:tokens_predicted_seconds_total",
+     "Total time spent generating tokens (from a request's first token to its end)"),
+    ("counter", "decode_calls", "llamacpp:n_decode_total", "Total number of llama_decode() calls"),
+    ("counter", "n_tokens_max", "llamacpp:n_tokens_max", "Largest observed sequence length (prompt + generation)"),
+    ("gauge", "busy", "llamacpp:requests_processing", "Number of requests processing"),
+    ("gauge", "queued", "llamacpp:requests_deferred", "Number of requests deferred"),
+)
+
+
 def _engine_families(rows: list[tuple[tuple[str, str], list[ModelStats]]]) -> Iterator[Metric]:
     from prometheus_client.metrics_core import Metric
 
@@ -285,14 +308,20 @@ def _engine_families(rows: list[tuple[tuple[str, str], list[ModelStats]]]) -> It
     ]
     if not engines:
         return
-    for kind, table in (("gauge", _ENGINE_GAUGES), ("counter", _ENGINE_COUNTERS)):
-        for field_name, name, doc in table:
-            family = Metric(name, doc, kind)
-            for (model, version), values in engines:
-                value = values.get(field_name)
-                if isinstance(value, int | float):
-                    family.add_sample(name, {"model": model, "version": version}, float(value))
-            yield family
+    own = [("gauge", *row) for row in _ENGINE_GAUGES] + [("counter", *row) for row in _ENGINE_COUNTERS]
+    for kind, field_name, name, doc in [*own, *_LLAMA_SERVER]:
+        family = Metric(name, doc, kind)
+        for (model, version), values in engines:
+            value = values.get(field_name)
+            if isinstance(value, int | float):
+                family.add_sample(name, {"model": model, "version": version}, float(value))
+        yield family
+    per_decode = Metric("llamacpp:n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call", "gauge")
+    for (model, version), values in engines:
+        calls, busy = values.get("decode_calls"), values.get("busy_slots_decoding")
+        if isinstance(calls, int | float) and isinstance(busy, int | float):
+            per_decode.add_sample(per_decode.name, {"model": model, "version": version}, busy / max(calls, 1))
+    yield per_decode
 
 
 class HostCpu:

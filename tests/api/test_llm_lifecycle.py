@@ -103,3 +103,32 @@ def test_engine_counters_are_prometheus_metrics(start_daemon, tmp_path: Path) ->
     seconds = next(float(line.rsplit(" ", 1)[1]) for line in again.splitlines()
                    if line.startswith('edged_llm_decode_seconds{model="tiny"'))
     assert seconds > values["edged_llm_decode_seconds"]
+
+
+def test_llama_server_metric_families(start_daemon, tmp_path: Path) -> None:
+    """llama-server's llamacpp:* families from the same engine, one model version a label set."""
+    repo = tmp_path / "repo"
+    _model(repo)
+    daemon = start_daemon("--model-repository", str(repo))
+    prompt = {"model": "tiny", "prompt": "the same prompt twice", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    usage = [daemon.post_json("/v1/completions", prompt).json()["usage"] for _ in range(2)]
+    text = daemon.request("GET", "/metrics").body.decode()
+    values = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if (line.startswith("llamacpp:") or line.startswith("edged_llm_")) and '{model="tiny",version="1"}' in line
+    }
+    for name, kind in (("prompt_tokens_total", "counter"), ("tokens_predicted_seconds_total", "counter"),
+                       ("requests_processing", "gauge"), ("n_busy_slots_per_decode", "gauge")):
+        assert f"# TYPE llamacpp:{name} {kind}\n" in text
+    assert values["llamacpp:prompt_tokens_total"] == values["edged_llm_prompt_tokens_evaluated"]
+    assert values["llamacpp:prompt_tokens_cached_total"] == values["edged_llm_prompt_tokens_cached"] > 0
+    assert values["llamacpp:tokens_predicted_total"] == 8
+    # Each request: its prompt in one decode, then one per token but the last (not decoded).
+    assert values["llamacpp:n_decode_total"] == 8
+    assert values["llamacpp:n_busy_slots_per_decode"] == 1.0  # one request at a time
+    # The longest sequence: the prompt and the three generated tokens that were decoded.
+    assert values["llamacpp:n_tokens_max"] == usage[0]["prompt_tokens"] + 3
+    assert 0 < values["llamacpp:prompt_seconds_total"] < 60
+    assert 0 < values["llamacpp:tokens_predicted_seconds_total"] < 60
+    assert values["llamacpp:requests_processing"] == 0 and values["llamacpp:requests_deferred"] == 0
