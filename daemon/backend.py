@@ -527,6 +527,9 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
     """Tool calls in the model's own syntax, as the output must write them (a grammar enforces it):
     `open`, then one or more JSON objects each matching `call_schema` (JSON schema text),
     separated by `separator`, then `close`; at most `max_calls` of them (None: no limit).
+    Local `$ref`s resolve as JSON Schema says: against the nearest enclosing schema with an
+    `$id`, else the root; a tool's parameters embedded in a call's schema carry an `$id`, so
+    that their `#/$defs/...` mean their own definitions.
 
     E.g. Hermes / Qwen: open "<tool_call>\n", separator "\n</tool_call>\n<tool_call>\n",
     close "\n</tool_call>"; Mistral: "[TOOL_CALLS][", ", ", "]"; Nemotron Nano v2: "<TOOLCALL>[",
@@ -586,6 +589,11 @@ class ToolCallFrame(msgspec.Struct, forbid_unknown_fields=True):
 
 # The types of JSON schema (xml_value_types: a schema that says nothing admits them all).
 JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
+# JSON schema keywords whose values are JSON values, not schemas (no references in them),
+# and those whose values map names (properties, definitions) to schemas: a walk over a
+# schema's subschemas reads a key as a keyword only where it is not such a name.
+SCHEMA_VALUE_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+SCHEMA_MAP_KEYWORDS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 
 
 def xml_value_types(schema: Any, root: Any, depth: int = 0) -> frozenset[str]:

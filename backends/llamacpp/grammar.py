@@ -14,7 +14,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from daemon.backend import InvalidArgument, ToolCallFrame, xml_value_types
+from daemon.backend import (
+    SCHEMA_MAP_KEYWORDS,
+    SCHEMA_VALUE_KEYWORDS,
+    InvalidArgument,
+    ToolCallFrame,
+    xml_value_types,
+)
 
 # Keywords the converter enforces, plus annotations that constrain nothing.
 _ENFORCED = frozenset({
@@ -82,41 +88,44 @@ def _own_refs(schema: Any, prefix: str) -> Any:
     part of its path and reuses a rule of that name, so two schemas' `#/$defs/x` would
     otherwise share the first one's rule.
 
-    A reference is looked up from the nearest enclosing schema where its path exists, the root
-    last: a tool's parameters, written as a document of their own (Pydantic puts a nested
-    model in their `$defs`), sit inside the call's schema here, where `#/$defs/x` means their
-    own `$defs`, not the root's. The targets' copies sit at the root, so the converter (which
-    walks objects only, no list indices) resolves every reference there."""
+    As JSON Schema reads them, `#` and `#/...` are relative to the nearest enclosing schema
+    with an `$id` (a resource of its own), else the root: a tool's parameters sit inside the
+    call's schema marked so (ToolCallFrame.call_schema), and their `#/$defs/x` means their own
+    `$defs`. The targets' copies sit at the root, so the converter (which walks objects only,
+    no list indices) resolves every reference there."""
     if not isinstance(schema, dict):
         return schema
     names: dict[int, str] = {}  # by the target object: one path may mean two targets
     copies: dict[str, Any] = {}
 
     def find(ref: str, bases: list[Any]) -> tuple[Any, list[Any]] | None:
-        parts = [part.replace("~1", "/").replace("~0", "~") for part in ref[2:].split("/")]
-        for index in range(len(bases) - 1, -1, -1):
-            node, chain = bases[index], bases[: index + 1]
-            for part in parts:
-                if isinstance(node, dict) and part in node:
-                    node = node[part]
-                elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                    node = node[int(part)]
-                else:
-                    break
-                chain = [*chain, node]
+        start = next((i for i in range(len(bases) - 1, 0, -1) if _is_resource(bases[i])), 0)
+        node, chain = bases[start], bases[: start + 1]
+        for part in ref[2:].split("/") if ref != "#" else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
             else:
-                return node, chain[:-1]
-        return None
+                return None
+            chain = [*chain, node]
+        return node, chain[:-1]
 
-    def walk(node: Any, bases: list[Any]) -> Any:
+    def walk(node: Any, bases: list[Any], names_map: bool = False) -> Any:
         if isinstance(node, list):
             return [walk(item, bases) for item in node]
         if not isinstance(node, dict):
             return node
+        if names_map:  # property or definition names: each value a schema
+            return {key: walk(value, [*bases, node]) for key, value in node.items()}
         inner = [*bases, node]
-        moved = {key: value if key in _VALUES else walk(value, inner) for key, value in node.items()}
+        moved = {
+            key: value if key in SCHEMA_VALUE_KEYWORDS else walk(value, inner, key in SCHEMA_MAP_KEYWORDS)
+            for key, value in node.items()
+        }
         ref = node.get("$ref")
-        found = find(ref, inner) if isinstance(ref, str) and ref.startswith("#/") else None
+        found = find(ref, inner) if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) else None
         if found is not None:
             target, chain = found
             if id(target) not in names:
@@ -131,8 +140,10 @@ def _own_refs(schema: Any, prefix: str) -> Any:
     return moved
 
 
-# Keywords whose values are JSON values, not schemas: no references in them.
-_VALUES = frozenset({"const", "enum", "default", "examples"})
+def _is_resource(node: Any) -> bool:
+    """A schema with an `$id` of its own (not a draft-6 "#name" anchor): its refs' base."""
+    ident = node.get("$id") if isinstance(node, dict) else None
+    return isinstance(ident, str) and not ident.startswith("#")
 
 
 def tool_call_grammar(frame: ToolCallFrame, answer: str = "", header: str = "") -> str:

@@ -101,41 +101,28 @@ def tool_schema(tools: list[Tool], choice: ToolChoice | None, parallel: bool, an
             "required": ["response"], "additionalProperties": False,
         }]}
         if answer:
-            # The format's schema as a definition of the reply's, its local references moved
-            # to where it now is (the converter resolves them from the reply's root).
+            # The format's schema as a definition of the reply's, a document of its own (its
+            # local references mean its own root).
             reply["anyOf"][1]["properties"]["response"] = {"$ref": f"#/$defs/{_ANSWER}"}
-            reply["$defs"] = {_ANSWER: _moved_refs(json.loads(answer), f"#/$defs/{_ANSWER}")}
+            reply["$defs"] = {_ANSWER: own_document(json.loads(answer), "answer")}
         return json.dumps(reply)
     return json.dumps(with_calls)
 
 
 # The name of the response format's schema among the generic reply's definitions.
 _ANSWER = "edged-answer"
-# Keywords whose values are JSON values, not schemas: no references in them.
-_VALUES = frozenset({"const", "enum", "default", "examples"})
-
-
-def _moved_refs(schema: Any, base: str) -> Any:
-    """`schema` with each local `$ref` ("#/..." or "#") made relative to `base` (where the
-    schema now sits in a larger one)."""
-    if isinstance(schema, list):
-        return [_moved_refs(item, base) for item in schema]
-    if not isinstance(schema, dict):
+def own_document(schema: dict[str, Any], name: str) -> dict[str, Any]:
+    """`schema` as a JSON Schema resource of its own (an `$id`), for embedding in a larger
+    one: its local `$ref`s then still mean its own root and definitions (ToolCallFrame)."""
+    if isinstance(schema.get("$id"), str) and not schema["$id"].startswith("#"):
         return schema
-    moved = {key: value if key in _VALUES else _moved_refs(value, base) for key, value in schema.items()}
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-        moved["$ref"] = base + ref[1:]
-    return moved
+    return {"$id": f"edged:{name}", **schema}
 
 
 def _call_schema(tool: Tool) -> dict[str, Any]:
-    arguments = tool.function.parameters
-    if arguments is None:
-        arguments = {"type": "object", "properties": {}, "additionalProperties": False}
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.function.name}, "arguments": arguments},
+        "properties": {"name": {"const": tool.function.name}, "arguments": _embedded_parameters(tool)},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
@@ -311,7 +298,7 @@ class ToolUse:
                 self.syntax = GENERIC_ANSWER
             return
         tools = _chosen(self.tools, self.choice)
-        calls = [self.syntax.call_schema(t.function.name, _parameters(t)) for t in tools]
+        calls = [self.syntax.call_schema(t.function.name, _embedded_parameters(t)) for t in tools]
         frame = self.syntax.frame(calls, lazy=auto and not self.answers, parallel=self.parallel)
         if self.answers:
             if not frame.open:
@@ -455,6 +442,11 @@ def _parameters(tool: Tool) -> dict[str, Any]:
     if tool.function.parameters is None:
         return {"type": "object", "properties": {}, "additionalProperties": False}
     return tool.function.parameters
+
+
+def _embedded_parameters(tool: Tool) -> dict[str, Any]:
+    """The parameters as a call's schema holds them: a document of their own."""
+    return own_document(_parameters(tool), f"tool/{tool.function.name}")
 
 
 # --------------------------------------------------------------------------- streaming

@@ -833,3 +833,52 @@ async def test_tool_parameters_keep_their_own_defs(load: Loader, tmp_path: Path,
         whole = calls.replace("NAME", name).replace("X", value)
         count = backend._engine._grammar_accepts(text, whole)
         assert (count == len(whole.encode())) is accepted, (whole, count)
+
+
+# A property whose name is a keyword that holds values elsewhere (`default`), referring to a
+# definition: its schema is walked like any other property's.
+DEFAULT_TOOL = [{"type": "function", "function": {"name": "paint", "parameters": {
+    "type": "object", "properties": {"default": {"$ref": "#/$defs/Color"}}, "required": ["default"],
+    "additionalProperties": False, "$defs": {"Color": {"enum": ["red", "blue"]}},
+}}}]
+
+
+@pytest.mark.parametrize("syntax", ["hermes", ""])
+async def test_a_property_named_like_a_value_keyword_keeps_its_ref(load: Loader, tmp_path: Path, syntax: str) -> None:
+    from daemon.api import openai_tools
+
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    tools = msgspec.convert(DEFAULT_TOOL, list[openai_tools.Tool])
+    params = GenerateParams()
+    openai_tools.ToolUse(syntax, tools, "required", parallel=False).constrain(params)
+    if params.tool_calls is not None:
+        text = grammar.tool_call_grammar(params.tool_calls)
+        call = '<tool_call>\n{"name": "paint", "arguments": {"default": V}}\n</tool_call>'
+    else:
+        text = grammar.schema_to_grammar(params.json_schema, "json_schema")
+        call = '{"tool_calls": [{"name": "paint", "arguments": {"default": V}}]}'
+    for value, accepted in (('"red"', True), ('"green"', False)):
+        whole = call.replace("V", value)
+        assert (backend._engine._grammar_accepts(text, whole) == len(whole.encode())) is accepted, whole
+
+
+async def test_refs_of_a_response_format_resolve_from_its_root(load: Loader, tmp_path: Path) -> None:
+    """`#/properties/name` means the root's `name` (a string), not the nearer `child`'s (an
+    integer); a definition named `default` among `$defs` is one like any other."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    schema = {
+        "type": "object", "additionalProperties": False, "required": ["name", "child"],
+        "properties": {
+            "name": {"type": "string"},
+            "child": {"type": "object", "additionalProperties": False, "required": ["name", "alias", "d"],
+                      "properties": {"name": {"type": "integer"}, "alias": {"$ref": "#/properties/name"},
+                                     "d": {"$ref": "#/$defs/default"}}},
+        },
+        "$defs": {"default": {"const": 7}},
+    }
+    text = grammar.schema_to_grammar(json.dumps(schema), "json_schema")
+    for alias, d, accepted in (('"s"', "7", True), ("3", "7", False), ('"s"', "8", False)):
+        whole = f'{{"name": "n", "child": {{"name": 1, "alias": {alias}, "d": {d}}}}}'
+        assert (backend._engine._grammar_accepts(text, whole) == len(whole.encode())) is accepted, whole
