@@ -242,6 +242,7 @@ class _Budget:
     used: int = 0
     left: int = 0
     at: int = -1  # the next forced token's index while forcing, else -1
+    need: int = 0  # bytes the output's last UTF-8 character still lacks
 
     def __post_init__(self) -> None:
         self.left = self.budget - self.used
@@ -259,6 +260,7 @@ class _Budget:
                 # Written: whatever the tokens said, the reasoning is over.
                 self.at, self.tracker.inside = -1, False
             return
+        self.need = _utf8_need(self.need, piece)
         if self.tracker.feed(piece):
             self.left = self.budget  # entered (again): a fresh budget; left: nothing to count
             if self.tracker.inside and self.left <= 0:
@@ -266,8 +268,11 @@ class _Budget:
             return
         if self.tracker.inside:
             self.left -= 1
-            # Not inside a UTF-8 character: the forced text must not split one.
-            if self.left <= 0 and _utf8_complete(piece):
+            # Not inside a UTF-8 character (byte tokens may split one over several): the
+            # forced text must not split it. A character has at most 4 bytes, so after 3
+            # more tokens whatever is pending is no character (bytes that never complete
+            # one) and the end is forced anyway.
+            if self.left <= 0 and (self.need == 0 or self.left <= -3):
                 self.at = 0
 
 
@@ -666,6 +671,8 @@ class Engine:
                     f"logit_bias: token id {bad} is out of range for model '{self.name}' "
                     f"(vocabulary of {self.n_vocab} tokens)"
                 )
+            if params.reasoning_budget is not None:
+                self._check_budget(params)
             lazy = _is_lazy_frame(params)
             if params.grammar_after and params.grammar_reasoning[0] and not lazy:
                 raise InvalidArgument("grammar_after and grammar_reasoning cannot be used together")
@@ -694,6 +701,25 @@ class Engine:
             request.emit(GenerateChunk(text="", finish_reason="length", prompt_tokens=len(tokens)))
             return
         self._waiting.append(Prepared(request, tokens, grammar))
+
+    def _check_budget(self, params: GenerateParams) -> None:
+        """A reasoning budget the engine can keep: tags to count between, and a forced end of
+        tokens that can be written (an end-of-generation token would end the output instead,
+        or, banned by a grammar or ignore_eos, leave nothing to sample)."""
+        assert params.reasoning_budget is not None
+        if params.reasoning_budget < 0:
+            raise InvalidArgument(f"reasoning_budget must be >= 0, got {params.reasoning_budget}")
+        if not all(params.reasoning_tags):
+            raise InvalidArgument("reasoning_budget: needs reasoning_tags, the opening and closing tags")
+        forced = self._tokenize(params.reasoning_end, add_special=False)
+        if not forced:
+            raise InvalidArgument("reasoning_budget: needs reasoning_end, the text that ends the reasoning")
+        eog = next((t for t in forced if llama.llama_vocab_is_eog(self._vocab, t)), None)
+        if eog is not None:
+            raise InvalidArgument(
+                f"reasoning_budget_message: holds {self._special_piece(eog).decode(errors='backslashreplace')!r}, "
+                f"model '{self.name}''s end-of-generation token, which would end the output there"
+            )
 
     def _lazy_tool_grammar(self, text: str, frame: ToolCallFrame) -> Any:
         """A grammar sampler for `text` (the backend's GBNF of `frame`) that holds only from
@@ -1226,6 +1252,12 @@ class Engine:
             if forced is not None:
                 self._force(index, forced)
             token = llama.llama_sampler_sample(seq.sampler, self._ctx, index)
+            if forced is not None and token != forced:
+                # Not expected (intake refuses an end-of-generation token in the message, and
+                # the grammar was asked above): stop forcing rather than write the rest after
+                # a token that was not the message's.
+                log.warning("model '%s': a forced reasoning-budget token was not sampled; budget dropped", self.name)
+                seq.budget = None
             if logprobs is not None and wanted is not None:
                 seq.logprobs.append(self._token_logprob(logprobs, token, wanted, seq.preserved))
             self._accept(seq, token)
@@ -1691,13 +1723,15 @@ class Engine:
             self._model = None
 
 
-def _utf8_complete(piece: bytes) -> bool:
-    """Whether `piece` ends on a whole UTF-8 character (a byte token may end inside one)."""
-    try:
-        piece.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return exc.reason != "unexpected end of data"
-    return True
+def _utf8_need(need: int, piece: bytes) -> int:
+    """How many continuation bytes the last UTF-8 character lacks after `piece`, `need`
+    before it (a byte that cannot continue or start one ends the count: nothing to wait for)."""
+    for byte in piece:
+        if 0x80 <= byte <= 0xBF:
+            need = max(need - 1, 0)
+        else:
+            need = 1 if 0xC0 <= byte <= 0xDF else 2 if 0xE0 <= byte <= 0xEF else 3 if 0xF0 <= byte <= 0xF7 else 0
+    return need
 
 
 def _ending_trigger(params: GenerateParams) -> str:

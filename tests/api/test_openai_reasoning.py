@@ -241,6 +241,9 @@ def test_a_reasoning_budget_ends_the_reasoning(client: Any) -> None:
     ("qwen25", {"reasoning_budget_tokens": 8}, "reasoning_budget_tokens: the model's chat template has no reasoning"),
     ("r1", {"reasoning_budget_tokens": 8, "reasoning_budget_message": "Done.</think>"},
      "reasoning_budget_message: must not hold the closing tag '</think>'"),
+    # The end-of-generation token's text would end the output instead of the reasoning.
+    ("r1", {"reasoning_budget_tokens": 0, "reasoning_budget_message": "Done.</s>"},
+     "reasoning_budget_message: holds '</s>', model 'r1''s end-of-generation token, which would end the output there"),
 ])
 def test_reasoning_budget_fields_are_checked(client: Any, model: str, extra: dict[str, Any], message: str) -> None:
     with pytest.raises(openai.BadRequestError, match=re.escape(message)):

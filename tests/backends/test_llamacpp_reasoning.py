@@ -4,6 +4,7 @@ template's reasoning tags, prompts rendered as llama-server renders them (reason
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -218,6 +219,67 @@ async def test_a_reasoning_budget_forces_the_end(load: Loader, tmp_path: Path) -
     ids = await _ids(backend, prompt, params)
     # <think>, two tokens (the bias makes them <think> again: inside, they count), </think>, ...
     assert ids[0] == think and ids[3] == close and ids[4] == think and ids[7] == close, ids
+
+
+def _byte_or_char(token: int) -> bytes:
+    """A tiny vocabulary's token as text: bytes from id 3, printable ASCII from id 259."""
+    return bytes([token - 3]) if 3 <= token < 259 else chr(token - 259 + 0x20).encode() if token < 259 + 95 else b""
+
+
+async def test_a_budget_never_splits_a_character(load: Loader, tmp_path: Path) -> None:
+    """The budget runs out after the first two bytes of a three-byte character (byte tokens):
+    the forced end waits for the character's last byte instead of writing between its bytes."""
+    close = len(_vocab()[0]) + 1
+    r1 = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "r1.gguf", chat_template=r1, user_tokens=TAGS))
+    prompt = backend.chat_prompt([{"role": "user", "content": "Hi"}])
+    lead, cont = 3 + 0xE2, 3 + 0x82  # two bytes of "€" (E2 82 AC), of "₂" (E2 82 82), ...
+    end = [259] + [ord(c) - 0x20 + 259 for c in "Ok."] + [close]
+    waited = 0
+    plain = GenerateParams(max_tokens=12, temperature=0.0, reasoning_tags=TAGS, reasoning_opened=True,
+                           logit_bias={close: -100.0}, reasoning_budget=3, reasoning_end="Ok.</think>")
+    ids = await _ids(backend, prompt, plain)
+    out = next(i for i in range(len(ids)) if ids[i : i + len(end)] == end)  # where the budget runs out
+    assert all(259 <= t < 259 + 95 for t in ids[:out]), ids  # ASCII: nothing held back
+    for seed in range(40):
+        params = GenerateParams(max_tokens=12, temperature=1.0, seed=seed, reasoning_tags=TAGS, reasoning_opened=True,
+                                logit_bias={lead: 100.0, cont: 100.0, close: -100.0},
+                                reasoning_budget=3, reasoning_end="Ok.</think>")
+        ids = await _ids(backend, prompt, params)
+        # Where the budget runs out (the prompt's tokens after "<think>" count), the end
+        # comes at the first point where no character is left incomplete (by Python's own
+        # UTF-8 decoder), or three tokens later at most.
+        want = out
+        while want < out + 3:
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            decoder.decode(b"".join(_byte_or_char(t) for t in ids[:want]))
+            if decoder.getstate()[0] == b"":
+                break
+            want += 1
+        assert ids[want : want + len(end)] == end, (ids, want)
+        waited += want > out
+    assert waited  # the case arose: the budget ran out inside a character
+
+
+async def test_a_budget_message_cannot_end_the_output(load: Loader, tmp_path: Path) -> None:
+    """An end-of-generation token's text in the message would end the output, or, banned by a
+    grammar or ignore_eos, leave no token to sample: a 400 naming the field, before any token.
+    A budget without tags or an end is refused too (the engine could not keep it)."""
+    r1 = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
+    backend = await load(write_tiny_llama(tmp_path / "r1.gguf", chat_template=r1, user_tokens=TAGS))
+    prompt = backend.chat_prompt([{"role": "user", "content": "Hi"}])
+    base = GenerateParams(max_tokens=12, temperature=0.0, grammar='root ::= "yes"', grammar_after="</think>",
+                          reasoning_tags=TAGS, reasoning_opened=True, reasoning_budget=0)
+    for end, match in (("</s></think>", "reasoning_budget_message: holds '</s>'"),
+                       ("", "needs reasoning_end")):
+        with pytest.raises(InvalidArgument, match=match):
+            await _ids(backend, prompt, msgspec.structs.replace(base, reasoning_end=end))
+    with pytest.raises(InvalidArgument, match="needs reasoning_tags"):
+        await _ids(backend, prompt, msgspec.structs.replace(base, reasoning_end="</think>", reasoning_tags=("", "")))
+    with pytest.raises(InvalidArgument, match="reasoning_budget must be >= 0"):
+        await _ids(backend, prompt, msgspec.structs.replace(base, reasoning_end="</think>", reasoning_budget=-1))
+    # The engine is fine afterwards.
+    assert await _ids(backend, prompt, msgspec.structs.replace(base, reasoning_end="</think>"))
 
 
 async def test_a_budget_gives_way_to_the_grammar(load: Loader, tmp_path: Path) -> None:
