@@ -1300,26 +1300,33 @@ class Engine:
 
     def _tokens_after(self, tokens: list[int], text: bytes) -> int:
         """How many of the last `tokens` begin after the last `text` in their texts."""
-        joined = b""
-        for start in range(len(tokens) - 1, -1, -1):
-            joined = self._special_piece(tokens[start]) + joined
-            at = joined.rfind(text)
-            if at >= 0:
-                end, offset, after = at + len(text), 0, 0
-                for token in tokens[start:]:
-                    after += offset >= end
-                    offset += len(self._special_piece(token))
-                return after
-        return 0
+        found = self._last_occurrence(tokens, text)
+        if found is None:
+            return 0
+        start, at = found
+        end, offset, after = at + len(text), 0, 0
+        for token in tokens[start:]:
+            after += offset >= end
+            offset += len(self._special_piece(token))
+        return after
 
     def _tokens_ending_with(self, tokens: list[int], text: bytes) -> list[int]:
         """The fewest last `tokens` whose texts (control tokens' too) hold `text`."""
-        joined = b""
+        found = self._last_occurrence(tokens, text)
+        return tokens if found is None else tokens[found[0] :]
+
+    def _last_occurrence(self, tokens: list[int], text: bytes) -> tuple[int, int] | None:
+        """The token where the last `text` in the tokens' texts begins and its offset in the
+        text from that token on (None: there is none). Read backwards, only as far as needed,
+        each piece once: an occurrence not seen yet starts in the piece just added."""
+        tail = b""  # what follows the piece, as far as an occurrence starting in it can reach
         for start in range(len(tokens) - 1, -1, -1):
-            joined = self._special_piece(tokens[start]) + joined
-            if text in joined:
-                return tokens[start:]
-        return tokens
+            window = self._special_piece(tokens[start]) + tail
+            at = window.rfind(text)
+            if at >= 0:
+                return start, at
+            tail = window[: max(len(text) - 1, 0)]
+        return None
 
     def _allows(self, grammar: Any, token: int) -> bool:
         """Whether `grammar` (a sampler in a chain; applying it changes nothing) admits `token`
