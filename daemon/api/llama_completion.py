@@ -5,9 +5,10 @@ and event stream (llama.cpp tools/server), on the engine the OpenAI routes use.
 The body names the model (`model`, required, as in llama_native). Every field llama-server
 takes either has its effect here or is a 400 naming it: an unknown field (llama-server ignores
 one) and the fields not implemented (`id_slot`, `lora`, `n_keep`, `t_max_predict_ms`, ...) are
-rejected by the decoder. A list of prompts and `n_cmpl` (also `n`) completions of each are
-several generations, run together; the answer is then a list, index `prompt * n_cmpl + i`. Sampling values are checked as on the
-OpenAI routes (openai._params), which reject what llama-server clamps.
+rejected by the decoder. Sampling values are checked as on the OpenAI routes (openai._params),
+which reject what llama-server clamps. A list of prompts and `n_cmpl` (also `n`) completions
+of each are several generations, run together; the answer is then a list, index
+`prompt * n_cmpl + i`.
 
 Streamed, each event is `data: {json}\\n\\n`: one per engine chunk (`content`, its `tokens`,
 `stop: false`), then the summary with `stop: true`; no `[DONE]`, as llama-server's native
