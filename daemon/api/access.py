@@ -3,7 +3,7 @@
 - Unix socket: the socket file's mode is the first gate; `server.allowed-uids` (checked with
   SO_PEERCRED) narrows it further for every route. Root is always allowed.
 - TCP: anyone who can reach the port. Admin routes (model load/unload, updates, logging)
-  need `Authorization: Bearer <token>`
+  need `Authorization: Bearer <token>` (or `X-Api-Key: <token>`, as Anthropic's clients send it)
   with the token from `server.token-file`; without a token file they are refused over TCP.
   With `server.tcp-auth = "all"` every route but the health checks (`/v2/health/*`, and
   llama-server's `/health`, `/v1/health`) needs the token.
@@ -46,7 +46,12 @@ def is_admin(method: str, path: str) -> bool:
 
 
 def _bearer(request: web.Request) -> str:
-    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    """The caller's token: `Authorization: Bearer <token>`, or `X-Api-Key: <token>` where no
+    Authorization header is sent (Anthropic's clients, as llama-server takes it)."""
+    header = request.headers.get("Authorization")
+    if header is None:
+        return request.headers.get("X-Api-Key", "").strip()
+    scheme, _, value = header.partition(" ")
     return value.strip() if scheme.lower() == "bearer" else ""
 
 

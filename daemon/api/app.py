@@ -9,6 +9,7 @@ from aiohttp import web
 
 from daemon.api import (
     admin,
+    anthropic,
     kserve,
     llama_completion,
     llama_native,
@@ -53,6 +54,7 @@ def create_app(service: Service, token: str | None) -> web.Application:
     logging_routes.add_routes(app)
     openai.add_routes(app)
     openai_responses.add_routes(app)
+    anthropic.add_routes(app)
     ollama.add_routes(app)
     llama_native.add_routes(app)
     llama_completion.add_routes(app)

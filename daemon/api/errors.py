@@ -1,5 +1,7 @@
 """The one place where errors become HTTP responses: `{"error": "..."}` with the status the
-error class names (KServe/Triton convention)."""
+error class names (KServe/Triton convention), in the shape the route's clients read (by path
+prefix): OpenAI's `{"error": {"message", "type", ...}}` and Anthropic's
+`{"type": "error", "error": {"type", "message"}}` on their routes."""
 
 from __future__ import annotations
 
@@ -29,13 +31,24 @@ _OPENAI_PREFIXES = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/model
                     "/chat/completions", "/models", "/responses",
                     "/tokenize", "/detokenize", "/apply-template", "/props", "/slots", "/completion", "/infill",
                     "/embedding")  # also /embeddings
+# Anthropic's Messages API (daemon.api.anthropic), and its error types by status.
+_ANTHROPIC_PREFIXES = ("/v1/messages",)
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+# Clients that expect a 413 for an oversized body (Triton's get its 400).
+_JSON_API_PREFIXES = _OPENAI_PREFIXES + _ANTHROPIC_PREFIXES
 _OPENAI_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
                  429: "rate_limit_error", 503: "server_error"}
 
 
 def error_body(status: int, message: str, path: str = "") -> dict[str, object]:
     """`{"error": ...}` as the route's clients read it; also the last event of a stream that
-    fails after its status went out (the openai client raises on an event carrying `error`)."""
+    fails after its status went out (the openai client raises on an event carrying `error`;
+    the anthropic client on an `error` event, whose data this is)."""
+    if path.startswith(_ANTHROPIC_PREFIXES):
+        kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": message}}
     if path.startswith(_OPENAI_PREFIXES):
         error: object = {
             "message": message,
@@ -71,7 +84,7 @@ def _too_large(request: web.Request, exc: web.HTTPRequestEntityTooLarge) -> web.
     """Triton answers an oversized request with a 400 and this wording; OpenAI clients
     expect a 413."""
     limit = request.app._client_max_size  # the one limit aiohttp enforces
-    if request.path.startswith(_OPENAI_PREFIXES):
+    if request.path.startswith(_JSON_API_PREFIXES):
         return error_response(413, f"request body exceeds the limit: {exc.text}", request.path)
     size = request.content_length  # None for a chunked body: its size is not known
     message = (
@@ -103,7 +116,7 @@ def make_error_middleware() -> Middleware:
             return await handler(request)
         except BodyTooLarge as exc:
             # Triton's clients get its 400; OpenAI clients expect a 413.
-            status = 413 if request.path.startswith(_OPENAI_PREFIXES) else 400
+            status = 413 if request.path.startswith(_JSON_API_PREFIXES) else 400
             return error_response(status, exc.message, request.path)
         except EdgedError as exc:
             if exc.status >= 500:

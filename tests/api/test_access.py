@@ -18,11 +18,14 @@ from support import python_model
 TOKEN = "s3cret-token-for-tests-0123"
 
 
-def tcp(daemon, method: str, path: str, body: object | None = None, token: str | None = None):
+def tcp(daemon, method: str, path: str, body: object | None = None, token: str | None = None,
+        api_key: str | None = None):
     conn = http.client.HTTPConnection("127.0.0.1", daemon.http_port, timeout=30)
     headers = {"Content-Type": "application/json"}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
+    if api_key is not None:
+        headers["X-Api-Key"] = api_key
     try:
         conn.request(method, path, None if body is None else json.dumps(body), headers)
         reply = conn.getresponse()
@@ -82,6 +85,15 @@ def test_tcp_auth_all_gates_inference_but_not_health(start_daemon, repo: Path, t
     # llama-server's health check is public there too (no API key).
     assert tcp(daemon, "GET", "/health")[0] == 200 and tcp(daemon, "GET", "/v1/health")[0] == 200
     assert tcp(daemon, "GET", "/v2/models/m")[0] == 401
+    # Anthropic's clients send the key as X-Api-Key (llama-server takes it there too); an
+    # Authorization header, when sent, is what counts.
+    assert tcp(daemon, "POST", "/v2/models/m/infer", _infer(), api_key=TOKEN)[0] == 200
+    assert tcp(daemon, "POST", "/v2/models/m/infer", _infer(), api_key="wrong")[0] == 401
+    assert tcp(daemon, "POST", "/v2/models/m/infer", _infer(), token="wrong", api_key=TOKEN)[0] == 401
+    # Anthropic's routes answer in Anthropic's error shape.
+    status, body, _ = tcp(daemon, "POST", "/v1/messages", {})
+    assert status == 401 and json.loads(body) == {
+        "type": "error", "error": {"type": "authentication_error", "message": "missing or wrong bearer token"}}
 
 
 def test_a_token_file_others_can_read_is_refused_at_start(repo: Path, tmp_path: Path) -> None:
