@@ -358,7 +358,15 @@ def _prompt(model: LoadedVersion, req: CountTokensRequest, max_tokens: int | Non
     """The request checked and its prompt rendered (the route's, and count_tokens')."""
     thinking = req.thinking
     budget = None
+    tags = model.thinking_tags()
     if thinking is not None:
+        if thinking.type == "enabled" and not tags[0]:
+            # Anthropic's answer for a model without extended thinking too: accepted, the
+            # request would get no thinking while asking for it.
+            raise InvalidArgument(
+                f"thinking: model '{model.name}' does not think (its chat template has no reasoning); "
+                "leave thinking out, or set it to disabled or adaptive"
+            )
         if thinking.type == "enabled":
             if thinking.budget_tokens is None:
                 raise InvalidArgument("thinking.budget_tokens: required with type 'enabled'")
@@ -373,7 +381,6 @@ def _prompt(model: LoadedVersion, req: CountTokensRequest, max_tokens: int | Non
         if thinking.type == "disabled" and thinking.display is not None:
             raise InvalidArgument("thinking.display: not with type 'disabled'")
     disabled = thinking is not None and thinking.type == "disabled"
-    tags = model.thinking_tags()
     schema = ""
     effort = None
     if req.output_config is not None:
@@ -485,17 +492,23 @@ class _Blocks:
         if not self._open:
             return
         self._open = False
-        block = self.content[-1]
+        index, block = len(self.content) - 1, self.content[-1]
         if block["type"] == "thinking":
             self._delta({"type": "signature_delta", "signature": ""})
         elif block["type"] == "tool_use":
-            # Arguments cut short (max_tokens) are no object: {} (the stream sent them as they were).
             try:
-                value = json.loads(self._arguments) if self._arguments else {}
+                # A call's arguments, "{}" too, come before the next block; none: cut before them.
+                value = json.loads(self._arguments) if self._arguments else None
             except ValueError:
-                value = {}
-            block["input"] = value if isinstance(value, dict) else {}
-        self._emit("content_block_stop", {"index": len(self.content) - 1})
+                value = None
+            if isinstance(value, dict):
+                block["input"] = value
+            else:
+                # Arguments cut short (max_tokens, a stop sequence) are no object: the whole
+                # reply leaves the call out rather than invent its input (`stop_reason` says
+                # why it ended); the stream sent them as far as they went.
+                self.content.pop()
+        self._emit("content_block_stop", {"index": index})
 
     def _opened(self, kind: str) -> bool:
         return self._open and self.content[-1]["type"] == kind
@@ -527,8 +540,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         use.constrain(params, "output_config.format")
     opened = reasoning.opened_by(prompt, tags)
     reasoning.hold_grammar_after(params, tags, prompt)
-    if built.budget is not None and tags[0]:
-        # A model without reasoning has nothing to hold to a budget: its reply has no thinking.
+    if built.budget is not None:
         reasoning.budget(params, built.budget, None, tags, opened is not None)
     reading = syntax_named(syntax)
     if params.json_schema:

@@ -270,9 +270,32 @@ def test_a_thinking_budget_closes_the_reasoning(daemon: Any) -> None:
                     reasoning_budget_tokens=1024)["choices"][0]["message"]
     assert reply["content"][0] == {"type": "thinking", "thinking": expected["reasoning_content"], "signature": ""}
     assert "".join(b.get("text", "") for b in reply["content"][1:]) == expected["content"]
-    # On a model without reasoning the budget has nothing to hold: no thinking, no error.
-    plain = create(daemon, model="tiny", messages=HELLO, max_tokens=2000, thinking={"type": "enabled", "budget_tokens": 1024})
-    assert all(block["type"] != "thinking" for block in plain["content"])
+    # A model without reasoning cannot think as asked: a 400, as Anthropic's for such a model;
+    # adaptive (the model decides) and disabled are its own way already.
+    body = {"model": "tiny", "messages": HELLO, "max_tokens": 2000, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    assert post(daemon, "/v1/messages", body)[1]["error"] == {"type": "invalid_request_error", "message": (
+        "thinking: model 'tiny' does not think (its chat template has no reasoning); "
+        "leave thinking out, or set it to disabled or adaptive")}
+    for kind in ("adaptive", "disabled"):
+        plain = create(daemon, **{**body, "max_tokens": 4, "thinking": {"type": kind}})
+        assert all(block["type"] != "thinking" for block in plain["content"])
+
+
+def test_a_call_cut_by_max_tokens_is_not_invented(daemon: Any) -> None:
+    """A forced call cut short has arguments that are no object: the whole reply leaves it out
+    (stop_reason max_tokens says why), where `input: {}` would be a call the model never made;
+    the stream sent its start and the arguments as far as they went."""
+    body = {"model": "qwen", "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER],
+            "tool_choice": {"type": "tool", "name": "get_weather"}, "temperature": 0, "max_tokens": 40}
+    reply = create(daemon, **body)
+    assert reply["stop_reason"] == "max_tokens" and reply["content"] == [], reply
+    streamed = events(daemon, **body)
+    starts = [e for e in streamed if e[0] == "content_block_start"]
+    assert [s[1]["content_block"]["type"] for s in starts] == ["tool_use"]
+    assert [e[0] for e in streamed][-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    # Cut later, inside the arguments: the same.
+    reply = create(daemon, **{**body, "max_tokens": 50})
+    assert reply["stop_reason"] == "max_tokens" and reply["content"] == [], reply
 
 
 def test_output_config_format_holds_the_answer_to_a_schema(daemon: Any) -> None:
@@ -348,9 +371,9 @@ def error(daemon: Any, status: int, body: dict[str, Any], path: str = "/v1/messa
     ({"model": "tiny", "messages": HELLO, "max_tokens": 4, "tools": [{**WEATHER, "type": "bash_20250124"}]},
      "tools[0].type: 'bash_20250124' is not supported"),
     ({"model": "tiny", "messages": HELLO, "max_tokens": 4, "tools": [{**WEATHER, "name": "bad name"}]}, "tools[0].name"),
-    ({"model": "tiny", "messages": HELLO, "max_tokens": 2000, "thinking": {"type": "enabled", "budget_tokens": 100}},
+    ({"model": "r1", "messages": HELLO, "max_tokens": 2000, "thinking": {"type": "enabled", "budget_tokens": 100}},
      "thinking.budget_tokens: must be >= 1024"),
-    ({"model": "tiny", "messages": HELLO, "max_tokens": 1024, "thinking": {"type": "enabled", "budget_tokens": 1024}},
+    ({"model": "r1", "messages": HELLO, "max_tokens": 1024, "thinking": {"type": "enabled", "budget_tokens": 1024}},
      "max_tokens: must be greater than thinking.budget_tokens"),
     ({"model": "tiny", "messages": HELLO, "max_tokens": 4, "thinking": {"type": "disabled", "budget_tokens": 2000}},
      "thinking.budget_tokens: only with type 'enabled'"),
