@@ -949,6 +949,19 @@ class GenerationBackend(Backend):
         (Ollama's `truncate`, its default); otherwise such an input is an InvalidArgument."""
         raise Unsupported(f"backend {self.name!r} does not compute embeddings")
 
+    async def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
+        """A reranker's relevance score of each document for `query` (in the documents' order;
+        higher is more relevant) and the number of prompt tokens used, all pairs together.
+        llama.cpp: a GGUF whose pooling is rank, loaded with embedding=true; each pair is one
+        sequence, built as llama-server's /rerank builds it, and its score is the first output
+        of the model's classifier head. A pair longer than the model scores at once, or a
+        model that is no reranker, is an InvalidArgument."""
+        raise Unsupported(f"backend {self.name!r} does not rerank documents")
+
+    def reranker(self) -> bool:
+        """True for a model that `rerank` serves (and `embed` does not)."""
+        return False
+
     def unpooled(self) -> bool:
         """True for an embedding model that names no pooling (llama.cpp's pooling none), so
         that llama-server's native /embedding would answer one vector per token: `embed`

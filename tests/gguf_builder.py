@@ -15,6 +15,11 @@ Two choices make test output easy to reason about:
 `pooling` writes `llama.pooling_type` so the same file works as an embedding model
 (llama.cpp reads that key for every architecture): 1 = mean, 2 = cls, 3 = last.
 
+`write_tiny_reranker` writes the same model as a "qwen3" architecture (per-head RMS norms
+of q and k, NeoX RoPE) with a classifier head `cls.output.weight` and pooling 4 (rank): what
+llama.cpp serves as a Qwen3 reranker (the last token's state through the head, a softmax
+over the labels; llama-server's score is the first label's probability).
+
 `dtype` is f32 (the default: exact numpy references), f16, or q8_0 (quantized with the gguf
 package's reference quantizer; row lengths must be multiples of 32).
 
@@ -85,13 +90,18 @@ def write_tiny_llama(
     add_eos: bool = False,
     control_tokens: tuple[str, ...] = (),
     user_tokens: tuple[str, ...] = (),
+    arch: Literal["llama", "qwen3"] = "llama",
+    classifier_labels: tuple[str, ...] = (),
+    rerank_template: str | None = None,
 ) -> Path:
     """Write a random llama-architecture GGUF to `path` and return the path. `add_eos`: the
     tokenizer appends </s> to what it tokenizes with special tokens (as BERT-style embedders
     append their SEP). `control_tokens`: more control tokens (such as Mistral's
     `[TOOL_CALLS]`), last in the vocabulary, never sampled unless biased. `user_tokens`:
     user-defined tokens after them (such as Qwen 3's `<think>` and `</think>`): always
-    tokenized whole, detokenized to their text, and sampled like ordinary pieces."""
+    tokenized whole, detokenized to their text, and sampled like ordinary pieces.
+    `arch` "qwen3" adds the q/k norms; `classifier_labels` (qwen3) a `cls.output.weight` head
+    with one row per label; `rerank_template` the GGUF's `tokenizer.chat_template.rerank`."""
     import gguf  # the writer is a dev/test dependency, not a runtime one
 
     path = Path(path)
@@ -126,7 +136,7 @@ def write_tiny_llama(
         # Norm weights stay f32, as llama.cpp's converters write them.
         return np.ones(n_embd, dtype=np.float32)
 
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name("edged-tiny-llama")
     writer.add_context_length(n_ctx)
     writer.add_embedding_length(n_embd)
@@ -140,7 +150,9 @@ def write_tiny_llama(
     writer.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[dtype])
     writer.add_vocab_size(n_vocab)
     if pooling is not None:
-        writer.add_uint32("llama.pooling_type", pooling)
+        writer.add_uint32(f"{arch}.pooling_type", pooling)
+    if classifier_labels:
+        writer.add_classifier_output_labels(list(classifier_labels))
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
@@ -150,8 +162,11 @@ def write_tiny_llama(
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(add_eos)
-    if chat_template is not None:
-        writer.add_chat_template(chat_template)
+    templates = [{"name": "default", "template": chat_template}] if chat_template is not None else []
+    if rerank_template is not None:
+        templates.append({"name": "rerank", "template": rerank_template})
+    if templates:
+        writer.add_chat_template(templates)
 
     matrix("token_embd.weight", rng.standard_normal((n_vocab, n_embd)))
     for layer in range(n_layer):
@@ -161,6 +176,9 @@ def write_tiny_llama(
         matrix(f"{prefix}.attn_k.weight", linear(n_head_kv * head_dim, n_embd))
         matrix(f"{prefix}.attn_v.weight", linear(n_head_kv * head_dim, n_embd))
         matrix(f"{prefix}.attn_output.weight", linear(n_embd, n_embd))
+        if arch == "qwen3":
+            writer.add_tensor(f"{prefix}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
+            writer.add_tensor(f"{prefix}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
         writer.add_tensor(f"{prefix}.ffn_norm.weight", norm())
         matrix(f"{prefix}.ffn_gate.weight", linear(n_ff, n_embd))
         matrix(f"{prefix}.ffn_up.weight", linear(n_ff, n_embd))
@@ -171,12 +189,30 @@ def write_tiny_llama(
         if kind in (2, 3) or (kind == 6 and not 0x20 <= int(text[3:5], 16) < 0x7F):
             output[token_id] = 0.0
     matrix("output.weight", output)
+    if classifier_labels:
+        # Written as f32 whatever `dtype`: a head of 2 rows is no multiple of q8_0's 32.
+        writer.add_tensor("cls.output.weight", linear(len(classifier_labels), n_embd).astype(np.float32))
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# Qwen3-Reranker's layout, shortened: llama-server substitutes {query} and {document} and
+# tokenizes the result with special tokens parsed, adding no BOS.
+RERANK_TEMPLATE = "<s>query: {query}\ndocument: {document}\nrelevant:"
+
+
+def write_tiny_reranker(path: str | Path, *, rerank_template: str | None = None, **kwargs: object) -> Path:
+    """A tiny Qwen3-style reranker (see the module docstring): rank pooling, a head of two
+    labels ("yes", "no"), no chat template unless `rerank_template` gives its rerank one."""
+    options: dict[str, object] = {"chat_template": None, "seed": 7} | kwargs
+    return write_tiny_llama(
+        path, arch="qwen3", pooling=4, classifier_labels=("yes", "no"), rerank_template=rerank_template,
+        **options,  # type: ignore[arg-type]
+    )
 
 
 def with_fim_tokens(
@@ -211,7 +247,8 @@ def read_weights(path: Path) -> dict[str, np.ndarray]:
 
 
 def reference_forward(w: dict[str, np.ndarray], tokens: list[int], n_head: int = 4) -> np.ndarray:
-    """Hidden states after the final norm, (n_tokens, n_embd): llama with RoPE on adjacent pairs."""
+    """Hidden states after the final norm, (n_tokens, n_embd): llama with RoPE on adjacent pairs;
+    qwen3 (weights with q/k norms) with per-head RMS norms of q and k and NeoX RoPE (halves)."""
     x = w["token_embd.weight"][tokens]
     n, d = x.shape
     hd = d // n_head
@@ -223,8 +260,15 @@ def reference_forward(w: dict[str, np.ndarray], tokens: list[int], n_head: int =
     angle = np.arange(n)[:, None] * 10000.0 ** (-np.arange(0, hd, 2) / hd)[None, :]
     cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
 
+    qwen3 = "blk.0.attn_q_norm.weight" in w
+
     def rope(m: np.ndarray) -> np.ndarray:
         out = np.empty_like(m)
+        if qwen3:
+            a, b = m[..., : hd // 2], m[..., hd // 2 :]
+            out[..., : hd // 2] = a * cos - b * sin
+            out[..., hd // 2 :] = a * sin + b * cos
+            return out
         out[..., 0::2] = m[..., 0::2] * cos - m[..., 1::2] * sin
         out[..., 1::2] = m[..., 0::2] * sin + m[..., 1::2] * cos
         return out
@@ -233,8 +277,11 @@ def reference_forward(w: dict[str, np.ndarray], tokens: list[int], n_head: int =
     for layer in range(n_layer):
         p = f"blk.{layer}."
         h = rms(x, w[p + "attn_norm.weight"])
-        q = rope((h @ w[p + "attn_q.weight"].T).reshape(n, n_head, hd))
-        k = rope((h @ w[p + "attn_k.weight"].T).reshape(n, n_head, hd))
+        q = (h @ w[p + "attn_q.weight"].T).reshape(n, n_head, hd)
+        k = (h @ w[p + "attn_k.weight"].T).reshape(n, n_head, hd)
+        if qwen3:
+            q, k = rms(q, w[p + "attn_q_norm.weight"]), rms(k, w[p + "attn_k_norm.weight"])
+        q, k = rope(q), rope(k)
         v = (h @ w[p + "attn_v.weight"].T).reshape(n, n_head, hd)
         scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd) + causal
         probs = np.exp(scores - scores.max(-1, keepdims=True))
@@ -252,3 +299,12 @@ def reference_logprobs(path: Path, tokens: list[int]) -> np.ndarray:
     logits = reference_forward(weights, tokens) @ weights["output.weight"].T
     shifted = logits - logits.max(-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def reference_rerank_score(path: Path, tokens: list[int]) -> float:
+    """What llama.cpp's rank pooling gives a Qwen3 reranker for one prompt, as numpy computes
+    it: the last token's state through `cls.output.weight`, softmax, the first label."""
+    weights = read_weights(path)
+    logits = weights["cls.output.weight"] @ reference_forward(weights, tokens)[-1]
+    probs = np.exp(logits - logits.max())
+    return float(probs[0] / probs.sum())

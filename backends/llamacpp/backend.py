@@ -15,7 +15,8 @@ Model parameters (config `parameters`, all strings):
     n_gpu_layers  layers offloaded to the GPU; default all on a GPU device, none on CPU
     chat_template Jinja template text, or a llama.cpp built-in template name ("chatml",
                   "llama3", ...); default the GGUF's Jinja template (see templates.py)
-    embedding     "true": an embedding model (serves embed(), not generate())
+    embedding     "true": an embedding model (serves embed(), not generate()); a GGUF whose
+                  pooling is rank (a reranker) serves rerank() instead
     pooling       mean | cls | last; default the GGUF's pooling, else mean
     max_queue     requests that may wait for a slot before new ones get 503 (default 64)
     flash_attn    auto | on | off; default llama.cpp's auto (on for the CPU too)
@@ -190,6 +191,10 @@ class LlamaCppBackend(GenerationBackend):
             stats["chat_template_thinking"] = "".join(engine.chat_template.thinking)
         return stats
 
+    def reranker(self) -> bool:
+        engine = self._engine
+        return engine is not None and engine.reranker
+
     def unpooled(self) -> bool:
         engine = self._engine
         return engine is not None and engine.unpooled
@@ -357,6 +362,33 @@ class LlamaCppBackend(GenerationBackend):
         # Token lists copied: the engine thread reads them after this call returns.
         inputs = [text if isinstance(text, str) else list(text) for text in texts]
         job = engine.submit_embed(inputs, _emitter(loop, settle), truncate=truncate)
+        try:
+            return await future
+        finally:
+            job.cancel()
+
+
+    async def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
+        """The first output of the classifier head for each query-document pair (llama-server's
+        /rerank score, Qwen3's "yes" probability) + the prompt tokens of all pairs."""
+        engine = self._require_engine()
+        if not engine.settings.embedding:
+            raise InvalidArgument(
+                f"model '{self.context.model_name}' is a text generation model, not a reranker; a "
+                "reranker is a GGUF whose pooling is rank, loaded with parameters embedding=true"
+            )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[list[float], int]] = loop.create_future()
+
+        def settle(result: tuple[list[float], int] | EdgedError) -> None:
+            if future.done():
+                return
+            if isinstance(result, EdgedError):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+        job = engine.submit_rerank(query, list(documents), _emitter(loop, settle))
         try:
             return await future
         finally:

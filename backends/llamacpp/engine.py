@@ -44,7 +44,7 @@ import math
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,7 +66,6 @@ from daemon.backend import (
     TokenLogprob,
     ToolCallFrame,
     Unavailable,
-    Unsupported,
 )
 
 from . import templates
@@ -110,6 +109,7 @@ _GGML_LOG_WARN, _GGML_LOG_ERROR = 3, 4
 
 Emit = Callable[[GenerateChunk | EdgedError], None]
 EmbedDone = Callable[[tuple[list[list[float]], int] | EdgedError], None]
+RerankDone = Callable[[tuple[list[float], int] | EdgedError], None]
 
 # `flash_attn` parameter -> llama.cpp's setting. The default is llama.cpp's "auto" (on for the
 # CPU): side by side with llama-server on a 512x8 f16 model, 2 threads, 8 streams it gave ~1.4x
@@ -192,6 +192,14 @@ class EmbedJob:
     def cancel(self) -> None:
         self.cancelled = True
         self._engine.wake()
+
+
+class RerankJob(EmbedJob):
+    """Scores of `documents` for `query` on a reranker: one rank-pooled sequence each."""
+
+    def __init__(self, engine: Engine, query: str, documents: list[str], done: RerankDone):
+        super().__init__(engine, list(documents), done)  # type: ignore[arg-type]
+        self.query = query
 
 
 @dataclass(eq=False)
@@ -290,6 +298,11 @@ class Engine:
         # An embedding model whose GGUF and config name no pooling: llama.cpp would give one
         # vector per token, which edged averages instead (see load).
         self.unpooled = False
+        # An embedding model whose context pools by rank (a reranker: its GGUF's pooling is
+        # rank): it scores query-document pairs (`submit_rerank`) and embeds nothing.
+        self.reranker = False
+        self._n_cls_out = 0
+        self._rerank_template: str | None = None
         self.chat_template: ChatTemplate | None = None
 
         self._cond = threading.Condition()
@@ -363,6 +376,11 @@ class Engine:
 
     def submit_embed(self, texts: list[str | list[int]], done: EmbedDone, *, truncate: bool = False) -> EmbedJob:
         job = EmbedJob(self, texts, done, truncate)
+        self._enqueue(job)
+        return job
+
+    def submit_rerank(self, query: str, documents: list[str], done: RerankDone) -> RerankJob:
+        job = RerankJob(self, query, documents, done)
         self._enqueue(job)
         return job
 
@@ -532,7 +550,11 @@ class Engine:
             self._ctx = None
             self._ctx = self._new_context("mean")
         if s.embedding and llama.llama_pooling_type(self._ctx) == llama.LLAMA_POOLING_TYPE_RANK:
-            raise Unsupported(f"model '{self.name}' is a reranker (rank pooling); /v1/embeddings cannot serve it")
+            # llama.cpp's rank pooling: the classifier head's n_cls_out outputs per sequence.
+            self.reranker = True
+            self._n_cls_out = llama.llama_model_n_cls_out(self._model)
+            template = llama.llama_model_chat_template(self._model, b"rerank")
+            self._rerank_template = template.decode("utf-8", errors="replace") if template else None
         self._memory = llama.llama_get_memory(self._ctx)
         self._n_batch = llama.llama_n_batch(self._ctx)
         # Cells per slot after llama.cpp's rounding (for embeddings: the one shared stream).
@@ -611,7 +633,7 @@ class Engine:
                 arrivals = list(self._inbox)
                 self._inbox.clear()
             for item in arrivals:
-                if isinstance(item, EmbedJob):
+                if isinstance(item, EmbedJob):  # a RerankJob too
                     self._release_pending()
                     self._embed(item)
                 else:
@@ -1448,20 +1470,29 @@ class Engine:
         if job.cancelled:
             return
         try:
-            job.done(self._embed_texts(job.texts, job.truncate))
+            if isinstance(job, RerankJob):
+                job.done(self._rerank(job.query, job.texts))  # type: ignore[arg-type]
+            else:
+                job.done(self._embed_texts(job.texts, job.truncate))
         except EdgedError as exc:
             job.done(exc)
         except Exception as exc:
             # A bug on one request's inputs: answer it (a job left unanswered would hang its
             # client) and keep serving; each embedding batch starts from cleared cells.
-            log.exception("embedding request on model '%s' failed", self.name)
-            job.done(BackendError(f"embedding failed on model '{self.name}': {type(exc).__name__}: {exc}"))
+            kind = "rerank" if isinstance(job, RerankJob) else "embedding"
+            log.exception("%s request on model '%s' failed", kind, self.name)
+            job.done(BackendError(f"{kind} failed on model '{self.name}': {type(exc).__name__}: {exc}"))
 
     def _embed_texts(self, texts: list[str | list[int]], truncate: bool = False) -> tuple[list[list[float]], int]:
         if not self.settings.embedding:
             raise InvalidArgument(
                 f"model '{self.name}' is not loaded as an embedding model; "
                 "set parameters embedding=true in its config"
+            )
+        if self.reranker:
+            raise InvalidArgument(
+                f"model '{self.name}' is a reranker (its GGUF's pooling is rank): it scores documents "
+                "against a query (POST /rerank), it computes no embeddings"
             )
         limit = min(self._n_batch, self.n_ctx_seq)
         tokenized = []
@@ -1481,10 +1512,70 @@ class Engine:
                 )
             tokenized.append(tokens)
         vectors: list[list[float]] = []
+        for group in self._packed(tokenized):
+            for vector in self._pooled_batch(group, self.n_embd):
+                # L2-normalised, as OpenAI's embeddings and llama-server's default are.
+                norm = float(np.linalg.norm(vector))
+                vectors.append((vector / norm if norm > 0 else vector).tolist())
+        return vectors, sum(len(t) for t in tokenized)
+
+    def _rerank(self, query: str, documents: list[str]) -> tuple[list[float], int]:
+        if not self.reranker:
+            kind = "an embedding model" if self.settings.embedding else "a text generation model"
+            raise InvalidArgument(
+                f"model '{self.name}' is not a reranker: it is {kind}; /rerank takes a GGUF whose "
+                "pooling is rank (a classifier head, such as a Qwen3 or BGE reranker), loaded with "
+                "parameters embedding=true"
+            )
+        limit = min(self._n_batch, self.n_ctx_seq)
+        prompts = []
+        for index, document in enumerate(documents):
+            tokens = self._rerank_tokens(query, document)
+            if not tokens:  # an empty query and document with nothing added around them
+                raise InvalidArgument(f"documents[{index}]: no tokens to score (an empty query and document)")
+            if len(tokens) > limit:
+                raise InvalidArgument(
+                    f"documents[{index}]: the query and document are {len(tokens)} tokens but model "
+                    f"'{self.name}' scores at most {limit} tokens at once (n_batch)"
+                )
+            prompts.append(tokens)
+        scores: list[float] = []
+        for group in self._packed(prompts):
+            # llama-server's score: the first output of the head (Qwen3's "yes" probability).
+            scores.extend(float(out[0]) for out in self._pooled_batch(group, self._n_cls_out))
+        return scores, sum(len(t) for t in prompts)
+
+    def _rerank_tokens(self, query: str, document: str) -> list[int]:
+        """llama-server's format_prompt_rerank: the GGUF's rerank template with {query} and
+        {document} replaced, tokenized with control tokens parsed and no BOS added; without
+        one, [BOS] query [EOS] [SEP] document [EOS] (each where the vocabulary adds it; EOS
+        falls back to SEP), query and document tokenized as plain text."""
+        if self._rerank_template is not None:
+            prompt = self._rerank_template.replace("{query}", query).replace("{document}", document)
+            return self._tokenize(prompt, add_special=False, parse_special=True)
+        vocab = self._vocab
+        eos = llama.llama_vocab_eos(vocab)
+        if eos < 0:
+            eos = llama.llama_vocab_sep(vocab)
+        add_eos = bool(llama.llama_vocab_get_add_eos(vocab))
+        tokens: list[int] = []
+        if llama.llama_vocab_get_add_bos(vocab):
+            tokens.append(llama.llama_vocab_bos(vocab))
+        tokens += self._tokenize(query, add_special=False, parse_special=False)
+        if add_eos:
+            tokens.append(eos)
+        if llama.llama_vocab_get_add_sep(vocab):
+            tokens.append(llama.llama_vocab_sep(vocab))
+        tokens += self._tokenize(document, add_special=False, parse_special=False)
+        if add_eos:
+            tokens.append(eos)
+        return tokens
+
+    def _packed(self, tokenized: list[list[int]]) -> Iterator[list[list[int]]]:
+        """Whole inputs packed into batches, one sequence each, at most one per slot."""
         start = 0
         while start < len(tokenized):
             end, used = start, 0
-            # Pack whole texts into one batch, one sequence each.
             while (
                 end < len(tokenized)
                 and end - start < self.settings.n_parallel
@@ -1492,9 +1583,8 @@ class Engine:
             ):
                 used += len(tokenized[end])
                 end += 1
-            vectors.extend(self._embed_batch(tokenized[start:end]))
+            yield tokenized[start:end]
             start = end
-        return vectors, sum(len(t) for t in tokenized)
 
     def _checked_ids(self, index: int, tokens: list[int]) -> list[int]:
         """Token ids to embed as given (llama-server adds no BOS/EOS to token input either);
@@ -1524,7 +1614,8 @@ class Engine:
             return [*tokens[: limit - 1], tokens[-1]]
         return tokens[:limit]
 
-    def _embed_batch(self, group: list[list[int]]) -> list[list[float]]:
+    def _pooled_batch(self, group: list[list[int]], width: int) -> list[np.ndarray]:
+        """Each input's pooled output, `width` floats (n_embd, or a reranker's n_cls_out)."""
         batch = self._batch
         n = 0
         for seq_id, tokens in enumerate(group):
@@ -1546,10 +1637,7 @@ class Engine:
                 pointer = llama.llama_get_embeddings_seq(self._ctx, seq_id)
                 if not pointer:
                     raise BackendError(f"llama.cpp returned no pooled embedding for model '{self.name}'")
-                vector = np.ctypeslib.as_array(pointer, shape=(self.n_embd,)).astype(np.float64)
-                # L2-normalised, as OpenAI's embeddings and llama-server's default are.
-                norm = float(np.linalg.norm(vector))
-                vectors.append((vector / norm if norm > 0 else vector).tolist())
+                vectors.append(np.ctypeslib.as_array(pointer, shape=(width,)).astype(np.float64))
             return vectors
         finally:
             if self._memory:

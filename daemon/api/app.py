@@ -17,6 +17,7 @@ from daemon.api import (
     ollama,
     openai,
     openai_responses,
+    rerank,
     shm,
     trace,
 )
@@ -57,6 +58,7 @@ def create_app(service: Service, token: str | None) -> web.Application:
     anthropic.add_routes(app)
     ollama.add_routes(app)
     llama_native.add_routes(app)
+    rerank.add_routes(app)
     llama_completion.add_routes(app)
     admin.add_routes(app)
     trace.add_routes(app, config.trace.file)

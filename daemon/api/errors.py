@@ -30,7 +30,8 @@ _encode = msgspec.json.Encoder().encode
 _OPENAI_PREFIXES = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/responses",
                     "/chat/completions", "/models", "/responses",
                     "/tokenize", "/detokenize", "/apply-template", "/props", "/slots", "/completion", "/infill",
-                    "/embedding")  # also /embeddings
+                    "/embedding",  # also /embeddings
+                    "/rerank", "/v1/rerank")  # also /reranking, /v1/reranking
 # Anthropic's Messages API (daemon.api.anthropic), and its error types by status.
 _ANTHROPIC_PREFIXES = ("/v1/messages",)
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

@@ -175,6 +175,21 @@ class LoadedVersion:
         self.stats.record_success(time.monotonic_ns() - started, len(texts))
         return result
 
+    async def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
+        """Each document's relevance score for `query` (see GenerationBackend.rerank)."""
+        generator = self.require_generator()
+        started = time.monotonic_ns()
+        self._enter()
+        try:
+            result = await generator.rerank(query, documents)
+        except EdgedError:
+            self.stats.record_failure(time.monotonic_ns() - started)
+            raise
+        finally:
+            self._leave()
+        self.stats.record_success(time.monotonic_ns() - started, len(documents))
+        return result
+
     def chat_prompt(
         self,
         messages: Sequence[Mapping[str, Any]],

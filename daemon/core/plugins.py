@@ -350,6 +350,8 @@ _CONTRACT_METHODS: tuple[tuple[type[Backend], str], ...] = (
     (GenerationBackend, "tool_syntax"),
     (GenerationBackend, "thinking_tags"),
     (GenerationBackend, "embed"),
+    (GenerationBackend, "rerank"),
+    (GenerationBackend, "reranker"),
     (GenerationBackend, "engine_stats"),
     (GenerationBackend, "props"),
     (GenerationBackend, "slots"),

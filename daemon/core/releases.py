@@ -135,7 +135,9 @@ class ReleaseManager:
         try:
             generator = model.generator
             if generator is not None:
-                if model.config.parameters.get("embedding") == "true":
+                if generator.reranker():
+                    await generator.rerank("Hello", ["Hello"])
+                elif model.config.parameters.get("embedding") == "true":
                     await generator.embed(["Hello"])
                 else:
                     async for _ in generator.generate("Hello", GenerateParams(max_tokens=1, greedy=True)):

@@ -276,3 +276,29 @@ def test_shipped_plugins_import_only_the_contract() -> None:
                 if (name == "daemon" or name.startswith("daemon.")) and name != "daemon.backend"
             ]
     assert offenders == []
+
+
+def test_rerank_is_part_of_the_contract() -> None:
+    from collections.abc import Sequence
+
+    from daemon.backend import GenerationBackend
+    from daemon.core.plugins import check_backend_class
+
+    class Sync(GenerationBackend):
+        def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:  # type: ignore[override]
+            return [], 0
+
+    class Narrow(GenerationBackend):
+        async def rerank(self, query: str) -> tuple[list[float], int]:  # type: ignore[override]
+            return [], 0
+
+    class Good(GenerationBackend):
+        async def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
+            return [0.5] * len(documents), 0
+
+        def reranker(self) -> bool:
+            return True
+
+    assert check_backend_class(Sync) == "method 'rerank': must be async, is a plain (non-async) method"
+    assert "method 'rerank': takes 1 argument(s)" in check_backend_class(Narrow)
+    assert check_backend_class(Good) == ""

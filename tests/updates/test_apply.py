@@ -362,3 +362,39 @@ async def test_crash_during_a_two_phase_apply(
     assert done.release == "2-1.0.0"
     status = store.status()
     assert (status.current, status.pending, status.last_sequence) == ("2-1.0.0", None, 2)
+
+
+async def test_warm_up_ranks_on_a_reranker_and_embeds_on_an_embedder() -> None:
+    """The daemon's health check warms a reranker with a rerank (its embed is a 400) and an
+    embedding model with an embed."""
+    from types import SimpleNamespace
+
+    from daemon.core.releases import ReleaseManager
+    from daemon.errors import InvalidArgument
+
+    calls: list[str] = []
+
+    class Generator:
+        def __init__(self, ranks: bool) -> None:
+            self.ranks = ranks
+
+        def reranker(self) -> bool:
+            return self.ranks
+
+        async def rerank(self, query: str, documents: list[str]) -> tuple[list[float], int]:
+            calls.append(f"rerank {query} {documents}")
+            return [0.5], 3
+
+        async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+            if self.ranks:
+                raise InvalidArgument("is a reranker")
+            calls.append(f"embed {texts}")
+            return [[1.0]], 1
+
+    config = SimpleNamespace(parameters={"embedding": "true"})
+    models = {name: SimpleNamespace(generator=Generator(name == "ranker"), config=config) for name in ("ranker", "embedder")}
+    manager = ReleaseManager.__new__(ReleaseManager)
+    manager.registry = SimpleNamespace(get=models.__getitem__)  # type: ignore[assignment]
+    await manager._warm_up("ranker")
+    await manager._warm_up("embedder")
+    assert calls == ["rerank Hello ['Hello']", "embed ['Hello']"]
