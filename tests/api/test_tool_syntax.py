@@ -24,6 +24,9 @@ TOOLS = msgspec.convert(
     ],
     list[openai_tools.Tool],
 )
+# A tool's parameters as a call's schema holds them: a JSON Schema document of their own, so
+# that their local references keep meaning their own root (openai_tools.own_document).
+EMBEDDED = {"$id": "edged:tool/get_weather", **(TOOLS[0].function.parameters or {})}
 ARGUMENTS = [{"city": 'Pa"ris \\ \u00e9 \U0001F600', "n": [1, {"x": "}]"}]}, {}]
 
 
@@ -213,7 +216,7 @@ def test_frames_follow_tool_choice_and_syntax() -> None:
     assert hermes["lazy"] is True and hermes.get("max_calls") is None
     schema = json.loads(str(hermes["call_schema"]))
     assert [b["properties"]["name"]["const"] for b in schema["anyOf"]] == ["get_weather", "lights_off"]
-    assert schema["anyOf"][0]["properties"]["arguments"] == TOOLS[0].function.parameters
+    assert schema["anyOf"][0]["properties"]["arguments"] == EMBEDDED
     required = frame("hermes", "required", parallel=False)
     assert required["lazy"] is False and required["max_calls"] == 1
     named = msgspec.convert({"type": "function", "function": {"name": "lights_off"}}, openai_tools.NamedToolChoice)
@@ -226,8 +229,8 @@ def test_frames_follow_tool_choice_and_syntax() -> None:
             "[TOOL_CALLS]", "[TOOL_CALLS]", "[ARGS]", id_marker)
         assert named_frame["max_calls"] == 1 and named_frame["call_schema"] == ""
         assert {k: json.loads(v) for k, v in named_frame["named_calls"].items()} == {
-            "get_weather": TOOLS[0].function.parameters,
-            "lights_off": {"type": "object", "properties": {}, "additionalProperties": False}}
+            "get_weather": EMBEDDED,
+            "lights_off": {"$id": "edged:tool/lights_off", "type": "object", "properties": {}, "additionalProperties": False}}
     llama = frame("llama3", "auto", parallel=True)
     assert llama["open"] == "" and llama["max_calls"] == 1  # Llama 3.x: one call per turn
     assert set(json.loads(str(llama["call_schema"]))["anyOf"][0]["properties"]) == {"name", "parameters"}
@@ -592,7 +595,7 @@ def test_apertus_frame_keys_each_call_by_its_tool() -> None:
     assert (frame["open"], frame["separator"], frame["close"]) == ("<|tools_prefix|>[", ", ", "]<|tools_suffix|>")
     assert frame["lazy"] is True and frame.get("trigger", "") == ""
     first = json.loads(frame["call_schema"])["anyOf"][0]
-    assert first == {"type": "object", "properties": {"get_weather": TOOLS[0].function.parameters},
+    assert first == {"type": "object", "properties": {"get_weather": EMBEDDED},
                      "required": ["get_weather"], "additionalProperties": False}
 
 
