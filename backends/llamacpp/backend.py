@@ -56,7 +56,7 @@ from daemon.backend import (
     Unavailable,
 )
 
-from .engine import Engine, EngineSettings
+from .engine import EmbedJob, Engine, EngineSettings
 from .grammar import schema_to_grammar, tool_call_grammar
 
 T = TypeVar("T")
@@ -348,25 +348,9 @@ class LlamaCppBackend(GenerationBackend):
                 f"model '{self.context.model_name}' is a text generation model; load it with "
                 "parameters embedding=true to serve embeddings"
             )
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[tuple[list[list[float]], int]] = loop.create_future()
-
-        def settle(result: tuple[list[list[float]], int] | EdgedError) -> None:
-            if future.done():
-                return
-            if isinstance(result, EdgedError):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
-
         # Token lists copied: the engine thread reads them after this call returns.
         inputs = [text if isinstance(text, str) else list(text) for text in texts]
-        job = engine.submit_embed(inputs, _emitter(loop, settle), truncate=truncate)
-        try:
-            return await future
-        finally:
-            job.cancel()
-
+        return await _job_result(lambda done: engine.submit_embed(inputs, done, truncate=truncate))
 
     async def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
         """The first output of the classifier head for each query-document pair (llama-server's
@@ -377,22 +361,29 @@ class LlamaCppBackend(GenerationBackend):
                 f"model '{self.context.model_name}' is a text generation model, not a reranker; a "
                 "reranker is a GGUF whose pooling is rank, loaded with parameters embedding=true"
             )
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[tuple[list[float], int]] = loop.create_future()
+        pairs = list(documents)
+        return await _job_result(lambda done: engine.submit_rerank(query, pairs, done))
 
-        def settle(result: tuple[list[float], int] | EdgedError) -> None:
-            if future.done():
-                return
-            if isinstance(result, EdgedError):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
 
-        job = engine.submit_rerank(query, list(documents), _emitter(loop, settle))
-        try:
-            return await future
-        finally:
-            job.cancel()
+async def _job_result(submit: Callable[[Callable[[T | EdgedError], None]], EmbedJob]) -> T:
+    """Submit an engine job (`submit(done)`) and await what its `done` callback gives, from
+    the engine thread; a caller gone (cancelled) cancels the job."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | EdgedError) -> None:
+        if future.done():
+            return
+        if isinstance(result, EdgedError):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+
+    job = submit(_emitter(loop, settle))
+    try:
+        return await future
+    finally:
+        job.cancel()
 
 
 def _check_params(params: GenerateParams) -> None:

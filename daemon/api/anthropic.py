@@ -43,6 +43,7 @@ from daemon.api.openai import (
     ChatRequest,
     chat_prompt,
     decode_with,
+    feed_chunks,
     first_chunk,
     generation_model,
     in_range,
@@ -594,14 +595,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
             if (found := _TOO_LONG.match(exc.message)) is None:
                 raise
             raise InvalidArgument(f"prompt is too long: {found[1]} tokens > {found[2]} maximum ({exc.message})") from None
-        last = GenerateChunk(text="")
         if not req.stream:
-            for chunk in ([first] if first is not None else []):
-                last = chunk
-                feed(chunk)
-            async for chunk in chunks:
-                last = chunk
-                feed(chunk)
+            last = await feed_chunks(first, chunks, feed)
             blocks.close()
             reason, sequence = stop(last)
             body = {
@@ -629,14 +624,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         }})
         await send("ping", {"type": "ping"})
         try:
-            for chunk in ([first] if first is not None else []):
-                last = chunk
-                feed(chunk)
-                await flush()
-            async for chunk in chunks:
-                last = chunk
-                feed(chunk)
-                await flush()
+            last = await feed_chunks(first, chunks, feed, flush)
         except EdgedError as exc:
             # The 200 went out with message_start: the failure is the stream's last event.
             await send("error", error_body(exc.status, exc.message, request.path))

@@ -26,7 +26,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -430,6 +430,29 @@ async def first_chunk(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk | N
         return await chunks.__anext__()
     except StopAsyncIteration:
         return None
+
+
+async def feed_chunks(
+    first: GenerateChunk | None,
+    chunks: AsyncIterator[GenerateChunk],
+    feed: Callable[[GenerateChunk], None],
+    flush: Callable[[], Awaitable[None]] | None = None,
+) -> GenerateChunk:
+    """Feed a generation's chunks in order: `first` (pulled before the status, first_chunk),
+    then the rest, awaiting `flush` after each (a stream sends its events). The last chunk (an
+    empty one for none)."""
+    last = GenerateChunk(text="")
+    pending = [first] if first is not None else []
+    while True:
+        for chunk in pending:
+            last = chunk
+            feed(chunk)
+            if flush is not None:
+                await flush()
+        try:
+            pending = [await anext(chunks)]
+        except StopAsyncIteration:
+            return last
 
 
 def _choices(

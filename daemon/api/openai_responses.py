@@ -39,6 +39,7 @@ from daemon.api.openai import (
     chat_messages,
     decode_with,
     effort_prompt,
+    feed_chunks,
     first_chunk,
     generation_model,
     in_range,
@@ -657,13 +658,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
         first = await first_chunk(chunks)
         if not req.stream:
             # Chunk by chunk, as streamed: each holds its tokens' count for the reasoning's.
-            last = GenerateChunk(text="")
-            for chunk in ([first] if first is not None else []):
-                last = chunk
-                feed(chunk)
-            async for chunk in chunks:
-                last = chunk
-                feed(chunk)
+            last = await feed_chunks(first, chunks, feed)
             return web.Response(body=_json.encode(body(finish(last), last)), content_type="application/json")
         obfuscate = bool(req.stream_options and req.stream_options.include_obfuscation)
         sequence = 0
@@ -684,16 +679,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
         await send("response.created", {"response": body("in_progress", None)})
         await send("response.in_progress", {"response": body("in_progress", None)})
-        last = GenerateChunk(text="")
         try:
-            for chunk in ([first] if first is not None else []):
-                last = chunk
-                feed(chunk)
-                await flush()
-            async for chunk in chunks:
-                last = chunk
-                feed(chunk)
-                await flush()
+            last = await feed_chunks(first, chunks, feed, flush)
         except EdgedError as exc:
             # The 200 went out with the first event: the failure is the stream's last event.
             output.close("incomplete")
