@@ -79,6 +79,7 @@ __all__ = [
     "InferResponse",
     "InstanceContext",
     "InvalidArgument",
+    "LoraAdapter",
     "ModelConfig",
     "NotFound",
     "NvidiaGpu",
@@ -779,6 +780,11 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # Start from the longest prefix of the prompt the slot's KV cache already holds (llama-
     # server's `cache_prompt`, on by default there too). False: the whole prompt is evaluated.
     cache_prompt: bool = True
+    # The request's llama-server `lora` ((adapter id, scale), by id), which llama-server's
+    # generation_settings and /slots echo; () when it sent none. It changes nothing: the
+    # engine applies the model's adapters (GenerationBackend.lora_adapters) to every
+    # sequence, and the routes refuse a `lora` that asks for other scales.
+    lora: tuple[tuple[int, float], ...] = ()
 
 
 class TokenLogprob(msgspec.Struct):
@@ -840,6 +846,17 @@ class GenerationProps(msgspec.Struct, frozen=True):
     audio: bool = False
     video: bool = False
     build_info: str = ""  # the runtime that runs the model, with its version
+
+
+class LoraAdapter(msgspec.Struct, frozen=True):
+    """A LoRA adapter a generation model is loaded with (an entry of llama-server's GET
+    /lora-adapters; its id is its index in GenerationBackend.lora_adapters)."""
+
+    path: str  # as the model's configuration names it
+    scale: float
+    # The adapter GGUF's adapter.lora.task_name and adapter.lora.prompt_prefix ("" if none).
+    task_name: str = ""
+    prompt_prefix: str = ""
 
 
 class SlotTask(msgspec.Struct, frozen=True):
@@ -961,6 +978,11 @@ class GenerationBackend(Backend):
     def reranker(self) -> bool:
         """True for a model that `rerank` serves (and `embed` does not)."""
         return False
+
+    def lora_adapters(self) -> list[LoraAdapter]:
+        """The LoRA adapters applied to every sequence, at their scales, in id order (llama-
+        server's GET /lora-adapters); none when the model has none."""
+        return []
 
     def unpooled(self) -> bool:
         """True for an embedding model that names no pooling (llama.cpp's pooling none), so

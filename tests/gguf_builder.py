@@ -20,6 +20,12 @@ of q and k, NeoX RoPE) with a classifier head `cls.output.weight` and pooling 4 
 llama.cpp serves as a Qwen3 reranker (the last token's state through the head, a softmax
 over the labels; llama-server's score is the first label's probability).
 
+`write_tiny_lora` writes a LoRA adapter GGUF for such a model (what llama.cpp's
+llama_adapter_lora_init and llama-server's `--lora` load): `general.type` "adapter",
+`adapter.type` "lora", `adapter.lora.alpha`, and for each adapted weight `W` of the base a
+pair `W.lora_a` (numpy (rank, n_in)) and `W.lora_b` ((n_out, rank)); llama.cpp adds
+scale * alpha / rank * B @ A to W's product. `reference_logprobs(..., lora=...)` merges it.
+
 `dtype` is f32 (the default: exact numpy references), f16, or q8_0 (quantized with the gguf
 package's reference quantizer; row lengths must be multiples of 32).
 
@@ -236,6 +242,86 @@ def with_fim_tokens(
     return target
 
 
+# The base weights a test adapter changes by default: every matrix of every block.
+LORA_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def write_tiny_lora(
+    path: str | Path,
+    base: str | Path,
+    *,
+    rank: int = 4,
+    alpha: float = 8.0,
+    seed: int = 1,
+    targets: tuple[str, ...] = LORA_TARGETS,
+    magnitude: float = 1.0,
+    arch: str | None = None,
+    general_type: str = "adapter",
+    adapter_type: str = "lora",
+    task_name: str | None = None,
+    prompt_prefix: str | None = None,
+    alora_invocation_tokens: tuple[int, ...] = (),
+    extra_tensor: tuple[str, tuple[int, int]] | None = None,
+) -> Path:
+    """Write a random LoRA adapter GGUF for the model at `base` (its shapes read from it) to
+    `path`: for each block's weight named in `targets` (and "output" for the output matrix),
+    A (rank, n_in) and B (n_out, rank), random, B scaled by `magnitude` (a trained adapter's
+    B starts at zero; a random one makes the difference visible). `arch` (default the
+    base's), `general_type` and `adapter_type` write other values, for the load errors;
+    `task_name`, `prompt_prefix` and `alora_invocation_tokens` llama.cpp's optional keys;
+    `extra_tensor` (name, numpy shape) one more pair of that name, for a wrong base."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(base))
+    shapes = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}  # numpy (rows, cols)
+    base_arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(path), arch or base_arch)
+    writer.add_type(general_type)
+    writer.add_string(gguf.Keys.Adapter.TYPE, adapter_type)
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
+    if task_name is not None:
+        writer.add_string(gguf.Keys.Adapter.LORA_TASK_NAME, task_name)
+    if prompt_prefix is not None:
+        writer.add_string(gguf.Keys.Adapter.LORA_PROMPT_PREFIX, prompt_prefix)
+    if alora_invocation_tokens:
+        writer.add_key_value(gguf.Keys.Adapter.ALORA_INVOCATION_TOKENS, list(alora_invocation_tokens),
+                             gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.UINT32)
+    names = [name for name in shapes if name.startswith("blk.") and name.split(".")[2] in targets]
+    if "output" in targets:
+        names.append("output.weight")
+    pairs = [(name, shapes[name]) for name in names]
+    if extra_tensor is not None:
+        pairs.append(extra_tensor)
+    for name, (n_out, n_in) in pairs:
+        writer.add_tensor(f"{name}.lora_a", (rng.standard_normal((rank, n_in)) / np.sqrt(n_in)).astype(np.float32))
+        writer.add_tensor(f"{name}.lora_b", (magnitude * rng.standard_normal((n_out, rank)) / np.sqrt(rank)).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
+
+
+def merged_weights(base: Path, adapters: tuple[tuple[Path, float], ...] = ()) -> dict[str, np.ndarray]:
+    """The base's weights with each (adapter, scale) merged as llama.cpp applies it:
+    W + scale * alpha / rank * B @ A (scale alone when the adapter's alpha is 0)."""
+    import gguf
+
+    weights = read_weights(base)
+    for path, scale in adapters:
+        reader = gguf.GGUFReader(str(path))
+        alpha = float(reader.fields[gguf.Keys.Adapter.LORA_ALPHA].parts[-1][0])
+        tensors = {t.name: np.array(t.data, dtype=np.float64) for t in reader.tensors}
+        for name in tensors:
+            if name.endswith(".lora_a"):
+                target = name.removesuffix(".lora_a")
+                a, b = tensors[name], tensors[target + ".lora_b"]
+                factor = scale * alpha / b.shape[1] if alpha else scale
+                weights[target] = weights[target] + factor * (b @ a)
+    return weights
+
+
 # --------------------------------------------------------------------------- numpy reference
 
 
@@ -293,9 +379,10 @@ def reference_forward(w: dict[str, np.ndarray], tokens: list[int], n_head: int =
     return rms(x, w["output_norm.weight"])
 
 
-def reference_logprobs(path: Path, tokens: list[int]) -> np.ndarray:
-    """(n_tokens, n_vocab): log-softmax of the logits after each token, as numpy computes them."""
-    weights = read_weights(path)
+def reference_logprobs(path: Path, tokens: list[int], lora: tuple[tuple[Path, float], ...] = ()) -> np.ndarray:
+    """(n_tokens, n_vocab): log-softmax of the logits after each token, as numpy computes them
+    (with the LoRA adapters `lora`, (path, scale) each, merged into the weights)."""
+    weights = merged_weights(path, lora)
     logits = reference_forward(weights, tokens) @ weights["output.weight"].T
     shifted = logits - logits.max(-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))

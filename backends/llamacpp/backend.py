@@ -24,12 +24,21 @@ Model parameters (config `parameters`, all strings):
                   of their slot, restored when they return; 0 turns it off. Default:
                   llama-server's (`--cache-ram 8192`), at most an eighth of the machine's
                   memory (an edge box's RAM is also its model's)
+    lora          LoRA adapter GGUFs applied to every sequence (llama-server's `--lora` and
+                  `--lora-scaled`): comma-separated, each `path` or `path:scale` (default
+                  1.0), a path relative to the model's version directory (or absolute).
+                  Loaded with the model; a missing file, a file that is no LoRA adapter, one
+                  for another architecture or shape, or an activated LoRA (aLoRA) fails the
+                  load naming this parameter and the file. Their ids are their order
+                  (GET /lora-adapters); a request cannot change the scales (one llama_decode
+                  serves all sequences with one set of adapters)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -50,13 +59,14 @@ from daemon.backend import (
     InfillInput,
     InstanceContext,
     InvalidArgument,
+    LoraAdapter,
     ModelConfig,
     Probe,
     SlotState,
     Unavailable,
 )
 
-from .engine import EmbedJob, Engine, EngineSettings
+from .engine import EmbedJob, Engine, EngineSettings, LoraSpec
 from .grammar import schema_to_grammar, tool_call_grammar
 
 T = TypeVar("T")
@@ -76,6 +86,7 @@ class LlamaCppOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_queue: Annotated[int, msgspec.Meta(ge=1)] = 64
     flash_attn: Literal["", "auto", "on", "off"] = ""
     prefix_store_mib: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    lora: str = ""
 
     def __post_init__(self) -> None:
         if self.n_batch < self.n_parallel:
@@ -97,6 +108,29 @@ def default_prefix_store_mib() -> int:
     except (ValueError, OSError):  # no such sysconf name here: keep llama-server's
         return LLAMA_SERVER_CACHE_RAM_MIB
     return min(LLAMA_SERVER_CACHE_RAM_MIB, physical // 8 // 2**20)
+
+
+def parse_lora(config: ModelConfig, text: str, version_dir: Path) -> tuple[LoraSpec, ...]:
+    """The `lora` parameter's adapters: `path[:scale],...`, paths from the version directory."""
+    specs = []
+    for index, item in enumerate(text.split(",") if text.strip() else []):
+        item = item.strip()
+        name, scale = item, 1.0
+        if ":" in item:
+            name, _, given = item.rpartition(":")
+            try:
+                scale = float(given)
+            except ValueError:
+                scale = math.nan
+            if not math.isfinite(scale):
+                raise ConfigError(
+                    f"model '{config.name}': parameters lora: adapter {index} ({item!r}): the scale after ':' "
+                    f"must be a number, got {given!r}"
+                )
+        if not name:
+            raise ConfigError(f"model '{config.name}': parameters lora: adapter {index} has no path (got {text!r})")
+        specs.append(LoraSpec(name=name, path=version_dir / name, scale=scale))
+    return tuple(specs)
 
 
 def parse_options(config: ModelConfig) -> LlamaCppOptions:
@@ -158,6 +192,7 @@ class LlamaCppBackend(GenerationBackend):
             prefix_store_mib=(
                 options.prefix_store_mib if options.prefix_store_mib is not None else default_prefix_store_mib()
             ),
+            lora=parse_lora(config, options.lora, artifact.parent),
         )
         engine = Engine(settings)
         # Set before waiting: if this load is cancelled, the daemon's unload() stops the
@@ -190,6 +225,10 @@ class LlamaCppBackend(GenerationBackend):
             stats["chat_template_tools"] = engine.chat_template.tool_syntax
             stats["chat_template_thinking"] = "".join(engine.chat_template.thinking)
         return stats
+
+    def lora_adapters(self) -> list[LoraAdapter]:
+        engine = self._engine
+        return list(engine.lora_adapters) if engine is not None else []
 
     def reranker(self) -> bool:
         engine = self._engine

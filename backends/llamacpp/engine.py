@@ -38,9 +38,11 @@ that a new conversation is about to replace are first copied to host RAM
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import math
+import re
 import threading
 import time
 from collections import OrderedDict, deque
@@ -56,11 +58,13 @@ import numpy as np
 from daemon.backend import (
     DEFAULT_SAMPLERS,
     BackendError,
+    ConfigError,
     EdgedError,
     GenerateChunk,
     GenerateParams,
     InfillInput,
     InvalidArgument,
+    LoraAdapter,
     SlotState,
     SlotTask,
     TokenLogprob,
@@ -106,6 +110,8 @@ _AFTER_ROOT = "edged-after"
 _REASONING_ROOT = "edged-reasoning"
 # ggml log levels (ggml.h): forward warnings and errors to Python logging, drop the rest.
 _GGML_LOG_WARN, _GGML_LOG_ERROR = 3, 4
+# The name of the function that logged a line ("llama_adapter_lora_init_from_file_ptr: ").
+_FUNCTION_PREFIX = re.compile(r"^[a-z_0-9]+: ")
 
 Emit = Callable[[GenerateChunk | EdgedError], None]
 EmbedDone = Callable[[tuple[list[list[float]], int] | EdgedError], None]
@@ -147,6 +153,18 @@ class EngineSettings:
     flash_attn: str = ""
     # Host RAM for the KV cells of conversations evicted from their slot; 0 = none.
     prefix_store_mib: int = 0
+    # LoRA adapters applied to the context, in order (their ids): see LoraSpec.
+    lora: tuple[LoraSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """One LoRA adapter of the model's `lora` parameter: the file as the config names it,
+    where that is, and its scale."""
+
+    name: str
+    path: Path
+    scale: float
 
 
 @dataclass
@@ -304,6 +322,8 @@ class Engine:
         self._n_cls_out = 0
         self._rerank_template: str | None = None
         self.chat_template: ChatTemplate | None = None
+        # The LoRA adapters applied to every sequence, in the order of settings.lora.
+        self.lora_adapters: list[LoraAdapter] = []
 
         self._cond = threading.Condition()
         # Held by other threads while they use the vocabulary, and by the engine thread while
@@ -538,6 +558,7 @@ class Engine:
                 f"llama.cpp could not load model '{self.name}' from {s.model_path} "
                 "(the daemon log has llama.cpp's reason)"
             )
+        adapters = [self._load_lora(spec) for spec in s.lora]
         self._vocab = llama.llama_model_get_vocab(self._model)
         self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
         self.n_embd = llama.llama_model_n_embd_out(self._model)
@@ -555,6 +576,13 @@ class Engine:
             self._n_cls_out = llama.llama_model_n_cls_out(self._model)
             template = llama.llama_model_chat_template(self._model, b"rerank")
             self._rerank_template = template.decode("utf-8", errors="replace") if template else None
+        if adapters:
+            # On the context: every sequence of every llama_decode gets them, at these scales
+            # (llama-server's per-request scales would need one decode per set of scales).
+            array = (llama.llama_adapter_lora_p_ctypes * len(adapters))(*adapters)
+            scales = (ctypes.c_float * len(adapters))(*(spec.scale for spec in s.lora))
+            if llama.llama_set_adapters_lora(self._ctx, array, len(adapters), scales) != 0:
+                raise BackendError(f"llama.cpp could not apply the LoRA adapters of model '{self.name}'")
         self._memory = llama.llama_get_memory(self._ctx)
         self._n_batch = llama.llama_n_batch(self._ctx)
         # Cells per slot after llama.cpp's rounding (for embeddings: the one shared stream).
@@ -569,6 +597,36 @@ class Engine:
             self.name, s.n_parallel, self.n_ctx_seq, self._n_batch, s.n_threads,
             ", embeddings" if s.embedding else "",
         )
+
+    def _load_lora(self, spec: LoraSpec) -> Any:
+        """One adapter of the `lora` parameter, loaded onto the model (which frees it); what
+        is wrong with the file is a ConfigError naming the parameter, the file and llama.cpp's
+        reason."""
+
+        def refuse(reason: str) -> ConfigError:
+            return ConfigError(f"model '{self.name}': parameters lora: adapter '{spec.name}' ({spec.path}): {reason}")
+
+        if not spec.path.is_file():
+            raise refuse("no such file" if not spec.path.exists() else "not a file")
+        with _llama_errors() as errors:
+            adapter = llama.llama_adapter_lora_init(self._model, str(spec.path).encode())
+        if not adapter:
+            reason = "; ".join(errors) or "llama.cpp could not load it (the daemon log has its reason)"
+            raise refuse(f"not a LoRA adapter for this model: {reason}")
+        if llama.llama_adapter_get_alora_n_invocation_tokens(adapter):
+            # An activated LoRA applies from its invocation tokens on, in each sequence apart:
+            # one decode with one set of adapters for every sequence cannot do that.
+            raise refuse(
+                "an activated LoRA (adapter.alora.invocation_tokens), which llama-server applies only "
+                "from its invocation tokens on in each sequence; edged applies a model's adapters to "
+                "every token of every sequence, so it does not load one"
+            )
+        self.lora_adapters.append(LoraAdapter(
+            path=spec.name, scale=spec.scale,
+            task_name=_adapter_meta(adapter, b"adapter.lora.task_name"),
+            prompt_prefix=_adapter_meta(adapter, b"adapter.lora.prompt_prefix"),
+        ))
+        return adapter
 
     def _new_context(self, pooling: str) -> Any:
         s = self.settings
@@ -1856,6 +1914,37 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+def _adapter_meta(adapter: Any, key: bytes) -> str:
+    """A LoRA adapter's metadata text ("" when the GGUF has no such key)."""
+    buffer = ctypes.create_string_buffer(1024)
+    if llama.llama_adapter_meta_val_str(adapter, key, buffer, len(buffer)) < 0:
+        return ""
+    return buffer.value.decode("utf-8", errors="replace")
+
+
+def _log_sink() -> threading.local:
+    """Where the log callback also puts llama.cpp's errors for the thread that asked
+    (`_llama_errors`); pinned on the llama_cpp module beside the callback."""
+    sink = getattr(llama, "_edged_log_sink", None)
+    if sink is None:
+        sink = threading.local()
+        llama._edged_log_sink = sink  # type: ignore[attr-defined]
+    return sink
+
+
+@contextlib.contextmanager
+def _llama_errors() -> Iterator[list[str]]:
+    """The error lines llama.cpp logs on this thread meanwhile (a failed call's reason),
+    without the name of the function that logged each."""
+    sink = _log_sink()
+    lines: list[str] = []
+    sink.errors = lines
+    try:
+        yield lines
+    finally:
+        sink.errors = None
+
+
 def _install_log_callback() -> None:
     """Route llama.cpp's warnings and errors into Python logging, once per process.
 
@@ -1866,14 +1955,16 @@ def _install_log_callback() -> None:
     if getattr(llama, "_edged_log_callback", None) is not None:
         return
     runtime_log = logging.getLogger("edged_backends.llamacpp.runtime")
+    sink = _log_sink()
 
     @llama.llama_log_callback
     def callback(level: int, text: bytes | None, user_data: ctypes.c_void_p) -> None:
         if text and level in (_GGML_LOG_WARN, _GGML_LOG_ERROR):
-            runtime_log.log(
-                logging.WARNING if level == _GGML_LOG_WARN else logging.ERROR,
-                "%s", text.decode("utf-8", errors="replace").rstrip(),
-            )
+            line = text.decode("utf-8", errors="replace").rstrip()
+            runtime_log.log(logging.WARNING if level == _GGML_LOG_WARN else logging.ERROR, "%s", line)
+            errors = getattr(sink, "errors", None)
+            if errors is not None and level == _GGML_LOG_ERROR:
+                errors.append(_FUNCTION_PREFIX.sub("", line))
 
     llama._edged_log_callback = callback  # type: ignore[attr-defined]
     llama.llama_log_set(callback, ctypes.c_void_p(0))
