@@ -29,7 +29,7 @@ _encode = msgspec.json.Encoder().encode
 # llama-server's utility routes (daemon.api.llama_native) answer in OpenAI's shape as it does.
 _OPENAI_PREFIXES = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/responses",
                     "/chat/completions", "/models", "/responses",
-                    "/tokenize", "/detokenize", "/apply-template", "/props", "/slots", "/completion", "/infill",
+                    "/tokenize", "/detokenize", "/apply-template", "/props", "/slots", "/lora-adapters", "/completion", "/infill",
                     "/embedding",  # also /embeddings
                     "/rerank", "/v1/rerank")  # also /reranking, /v1/reranking
 # Anthropic's Messages API (daemon.api.anthropic), and its error types by status.

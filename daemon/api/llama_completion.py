@@ -4,8 +4,9 @@ and event stream (llama.cpp tools/server), on the engine the OpenAI routes use.
 
 The body names the model (`model`, required, as in llama_native). Every field llama-server
 takes either has its effect here or is a 400 naming it: an unknown field (llama-server ignores
-one) and the fields not implemented (`id_slot`, `lora`, `n_keep`, `t_max_predict_ms`, ...) are
-rejected by the decoder. Sampling values are checked as on the OpenAI routes (openai._params),
+one) and the fields not implemented (`id_slot`, `n_keep`, `t_max_predict_ms`, ...) are
+rejected by the decoder; `lora` is taken where it asks for the model's own adapter scales
+(openai.lora_request), else a 400. Sampling values are checked as on the OpenAI routes (openai._params),
 which reject what llama-server clamps. A list of prompts and `n_cmpl` (also `n`) completions
 of each are several generations, run together; the answer is then a list, index
 `prompt * n_cmpl + i`.
@@ -39,6 +40,7 @@ from daemon.api.openai import (
     first_chunk,
     generation_model,
     in_range,
+    lora_request,
     request_body,
     start_sse,
 )
@@ -135,6 +137,7 @@ async def sampling_params(model: LoadedVersion, req: _Completion) -> GeneratePar
     if shared["repeat_last_n"] is None:
         shared["repeat_last_n"] = _REPEAT_LAST_N
     params = _params(_Sampling(model=req.model, **shared), min_tokens=0)
+    params.lora = lora_request(model, req.lora)
     params.max_tokens = _n_predict(req)
     if req.n_probs is not None and req.logprobs is not None and req.n_probs != req.logprobs:
         raise InvalidArgument("n_probs and logprobs disagree; send one of them")

@@ -296,7 +296,9 @@ def settings_json(params: GenerateParams) -> dict[str, object]:
         "n_probs": params.logprobs or 0,
         "min_keep": params.min_keep,
         "samplers": list(params.samplers),
-        "lora": [],  # edged applies no LoRA adapters
+        # The request's own `lora`, as llama-server echoes it ([] when it sent none, and in
+        # /props); GET /lora-adapters lists the adapters the model is loaded with.
+        "lora": [{"id": id_, "scale": scale} for id_, scale in params.lora],
     }
     return out
 
@@ -373,6 +375,20 @@ def _slot_json(state: SlotState) -> dict[str, object]:
     }
 
 
+async def lora_adapters(request: web.Request) -> web.Response:
+    """llama-server's GET /lora-adapters for one model (`?model=NAME`, as its router): the
+    adapters the model's parameters `lora` loaded, `[{id, path, scale, task_name,
+    prompt_prefix}]` ([] for none). Their scales are fixed for the model's life here: POST
+    /lora-adapters (llama-server's change of the global scales) is not offered (405)."""
+    name, _ = _query(request)
+    model = await generation_model(request, name)
+    return _ok([
+        {"id": id_, "path": adapter.path, "scale": adapter.scale, "task_name": adapter.task_name,
+         "prompt_prefix": adapter.prompt_prefix}
+        for id_, adapter in enumerate(model.require_generator().lora_adapters())
+    ])
+
+
 async def health(request: web.Request) -> web.Response:
     """`{"status": "ok"}` once the daemon is ready (what /v2/health/ready says: started,
     accepting, every model in the repository ready), else a 503 in llama-server's shape: its
@@ -402,3 +418,5 @@ def add_routes(app: web.Application) -> None:
     # are not offered; aiohttp answers 405 and 404 for them.
     r.add_get("/props", props)
     r.add_get("/slots", slots)
+    # GET only: POST /lora-adapters (changing the scales of every sequence) is a 405.
+    r.add_get("/lora-adapters", lora_adapters)

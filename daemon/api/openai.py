@@ -10,6 +10,8 @@ are rejected by the decoders, `forbid_unknown_fields`); ranges are OpenAI's: tem
 llama-server's extensions `top_k`, `min_p`, `typical_p`, `repeat_penalty`, `repeat_last_n`,
 `ignore_eos`, `cache_prompt` and its other samplers (Mirostat, dynamic temperature, top-n-sigma,
 XTC, DRY, `min_keep`) and their order (`samplers`) are taken too, with llama-server's meaning.
+Its per-request `lora` (adapter scales) is taken where it asks for the scales the model is
+loaded with (`lora_request`), and a 400 otherwise.
 
 `n` choices are `n` sequences in the engine, run side by side as separate requests would be
 (choice i samples with `seed + i` when a seed is given, so that the choices differ and the
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import ctypes
 import json
 import math
 import time
@@ -60,6 +63,14 @@ class StreamOptions(_Strict):
     # OpenAI pads stream events with random text against size side channels unless this is
     # false; no event here is padded, so false is what this server does and true a 400.
     include_obfuscation: bool | None = None
+
+
+class LoraScale(_Strict):
+    """An entry of llama-server's per-request `lora`: an adapter's id (GET /lora-adapters)
+    and the scale asked for it."""
+
+    id: int
+    scale: float
 
 
 class SharedSampling(_Strict, kw_only=True):
@@ -101,6 +112,8 @@ class SharedSampling(_Strict, kw_only=True):
     min_keep: int | None = None
     # The samplers' order: names or a string of one-letter codes (sampling.sampler_order).
     samplers: list[str] | str | None = None
+    # llama-server's LoRA scales for this request; only the model's own here (lora_request).
+    lora: list[LoraScale] | None = None
 
 
 class _Sampling(SharedSampling):
@@ -317,6 +330,43 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
     if req.stop is not None:
         params.stop = sampling.stop_strings(req.stop, "stop")
     return params
+
+
+def lora_request(model: LoadedVersion, entries: list[LoraScale] | None) -> tuple[tuple[int, float], ...]:
+    """llama-server's per-request `lora`, checked against the model's adapters: (id, scale)
+    by id, which generation_settings echoes. Read as llama-server reads it: none or [] is
+    the adapters as loaded, and an adapter the list leaves out has scale 0. Taken when that
+    is the scales the model is loaded with; anything else is a 400 saying why: one
+    llama_decode serves all the model's sequences with one set of adapters, so a request
+    cannot change the scales for itself (llama-server decodes each set apart). An id with no
+    adapter (llama-server ignores it) and an id given twice are 400s too."""
+    if not entries:
+        return ()
+    adapters = model.require_generator().lora_adapters()
+    asked: dict[int, float] = {}
+    for index, entry in enumerate(entries):
+        if not 0 <= entry.id < len(adapters):
+            has = f"ids 0 to {len(adapters) - 1}" if adapters else "none (its parameters lora would load them)"
+            raise InvalidArgument(
+                f"lora[{index}]: model '{model.name}' has no LoRA adapter with id {entry.id}; its adapters: {has} "
+                f"(GET /lora-adapters?model={model.name})"
+            )
+        if entry.id in asked:
+            raise InvalidArgument(f"lora[{index}]: adapter id {entry.id} given twice")
+        asked[entry.id] = entry.scale
+    for id_, adapter in enumerate(adapters):
+        want = asked.get(id_, 0.0)
+        # Compared as llama.cpp holds them (float).
+        if ctypes.c_float(want).value != ctypes.c_float(adapter.scale).value:
+            left_out = "" if id_ in asked else " (left out of the list: scale 0, as llama-server reads it)"
+            raise InvalidArgument(
+                f"lora: adapter {id_} ({adapter.path}) of model '{model.name}' is loaded with scale {adapter.scale:g} "
+                f"and the request asks for {want:g}{left_out}; edged decodes all of a model's sequences together, "
+                "in one llama_decode with one set of adapters, so a request cannot change their scales for itself. "
+                f"Send the loaded scales (GET /lora-adapters?model={model.name}) or leave lora out, or load a model "
+                "whose parameters lora give the scales wanted"
+            )
+    return tuple(sorted(asked.items()))
 
 
 def _budget_tokens(req: ChatRequest) -> int | None:
@@ -701,6 +751,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         )
     # Completions accept max_tokens 0 (OpenAI's legacy API: with echo, the prompt alone).
     params = _params(req, min_tokens=0)
+    params.lora = lora_request(model, req.lora)
     if req.logprobs is not None:
         if not 0 <= req.logprobs <= 20:
             raise InvalidArgument(f"logprobs must be between 0 and 20, got {req.logprobs}")
@@ -985,6 +1036,7 @@ async def chat_input_tokens(request: web.Request) -> web.Response:
     req: ChatRequest = _decode(await request_body(request), ChatRequest)
     model = await generation_model(request, req.model)
     _params(req)
+    lora_request(model, req.lora)
     prompt = chat_prompt(model, req, schema_of_format(req.response_format)).text
     tokens = await model.tokenize(prompt, add_special=True, parse_special=True)
     return web.json_response({"object": "response.input_tokens", "input_tokens": len(tokens)})
@@ -996,6 +1048,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise InvalidArgument("store: chat completions are not stored here (omit store or set it to false)")
     model = await generation_model(request, req.model)
     params = _params(req)
+    params.lora = lora_request(model, req.lora)
     params.json_schema = schema_of_format(req.response_format)
     if req.top_logprobs is not None:
         if not req.logprobs:
