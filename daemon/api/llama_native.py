@@ -1,6 +1,6 @@
 """llama-server's utility routes for generation models: `POST /tokenize`, `/detokenize` and
-`/apply-template`, `GET /props` and `/slots`, with its request and response shapes (llama.cpp
-tools/server); its native `POST /embedding` (also `/embeddings`) for embedding models; and its
+`/apply-template`, `GET /props`, `/slots` and `/lora-adapters`, with its request and response
+shapes (llama.cpp tools/server); its native `POST /embedding` (also `/embeddings`) for embedding models; and its
 `GET /health` (also `/v1/health`), which container health checks and clients poll.
 
 As in llama-server's router mode, the body names the model (`model`, required; for a GET the
