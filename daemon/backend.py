@@ -785,6 +785,20 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # engine applies the model's adapters (GenerationBackend.lora_adapters) to every
     # sequence, and the routes refuse a `lora` that asks for other scales.
     lora: tuple[tuple[int, float], ...] = ()
+    # llama-server's FIM helpers, checked per token as its process_token does (0 and None: off).
+    # `n_indent`: once the output has a new line, a line that gets a character other than a
+    # space or tab after fewer than this many of them ends the output (finish_reason "length",
+    # finish_detail "indent"); the whole answer leaves that line out after its indentation
+    # (GenerateChunk.cut), though the chunks sent it. As llama-server's, the check looks at one
+    # new line per token and starts a token after the first newline.
+    n_indent: int = 0
+    # `t_max_predict_ms`: a token whose text has a newline, sampled more than this many ms
+    # after the first token, ends the output (finish_reason "length", finish_detail "time").
+    t_max_predict_ms: int | None = None
+    # Before the first token, a chunk (no text, GenerateChunk.prompt_progress set) when the
+    # sequence takes its slot and after each decode of its prompt (llama-server's
+    # return_progress).
+    return_progress: bool = False
 
 
 class TokenLogprob(msgspec.Struct):
@@ -803,9 +817,10 @@ class GenerateChunk(msgspec.Struct):
     text: str
     token_ids: list[int] = []
     finish_reason: Literal["stop", "length", "cancelled", None] = None
+    # The prompt's tokens: on the last chunk, and a backend may set it on every chunk.
     prompt_tokens: int = 0
-    completion_tokens: int = 0
-    # Of `prompt_tokens`, how many were already in the KV cache (not evaluated again).
+    completion_tokens: int = 0  # on the last chunk
+    # Of `prompt_tokens`, how many were already in the KV cache (not evaluated again); with it.
     cached_tokens: int = 0
     # One per token of `token_ids` when GenerateParams.logprobs is set.
     logprobs: list[TokenLogprob] = []
@@ -819,6 +834,16 @@ class GenerateChunk(msgspec.Struct):
     # that ended the sequence; "" when an end-of-generation token did (llama-server's
     # stop_type "word" and "eos").
     stop_word: str = ""
+    # On the last chunk with finish_reason "length", what ended it besides max_tokens and the
+    # context: "indent" (GenerateParams.n_indent) or "time" (t_max_predict_ms); "" otherwise.
+    finish_detail: Literal["", "indent", "time"] = ""
+    # On the last chunk: how many characters at the end of the output (the chunks' texts
+    # joined) a whole answer leaves out: the line n_indent stopped at, after its indentation.
+    cut: int = 0
+    # A progress chunk (GenerateParams.return_progress; no text, no tokens): the prompt's
+    # tokens (total), of them found in the cache, of them in the cache now (cache included),
+    # and ms since the sequence took its slot, as llama-server's prompt_progress.
+    prompt_progress: tuple[int, int, int, int] | None = None
 
 
 class InfillInput(msgspec.Struct, frozen=True):

@@ -447,6 +447,8 @@ def _check_params(params: GenerateParams) -> None:
         raise InvalidArgument(f"top_p must be in [0, 1], got {params.top_p}")
     if not 0.0 <= params.min_p <= 1.0:
         raise InvalidArgument(f"min_p must be in [0, 1], got {params.min_p}")
+    if params.n_indent < 0:
+        raise InvalidArgument(f"n_indent must be >= 0, got {params.n_indent}")
     unknown = next((name for name in params.samplers if name not in SAMPLERS), None)
     if unknown is not None:
         raise InvalidArgument(f"samplers: unknown sampler {unknown!r}")

@@ -253,6 +253,13 @@ class _Sequence:
     grammar: Any = None  # the grammar sampler in `sampler`'s chain, if any (owned by the chain)
     admitted_ns: int = 0  # perf_counter_ns when the sequence took its slot
     first_ns: int = 0  # and when its first token was sampled (0: not yet)
+    # llama-server's FIM stops (GenerateParams.n_indent, t_max_predict_ms), kept as its slot
+    # keeps them: a sent text has had a newline; the output's bytes (n_indent only); where
+    # the line n_indent checks next begins (0: none yet), and how far a newline was looked for.
+    has_new_line: bool = False
+    indent_text: bytearray | None = None
+    last_nl: int = 0
+    nl_scanned: int = 0
 
 
 @dataclass
@@ -1025,6 +1032,11 @@ class Engine:
                 used = self._tokens_after(tokens, opening.encode()) if params.reasoning_opened else 0
                 forced = self._tokenize(params.reasoning_end, add_special=False)
                 seq.budget = _Budget(inside, params.reasoning_budget, forced, used)
+            if params.n_indent > 0:
+                seq.indent_text = bytearray()
+            if params.return_progress:
+                # llama-server's first progress event: the slot has its cached prefix, no more.
+                self._progress(seq)
             if scored:
                 # The first token has nothing before it to be scored against.
                 seq.prompt_logprobs.append(TokenLogprob(tokens[0], self._piece(tokens[0]), 0.0))
@@ -1262,6 +1274,7 @@ class Engine:
         n_tokens = 0
         outputs: list[tuple[_Sequence, int]] = []
         scoring: list[tuple[_Sequence, int, int]] = []  # (sequence, output index, prompt token)
+        progressing: list[_Sequence] = []  # prefilled in this step, with return_progress
         decoding = sum(1 for seq in self._slots if seq is not None and seq.next_token >= 0)
         prefill_budget = self._n_batch - decoding
 
@@ -1288,6 +1301,8 @@ class Engine:
                 step = prefill_budget if top is None else min(prefill_budget, SCORED_PREFILL_TOKENS)
                 chunk = seq.prompt[seq.n_past : seq.n_past + step]
                 prefill_budget -= len(chunk)
+                if seq.request.params.return_progress:
+                    progressing.append(seq)
                 for token in chunk:
                     last = seq.n_past == len(seq.prompt) - 1
                     if last:
@@ -1310,6 +1325,9 @@ class Engine:
             if seq is not None:
                 self._busy_decoding += 1
                 self._n_tokens_max = max(self._n_tokens_max, seq.n_past)
+        for seq in progressing:
+            # After each decode of the prompt, before its first token (llama-server's order).
+            self._progress(seq)
         for seq, index, token in scoring:
             top = seq.request.params.prompt_logprobs or 0
             seq.prompt_logprobs.append(self._token_logprob(self._log_softmax(index), token, top))
@@ -1469,26 +1487,75 @@ class Engine:
                 self._track(seq, token, special)
             if seq.budget is not None:
                 seq.budget.accept(special)
+        params = seq.request.params
         if llama.llama_vocab_is_eog(self._vocab, token):
-            self._finish(seq, "stop", "", flush=True)
+            # llama-server checks the indentation at this token too (its text is empty); the
+            # end-of-generation token then names the stop, the cut stays.
+            cut = self._indent_cut(seq, b"") if seq.indent_text is not None else None
+            self._finish(seq, "stop", "", flush=True, cut=cut)
             return
         piece = self._special_piece(token) if token in seq.preserved else self._piece(token)
         text, stopped = seq.stops.feed(seq.decoder.decode(piece))
         if stopped:
             self._finish(seq, "stop", text, flush=False)
             return
+        # As llama-server's process_token: the indentation (of a line begun after an earlier
+        # newline), then, at a token that sends a newline, the time since the first token.
+        cut = self._indent_cut(seq, piece) if seq.indent_text is not None else None
+        detail: Literal["", "indent", "time"] = "indent" if cut is not None else ""
+        if "\n" in text:
+            seq.has_new_line = True
+            limit_ms = params.t_max_predict_ms
+            if limit_ms is not None and limit_ms > 0 and time.perf_counter_ns() - seq.first_ns > limit_ms * 1_000_000:
+                detail = "time"
         # The next step would decode this token at position n_past: is there room for it?
-        limit = seq.request.params.max_tokens
-        if (limit is not None and seq.generated >= limit) or seq.n_past >= self.n_ctx_seq:
-            self._finish(seq, "length", text, flush=True)
+        limit = params.max_tokens
+        if (limit is not None and seq.generated >= limit) or seq.n_past >= self.n_ctx_seq or detail:
+            self._finish(seq, "length", text, flush=True, detail=detail, cut=cut)
             return
         seq.next_token = token
         if text:
-            self._emit(seq, GenerateChunk(text=text, token_ids=seq.ids, logprobs=seq.logprobs))
+            self._emit(seq, GenerateChunk(text=text, token_ids=seq.ids, logprobs=seq.logprobs,
+                                          prompt_tokens=len(seq.prompt), cached_tokens=seq.cached))
             seq.ids = []
             seq.logprobs = []
 
-    def _finish(self, seq: _Sequence, reason: Literal["stop", "length"], text: str, *, flush: bool) -> None:
+    def _indent_cut(self, seq: _Sequence, piece: bytes) -> int | None:
+        """GenerateParams.n_indent at one token, as llama-server's process_token checks it:
+        None to go on, else the characters at the output's end a whole answer leaves out.
+
+        Its slot looks at one line per token: the one after the newline its previous check
+        found (none before the token after the first sent newline); a character other than
+        a space or tab there after fewer than n_indent of them ends the output, and the line
+        is cut after its indentation. Then the next newline after that line's start is found."""
+        text = seq.indent_text
+        assert text is not None
+        text += piece
+        if not seq.has_new_line:
+            return None
+        if seq.last_nl > 0:
+            pos = seq.last_nl
+            while pos < len(text) and text[pos] in b" \t":
+                pos += 1
+            if pos < len(text) and pos - seq.last_nl < seq.request.params.n_indent:
+                return len(bytes(text[pos:]).decode("utf-8", errors="replace"))
+        # Each check moves one newline on; what was searched without one is not read again.
+        found = text.find(b"\n", max(seq.last_nl, seq.nl_scanned))
+        seq.nl_scanned = len(text)
+        if found >= 0:
+            seq.last_nl = seq.nl_scanned = found + 1
+        return None
+
+    def _progress(self, seq: _Sequence) -> None:
+        """A return_progress chunk: the prompt's tokens, of them cached at admission, in the
+        cache now, and ms since admission (llama-server's prompt_progress)."""
+        elapsed_ms = (time.perf_counter_ns() - seq.admitted_ns) // 1_000_000
+        seq.request.emit(GenerateChunk(text="", prompt_progress=(len(seq.prompt), seq.cached, seq.n_past, elapsed_ms)))
+
+    def _finish(
+        self, seq: _Sequence, reason: Literal["stop", "length"], text: str, *, flush: bool,
+        detail: Literal["", "indent", "time"] = "", cut: int | None = None,
+    ) -> None:
         if flush:
             # The stream ends without a stop string: release what was held back (an
             # incomplete UTF-8 tail becomes U+FFFD, a partial stop match is plain text).
@@ -1507,6 +1574,8 @@ class Engine:
                 completion_tokens=seq.generated,
                 cached_tokens=seq.cached,
                 stop_word=seq.stops.matched,
+                finish_detail=detail,
+                cut=cut or 0,
             ),
         )
 

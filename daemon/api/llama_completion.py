@@ -4,7 +4,7 @@ and event stream (llama.cpp tools/server), on the engine the OpenAI routes use.
 
 The body names the model (`model`, required, as in llama_native). Every field llama-server
 takes either has its effect here or is a 400 naming it: an unknown field (llama-server ignores
-one) and the fields not implemented (`id_slot`, `n_keep`, `t_max_predict_ms`, ...) are
+one) and the fields not implemented (`id_slot`, `n_keep`, `post_sampling_probs`, ...) are
 rejected by the decoder; `lora` is taken where it asks for the model's own adapter scales
 (openai.lora_request), else a 400. Sampling values are checked as on the OpenAI routes (openai._params),
 which reject what llama-server clamps. A list of prompts and `n_cmpl` (also `n`) completions
@@ -13,7 +13,8 @@ of each are several generations, run together; the answer is then a list, index
 
 Streamed, each event is `data: {json}\\n\\n`: one per engine chunk (`content`, its `tokens`,
 `stop: false`), then the summary with `stop: true`; no `[DONE]`, as llama-server's native
-stream has none.
+stream has none. With `return_progress`, events with `prompt_progress` come before the first
+token's; with `timings_per_token`, every event has its `timings` so far.
 """
 
 from __future__ import annotations
@@ -83,6 +84,20 @@ class _Completion(SharedSampling):
     # with seed + i when a seed is given, as llama-server's child tasks.
     n_cmpl: int | None = None
     n: int | None = None
+    # llama-server's code-completion stops, acting per token in the engine (GenerateParams
+    # n_indent, t_max_predict_ms): a new line indented less than n_indent ends the output
+    # (the whole answer cuts that line after its indentation); a newline sent more than
+    # t_max_predict_ms after the first token ends it (-1 and 0: no limit). stop_type "limit".
+    n_indent: int = 0
+    t_max_predict_ms: int = -1
+    # Streamed: each event carries `timings` so far, not only the summary.
+    timings_per_token: bool = False
+    # Streamed: prompt_progress events (total, cache, processed, time_ms) while the prompt is
+    # evaluated, before the first token's; whole, nothing (as llama-server).
+    return_progress: bool = False
+    # The summary has only these fields, each under its path as given; a/b is field b of the
+    # object in field a; a path not found is left out (llama-server's json_get_nested_values).
+    response_fields: list[str] | None = None
 
 
 class CompletionRequest(_Completion):
@@ -155,6 +170,14 @@ async def sampling_params(model: LoadedVersion, req: _Completion) -> GeneratePar
         params.grammar = req.grammar
     if req.json_schema is not None:
         params.json_schema = json.dumps(req.json_schema or {"type": "object"})  # {}: any object
+    if req.n_indent < 0:
+        raise InvalidArgument(f"n_indent must be >= 0, got {req.n_indent}")
+    params.n_indent = req.n_indent
+    if req.t_max_predict_ms < -1:
+        raise InvalidArgument(f"t_max_predict_ms must be -1 (no limit) or >= 0, got {req.t_max_predict_ms}")
+    params.t_max_predict_ms = req.t_max_predict_ms if req.t_max_predict_ms > 0 else None
+    # Progress is only sent on a stream: a whole answer has nowhere to put it.
+    params.return_progress = req.return_progress and req.stream
     return params
 
 
@@ -198,6 +221,10 @@ class _Result:
     ended_at: float = 0.0
 
     def add(self, chunk: GenerateChunk) -> None:
+        if chunk.prompt_progress is not None:
+            return  # before the first token: not part of the output
+        if not self.first_at:
+            self.first_at = time.monotonic()
         self.text.append(chunk.text)
         self.tokens += chunk.token_ids
         self.probs += chunk.logprobs
@@ -225,15 +252,16 @@ def _probs_json(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
     return [{**_token_json(e), "top_logprobs": [_token_json(t) for t in e.top]} for e in entries]
 
 
-def _settings(params: GenerateParams, stream: bool, grammar: str | None) -> dict[str, Any]:
+def _settings(params: GenerateParams, req: _Completion) -> dict[str, Any]:
     """llama-server's generation_settings, for what this engine has: the values sampled with
     (llama_native.settings_json, as /props and /slots show them) and this request's own."""
     out: dict[str, Any] = settings_json(params) | {
-        "dry_sequence_breakers": params.dry_sequence_breakers, "stop": params.stop, "stream": stream,
+        "dry_sequence_breakers": params.dry_sequence_breakers, "stop": params.stop, "stream": req.stream,
         "logit_bias": [{"bias": b, "token": t} for t, b in params.logit_bias.items()],
+        "timings_per_token": req.timings_per_token,
     }
     if not params.json_schema:
-        out["grammar"] = grammar or ""  # with a json_schema, llama-server shows its GBNF, which is the engine's
+        out["grammar"] = req.grammar or ""  # with a json_schema, llama-server shows its GBNF, which is the engine's
     return out
 
 
@@ -245,21 +273,32 @@ def _stop_type(last: GenerateChunk) -> str:
     return "none"
 
 
-def _timings(result: _Result) -> dict[str, Any]:
+def _timings(result: _Result, progress: tuple[int, int, int, int] | None = None) -> dict[str, Any]:
     """Measured here, at the route: prompt from handing the request to the engine to its first
-    chunk (a wait for a free slot included), generation from then to the last chunk."""
+    token's chunk (a wait for a free slot included), generation from then to the last chunk.
+    Before the end (timings_per_token), what there is so far: during the prompt (`progress`)
+    its tokens evaluated and time until now, no generation."""
     last = result.last
-    evaluated = last.prompt_tokens - last.cached_tokens
-    prompt_ms = (result.first_at - result.started) * 1000
-    predicted_ms = (result.ended_at - result.first_at) * 1000
+    if progress is not None:
+        _, cached, processed, _ = progress
+        evaluated, cache_n, predicted = processed - cached, cached, len(result.tokens)
+        # Nothing evaluated yet (the slot's first event): no prompt time, as llama-server's.
+        prompt_ms = (time.monotonic() - result.started) * 1000 if processed > cached else 0.0
+        predicted_ms = 0.0
+    else:
+        evaluated, cache_n, predicted = last.prompt_tokens - last.cached_tokens, last.cached_tokens, len(result.tokens)
+        if last.finish_reason is not None:
+            predicted = last.completion_tokens  # an end-of-generation token is no chunk's token
+        prompt_ms = (result.first_at - result.started) * 1000
+        predicted_ms = (result.ended_at - result.first_at) * 1000
     # As llama-server: the first token comes with the prompt's logits, so rates count the rest.
-    steps = max(last.completion_tokens - 1, 0)
+    steps = max(predicted - 1, 0)
     return {
-        "cache_n": last.cached_tokens,
+        "cache_n": cache_n,
         "prompt_n": evaluated, "prompt_ms": prompt_ms,
         "prompt_per_token_ms": prompt_ms / evaluated if evaluated else 0.0,
         "prompt_per_second": 1e3 / prompt_ms * evaluated if prompt_ms > 0 else 0.0,
-        "predicted_n": last.completion_tokens, "predicted_ms": predicted_ms,
+        "predicted_n": predicted, "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
         "predicted_per_second": 1e3 / predicted_ms * steps if predicted_ms > 0 else 0.0,
     }
@@ -281,6 +320,11 @@ async def _complete(
         result = results[index]
         last = result.last
         content = "".join(result.text)
+        has_new_line = "\n" in content
+        if last.cut:
+            # n_indent's stop: the line it stopped at, after its indentation, is not part of the
+            # whole answer (streamed, the events sent it, as llama-server's do).
+            content = content[: len(content) - last.cut]
         probs = result.probs
         if last.stop_word and probs and not stream:
             # As llama-server: the stop string's tokens (as many as it tokenizes to) are not listed.
@@ -295,11 +339,12 @@ async def _complete(
             "model": model.name,
             "tokens_predicted": last.completion_tokens,
             "tokens_evaluated": last.prompt_tokens,
-            "generation_settings": _settings(params, stream, req.grammar),
+            "generation_settings": _settings(params, req),
             "prompt": texts[index // per_prompt],
-            "has_new_line": "\n" in content,
-            # Cut off by the end of the context rather than n_predict.
-            "truncated": last.finish_reason == "length" and (limit is None or last.completion_tokens < limit),
+            "has_new_line": has_new_line,
+            # Cut off by the end of the context rather than n_predict, n_indent or the time.
+            "truncated": last.finish_reason == "length" and not last.finish_detail
+            and (limit is None or last.completion_tokens < limit),
             "stop_type": _stop_type(last),
             "stopping_word": last.stop_word,
             # The slot's cache after it: the prompt and every generated token but the last.
@@ -308,12 +353,10 @@ async def _complete(
         }
         if params.logprobs and not stream:
             out["completion_probabilities"] = _probs_json(probs)
-        return out
+        return out if req.response_fields is None else _picked(out, req.response_fields)
 
     async def first(index: int) -> GenerateChunk | None:
-        chunk = await first_chunk(generations[index])
-        results[index].first_at = time.monotonic()
-        return chunk
+        return await first_chunk(generations[index])
 
     async def rest(index: int) -> None:
         async for chunk in generations[index]:
@@ -335,13 +378,21 @@ async def _complete(
         response = await start_sse(request)
 
         async def emit(index: int, chunk: GenerateChunk) -> None:
-            if chunk.text or chunk.token_ids:
-                await _event(response, {
+            progress = chunk.prompt_progress
+            if chunk.text or chunk.token_ids or progress is not None:
+                event: dict[str, Any] = {
                     "index": index, "content": chunk.text, "tokens": chunk.token_ids, "stop": False,
                     "tokens_predicted": len(results[index].tokens),
                     "tokens_evaluated": len(prompts[index // per_prompt]),
-                    **({"completion_probabilities": _probs_json(chunk.logprobs)} if params.logprobs else {}),
-                })
+                }
+                if req.timings_per_token:
+                    event["timings"] = _timings(results[index], progress)
+                if progress is not None:
+                    total, cache, processed, time_ms = progress
+                    event["prompt_progress"] = {"total": total, "cache": cache, "processed": processed, "time_ms": time_ms}
+                elif params.logprobs:
+                    event["completion_probabilities"] = _probs_json(chunk.logprobs)
+                await _event(response, event)
             if chunk.finish_reason is not None:
                 await _event(response, await summary(index, True))
 
@@ -358,6 +409,21 @@ async def _complete(
             await _event(response, error_body(exc.status, exc.message, request.path))
         await response.write_eof()
         return response
+
+
+def _picked(answer: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """llama-server's json_get_nested_values: each path's value, under the path itself (a/b:
+    field b of the object in field a); a path not found is left out."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        value: Any = answer
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            out[path] = value
+    return out
 
 
 async def _event(response: web.StreamResponse, payload: object) -> None:

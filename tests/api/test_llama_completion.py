@@ -253,6 +253,13 @@ def test_infill_repository_layout(daemon: Any) -> None:
     ("/completion", {"prompt": ["a", []]}, "prompt[1]: no tokens"),
     ("/completion", {"prompt": "x", "id_slot": 0}, "id_slot"),
     ("/completion", {"prompt": "x", "n_keep": 4}, "n_keep"),
+    ("/completion", {"prompt": "x", "post_sampling_probs": True}, "post_sampling_probs"),
+    ("/completion", {"prompt": "x", "n_indent": -1}, "n_indent must be >= 0, got -1"),
+    ("/completion", {"prompt": "x", "t_max_predict_ms": -2}, "t_max_predict_ms must be -1 (no limit) or >= 0, got -2"),
+    ("/completion", {"prompt": "x", "response_fields": "content"}, "Expected `array | null`, got `str` - at `$.response_fields`"),
+    ("/completion", {"prompt": "x", "response_fields": [1]}, "Expected `str`, got `int` - at `$.response_fields[0]`"),
+    ("/completion", {"prompt": "x", "timings_per_token": 1}, "Expected `bool`, got `int` - at `$.timings_per_token`"),
+    ("/completion", {"prompt": "x", "return_progress": "yes"}, "Expected `bool`, got `str` - at `$.return_progress`"),
     ("/completion", {}, "prompt"),
     ("/completion", {"prompt": [1, [2]]}, "prompt[1]"),
     ("/completion", {"prompt": "x", "n_predict": -2}, "n_predict"),
@@ -280,3 +287,91 @@ def test_what_is_refused(daemon: Any, path: str, body: dict[str, Any], field: st
 def test_model_is_required_and_known(daemon: Any) -> None:
     assert "model" in post(daemon, "/completion", {"prompt": "x"}, 400)["error"]["message"]
     post(daemon, "/completion", {"model": "nope", "prompt": "x"}, 404)
+
+
+# The code-completion fields. NL: the tiny vocabulary's byte token for "\n" (byte b is 3 + b).
+NL = 3 + 10
+INDENTED = 'root ::= "a\\n    b\\n  c\\nd"'  # a grammar: the output is exactly that text
+
+
+def test_n_indent_stops_at_a_line_indented_less(daemon: Any) -> None:
+    """llama-server's n_indent: a line with fewer spaces than n_indent ends the output; the
+    whole answer cuts it after its indentation, stop_type limit (not truncated)."""
+    free = complete(daemon, prompt=PROMPT, n_predict=32, grammar=INDENTED, return_tokens=True)
+    assert free["content"] == "a\n    b\n  c\nd" and free["stop_type"] == "eos"
+    got = complete(daemon, prompt=PROMPT, n_predict=32, grammar=INDENTED, n_indent=2, return_tokens=True)
+    assert got["content"] == "a\n    b\n  c\n" and got["stop_type"] == "limit" and got["truncated"] is False
+    # Every token up to the one that showed the line's first character is counted and listed.
+    assert got["tokens"] == free["tokens"][: got["tokens_predicted"]] and got["has_new_line"] is True
+    deeper = complete(daemon, prompt=PROMPT, n_predict=32, grammar=INDENTED, n_indent=5)
+    assert deeper["content"] == "a\n    " and deeper["stop_type"] == "limit"
+    assert complete(daemon, prompt=PROMPT, n_predict=32, grammar=INDENTED, n_indent=0)["content"] == free["content"]
+    # Streamed, the events sent the line before the stop was known (as llama-server's).
+    *parts, final = events(daemon, "/completion", {"prompt": PROMPT, "n_predict": 32, "grammar": INDENTED, "n_indent": 5})
+    assert "".join(p["content"] for p in parts).startswith("a\n    b") and final["stop_type"] == "limit"
+    # An empty line is no indentation either: newlines alone stop at the third token.
+    got = complete(daemon, prompt=PROMPT, n_predict=16, logit_bias=[[NL, 60]], n_indent=1, return_tokens=True)
+    assert got["tokens"] == [NL] * 3 and got["content"] == "\n" and got["stop_type"] == "limit"
+
+
+def test_n_indent_in_infill(daemon: Any) -> None:
+    body = {"model": "coder", "input_prefix": "def f(x):\n", "input_suffix": "\n", "n_predict": 32,
+            "temperature": 0, "grammar": INDENTED, "n_indent": 2}
+    got = post(daemon, "/infill", body)
+    assert got["content"] == "a\n    b\n  c\n" and got["stop_type"] == "limit"
+
+
+def test_t_max_predict_ms_stops_at_a_newline(daemon: Any) -> None:
+    """After t_max_predict_ms since the first token, a token that sends a newline ends the
+    output (stop_type limit); without a newline the output runs on."""
+    lines = complete(daemon, prompt=PROMPT, n_predict=400, logit_bias=[[NL, 60]], t_max_predict_ms=1)
+    assert lines["stop_type"] == "limit" and lines["truncated"] is False
+    assert 2 <= lines["tokens_predicted"] < 400 and lines["content"] == "\n" * lines["tokens_predicted"]
+    assert complete(daemon, prompt=PROMPT, n_predict=400, logit_bias=[[NL, 60]])["tokens_predicted"] == 400
+    # No newline: nothing stops it before n_predict, however long it takes.
+    flat = complete(daemon, prompt=PROMPT, n_predict=200, logit_bias=[[NL, -100]], ignore_eos=True, t_max_predict_ms=1)
+    assert flat["tokens_predicted"] == 200 and flat["stop_type"] == "limit" and "\n" not in flat["content"]
+    # A generous limit is never reached.
+    assert complete(daemon, prompt=PROMPT, n_predict=50, logit_bias=[[NL, 60]], t_max_predict_ms=600_000)["tokens_predicted"] == 50
+
+
+def test_timings_per_token(daemon: Any) -> None:
+    body = {"prompt": PROMPT, "n_predict": 6}
+    plain = events(daemon, "/completion", body)
+    assert all("timings" not in p for p in plain[:-1]) and "timings" in plain[-1]
+    *parts, final = events(daemon, "/completion", {**body, "timings_per_token": True})
+    assert parts and all(p["timings"]["predicted_n"] == p["tokens_predicted"] for p in parts)
+    assert all(p["timings"]["prompt_n"] + p["timings"]["cache_n"] == p["tokens_evaluated"] for p in parts)
+    assert final["timings"]["predicted_n"] == 6 and final["generation_settings"]["timings_per_token"] is True
+
+
+def test_return_progress(daemon: Any) -> None:
+    """Streamed, prompt_progress events before the first token: one as the slot starts (what
+    its cache held), one after each decode of the prompt (batches of 512 here)."""
+    prompt = [BOS, *[300 + i % 50 for i in range(699)]]  # 700 tokens: two decodes
+    frames = events(daemon, "/completion", {"prompt": prompt, "n_predict": 3, "return_progress": True, "cache_prompt": False})
+    progress = [f["prompt_progress"] for f in frames if "prompt_progress" in f]
+    assert [(p["total"], p["cache"], p["processed"]) for p in progress] == [(700, 0, 0), (700, 0, 512), (700, 0, 700)]
+    assert all(p["time_ms"] >= 0 for p in progress)
+    assert all("prompt_progress" in f for f in frames[: len(progress)])  # before the tokens
+    firsts = frames[: len(progress)]
+    assert all(f["content"] == "" and f["tokens_predicted"] == 0 and f["tokens_evaluated"] == 700 for f in firsts)
+    assert "".join(f["content"] for f in frames) == complete(daemon, prompt=prompt, n_predict=3)["content"]
+    # Again: the cache held all but the last token.
+    frames = events(daemon, "/completion", {"prompt": prompt, "n_predict": 3, "return_progress": True})
+    progress = [f["prompt_progress"] for f in frames if "prompt_progress" in f]
+    assert [(p["cache"], p["processed"]) for p in progress] == [(699, 699), (699, 700)]
+    # Without the field, or whole: none.
+    assert not any("prompt_progress" in f for f in events(daemon, "/completion", {"prompt": prompt, "n_predict": 3}))
+    assert "prompt_progress" not in complete(daemon, prompt=prompt, n_predict=3, return_progress=True)
+
+
+def test_response_fields(daemon: Any) -> None:
+    fields = ["content", "generation_settings/n_predict", "timings/nope", "stop_type", "nope", "tokens_predicted/x"]
+    got = complete(daemon, prompt=PROMPT, n_predict=4, response_fields=fields)
+    assert got == {"content": complete(daemon, prompt=PROMPT, n_predict=4)["content"],
+                   "generation_settings/n_predict": 4, "stop_type": "limit"}
+    # Each of several, and the stream's summary (its token events stay whole).
+    assert complete(daemon, prompt=["a", "b"], n_predict=2, response_fields=["index"]) == [{"index": 0}, {"index": 1}]
+    *parts, final = events(daemon, "/completion", {"prompt": PROMPT, "n_predict": 4, "response_fields": ["stop", "timings/predicted_n"]})
+    assert final == {"stop": True, "timings/predicted_n": 4} and all(p["stop"] is False for p in parts)

@@ -881,3 +881,30 @@ async def test_long_prompt_is_scored_over_several_steps(load: Loader, tmp_path: 
     got = np.array([e.logprob for e in entries[1:]])
     want = expected[np.arange(len(prompt) - 1), prompt[1:]]
     assert np.abs(got - want).max() < 0.05
+
+
+async def test_fim_stops_and_prompt_progress_chunks(load: Loader, model_path: Path) -> None:
+    """llama-server's n_indent and t_max_predict_ms end the output with finish_reason length
+    and say which (finish_detail); n_indent's last chunk names the characters a whole answer
+    cuts. return_progress: chunks with prompt_progress before the first token."""
+    backend = await load(model_path, n_batch="16")
+    grammar = 'root ::= "a\\n    b\\n  c\\nd"'
+    free = await collect(backend.generate(PROMPTS[0], GenerateParams(greedy=True, max_tokens=32, grammar=grammar)))
+    assert free.text == "a\n    b\n  c\nd" and free.last.finish_reason == "stop"
+    params = GenerateParams(greedy=True, max_tokens=32, grammar=grammar, n_indent=2)
+    got = await collect(backend.generate(PROMPTS[0], params))
+    assert got.text == free.text and got.last.finish_reason == "length"  # the chunks sent the line
+    assert got.last.finish_detail == "indent" and got.last.cut == 1 and got.ids == free.ids[: len(got.ids)]
+    newline = 3 + 10
+    lines = GenerateParams(greedy=True, max_tokens=400, logit_bias={newline: 60.0}, t_max_predict_ms=1)
+    timed = await collect(backend.generate(PROMPTS[0], lines))
+    assert timed.last.finish_detail == "time" and timed.last.finish_reason == "length"
+    assert timed.last.cut == 0 and 2 <= len(timed.ids) < 400
+    assert (await collect(backend.generate(PROMPTS[0], GREEDY))).last.finish_detail == ""
+    prompt = [1] + [300 + i % 40 for i in range(39)]  # 40 tokens in batches of 16
+    streamed = await collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=2, cache_prompt=False, return_progress=True)))
+    progress = [c.prompt_progress for c in streamed.chunks if c.prompt_progress is not None]
+    assert [p[:3] for p in progress] == [(40, 0, 0), (40, 0, 16), (40, 0, 32), (40, 0, 40)]
+    assert all(c.prompt_progress is not None for c in streamed.chunks[:4]) and not streamed.chunks[0].text
+    with pytest.raises(InvalidArgument, match="n_indent must be >= 0, got -1"):
+        await collect(backend.generate(PROMPTS[0], GenerateParams(n_indent=-1)))
