@@ -314,6 +314,10 @@ def _tools(req: CountTokensRequest) -> tuple[list[openai_tools.Tool] | None, ope
                                   "with name, description and input_schema)")
         if tool.input_schema is None:
             raise InvalidArgument(f"tools[{index}].input_schema: required")
+        if (kind := tool.input_schema.get("type")) != "object":
+            # Anthropic's rule, and the reply's: a call's `input` is an object, so a call the
+            # schema lets be anything else could only be dropped from the reply.
+            raise InvalidArgument(f"tools[{index}].input_schema.type: must be 'object', got {kind!r}")
         tools.append(openai_tools.Tool(type="function", function=openai_tools.FunctionDef(
             name=tool.name, description=tool.description, parameters=tool.input_schema)))
     try:

@@ -368,6 +368,12 @@ def error(daemon: Any, status: int, body: dict[str, Any], path: str = "/v1/messa
     ({"model": "tiny", "messages": HELLO, "max_tokens": 4, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
      "tools[0].type: 'web_search_20250305' is not supported"),
     ({"model": "tiny", "messages": HELLO, "max_tokens": 4, "tools": [{"name": "f"}]}, "tools[0].input_schema: required"),
+    # A tool's input is an object (Anthropic's rule): another schema's call would have an input
+    # that is no object, which the reply could only drop.
+    ({"model": "qwen", "messages": HELLO, "max_tokens": 4, "tools": [{"name": "f", "input_schema": {"type": "array"}}]},
+     "tools[0].input_schema.type: must be 'object', got 'array'"),
+    ({"model": "tiny", "messages": HELLO, "max_tokens": 4, "tools": [WEATHER, {"name": "f", "input_schema": {}}]},
+     "tools[1].input_schema.type: must be 'object', got None"),
     ({"model": "tiny", "messages": HELLO, "max_tokens": 4, "tools": [{**WEATHER, "type": "bash_20250124"}]},
      "tools[0].type: 'bash_20250124' is not supported"),
     ({"model": "tiny", "messages": HELLO, "max_tokens": 4, "tools": [{**WEATHER, "name": "bad name"}]}, "tools[0].name"),
