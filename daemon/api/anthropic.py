@@ -226,9 +226,12 @@ def _result_text(index: int, at: int, block: ToolResultBlock) -> str:
             raise InvalidArgument(f"messages[{index}].content[{at}].content[{i}].type: {part.get('type')!r} is "
                                   "not supported (only text blocks; the model has no vision here)")
         try:
-            texts.append(msgspec.convert(part, TextBlock).text)
+            text = msgspec.convert(part, TextBlock)
         except msgspec.ValidationError as exc:
             raise InvalidArgument(f"messages[{index}].content[{at}].content[{i}]: {exc}") from None
+        if text.citations:
+            raise InvalidArgument(f"messages[{index}].content[{at}].content[{i}].citations: not supported (only null or empty)")
+        texts.append(text.text)
     return "\n".join(texts)
 
 

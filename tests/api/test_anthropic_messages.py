@@ -354,6 +354,9 @@ def error(daemon: Any, status: int, body: dict[str, Any], path: str = "/v1/messa
         {"type": "tool_use", "id": "t", "name": "x", "input": {}}]}]}, "messages[0].content[0].type: 'tool_use'"),
     ({"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
      "messages[0].content[0]: Object missing required field `text`"),
+    ({"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "x", "citations": [{}]}]}]}]},
+     "messages[0].content[0].content[0].citations: not supported"),
     ({"model": "tiny", "max_tokens": 4, "messages": [*HELLO, {"role": "assistant", "content": "Sure"}]},
      "the last message must be a user message"),
     ({"model": "tiny", "messages": HELLO, "max_tokens": 4, "temperature": 1.5}, "temperature must be between 0 and 1"),
