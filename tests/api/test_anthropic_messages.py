@@ -382,6 +382,8 @@ def error(daemon: Any, status: int, body: dict[str, Any], path: str = "/v1/messa
     ({"model": "tiny", "messages": HELLO, "max_tokens": 4, "tools": [{**WEATHER, "name": "bad name"}]}, "tools[0].name"),
     ({"model": "r1", "messages": HELLO, "max_tokens": 2000, "thinking": {"type": "enabled", "budget_tokens": 100}},
      "thinking.budget_tokens: must be >= 1024"),
+    ({"model": "r1", "messages": HELLO, "max_tokens": 2**40, "thinking": {"type": "enabled", "budget_tokens": 2**32}},
+     "thinking.budget_tokens: must be between 1024 and 2147483647"),
     ({"model": "r1", "messages": HELLO, "max_tokens": 1024, "thinking": {"type": "enabled", "budget_tokens": 1024}},
      "max_tokens: must be greater than thinking.budget_tokens"),
     ({"model": "tiny", "messages": HELLO, "max_tokens": 4, "thinking": {"type": "disabled", "budget_tokens": 2000}},
