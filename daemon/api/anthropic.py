@@ -53,7 +53,7 @@ from daemon.api.openai import (
 from daemon.api.tool_syntax import syntax_named
 from daemon.backend import GenerateChunk, GenerateParams
 from daemon.core.model import LoadedVersion
-from daemon.errors import EdgedError, InvalidArgument
+from daemon.errors import EdgedError, InvalidArgument, Unavailable
 
 _json = msgspec.json.Encoder()
 
@@ -565,6 +565,11 @@ async def messages(request: web.Request) -> web.StreamResponse:
     reply = use.stream() if use else None
 
     def feed(chunk: GenerateChunk) -> None:
+        if chunk.finish_reason == "cancelled":
+            # The model was unloaded or swapped past its drain timeout. Anthropic has no
+            # stop_reason for that, and end_turn would say the model finished: a 503 (the
+            # stream's error event), which a client retries.
+            raise Unavailable(f"the generation was cancelled: model '{model.name}' was unloaded while it ran")
         final = chunk.finish_reason is not None
         text = chunk.text
         if split is not None:

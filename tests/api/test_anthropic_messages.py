@@ -6,7 +6,9 @@ reply, and Anthropic's error shape for each rejection."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -331,6 +333,36 @@ def test_claude_codes_billing_stamp_keeps_the_prompt_cache(daemon: Any) -> None:
     second = create(daemon, model="tiny", system=system("0b7e2"), messages=HELLO, max_tokens=1)
     # The stamp changes with every request; made constant, the whole prompt comes from the cache.
     assert second["usage"]["input_tokens"] <= 1 and prompt_tokens(second["usage"]) == prompt_tokens(first["usage"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_generation_cut_by_an_unload_is_no_end_turn(tmp_path: Path, start_daemon: Any, stream: bool) -> None:
+    """A model unloaded (or swapped) past the drain timeout cancels the generations it still
+    runs: the engine ends them with finish_reason "cancelled". The reply is an error (Anthropic
+    has no stop_reason for it), not a message whose end_turn says the model finished."""
+    (tmp_path / "repo" / "tiny" / "1").mkdir(parents=True)
+    write_tiny_llama(tmp_path / "repo" / "tiny" / "1" / "model.gguf", seed=1, n_ctx=16384)
+    (tmp_path / "repo" / "tiny" / "config.pbtxt").write_text(
+        'backend: "llamacpp"\nparameters { key: "n_ctx" value { string_value: "16384" } }\n'
+        'parameters { key: "n_parallel" value { string_value: "1" } }\n'
+    )
+    (tmp_path / "edged.toml").write_text("[server]\nshutdown-timeout = 0.2\n")
+    daemon = start_daemon("--config", str(tmp_path / "edged.toml"), "--model-repository", str(tmp_path / "repo"),
+                          "--model-control-mode", "explicit", "--load-model", "tiny")
+    body = {"model": "tiny", "messages": HELLO, "max_tokens": 16000, "stream": stream}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(daemon.post_json, "/v1/messages", body)
+        time.sleep(1.0)  # generating (16000 tokens take far longer)
+        assert daemon.request("POST", "/v2/repository/models/tiny/unload", b"").status == 200
+        reply = pending.result(timeout=60)
+    if not stream:
+        assert reply.status == 503, reply.body
+        assert reply.json()["error"]["type"] == "overloaded_error" and "cancelled" in reply.json()["error"]["message"]
+        return
+    frames = [frame.split("\n") for frame in reply.body.decode().split("\n\n") if frame]
+    kind, data = frames[-1]
+    assert kind == "event: error" and "cancelled" in json.loads(data[len("data: "):])["error"]["message"], frames[-3:]
+    assert all(k != "event: message_delta" for k, _ in frames)
 
 
 def error(daemon: Any, status: int, body: dict[str, Any], path: str = "/v1/messages", kind: str = "invalid_request_error") -> str:
