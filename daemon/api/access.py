@@ -81,7 +81,9 @@ def make_access_middleware(server: ServerConfig, token: str | None) -> Middlewar
                     403, f"{request.method} {path} is an admin route: over TCP it needs "
                     "server.token-file set (or use the Unix socket)", path,
                 )
-            if not hmac.compare_digest(_bearer(request).encode(), expected):
+            # aiohttp keeps a header's bytes that are no UTF-8 as surrogates: back to those bytes
+            # (a wrong token), where a plain encode() would raise (a 500).
+            if not hmac.compare_digest(_bearer(request).encode("utf-8", "surrogateescape"), expected):
                 response = error_response(401, "missing or wrong bearer token", path)
                 response.headers["WWW-Authenticate"] = 'Bearer realm="edged"'
                 return response

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -363,6 +364,32 @@ def test_a_generation_cut_by_an_unload_is_no_end_turn(tmp_path: Path, start_daem
     kind, data = frames[-1]
     assert kind == "event: error" and "cancelled" in json.loads(data[len("data: "):])["error"]["message"], frames[-3:]
     assert all(k != "event: message_delta" for k, _ in frames)
+
+
+def test_the_api_key_over_tcp(tmp_path: Path, start_daemon: Any) -> None:
+    """With server.tcp-auth "all", Anthropic's clients send the token in X-Api-Key. A header
+    whose bytes are no UTF-8 is a wrong token (401), never a 500."""
+    token = tmp_path / "token"
+    token.write_text("anthropic-key-0123456789\n")
+    token.chmod(0o600)
+    (tmp_path / "edged.toml").write_text(f'[server]\ntoken-file = "{token}"\ntcp-auth = "all"\n')
+    (tmp_path / "repo").mkdir()
+    daemon = start_daemon("--config", str(tmp_path / "edged.toml"), "--model-repository", str(tmp_path / "repo"), http=True)
+
+    def status(header: bytes) -> tuple[int, bytes]:
+        with socket.create_connection(("127.0.0.1", daemon.http_port), timeout=30) as conn:
+            conn.sendall(b"POST /v1/messages/count_tokens HTTP/1.1\r\nHost: edged\r\n" + header + b"\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+            reply = b""
+            while chunk := conn.recv(65536):
+                reply += chunk
+        head, _, body = reply.partition(b"\r\n\r\n")
+        return int(head.split()[1]), body
+
+    assert status(b"X-Api-Key: anthropic-key-0123456789")[0] == 400  # through: the body is what is wrong
+    for header in (b"X-Api-Key: wrong", b"X-Api-Key: \xff\xfe", b"Authorization: Bearer \xff"):
+        got, body = status(header)
+        assert got == 401 and json.loads(body)["error"]["type"] == "authentication_error", (header, got, body)
 
 
 def error(daemon: Any, status: int, body: dict[str, Any], path: str = "/v1/messages", kind: str = "invalid_request_error") -> str:
