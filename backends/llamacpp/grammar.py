@@ -128,6 +128,10 @@ def _own_refs(schema: Any, prefix: str) -> Any:
         found = find(ref, inner) if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) else None
         if found is not None:
             target, chain = found
+            if not isinstance(target, dict):
+                # A path into a keyword's value ("#/$defs/x/type"): the converter would read
+                # it as a schema and fail on it (AttributeError: a 500, not the client's 400).
+                raise ValueError(f"$ref {ref!r} points at {json.dumps(target)[:40]}, which is not a schema")
             if id(target) not in names:
                 name = names[id(target)] = f"{prefix}-{len(names)}"
                 copies[name] = walk(target, chain)  # named first: a recursive one ends

@@ -265,6 +265,9 @@ def test_infill_repository_layout(daemon: Any) -> None:
     ("/completion", {"prompt": "x", "n_predict": -2}, "n_predict"),
     ("/completion", {"prompt": "x", "n_predict": 3, "max_tokens": 4}, "disagree"),
     ("/completion", {"prompt": "x", "grammar": "root ::= \"a\"", "json_schema": {}}, "json_schema"),
+    # A reference into a keyword's value is no schema (it was a 500 from the converter).
+    ("/completion", {"prompt": "x", "json_schema": {"properties": {"a": {"$ref": "#/$defs/x/type"}}, "$defs": {"x": {"type": "string"}}}},
+     "json_schema: cannot be turned into a grammar: $ref '#/$defs/x/type' points at \"string\", which is not a schema"),
     ("/completion", {"prompt": "x", "logit_bias": [[5, True]]}, "logit_bias"),
     ("/completion", {"prompt": "x", "logit_bias": [[5, False]]}, "logit_bias"),  # llama-server's ban: -inf
     ("/completion", {"prompt": "x", "logit_bias": {"a": 101}}, "logit_bias"),
