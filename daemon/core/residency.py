@@ -181,6 +181,18 @@ def gguf_cost(path: Path, parameters: dict[str, str]) -> int:
     return size + kv
 
 
+def _lora_bytes(version_dir: Path, text: str) -> int:
+    """The sizes of the LoRA adapter files of the llamacpp backend's `lora` parameter
+    (`path[:scale],...` from the version directory): llama.cpp reads them into memory."""
+    total = 0
+    for item in text.split(","):
+        name = item.strip().rpartition(":")[0] if ":" in item else item.strip()
+        with contextlib.suppress(OSError):
+            if name and (version_dir / name).is_file():
+                total += (version_dir / name).stat().st_size
+    return total
+
+
 def _int(raw: str | None, default: int) -> int:
     try:
         return int(raw) if raw and raw.strip() else default
@@ -208,7 +220,11 @@ def estimate_cost(model_dir: Path, config: ModelConfig, factors: dict[str, float
         files = [p for p in version_dir.rglob("*") if p.is_file()]
         ggufs = [p for p in files if p.suffix == ".gguf"]
         if ggufs and config.backend in ("", "auto", "llamacpp"):
-            total += gguf_cost(ggufs[0], config.parameters)
+            # The model's own file (LoRA adapters may sit beside it, and the directory lists
+            # files in no fixed order), then the adapters its `lora` parameter loads.
+            named = version_dir / (config.default_model_filename or "model.gguf")
+            total += gguf_cost(named if named.is_file() else sorted(ggufs)[0], config.parameters)
+            total += _lora_bytes(version_dir, config.parameters.get("lora", ""))
             continue
         backend = config.backend if config.backend not in ("", "auto") else next(
             (_ARTIFACT_BACKENDS[p.suffix] for p in files if p.suffix in _ARTIFACT_BACKENDS), ""

@@ -379,3 +379,25 @@ async def test_configs_and_costs_are_read_off_the_event_loop(tmp_path: Path, mon
         assert all(r.cost == MiB for r in world.residency.residents())
     finally:
         await world.close()
+
+
+def test_gguf_estimate_is_the_models_file_plus_its_lora_adapters(tmp_path: Path) -> None:
+    """A version directory with LoRA adapter GGUFs beside model.gguf (the `lora` parameter):
+    the model's own file gives the weights and KV cache, whatever order the directory lists
+    them in, and the adapters it loads add their size (llama.cpp reads them into memory)."""
+    pytest.importorskip("gguf")
+    from gguf_builder import write_tiny_llama, write_tiny_lora
+
+    version = tmp_path / "m" / "1"
+    (version / "adapters").mkdir(parents=True)
+    model = write_tiny_llama(version / "model.gguf", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ctx=256)
+    first = write_tiny_lora(version / "a.gguf", model)  # listed before model.gguf
+    second = write_tiny_lora(version / "adapters" / "b.gguf", model, seed=2)
+    write_tiny_lora(version / "unused.gguf", model, seed=3)  # not in the parameter: never loaded
+    (tmp_path / "m" / "config.pbtxt").write_text(
+        'backend: "llamacpp"\nparameters { key: "lora" value { string_value: "a.gguf, adapters/b.gguf:0.5" } }\n'
+        'parameters { key: "n_ctx" value { string_value: "16384" } }\n'  # above the 1 MiB floor
+    )
+    config, _ = layout.read_model_config(tmp_path / "m")
+    adapters = first.stat().st_size + second.stat().st_size
+    assert estimate_cost(tmp_path / "m", config, {}) == gguf_cost(model, config.parameters) + adapters
