@@ -218,7 +218,14 @@ async def embedding(request: web.Request) -> web.Response:
             "token for it, which edged does not offer; set its parameters pooling (mean, cls or last)"
         )
     inputs: list[str | list[int]] = [*await prompts_tokens(model, field, value)]
-    vectors, _ = await model.embed(inputs)
+    try:
+        vectors, _ = await model.embed(inputs)
+    except InvalidArgument as exc:
+        # The engine names its inputs `input` (/v1/embeddings'); this request's field may be
+        # `content`: an id outside the vocabulary is named where the client put it.
+        if field != "input" and exc.message.startswith("input["):
+            raise InvalidArgument(field + exc.message.removeprefix("input")) from None
+        raise
     return _ok([{"index": i, "embedding": [_normalized(v, req.embd_normalize)]} for i, v in enumerate(vectors)])
 
 

@@ -126,7 +126,8 @@ def test_embd_normalize_2_is_the_default(daemon: Any) -> None:
         ({"content": [5, [6]]}, "content[1]"),
         ({"content": [{"prompt_string": "x"}]}, "content"),
         ({"content": "x", "n_predict": 3}, "n_predict"),  # an unknown field
-        ({"content": [[1, 99999]]}, "99999"),  # outside the vocabulary
+        ({"content": [[1, 99999]]}, "content[0][1]: token id 99999 is out of range"),  # outside the vocabulary
+        ({"input": [[1, 99999]]}, "input[0][1]: token id 99999 is out of range"),
     ],
 )
 def test_errors(daemon: Any, body: dict[str, Any], named: str) -> None:
