@@ -14,6 +14,7 @@ data model) is imported at the first scrape, not at start.
 
 from __future__ import annotations
 
+import operator
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -300,12 +301,21 @@ _LLAMA_SERVER: tuple[tuple[str, str, str, str], ...] = (
 def _engine_families(rows: list[tuple[tuple[str, str], list[ModelStats]]]) -> Iterator[Metric]:
     from prometheus_client.metrics_core import Metric
 
-    engines = [
-        (key, stats.engine_stats())
-        for key, group in rows
-        for stats in group
-        if stats.engine_stats is not None
-    ]
+    engines = []
+    for key, group in rows:
+        # A reload swap has the old and the new engine of one version alive: one series each
+        # (two with the same labels make Prometheus reject the whole scrape), their numbers
+        # summed as the Triton families' are; the longest sequence is the larger of the two.
+        merged: dict[str, int | float] = {}
+        for stats in group:
+            if stats.engine_stats is None:
+                continue
+            for name, value in stats.engine_stats().items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    combine = max if name == "n_tokens_max" else operator.add
+                    merged[name] = combine(merged[name], value) if name in merged else value
+        if merged:
+            engines.append((key, merged))
     if not engines:
         return
     own = [("gauge", *row) for row in _ENGINE_GAUGES] + [("counter", *row) for row in _ENGINE_COUNTERS]

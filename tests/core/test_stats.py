@@ -179,3 +179,22 @@ def test_compute_phases_split_an_execution() -> None:
     # Clocks read apart can overshoot the scheduler's own: clamped, the sum stays the whole.
     assert compute_phases(10_000, (8_000, 5_000)) == (8_000, 0, 2_000)
     assert compute_phases(10_000, (-5, 12_000)) == (0, 0, 10_000)
+
+
+def test_engine_families_during_a_reload_swap_are_one_series() -> None:
+    """While a reload has the old and the new engine of one model version alive, each engine
+    family (edged_llm_*, llamacpp:*) has one series for it, as the Triton families: counters
+    and gauges summed, the longest sequence the larger, busy slots per decode over both."""
+    metrics = MetricsRegistry()
+    old, new = ModelStats("m", "1", metrics), ModelStats("m", "1", metrics)
+    old.engine_stats = lambda: {"busy": 2, "tokens_generated": 10, "n_tokens_max": 90, "decode_calls": 4,
+                                "busy_slots_decoding": 8}
+    new.engine_stats = lambda: {"busy": 1, "tokens_generated": 5, "n_tokens_max": 30, "decode_calls": 6,
+                                "busy_slots_decoding": 6}
+    text = metrics.render().decode()
+    assert text.count('llamacpp:requests_processing{model="m",version="1"}') == 1
+    got = samples(metrics)  # prometheus_client's parser: the text must be valid
+    key = (("model", "m"), ("version", "1"))
+    assert got[("llamacpp:requests_processing", key)] == 3 and got[("edged_llm_slots_busy", key)] == 3
+    assert got[("llamacpp:tokens_predicted_total", key)] == 15 and got[("llamacpp:n_tokens_max_total", key)] == 90  # the parser names counters _total
+    assert got[("llamacpp:n_busy_slots_per_decode", key)] == 14 / 10
