@@ -94,7 +94,7 @@ def _own_refs(schema: Any, prefix: str) -> Any:
     `$defs`. The targets' copies sit at the root, so the converter (which walks objects only,
     no list indices) resolves every reference there."""
     if not isinstance(schema, dict):
-        return schema
+        return {"type": "object"} if schema is True else schema  # as {} (walk)
     names: dict[int, str] = {}  # by the target object: one path may mean two targets
     copies: dict[str, Any] = {}
 
@@ -112,16 +112,26 @@ def _own_refs(schema: Any, prefix: str) -> Any:
             chain = [*chain, node]
         return node, chain[:-1]
 
-    def walk(node: Any, bases: list[Any], names_map: bool = False) -> Any:
+    def walk(node: Any, bases: list[Any], names_map: bool = False, schema: bool = False) -> Any:
         if isinstance(node, list):
-            return [walk(item, bases) for item in node]
+            return [walk(item, bases, schema=schema) for item in node]
+        if schema and (node is True or (isinstance(node, dict) and not set(node) - _ANNOTATIONS)):
+            # A schema that holds to nothing (`true`, {}, Pydantic's `Any`: a title alone): any
+            # JSON value. The converter reads `true` not at all (a 500), {} as any object and
+            # a title or an `$id` alone as nothing it knows (a 400, also for a tool's
+            # `"parameters": {}`). A document's root (the root, a tool's parameters, the
+            # generic reply's answer: an `$id`) stays what {} always was there: any object (a
+            # call's arguments are one).
+            whole = not bases or _is_resource(node)
+            return {**(node if isinstance(node, dict) else {}), "type": "object" if whole else list(_JSON_TYPES)}
         if not isinstance(node, dict):
             return node
         if names_map:  # property or definition names: each value a schema
-            return {key: walk(value, [*bases, node]) for key, value in node.items()}
+            return {key: walk(value, [*bases, node], schema=True) for key, value in node.items()}
         inner = [*bases, node]
         moved = {
-            key: value if key in SCHEMA_VALUE_KEYWORDS else walk(value, inner, key in SCHEMA_MAP_KEYWORDS)
+            key: value if key in SCHEMA_VALUE_KEYWORDS
+            else walk(value, inner, key in SCHEMA_MAP_KEYWORDS, key in _SUBSCHEMAS)
             for key, value in node.items()
         }
         ref = node.get("$ref")
@@ -134,14 +144,21 @@ def _own_refs(schema: Any, prefix: str) -> Any:
                 raise ValueError(f"$ref {ref!r} points at {json.dumps(target)[:40]}, which is not a schema")
             if id(target) not in names:
                 name = names[id(target)] = f"{prefix}-{len(names)}"
-                copies[name] = walk(target, chain)  # named first: a recursive one ends
+                copies[name] = walk(target, chain, schema=True)  # named first: a recursive one ends
             moved["$ref"] = f"#/$defs/{names[id(target)]}"
         return moved
 
-    moved = walk(schema, [])
+    moved = walk(schema, [], schema=True)
     if copies:
         moved["$defs"] = {**moved.get("$defs", {}), **copies}
     return moved
+
+
+# Keywords whose value is a schema or a list of schemas (one that holds to nothing among them
+# is written out as any JSON value).
+_SUBSCHEMAS = frozenset({"items", "prefixItems", "anyOf", "oneOf", "allOf", "additionalProperties"})
+# Every JSON type, by the converter's names (an integer is a number).
+_JSON_TYPES = ("object", "array", "string", "number", "boolean", "null")
 
 
 def _is_resource(node: Any) -> bool:

@@ -133,6 +133,26 @@ def test_required_calls_and_none_answers(client: openai.OpenAI, model: str) -> N
         jsonschema.validate(json.loads(choice.message.content or ""), ANSWER)
 
 
+@pytest.mark.parametrize("model", ["generic", "qwen"])
+def test_schemas_that_hold_to_nothing_are_taken(client: openai.OpenAI, model: str) -> None:
+    # A tool with `"parameters": {}` (was a 400: the converter knew no schema of an `$id` alone)
+    # and a property whose schema is `true` (was a 500, an AttributeError) in a tool and in the
+    # format: any object as the arguments, any value as the property.
+    free = {"type": "object", "properties": {"any": True}, "required": ["any"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "ping", "parameters": {}}},
+             {"type": "function", "function": {"name": "put", "parameters": free}}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "free", "schema": free}}
+    for seed in range(2):
+        kwargs = {**_request(model, seed), "tools": tools, "tool_choice": "required", "response_format": fmt}
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
+        for call in choice.message.tool_calls:
+            arguments = json.loads(call.function.arguments)
+            assert isinstance(arguments, dict) and (call.function.name == "ping" or set(arguments) == {"any"})
+        choice = client.chat.completions.create(**{**kwargs, "tool_choice": "none"}).choices[0]
+        assert set(json.loads(choice.message.content or "")) == {"any"}, choice
+
+
 def test_bare_json_calls_cannot_take_a_format(client: openai.OpenAI) -> None:
     # Llama 3.1 writes a call as a bare JSON object: an answer could not be told from it.
     with pytest.raises(openai.BadRequestError, match="response_format: cannot be combined with tools for this model"):

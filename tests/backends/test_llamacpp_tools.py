@@ -882,3 +882,50 @@ async def test_refs_of_a_response_format_resolve_from_its_root(load: Loader, tmp
     for alias, d, accepted in (('"s"', "7", True), ("3", "7", False), ('"s"', "8", False)):
         whole = f'{{"name": "n", "child": {{"name": 1, "alias": {alias}, "d": {d}}}}}'
         assert (backend._engine._grammar_accepts(text, whole) == len(whole.encode())) is accepted, whole
+
+
+# --------------------------------------------------------------------------- schemas the converter misread
+
+
+def _accepts(backend: Any, grammar_text: str, cases: list[tuple[str, bool]]) -> None:
+    for whole, accepted in cases:
+        count = backend._engine._grammar_accepts(grammar_text, whole)
+        assert (count == len(whole.encode())) is accepted, (whole, count)
+
+
+@pytest.mark.parametrize("syntax", ["hermes", ""])
+async def test_schemas_that_hold_to_nothing(load: Loader, tmp_path: Path, syntax: str) -> None:
+    """`"parameters": {}` (or a title alone) is a tool whose arguments are any object: it was a
+    400 ("Unrecognized schema": the parameters' `$id` left the converter nothing it knew). A
+    property whose schema is `true`, {} or a title alone (Pydantic's `Any`) takes any JSON
+    value: `true` was a 500 (the converter calls .get on it), {} held it to an object and a
+    title alone was a 400."""
+    from daemon.api import openai_tools
+
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    call = {"hermes": '<tool_call>\n{"name": "f", "arguments": ARGS}\n</tool_call>',
+            "": '{"tool_calls": [{"name": "f", "arguments": ARGS}]}'}[syntax]
+
+    def grammar_of(parameters: dict[str, Any]) -> str:
+        tools = msgspec.convert([{"type": "function", "function": {"name": "f", "parameters": parameters}}],
+                                list[openai_tools.Tool])
+        params = GenerateParams()
+        openai_tools.ToolUse(syntax, tools, "required", parallel=False).constrain(params)
+        if params.tool_calls is not None:
+            return str(grammar.tool_call_grammar(params.tool_calls))
+        return str(grammar.schema_to_grammar(params.json_schema, "json_schema"))
+
+    for parameters in ({}, {"title": "Args"}):
+        _accepts(backend, grammar_of(parameters), [
+            (call.replace("ARGS", "{}"), True), (call.replace("ARGS", '{"x": [1]}'), True),
+            (call.replace("ARGS", "3"), False),
+        ])
+    for anything in (True, {}, {"title": "Data"}):
+        text = grammar_of({"type": "object", "properties": {"p": anything, "q": {"type": "array", "items": anything}},
+                           "required": ["p"], "additionalProperties": False})
+        _accepts(backend, text, [
+            (call.replace("ARGS", '{"p": 3}'), True), (call.replace("ARGS", '{"p": "s", "q": [null, {"a": 1}]}'), True),
+            (call.replace("ARGS", '{"p": {"k": [true]}}'), True), (call.replace("ARGS", '{"q": []}'), False),
+        ])
+
