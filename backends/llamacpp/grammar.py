@@ -73,7 +73,12 @@ def _convert_all(schemas: list[tuple[str, str, str]]) -> str:
         _check(schema, where)
         try:
             schema = _own_refs(schema, f"edged-ref-{number}")
-            name = converter.visit(converter.resolve_refs(schema, "stdin"), rule)
+            # The converter resolves no reference beside a `$ref` (it skips that schema's other
+            # keys): a root that is one (zod-to-json-schema's {"$ref": "#/definitions/X",
+            # "definitions": ...}) would leave those in its definitions unresolved. So they are
+            # resolved from a base that holds the root's definitions beside the root.
+            converter.resolve_refs({"$defs": schema.get("$defs", {}), "root": schema}, "stdin")
+            name = converter.visit(schema, rule)
         except (ValueError, AssertionError, KeyError, TypeError, RecursionError) as exc:
             raise InvalidArgument(f"{where}: cannot be turned into a grammar: {exc}") from None
         if name != (rule or "root"):

@@ -929,3 +929,17 @@ async def test_schemas_that_hold_to_nothing(load: Loader, tmp_path: Path, syntax
             (call.replace("ARGS", '{"p": {"k": [true]}}'), True), (call.replace("ARGS", '{"q": []}'), False),
         ])
 
+
+async def test_a_root_reference_resolves_the_references_of_its_target(load: Loader, tmp_path: Path) -> None:
+    """zod-to-json-schema's shape ({"$ref": "#/definitions/X", "definitions": {...}}) with a
+    reference inside X: the converter skips the keys beside a `$ref`, so the root's definitions
+    went unresolved and a valid format was a 400 ("'#/$defs/edged-ref-0-0'")."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    schema = {"$ref": "#/definitions/Node", "definitions": {"Node": {
+        "type": "object", "properties": {"v": {"$ref": "#/definitions/Value"}, "next": {"$ref": "#/definitions/Node"}},
+        "required": ["v"], "additionalProperties": False}, "Value": {"type": "integer"}}}
+    _accepts(backend, grammar.schema_to_grammar(json.dumps(schema), "json_schema"), [
+        ('{"v": 1}', True), ('{"v": 1, "next": {"v": 2}}', True), ('{"v": "a"}', False), ('{"v": 1, "next": {}}', False),
+    ])
+
