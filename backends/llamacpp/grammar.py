@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
 from daemon.backend import (
     SCHEMA_MAP_KEYWORDS,
@@ -106,7 +107,8 @@ def _own_refs(schema: Any, prefix: str) -> Any:
     def find(ref: str, bases: list[Any]) -> tuple[Any, list[Any]] | None:
         start = next((i for i in range(len(bases) - 1, 0, -1) if _is_resource(bases[i])), 0)
         node, chain = bases[start], bases[: start + 1]
-        for part in ref[2:].split("/") if ref != "#" else []:
+        # A URI fragment: percent-decoded, then a JSON pointer (RFC 6901's ~1 and ~0).
+        for part in unquote(ref[2:]).split("/") if ref != "#" else []:
             part = part.replace("~1", "/").replace("~0", "~")
             if isinstance(node, dict) and part in node:
                 node = node[part]

@@ -943,3 +943,19 @@ async def test_a_root_reference_resolves_the_references_of_its_target(load: Load
         ('{"v": 1}', True), ('{"v": 1, "next": {"v": 2}}', True), ('{"v": "a"}', False), ('{"v": 1, "next": {}}', False),
     ])
 
+
+async def test_references_are_uri_fragments(load: Loader, tmp_path: Path) -> None:
+    """A reference is a URI fragment holding a JSON pointer: percent-decoded first (a
+    definition named "My Point" is `#/$defs/My%20Point`), then ~1 and ~0. The percent-encoded
+    one was a 400 for a valid schema."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    schema = {"type": "object", "additionalProperties": False, "required": ["a", "b", "c"],
+              "properties": {"a": {"$ref": "#/$defs/My%20Point"}, "b": {"$ref": "#/$defs/x~1y"},
+                             "c": {"$ref": "#/$defs/t~0x"}},
+              "$defs": {"My Point": {"type": "integer"}, "x/y": {"const": "s"}, "t~x": {"type": "boolean"}}}
+    _accepts(backend, grammar.schema_to_grammar(json.dumps(schema), "json_schema"), [
+        ('{"a": 1, "b": "s", "c": true}', True), ('{"a": "1", "b": "s", "c": true}', False),
+        ('{"a": 1, "b": "t", "c": true}', False), ('{"a": 1, "b": "s", "c": 1}', False),
+    ])
+
