@@ -153,7 +153,7 @@ def _own_refs(schema: Any, prefix: str) -> Any:
                 name = names[id(target)] = f"{prefix}-{len(names)}"
                 copies[name] = walk(target, chain, schema=True)  # named first: a recursive one ends
             moved["$ref"] = f"#/$defs/{names[id(target)]}"
-        return moved
+        return _one_of_all(moved)
 
     moved = walk(schema, [], schema=True)
     if copies:
@@ -166,6 +166,20 @@ def _own_refs(schema: Any, prefix: str) -> Any:
 _SUBSCHEMAS = frozenset({"items", "prefixItems", "anyOf", "oneOf", "allOf", "additionalProperties"})
 # Every JSON type, by the converter's names (an integer is a number).
 _JSON_TYPES = ("object", "array", "string", "number", "boolean", "null")
+
+
+def _one_of_all(node: dict[str, Any]) -> dict[str, Any]:
+    """`node` with an `allOf` of one schema and nothing else to hold to (annotations aside)
+    replaced by that schema (Pydantic v1 writes a described field so: {"description": ...,
+    "allOf": [{"$ref": ...}]}). The converter reads allOf as the merge of its objects'
+    properties, all required: it held an enum's value to `{}` and made optional fields
+    required."""
+    every = node.get("allOf")
+    if not (isinstance(every, list) and len(every) == 1 and isinstance(every[0], dict)):
+        return node
+    if set(node) - _ANNOTATIONS - {"allOf"}:
+        return node
+    return {**{key: value for key, value in node.items() if key != "allOf"}, **every[0]}
 
 
 def _is_resource(node: Any) -> bool:

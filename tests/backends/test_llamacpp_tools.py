@@ -959,3 +959,21 @@ async def test_references_are_uri_fragments(load: Loader, tmp_path: Path) -> Non
         ('{"a": 1, "b": "t", "c": true}', False), ('{"a": 1, "b": "s", "c": 1}', False),
     ])
 
+
+async def test_an_all_of_of_one_schema_is_that_schema(load: Loader, tmp_path: Path) -> None:
+    """Pydantic v1 writes a described field as {"description": ..., "allOf": [{"$ref": ...}]}.
+    The converter read allOf as a merge of objects' properties, all required: an enum's value
+    was held to `{}` (which the schema forbids; its values could not be written) and a model's
+    optional fields were required."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    schema = {"type": "object", "required": ["color", "size"], "additionalProperties": False, "properties": {
+        "color": {"description": "Its color", "allOf": [{"$ref": "#/definitions/Color"}]},
+        "size": {"title": "Size", "allOf": [{"$ref": "#/definitions/Size"}]}},
+        "definitions": {"Color": {"title": "Color", "enum": ["red", "blue"], "type": "string"},
+                        "Size": {"type": "object", "properties": {"w": {"type": "integer"}, "h": {"type": "integer"}},
+                                 "required": ["w"], "additionalProperties": False}}}
+    _accepts(backend, grammar.schema_to_grammar(json.dumps(schema), "json_schema"), [
+        ('{"color": "red", "size": {"w": 1}}', True), ('{"color": "blue", "size": {"w": 1, "h": 2}}', True),
+        ('{"color": {}, "size": {"w": 1}}', False), ('{"color": "green", "size": {"w": 1}}', False),
+    ])
