@@ -658,6 +658,11 @@ def _check(schema: Any, where: str) -> None:
     ref = schema.get("$ref")
     if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
         raise InvalidArgument(f"{where}.$ref: only local references ('#/...') are supported")
+    beside = sorted(set(schema) & _ENFORCED - {"$ref"}) if ref is not None else []
+    if beside:
+        # The converter writes a `$ref`'s target alone and drops what stands beside it (JSON
+        # Schema holds to both): an enum there let any value of the target through.
+        raise InvalidArgument(f"{where}: keyword '{beside[0]}' beside '$ref' is not supported for structured output")
     if "allOf" in schema and kinds not in (None, "object"):
         raise InvalidArgument(f"{where}.allOf: only supported for objects")
     for key in ("properties", "$defs", "definitions"):

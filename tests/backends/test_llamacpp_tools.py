@@ -977,3 +977,16 @@ async def test_an_all_of_of_one_schema_is_that_schema(load: Loader, tmp_path: Pa
         ('{"color": "red", "size": {"w": 1}}', True), ('{"color": "blue", "size": {"w": 1, "h": 2}}', True),
         ('{"color": {}, "size": {"w": 1}}', False), ('{"color": "green", "size": {"w": 1}}', False),
     ])
+
+
+async def test_keywords_beside_a_ref_are_refused(load: Loader, tmp_path: Path) -> None:
+    """The converter writes a `$ref`'s target alone: an enum (or any other keyword it holds)
+    beside it was dropped without a word, and any string passed. A 400 naming it instead."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/$defs/S", "enum": ["x"]}}, "$defs": {"S": {"type": "string"}}}
+    with pytest.raises(InvalidArgument, match=r"json_schema\.properties\.a: keyword 'enum' beside '\$ref' is not supported"):
+        grammar.schema_to_grammar(json.dumps(schema), "json_schema")
+    # Annotations beside it (Pydantic's description and default) are taken.
+    schema["properties"]["a"] = {"$ref": "#/$defs/S", "description": "A", "default": "x"}
+    _accepts(backend, grammar.schema_to_grammar(json.dumps(schema), "json_schema"), [('{"a": "y"}', True), ('{"a": 1}', False)])
