@@ -51,7 +51,7 @@ from daemon.api.openai import (
 from daemon.api.tool_syntax import GENERIC, Syntax, syntax_named
 from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
 from daemon.core.model import LoadedVersion
-from daemon.errors import EdgedError, InvalidArgument
+from daemon.errors import EdgedError, InvalidArgument, Unavailable
 
 _json = msgspec.json.Encoder()
 # The one `include` value with an effect here: log probabilities of the output text.
@@ -597,6 +597,10 @@ async def responses(request: web.Request) -> web.StreamResponse:
     reply = use.stream() if use else None
 
     def feed(chunk: GenerateChunk) -> None:
+        if chunk.finish_reason == "cancelled":
+            # The model was unloaded or swapped past its drain timeout. "completed" would say
+            # the model finished the reply: a 503, or response.failed once the stream began.
+            raise Unavailable(f"the generation was cancelled: model '{model.name}' was unloaded while it ran")
         text, logprobs = chunk.text, chunk.logprobs
         if thinking is not None:
             thought, text, logprobs = thinking.feed(chunk)

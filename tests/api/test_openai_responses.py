@@ -319,3 +319,39 @@ def test_input_tokens_count_the_prompt_each_route_generates_from(client: openai.
     refused = daemon.post_json("/v1/chat/completions/input_tokens", {**chat, "top_p": 2.0})
     assert refused.status == 400 and b"top_p must be between 0 and 1" in refused.body
     assert daemon.post_json("/v1/responses/input_tokens", {"model": "tiny", "input": "x", "store": True}).status == 400
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_generation_cut_by_an_unload_is_not_completed(tmp_path, start_daemon, stream: bool) -> None:
+    """A model unloaded past the drain timeout cancels what it still generates (finish_reason
+    "cancelled"): the response is an error, a 503 or the stream's response.failed, never a
+    "completed" response that says the model finished."""
+    import concurrent.futures
+    import time
+
+    (tmp_path / "repo" / "tiny" / "1").mkdir(parents=True)
+    write_tiny_llama(tmp_path / "repo" / "tiny" / "1" / "model.gguf", seed=1, n_ctx=16384)
+    (tmp_path / "repo" / "tiny" / "config.pbtxt").write_text(
+        'backend: "llamacpp"\nparameters { key: "n_ctx" value { string_value: "16384" } }\n'
+        'parameters { key: "n_parallel" value { string_value: "1" } }\n'
+    )
+    (tmp_path / "edged.toml").write_text("[server]\nshutdown-timeout = 0.2\n")
+    daemon = start_daemon("--config", str(tmp_path / "edged.toml"), "--model-repository", str(tmp_path / "repo"),
+                          "--model-control-mode", "explicit", "--load-model", "tiny")
+    body = {"model": "tiny", "input": "hello", "max_output_tokens": 16000, "stream": stream}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(daemon.post_json, "/v1/responses", body)
+        time.sleep(1.0)  # generating (16000 tokens take far longer)
+        assert daemon.request("POST", "/v2/repository/models/tiny/unload", b"").status == 200
+        reply = pending.result(timeout=60)
+    if not stream:
+        assert reply.status == 503, reply.body
+        assert "cancelled" in reply.json()["error"]["message"]
+        return
+    assert reply.status == 200
+    frames = [frame.split("\n") for frame in reply.body.decode().split("\n\n") if frame]
+    kind, data = frames[-1]
+    assert kind == "event: response.failed", frames[-3:]
+    failed = json.loads(data[len("data: "):])["response"]
+    assert failed["status"] == "failed" and "cancelled" in failed["error"]["message"]
+    assert all(k != "event: response.completed" for k, _ in frames)
