@@ -153,7 +153,15 @@ def _own_refs(schema: Any, prefix: str) -> Any:
                 name = names[id(target)] = f"{prefix}-{len(names)}"
                 copies[name] = walk(target, chain, schema=True)  # named first: a recursive one ends
             moved["$ref"] = f"#/$defs/{names[id(target)]}"
+        every = node.get("allOf")
+        if isinstance(every, list) and len(every) > 1:
+            _check_merge(node, [_target(part, inner) for part in every])
         return _one_of_all(moved)
+
+    def _target(part: Any, bases: list[Any]) -> Any:
+        ref = part.get("$ref") if isinstance(part, dict) else None
+        found = find(ref, bases) if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) else None
+        return part if found is None else found[0]
 
     moved = walk(schema, [], schema=True)
     if copies:
@@ -180,6 +188,32 @@ def _one_of_all(node: dict[str, Any]) -> dict[str, Any]:
     if set(node) - _ANNOTATIONS - {"allOf"}:
         return node
     return {**{key: value for key, value in node.items() if key != "allOf"}, **every[0]}
+
+
+# What the converter reads of an allOf of several schemas: their objects' properties merged,
+# every one of them required, no others (llama_grammar's allOf branch). A node or part with
+# more to hold to than that would be held to less than it says.
+_MERGED = _ANNOTATIONS | {"type", "properties", "required"}
+
+
+def _check_merge(node: dict[str, Any], parts: list[Any]) -> None:
+    """Refuse an allOf of several schemas whose meaning the converter's merge does not keep:
+    keywords beside the allOf (its properties, required, ... are dropped), a part that is no
+    plain object schema (an enum, additionalProperties, anyOf: dropped, so output the schema
+    forbids got through), a part requiring a property it does not list (never written)."""
+    beside = sorted(set(node) - _ANNOTATIONS - {"allOf", "type"})
+    if beside or node.get("type", "object") != "object":
+        raise ValueError(f"allOf of several schemas beside {(beside or ['type'])[0]!r} is not supported")
+    for index, part in enumerate(parts):
+        if not isinstance(part, dict) or part.get("type", "object") != "object":
+            raise ValueError(f"allOf[{index}]: only object schemas are supported in an allOf of several")
+        extra = sorted(set(part) - _MERGED)
+        if extra:
+            raise ValueError(f"allOf[{index}]: keyword {extra[0]!r} is not supported in an allOf of several")
+        properties = part.get("properties", {})
+        missing = [name for name in part.get("required", []) if name not in properties]
+        if missing:
+            raise ValueError(f"allOf[{index}]: required {missing[0]!r} is not among its properties")
 
 
 def _is_resource(node: Any) -> bool:

@@ -990,3 +990,32 @@ async def test_keywords_beside_a_ref_are_refused(load: Loader, tmp_path: Path) -
     # Annotations beside it (Pydantic's description and default) are taken.
     schema["properties"]["a"] = {"$ref": "#/$defs/S", "description": "A", "default": "x"}
     _accepts(backend, grammar.schema_to_grammar(json.dumps(schema), "json_schema"), [('{"a": "y"}', True), ('{"a": 1}', False)])
+
+
+async def test_an_all_of_of_several_schemas_holds_what_its_merge_keeps(load: Loader, tmp_path: Path) -> None:
+    """The converter reads an allOf of several schemas as their objects' properties merged, all
+    required, no others. OpenAPI's inheritance (a base by $ref, then more properties) means
+    that and is taken; what the merge would drop is a 400: a part's additionalProperties false
+    (the other parts' properties then break it), a part's enum, keywords beside the allOf, a
+    part requiring a property it does not list. Before, each was accepted and output the
+    schema forbids (or lacking what it requires) got through."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    base = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
+    schema = {"$defs": {"Base": base}, "allOf": [{"$ref": "#/$defs/Base"}, {"properties": {"name": {"type": "string"}}}]}
+    _accepts(backend, grammar.schema_to_grammar(json.dumps(schema), "json_schema"), [
+        ('{"id": 1, "name": "a"}', True), ('{"id": "1", "name": "a"}', False), ('{"id": 1, "x": 2}', False),
+    ])
+    refused = [
+        ({**base, "additionalProperties": False}, r"allOf\[0\]: keyword 'additionalProperties' is not supported"),
+        ({"enum": [{"id": 1}]}, r"allOf\[0\]: keyword 'enum' is not supported"),
+        ({"type": "object", "properties": {}, "required": ["id"]}, r"allOf\[0\]: required 'id' is not among"),
+        ({"type": "string"}, r"allOf\[0\]: only object schemas"),
+    ]
+    for first, pattern in refused:
+        bad = {"$defs": {"Base": first}, "allOf": [{"$ref": "#/$defs/Base"}, {"properties": {"name": {"type": "string"}}}]}
+        with pytest.raises(InvalidArgument, match=pattern):
+            grammar.schema_to_grammar(json.dumps(bad), "json_schema")
+    beside = {**schema, "required": ["extra"]}
+    with pytest.raises(InvalidArgument, match=r"allOf of several schemas beside 'required'"):
+        grammar.schema_to_grammar(json.dumps(beside), "json_schema")
