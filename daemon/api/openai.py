@@ -1029,24 +1029,24 @@ def chat_prompt(model: LoadedVersion, req: PromptFields, answer: str = "") -> Ch
     return ChatPrompt(text, syntax, use)
 
 
-async def chat_input_tokens(request: web.Request) -> web.Response:
-    """llama-server's POST /v1/chat/completions/input_tokens: how many tokens the request's
-    prompt is, as the model tokenizes what /v1/chat/completions would generate from (the
-    request checked as there)."""
-    req: ChatRequest = _decode(await request_body(request), ChatRequest)
-    model = await generation_model(request, req.model)
-    _params(req)
-    lora_request(model, req.lora)
-    prompt = chat_prompt(model, req, schema_of_format(req.response_format)).text
-    tokens = await model.tokenize(prompt, add_special=True, parse_special=True)
-    return web.json_response({"object": "response.input_tokens", "input_tokens": len(tokens)})
-
-
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    req: ChatRequest = _decode(await request_body(request), ChatRequest)
+def _check_store(req: ChatRequest) -> None:
     if req.store:
         raise InvalidArgument("store: chat completions are not stored here (omit store or set it to false)")
-    model = await generation_model(request, req.model)
+
+
+@dataclass
+class _CheckedChat:
+    """A chat request checked and turned into the engine's parameters and prompt (the chat
+    route and its token count check it alike: a count is 200 only where the route takes it)."""
+
+    params: GenerateParams
+    rendered: ChatPrompt
+    tags: tuple[str, str]
+    split: bool
+    opened: str | None
+
+
+def _chat_request(model: LoadedVersion, req: ChatRequest) -> _CheckedChat:
     params = _params(req)
     params.lora = lora_request(model, req.lora)
     params.json_schema = schema_of_format(req.response_format)
@@ -1072,6 +1072,30 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     reasoning.budget(params, _budget_tokens(req), req.reasoning_budget_message, tags, opened is not None)
     if params.json_schema:
         params.answer_header = syntax_named(syntax).answer_header
+    return _CheckedChat(params, rendered, tags, split, opened)
+
+
+async def chat_input_tokens(request: web.Request) -> web.Response:
+    """llama-server's POST /v1/chat/completions/input_tokens: how many tokens the request's
+    prompt is, as the model tokenizes what /v1/chat/completions would generate from (the
+    request checked as there)."""
+    req: ChatRequest = _decode(await request_body(request), ChatRequest)
+    _check_store(req)
+    model = await generation_model(request, req.model)
+    prompt = _chat_request(model, req).rendered.text
+    tokens = await model.tokenize(prompt, add_special=True, parse_special=True)
+    return web.json_response({"object": "response.input_tokens", "input_tokens": len(tokens)})
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    req: ChatRequest = _decode(await request_body(request), ChatRequest)
+    _check_store(req)
+    model = await generation_model(request, req.model)
+    checked = _chat_request(model, req)
+    params, rendered, tags, split, opened = (
+        checked.params, checked.rendered, checked.tags, checked.split, checked.opened
+    )
+    prompt, syntax, use = rendered.text, rendered.syntax, rendered.use
     # Unsplit, the reply starts with the tag the prompt opened, as llama-server's "none" shows it.
     reopened = tags[0] + opened if opened is not None and not split else ""
     choices = _choices(model, [prompt], params, req.n or 1)

@@ -316,8 +316,16 @@ def test_input_tokens_count_the_prompt_each_route_generates_from(client: openai.
         reply = daemon.post_json(path, chat)
         assert reply.status == 200, reply.body
         assert json.loads(reply.body) == {"object": "response.input_tokens", "input_tokens": usage.prompt_tokens}
-    refused = daemon.post_json("/v1/chat/completions/input_tokens", {**chat, "top_p": 2.0})
-    assert refused.status == 400 and b"top_p must be between 0 and 1" in refused.body
+    # What the chat route refuses, its count refuses alike (it answered 200 to each of these).
+    for extra, text in [
+        ({"top_p": 2.0}, b"top_p must be between 0 and 1"),
+        ({"store": True}, b"store: chat completions are not stored here"),
+        ({"top_logprobs": 2}, b"top_logprobs: requires logprobs to be true"),
+        ({"logprobs": True}, b"logprobs: not supported together with tools"),
+    ]:
+        for path in ("/v1/chat/completions", "/v1/chat/completions/input_tokens"):
+            refused = daemon.post_json(path, {**chat, **extra, "max_tokens": 1})
+            assert refused.status == 400 and text in refused.body, (path, extra, refused.body)
     assert daemon.post_json("/v1/responses/input_tokens", {"model": "tiny", "input": "x", "store": True}).status == 400
 
 
