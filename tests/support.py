@@ -241,6 +241,30 @@ def gguf_daemon(factory: Any, models: dict[str, dict[str, Any]]) -> DaemonProces
     return start_daemon_process(factory.mktemp("edged"), "--model-repository", str(repo), http=True)
 
 
+def cut_by_unload(tmp_path: Path, start_daemon: Callable[..., DaemonProcess], path: str, body: dict[str, Any]) -> Reply:
+    """The reply to `body` (for model "tiny", asking for far more tokens than a second gives)
+    at `path` when the model is unloaded a second into the generation, past a 0.2 s drain
+    timeout: the engine cancels it (finish_reason "cancelled")."""
+    import concurrent.futures
+
+    from gguf_builder import write_tiny_llama
+
+    (tmp_path / "repo" / "tiny" / "1").mkdir(parents=True)
+    write_tiny_llama(tmp_path / "repo" / "tiny" / "1" / "model.gguf", seed=1, n_ctx=16384)
+    (tmp_path / "repo" / "tiny" / "config.pbtxt").write_text(
+        'backend: "llamacpp"\nparameters { key: "n_ctx" value { string_value: "16384" } }\n'
+        'parameters { key: "n_parallel" value { string_value: "1" } }\n'
+    )
+    (tmp_path / "edged.toml").write_text("[server]\nshutdown-timeout = 0.2\n")
+    daemon = start_daemon("--config", str(tmp_path / "edged.toml"), "--model-repository", str(tmp_path / "repo"),
+                          "--model-control-mode", "explicit", "--load-model", "tiny")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(daemon.post_json, path, body)
+        time.sleep(1.0)  # generating (16000 tokens take far longer)
+        assert daemon.request("POST", "/v2/repository/models/tiny/unload", b"").status == 200
+        return pending.result(timeout=60)
+
+
 # A tool for the end-to-end tool-calling tests, and the check of its arguments.
 LIGHT_TOOL = {"type": "function", "function": {
     "name": "set_light", "description": "Set a room's light",

@@ -6,10 +6,8 @@ reply, and Anthropic's error shape for each rejection."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,8 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from gguf_builder import write_tiny_llama
+
+from support import cut_by_unload
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
 MODELS = {
@@ -341,21 +341,8 @@ def test_a_generation_cut_by_an_unload_is_no_end_turn(tmp_path: Path, start_daem
     """A model unloaded (or swapped) past the drain timeout cancels the generations it still
     runs: the engine ends them with finish_reason "cancelled". The reply is an error (Anthropic
     has no stop_reason for it), not a message whose end_turn says the model finished."""
-    (tmp_path / "repo" / "tiny" / "1").mkdir(parents=True)
-    write_tiny_llama(tmp_path / "repo" / "tiny" / "1" / "model.gguf", seed=1, n_ctx=16384)
-    (tmp_path / "repo" / "tiny" / "config.pbtxt").write_text(
-        'backend: "llamacpp"\nparameters { key: "n_ctx" value { string_value: "16384" } }\n'
-        'parameters { key: "n_parallel" value { string_value: "1" } }\n'
-    )
-    (tmp_path / "edged.toml").write_text("[server]\nshutdown-timeout = 0.2\n")
-    daemon = start_daemon("--config", str(tmp_path / "edged.toml"), "--model-repository", str(tmp_path / "repo"),
-                          "--model-control-mode", "explicit", "--load-model", "tiny")
     body = {"model": "tiny", "messages": HELLO, "max_tokens": 16000, "stream": stream}
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(daemon.post_json, "/v1/messages", body)
-        time.sleep(1.0)  # generating (16000 tokens take far longer)
-        assert daemon.request("POST", "/v2/repository/models/tiny/unload", b"").status == 200
-        reply = pending.result(timeout=60)
+    reply = cut_by_unload(tmp_path, start_daemon, "/v1/messages", body)
     if not stream:
         assert reply.status == 503, reply.body
         assert reply.json()["error"]["type"] == "overloaded_error" and "cancelled" in reply.json()["error"]["message"]

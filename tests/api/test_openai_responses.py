@@ -334,24 +334,10 @@ def test_a_generation_cut_by_an_unload_is_not_completed(tmp_path, start_daemon, 
     """A model unloaded past the drain timeout cancels what it still generates (finish_reason
     "cancelled"): the response is an error, a 503 or the stream's response.failed, never a
     "completed" response that says the model finished."""
-    import concurrent.futures
-    import time
+    from support import cut_by_unload
 
-    (tmp_path / "repo" / "tiny" / "1").mkdir(parents=True)
-    write_tiny_llama(tmp_path / "repo" / "tiny" / "1" / "model.gguf", seed=1, n_ctx=16384)
-    (tmp_path / "repo" / "tiny" / "config.pbtxt").write_text(
-        'backend: "llamacpp"\nparameters { key: "n_ctx" value { string_value: "16384" } }\n'
-        'parameters { key: "n_parallel" value { string_value: "1" } }\n'
-    )
-    (tmp_path / "edged.toml").write_text("[server]\nshutdown-timeout = 0.2\n")
-    daemon = start_daemon("--config", str(tmp_path / "edged.toml"), "--model-repository", str(tmp_path / "repo"),
-                          "--model-control-mode", "explicit", "--load-model", "tiny")
     body = {"model": "tiny", "input": "hello", "max_output_tokens": 16000, "stream": stream}
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(daemon.post_json, "/v1/responses", body)
-        time.sleep(1.0)  # generating (16000 tokens take far longer)
-        assert daemon.request("POST", "/v2/repository/models/tiny/unload", b"").status == 200
-        reply = pending.result(timeout=60)
+    reply = cut_by_unload(tmp_path, start_daemon, "/v1/responses", body)
     if not stream:
         assert reply.status == 503, reply.body
         assert "cancelled" in reply.json()["error"]["message"]
