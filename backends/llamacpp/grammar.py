@@ -153,6 +153,13 @@ def _own_refs(schema: Any, prefix: str) -> Any:
                 name = names[id(target)] = f"{prefix}-{len(names)}"
                 copies[name] = walk(target, chain, schema=True)  # named first: a recursive one ends
             moved["$ref"] = f"#/$defs/{names[id(target)]}"
+            if "type" in node:
+                # The converter writes the target alone: a `type` beside it holds only where
+                # it says what the target says (OpenAPI generators write it so), else a 400.
+                if node["type"] != target.get("type"):
+                    raise ValueError(f"keyword 'type' beside '$ref' {ref!r} is not supported "
+                                     "unless it is the target's own type")
+                del moved["type"]
         every = node.get("allOf")
         if isinstance(every, list) and len(every) > 1:
             _check_merge(node, [_target(part, inner) for part in every])
@@ -358,6 +365,9 @@ class _GemmaSchema:
                 target = target.get(part) if isinstance(target, dict) else None
             if target is None:
                 raise InvalidArgument(f"{where}.$ref: {ref!r} points to nothing")
+            if "type" in schema and (not isinstance(target, dict) or schema["type"] != target.get("type")):
+                # Only the target is written: a `type` beside it must say what the target says.
+                raise InvalidArgument(f"{where}: keyword 'type' beside '$ref' is not supported unless it is the target's own type")
             return self.value(target, where, depth + 1)
         for key in ("anyOf", "oneOf"):
             if key in schema:
@@ -692,7 +702,8 @@ def _check(schema: Any, where: str) -> None:
     ref = schema.get("$ref")
     if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
         raise InvalidArgument(f"{where}.$ref: only local references ('#/...') are supported")
-    beside = sorted(set(schema) & _ENFORCED - {"$ref"}) if ref is not None else []
+    # A `type` beside it is checked against the target where references resolve (_own_refs).
+    beside = sorted(set(schema) & _ENFORCED - {"$ref", "type"}) if ref is not None else []
     if beside:
         # The converter writes a `$ref`'s target alone and drops what stands beside it (JSON
         # Schema holds to both): an enum there let any value of the target through.

@@ -990,6 +990,12 @@ async def test_keywords_beside_a_ref_are_refused(load: Loader, tmp_path: Path) -
     # Annotations beside it (Pydantic's description and default) are taken.
     schema["properties"]["a"] = {"$ref": "#/$defs/S", "description": "A", "default": "x"}
     _accepts(backend, grammar.schema_to_grammar(json.dumps(schema), "json_schema"), [('{"a": "y"}', True), ('{"a": 1}', False)])
+    # The target's own type beside it (as OpenAPI generators write) is taken; another is a 400.
+    schema["properties"]["a"] = {"$ref": "#/$defs/S", "type": "string"}
+    _accepts(backend, grammar.schema_to_grammar(json.dumps(schema), "json_schema"), [('{"a": "y"}', True), ('{"a": 1}', False)])
+    schema["properties"]["a"] = {"$ref": "#/$defs/S", "type": "integer"}
+    with pytest.raises(InvalidArgument, match=r"keyword 'type' beside '\$ref' '#/\$defs/S' is not supported unless"):
+        grammar.schema_to_grammar(json.dumps(schema), "json_schema")
 
 
 async def test_an_all_of_of_several_schemas_holds_what_its_merge_keeps(load: Loader, tmp_path: Path) -> None:
@@ -1019,3 +1025,19 @@ async def test_an_all_of_of_several_schemas_holds_what_its_merge_keeps(load: Loa
     beside = {**schema, "required": ["extra"]}
     with pytest.raises(InvalidArgument, match=r"allOf of several schemas beside 'required'"):
         grammar.schema_to_grammar(json.dumps(beside), "json_schema")
+
+
+async def test_gemma_holds_a_type_beside_a_ref_to_the_targets(load: Loader, tmp_path: Path) -> None:
+    """Gemma 4's argument syntax writes a `$ref`'s target alone, as the JSON converter does: a
+    `type` beside it is taken where it is the target's own, else a 400 naming it."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+
+    def frame(kind: str) -> ToolCallFrame:
+        schema = {"type": "object", "properties": {"c": {"$ref": "#/$defs/C", "type": kind}},
+                  "$defs": {"C": {"type": "object", "properties": {"r": {"type": "integer"}}}}}
+        return ToolCallFrame(named_calls={"f": json.dumps(schema)}, **GEMMA)
+
+    assert "root" in grammar.tool_call_grammar(frame("object"))
+    with pytest.raises(InvalidArgument, match=r"keyword 'type' beside '\$ref' is not supported unless"):
+        grammar.tool_call_grammar(frame("string"))
