@@ -55,7 +55,7 @@ from daemon.errors import (
     Unavailable,
     Unsupported,
 )
-from daemon.model_config import ModelConfig, TensorConfig, to_triton_json
+from daemon.model_config import ModelConfig, TensorConfig, lora_entries, to_triton_json
 
 __all__ = [
     "API_VERSION",
@@ -94,6 +94,7 @@ __all__ = [
     "Unsupported",
     "backend_failure",
     "datatype_of",
+    "lora_entries",
     "merge_batch",
     "select_outputs",
     "split_batch",

@@ -49,6 +49,17 @@ _SIZE_UNITS = {
 }
 
 
+def lora_entries(text: str) -> list[tuple[str, str | None]]:
+    """The llama.cpp backend's `lora` parameter, `path[:scale],...`: each adapter's path and
+    the text of its scale (None: none given), in order; none for an empty text. The path is
+    what comes before the last ':' (the backend reads the scale, the memory budget the file)."""
+    out: list[tuple[str, str | None]] = []
+    for item in text.split(",") if text.strip() else []:
+        path, colon, scale = item.strip().rpartition(":")
+        out.append((path, scale) if colon else (item.strip(), None))
+    return out
+
+
 def parse_keep_alive(value: str | float | int) -> float | None:
     """Ollama's keep_alive: seconds (a number) or a Go duration ("5m", "1h30m", "300ms", "0").
 

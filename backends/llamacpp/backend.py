@@ -64,6 +64,7 @@ from daemon.backend import (
     Probe,
     SlotState,
     Unavailable,
+    lora_entries,
 )
 
 from .engine import EmbedJob, Engine, EngineSettings, LoraSpec
@@ -113,19 +114,17 @@ def default_prefix_store_mib() -> int:
 def parse_lora(config: ModelConfig, text: str, version_dir: Path) -> tuple[LoraSpec, ...]:
     """The `lora` parameter's adapters: `path[:scale],...`, paths from the version directory."""
     specs = []
-    for index, item in enumerate(text.split(",") if text.strip() else []):
-        item = item.strip()
-        name, scale = item, 1.0
-        if ":" in item:
-            name, _, given = item.rpartition(":")
+    for index, (name, given) in enumerate(lora_entries(text)):
+        scale = 1.0
+        if given is not None:
             try:
                 scale = float(given)
             except ValueError:
                 scale = math.nan
             if not math.isfinite(scale):
                 raise ConfigError(
-                    f"model '{config.name}': parameters lora: adapter {index} ({item!r}): the scale after ':' "
-                    f"must be a number, got {given!r}"
+                    f"model '{config.name}': parameters lora: adapter {index} ({name + ':' + given!r}): the scale "
+                    f"after ':' must be a number, got {given!r}"
                 )
         if not name:
             raise ConfigError(f"model '{config.name}': parameters lora: adapter {index} has no path (got {text!r})")

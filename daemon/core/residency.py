@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 from daemon.core import layout
 from daemon.errors import EdgedError, InsufficientMemory, InvalidArgument, Unavailable
-from daemon.model_config import ModelConfig, parse_keep_alive, parse_memory_size
+from daemon.model_config import ModelConfig, lora_entries, parse_keep_alive, parse_memory_size
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -185,8 +185,7 @@ def _lora_bytes(version_dir: Path, text: str) -> int:
     """The sizes of the LoRA adapter files of the llamacpp backend's `lora` parameter
     (`path[:scale],...` from the version directory): llama.cpp reads them into memory."""
     total = 0
-    for item in text.split(","):
-        name = item.strip().rpartition(":")[0] if ":" in item else item.strip()
+    for name, _ in lora_entries(text):
         with contextlib.suppress(OSError):
             if name and (version_dir / name).is_file():
                 total += (version_dir / name).stat().st_size
