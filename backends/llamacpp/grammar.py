@@ -119,6 +119,11 @@ def _own_refs(schema: Any, prefix: str) -> Any:
             chain = [*chain, node]
         return node, chain[:-1]
 
+    def local(node: Any, bases: list[Any]) -> tuple[Any, list[Any]] | None:
+        """What `node`'s local `$ref` points at, and the schemas around it (None: no such ref)."""
+        ref = node.get("$ref") if isinstance(node, dict) else None
+        return find(ref, bases) if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) else None
+
     def walk(node: Any, bases: list[Any], names_map: bool = False, schema: bool = False) -> Any:
         if isinstance(node, list):
             return [walk(item, bases, schema=schema) for item in node]
@@ -141,10 +146,9 @@ def _own_refs(schema: Any, prefix: str) -> Any:
             else walk(value, inner, key in SCHEMA_MAP_KEYWORDS, key in _SUBSCHEMAS)
             for key, value in node.items()
         }
-        ref = node.get("$ref")
-        found = find(ref, inner) if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) else None
+        found = local(node, inner)
         if found is not None:
-            target, chain = found
+            ref, (target, chain) = node["$ref"], found
             if not isinstance(target, dict):
                 # A path into a keyword's value ("#/$defs/x/type"): the converter would read
                 # it as a schema and fail on it (AttributeError: a 500, not the client's 400).
@@ -162,13 +166,8 @@ def _own_refs(schema: Any, prefix: str) -> Any:
                 del moved["type"]
         every = node.get("allOf")
         if isinstance(every, list) and len(every) > 1:
-            _check_merge(node, [_target(part, inner) for part in every])
+            _check_merge(node, [hit[0] if (hit := local(part, inner)) else part for part in every])
         return _one_of_all(moved)
-
-    def _target(part: Any, bases: list[Any]) -> Any:
-        ref = part.get("$ref") if isinstance(part, dict) else None
-        found = find(ref, bases) if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) else None
-        return part if found is None else found[0]
 
     moved = walk(schema, [], schema=True)
     if copies:

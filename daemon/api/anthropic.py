@@ -190,8 +190,6 @@ _DECODE_MESSAGES = msgspec.json.Decoder(MessagesRequest)
 _DECODE_COUNT = msgspec.json.Decoder(CountTokensRequest)
 # Anthropic's least budget for thinking.
 _MIN_BUDGET = 1024
-# The engine's most (reasoning.budget's, which would name llama-server's field).
-_MAX_BUDGET = 2**31 - 1
 # Claude Code's first system block carries a stamp that changes with every request
 # ("x-anthropic-billing-header: ...; cch=a5145;"): made constant, as llama-server does, so that
 # the prompt cache reaches past it.
@@ -382,9 +380,9 @@ def _prompt(model: LoadedVersion, req: CountTokensRequest, max_tokens: int | Non
                 raise InvalidArgument("thinking.budget_tokens: required with type 'enabled'")
             if thinking.budget_tokens < _MIN_BUDGET:
                 raise InvalidArgument(f"thinking.budget_tokens: must be >= {_MIN_BUDGET}, got {thinking.budget_tokens}")
-            if thinking.budget_tokens > _MAX_BUDGET:
+            if thinking.budget_tokens > reasoning.MAX_BUDGET:
                 # Checked here, so that the 400 names this field rather than the chat route's.
-                raise InvalidArgument(f"thinking.budget_tokens: must be between {_MIN_BUDGET} and {_MAX_BUDGET}, "
+                raise InvalidArgument(f"thinking.budget_tokens: must be between {_MIN_BUDGET} and {reasoning.MAX_BUDGET}, "
                                       f"got {thinking.budget_tokens}")
             if max_tokens is not None and not max_tokens > thinking.budget_tokens:
                 raise InvalidArgument(f"max_tokens: must be greater than thinking.budget_tokens "

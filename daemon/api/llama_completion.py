@@ -355,9 +355,6 @@ async def _complete(
             out["completion_probabilities"] = _probs_json(probs)
         return out if req.response_fields is None else _picked(out, req.response_fields)
 
-    async def first(index: int) -> GenerateChunk | None:
-        return await first_chunk(generations[index])
-
     async def rest(index: int) -> None:
         async for chunk in generations[index]:
             results[index].add(chunk)
@@ -366,7 +363,7 @@ async def _complete(
         for chunks in generations:
             await stack.enter_async_context(contextlib.aclosing(chunks))
         # Before the status: a full queue or a prompt too long is a real 4xx/5xx.
-        firsts = await _all([first(index) for index in range(len(generations))])
+        firsts = await _all([first_chunk(chunks) for chunks in generations])
         for result, chunk in zip(results, firsts, strict=True):
             if chunk is not None:
                 result.add(chunk)

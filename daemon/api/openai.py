@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 import msgspec
 import numpy as np
@@ -1034,8 +1034,7 @@ def _check_store(req: ChatRequest) -> None:
         raise InvalidArgument("store: chat completions are not stored here (omit store or set it to false)")
 
 
-@dataclass
-class _CheckedChat:
+class _CheckedChat(NamedTuple):
     """A chat request checked and turned into the engine's parameters and prompt (the chat
     route and its token count check it alike: a count is 200 only where the route takes it)."""
 
@@ -1091,10 +1090,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req: ChatRequest = _decode(await request_body(request), ChatRequest)
     _check_store(req)
     model = await generation_model(request, req.model)
-    checked = _chat_request(model, req)
-    params, rendered, tags, split, opened = (
-        checked.params, checked.rendered, checked.tags, checked.split, checked.opened
-    )
+    params, rendered, tags, split, opened = _chat_request(model, req)
     prompt, syntax, use = rendered.text, rendered.syntax, rendered.use
     # Unsplit, the reply starts with the tag the prompt opened, as llama-server's "none" shows it.
     reopened = tags[0] + opened if opened is not None and not split else ""

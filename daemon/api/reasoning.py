@@ -309,6 +309,10 @@ def hold_grammar_after(params: GenerateParams, tags: tuple[str, str], prompt: st
         params.grammar_reasoning = tags
 
 
+# The largest reasoning budget: the engine counts it in a C int, as llama-server's.
+MAX_BUDGET = 2**31 - 1
+
+
 def budget(params: GenerateParams, tokens: int | None, message: str | None, tags: tuple[str, str], opened: bool) -> None:
     """llama-server's reasoning budget (`reasoning_budget_tokens`, -1: none): at most `tokens`
     tokens inside the reasoning, then `message` (if any) and the closing tag are written in
@@ -318,8 +322,8 @@ def budget(params: GenerateParams, tokens: int | None, message: str | None, tags
         if message is not None:
             raise InvalidArgument("reasoning_budget_message: only with reasoning_budget_tokens")
         return
-    if not -1 <= tokens <= 2**31 - 1:
-        raise InvalidArgument(f"reasoning_budget_tokens must be -1 (none) or between 0 and {2**31 - 1}, got {tokens}")
+    if not -1 <= tokens <= MAX_BUDGET:
+        raise InvalidArgument(f"reasoning_budget_tokens must be -1 (none) or between 0 and {MAX_BUDGET}, got {tokens}")
     if not tags[0]:
         raise InvalidArgument("reasoning_budget_tokens: the model's chat template has no reasoning")
     if message and tags[1] in message:
