@@ -379,6 +379,19 @@ def reference_forward(w: dict[str, np.ndarray], tokens: list[int], n_head: int =
     return rms(x, w["output_norm.weight"])
 
 
+def reference_greedy(w: dict[str, np.ndarray], prompt: list[int], steps: int = 8) -> list[int]:
+    """`steps` greedy tokens after `prompt` by reference_forward."""
+    tokens = list(prompt)
+    for _ in range(steps):
+        logits = reference_forward(w, tokens)[-1] @ w["output.weight"].T
+        top2 = np.sort(logits)[-2:]
+        # llama.cpp keeps K/V in f16, so its logits differ from ours by ~1e-2: a near tie
+        # would make this comparison meaningless, and the fixed seed must not produce one.
+        assert top2[1] - top2[0] > 0.1, "reference has a near tie; pick another seed"
+        tokens.append(int(np.argmax(logits)))
+    return tokens[len(prompt) :]
+
+
 def reference_logprobs(path: Path, tokens: list[int], lora: tuple[tuple[Path, float], ...] = ()) -> np.ndarray:
     """(n_tokens, n_vocab): log-softmax of the logits after each token, as numpy computes them
     (with the LoRA adapters `lora`, (path, scale) each, merged into the weights)."""

@@ -24,6 +24,7 @@ from gguf_builder import (
     SPACE,
     read_weights,
     reference_forward,
+    reference_greedy,
     reference_logprobs,
     with_fim_tokens,
     write_tiny_llama,
@@ -95,18 +96,6 @@ async def wait_until(predicate: Callable[[], bool]) -> None:
 
 
 # --------------------------------------------------------------------------- numpy reference
-
-
-def reference_greedy(w: dict[str, np.ndarray], prompt: list[int], steps: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(steps):
-        logits = reference_forward(w, tokens)[-1] @ w["output.weight"].T
-        top2 = np.sort(logits)[-2:]
-        # llama.cpp keeps K/V in f16, so its logits differ from ours by ~1e-2: a near tie
-        # would make this comparison meaningless, and the fixed seed must not produce one.
-        assert top2[1] - top2[0] > 0.1, "reference has a near tie; pick another seed"
-        tokens.append(int(np.argmax(logits)))
-    return tokens[len(prompt) :]
 
 
 def token_id(path: Path, piece: str) -> int:
