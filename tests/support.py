@@ -106,6 +106,12 @@ class DaemonProcess:
     def post_json(self, path: str, payload: object) -> Reply:
         return self.request("POST", path, json.dumps(payload), {"Content-Type": "application/json"})
 
+    def get_json(self, path: str, status: int = 200) -> Any:
+        """GET `path`'s JSON body, asserting its status."""
+        reply = self.request("GET", path)
+        assert reply.status == status, reply.body
+        return reply.json()
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 

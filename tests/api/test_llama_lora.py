@@ -62,12 +62,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     process.stop()
 
 
-def _get(daemon: DaemonProcess, path: str, status: int = 200) -> Any:
-    reply = daemon.request("GET", path)
-    assert reply.status == status, reply.body
-    return reply.json()
-
-
 def _completion(daemon: DaemonProcess, model: str, status: int = 200, path: str = "/completion", **fields: Any) -> Any:
     body = {"model": model, "temperature": 0} | ({"prompt": PROMPT, "n_predict": 12} if path == "/completion" else {}) | fields
     reply = daemon.post_json(path, body)
@@ -85,22 +79,22 @@ def _error(daemon: DaemonProcess, model: str, lora: Any, path: str = "/completio
 
 
 def test_lora_adapters_lists_the_loaded_adapters(daemon: DaemonProcess) -> None:
-    assert _get(daemon, "/lora-adapters?model=lora") == [
+    assert daemon.get_json("/lora-adapters?model=lora") == [
         {"id": 0, "path": "adapter.gguf", "scale": 1.0, "task_name": "shout", "prompt_prefix": "LOUD: "},
     ]
-    assert _get(daemon, "/lora-adapters?model=two") == [
+    assert daemon.get_json("/lora-adapters?model=two") == [
         {"id": 0, "path": "adapters/a.gguf", "scale": 0.5, "task_name": "", "prompt_prefix": ""},
         {"id": 1, "path": "b.gguf", "scale": 1.0, "task_name": "", "prompt_prefix": ""},
     ]
-    assert _get(daemon, "/lora-adapters?model=tiny") == []
+    assert daemon.get_json("/lora-adapters?model=tiny") == []
 
 
 def test_lora_adapters_needs_a_known_model_and_is_get_only(daemon: DaemonProcess) -> None:
-    error = _get(daemon, "/lora-adapters", 400)["error"]
+    error = daemon.get_json("/lora-adapters", 400)["error"]
     assert error["message"] == "model: required, as the query ?model=NAME (GET /lora-adapters of llama-server's router mode)"
-    error = _get(daemon, "/lora-adapters?model=nope", 404)["error"]
+    error = daemon.get_json("/lora-adapters?model=nope", 404)["error"]
     assert error["type"] == "not_found_error" and "nope" in error["message"]
-    error = _get(daemon, "/lora-adapters?model=lora&id=0", 400)["error"]
+    error = daemon.get_json("/lora-adapters?model=lora&id=0", 400)["error"]
     assert error["message"] == "id: not a query field of /lora-adapters (it takes model)"
     # llama-server's POST /lora-adapters changes the scales of every request: not offered.
     reply = daemon.post_json("/lora-adapters", [{"id": 0, "scale": 0.5}])

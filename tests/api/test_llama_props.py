@@ -49,14 +49,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     process.stop()
 
 
-def get(daemon: Any, path: str, status: int = 200) -> Any:
-    reply = daemon.request("GET", path)
-    assert reply.status == status, reply.body
-    return reply.json()
-
-
 def test_props_describe_the_model(daemon: Any) -> None:
-    props = get(daemon, "/props?model=tiny")
+    props = daemon.get_json("/props?model=tiny")
     # n_ctx is per slot, as llama-server's: 16384 over two slots.
     assert props["default_generation_settings"]["n_ctx"] == 8192
     assert props["total_slots"] == 2
@@ -68,17 +62,17 @@ def test_props_describe_the_model(daemon: Any) -> None:
     assert props["build_info"].startswith("llama-cpp-python ")
     # Nothing that would say where the daemon keeps its files, nor fields edged cannot fill.
     assert "model_path" not in props and "chat_template_caps" not in props
-    qwen = get(daemon, "/props?model=qwen")
+    qwen = daemon.get_json("/props?model=qwen")
     assert qwen["chat_template"] == QWEN.read_text() and qwen["total_slots"] == 3
     assert qwen["model_ftype"] == "F16"
     assert qwen["default_generation_settings"]["n_ctx"] == 256  # the GGUF's trained context
     # A template chosen by name in the config has no text edged renders: left out.
-    named = get(daemon, "/props?model=named")
+    named = daemon.get_json("/props?model=named")
     assert "chat_template" not in named and named["total_slots"] == 1
 
 
 def test_props_sampling_defaults_are_the_engines(daemon: Any) -> None:
-    params = get(daemon, "/props?model=tiny")["default_generation_settings"]["params"]
+    params = daemon.get_json("/props?model=tiny")["default_generation_settings"]["params"]
     assert params == {
         "seed": 4294967295, "temperature": 0.8, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
         "top_k": 40, "top_p": 0.95, "min_p": 0.05, "top_n_sigma": -1.0, "xtc_probability": 0.0,
@@ -110,11 +104,11 @@ def streaming(daemon: Any, **body: Any) -> Iterator[socket.socket]:
 
 
 def test_slots_show_a_generation_while_it_runs(daemon: Any) -> None:
-    idle = get(daemon, "/slots?model=tiny")
+    idle = daemon.get_json("/slots?model=tiny")
     assert idle == [{"id": i, "n_ctx": 8192, "speculative": False, "is_processing": False} for i in range(2)]
     n_prompt = len(daemon.post_json("/tokenize", {"model": "tiny", "content": "Go on", "add_special": True}).json()["tokens"])
     with streaming(daemon, max_tokens=8000, temperature=0.5, top_k=7, seed=42):
-        slots = get(daemon, "/slots?model=tiny")
+        slots = daemon.get_json("/slots?model=tiny")
         busy = [slot for slot in slots if slot["is_processing"]]
         assert len(busy) == 1 and len(slots) == 2, slots
         slot = busy[0]
@@ -130,19 +124,19 @@ def test_slots_show_a_generation_while_it_runs(daemon: Any) -> None:
         # One slot is still idle.
         assert daemon.request("GET", "/slots?model=tiny&fail_on_no_slot=1").status == 200
     # The client went: the generation is cancelled and the slot idle again.
-    wait_until(lambda: not any(slot["is_processing"] for slot in get(daemon, "/slots?model=tiny")), timeout=60)
+    wait_until(lambda: not any(slot["is_processing"] for slot in daemon.get_json("/slots?model=tiny")), timeout=60)
 
 
 def test_fail_on_no_slot(daemon: Any) -> None:
     with streaming(daemon, max_tokens=8000), streaming(daemon, max_tokens=8000):
-        slots = get(daemon, "/slots?model=tiny")
+        slots = daemon.get_json("/slots?model=tiny")
         assert all(slot["is_processing"] for slot in slots), slots
         assert len({slot["id_task"] for slot in slots}) == 2
         for flag in ("1", "true"):
-            error = get(daemon, f"/slots?model=tiny&fail_on_no_slot={flag}", status=503)
+            error = daemon.get_json(f"/slots?model=tiny&fail_on_no_slot={flag}", status=503)
             assert error == {"error": {"message": "no slot available", "type": "unavailable_error", "code": 503}}
         # Without the flag the busy slots are listed.
-        assert len(get(daemon, "/slots?model=tiny&fail_on_no_slot=")) == 2
+        assert len(daemon.get_json("/slots?model=tiny&fail_on_no_slot=")) == 2
     wait_until(lambda: daemon.request("GET", "/slots?model=tiny&fail_on_no_slot=1").status == 200, timeout=60)
 
 
@@ -163,13 +157,13 @@ def test_fail_on_no_slot(daemon: Any) -> None:
     ],
 )
 def test_bad_requests(daemon: Any, path: str, named: str) -> None:
-    error = get(daemon, path, status=400)["error"]
+    error = daemon.get_json(path, status=400)["error"]
     assert error["type"] == "invalid_request_error" and named in error["message"], error
 
 
 def test_unknown_model_is_404(daemon: Any) -> None:
     for path in ("/props?model=nope", "/slots?model=nope"):
-        error = get(daemon, path, status=404)["error"]
+        error = daemon.get_json(path, status=404)["error"]
         assert error["type"] == "not_found_error" and "nope" in error["message"]
 
 
