@@ -84,6 +84,8 @@ __all__ = [
     "NotFound",
     "NvidiaGpu",
     "Probe",
+    "SlotAction",
+    "SlotFile",
     "SlotState",
     "SlotTask",
     "TensorBackend",
@@ -905,6 +907,18 @@ class SlotState(msgspec.Struct, frozen=True):
     speculative: bool = False  # drafts tokens with a second model
 
 
+SlotAction = Literal["save", "restore", "erase"]
+
+
+class SlotFile(msgspec.Struct, frozen=True):
+    """What a slot action did (llama-server's POST /slots/{id}): the tokens whose cells were
+    saved, restored or erased, and the bytes written or read (0 for erase), in `ms`."""
+
+    n_tokens: int
+    n_bytes: int = 0
+    ms: float = 0.0
+
+
 class GenerationBackend(Backend):
     """A backend that generates text with its own continuous-batching engine loop."""
 
@@ -1026,6 +1040,15 @@ class GenerationBackend(Backend):
         """Each slot's state now (llama-server's GET /slots); a snapshot read without waiting
         for the engine, so counts may be a step apart. InvalidArgument as for `props`."""
         raise Unsupported(f"backend {self.name!r} does not report its slots")
+
+    async def slot_action(self, action: SlotAction, slot: int, filename: str = "") -> SlotFile:
+        """llama-server's POST /slots/{id}?action=: `save` writes an idle slot's cached tokens
+        and their KV cells to `filename` in the model's slot directory, `restore` replaces
+        what the slot holds with such a file's, `erase` drops what it holds. Waits while the
+        slot is generating. `filename` is a plain file name (no directory). InvalidArgument:
+        no such slot, or a file that does not restore here; Unsupported: save or restore on
+        a model without a slot directory."""
+        raise Unsupported(f"backend {self.name!r} has no slots to save or restore")
 
     def engine_stats(self) -> dict[str, int | float | str]:
         """Engine counters and facts for model metadata (slots, busy, queued, chat template...).

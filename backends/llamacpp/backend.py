@@ -32,6 +32,11 @@ Model parameters (config `parameters`, all strings):
                   load naming this parameter and the file. Their ids are their order
                   (GET /lora-adapters); a request cannot change the scales (one llama_decode
                   serves all sequences with one set of adapters)
+    slot_save_path  a directory for llama-server's slot files (its `--slot-save-path`):
+                  POST /slots/{id}?action=save|restore writes and reads them there. A
+                  relative path is under the model version's state directory (slot files
+                  hold KV cells, which only this version's weights can use); created at
+                  load. Default none: save and restore are refused (erase works without)
 """
 
 from __future__ import annotations
@@ -62,12 +67,15 @@ from daemon.backend import (
     LoraAdapter,
     ModelConfig,
     Probe,
+    SlotAction,
+    SlotFile,
     SlotState,
     Unavailable,
+    Unsupported,
     lora_entries,
 )
 
-from .engine import EmbedJob, Engine, EngineSettings, LoraSpec
+from .engine import EmbedJob, Engine, EngineSettings, LoraSpec, SlotJob
 from .grammar import schema_to_grammar, tool_call_grammar
 
 T = TypeVar("T")
@@ -88,6 +96,7 @@ class LlamaCppOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     flash_attn: Literal["", "auto", "on", "off"] = ""
     prefix_store_mib: Annotated[int, msgspec.Meta(ge=0)] | None = None
     lora: str = ""
+    slot_save_path: str = ""
 
     def __post_init__(self) -> None:
         if self.n_batch < self.n_parallel:
@@ -151,6 +160,7 @@ class LlamaCppBackend(GenerationBackend):
     def __init__(self, context: InstanceContext) -> None:
         super().__init__(context)
         self._engine: Engine | None = None
+        self._slot_dir: Path | None = None
 
     @classmethod
     def probe(cls) -> Probe:
@@ -193,6 +203,8 @@ class LlamaCppBackend(GenerationBackend):
             ),
             lora=parse_lora(config, options.lora, artifact.parent),
         )
+        if options.slot_save_path:
+            self._slot_dir = await asyncio.to_thread(self._slot_directory, config, options.slot_save_path)
         engine = Engine(settings)
         # Set before waiting: if this load is cancelled, the daemon's unload() stops the
         # engine once its thread has finished loading (shield: the thread must not see its
@@ -203,6 +215,21 @@ class LlamaCppBackend(GenerationBackend):
         except EdgedError:
             self._engine = None  # the engine thread has freed what it loaded and exited
             raise
+
+    def _slot_directory(self, config: ModelConfig, given: str) -> Path:
+        path = Path(given)
+        if not path.is_absolute():
+            if self.context.state_dir is None:
+                raise ConfigError(
+                    f"model '{config.name}': parameters slot_save_path: {given!r} is relative and this "
+                    "instance has no state directory to put it under; give an absolute path"
+                )
+            path = self.context.state_dir / path
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"model '{config.name}': parameters slot_save_path: cannot create {path}: {exc}") from None
+        return path
 
     def unload_sync(self) -> None:
         engine, self._engine = self._engine, None
@@ -253,6 +280,29 @@ class LlamaCppBackend(GenerationBackend):
 
     def slots(self) -> list[SlotState]:
         return self._require_generating().slot_states()
+
+    async def slot_action(self, action: SlotAction, slot: int, filename: str = "") -> SlotFile:
+        engine = self._require_generating()
+        name = self.context.model_name
+        count = engine.settings.n_parallel
+        if not 0 <= slot < count:
+            raise InvalidArgument(f"id_slot: model '{name}' has slots 0 to {count - 1}, got {slot}")
+        path = None
+        if action != "erase":
+            if self._slot_dir is None:
+                raise Unsupported(
+                    f"model '{name}' does not save slots: set its parameters slot_save_path to a "
+                    "directory (llama-server's --slot-save-path)"
+                )
+            # The route checks names as llama-server does; this keeps any caller in the directory.
+            if filename in ("", ".", "..") or Path(filename).name != filename:
+                raise InvalidArgument(f"filename: a file name without a directory, got {filename!r}")
+            path = self._slot_dir / filename
+        result: tuple[int, int, float] = await _job_result(
+            lambda done: engine.submit_slot_action(action, slot, path, done)
+        )
+        n_tokens, n_bytes, ms = result
+        return SlotFile(n_tokens=n_tokens, n_bytes=n_bytes, ms=ms)
 
     def _require_generating(self) -> Engine:
         engine = self._require_engine()
@@ -403,7 +453,7 @@ class LlamaCppBackend(GenerationBackend):
         return await _job_result(lambda done: engine.submit_rerank(query, pairs, done))
 
 
-async def _job_result(submit: Callable[[Callable[[T | EdgedError], None]], EmbedJob]) -> T:
+async def _job_result(submit: Callable[[Callable[[T | EdgedError], None]], EmbedJob | SlotJob]) -> T:
     """Submit an engine job (`submit(done)`) and await what its `done` callback gives, from
     the engine thread; a caller gone (cancelled) cancels the job."""
     loop = asyncio.get_running_loop()

@@ -42,6 +42,7 @@ import contextlib
 import ctypes
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -116,6 +117,12 @@ _FUNCTION_PREFIX = re.compile(r"^[a-z_0-9]+: ")
 Emit = Callable[[GenerateChunk | EdgedError], None]
 EmbedDone = Callable[[tuple[list[list[float]], int] | EdgedError], None]
 RerankDone = Callable[[tuple[list[float], int] | EdgedError], None]
+# A slot action's outcome: (tokens, bytes written or read, milliseconds), or why it failed.
+SlotDone = Callable[[tuple[int, int, float] | EdgedError], None]
+# llama-server's packing of a slot's tokens in a slot file (server_tokens::serialize): a null
+# token, the format's version, the tokens as a counted list, then a counted list of media
+# chunks (none: text only here). Its older files hold the bare tokens.
+_PACKED_MARKER, _PACKED_VERSION = -1, 1
 
 # `flash_attn` parameter -> llama.cpp's setting. The default is llama.cpp's "auto" (on for the
 # CPU): side by side with llama-server on a 512x8 f16 model, 2 threads, 8 streams it gave ~1.4x
@@ -218,6 +225,23 @@ class RerankJob(EmbedJob):
     def __init__(self, engine: Engine, query: str, documents: list[str], done: RerankDone):
         super().__init__(engine, list(documents), done)  # type: ignore[arg-type]
         self.query = query
+
+
+class SlotJob:
+    """llama-server's POST /slots/{id} action on one slot: runs on the engine thread once the
+    slot is idle (`path`: the slot file, None for erase)."""
+
+    def __init__(self, engine: Engine, action: str, slot: int, path: Path | None, done: SlotDone):
+        self.action = action
+        self.slot = slot
+        self.path = path
+        self.done = done
+        self.cancelled = False
+        self._engine = engine
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._engine.wake()
 
 
 @dataclass(eq=False)
@@ -336,7 +360,7 @@ class Engine:
         # Held by other threads while they use the vocabulary, and by the engine thread while
         # it frees the model.
         self._vocab_lock = threading.Lock()
-        self._inbox: deque[Request | EmbedJob] = deque()
+        self._inbox: deque[Request | EmbedJob | SlotJob] = deque()
         self._pending = 0  # submitted but not yet admitted to a slot (guarded by _cond)
         self._stopping = False
         self._failure = ""  # set when the engine thread died: why new requests are refused
@@ -372,6 +396,7 @@ class Engine:
         self._store_bytes = 0
         self._store_hits = 0
         self._waiting: deque[Prepared] = deque()
+        self._slot_jobs: list[SlotJob] = []  # in arrival order, each waiting for its slot
         # Requests whose first chunk the last step emitted (see _hand_over_first_chunks).
         self._first_chunks: list[Request] = []
         self._pieces: dict[int, bytes] = {}
@@ -408,6 +433,11 @@ class Engine:
 
     def submit_rerank(self, query: str, documents: list[str], done: RerankDone) -> RerankJob:
         job = RerankJob(self, query, documents, done)
+        self._enqueue(job)
+        return job
+
+    def submit_slot_action(self, action: str, slot: int, path: Path | None, done: SlotDone) -> SlotJob:
+        job = SlotJob(self, action, slot, path, done)
         self._enqueue(job)
         return job
 
@@ -500,7 +530,7 @@ class Engine:
         if self._thread.is_alive():
             log.error("llama.cpp engine of model '%s' did not stop within %.0f s", self.name, timeout)
 
-    def _enqueue(self, item: Request | EmbedJob) -> None:
+    def _enqueue(self, item: Request | EmbedJob | SlotJob) -> None:
         with self._cond:
             self._check_capacity_locked()
             self._pending += 1
@@ -691,7 +721,7 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._stopping or self._inbox or self._waiting or any(self._slots)):
+                while not (self._stopping or self._inbox or self._waiting or self._slot_jobs or any(self._slots)):
                     self._cond.wait()
                 if self._stopping:
                     return
@@ -701,9 +731,16 @@ class Engine:
                 if isinstance(item, EmbedJob):  # a RerankJob too
                     self._release_pending()
                     self._embed(item)
+                elif isinstance(item, SlotJob):
+                    self._release_pending()
+                    self._slot_jobs.append(item)
                 else:
                     self._intake(item)
             self._drop_cancelled()
+            if self._slot_jobs:
+                # Before admission: an action on an idle slot runs before a waiting request
+                # can take the slot (llama-server runs its tasks in order too).
+                self._run_slot_jobs()
             self._admit()
             if any(self._slots):
                 self._step()
@@ -1591,6 +1628,77 @@ class Engine:
         llama.llama_sampler_free(seq.sampler)
         self._slots[seq.slot] = None
 
+    # --------------------------------------------------------------- slot files
+
+    def _run_slot_jobs(self) -> None:
+        """Each waiting action whose slot is idle, in arrival order; the rest keep waiting."""
+        kept = []
+        for job in self._slot_jobs:
+            if job.cancelled:
+                continue
+            if self._slots[job.slot] is not None:
+                kept.append(job)
+                continue
+            try:
+                job.done(self._slot_action(job))
+            except EdgedError as exc:
+                job.done(exc)
+        self._slot_jobs = kept
+
+    def _slot_action(self, job: SlotJob) -> tuple[int, int, float]:
+        started = time.perf_counter()
+        slot = job.slot
+        cached = self._cached[slot]
+        if job.action == "erase":
+            llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
+            self._cached[slot] = []
+            return len(cached), 0, 0.0
+        file = job.path
+        assert file is not None
+        path = os.fsencode(file)
+
+        def reason(errors: list[str], default: str) -> str:
+            # llama.cpp's reasons name the file by its path: the client gave only its name.
+            return "; ".join(errors).replace(str(file), file.name) if errors else default
+
+        if job.action == "save":
+            packed = [_PACKED_MARKER, _PACKED_VERSION, len(cached), *cached, 0]
+            with _llama_errors() as errors:
+                written = llama.llama_state_seq_save_file(
+                    self._ctx, path, slot, (llama.llama_token * len(packed))(*packed), len(packed)
+                )
+            if written == 0:
+                raise BackendError(f"Unable to save slot {slot} of model '{self.name}': {reason(errors, 'llama.cpp failed')}")
+            return len(cached), written, (time.perf_counter() - started) * 1000
+        if not file.is_file():
+            raise InvalidArgument(f"Unable to restore slot {slot}: no file {file.name!r} in the model's slot_save_path")
+        count = ctypes.c_size_t(0)
+        with _llama_errors() as errors:
+            header = llama.llama_state_seq_load_file(self._ctx, path, slot, None, 0, ctypes.byref(count))
+        if header == 0:
+            raise InvalidArgument(f"Unable to restore slot {slot}: {reason(errors, 'not a slot file')}")
+        # The slot's cells are about to be replaced: they may be a conversation that comes back.
+        if cached:
+            self._save(slot, cached)
+        llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
+        self._cached[slot] = []
+        buffer = (llama.llama_token * max(1, count.value))()
+        with _llama_errors() as errors:
+            read = llama.llama_state_seq_load_file(self._ctx, path, slot, buffer, len(buffer), ctypes.byref(count))
+        try:
+            if read == 0:
+                raise ValueError(reason(errors, "its cells do not fit this model's slot"))
+            tokens = _unpacked(buffer[: count.value])
+            if len(tokens) > self.n_ctx_seq:
+                raise ValueError(f"its {len(tokens)} tokens do not fit the slot's {self.n_ctx_seq}")
+            if any(not 0 <= t < self.n_vocab for t in tokens):
+                raise ValueError(f"it holds token ids outside this model's vocabulary of {self.n_vocab}")
+        except ValueError as exc:
+            llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
+            raise InvalidArgument(f"Unable to restore slot {slot}: {exc}") from None
+        self._cached[slot] = tokens
+        return len(tokens), read, (time.perf_counter() - started) * 1000
+
     # --------------------------------------------------------------- embeddings
 
     def _embed(self, job: EmbedJob) -> None:
@@ -1911,7 +2019,9 @@ class Engine:
                 self._free_sequence(seq)
         with self._cond:
             self._stopping = True
-            leftovers: list[Request | EmbedJob] = [item.request for item in self._waiting]
+            leftovers: list[Request | EmbedJob | SlotJob] = [item.request for item in self._waiting]
+            leftovers.extend(self._slot_jobs)
+            self._slot_jobs = []
             for prepared in self._waiting:
                 if prepared.grammar:
                     llama.llama_sampler_free(prepared.grammar)
@@ -1925,7 +2035,7 @@ class Engine:
             else Unavailable(f"model '{self.name}' was unloaded before the request started")
         )
         for item in leftovers:
-            if isinstance(item, EmbedJob):
+            if isinstance(item, (EmbedJob, SlotJob)):
                 item.done(gone)
             else:
                 item.emit(gone)
@@ -1943,6 +2053,20 @@ class Engine:
             if self._model:
                 llama.llama_model_free(self._model)
             self._model = None
+
+
+def _unpacked(packed: list[int]) -> list[int]:
+    """The tokens of a slot file as llama-server packs them (or bare, as its older files)."""
+    if not packed or packed[0] != _PACKED_MARKER:
+        return packed
+    if len(packed) < 3 or packed[1] != _PACKED_VERSION:
+        raise ValueError("an unknown version of llama-server's slot file")
+    count = packed[2]
+    if count < 0 or len(packed) != 3 + count + 1:
+        raise ValueError("its token list is cut or has trailing data")
+    if packed[3 + count] != 0:
+        raise ValueError("it holds media (images or audio), which this model does not take")
+    return packed[3 : 3 + count]
 
 
 def _utf8_need(need: int, piece: bytes) -> int:

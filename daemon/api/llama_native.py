@@ -1,5 +1,6 @@
 """llama-server's utility routes for generation models: `POST /tokenize`, `/detokenize` and
-`/apply-template`, `GET /props`, `/slots` and `/lora-adapters`, with its request and response
+`/apply-template`, `GET /props`, `/slots` and `/lora-adapters`, `POST /slots/{id}` (save,
+restore, erase), with its request and response
 shapes (llama.cpp tools/server); its native `POST /embedding` (also `/embeddings`) for embedding models; and its
 `GET /health` (also `/v1/health`), which container health checks and clients poll.
 
@@ -20,7 +21,7 @@ from aiohttp import web
 from daemon.api import openai_tools
 from daemon.api.openai import ChatMessage, chat_prompt, decode_with, generation_model, request_body
 from daemon.api.state import daemon_of
-from daemon.backend import GenerateParams, SlotState
+from daemon.backend import GenerateParams, SlotAction, SlotState
 from daemon.core.model import LoadedVersion
 from daemon.errors import InvalidArgument
 
@@ -75,10 +76,16 @@ class EmbeddingRequest(_Strict):
     encoding_format: str | None = None
 
 
+class SlotActionRequest(_Strict):
+    model: str
+    filename: str | None = None  # save and restore: a file in the model's slot_save_path
+
+
 _TOKENIZE = msgspec.json.Decoder(TokenizeRequest)
 _DETOKENIZE = msgspec.json.Decoder(DetokenizeRequest)
 _APPLY_TEMPLATE = msgspec.json.Decoder(ApplyTemplateRequest)
 _EMBEDDING = msgspec.json.Decoder(EmbeddingRequest)
+_SLOT_ACTION = msgspec.json.Decoder(SlotActionRequest)
 
 
 def _ok(payload: object) -> web.Response:
@@ -382,6 +389,65 @@ def _slot_json(state: SlotState) -> dict[str, object]:
     }
 
 
+async def slot_action(request: web.Request) -> web.Response:
+    """llama-server's POST /slots/{id_slot}?action=save|restore|erase: an idle slot's cached
+    tokens and KV cells to a file in the model's `slot_save_path`, back from one, or dropped
+    (each waits while the slot generates). The files are llama-server's own format: one
+    saved by either restores in the other on the same GGUF."""
+    for key in request.query:
+        if key != "action":
+            raise InvalidArgument(f"{key}: not a query field of POST /slots/{{id_slot}} (it takes action)")
+        if len(request.query.getall(key)) > 1:
+            raise InvalidArgument(f"{key}: given more than once")
+    given = request.query.get("action", "")
+    action = _SLOT_ACTIONS.get(given)
+    if action is None:
+        raise InvalidArgument(f"action: save, restore or erase (the query ?action=), got {given!r}")
+    text = request.match_info["id_slot"]
+    if not (text.isascii() and text.isdigit()):
+        raise InvalidArgument(f"id_slot: a slot number in the path, got {text!r}")
+    req = decode_with(_SLOT_ACTION, await request_body(request))
+    if action == "erase":
+        if req.filename is not None:
+            raise InvalidArgument("filename: erase takes no file (it drops what the slot holds)")
+    elif req.filename is None:
+        raise InvalidArgument(f"filename: required to {action} a slot")
+    elif not valid_filename(req.filename):
+        raise InvalidArgument(
+            f"filename: {req.filename!r} is not a file name llama-server takes (no directory, no '..', "
+            "no control characters nor any of :*?\"<>|, no leading space nor trailing space or dot, "
+            "at most 255 bytes)"
+        )
+    model = await generation_model(request, req.model)
+    slot = int(text)
+    done = await model.slot_action(action, slot, req.filename or "")
+    if action == "erase":
+        return _ok({"id_slot": slot, "n_erased": done.n_tokens})
+    if action == "save":
+        return _ok({"id_slot": slot, "filename": req.filename, "n_saved": done.n_tokens,
+                    "n_written": done.n_bytes, "timings": {"save_ms": done.ms}})
+    return _ok({"id_slot": slot, "filename": req.filename, "n_restored": done.n_tokens,
+                "n_read": done.n_bytes, "timings": {"restore_ms": done.ms}})
+
+
+_SLOT_ACTIONS: dict[str, SlotAction] = {"save": "save", "restore": "restore", "erase": "erase"}
+# What llama-server's fs_validate_filename refuses in a name, besides the separators.
+_FORBIDDEN_CHARS = frozenset(':*?"<>|/\\\uff0e\u2215\u2216\ufffd\ufeff')
+
+
+def valid_filename(name: str) -> bool:
+    """A plain file name, as llama-server's fs_validate_filename (subdirectories not allowed)."""
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    if not 0 < size <= 255 or name == "." or ".." in name or name[0] == " " or name[-1] in " .":
+        return False
+    return not any(
+        ch in _FORBIDDEN_CHARS or ord(ch) <= 0x1F or 0x7F <= ord(ch) <= 0x9F for ch in name
+    )
+
+
 async def lora_adapters(request: web.Request) -> web.Response:
     """llama-server's GET /lora-adapters for one model (`?model=NAME`, as its router): the
     adapters the model's parameters `lora` loaded, `[{id, path, scale, task_name,
@@ -421,9 +487,9 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/apply-template", apply_template)
     r.add_post("/embedding", embedding)
     r.add_post("/embeddings", embedding)
-    # GET only: POST /props (changing settings) and POST /slots/{id} (save, restore, erase)
-    # are not offered; aiohttp answers 405 and 404 for them.
+    # GET only: POST /props (changing settings) is not offered; aiohttp answers 405.
     r.add_get("/props", props)
     r.add_get("/slots", slots)
+    r.add_post("/slots/{id_slot}", slot_action)
     # GET only: POST /lora-adapters (changing the scales of every sequence) is a 405.
     r.add_get("/lora-adapters", lora_adapters)

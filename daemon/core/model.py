@@ -26,6 +26,8 @@ from daemon.backend import (
     InferRequest,
     InferResponse,
     InfillInput,
+    SlotAction,
+    SlotFile,
 )
 from daemon.core.plugins import takes_keyword
 from daemon.core.scheduler import Scheduler
@@ -226,6 +228,15 @@ class LoadedVersion:
         self._enter()
         try:
             return await generator.token_pieces(tokens)
+        finally:
+            self._leave()
+
+    async def slot_action(self, action: SlotAction, slot: int, filename: str = "") -> SlotFile:
+        """Save, restore or erase one slot's cache (see GenerationBackend.slot_action)."""
+        generator = self.require_generator()
+        self._enter()  # a drain before unloading waits for it: it may be writing a file
+        try:
+            return await generator.slot_action(action, slot, filename)
         finally:
             self._leave()
 

@@ -1,0 +1,215 @@
+"""llama-server's POST /slots/{id}?action=save|restore|erase (daemon/api/llama_native.py,
+backends/llamacpp/engine.py) against the daemon serving tiny GGUFs on llama.cpp, over its real
+socket: what a saved file restores is the slot's cache (the next completion decodes only
+what follows it, with the same greedy text), and erase drops it.
+tests/fixtures/oracle/llama_slots.py restores llama-server's files here and ours there."""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from gguf_builder import write_tiny_llama
+
+from support import start_daemon_process, wait_until
+
+PROMPT = "The quick brown fox jumps over the lazy dog and runs"
+
+
+def _config(path: Path, **parameters: str) -> None:
+    params = "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in parameters.items())
+    path.write_text('backend: "llamacpp"\n' + params)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    repo = tmp_path_factory.mktemp("slots-repo")
+    models: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
+        # No prefix store: what a slot holds comes from its own requests and files only.
+        "tiny": ({"seed": 1}, {"n_parallel": "2", "slot_save_path": "slots", "prefix_store_mib": "0"}),
+        # Another shape: its cells do not fit a file of tiny's.
+        "wide": ({"seed": 2, "n_embd": 128}, {"n_parallel": "1", "slot_save_path": "slots"}),
+        "one": ({"seed": 1, "n_ctx": 4096}, {"n_parallel": "1", "slot_save_path": "slots"}),
+        "plain": ({"seed": 1}, {"n_parallel": "1"}),
+        "embed": ({"seed": 1, "pooling": 1}, {"embedding": "true"}),
+    }
+    for name, (options, parameters) in models.items():
+        (repo / name / "1").mkdir(parents=True)
+        write_tiny_llama(repo / name / "1" / "model.gguf", **options)
+        _config(repo / name / "config.pbtxt", **parameters)
+    process = start_daemon_process(tmp_path_factory.mktemp("edged"), "--model-repository", str(repo))
+    yield process
+    process.stop()
+
+
+def post(daemon: Any, path: str, body: dict[str, Any], status: int = 200) -> Any:
+    reply = daemon.post_json(path, body)
+    assert reply.status == status, reply.body
+    return reply.json()
+
+
+def complete(daemon: Any, model: str = "tiny", n_predict: int = 8) -> Any:
+    return post(daemon, "/completion", {"model": model, "prompt": PROMPT, "n_predict": n_predict, "temperature": 0})
+
+
+def slot_dir(daemon: Any, model: str) -> Path:
+    return daemon.state_dir / "models" / model / "1" / "slots"
+
+
+def test_save_erase_restore(daemon: Any) -> None:
+    for slot in (0, 1):
+        post(daemon, f"/slots/{slot}?action=erase", {"model": "tiny"})
+    cold = complete(daemon)
+    prompt_tokens, predicted = cold["tokens_evaluated"], cold["tokens_predicted"]
+    assert cold["timings"]["cache_n"] == 0 and predicted == 8
+    # Two empty slots: the first one served it (least recently used, lowest index first).
+    saved = post(daemon, "/slots/0?action=save", {"model": "tiny", "filename": "fox.bin"})
+    # The prompt and the generated tokens but the last, whose cells were never computed.
+    assert saved["n_saved"] == prompt_tokens + predicted - 1
+    assert saved["id_slot"] == 0 and saved["filename"] == "fox.bin"
+    assert saved["n_written"] == (slot_dir(daemon, "tiny") / "fox.bin").stat().st_size > 12
+    assert set(saved["timings"]) == {"save_ms"}
+    assert post(daemon, "/slots/0?action=erase", {"model": "tiny"}) == {"id_slot": 0, "n_erased": saved["n_saved"]}
+    # Nothing cached anywhere now: the prompt is decoded again, into slot 1.
+    again = complete(daemon)
+    assert again["timings"]["cache_n"] == 0 and again["content"] == cold["content"]
+    post(daemon, "/slots/1?action=erase", {"model": "tiny"})
+    restored = post(daemon, "/slots/0?action=restore", {"model": "tiny", "filename": "fox.bin"})
+    assert restored["n_restored"] == saved["n_saved"] and restored["n_read"] == saved["n_written"]
+    assert restored["id_slot"] == 0 and set(restored["timings"]) == {"restore_ms"}
+    warm = complete(daemon)
+    # All but the prompt's last token came from the file (its logits give the first token).
+    assert warm["timings"]["cache_n"] == prompt_tokens - 1
+    assert warm["content"] == cold["content"]
+
+
+def save_served(daemon: Any, n_predict: int = 8) -> tuple[Any, Any]:
+    """A cold completion on an emptied tiny, and the save of the slot that served it."""
+    for slot in (0, 1):
+        post(daemon, f"/slots/{slot}?action=erase", {"model": "tiny"})
+    cold = complete(daemon, n_predict=n_predict)
+    saved = [post(daemon, f"/slots/{slot}?action=save", {"model": "tiny", "filename": f"s{slot}.bin"}) for slot in (0, 1)]
+    # One slot served it; the other saved an empty cache.
+    used = next(s for s in saved if s["n_saved"])
+    assert sorted(s["n_saved"] for s in saved) == [0, used["n_saved"]]
+    for slot in (0, 1):
+        post(daemon, f"/slots/{slot}?action=erase", {"model": "tiny"})
+    return cold, used
+
+
+def test_restore_into_another_slot(daemon: Any) -> None:
+    cold, used = save_served(daemon, n_predict=12)
+    other = 1 - used["id_slot"]
+    post(daemon, f"/slots/{other}?action=restore", {"model": "tiny", "filename": used["filename"]})
+    warm = complete(daemon, n_predict=12)
+    assert warm["content"] == cold["content"] and warm["timings"]["cache_n"] == cold["tokens_evaluated"] - 1
+
+
+def test_save_waits_for_the_slot_to_finish(daemon: Any) -> None:
+    post(daemon, "/slots/0?action=erase", {"model": "one"})
+    result: dict[str, Any] = {}
+
+    def generate() -> None:
+        result["completion"] = complete(daemon, "one", n_predict=1500)
+
+    worker = threading.Thread(target=generate)
+    worker.start()
+    wait_until(lambda: daemon.get_json("/slots?model=one")[0]["is_processing"])
+    saved = post(daemon, "/slots/0?action=save", {"model": "one", "filename": "long.bin"})
+    worker.join(60)
+    completion = result["completion"]
+    # Saved after the generation ended: every token it computed is in the file.
+    assert saved["n_saved"] == completion["tokens_evaluated"] + completion["tokens_predicted"] - 1
+
+
+def test_a_file_of_another_model_does_not_restore(daemon: Any) -> None:
+    post(daemon, "/slots/0?action=erase", {"model": "tiny"})
+    complete(daemon)
+    post(daemon, "/slots/0?action=save", {"model": "tiny", "filename": "tiny.bin"})
+    target = slot_dir(daemon, "wide")
+    (target / "tiny.bin").write_bytes((slot_dir(daemon, "tiny") / "tiny.bin").read_bytes())
+    body = post(daemon, "/slots/0?action=restore", {"model": "wide", "filename": "tiny.bin"}, 400)
+    assert body["error"]["message"].startswith("Unable to restore slot 0: ")
+    # The reason names the file as the client did, not where the daemon keeps it.
+    assert str(daemon.state_dir) not in body["error"]["message"]
+    # The slot is empty and the model still serves.
+    assert complete(daemon, "wide")["timings"]["cache_n"] == 0
+    (target / "junk.bin").write_bytes(b"not a slot file at all")
+    body = post(daemon, "/slots/0?action=restore", {"model": "wide", "filename": "junk.bin"}, 400)
+    assert body["error"]["message"].startswith("Unable to restore slot 0: ")
+    body = post(daemon, "/slots/0?action=restore", {"model": "wide", "filename": "missing.bin"}, 400)
+    assert body["error"]["message"] == "Unable to restore slot 0: no file 'missing.bin' in the model's slot_save_path"
+
+
+def test_a_file_with_tokens_this_model_cannot_take(daemon: Any) -> None:
+    _, saved = save_served(daemon)
+    data = bytearray((slot_dir(daemon, "tiny") / saved["filename"]).read_bytes())
+    # llama.cpp's header (magic, version, count), then llama-server's packing: a null token,
+    # its version, the token count, the tokens, the count of media chunks.
+    header = struct.unpack_from("<3I3i", data)
+    assert header[2:] == (saved["n_saved"] + 4, -1, 1, saved["n_saved"])
+    cases = {
+        "vocab.bin": (24, 10_000, "outside this model's vocabulary"),
+        "media.bin": (24 + 4 * saved["n_saved"], 1, "media"),
+        "version.bin": (16, 7, "unknown version"),
+    }
+    for name, (offset, value, reason) in cases.items():
+        changed = bytearray(data)
+        struct.pack_into("<i", changed, offset, value)
+        (slot_dir(daemon, "tiny") / name).write_bytes(bytes(changed))
+        message = post(daemon, "/slots/0?action=restore", {"model": "tiny", "filename": name}, 400)["error"]["message"]
+        assert message.startswith("Unable to restore slot 0: ") and reason in message, message
+        # Nothing of the file stays in the slot.
+        assert complete(daemon)["timings"]["cache_n"] == 0
+        for slot in (0, 1):
+            post(daemon, f"/slots/{slot}?action=erase", {"model": "tiny"})
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "named"),
+    [
+        ("/slots/0?action=save", {"model": "tiny", "filename": "../x.bin"}, "filename"),
+        ("/slots/0?action=save", {"model": "tiny", "filename": "a/b.bin"}, "filename"),
+        ("/slots/0?action=save", {"model": "tiny", "filename": "x."}, "filename"),
+        ("/slots/0?action=save", {"model": "tiny", "filename": ""}, "filename"),
+        ("/slots/0?action=save", {"model": "tiny"}, "filename"),
+        ("/slots/0?action=restore", {"model": "tiny"}, "filename"),
+        ("/slots/0?action=erase", {"model": "tiny", "filename": "x.bin"}, "filename"),
+        ("/slots/0?action=load", {"model": "tiny", "filename": "x.bin"}, "action"),
+        ("/slots/0", {"model": "tiny"}, "action"),
+        ("/slots/0?action=erase&model=tiny", {"model": "tiny"}, "model: not a query field"),
+        ("/slots/2?action=erase", {"model": "tiny"}, "id_slot"),
+        ("/slots/-1?action=erase", {"model": "tiny"}, "id_slot"),
+        ("/slots/x?action=erase", {"model": "tiny"}, "id_slot"),
+        ("/slots/0?action=erase", {}, "model"),
+        ("/slots/0?action=erase", {"model": "tiny", "n_keep": 1}, "n_keep"),
+        ("/slots/0?action=erase", {"model": "embed"}, "embedding model"),
+    ],
+)
+def test_bad_requests_name_the_field(daemon: Any, path: str, body: dict[str, Any], named: str) -> None:
+    message = post(daemon, path, body, 400)["error"]["message"]
+    assert named in message, message
+
+
+def test_save_and_restore_need_a_slot_directory(daemon: Any) -> None:
+    for action in ("save", "restore"):
+        body = post(daemon, f"/slots/0?action={action}", {"model": "plain", "filename": "x.bin"}, 501)
+        assert "slot_save_path" in body["error"]["message"]
+    # Erase writes no file: it needs none.
+    complete(daemon, "plain")
+    erased = post(daemon, "/slots/0?action=erase", {"model": "plain"})
+    assert erased["n_erased"] > 0
+    assert complete(daemon, "plain")["timings"]["cache_n"] == 0
+
+
+def test_unknown_model_is_404(daemon: Any) -> None:
+    reply = daemon.post_json("/slots/0?action=erase", {"model": "nope"})
+    assert reply.status == 404 and "nope" in json.loads(reply.body)["error"]["message"]
