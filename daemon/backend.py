@@ -802,6 +802,10 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # sequence takes its slot and after each decode of its prompt (llama-server's
     # return_progress).
     return_progress: bool = False
+    # llama-server's `id_slot`: the slot to generate in, waiting while it is busy (requests
+    # behind it that can use another slot go first); -1: any (the idle slot sharing the
+    # longest prefix with the prompt, else the least recently used).
+    id_slot: int = -1
 
 
 class TokenLogprob(msgspec.Struct):
@@ -847,6 +851,9 @@ class GenerateChunk(msgspec.Struct):
     # tokens (total), of them found in the cache, of them in the cache now (cache included),
     # and ms since the sequence took its slot, as llama-server's prompt_progress.
     prompt_progress: tuple[int, int, int, int] | None = None
+    # The slot (of GenerationBackend.slots) the sequence runs in, on every chunk once it has
+    # one; -1 where the backend has no slots or the chunk came before one was taken.
+    slot: int = -1
 
 
 class InfillInput(msgspec.Struct, frozen=True):

@@ -332,6 +332,9 @@ class LlamaCppBackend(GenerationBackend):
         self, engine: Engine, prompt: str | list[int], params: GenerateParams
     ) -> AsyncGenerator[GenerateChunk, None]:
         _check_params(params)
+        slots = engine.settings.n_parallel
+        if not -1 <= params.id_slot < slots:
+            raise InvalidArgument(f"id_slot: model '{self.context.model_name}' has slots 0 to {slots - 1} (-1: any), got {params.id_slot}")
         if params.tool_calls is not None:
             if params.grammar:
                 raise InvalidArgument("tool_calls cannot be used together with grammar")

@@ -765,6 +765,7 @@ class Engine:
         self._first_chunks.clear()
 
     def _emit(self, seq: _Sequence, chunk: GenerateChunk) -> None:
+        chunk.slot = seq.slot
         if not seq.emitted:
             seq.emitted = True
             self._first_chunks.append(seq.request)
@@ -1015,11 +1016,18 @@ class Engine:
             self._waiting = kept
 
     def _admit(self) -> None:
+        held: deque[Prepared] = deque()  # waiting for the one slot they asked for
         while self._waiting:
             free = [i for i, seq in enumerate(self._slots) if seq is None]
             if not free:
-                return
+                break
             item = self._waiting.popleft()
+            wanted = item.request.params.id_slot
+            if wanted >= 0:
+                if self._slots[wanted] is not None:
+                    held.append(item)
+                    continue
+                free = [wanted]
             self._release_pending()
             tokens = item.tokens
             slot, common = self._pick_slot(free, tokens)
@@ -1084,6 +1092,9 @@ class Engine:
                     bos = llama.llama_vocab_bos(self._vocab)
                     seq.skip_bos = bool(llama.llama_vocab_get_add_bos(self._vocab)) and tokens[0] == bos
             self._slots[slot] = seq
+        if held:
+            held.extend(self._waiting)
+            self._waiting = held
 
     def _use_store(self, slot: int, common: int, tokens: list[int]) -> int:
         """Save the slot's cells when a new conversation replaces them; restore a stored
@@ -1587,7 +1598,7 @@ class Engine:
         """A return_progress chunk: the prompt's tokens, of them cached at admission, in the
         cache now, and ms since admission (llama-server's prompt_progress)."""
         elapsed_ms = (time.perf_counter_ns() - seq.admitted_ns) // 1_000_000
-        seq.request.emit(GenerateChunk(text="", prompt_progress=(len(seq.prompt), seq.cached, seq.n_past, elapsed_ms)))
+        seq.request.emit(GenerateChunk(text="", prompt_progress=(len(seq.prompt), seq.cached, seq.n_past, elapsed_ms), slot=seq.slot))
 
     def _finish(
         self, seq: _Sequence, reason: Literal["stop", "length"], text: str, *, flush: bool,
@@ -2013,7 +2024,7 @@ class Engine:
                 seq.request.emit(
                     GenerateChunk(
                         text=tail, token_ids=seq.ids, finish_reason="cancelled",
-                        prompt_tokens=len(seq.prompt), completion_tokens=seq.generated,
+                        prompt_tokens=len(seq.prompt), completion_tokens=seq.generated, slot=seq.slot,
                     )
                 )
                 self._free_sequence(seq)

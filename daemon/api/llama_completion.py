@@ -4,7 +4,7 @@ and event stream (llama.cpp tools/server), on the engine the OpenAI routes use.
 
 The body names the model (`model`, required, as in llama_native). Every field llama-server
 takes either has its effect here or is a 400 naming it: an unknown field (llama-server ignores
-one) and the fields not implemented (`id_slot`, `n_keep`, `post_sampling_probs`, ...) are
+one) and the fields not implemented (`n_keep`, `post_sampling_probs`, ...) are
 rejected by the decoder; `lora` is taken where it asks for the model's own adapter scales
 (openai.lora_request), else a 400. Sampling values are checked as on the OpenAI routes (openai._params),
 which reject what llama-server clamps. A list of prompts and `n_cmpl` (also `n`) completions
@@ -335,6 +335,7 @@ async def _complete(
             "index": index,
             "content": "" if stream else content,  # streamed, the events carried it
             "tokens": result.tokens if req.return_tokens and not stream else [],
+            "id_slot": last.slot,
             "stop": True,
             "model": model.name,
             "tokens_predicted": last.completion_tokens,
@@ -378,7 +379,7 @@ async def _complete(
             progress = chunk.prompt_progress
             if chunk.text or chunk.token_ids or progress is not None:
                 event: dict[str, Any] = {
-                    "index": index, "content": chunk.text, "tokens": chunk.token_ids, "stop": False,
+                    "index": index, "content": chunk.text, "tokens": chunk.token_ids, "id_slot": chunk.slot, "stop": False,
                     "tokens_predicted": len(results[index].tokens),
                     "tokens_evaluated": len(prompts[index // per_prompt]),
                 }

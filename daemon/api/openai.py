@@ -114,6 +114,8 @@ class SharedSampling(_Strict, kw_only=True):
     samplers: list[str] | str | None = None
     # llama-server's LoRA scales for this request; only the model's own here (lora_request).
     lora: list[LoraScale] | None = None
+    # llama-server's slot for this request (GenerateParams.id_slot); -1 or none: any.
+    id_slot: int | None = None
 
 
 class _Sampling(SharedSampling):
@@ -314,6 +316,8 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
             params.frequency_penalty = req.frequency_penalty
         if req.logit_bias:
             params.logit_bias = _logit_bias(req.logit_bias)
+        if req.id_slot is not None:
+            params.id_slot = req.id_slot  # the backend checks it against the model's slots
         _llama_samplers(req, params)
     if req.temperature is not None:
         in_range("temperature", req.temperature, 0.0, 2.0)
@@ -518,6 +522,10 @@ def _choices(
         raise InvalidArgument(
             f"seed: with {field} {per_prompt}, choice i samples with seed + i, which must stay <= {sampling.MAX_SEED}"
         )
+    if total > 1 and params.id_slot >= 0:
+        # One slot holds one sequence: several would queue one after another there, and a
+        # slot's cache is one conversation's (llama-server gives its extra choices any slot).
+        raise InvalidArgument(f"id_slot: names one slot for one generation; this request asks for {total}")
     if total > 1:
         engine = model.require_generator().engine_stats()
         room = int(engine.get("slots", 0)) + int(engine.get("max_queue", 0))

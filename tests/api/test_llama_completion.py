@@ -140,7 +140,7 @@ def test_stream_frames_and_summary(daemon: Any) -> None:
     whole = complete(daemon, prompt=PROMPT, n_predict=10, return_tokens=True)
     frames = events(daemon, "/completion", {"prompt": PROMPT, "n_predict": 10})
     *parts, final = frames
-    assert parts and all(p["stop"] is False and set(p) == {"index", "content", "tokens", "stop", "tokens_predicted", "tokens_evaluated"} for p in parts)
+    assert parts and all(p["stop"] is False and set(p) == {"index", "content", "tokens", "id_slot", "stop", "tokens_predicted", "tokens_evaluated"} for p in parts)
     assert "".join(p["content"] for p in parts) == whole["content"]
     assert [t for p in parts for t in p["tokens"]] == whole["tokens"]
     assert parts[-1]["tokens_predicted"] == 10 and parts[0]["tokens_evaluated"] == whole["tokens_evaluated"]
@@ -251,7 +251,9 @@ def test_infill_repository_layout(daemon: Any) -> None:
     ("/completion", {"prompt": "x", "n": 500}, "n: 500 choices are more than"),
     ("/completion", {"prompt": []}, "prompt: must not be empty"),
     ("/completion", {"prompt": ["a", []]}, "prompt[1]: no tokens"),
-    ("/completion", {"prompt": "x", "id_slot": 0}, "id_slot"),
+    ("/completion", {"prompt": "x", "id_slot": 99}, "(-1: any), got 99"),
+    ("/completion", {"prompt": "x", "id_slot": -2}, "(-1: any), got -2"),
+    ("/completion", {"prompt": "x", "id_slot": 0, "n_cmpl": 2}, "id_slot: names one slot for one generation; this request asks for 2"),
     ("/completion", {"prompt": "x", "n_keep": 4}, "n_keep"),
     ("/completion", {"prompt": "x", "post_sampling_probs": True}, "post_sampling_probs"),
     ("/completion", {"prompt": "x", "n_indent": -1}, "n_indent must be >= 0, got -1"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         # Another shape: its cells do not fit a file of tiny's.
         "wide": ({"seed": 2, "n_embd": 128}, {"n_parallel": "1", "slot_save_path": "slots"}),
         "one": ({"seed": 1, "n_ctx": 4096}, {"n_parallel": "1", "slot_save_path": "slots"}),
+        "pair": ({"seed": 1, "n_ctx": 4096}, {"n_parallel": "2", "prefix_store_mib": "0"}),
         "plain": ({"seed": 1}, {"n_parallel": "1"}),
         "embed": ({"seed": 1, "pooling": 1}, {"embedding": "true"}),
     }
@@ -171,6 +173,50 @@ def test_a_file_with_tokens_this_model_cannot_take(daemon: Any) -> None:
         assert complete(daemon)["timings"]["cache_n"] == 0
         for slot in (0, 1):
             post(daemon, f"/slots/{slot}?action=erase", {"model": "tiny"})
+
+
+def test_id_slot_picks_the_slot(daemon: Any) -> None:
+    for slot in (0, 1):
+        post(daemon, f"/slots/{slot}?action=erase", {"model": "tiny"})
+    answer = post(daemon, "/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "id_slot": 1})
+    assert answer["id_slot"] == 1
+    assert post(daemon, "/slots/0?action=erase", {"model": "tiny"})["n_erased"] == 0
+    # Its cache is slot 1's: the same prompt sent to slot 0 decodes it all again.
+    again = post(daemon, "/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "id_slot": 0})
+    assert again["id_slot"] == 0 and again["timings"]["cache_n"] == 0 and again["content"] == answer["content"]
+    # Streamed, every event names the slot.
+    reply = daemon.post_json("/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "id_slot": 1, "stream": True})
+    events = [json.loads(line[6:]) for line in reply.body.decode().split("\n") if line.startswith("data: ")]
+    assert len(events) > 1 and {event["id_slot"] for event in events} == {1}
+    assert events[-1]["timings"]["cache_n"] > 0
+    # Without it, the slot that holds the prompt: reported, not chosen by the client.
+    assert post(daemon, "/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4})["id_slot"] in (0, 1)
+    # The OpenAI routes take it too, as llama-server's do.
+    post(daemon, "/slots/0?action=erase", {"model": "tiny"})
+    post(daemon, "/v1/completions", {"model": "tiny", "prompt": "Other words", "max_tokens": 4, "id_slot": 0})
+    assert post(daemon, "/slots/0?action=erase", {"model": "tiny"})["n_erased"] > 0
+
+
+def test_id_slot_waits_for_its_slot(daemon: Any) -> None:
+    done: dict[str, float] = {}
+
+    def run(name: str, body: dict[str, Any]) -> None:
+        answer = post(daemon, "/completion", {"model": "pair", "temperature": 0, **body})
+        assert answer["id_slot"] == 0 or name == "any"
+        done[name] = time.monotonic()
+
+    long = threading.Thread(target=run, args=("long", {"prompt": PROMPT, "n_predict": 2000, "id_slot": 0}))
+    long.start()
+    wait_until(lambda: daemon.get_json("/slots?model=pair")[0]["is_processing"])
+    # Slot 1 is idle, but this request asked for slot 0: it waits for the long one.
+    short = threading.Thread(target=run, args=("short", {"prompt": "Hi", "n_predict": 2, "id_slot": 0}))
+    short.start()
+    # One that can use any slot does not wait behind it.
+    run("any", {"prompt": "Hi", "n_predict": 2})
+    assert "long" not in done
+    long.join(60)
+    short.join(60)
+    assert done["any"] < done["long"] <= done["short"]
 
 
 @pytest.mark.parametrize(
