@@ -1875,9 +1875,17 @@ class Engine:
         batch.n_tokens = n
         encoder_only = llama.llama_model_has_encoder(self._model) and not llama.llama_model_has_decoder(self._model)
         try:
+            started = time.perf_counter_ns()
             status = (llama.llama_encode if encoder_only else llama.llama_decode)(self._ctx, batch)
             if status != 0:
                 raise BackendError(f"llama.cpp failed to embed for model '{self.name}' (status {status})")
+            # llama-server's llamacpp:* counters count these decodes too: each input is a
+            # prompt in a slot of its own, evaluated whole.
+            self._prompt_ns += time.perf_counter_ns() - started
+            self._prompt_evaluated += n
+            self._decodes += 1
+            self._busy_decoding += len(group)
+            self._n_tokens_max = max(self._n_tokens_max, *(len(tokens) for tokens in group))
             vectors = []
             for seq_id in range(len(group)):
                 pointer = llama.llama_get_embeddings_seq(self._ctx, seq_id)

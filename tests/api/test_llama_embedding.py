@@ -150,3 +150,26 @@ def test_models_it_cannot_serve(daemon: Any) -> None:
     assert "embedding=true" in error["message"]
     assert post(daemon, "/embedding", {"model": "nope", "content": "hi"}, status=404)["error"]["type"] == "not_found_error"
     assert "model" in post(daemon, "/embedding", {"content": "hi"}, status=400)["error"]["message"]
+
+
+def llamacpp_metrics(daemon: Any, model: str) -> dict[str, float]:
+    text = daemon.request("GET", "/metrics").body.decode()
+    return {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("llamacpp:") and f'{{model="{model}",version="1"}}' in line
+    }
+
+
+def test_llama_server_counters_count_embedding_decodes(daemon: Any) -> None:
+    """As llama-server's: each input is a prompt decoded in a slot of its own."""
+    before = llamacpp_metrics(daemon, "embedder")
+    texts = ["one two three", "four", "five six seven eight nine"]
+    reply = post(daemon, "/v1/embeddings", {"model": "embedder", "input": texts})
+    after = llamacpp_metrics(daemon, "embedder")
+    assert after["llamacpp:prompt_tokens_total"] - before["llamacpp:prompt_tokens_total"] == reply["usage"]["prompt_tokens"]
+    # The three fit the default four slots and one batch: one decode.
+    assert after["llamacpp:n_decode_total"] - before["llamacpp:n_decode_total"] == 1
+    assert after["llamacpp:n_tokens_max"] >= max(len(ids(daemon, text)) for text in texts)
+    assert after["llamacpp:prompt_seconds_total"] > before["llamacpp:prompt_seconds_total"]
+    assert after["llamacpp:tokens_predicted_total"] == before["llamacpp:tokens_predicted_total"]
