@@ -1654,6 +1654,13 @@ class Engine:
                 job.done(self._slot_action(job))
             except EdgedError as exc:
                 job.done(exc)
+            except Exception as exc:
+                # A bug on one action: answer it (an unanswered job would hang its client) and
+                # keep serving, with the slot emptied (its cells are unknown now).
+                log.exception("slot %s of model '%s' failed", job.action, self.name)
+                llama.llama_memory_seq_rm(self._memory, job.slot, -1, -1)
+                self._cached[job.slot] = []
+                job.done(BackendError(f"slot {job.action} failed on model '{self.name}': {type(exc).__name__}: {exc}"))
         self._slot_jobs = kept
 
     def _slot_action(self, job: SlotJob) -> tuple[int, int, float]:
