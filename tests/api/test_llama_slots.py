@@ -178,19 +178,19 @@ def test_a_file_with_tokens_this_model_cannot_take(daemon: Any) -> None:
 def test_id_slot_picks_the_slot(daemon: Any) -> None:
     for slot in (0, 1):
         post(daemon, f"/slots/{slot}?action=erase", {"model": "tiny"})
-    answer = post(daemon, "/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "id_slot": 1})
+    answer = post(daemon, "/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "temperature": 0, "id_slot": 1})
     assert answer["id_slot"] == 1
     assert post(daemon, "/slots/0?action=erase", {"model": "tiny"})["n_erased"] == 0
     # Its cache is slot 1's: the same prompt sent to slot 0 decodes it all again.
-    again = post(daemon, "/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "id_slot": 0})
+    again = post(daemon, "/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "temperature": 0, "id_slot": 0})
     assert again["id_slot"] == 0 and again["timings"]["cache_n"] == 0 and again["content"] == answer["content"]
     # Streamed, every event names the slot.
-    reply = daemon.post_json("/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "id_slot": 1, "stream": True})
+    reply = daemon.post_json("/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "temperature": 0, "id_slot": 1, "stream": True})
     events = [json.loads(line[6:]) for line in reply.body.decode().split("\n") if line.startswith("data: ")]
     assert len(events) > 1 and {event["id_slot"] for event in events} == {1}
     assert events[-1]["timings"]["cache_n"] > 0
     # Without it, the slot that holds the prompt: reported, not chosen by the client.
-    assert post(daemon, "/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4})["id_slot"] in (0, 1)
+    assert post(daemon, "/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "temperature": 0})["id_slot"] in (0, 1)
     # The OpenAI routes take it too, as llama-server's do.
     post(daemon, "/slots/0?action=erase", {"model": "tiny"})
     post(daemon, "/v1/completions", {"model": "tiny", "prompt": "Other words", "max_tokens": 4, "id_slot": 0})
