@@ -45,6 +45,7 @@ from daemon.api.openai import (
     request_body,
     start_sse,
 )
+from daemon.api.timings import Clock, progress_json, timings
 from daemon.backend import GenerateChunk, GenerateParams, InfillInput, TokenLogprob
 from daemon.core.model import LoadedVersion
 from daemon.errors import EdgedError, InvalidArgument
@@ -209,27 +210,20 @@ async def _logit_bias(
 
 
 @dataclass
-class _Result:
+class _Result(Clock):
     """What a sequence produced, gathered as its chunks come."""
 
     text: list[str] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     probs: list[TokenLogprob] = field(default_factory=list)
-    last: GenerateChunk = field(default_factory=lambda: GenerateChunk(text=""))
-    started: float = 0.0
-    first_at: float = 0.0
-    ended_at: float = 0.0
 
     def add(self, chunk: GenerateChunk) -> None:
+        super().add(chunk)
         if chunk.prompt_progress is not None:
-            return  # before the first token: not part of the output
-        if not self.first_at:
-            self.first_at = time.monotonic()
+            return
         self.text.append(chunk.text)
         self.tokens += chunk.token_ids
         self.probs += chunk.logprobs
-        self.last = chunk
-        self.ended_at = time.monotonic()
 
 
 def _token_json(entry: TokenLogprob) -> dict[str, Any]:
@@ -271,37 +265,6 @@ def _stop_type(last: GenerateChunk) -> str:
     if last.finish_reason == "stop":
         return "word" if last.stop_word else "eos"
     return "none"
-
-
-def _timings(result: _Result, progress: tuple[int, int, int, int] | None = None) -> dict[str, Any]:
-    """Measured here, at the route: prompt from handing the request to the engine to its first
-    token's chunk (a wait for a free slot included), generation from then to the last chunk.
-    Before the end (timings_per_token), what there is so far: during the prompt (`progress`)
-    its tokens evaluated and time until now, no generation."""
-    last = result.last
-    if progress is not None:
-        _, cached, processed, _ = progress
-        evaluated, cache_n, predicted = processed - cached, cached, len(result.tokens)
-        # Nothing evaluated yet (the slot's first event): no prompt time, as llama-server's.
-        prompt_ms = (time.monotonic() - result.started) * 1000 if processed > cached else 0.0
-        predicted_ms = 0.0
-    else:
-        evaluated, cache_n, predicted = last.prompt_tokens - last.cached_tokens, last.cached_tokens, len(result.tokens)
-        if last.finish_reason is not None:
-            predicted = last.completion_tokens  # an end-of-generation token is no chunk's token
-        prompt_ms = (result.first_at - result.started) * 1000
-        predicted_ms = (result.ended_at - result.first_at) * 1000
-    # As llama-server: the first token comes with the prompt's logits, so rates count the rest.
-    steps = max(predicted - 1, 0)
-    return {
-        "cache_n": cache_n,
-        "prompt_n": evaluated, "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / evaluated if evaluated else 0.0,
-        "prompt_per_second": 1e3 / prompt_ms * evaluated if prompt_ms > 0 else 0.0,
-        "predicted_n": predicted, "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
-        "predicted_per_second": 1e3 / predicted_ms * steps if predicted_ms > 0 else 0.0,
-    }
 
 
 async def _complete(
@@ -350,7 +313,7 @@ async def _complete(
             "stopping_word": last.stop_word,
             # The slot's cache after it: the prompt and every generated token but the last.
             "tokens_cached": last.prompt_tokens + max(last.completion_tokens - 1, 0),
-            "timings": _timings(result),
+            "timings": timings(result),
         }
         if params.logprobs and not stream:
             out["completion_probabilities"] = _probs_json(probs)
@@ -384,10 +347,9 @@ async def _complete(
                     "tokens_evaluated": len(prompts[index // per_prompt]),
                 }
                 if req.timings_per_token:
-                    event["timings"] = _timings(results[index], progress)
+                    event["timings"] = timings(results[index], progress)
                 if progress is not None:
-                    total, cache, processed, time_ms = progress
-                    event["prompt_progress"] = {"total": total, "cache": cache, "processed": processed, "time_ms": time_ms}
+                    event["prompt_progress"] = progress_json(progress)
                 elif params.logprobs:
                     event["completion_probabilities"] = _probs_json(chunk.logprobs)
                 await _event(response, event)
