@@ -43,6 +43,7 @@ from daemon.api.body import read_body
 from daemon.api.errors import error_body
 from daemon.api.leases import hold
 from daemon.api.state import daemon_of
+from daemon.api.timings import Clock, progress_json, timings
 from daemon.api.tool_syntax import syntax_named
 from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
 from daemon.core.model import LoadedVersion
@@ -130,6 +131,11 @@ class _Sampling(SharedSampling):
     n: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    # llama-server's stream extensions: `prompt_progress` chunks while the prompt is evaluated
+    # (streamed only: a whole answer has nowhere to put them, as there), and `timings` (its
+    # counts, times and rates so far) on every chunk, or on a whole answer of one choice.
+    return_progress: bool = False
+    timings_per_token: bool = False
     # Token id (as a string, OpenAI's form) -> bias added to its logit.
     logit_bias: dict[str, float] | None = None
     # End-user id for abuse tracking at OpenAI; it changes no output there either.
@@ -292,6 +298,9 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
             raise InvalidArgument("stream_options: only allowed when stream is true")
         if req.stream_options is not None and req.stream_options.include_obfuscation:
             raise InvalidArgument("stream_options.include_obfuscation: not supported (omit it or set it to false)")
+        if req.timings_per_token and not req.stream and (req.n or 1) > 1:
+            raise InvalidArgument("timings_per_token: a whole answer carries one choice's timings; ask for n 1 or stream it")
+        params.return_progress = req.return_progress and bool(req.stream)
         if req.min_p is not None:
             in_range("min_p", req.min_p, 0.0, 1.0)
             params.min_p = req.min_p
@@ -685,6 +694,8 @@ async def _stream_or_collect(
     make_final: Any,
     per_prompt: int = 1,
     echo: Callable[[int, GenerateChunk | None], GenerateChunk] | None = None,
+    progress: Callable[[int], dict[str, Any]] | None = None,
+    timed: bool = False,
 ) -> web.StreamResponse:
     """Answer with every choice's chunks: one JSON body (`make_final` of each choice's text and
     last chunk), or an event stream (`make_chunk(index, chunk)`, choices interleaved as they
@@ -692,7 +703,11 @@ async def _stream_or_collect(
     bad prompt is a real 4xx/5xx and not an error inside a 200 stream.
 
     `echo(index, first chunk)`: the choice's echoed prompt as a chunk (its text, and its
-    tokens' logprobs in `prompt_logprobs`), made before the status too: it can be refused."""
+    tokens' logprobs in `prompt_logprobs`), made before the status too: it can be refused.
+    `progress(index)`: the event a progress chunk (GenerateParams.return_progress) becomes, to
+    which its `prompt_progress` is added. `timed`: llama-server's `timings` on each event (the
+    last of a chunk's events), or on a whole answer of one choice."""
+    clocks = [Clock(started=time.monotonic()) for _ in choices]
     async with contextlib.AsyncExitStack() as stack:
         for chunks in choices:
             await stack.enter_async_context(contextlib.aclosing(chunks))
@@ -704,28 +719,51 @@ async def _stream_or_collect(
             for first in firsts
         ]
         if not stream:
+            if timed and firsts[0] is not None:
+                clocks[0].add(firsts[0])
             collected = await _all([collect(chunks) for chunks in choices])
             results = [joined(first, got) for first, got in zip(firsts, collected, strict=True)]
             for index, echoed in enumerate(echoes):
                 text, last = results[index]
                 results[index] = echoed.text + text, msgspec.structs.replace(last, prompt_logprobs=echoed.prompt_logprobs)
-            return web.Response(body=_json.encode(make_final(results)), content_type="application/json")
+            final = make_final(results)
+            if timed:
+                clock = clocks[0]
+                clock.last, clock.ended_at = results[0][1], time.monotonic()
+                final["timings"] = timings(clock)
+            return web.Response(body=_json.encode(final), content_type="application/json")
         response = await start_sse(request)
         lasts = [GenerateChunk(text="") for _ in choices]
+
+        async def deliver(index: int, chunk: GenerateChunk) -> None:
+            clock = clocks[index]
+            if timed:
+                clock.add(chunk)
+            if chunk.prompt_progress is not None:
+                if progress is not None:
+                    event = progress(index)
+                    event["prompt_progress"] = progress_json(chunk.prompt_progress)
+                    if timed:
+                        event["timings"] = timings(clock, chunk.prompt_progress)
+                    await _send(response, event)
+                return
+            lasts[index] = chunk
+            if chunk.text or chunk.finish_reason:
+                events = make_chunk(index, chunk)
+                if timed and events:
+                    (events if isinstance(events, dict) else events[-1])["timings"] = timings(clock)
+                await _send_all(response, events)
+
         try:
             for index, first in enumerate(firsts):
                 if echoes:
                     # The echoed prompt streams first, as its own chunk (OpenAI and llama-server).
                     await _send_all(response, make_chunk(index, echoes[index]))
                 if first is not None:
-                    lasts[index] = first
-                    if first.text or first.finish_reason:
-                        await _send_all(response, make_chunk(index, first))
+                    await deliver(index, first)
             async with contextlib.aclosing(_merged(choices)) as merged:
                 async for index, chunk in merged:
-                    lasts[index] = chunk
-                    if chunk.text or chunk.finish_reason:
-                        await _send_all(response, make_chunk(index, chunk))
+                    await deliver(index, chunk)
         except EdgedError as exc:
             # The 200 went out with the first event: the error is the stream's last event
             # (a second response on this connection would corrupt it).
@@ -851,6 +889,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         request, choices, stream=bool(req.stream), include_usage=include_usage,
         make_chunk=make_chunk, make_final=make_final, per_prompt=per_prompt,
         echo=echo if req.echo else None,
+        progress=lambda index: make_chunk(index, GenerateChunk(text="")), timed=req.timings_per_token,
     )
 
 
@@ -1212,9 +1251,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         }
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    def progress(index: int) -> dict[str, Any]:
+        # As llama-server's: the role and no content yet, on every progress chunk.
+        first_delta[index] = False
+        return chunk_payload(index, {"role": "assistant", "content": None}, None)
+
     return await _stream_or_collect(
         request, choices, stream=bool(req.stream), include_usage=include_usage,
         make_chunk=make_chunk, make_final=make_final, per_prompt=len(choices),
+        progress=progress, timed=req.timings_per_token,
     )
 
 

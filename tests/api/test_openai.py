@@ -1026,3 +1026,55 @@ def test_an_error_after_the_stream_started_is_its_last_event(start_daemon, tmp_p
                                        extra_body={"chat_template_kwargs": {"a": 1}})
     assert "Traceback" not in daemon.log()
 
+
+
+def sse_events(daemon: Any, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    reply = daemon.post_json(path, body)
+    assert reply.status == 200, reply.body
+    lines = reply.body.decode().split("\n")
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+
+
+TIMINGS = {"cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
+           "predicted_ms", "predicted_per_token_ms", "predicted_per_second"}
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_llama_servers_progress_and_timings_in_a_stream(daemon: Any, path: str) -> None:
+    """llama-server's return_progress and timings_per_token, as its web UI sends them."""
+    chat = "chat" in path
+    prompt = {"messages": [{"role": "user", "content": "progress"}]} if chat else {"prompt": "progress"}
+    body = {"model": "tiny", **prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True, "stream": True}
+    plain = sse_events(daemon, path, body)
+    assert not any("prompt_progress" in e or "timings" in e for e in plain)
+    events = sse_events(daemon, path, {**body, "return_progress": True, "timings_per_token": True})
+    progress = [e for e in events if "prompt_progress" in e]
+    # The slot taken (what its cache held), then the prompt evaluated: llama-server's pair.
+    assert len(progress) == 2 and events[:2] == progress
+    total = progress[0]["prompt_progress"]["total"]
+    assert progress[-1]["prompt_progress"]["processed"] == total > 0
+    for event in progress:
+        choice = event["choices"][0]
+        assert (choice["delta"] == {"role": "assistant", "content": None}) if chat else choice["text"] == ""
+    assert all(set(e["timings"]) == TIMINGS for e in events)
+    rest = events[2:]
+    last = rest[-1]["timings"]
+    assert last["predicted_n"] == 4 and last["prompt_n"] + last["cache_n"] == total
+
+    def text(evs: list[dict[str, Any]]) -> str:
+        return "".join((c["delta"].get("content") or "") if chat else c["text"] for e in evs for c in e["choices"])
+
+    assert text(rest) == text(plain)
+
+
+def test_llama_servers_timings_on_a_whole_answer(daemon: Any) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0,
+            "ignore_eos": True}
+    answer = daemon.post_json("/v1/chat/completions", {**body, "timings_per_token": True}).json()
+    assert set(answer["timings"]) == TIMINGS and answer["timings"]["predicted_n"] == 3
+    assert answer["timings"]["prompt_n"] + answer["timings"]["cache_n"] == answer["usage"]["prompt_tokens"]
+    assert "timings" not in daemon.post_json("/v1/chat/completions", body).json()
+    # Progress has nowhere to go in a whole answer, as in llama-server's.
+    assert "prompt_progress" not in daemon.post_json("/v1/chat/completions", {**body, "return_progress": True}).json()
+    reply = daemon.post_json("/v1/chat/completions", {**body, "timings_per_token": True, "n": 2})
+    assert reply.status == 400 and "timings_per_token" in reply.json()["error"]["message"]
