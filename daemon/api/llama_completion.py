@@ -37,11 +37,13 @@ from daemon.api.openai import (
     _merged,
     _params,
     _Sampling,
+    check_ping_interval,
     decode_with,
     first_chunk,
     generation_model,
     in_range,
     lora_request,
+    pinged,
     request_body,
     start_sse,
 )
@@ -93,6 +95,8 @@ class _Completion(SharedSampling):
     t_max_predict_ms: int = -1
     # Streamed: each event carries `timings` so far, not only the summary.
     timings_per_token: bool = False
+    # Streamed: seconds of silence after which an SSE comment goes out (-1, 0: none).
+    sse_ping_interval: int | None = None
     # Streamed: prompt_progress events (total, cache, processed, time_ms) while the prompt is
     # evaluated, before the first token's; whole, nothing (as llama-server).
     return_progress: bool = False
@@ -179,6 +183,7 @@ async def sampling_params(model: LoadedVersion, req: _Completion) -> GeneratePar
     params.t_max_predict_ms = req.t_max_predict_ms if req.t_max_predict_ms > 0 else None
     # Progress is only sent on a stream: a whole answer has nowhere to put it.
     params.return_progress = req.return_progress and req.stream
+    check_ping_interval(req.sse_ping_interval)
     return params
 
 
@@ -360,8 +365,9 @@ async def _complete(
             for index, chunk in enumerate(firsts):
                 if chunk is not None:
                     await emit(index, chunk)
-            async with contextlib.aclosing(_merged(generations)) as merged:
-                async for index, chunk in merged:
+            async with contextlib.aclosing(_merged(generations)) as merged, \
+                    contextlib.aclosing(pinged(merged, response, req.sse_ping_interval)) as arriving:
+                async for index, chunk in arriving:
                     results[index].add(chunk)
                     await emit(index, chunk)
         except EdgedError as exc:

@@ -136,6 +136,9 @@ class _Sampling(SharedSampling):
     # counts, times and rates so far) on every chunk, or on a whole answer of one choice.
     return_progress: bool = False
     timings_per_token: bool = False
+    # Seconds of silence in a stream after which an SSE comment goes out (llama-server's
+    # sse_ping_interval; -1 or 0: none, as when it is left out).
+    sse_ping_interval: int | None = None
     # Token id (as a string, OpenAI's form) -> bias added to its logit.
     logit_bias: dict[str, float] | None = None
     # End-user id for abuse tracking at OpenAI; it changes no output there either.
@@ -301,6 +304,7 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
         if req.timings_per_token and not req.stream and (req.n or 1) > 1:
             raise InvalidArgument("timings_per_token: a whole answer carries one choice's timings; ask for n 1 or stream it")
         params.return_progress = req.return_progress and bool(req.stream)
+        check_ping_interval(req.sse_ping_interval)
         if req.min_p is not None:
             in_range("min_p", req.min_p, 0.0, 1.0)
             params.min_p = req.min_p
@@ -576,6 +580,48 @@ def joined(first: GenerateChunk | None, collected: tuple[str, GenerateChunk]) ->
     return first.text + text, last
 
 
+def check_ping_interval(seconds: int | None) -> None:
+    if seconds is not None and not -1 <= seconds <= 2**31 - 1:
+        raise InvalidArgument(f"sse_ping_interval must be -1 (no pings) or a number of seconds up to 2^31-1, got {seconds}")
+
+
+async def pinged(
+    items: AsyncIterator[T], response: web.StreamResponse, interval: int | None
+) -> AsyncGenerator[T, None]:
+    """`items` as they come; each time none came for `interval` seconds, an SSE comment line
+    (`:`, which event-stream readers skip), so that a client or proxy with an idle timeout
+    keeps the stream open while the engine is busy (llama-server's sse_ping_interval).
+    None, -1 or 0: no pings."""
+    if not interval or interval < 0:
+        async for item in items:
+            yield item
+        return
+
+    async def following() -> T:
+        return await items.__anext__()
+
+    pending: asyncio.Task[T] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.create_task(following())
+            done, _ = await asyncio.wait({pending}, timeout=interval)
+            if not done:
+                await response.write(b":\n\n")
+                continue
+            task, pending = pending, None
+            try:
+                item = task.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if pending is not None:  # the stream ended early (a client gone, an error)
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await pending
+
+
 async def _merged(
     choices: list[AsyncGenerator[GenerateChunk, None]],
 ) -> AsyncGenerator[tuple[int, GenerateChunk], None]:
@@ -696,6 +742,7 @@ async def _stream_or_collect(
     echo: Callable[[int, GenerateChunk | None], GenerateChunk] | None = None,
     progress: Callable[[int], dict[str, Any]] | None = None,
     timed: bool = False,
+    ping: int | None = None,
 ) -> web.StreamResponse:
     """Answer with every choice's chunks: one JSON body (`make_final` of each choice's text and
     last chunk), or an event stream (`make_chunk(index, chunk)`, choices interleaved as they
@@ -706,7 +753,7 @@ async def _stream_or_collect(
     tokens' logprobs in `prompt_logprobs`), made before the status too: it can be refused.
     `progress(index)`: the event a progress chunk (GenerateParams.return_progress) becomes, to
     which its `prompt_progress` is added. `timed`: llama-server's `timings` on each event (the
-    last of a chunk's events), or on a whole answer of one choice."""
+    last of a chunk's events), or on a whole answer of one choice. `ping`: see `pinged`."""
     clocks = [Clock(started=time.monotonic()) for _ in choices]
     async with contextlib.AsyncExitStack() as stack:
         for chunks in choices:
@@ -761,8 +808,9 @@ async def _stream_or_collect(
                     await _send_all(response, make_chunk(index, echoes[index]))
                 if first is not None:
                     await deliver(index, first)
-            async with contextlib.aclosing(_merged(choices)) as merged:
-                async for index, chunk in merged:
+            async with contextlib.aclosing(_merged(choices)) as merged, \
+                    contextlib.aclosing(pinged(merged, response, ping)) as arriving:
+                async for index, chunk in arriving:
                     await deliver(index, chunk)
         except EdgedError as exc:
             # The 200 went out with the first event: the error is the stream's last event
@@ -890,6 +938,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         make_chunk=make_chunk, make_final=make_final, per_prompt=per_prompt,
         echo=echo if req.echo else None,
         progress=lambda index: make_chunk(index, GenerateChunk(text="")), timed=req.timings_per_token,
+        ping=req.sse_ping_interval,
     )
 
 
@@ -1259,7 +1308,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _stream_or_collect(
         request, choices, stream=bool(req.stream), include_usage=include_usage,
         make_chunk=make_chunk, make_final=make_final, per_prompt=len(choices),
-        progress=progress, timed=req.timings_per_token,
+        progress=progress, timed=req.timings_per_token, ping=req.sse_ping_interval,
     )
 
 

@@ -3,9 +3,11 @@ over TCP and over the Unix socket; plus Triton's generate extension."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -1078,3 +1080,54 @@ def test_llama_servers_timings_on_a_whole_answer(daemon: Any) -> None:
     assert "prompt_progress" not in daemon.post_json("/v1/chat/completions", {**body, "return_progress": True}).json()
     reply = daemon.post_json("/v1/chat/completions", {**body, "timings_per_token": True, "n": 2})
     assert reply.status == 400 and "timings_per_token" in reply.json()["error"]["message"]
+
+
+def test_sse_pings_while_a_stream_is_silent() -> None:
+    """llama-server's sse_ping_interval: a comment line after each silent interval, the
+    items unchanged, and a stream closed early cancels the wait for the next item."""
+    from daemon.api.openai import pinged
+
+    class Response:
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+
+        async def write(self, data: bytes) -> None:
+            self.writes.append(data)
+
+    async def slow(gaps: list[float], closed: list[bool]) -> AsyncIterator[int]:
+        try:
+            for index, gap in enumerate(gaps):
+                await asyncio.sleep(gap)
+                yield index
+        finally:
+            closed.append(True)
+
+    async def run(gaps: list[float], interval: int | None, take: int | None = None) -> tuple[list[object], list[bool]]:
+        response, closed, seen = Response(), [], []
+        source = slow(gaps, closed)
+        async with contextlib.aclosing(pinged(source, response, interval)) as items:  # type: ignore[arg-type]
+            async for item in items:
+                seen.extend(response.writes)  # the pings written while waiting for it
+                response.writes.clear()
+                seen.append(item)
+                if take is not None and len(seen) >= take:
+                    break
+        await source.aclose()
+        return seen, closed
+
+    seen, _ = asyncio.run(run([0.0, 2.3, 0.0], 1))
+    assert seen == [0, b":\n\n", b":\n\n", 1, 2]
+    assert asyncio.run(run([0.0, 1.2], None))[0] == [0, 1]
+    assert asyncio.run(run([0.0, 1.2], -1))[0] == [0, 1]
+    # Left after the first item while waiting for the second: that wait is cancelled.
+    seen, closed = asyncio.run(run([0.0, 30.0], 1, take=1))
+    assert seen == [0] and closed == [True]
+
+
+def test_sse_ping_interval_is_taken_and_checked(daemon: Any) -> None:
+    body = {"model": "tiny", "prompt": "Hi", "max_tokens": 3, "temperature": 0, "stream": True}
+    for path in ("/v1/completions", "/completion"):
+        events = sse_events(daemon, path, {**body, "sse_ping_interval": 1})
+        assert events
+        reply = daemon.post_json(path, {**body, "sse_ping_interval": -2})
+        assert reply.status == 400 and "sse_ping_interval" in reply.json()["error"]["message"]
