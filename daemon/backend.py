@@ -713,6 +713,9 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     reasoning_end: str = ""
     reasoning_tags: tuple[str, str] = ("", "")
     reasoning_opened: bool = False
+    # A name the caller gives this generation (a chat completion's id) so that
+    # GenerationBackend.control can reach it while it runs; "" none.
+    control_id: str = ""
     # Text the output writes right before what `json_schema` holds it to, part of the grammar:
     # gpt-oss's final-channel header, `<|channel|>final<|message|>`. Only with `json_schema`
     # (beside a `tool_calls` frame: before the answer, not before the calls).
@@ -1056,6 +1059,15 @@ class GenerationBackend(Backend):
         no such slot, or a file that does not restore here; Unsupported: save or restore on
         a model without a slot directory."""
         raise Unsupported(f"backend {self.name!r} has no slots to save or restore")
+
+    def control(self, control_id: str, action: str) -> str:
+        """llama-server's /v1/chat/completions/control, on the running (or waiting) generations
+        whose GenerateParams named `control_id`: "reasoning_end" ends their reasoning now, as a
+        reasoning budget that runs out does (its message and closing tag are written next;
+        nothing happens outside the reasoning). Needs GenerateParams.reasoning_budget (any, the
+        largest included: that arms it). Returns "" when done, else why not, in llama-server's
+        words ("no active completion for this id", ...)."""
+        raise Unsupported(f"backend {self.name!r} has no generations to control")
 
     def engine_stats(self) -> dict[str, int | float | str]:
         """Engine counters and facts for model metadata (slots, busy, queued, chat template...).

@@ -281,6 +281,9 @@ class LlamaCppBackend(GenerationBackend):
     def slots(self) -> list[SlotState]:
         return self._require_generating().slot_states()
 
+    def control(self, control_id: str, action: str) -> str:
+        return self._require_generating().control(control_id, action)
+
     async def slot_action(self, action: SlotAction, slot: int, filename: str = "") -> SlotFile:
         engine = self._require_generating()
         name = self.context.model_name

@@ -191,6 +191,8 @@ class Request:
         self.params = params
         self.emit = emit
         self.cancelled = False
+        # Set from any thread (Engine.control): end the reasoning at the next step.
+        self.end_reasoning = False
         # Set by the consumer once it has handled the first chunk (or gave up on the request).
         self.first_taken = threading.Event()
         self._engine = engine
@@ -308,6 +310,13 @@ class _Budget:
 
     def next_forced(self) -> int | None:
         return self.forced[self.at] if self.at >= 0 else None
+
+    def end_now(self) -> None:
+        """Spent at once (llama-server's reasoning_end control): the end is forced next, or
+        as soon as the output's last character is whole; a later reasoning ends at once too."""
+        self.budget = self.left = 0
+        if self.tracker.inside and self.at < 0 and self.need == 0:
+            self.at = 0
 
     def accept(self, piece: bytes) -> None:
         if self.at >= 0:
@@ -435,6 +444,27 @@ class Engine:
         job = RerankJob(self, query, documents, done)
         self._enqueue(job)
         return job
+
+    def control(self, control_id: str, action: str) -> str:
+        """From any thread: see GenerationBackend.control (the routes check `action`)."""
+        # Racy but harmless reads of engine state (copied whole under the GIL): a request
+        # found is flagged, and the engine thread acts on the flag at its next step.
+        with self._cond:
+            inbox = [item for item in self._inbox if isinstance(item, Request)]
+        requests = [seq.request for seq in list(self._slots) if seq is not None]
+        requests += [item.request for item in list(self._waiting)] + inbox
+        found = [r for r in requests if control_id and r.params.control_id == control_id and not r.cancelled]
+        if not found:
+            return "no active completion for this id"
+        if action != "reasoning_end":
+            return "unknown control action"
+        armed = [r for r in found if r.params.reasoning_budget is not None]
+        if not armed:
+            return "reasoning control not enabled for this completion (or its model does not reason)"
+        for request in armed:
+            request.end_reasoning = True
+        self.wake()
+        return ""
 
     def submit_slot_action(self, action: str, slot: int, path: Path | None, done: SlotDone) -> SlotJob:
         job = SlotJob(self, action, slot, path, done)
@@ -1389,6 +1419,9 @@ class Engine:
             logprobs = self._log_softmax(index) if wanted is not None else None
             if seq.reasoning is not None and seq.reasoning.inside and not seq.lazy:
                 self._hold_end(index)
+            if seq.request.end_reasoning and seq.budget is not None:
+                seq.request.end_reasoning = False
+                seq.budget.end_now()
             forced = seq.budget.next_forced() if seq.budget is not None else None
             if forced is not None and seq.grammar is not None and not self._allows(seq.grammar, forced):
                 # The grammar holds the output to something else here (a message that writes a

@@ -117,6 +117,8 @@ class SharedSampling(_Strict, kw_only=True):
     lora: list[LoraScale] | None = None
     # llama-server's slot for this request (GenerateParams.id_slot); -1 or none: any.
     id_slot: int | None = None
+    # llama-server's sampling on the GPU backend: false (what the engine does) or a 400.
+    backend_sampling: bool | None = None
 
 
 class _Sampling(SharedSampling):
@@ -224,6 +226,9 @@ class ChatRequest(_Sampling):
     reasoning_budget_tokens: int | None = None
     thinking_budget_tokens: int | None = None
     reasoning_budget_message: str | None = None
+    # llama-server's: the reasoning can be ended while the completion runs (POST
+    # /v1/chat/completions/control with its id; chat_control).
+    reasoning_control: bool = False
 
 
 class EmbeddingRequest(_Strict):
@@ -254,10 +259,18 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
     parameters: dict[str, Any] = {}
 
 
+class ControlRequest(_Strict):
+    """llama-server's /v1/chat/completions/control (chat_control)."""
+
+    model: str
+    id: str  # the chat completion's, as its answer or stream gave it
+    action: Literal["reasoning_end"]
+
+
 # Built once: decoders are immutable and cost a schema walk to make.
 _DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {
     kind: msgspec.json.Decoder(kind)
-    for kind in (CompletionRequest, ChatRequest, EmbeddingRequest, GenerateRequest)
+    for kind in (CompletionRequest, ChatRequest, EmbeddingRequest, GenerateRequest, ControlRequest)
 }
 
 
@@ -287,8 +300,10 @@ def _max_tokens(req: _Sampling | GenerateRequest, minimum: int) -> int | None:
         if req.max_tokens is not None and req.max_tokens != req.max_completion_tokens:
             raise InvalidArgument("max_tokens and max_completion_tokens disagree; send one of them")
         field, value = "max_completion_tokens", req.max_completion_tokens
+    if value == -1:
+        return None  # llama-server's "no limit" (its web UI sends it), as leaving it out
     if value is not None and value < minimum:
-        raise InvalidArgument(f"{field} must be >= {minimum}, got {value}")
+        raise InvalidArgument(f"{field} must be >= {minimum} (or -1: no limit), got {value}")
     return value
 
 
@@ -331,6 +346,8 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
             params.logit_bias = _logit_bias(req.logit_bias)
         if req.id_slot is not None:
             params.id_slot = req.id_slot  # the backend checks it against the model's slots
+        if req.backend_sampling:
+            raise InvalidArgument("backend_sampling: not supported (the engine samples on the CPU); omit it or send false")
         _llama_samplers(req, params)
     if req.temperature is not None:
         in_range("temperature", req.temperature, 0.0, 2.0)
@@ -1165,9 +1182,24 @@ def _chat_request(model: LoadedVersion, req: ChatRequest) -> _CheckedChat:
     opened = reasoning.opened_by(prompt, tags)
     reasoning.hold_grammar_after(params, tags, prompt)
     reasoning.budget(params, _budget_tokens(req), req.reasoning_budget_message, tags, opened is not None)
+    if req.reasoning_control and tags[0] and params.reasoning_budget is None:
+        # Armed as llama-server arms it: a budget sampler that only a control will spend.
+        reasoning.budget(params, reasoning.MAX_BUDGET, None, tags, opened is not None)
     if params.json_schema:
         params.answer_header = syntax_named(syntax).answer_header
     return _CheckedChat(params, rendered, tags, split, opened)
+
+
+async def chat_control(request: web.Request) -> web.Response:
+    """llama-server's POST /v1/chat/completions/control: `reasoning_end` ends the reasoning of a
+    running chat completion that asked for `reasoning_control` (GenerationBackend.control).
+    `{"success": true}`, or `{"success": false, "message"}` when there is no such completion
+    running (it may have ended just before) or it did not ask for control."""
+    req = _decode(await request_body(request), ControlRequest)
+    model = await generation_model(request, req.model)
+    why = model.require_generator().control(req.id, req.action)
+    return web.Response(body=_json.encode({"success": True} if not why else {"success": False, "message": why}),
+                        content_type="application/json")
 
 
 async def chat_input_tokens(request: web.Request) -> web.Response:
@@ -1190,8 +1222,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prompt, syntax, use = rendered.text, rendered.syntax, rendered.use
     # Unsplit, the reply starts with the tag the prompt opened, as llama-server's "none" shows it.
     reopened = tags[0] + opened if opened is not None and not split else ""
-    choices = _choices(model, [prompt], params, req.n or 1)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    params.control_id = ident  # what /v1/chat/completions/control names it by
+    choices = _choices(model, [prompt], params, req.n or 1)
     # Per choice: whether its role went out yet; with tools, its reply turned into deltas;
     # with reasoning, the split of its reply and logprobs of tokens whose text is held back.
     first_delta = [True for _ in choices]
@@ -1413,6 +1446,7 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/chat/completions", chat_completions)
     for prefix in ("/v1", ""):
         r.add_post(prefix + "/chat/completions/input_tokens", chat_input_tokens)
+        r.add_post(prefix + "/chat/completions/control", chat_control)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         r.add_post(prefix + "/generate", generate)
         r.add_post(prefix + "/generate_stream", generate_stream)

@@ -171,8 +171,9 @@ def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
         ("logit_bias", {"5": 101}, r"logit_bias\[5\] must be between -100 and 100"),
         ("logit_bias", {"hello": 1}, "logit_bias: key 'hello' is not a token id"),
         ("logit_bias", {"99999": 1}, "logit_bias: token id 99999 is out of range"),
-        ("max_completion_tokens", 0, "max_completion_tokens must be >= 1, got 0"),
-        ("max_tokens", 0, "max_tokens must be >= 1, got 0"),
+        ("max_completion_tokens", 0, "max_completion_tokens must be >= 1 \\(or -1: no limit\\), got 0"),
+        ("max_tokens", 0, "max_tokens must be >= 1 \\(or -1: no limit\\), got 0"),
+        ("max_tokens", -2, "max_tokens must be >= 1 \\(or -1: no limit\\), got -2"),
         ("stream_options", {"include_usage": True}, "stream_options: only allowed when stream is true"),
         ("tools", [], "tools"),
         # llama.cpp keeps 32 bits of a seed (all ones: random): a larger one would be another seed.
@@ -400,6 +401,11 @@ def test_default_max_tokens_is_the_rest_of_the_context(client: openai.OpenAI) ->
     assert result.choices[0].finish_reason == "length"
     assert result.usage is not None
     assert result.usage.prompt_tokens + result.usage.completion_tokens == 1024 + 1
+    # -1 is llama-server's "no limit" (its web UI sends it): the same.
+    unlimited = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Tell me everything"}], temperature=0, max_tokens=-1)
+    assert unlimited.choices[0].finish_reason == "length" and unlimited.usage is not None
+    assert unlimited.usage.prompt_tokens + unlimited.usage.completion_tokens == 1024 + 1
 
 
 def test_max_completion_tokens_and_zero_tokens(client: openai.OpenAI) -> None:

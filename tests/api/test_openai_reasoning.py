@@ -250,3 +250,52 @@ def test_reasoning_budget_fields_are_checked(client: Any, model: str, extra: dic
         ask(client, model=model, max_tokens=2, extra_body=extra)
     # -1 is no budget, as llama-server reads it.
     assert ask(client, model="r1", max_tokens=2, extra_body={"reasoning_budget_tokens": -1}).finish_reason == "length"
+
+
+def control(daemon: Any, model: str, ident: str) -> Any:
+    reply = daemon.post_json("/v1/chat/completions/control", {"model": model, "id": ident, "action": "reasoning_end"})
+    assert reply.status == 200, reply.body
+    return reply.json()
+
+
+def test_reasoning_control_ends_the_reasoning_while_it_runs(client: Any, daemon: Any) -> None:
+    """llama-server's `reasoning_control` and POST /v1/chat/completions/control (its web UI's
+    "stop thinking"): the reasoning the prompt opened (R1), which the bias keeps from ever
+    closing, ends when asked; its closing tag is forced in and the answer follows."""
+    kwargs: dict[str, Any] = {"model": "r1", "seed": 5, "max_tokens": 1500, "logit_bias": {str(CLOSE): -100},
+                              "extra_body": {"ignore_eos": True, "reasoning_control": True}}
+    kinds: list[str] = []
+    answer = ""
+    outcome: Any = None
+    for event in client.chat.completions.create(messages=HI, temperature=1.0, stream=True, **kwargs):
+        for choice in event.choices:
+            if (choice.delta.model_extra or {}).get("reasoning_content"):
+                kinds.append("reasoning")
+            if choice.delta.content:
+                kinds.append("content")
+                answer += choice.delta.content
+        if outcome is None and len(kinds) >= 3:
+            outcome = control(daemon, "r1", event.id)
+    assert outcome == {"success": True}
+    assert "content" in kinds and answer
+    # Reasoning, then the answer: the reasoning did not come back.
+    assert kinds == sorted(kinds, key=lambda kind: kind != "reasoning")
+    # Without the control the same request reasons to its end.
+    kwargs["max_tokens"] = 40
+    free = ask(client, **kwargs).message
+    assert free.content == "" and free.model_extra["reasoning_content"]
+
+
+def test_reasoning_control_answers(client: Any, daemon: Any) -> None:
+    assert control(daemon, "r1", "chatcmpl-none") == {"success": False, "message": "no active completion for this id"}
+    # A completion that did not ask for control, and a model that does not reason (the UI
+    # sends reasoning_control with every request: taken, nothing to end).
+    for model, extra in (("r1", {}), ("qwen25", {"reasoning_control": True})):
+        stream = client.chat.completions.create(messages=HI, model=model, max_tokens=1500, stream=True,
+                                                extra_body={"ignore_eos": True, **extra})
+        event = next(iter(stream))
+        outcome = control(daemon, model, event.id)
+        stream.close()
+        assert outcome["success"] is False and outcome["message"].startswith("reasoning control not enabled")
+    reply = daemon.post_json("/v1/chat/completions/control", {"model": "r1", "id": "x", "action": "pause"})
+    assert reply.status == 400 and "action" in reply.json()["error"]["message"]
