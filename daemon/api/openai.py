@@ -769,8 +769,8 @@ async def _stream_or_collect(
     `echo(index, first chunk)`: the choice's echoed prompt as a chunk (its text, and its
     tokens' logprobs in `prompt_logprobs`), made before the status too: it can be refused.
     `progress(index)`: the event a progress chunk (GenerateParams.return_progress) becomes, to
-    which its `prompt_progress` is added. `timed`: llama-server's `timings` on each event (the
-    last of a chunk's events), or on a whole answer of one choice. `ping`: see `pinged`."""
+    which its `prompt_progress` is added. `timed`: llama-server's `timings` on each event, or
+    on a whole answer of one choice. `ping`: see `pinged`."""
     clocks = [Clock(started=time.monotonic()) for _ in choices]
     async with contextlib.AsyncExitStack() as stack:
         for chunks in choices:
@@ -815,7 +815,9 @@ async def _stream_or_collect(
             if chunk.text or chunk.finish_reason:
                 events = make_chunk(index, chunk)
                 if timed and events:
-                    (events if isinstance(events, dict) else events[-1])["timings"] = timings(clock)
+                    stamp = timings(clock)
+                    for event in [events] if isinstance(events, dict) else events:
+                        event["timings"] = stamp
                 await _send_all(response, events)
 
         try:
