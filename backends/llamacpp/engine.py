@@ -1710,7 +1710,10 @@ class Engine:
 
         def reason(errors: list[str], default: str) -> str:
             # llama.cpp's reasons name the file by its path: the client gave only its name.
-            return "; ".join(errors).replace(str(file), file.name) if errors else default
+            said = "; ".join(errors).replace(str(file), file.name) if errors else default
+            if "n_stream mismatch" in said:
+                said += " (the file was saved by this model loaded with another n_parallel: the cache layout differs)"
+            return said
 
         if job.action == "save":
             packed = [_PACKED_MARKER, _PACKED_VERSION, len(cached), *cached, 0]

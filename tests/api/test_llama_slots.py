@@ -144,6 +144,10 @@ def test_a_file_of_another_model_does_not_restore(daemon: Any) -> None:
     assert str(daemon.state_dir) not in body["error"]["message"]
     # The slot is empty and the model still serves.
     assert complete(daemon, "wide")["timings"]["cache_n"] == 0
+    # The same weights loaded with one slot, not two: llama.cpp's layout differs.
+    (slot_dir(daemon, "one") / "tiny.bin").write_bytes((slot_dir(daemon, "tiny") / "tiny.bin").read_bytes())
+    body = post(daemon, "/slots/0?action=restore", {"model": "one", "filename": "tiny.bin"}, 400)
+    assert "another n_parallel" in body["error"]["message"], body
     (target / "junk.bin").write_bytes(b"not a slot file at all")
     body = post(daemon, "/slots/0?action=restore", {"model": "wide", "filename": "junk.bin"}, 400)
     assert body["error"]["message"].startswith("Unable to restore slot 0: ")
