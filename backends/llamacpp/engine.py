@@ -208,17 +208,24 @@ class Request:
         self.first_taken.set()
 
 
-class EmbedJob:
-    def __init__(self, engine: Engine, texts: list[str | list[int]], done: EmbedDone, truncate: bool = False):
-        self.texts = texts
-        self.truncate = truncate
-        self.done = done
+class _Job:
+    """Work for the engine thread other than a generation; `cancel` from any thread."""
+
+    def __init__(self, engine: Engine) -> None:
         self.cancelled = False
         self._engine = engine
 
     def cancel(self) -> None:
         self.cancelled = True
         self._engine.wake()
+
+
+class EmbedJob(_Job):
+    def __init__(self, engine: Engine, texts: list[str | list[int]], done: EmbedDone, truncate: bool = False):
+        super().__init__(engine)
+        self.texts = texts
+        self.truncate = truncate
+        self.done = done
 
 
 class RerankJob(EmbedJob):
@@ -229,21 +236,16 @@ class RerankJob(EmbedJob):
         self.query = query
 
 
-class SlotJob:
+class SlotJob(_Job):
     """llama-server's POST /slots/{id} action on one slot: runs on the engine thread once the
     slot is idle (`path`: the slot file, None for erase)."""
 
     def __init__(self, engine: Engine, action: str, slot: int, path: Path | None, done: SlotDone):
+        super().__init__(engine)
         self.action = action
         self.slot = slot
         self.path = path
         self.done = done
-        self.cancelled = False
-        self._engine = engine
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        self._engine.wake()
 
 
 @dataclass(eq=False)
