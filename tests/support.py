@@ -19,6 +19,18 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 REPO_BACKENDS = REPO_ROOT / "backends"
 
 
+def llamacpp_models(repo: Path, models: dict[str, tuple[dict[str, Any], dict[str, str]]]) -> None:
+    """Per model name: a tiny random llama GGUF (gguf_builder.write_tiny_llama with the first
+    dict's options) as version 1, and a llama.cpp config with the second dict's parameters."""
+    from gguf_builder import write_tiny_llama
+
+    for name, (options, parameters) in models.items():
+        (repo / name / "1").mkdir(parents=True)
+        write_tiny_llama(repo / name / "1" / "model.gguf", **options)
+        params = "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in parameters.items())
+        (repo / name / "config.pbtxt").write_text('backend: "llamacpp"\n' + params)
+
+
 def python_model(repo: Path, name: str, body: str, *, version: int = 1) -> Path:
     """Write a Triton-style Python model: FP32 X[-1] -> Y[-1], Y computed by `body` from `x`."""
     folder = repo / name
@@ -105,6 +117,12 @@ class DaemonProcess:
 
     def post_json(self, path: str, payload: object) -> Reply:
         return self.request("POST", path, json.dumps(payload), {"Content-Type": "application/json"})
+
+    def post_ok(self, path: str, payload: object, status: int = 200) -> Any:
+        """POST `payload` as JSON to `path` and return the reply's JSON body, asserting its status."""
+        reply = self.post_json(path, payload)
+        assert reply.status == status, reply.body
+        return reply.json()
 
     def get_json(self, path: str, status: int = 200) -> Any:
         """GET `path`'s JSON body, asserting its status."""

@@ -43,18 +43,12 @@ def daemon(repo: Path, tmp_path_factory: pytest.TempPathFactory):
     process.stop()
 
 
-def post(daemon: Any, path: str, body: dict[str, Any], status: int = 200) -> Any:
-    reply = daemon.post_json(path, body)
-    assert reply.status == status, reply.body
-    return reply.json()
-
-
 def complete(daemon: Any, path: str = "/completion", **body: Any) -> Any:
-    return post(daemon, path, {"model": "tiny", "temperature": 0, **body})
+    return daemon.post_ok(path, {"model": "tiny", "temperature": 0, **body})
 
 
 def tokenize(daemon: Any, text: str, model: str = "tiny", **options: Any) -> list[int]:
-    return post(daemon, "/tokenize", {"model": model, "content": text, **options})["tokens"]
+    return daemon.post_ok("/tokenize", {"model": model, "content": text, **options})["tokens"]
 
 
 def events(daemon: Any, path: str, body: dict[str, Any]) -> list[Any]:
@@ -81,13 +75,13 @@ def test_samplers_order_has_its_effect(daemon: Any) -> None:
 def test_greedy_text_is_the_openai_routes(daemon: Any) -> None:
     for path in ("/completion", "/completions"):
         got = complete(daemon, path, prompt=PROMPT, n_predict=16)
-        openai = post(daemon, "/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 16, "temperature": 0})
+        openai = daemon.post_ok("/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 16, "temperature": 0})
         assert got["content"] == openai["choices"][0]["text"] and got["content"]
         assert got["stop"] is True and got["stop_type"] == "limit" and got["stopping_word"] == ""
         assert got["tokens_predicted"] == 16 and got["truncated"] is False
         prompt = tokenize(daemon, PROMPT, add_special=True)
         assert got["tokens_evaluated"] == len(prompt) == openai["usage"]["prompt_tokens"]
-        assert got["prompt"] == post(daemon, "/detokenize", {"model": "tiny", "tokens": prompt})["content"]
+        assert got["prompt"] == daemon.post_ok("/detokenize", {"model": "tiny", "tokens": prompt})["content"]
         assert got["model"] == "tiny" and got["tokens"] == []
         assert got["tokens_cached"] == len(prompt) + 15
         assert got["has_new_line"] == ("\n" in got["content"])
@@ -102,7 +96,7 @@ def test_greedy_text_is_the_openai_routes(daemon: Any) -> None:
 def test_n_predict_and_return_tokens(daemon: Any) -> None:
     got = complete(daemon, prompt=PROMPT, n_predict=3, return_tokens=True)
     assert got["tokens_predicted"] == 3 and len(got["tokens"]) == 3 and got["stop_type"] == "limit"
-    assert post(daemon, "/detokenize", {"model": "tiny", "tokens": got["tokens"]})["content"] == got["content"]
+    assert daemon.post_ok("/detokenize", {"model": "tiny", "tokens": got["tokens"]})["content"] == got["content"]
     longer = complete(daemon, prompt=PROMPT, n_predict=8)
     assert longer["content"].startswith(got["content"])
     # The OpenAI name means the same; -1 runs to the end of the context (1024 tokens here).
@@ -178,14 +172,14 @@ def test_prompts_and_completions_of_each(daemon: Any) -> None:
     # n_cmpl completions of each prompt, index prompt * n_cmpl + i; with a seed, completion i
     # samples with seed + i (llama-server's child tasks).
     sampled = {"temperature": 1.5, "top_k": 0, "n_predict": 12}
-    pair = post(daemon, "/completion", {"model": "tiny", "prompt": ["Once", "Hello"], "n_cmpl": 2, "seed": 7, **sampled})
+    pair = daemon.post_ok("/completion", {"model": "tiny", "prompt": ["Once", "Hello"], "n_cmpl": 2, "seed": 7, **sampled})
     assert [r["index"] for r in pair] == [0, 1, 2, 3]
     for index, (prompt, seed) in enumerate([("Once", 7), ("Once", 8), ("Hello", 7), ("Hello", 8)]):
-        single = post(daemon, "/completion", {"model": "tiny", "prompt": prompt, "seed": seed, **sampled})
+        single = daemon.post_ok("/completion", {"model": "tiny", "prompt": prompt, "seed": seed, **sampled})
         assert pair[index]["content"] == single["content"]
     assert pair[0]["content"] != pair[1]["content"]  # independent samples differ
     # `n` is its other name; one completion of one prompt stays an object.
-    by_n = post(daemon, "/completion", {"model": "tiny", "prompt": "Once", "n": 2, "seed": 7, **sampled})
+    by_n = daemon.post_ok("/completion", {"model": "tiny", "prompt": "Once", "n": 2, "seed": 7, **sampled})
     assert [r["content"] for r in by_n] == [r["content"] for r in pair[:2]]
     assert isinstance(complete(daemon, prompt=["Once"], n_predict=2), dict)
 
@@ -224,7 +218,7 @@ def test_infill_repository_layout(daemon: Any) -> None:
     body = {"model": "coder", "input_prefix": "def f(x):\n", "input_suffix": "\n    return y\n",
             "input_extra": [{"filename": "a.py", "text": "import os\n"}], "prompt": "    y",
             "n_predict": 4, "temperature": 0}
-    got = post(daemon, "/infill", body)
+    got = daemon.post_ok("/infill", body)
 
     def text(value: str) -> list[int]:
         return tokenize(daemon, value, "coder", parse_special=False)
@@ -233,13 +227,13 @@ def test_infill_repository_layout(daemon: Any) -> None:
     expected = [REP, *text("myproject\n"), SEP, *text("a.py\n"), *text("import os\n"), SEP, *text("filename\n"),
                 BOS, PRE, *text("def f(x):\n"), *text("    y"), SUF, *text("\n    return y\n"), MID]
     assert got["tokens_evaluated"] == len(expected)
-    assert got["prompt"] == post(daemon, "/detokenize", {"model": "coder", "tokens": expected})["content"]
+    assert got["prompt"] == daemon.post_ok("/detokenize", {"model": "coder", "tokens": expected})["content"]
     assert got["tokens_predicted"] == 4
     # Only the three plain FIM tokens: no repository part, the files between snippet markers.
-    got = post(daemon, "/infill", {**body, "model": "fim"})
+    got = daemon.post_ok("/infill", {**body, "model": "fim"})
     expected = [*text("\n\n--- snippet ---\n\n"), *text("import os\n"),
                 BOS, PRE, *text("def f(x):\n"), *text("    y"), SUF, *text("\n    return y\n"), MID]
-    assert got["prompt"] == post(daemon, "/detokenize", {"model": "fim", "tokens": expected})["content"]
+    assert got["prompt"] == daemon.post_ok("/detokenize", {"model": "fim", "tokens": expected})["content"]
     frames = events(daemon, "/infill", {**body, "model": "fim"})
     assert frames[-1]["stop"] is True and frames[-1]["tokens_evaluated"] == len(expected)
 
@@ -285,13 +279,13 @@ def test_infill_repository_layout(daemon: Any) -> None:
     ("/infill", {"input_prefix": "x", "input_suffix": "y"}, "fill-in-the-middle"),  # tiny has no FIM tokens
 ])
 def test_what_is_refused(daemon: Any, path: str, body: dict[str, Any], field: str) -> None:
-    error = post(daemon, path, {"model": "tiny", **body}, 400)["error"]
+    error = daemon.post_ok(path, {"model": "tiny", **body}, 400)["error"]
     assert field in error["message"] and error["type"] == "invalid_request_error"
 
 
 def test_model_is_required_and_known(daemon: Any) -> None:
-    assert "model" in post(daemon, "/completion", {"prompt": "x"}, 400)["error"]["message"]
-    post(daemon, "/completion", {"model": "nope", "prompt": "x"}, 404)
+    assert "model" in daemon.post_ok("/completion", {"prompt": "x"}, 400)["error"]["message"]
+    daemon.post_ok("/completion", {"model": "nope", "prompt": "x"}, 404)
 
 
 # The code-completion fields. NL: the tiny vocabulary's byte token for "\n" (byte b is 3 + b).
@@ -322,7 +316,7 @@ def test_n_indent_stops_at_a_line_indented_less(daemon: Any) -> None:
 def test_n_indent_in_infill(daemon: Any) -> None:
     body = {"model": "coder", "input_prefix": "def f(x):\n", "input_suffix": "\n", "n_predict": 32,
             "temperature": 0, "grammar": INDENTED, "n_indent": 2}
-    got = post(daemon, "/infill", body)
+    got = daemon.post_ok("/infill", body)
     assert got["content"] == "a\n    b\n  c\n" and got["stop_type"] == "limit"
 
 

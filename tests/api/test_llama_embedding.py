@@ -35,29 +35,23 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
     process.stop()
 
 
-def post(daemon: Any, path: str, body: dict[str, Any], status: int = 200) -> Any:
-    reply = daemon.post_json(path, body)
-    assert reply.status == status, reply.body
-    return reply.json()
-
-
 def native(daemon: Any, content: Any, path: str = "/embedding", **options: Any) -> list[np.ndarray]:
     """The vectors /embedding answers, checking its shape: one pooled vector per prompt."""
-    reply = post(daemon, path, {"model": "embedder", "content": content, **options})
+    reply = daemon.post_ok(path, {"model": "embedder", "content": content, **options})
     assert [item["index"] for item in reply] == list(range(len(reply)))
     assert all(set(item) == {"index", "embedding"} and len(item["embedding"]) == 1 for item in reply)
     return [np.asarray(item["embedding"][0]) for item in reply]
 
 
 def openai(daemon: Any, inputs: list[Any]) -> list[np.ndarray]:
-    reply = post(daemon, "/v1/embeddings", {"model": "embedder", "input": inputs, "encoding_format": "float"})
+    reply = daemon.post_ok("/v1/embeddings", {"model": "embedder", "input": inputs, "encoding_format": "float"})
     return [np.asarray(item["embedding"]) for item in reply["data"]]
 
 
 def ids(daemon: Any, content: Any) -> list[int]:
     """The embedder's tokens for a prompt, as llama-server's /embedding tokenizes it (the BOS
     before a first text)."""
-    return post(daemon, "/tokenize", {"model": "embedder", "content": content, "add_special": True})["tokens"]
+    return daemon.post_ok("/tokenize", {"model": "embedder", "content": content, "add_special": True})["tokens"]
 
 
 def assert_vectors(got: list[np.ndarray], want: list[np.ndarray]) -> None:
@@ -71,7 +65,7 @@ def test_a_text_is_the_v1_embeddings_vector(daemon: Any) -> None:
     want = openai(daemon, ["hello world"])
     assert_vectors(native(daemon, "hello world"), want)
     assert_vectors(native(daemon, "hello world", path="/embeddings"), want)  # the same handler
-    reply = post(daemon, "/embedding", {"model": "embedder", "input": "hello world"})  # its other name
+    reply = daemon.post_ok("/embedding", {"model": "embedder", "input": "hello world"})  # its other name
     assert_vectors([np.asarray(reply[0]["embedding"][0])], want)
     assert_vectors(native(daemon, "hello world", encoding_format="float"), want)
     assert np.isclose(np.linalg.norm(want[0]), 1.0)  # Euclidean, the default
@@ -132,24 +126,24 @@ def test_embd_normalize_2_is_the_default(daemon: Any) -> None:
 )
 def test_errors(daemon: Any, body: dict[str, Any], named: str) -> None:
     for path in ("/embedding", "/embeddings"):
-        error = post(daemon, path, {"model": "embedder", **body}, status=400)["error"]
+        error = daemon.post_ok(path, {"model": "embedder", **body}, status=400)["error"]
         assert named in error["message"]
         assert error["type"] == "invalid_request_error"  # llama-server's (OpenAI's) error shape
 
 
 def test_models_it_cannot_serve(daemon: Any) -> None:
     # No pooling: llama-server answers one vector per token, edged averages them; a 400 here...
-    error = post(daemon, "/embedding", {"model": "unpooled", "content": "hi"}, status=400)["error"]
+    error = daemon.post_ok("/embedding", {"model": "unpooled", "content": "hi"}, status=400)["error"]
     assert "names no pooling" in error["message"]
     # ...and with the pooling named in its config the same GGUF is served: the vector
     # /v1/embeddings averages for it without.
-    averaged = post(daemon, "/v1/embeddings", {"model": "unpooled", "input": "hi"})["data"][0]["embedding"]
-    served = post(daemon, "/embedding", {"model": "meaned", "content": "hi"})
+    averaged = daemon.post_ok("/v1/embeddings", {"model": "unpooled", "input": "hi"})["data"][0]["embedding"]
+    served = daemon.post_ok("/embedding", {"model": "meaned", "content": "hi"})
     np.testing.assert_allclose(served[0]["embedding"][0], averaged, rtol=1e-6, atol=1e-7)
-    error = post(daemon, "/embedding", {"model": "tiny", "content": "hi"}, status=400)["error"]
+    error = daemon.post_ok("/embedding", {"model": "tiny", "content": "hi"}, status=400)["error"]
     assert "embedding=true" in error["message"]
-    assert post(daemon, "/embedding", {"model": "nope", "content": "hi"}, status=404)["error"]["type"] == "not_found_error"
-    assert "model" in post(daemon, "/embedding", {"content": "hi"}, status=400)["error"]["message"]
+    assert daemon.post_ok("/embedding", {"model": "nope", "content": "hi"}, status=404)["error"]["type"] == "not_found_error"
+    assert "model" in daemon.post_ok("/embedding", {"content": "hi"}, status=400)["error"]["message"]
 
 
 def llamacpp_metrics(daemon: Any, model: str) -> dict[str, float]:
@@ -165,7 +159,7 @@ def test_llama_server_counters_count_embedding_decodes(daemon: Any) -> None:
     """As llama-server's: each input is a prompt decoded in a slot of its own."""
     before = llamacpp_metrics(daemon, "embedder")
     texts = ["one two three", "four", "five six seven eight nine"]
-    reply = post(daemon, "/v1/embeddings", {"model": "embedder", "input": texts})
+    reply = daemon.post_ok("/v1/embeddings", {"model": "embedder", "input": texts})
     after = llamacpp_metrics(daemon, "embedder")
     assert after["llamacpp:prompt_tokens_total"] - before["llamacpp:prompt_tokens_total"] == reply["usage"]["prompt_tokens"]
     # The three fit the default four slots and one batch: one decode.

@@ -45,23 +45,17 @@ def daemon(repo: Path, tmp_path_factory: pytest.TempPathFactory):
     process.stop()
 
 
-def post(daemon: Any, path: str, body: dict[str, Any], status: int = 200) -> Any:
-    reply = daemon.post_json(path, body)
-    assert reply.status == status, reply.body
-    return reply.json()
-
-
 def tokens(daemon: Any, content: Any, **options: Any) -> Any:
-    return post(daemon, "/tokenize", {"model": "tiny", "content": content, **options})["tokens"]
+    return daemon.post_ok("/tokenize", {"model": "tiny", "content": content, **options})["tokens"]
 
 
 def test_tokenize_detokenize_round_trip(daemon: Any) -> None:
     ids = tokens(daemon, "Hello world")
     assert ids == [259, 299, 328, 335, 335, 338, 371, 366, 335, 327]  # llama-server's
     # The pieces joined, as llama-server: SentencePiece's space prefix stays.
-    assert post(daemon, "/detokenize", {"model": "tiny", "tokens": ids}) == {"content": " Hello world"}
+    assert daemon.post_ok("/detokenize", {"model": "tiny", "tokens": ids}) == {"content": " Hello world"}
     assert tokens(daemon, "") == [] and tokens(daemon, None) == []
-    assert post(daemon, "/detokenize", {"model": "tiny"}) == {"content": ""}
+    assert daemon.post_ok("/detokenize", {"model": "tiny"}) == {"content": ""}
 
 
 def test_add_special_puts_the_bos_first(daemon: Any) -> None:
@@ -94,21 +88,21 @@ def test_mixed_content_and_detokenize_bytes(daemon: Any) -> None:
     assert tokens(daemon, ["ab", 5, "cd"], add_special=True) == [BOS, 369, 325, 5, 259, 326, 327]
     assert tokens(daemon, [5, "ab"], add_special=True) == [5, 369, 325]
     detok = {"model": "tiny", "tokens": [229, 133]}  # two bytes of "€": llama-server writes U+FFFD
-    assert post(daemon, "/detokenize", detok, status=400)["error"]["message"] == (
+    assert daemon.post_ok("/detokenize", detok, status=400)["error"]["message"] == (
         "tokens: the tokens' bytes are not UTF-8 text (byte 0 of 2: a character cut between tokens); "
         "POST /tokenize with these ids as content and with_pieces true gives each token's bytes"
     )
-    assert post(daemon, "/detokenize", {**detok, "tokens": [229, 133, 175]}) == {"content": "€"}
+    assert daemon.post_ok("/detokenize", {**detok, "tokens": [229, 133, 175]}) == {"content": "€"}
     # Control tokens' texts are written.
-    assert post(daemon, "/detokenize", {**detok, "tokens": [CTRL, THINK, 2, 0]}) == {"content": "[CTRL]<think></s><unk>"}
+    assert daemon.post_ok("/detokenize", {**detok, "tokens": [CTRL, THINK, 2, 0]}) == {"content": "[CTRL]<think></s><unk>"}
 
 
 def test_apply_template_is_the_chat_routes_prompt(daemon: Any) -> None:
-    prompt = post(daemon, "/apply-template", {"model": "tiny", "messages": HELLO})["prompt"]
+    prompt = daemon.post_ok("/apply-template", {"model": "tiny", "messages": HELLO})["prompt"]
     assert prompt == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"  # llama-server's
     greedy = {"model": "tiny", "temperature": 0, "max_tokens": 8}
-    chat = post(daemon, "/v1/chat/completions", {**greedy, "messages": HELLO})
-    completion = post(daemon, "/v1/completions", {**greedy, "prompt": prompt})
+    chat = daemon.post_ok("/v1/chat/completions", {**greedy, "messages": HELLO})
+    completion = daemon.post_ok("/v1/completions", {**greedy, "prompt": prompt})
     # Greedy on the same tokens: the same reply from the same prompt.
     assert chat["choices"][0]["message"]["content"] == completion["choices"][0]["text"]
     assert chat["usage"]["prompt_tokens"] == completion["usage"]["prompt_tokens"]
@@ -118,14 +112,14 @@ def test_apply_template_is_the_chat_routes_prompt(daemon: Any) -> None:
 def test_apply_template_with_tools(daemon: Any) -> None:
     # ChatML has no tool syntax: the chat route describes the tools in a system message.
     body = {"model": "tiny", "messages": HELLO, "tools": [WEATHER]}
-    prompt = post(daemon, "/apply-template", body)["prompt"]
+    prompt = daemon.post_ok("/apply-template", body)["prompt"]
     assert prompt.startswith("<|im_start|>system\n") and "get_weather" in prompt
-    chat = post(daemon, "/v1/chat/completions", {**body, "max_tokens": 1})
+    chat = daemon.post_ok("/v1/chat/completions", {**body, "max_tokens": 1})
     assert len(tokens(daemon, prompt, add_special=True)) == chat["usage"]["prompt_tokens"]
     # The chat route's rules for what shapes the prompt hold here too.
-    error = post(daemon, "/apply-template", {**body, "reasoning_effort": "high"}, status=400)
+    error = daemon.post_ok("/apply-template", {**body, "reasoning_effort": "high"}, status=400)
     assert "reasoning_effort" in error["error"]["message"]
-    error = post(daemon, "/apply-template", {"model": "tiny", "messages": HELLO, "tool_choice": "auto"}, status=400)
+    error = daemon.post_ok("/apply-template", {"model": "tiny", "messages": HELLO, "tool_choice": "auto"}, status=400)
     assert "tool_choice" in error["error"]["message"]
 
 
@@ -148,7 +142,7 @@ def test_apply_template_with_tools(daemon: Any) -> None:
     ],
 )
 def test_bad_requests_name_the_field(daemon: Any, path: str, body: dict[str, Any], named: str) -> None:
-    error = post(daemon, path, body, status=400)["error"]
+    error = daemon.post_ok(path, body, status=400)["error"]
     assert error["type"] == "invalid_request_error" and named in error["message"]
 
 
@@ -157,7 +151,7 @@ def test_bad_requests_name_the_field(daemon: Any, path: str, body: dict[str, Any
     [("/tokenize", {"content": "x"}), ("/detokenize", {"tokens": [1]}), ("/apply-template", {"messages": HELLO})],
 )
 def test_unknown_model_is_404(daemon: Any, path: str, body: dict[str, Any]) -> None:
-    error = post(daemon, path, {"model": "nope", **body}, status=404)["error"]
+    error = daemon.post_ok(path, {"model": "nope", **body}, status=404)["error"]
     assert error["type"] == "not_found_error" and "nope" in error["message"]
 
 

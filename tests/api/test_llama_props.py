@@ -17,16 +17,11 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from gguf_builder import CHATML_TEMPLATE, write_tiny_llama
+from gguf_builder import CHATML_TEMPLATE
 
-from support import python_model, start_daemon_process, wait_until
+from support import llamacpp_models, python_model, start_daemon_process, wait_until
 
 QWEN = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
-
-
-def _config(path: Path, **parameters: str) -> None:
-    params = "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in parameters.items())
-    path.write_text('backend: "llamacpp"\n' + params)
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +34,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         "named": ({}, {"chat_template": "chatml", "n_parallel": "1"}),
         "embed": ({"pooling": 1}, {"embedding": "true"}),
     }
-    for name, (options, parameters) in models.items():
-        (repo / name / "1").mkdir(parents=True)
-        write_tiny_llama(repo / name / "1" / "model.gguf", seed=1, **options)
-        _config(repo / name / "config.pbtxt", **parameters)
+    llamacpp_models(repo, {name: ({"seed": 1, **options}, parameters) for name, (options, parameters) in models.items()})
     python_model(repo, "plain", "y = x")
     process = start_daemon_process(tmp_path_factory.mktemp("edged"), "--model-repository", str(repo), http=True)
     yield process
@@ -174,9 +166,7 @@ def test_changing_settings_is_not_offered(daemon: Any) -> None:
 def test_over_tcp_as_tokenize(tmp_path: Path) -> None:
     """With tcp-auth "all" the token is needed, as for /tokenize; /health stays public."""
     repo = tmp_path / "repo"
-    (repo / "tiny" / "1").mkdir(parents=True)
-    write_tiny_llama(repo / "tiny" / "1" / "model.gguf")
-    _config(repo / "tiny" / "config.pbtxt", n_parallel="1")
+    llamacpp_models(repo, {"tiny": ({}, {"n_parallel": "1"})})
     (tmp_path / "token").write_text("s3cret-token-0123456789\n")
     (tmp_path / "token").chmod(0o600)
     config = tmp_path / "edged.toml"

@@ -18,16 +18,10 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from gguf_builder import write_tiny_llama
 
-from support import start_daemon_process, wait_until
+from support import llamacpp_models, start_daemon_process, wait_until
 
 PROMPT = "The quick brown fox jumps over the lazy dog and runs"
-
-
-def _config(path: Path, **parameters: str) -> None:
-    params = "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in parameters.items())
-    path.write_text('backend: "llamacpp"\n' + params)
 
 
 @pytest.fixture(scope="module")
@@ -43,23 +37,14 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         "plain": ({"seed": 1}, {"n_parallel": "1"}),
         "embed": ({"seed": 1, "pooling": 1}, {"embedding": "true"}),
     }
-    for name, (options, parameters) in models.items():
-        (repo / name / "1").mkdir(parents=True)
-        write_tiny_llama(repo / name / "1" / "model.gguf", **options)
-        _config(repo / name / "config.pbtxt", **parameters)
+    llamacpp_models(repo, models)
     process = start_daemon_process(tmp_path_factory.mktemp("edged"), "--model-repository", str(repo))
     yield process
     process.stop()
 
 
-def post(daemon: Any, path: str, body: dict[str, Any], status: int = 200) -> Any:
-    reply = daemon.post_json(path, body)
-    assert reply.status == status, reply.body
-    return reply.json()
-
-
 def complete(daemon: Any, model: str = "tiny", n_predict: int = 8) -> Any:
-    return post(daemon, "/completion", {"model": model, "prompt": PROMPT, "n_predict": n_predict, "temperature": 0})
+    return daemon.post_ok("/completion", {"model": model, "prompt": PROMPT, "n_predict": n_predict, "temperature": 0})
 
 
 def slot_dir(daemon: Any, model: str) -> Path:
@@ -68,23 +53,23 @@ def slot_dir(daemon: Any, model: str) -> Path:
 
 def test_save_erase_restore(daemon: Any) -> None:
     for slot in (0, 1):
-        post(daemon, f"/slots/{slot}?action=erase", {"model": "tiny"})
+        daemon.post_ok(f"/slots/{slot}?action=erase", {"model": "tiny"})
     cold = complete(daemon)
     prompt_tokens, predicted = cold["tokens_evaluated"], cold["tokens_predicted"]
     assert cold["timings"]["cache_n"] == 0 and predicted == 8
     # Two empty slots: the first one served it (least recently used, lowest index first).
-    saved = post(daemon, "/slots/0?action=save", {"model": "tiny", "filename": "fox.bin"})
+    saved = daemon.post_ok("/slots/0?action=save", {"model": "tiny", "filename": "fox.bin"})
     # The prompt and the generated tokens but the last, whose cells were never computed.
     assert saved["n_saved"] == prompt_tokens + predicted - 1
     assert saved["id_slot"] == 0 and saved["filename"] == "fox.bin"
     assert saved["n_written"] == (slot_dir(daemon, "tiny") / "fox.bin").stat().st_size > 12
     assert set(saved["timings"]) == {"save_ms"}
-    assert post(daemon, "/slots/0?action=erase", {"model": "tiny"}) == {"id_slot": 0, "n_erased": saved["n_saved"]}
+    assert daemon.post_ok("/slots/0?action=erase", {"model": "tiny"}) == {"id_slot": 0, "n_erased": saved["n_saved"]}
     # Nothing cached anywhere now: the prompt is decoded again, into slot 1.
     again = complete(daemon)
     assert again["timings"]["cache_n"] == 0 and again["content"] == cold["content"]
-    post(daemon, "/slots/1?action=erase", {"model": "tiny"})
-    restored = post(daemon, "/slots/0?action=restore", {"model": "tiny", "filename": "fox.bin"})
+    daemon.post_ok("/slots/1?action=erase", {"model": "tiny"})
+    restored = daemon.post_ok("/slots/0?action=restore", {"model": "tiny", "filename": "fox.bin"})
     assert restored["n_restored"] == saved["n_saved"] and restored["n_read"] == saved["n_written"]
     assert restored["id_slot"] == 0 and set(restored["timings"]) == {"restore_ms"}
     warm = complete(daemon)
@@ -96,27 +81,27 @@ def test_save_erase_restore(daemon: Any) -> None:
 def save_served(daemon: Any, n_predict: int = 8) -> tuple[Any, Any]:
     """A cold completion on an emptied tiny, and the save of the slot that served it."""
     for slot in (0, 1):
-        post(daemon, f"/slots/{slot}?action=erase", {"model": "tiny"})
+        daemon.post_ok(f"/slots/{slot}?action=erase", {"model": "tiny"})
     cold = complete(daemon, n_predict=n_predict)
-    saved = [post(daemon, f"/slots/{slot}?action=save", {"model": "tiny", "filename": f"s{slot}.bin"}) for slot in (0, 1)]
+    saved = [daemon.post_ok(f"/slots/{slot}?action=save", {"model": "tiny", "filename": f"s{slot}.bin"}) for slot in (0, 1)]
     # One slot served it; the other saved an empty cache.
     used = next(s for s in saved if s["n_saved"])
     assert sorted(s["n_saved"] for s in saved) == [0, used["n_saved"]]
     for slot in (0, 1):
-        post(daemon, f"/slots/{slot}?action=erase", {"model": "tiny"})
+        daemon.post_ok(f"/slots/{slot}?action=erase", {"model": "tiny"})
     return cold, used
 
 
 def test_restore_into_another_slot(daemon: Any) -> None:
     cold, used = save_served(daemon, n_predict=12)
     other = 1 - used["id_slot"]
-    post(daemon, f"/slots/{other}?action=restore", {"model": "tiny", "filename": used["filename"]})
+    daemon.post_ok(f"/slots/{other}?action=restore", {"model": "tiny", "filename": used["filename"]})
     warm = complete(daemon, n_predict=12)
     assert warm["content"] == cold["content"] and warm["timings"]["cache_n"] == cold["tokens_evaluated"] - 1
 
 
 def test_save_waits_for_the_slot_to_finish(daemon: Any) -> None:
-    post(daemon, "/slots/0?action=erase", {"model": "one"})
+    daemon.post_ok("/slots/0?action=erase", {"model": "one"})
     result: dict[str, Any] = {}
 
     def generate() -> None:
@@ -125,7 +110,7 @@ def test_save_waits_for_the_slot_to_finish(daemon: Any) -> None:
     worker = threading.Thread(target=generate)
     worker.start()
     wait_until(lambda: daemon.get_json("/slots?model=one")[0]["is_processing"])
-    saved = post(daemon, "/slots/0?action=save", {"model": "one", "filename": "long.bin"})
+    saved = daemon.post_ok("/slots/0?action=save", {"model": "one", "filename": "long.bin"})
     worker.join(60)
     completion = result["completion"]
     # Saved after the generation ended: every token it computed is in the file.
@@ -133,12 +118,12 @@ def test_save_waits_for_the_slot_to_finish(daemon: Any) -> None:
 
 
 def test_a_file_of_another_model_does_not_restore(daemon: Any) -> None:
-    post(daemon, "/slots/0?action=erase", {"model": "tiny"})
+    daemon.post_ok("/slots/0?action=erase", {"model": "tiny"})
     complete(daemon)
-    post(daemon, "/slots/0?action=save", {"model": "tiny", "filename": "tiny.bin"})
+    daemon.post_ok("/slots/0?action=save", {"model": "tiny", "filename": "tiny.bin"})
     target = slot_dir(daemon, "wide")
     (target / "tiny.bin").write_bytes((slot_dir(daemon, "tiny") / "tiny.bin").read_bytes())
-    body = post(daemon, "/slots/0?action=restore", {"model": "wide", "filename": "tiny.bin"}, 400)
+    body = daemon.post_ok("/slots/0?action=restore", {"model": "wide", "filename": "tiny.bin"}, 400)
     assert body["error"]["message"].startswith("Unable to restore slot 0: ")
     # The reason names the file as the client did, not where the daemon keeps it.
     assert str(daemon.state_dir) not in body["error"]["message"]
@@ -146,12 +131,12 @@ def test_a_file_of_another_model_does_not_restore(daemon: Any) -> None:
     assert complete(daemon, "wide")["timings"]["cache_n"] == 0
     # The same weights loaded with one slot, not two: llama.cpp's layout differs.
     (slot_dir(daemon, "one") / "tiny.bin").write_bytes((slot_dir(daemon, "tiny") / "tiny.bin").read_bytes())
-    body = post(daemon, "/slots/0?action=restore", {"model": "one", "filename": "tiny.bin"}, 400)
+    body = daemon.post_ok("/slots/0?action=restore", {"model": "one", "filename": "tiny.bin"}, 400)
     assert "another n_parallel" in body["error"]["message"], body
     (target / "junk.bin").write_bytes(b"not a slot file at all")
-    body = post(daemon, "/slots/0?action=restore", {"model": "wide", "filename": "junk.bin"}, 400)
+    body = daemon.post_ok("/slots/0?action=restore", {"model": "wide", "filename": "junk.bin"}, 400)
     assert body["error"]["message"].startswith("Unable to restore slot 0: ")
-    body = post(daemon, "/slots/0?action=restore", {"model": "wide", "filename": "missing.bin"}, 400)
+    body = daemon.post_ok("/slots/0?action=restore", {"model": "wide", "filename": "missing.bin"}, 400)
     assert body["error"]["message"] == "Unable to restore slot 0: no file 'missing.bin' in the model's slot_save_path"
 
 
@@ -171,22 +156,22 @@ def test_a_file_with_tokens_this_model_cannot_take(daemon: Any) -> None:
         changed = bytearray(data)
         struct.pack_into("<i", changed, offset, value)
         (slot_dir(daemon, "tiny") / name).write_bytes(bytes(changed))
-        message = post(daemon, "/slots/0?action=restore", {"model": "tiny", "filename": name}, 400)["error"]["message"]
+        message = daemon.post_ok("/slots/0?action=restore", {"model": "tiny", "filename": name}, 400)["error"]["message"]
         assert message.startswith("Unable to restore slot 0: ") and reason in message, message
         # Nothing of the file stays in the slot.
         assert complete(daemon)["timings"]["cache_n"] == 0
         for slot in (0, 1):
-            post(daemon, f"/slots/{slot}?action=erase", {"model": "tiny"})
+            daemon.post_ok(f"/slots/{slot}?action=erase", {"model": "tiny"})
 
 
 def test_id_slot_picks_the_slot(daemon: Any) -> None:
     for slot in (0, 1):
-        post(daemon, f"/slots/{slot}?action=erase", {"model": "tiny"})
-    answer = post(daemon, "/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "temperature": 0, "id_slot": 1})
+        daemon.post_ok(f"/slots/{slot}?action=erase", {"model": "tiny"})
+    answer = daemon.post_ok("/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "temperature": 0, "id_slot": 1})
     assert answer["id_slot"] == 1
-    assert post(daemon, "/slots/0?action=erase", {"model": "tiny"})["n_erased"] == 0
+    assert daemon.post_ok("/slots/0?action=erase", {"model": "tiny"})["n_erased"] == 0
     # Its cache is slot 1's: the same prompt sent to slot 0 decodes it all again.
-    again = post(daemon, "/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "temperature": 0, "id_slot": 0})
+    again = daemon.post_ok("/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "temperature": 0, "id_slot": 0})
     assert again["id_slot"] == 0 and again["timings"]["cache_n"] == 0 and again["content"] == answer["content"]
     # Streamed, every event names the slot.
     reply = daemon.post_json("/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "temperature": 0, "id_slot": 1, "stream": True})
@@ -194,18 +179,18 @@ def test_id_slot_picks_the_slot(daemon: Any) -> None:
     assert len(events) > 1 and {event["id_slot"] for event in events} == {1}
     assert events[-1]["timings"]["cache_n"] > 0
     # Without it, the slot that holds the prompt: reported, not chosen by the client.
-    assert post(daemon, "/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "temperature": 0})["id_slot"] in (0, 1)
+    assert daemon.post_ok("/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "temperature": 0})["id_slot"] in (0, 1)
     # The OpenAI routes take it too, as llama-server's do.
-    post(daemon, "/slots/0?action=erase", {"model": "tiny"})
-    post(daemon, "/v1/completions", {"model": "tiny", "prompt": "Other words", "max_tokens": 4, "id_slot": 0})
-    assert post(daemon, "/slots/0?action=erase", {"model": "tiny"})["n_erased"] > 0
+    daemon.post_ok("/slots/0?action=erase", {"model": "tiny"})
+    daemon.post_ok("/v1/completions", {"model": "tiny", "prompt": "Other words", "max_tokens": 4, "id_slot": 0})
+    assert daemon.post_ok("/slots/0?action=erase", {"model": "tiny"})["n_erased"] > 0
 
 
 def test_id_slot_waits_for_its_slot(daemon: Any) -> None:
     done: dict[str, float] = {}
 
     def run(name: str, body: dict[str, Any]) -> None:
-        answer = post(daemon, "/completion", {"model": "pair", "temperature": 0, **body})
+        answer = daemon.post_ok("/completion", {"model": "pair", "temperature": 0, **body})
         assert answer["id_slot"] == 0 or name == "any"
         done[name] = time.monotonic()
 
@@ -245,17 +230,17 @@ def test_id_slot_waits_for_its_slot(daemon: Any) -> None:
     ],
 )
 def test_bad_requests_name_the_field(daemon: Any, path: str, body: dict[str, Any], named: str) -> None:
-    message = post(daemon, path, body, 400)["error"]["message"]
+    message = daemon.post_ok(path, body, 400)["error"]["message"]
     assert named in message, message
 
 
 def test_save_and_restore_need_a_slot_directory(daemon: Any) -> None:
     for action in ("save", "restore"):
-        body = post(daemon, f"/slots/0?action={action}", {"model": "plain", "filename": "x.bin"}, 501)
+        body = daemon.post_ok(f"/slots/0?action={action}", {"model": "plain", "filename": "x.bin"}, 501)
         assert "slot_save_path" in body["error"]["message"]
     # Erase writes no file: it needs none.
     complete(daemon, "plain")
-    erased = post(daemon, "/slots/0?action=erase", {"model": "plain"})
+    erased = daemon.post_ok("/slots/0?action=erase", {"model": "plain"})
     assert erased["n_erased"] > 0
     assert complete(daemon, "plain")["timings"]["cache_n"] == 0
 
