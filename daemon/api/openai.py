@@ -1335,6 +1335,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         }
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
     def progress(index: int) -> dict[str, Any]:
         # As llama-server's: the role and no content yet, on every progress chunk.
         first_delta[index] = False
