@@ -58,6 +58,8 @@ class ApplyTemplateRequest(_Strict):
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = None
+    continue_final_message: bool | str | None = None
+    add_generation_prompt: bool | None = None
 
 
 # One prompt: a text, or texts and token ids in order. A list without ids is several prompts.

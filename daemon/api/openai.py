@@ -229,6 +229,10 @@ class ChatRequest(_Sampling):
     # llama-server's: the reasoning can be ended while the completion runs (POST
     # /v1/chat/completions/control with its id; chat_control).
     reasoning_control: bool = False
+    # llama-server's continuation of the last (assistant) message (chat_prompt):
+    # true, "content" or "reasoning_content"; with it, add_generation_prompt must be false.
+    continue_final_message: bool | str | None = None
+    add_generation_prompt: bool | None = None
 
 
 class EmbeddingRequest(_Strict):
@@ -1115,6 +1119,8 @@ class PromptFields(Protocol):
     parallel_tool_calls: bool | None
     chat_template_kwargs: dict[str, Any] | None
     reasoning_effort: str | None
+    continue_final_message: bool | str | None
+    add_generation_prompt: bool | None
 
 
 @dataclass
@@ -1122,6 +1128,63 @@ class ChatPrompt:
     text: str
     syntax: str  # the model's tool syntax ("" for none)
     use: openai_tools.ToolUse | None  # the tools the model may call, if any
+    # When the prompt continues the last assistant message (`continuation`): that message as
+    # the model would have written it so far (its reasoning between the template's tags, then
+    # its content), which the prompt ends with and the reply begins with; and the same between
+    # the bare tags, for the reasoning to be read apart (the whitespace the template writes
+    # around a reasoning is the tags', as llama-server reads it).
+    prefill: str = ""
+    prefill_tagged: str = ""
+
+
+def continuation(req: PromptFields) -> str | None:
+    """How the prompt continues the last message, as llama-server decides it: "content" or
+    "reasoning_content" (the message's reasoning is left open), or None for a new assistant
+    turn. A trailing assistant message is continued unless told (llama-server's default
+    --prefill-assistant); `continue_final_message` asks for it, with add_generation_prompt
+    false."""
+    given, generation = req.continue_final_message, req.add_generation_prompt
+    last = req.messages[-1] if req.messages else None
+    if given not in (None, False, True, "content", "reasoning_content"):
+        raise InvalidArgument(f"continue_final_message: true, \"content\" or \"reasoning_content\", got {given!r}")
+    if given not in (None, False):
+        if generation is not False:
+            # llama-server's rule (its add_generation_prompt defaults to true).
+            raise InvalidArgument("continue_final_message: cannot be used with add_generation_prompt true "
+                                  "(send add_generation_prompt false)")
+        if last is None or last.role != "assistant":
+            raise InvalidArgument("continue_final_message: the last message must be the assistant's, to continue")
+    elif last is not None and last.role == "assistant":
+        if len(req.messages) >= 2 and req.messages[-2].role == "assistant":
+            raise InvalidArgument("messages: cannot have 2 or more assistant messages at the end of the list")
+        given = True
+    elif generation is False:
+        raise InvalidArgument("add_generation_prompt: false is only taken with a last assistant message to continue")
+    else:
+        return None
+    assert last is not None
+    if last.tool_calls:
+        raise InvalidArgument("messages: cannot continue an assistant message that contains tool calls")
+    if given is True:  # llama-server's "auto": the reasoning when the message has nothing else
+        given = "reasoning_content" if last.reasoning_content and not _message_text(last, len(req.messages) - 1) else "content"
+    assert isinstance(given, str)
+    return given
+
+
+def _reasoning_wrap(model: LoadedVersion, tags: tuple[str, str], kwargs: dict[str, Any] | None) -> tuple[str, str]:
+    """What the template writes around an assistant message's reasoning (Qwen 3's "<think>\\n"
+    and "\\n</think>\\n\\n"), seen by rendering one; its bare tags where it drops the reasoning
+    of past messages (DeepSeek R1's), as llama-server's template analysis falls back to."""
+    probe = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "\x01C", "reasoning_content": "\x01R"}]
+    try:
+        text = model.chat_prompt(probe, template_kwargs=kwargs) if kwargs else model.chat_prompt(probe)
+    except EdgedError:
+        return tags
+    at, answer = text.find("\x01R"), text.find("\x01C")
+    start = text.rfind(tags[0], 0, at) if at >= 0 else -1
+    if start < 0 or answer < at:
+        return tags
+    return text[start:at], text[at + 2 : answer]
 
 
 def chat_prompt(model: LoadedVersion, req: PromptFields, answer: str = "") -> ChatPrompt:
@@ -1131,6 +1194,9 @@ def chat_prompt(model: LoadedVersion, req: PromptFields, answer: str = "") -> Ch
     name beside the tools."""
     if not req.messages:
         raise InvalidArgument("messages: at least one message is required")
+    mode = continuation(req)
+    if mode is not None:
+        return _continued(model, req, mode, answer)
     syntax = model.tool_syntax()
     messages = chat_messages(req.messages, native_tools=bool(syntax))
     tools = _tools_in_use(req)
@@ -1142,6 +1208,35 @@ def chat_prompt(model: LoadedVersion, req: PromptFields, answer: str = "") -> Ch
     described = openai_tools.described_tools(syntax, req.tools or [])
     text = effort_prompt(model, messages, described, req.chat_template_kwargs, req.reasoning_effort, "reasoning_effort")
     return ChatPrompt(text, syntax, use)
+
+
+def _continued(model: LoadedVersion, req: PromptFields, mode: str, answer: str) -> ChatPrompt:
+    """llama-server's continuation: the prompt of the messages before the last with its
+    assistant header (cut before an opening reasoning tag the header ends with, as R1's),
+    then the last message as the model writes it: its reasoning between the template's own
+    tags (always, for a model that reasons), then its content, unless the reasoning is what
+    goes on."""
+    if len(req.messages) < 2:
+        raise InvalidArgument("messages: continuing an assistant message needs a message before it")
+    if _tools_in_use(req) or answer:
+        # The tool-call and response-format grammars hold a reply from its start.
+        field = "response_format" if answer else "tools"
+        raise InvalidArgument(f"{field}: not supported when continuing an assistant message")
+    last = req.messages[-1]
+    content = _message_text(last, len(req.messages) - 1)
+    head = msgspec.structs.replace(req, messages=req.messages[:-1], continue_final_message=None,  # type: ignore[type-var]
+                                   add_generation_prompt=None)
+    rendered = chat_prompt(model, head)
+    prompt, tags = rendered.text, model.thinking_tags()
+    if not tags[0]:
+        return ChatPrompt(prompt + content, rendered.syntax, None, prefill=content, prefill_tagged=content)
+    if reasoning.opened_by(prompt, tags) is not None:
+        prompt = prompt[: prompt.rstrip().rindex(tags[0])]
+    start, end = _reasoning_wrap(model, tags, req.chat_template_kwargs)
+    thought = last.reasoning_content or ""
+    prefill = start + thought + (end + content if mode == "content" else "")
+    tagged = tags[0] + thought + (tags[1] + content if mode == "content" else "")
+    return ChatPrompt(prompt + prefill, rendered.syntax, None, prefill=prefill, prefill_tagged=tagged)
 
 
 def _check_store(req: ChatRequest) -> None:
@@ -1181,7 +1276,8 @@ def _chat_request(model: LoadedVersion, req: ChatRequest) -> _CheckedChat:
         # With response_format: tool calls or an answer in the format (ToolUse.constrain),
         # after the reasoning where the reply shows it.
         use.constrain(params, "response_format", ("", "") if split else tags)
-    opened = reasoning.opened_by(prompt, tags)
+    # A continued message's reasoning tags are in the reply's prefill (ChatPrompt.prefill).
+    opened = None if rendered.prefill else reasoning.opened_by(prompt, tags)
     reasoning.hold_grammar_after(params, tags, prompt)
     reasoning.budget(params, _budget_tokens(req), req.reasoning_budget_message, tags, opened is not None)
     if req.reasoning_control and tags[0] and params.reasoning_budget is None:
@@ -1222,8 +1318,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     model = await generation_model(request, req.model)
     params, rendered, tags, split, opened = _chat_request(model, req)
     prompt, syntax, use = rendered.text, rendered.syntax, rendered.use
-    # Unsplit, the reply starts with the tag the prompt opened, as llama-server's "none" shows it.
-    reopened = tags[0] + opened if opened is not None and not split else ""
+    # Unsplit, the reply starts with the tag the prompt opened, as llama-server's "none" shows it;
+    # a continued message, with all of that message so far, as llama-server's.
+    if rendered.prefill:
+        reopened = rendered.prefill_tagged if split else rendered.prefill
+    else:
+        reopened = tags[0] + opened if opened is not None and not split else ""
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     params.control_id = ident  # what /v1/chat/completions/control names it by
     choices = _choices(model, [prompt], params, req.n or 1)

@@ -888,7 +888,12 @@ def test_tool_results_go_back_through_the_template(client: openai.OpenAI) -> Non
     assert after.usage.prompt_tokens > base.usage.prompt_tokens + len("21 degrees and sunny")
     with pytest.raises(openai.BadRequestError, match=r"messages\[1\]\.tool_calls\[0\]\.function\.arguments: not valid JSON"):
         bad = {**call, "function": {"name": "get_weather", "arguments": "{nope"}}
-        client.chat.completions.create(model="tiny", messages=[question[0], {"role": "assistant", "tool_calls": [bad]}],
+        client.chat.completions.create(model="tiny", messages=[question[0], {"role": "assistant", "tool_calls": [bad]},
+                                                               {"role": "tool", "tool_call_id": "call_1", "content": "x"}],
+                                       tools=[WEATHER], max_tokens=1)
+    # A call without its result last: llama-server would continue that message, which it refuses.
+    with pytest.raises(openai.BadRequestError, match="cannot continue an assistant message that contains tool calls"):
+        client.chat.completions.create(model="tiny", messages=[question[0], {"role": "assistant", "tool_calls": [call]}],
                                        tools=[WEATHER], max_tokens=1)
     for extra, pattern in [
         ({"tool_choice": "auto"}, "tool_choice: only allowed when tools are specified"),

@@ -299,3 +299,66 @@ def test_reasoning_control_answers(client: Any, daemon: Any) -> None:
         assert outcome["success"] is False and outcome["message"].startswith("reasoning control not enabled")
     reply = daemon.post_json("/v1/chat/completions/control", {"model": "r1", "id": "x", "action": "pause"})
     assert reply.status == 400 and "action" in reply.json()["error"]["message"]
+
+
+# llama-server's prompts for these conversations on these templates (its /apply-template,
+# tests/fixtures/oracle/prefill.py): the last assistant message continued, its reasoning
+# between the template's own tags.
+R1_ASSISTANT = "<\uff5cAssistant\uff5c>"  # its bars are full-width
+CONTINUED = {
+    ("qwen25", "", "The sky is"): "<|im_start|>assistant\nThe sky is",
+    ("r1", "", "The sky is"): R1_ASSISTANT + "<think></think>The sky is",
+    ("r1", "Let me think", ""): R1_ASSISTANT + "<think>Let me think",
+    ("r1", "Let me think", "Sure"): R1_ASSISTANT + "<think>Let me think</think>Sure",
+    ("qwen3", "", "The sky is"): "<|im_start|>assistant\n<think>\n\n</think>\n\nThe sky is",
+    ("qwen3", "Let me think", ""): "<|im_start|>assistant\n<think>\nLet me think",
+    ("qwen3", "Let me think", "Sure"): "<|im_start|>assistant\n<think>\nLet me think\n</think>\n\nSure",
+}
+
+
+@pytest.mark.parametrize(("model", "thought", "said"), list(CONTINUED))
+def test_a_trailing_assistant_message_is_continued(client: Any, daemon: Any, model: str, thought: str, said: str) -> None:
+    """llama-server's default (--prefill-assistant), and its continue_final_message: the prompt
+    ends inside the last assistant message, and the reply begins with it."""
+    last: dict[str, Any] = {"role": "assistant", "content": said}
+    if thought:
+        last["reasoning_content"] = thought
+    messages = [*HI, last]
+    prompt = daemon.post_ok("/apply-template", {"model": model, "messages": messages})["prompt"]
+    assert prompt.endswith(CONTINUED[model, thought, said]), prompt
+    asked = daemon.post_ok("/apply-template", {"model": model, "messages": messages,
+                                               "continue_final_message": True, "add_generation_prompt": False})
+    assert asked["prompt"] == prompt
+    body = {"model": model, "messages": messages, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+            "logit_bias": {str(CLOSE): -100}}
+    reply = daemon.post_ok("/v1/chat/completions", body)["choices"][0]["message"]
+    # The model's own continuation of that prompt, after what the message held.
+    more = daemon.post_ok("/completion", {"model": model, "prompt": prompt, "n_predict": 6, "temperature": 0,
+                                          "ignore_eos": True, "logit_bias": [[CLOSE, -100]]})["content"]
+    if said or not thought:
+        assert reply["content"] == said + more and reply.get("reasoning_content", "") == thought
+    else:  # the reasoning goes on
+        assert reply["content"] == "" and reply["reasoning_content"] == thought + more
+    events = [json.loads(line[6:]) for line in daemon.post_json("/v1/chat/completions", {**body, "stream": True})
+              .body.decode().split("\n") if line.startswith("data: {")]
+    streamed = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
+    assert streamed == reply["content"]
+
+
+@pytest.mark.parametrize(("messages", "extra", "pattern"), [
+    ([*HI, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}], {},
+     "cannot have 2 or more assistant messages at the end of the list"),
+    ([*HI, {"role": "assistant", "content": "a"}], {"continue_final_message": True},
+     "continue_final_message: cannot be used with add_generation_prompt true"),
+    (HI, {"continue_final_message": True, "add_generation_prompt": False},
+     "continue_final_message: the last message must be the assistant's"),
+    (HI, {"add_generation_prompt": False}, "add_generation_prompt: false is only taken with a last assistant message"),
+    ([*HI, {"role": "assistant", "content": "a"}], {"continue_final_message": "all", "add_generation_prompt": False},
+     "continue_final_message: true, \"content\" or \"reasoning_content\", got 'all'"),
+    ([{"role": "assistant", "content": "a"}], {}, "continuing an assistant message needs a message before it"),
+    ([*HI, {"role": "assistant", "content": "{"}], {"response_format": {"type": "json_object"}},
+     "response_format: not supported when continuing an assistant message"),
+])
+def test_continuing_refuses_what_it_cannot_do(client: Any, messages: list[Any], extra: dict[str, Any], pattern: str) -> None:
+    with pytest.raises(openai.BadRequestError, match=re.escape(pattern)):
+        client.chat.completions.create(model="qwen25", messages=messages, max_tokens=1, extra_body=extra)
