@@ -1135,6 +1135,8 @@ class ChatPrompt:
     # around a reasoning is the tags', as llama-server reads it).
     prefill: str = ""
     prefill_tagged: str = ""
+    # The prompt ends inside the reasoning (a continued message's reasoning goes on).
+    inside: bool = False
 
 
 def continuation(req: PromptFields) -> str | None:
@@ -1236,7 +1238,8 @@ def _continued(model: LoadedVersion, req: PromptFields, mode: str, answer: str) 
     thought = last.reasoning_content or ""
     prefill = start + thought + (end + content if mode == "content" else "")
     tagged = tags[0] + thought + (tags[1] + content if mode == "content" else "")
-    return ChatPrompt(prompt + prefill, rendered.syntax, None, prefill=prefill, prefill_tagged=tagged)
+    return ChatPrompt(prompt + prefill, rendered.syntax, None, prefill=prefill, prefill_tagged=tagged,
+                      inside=mode == "reasoning_content")
 
 
 def _check_store(req: ChatRequest) -> None:
@@ -1279,10 +1282,11 @@ def _chat_request(model: LoadedVersion, req: ChatRequest) -> _CheckedChat:
     # A continued message's reasoning tags are in the reply's prefill (ChatPrompt.prefill).
     opened = None if rendered.prefill else reasoning.opened_by(prompt, tags)
     reasoning.hold_grammar_after(params, tags, prompt)
-    reasoning.budget(params, _budget_tokens(req), req.reasoning_budget_message, tags, opened is not None)
+    inside = opened is not None or rendered.inside
+    reasoning.budget(params, _budget_tokens(req), req.reasoning_budget_message, tags, inside)
     if req.reasoning_control and tags[0] and params.reasoning_budget is None:
         # Armed as llama-server arms it: a budget sampler that only a control will spend.
-        reasoning.budget(params, reasoning.MAX_BUDGET, None, tags, opened is not None)
+        reasoning.budget(params, reasoning.MAX_BUDGET, None, tags, inside)
     if params.json_schema:
         params.answer_header = syntax_named(syntax).answer_header
     return _CheckedChat(params, rendered, tags, split, opened)

@@ -362,3 +362,14 @@ def test_a_trailing_assistant_message_is_continued(client: Any, daemon: Any, mod
 def test_continuing_refuses_what_it_cannot_do(client: Any, messages: list[Any], extra: dict[str, Any], pattern: str) -> None:
     with pytest.raises(openai.BadRequestError, match=re.escape(pattern)):
         client.chat.completions.create(model="qwen25", messages=messages, max_tokens=1, extra_body=extra)
+
+
+def test_a_continued_reasoning_counts_against_the_budget(daemon: Any) -> None:
+    """The reasoning a continued message holds is inside the budget, as the tokens after a
+    prompt's opening tag are for llama-server: spent already, the end is forced at once."""
+    body = {"model": "r1", "messages": [*HI, {"role": "assistant", "content": "", "reasoning_content": "Let me think"}],
+            "max_tokens": 8, "temperature": 0, "ignore_eos": True, "logit_bias": {str(CLOSE): -100}}
+    free = daemon.post_ok("/v1/chat/completions", body)["choices"][0]["message"]
+    assert free["content"] == "" and free["reasoning_content"].startswith("Let me think")
+    capped = daemon.post_ok("/v1/chat/completions", {**body, "reasoning_budget_tokens": 2})["choices"][0]["message"]
+    assert capped["reasoning_content"] == "Let me think" and capped["content"]
