@@ -606,18 +606,19 @@ def check_ping_interval(seconds: int | None) -> None:
         raise InvalidArgument(f"sse_ping_interval must be -1 (no pings) or a number of seconds up to 2^31-1, got {seconds}")
 
 
-async def pinged(
-    items: AsyncIterator[T], response: web.StreamResponse, interval: int | None
+def pinged(
+    items: AsyncGenerator[T, None], response: web.StreamResponse, interval: int | None
 ) -> AsyncGenerator[T, None]:
     """`items` as they come; each time none came for `interval` seconds, an SSE comment line
     (`:`, which event-stream readers skip), so that a client or proxy with an idle timeout
     keeps the stream open while the engine is busy (llama-server's sse_ping_interval).
-    None, -1 or 0: no pings."""
+    None, -1 or 0: `items` itself (no layer on the per-token path)."""
     if not interval or interval < 0:
-        async for item in items:
-            yield item
-        return
+        return items
+    return _pinging(items, response, interval)
 
+
+async def _pinging(items: AsyncGenerator[T, None], response: web.StreamResponse, interval: int) -> AsyncGenerator[T, None]:
     async def following() -> T:
         return await items.__anext__()
 
