@@ -716,6 +716,9 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # A name the caller gives this generation (a chat completion's id) so that
     # GenerationBackend.control can reach it while it runs; "" none.
     control_id: str = ""
+    # llama-server's `reasoning_control`: GenerationBackend.control may end this generation's
+    # reasoning (with `reasoning_budget` set, the largest budget when none was asked for).
+    reasoning_control: bool = False
     # Text the output writes right before what `json_schema` holds it to, part of the grammar:
     # gpt-oss's final-channel header, `<|channel|>final<|message|>`. Only with `json_schema`
     # (beside a `tool_calls` frame: before the answer, not before the calls).
@@ -1064,8 +1067,8 @@ class GenerationBackend(Backend):
         """llama-server's /v1/chat/completions/control, on the running (or waiting) generations
         whose GenerateParams named `control_id`: "reasoning_end" ends their reasoning now, as a
         reasoning budget that runs out does (its message and closing tag are written next;
-        nothing happens outside the reasoning). Needs GenerateParams.reasoning_budget (any, the
-        largest included: that arms it). Returns "" when done, else why not, in llama-server's
+        nothing happens outside the reasoning). Only for generations whose GenerateParams set
+        `reasoning_control` (and a `reasoning_budget`, the largest included: that arms it). Returns "" when done, else why not, in llama-server's
         words ("no active completion for this id", ...)."""
         raise Unsupported(f"backend {self.name!r} has no generations to control")
 

@@ -460,7 +460,7 @@ class Engine:
             return "no active completion for this id"
         if action != "reasoning_end":
             return "unknown control action"
-        armed = [r for r in found if r.params.reasoning_budget is not None]
+        armed = [r for r in found if r.params.reasoning_control and r.params.reasoning_budget is not None]
         if not armed:
             return "reasoning control not enabled for this completion (or its model does not reason)"
         for request in armed:

@@ -1284,10 +1284,13 @@ def _chat_request(model: LoadedVersion, req: ChatRequest) -> _CheckedChat:
     opened = None if rendered.prefill else reasoning.opened_by(prompt, tags)
     reasoning.hold_grammar_after(params, tags, prompt)
     inside = opened is not None or rendered.inside
-    reasoning.budget(params, _budget_tokens(req), req.reasoning_budget_message, tags, inside)
-    if req.reasoning_control and tags[0] and params.reasoning_budget is None:
-        # Armed as llama-server arms it: a budget sampler that only a control will spend.
-        reasoning.budget(params, reasoning.MAX_BUDGET, None, tags, inside)
+    budget = _budget_tokens(req)
+    params.reasoning_control = req.reasoning_control and bool(tags[0])
+    if params.reasoning_control and budget in (None, -1):
+        # Armed as llama-server arms it: a budget sampler that only a control will spend,
+        # writing reasoning_budget_message when it does.
+        budget = reasoning.MAX_BUDGET
+    reasoning.budget(params, budget, req.reasoning_budget_message, tags, inside)
     if params.json_schema:
         params.answer_header = syntax_named(syntax).answer_header
     return _CheckedChat(params, rendered, tags, split, opened)

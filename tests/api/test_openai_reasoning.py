@@ -263,14 +263,16 @@ def test_reasoning_control_ends_the_reasoning_while_it_runs(client: Any, daemon:
     "stop thinking"): the reasoning the prompt opened (R1), which the bias keeps from ever
     closing, ends when asked; its closing tag is forced in and the answer follows."""
     kwargs: dict[str, Any] = {"model": "r1", "seed": 5, "max_tokens": 1500, "logit_bias": {str(CLOSE): -100},
-                              "extra_body": {"ignore_eos": True, "reasoning_control": True}}
+                              "extra_body": {"ignore_eos": True, "reasoning_control": True,
+                                             "reasoning_budget_message": " Enough."}}
     kinds: list[str] = []
-    answer = ""
+    answer = thought = ""
     outcome: Any = None
     for event in client.chat.completions.create(messages=HI, temperature=1.0, stream=True, **kwargs):
         for choice in event.choices:
             if (choice.delta.model_extra or {}).get("reasoning_content"):
                 kinds.append("reasoning")
+                thought += choice.delta.model_extra["reasoning_content"]
             if choice.delta.content:
                 kinds.append("content")
                 answer += choice.delta.content
@@ -278,6 +280,8 @@ def test_reasoning_control_ends_the_reasoning_while_it_runs(client: Any, daemon:
             outcome = control(daemon, "r1", event.id)
     assert outcome == {"success": True}
     assert "content" in kinds and answer
+    # The message goes in before the closing tag, as when a budget runs out.
+    assert thought.endswith(" Enough."), thought
     # Reasoning, then the answer: the reasoning did not come back.
     assert kinds == sorted(kinds, key=lambda kind: kind != "reasoning")
     # Without the control the same request reasons to its end.
@@ -290,7 +294,8 @@ def test_reasoning_control_answers(client: Any, daemon: Any) -> None:
     assert control(daemon, "r1", "chatcmpl-none") == {"success": False, "message": "no active completion for this id"}
     # A completion that did not ask for control, and a model that does not reason (the UI
     # sends reasoning_control with every request: taken, nothing to end).
-    for model, extra in (("r1", {}), ("qwen25", {"reasoning_control": True})):
+    # A reasoning budget alone arms no control either.
+    for model, extra in (("r1", {}), ("r1", {"reasoning_budget_tokens": 1000}), ("qwen25", {"reasoning_control": True})):
         stream = client.chat.completions.create(messages=HI, model=model, max_tokens=1500, stream=True,
                                                 extra_body={"ignore_eos": True, **extra})
         event = next(iter(stream))
