@@ -320,8 +320,6 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
             raise InvalidArgument("stream_options: only allowed when stream is true")
         if req.stream_options is not None and req.stream_options.include_obfuscation:
             raise InvalidArgument("stream_options.include_obfuscation: not supported (omit it or set it to false)")
-        if req.timings_per_token and not req.stream and (req.n or 1) > 1:
-            raise InvalidArgument("timings_per_token: a whole answer carries one choice's timings; ask for n 1 or stream it")
         params.return_progress = req.return_progress and bool(req.stream)
         check_ping_interval(req.sse_ping_interval)
         if req.min_p is not None:
@@ -776,6 +774,10 @@ async def _stream_or_collect(
     `progress(index)`: the event a progress chunk (GenerateParams.return_progress) becomes, to
     which its `prompt_progress` is added. `timed`: llama-server's `timings` on each event, or
     on a whole answer of one choice. `ping`: see `pinged`."""
+    if timed and not stream and len(choices) > 1:
+        raise InvalidArgument(
+            "timings_per_token: a whole answer carries one choice's timings; ask for one (n 1, one prompt) or stream it"
+        )
     clocks = [Clock(started=time.monotonic()) for _ in choices]
     async with contextlib.AsyncExitStack() as stack:
         for chunks in choices:
@@ -878,6 +880,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
         # The prompt's own tokens, scored (OpenAI's echo with logprobs, lm-eval-harness's
         # loglikelihood) and, for a prompt of token ids, the text to echo.
         params.prompt_logprobs = req.logprobs or 0
+    if params.prompt_logprobs is not None and params.return_progress:
+        # The echo is made from the scored prompt, which comes only after the prompt is read:
+        # the progress of reading it would all come after it was read.
+        raise InvalidArgument("return_progress: not with echo of logprobs or of a token-id prompt")
     params.suffix = req.suffix
     n = req.n or 1
     # Generations per prompt: best_of candidates, of which the n best are returned.

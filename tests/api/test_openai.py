@@ -1089,8 +1089,30 @@ def test_llama_servers_timings_on_a_whole_answer(daemon: Any) -> None:
     assert "timings" not in daemon.post_json("/v1/chat/completions", body).json()
     # Progress has nowhere to go in a whole answer, as in llama-server's.
     assert "prompt_progress" not in daemon.post_json("/v1/chat/completions", {**body, "return_progress": True}).json()
-    reply = daemon.post_json("/v1/chat/completions", {**body, "timings_per_token": True, "n": 2})
-    assert reply.status == 400 and "timings_per_token" in reply.json()["error"]["message"]
+    # One choice's timings only: n 2, or two prompts, or best_of, are refused.
+    completion = {"model": "tiny", "max_tokens": 3, "temperature": 0, "timings_per_token": True}
+    for path, asked in (("/v1/chat/completions", {**body, "timings_per_token": True, "n": 2}),
+                        ("/v1/completions", {**completion, "prompt": ["a", "b"]}),
+                        ("/v1/completions", {**completion, "prompt": "a", "best_of": 2})):
+        reply = daemon.post_json(path, asked)
+        assert reply.status == 400 and "timings_per_token" in reply.json()["error"]["message"], (path, asked)
+    one = daemon.post_json("/v1/completions", {**completion, "prompt": ["a"]}).json()
+    assert one["timings"]["predicted_n"] == 3
+
+
+def test_an_echo_streams_with_progress(daemon: Any) -> None:
+    """return_progress with echo: a text prompt's echo is the prompt; an echo of scores or of
+    token ids is known only after the prompt is read, so the pair is refused."""
+    body = {"model": "tiny", "prompt": "echo me", "max_tokens": 2, "temperature": 0, "ignore_eos": True,
+            "stream": True, "echo": True}
+    events = sse_events(daemon, "/v1/completions", {**body, "return_progress": True})
+    texts = [e["choices"][0]["text"] for e in events if "prompt_progress" not in e]
+    assert texts[0] == "echo me" and any("prompt_progress" in e for e in events)
+    assert texts == [e["choices"][0]["text"] for e in sse_events(daemon, "/v1/completions", body)]
+    for extra in ({"logprobs": 1}, {"prompt": [1, 2, 3]}):
+        reply = daemon.post_json("/v1/completions", {**body, **extra, "return_progress": True})
+        assert reply.status == 400, reply.body
+        assert reply.json()["error"]["message"] == "return_progress: not with echo of logprobs or of a token-id prompt"
 
 
 def test_sse_pings_while_a_stream_is_silent() -> None:
