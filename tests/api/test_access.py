@@ -159,6 +159,8 @@ def test_unix_socket_peer_uid_not_allowed_is_403(start_daemon, repo: Path, tmp_p
         ("DELETE", "/api/delete", False),  # edged deletes nothing: 501 for everyone
         ("POST", "/api/pull", False),  # offline: it only checks the repository
         ("POST", "/api/chat", False),
+        ("POST", "/slots/0", True),  # llama-server's save, restore, erase
+        ("GET", "/slots", False),
     ],
 )
 def test_admin_route_classification(method: str, path: str, admin: bool) -> None:
