@@ -1749,6 +1749,11 @@ class Engine:
                 raise ValueError(f"its {len(tokens)} tokens do not fit the slot's {self.n_ctx_seq}")
             if any(not 0 <= t < self.n_vocab for t in tokens):
                 raise ValueError(f"it holds token ids outside this model's vocabulary of {self.n_vocab}")
+            # The cache reads a slot's tokens as its cells, one for one from position 0: a file
+            # whose lists disagree would decode the next prompt against the wrong cells.
+            cells = llama.llama_memory_seq_pos_max(self._memory, slot) + 1
+            if cells != len(tokens):
+                raise ValueError(f"it holds {len(tokens)} tokens for {cells} KV cells")
         except ValueError as exc:
             llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
             raise InvalidArgument(f"Unable to restore slot {slot}: {exc}") from None
