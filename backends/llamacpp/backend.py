@@ -219,6 +219,12 @@ class LlamaCppBackend(GenerationBackend):
     def _slot_directory(self, config: ModelConfig, given: str) -> Path:
         path = Path(given)
         if not path.is_absolute():
+            if ".." in path.parts:
+                # A relative path is the version's own: it must not reach another's files.
+                raise ConfigError(
+                    f"model '{config.name}': parameters slot_save_path: {given!r} leaves the model version's "
+                    "state directory ('..'); give a path under it or an absolute path"
+                )
             if self.context.state_dir is None:
                 raise ConfigError(
                     f"model '{config.name}': parameters slot_save_path: {given!r} is relative and this "

@@ -38,7 +38,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         "embed": ({"seed": 1, "pooling": 1}, {"embedding": "true"}),
     }
     llamacpp_models(repo, models)
-    process = start_daemon_process(tmp_path_factory.mktemp("edged"), "--model-repository", str(repo))
+    # Explicit control, all loaded at start: a test loads a model with another config.
+    process = start_daemon_process(tmp_path_factory.mktemp("edged"), "--model-repository", str(repo),
+                                   "--model-control-mode", "explicit", "--load-model", "*")
     yield process
     process.stop()
 
@@ -266,3 +268,14 @@ def test_save_and_restore_need_a_slot_directory(daemon: Any) -> None:
 def test_unknown_model_is_404(daemon: Any) -> None:
     reply = daemon.post_json("/slots/0?action=erase", {"model": "nope"})
     assert reply.status == 404 and "nope" in json.loads(reply.body)["error"]["message"]
+
+
+def test_a_relative_slot_directory_stays_under_the_state_directory(daemon: Any) -> None:
+    config = {"backend": "llamacpp", "parameters": {"n_parallel": {"string_value": "1"},
+                                                    "slot_save_path": {"string_value": "../../escape"}}}
+    reply = daemon.post_json("/v2/repository/models/plain/load", {"parameters": {"config": json.dumps(config)}})
+    assert reply.status == 400, reply.body
+    assert "slot_save_path: '../../escape' leaves the model version's state directory" in reply.json()["error"]
+    assert not (daemon.state_dir / "models" / "escape").exists()
+    # The version that served before still does.
+    assert complete(daemon, "plain")["content"]
