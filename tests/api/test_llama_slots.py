@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import struct
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any

@@ -1148,7 +1148,7 @@ def test_sse_pings_while_a_stream_is_silent() -> None:
         await source.aclose()
         return seen, closed
 
-    seen, _ = asyncio.run(run([0.0, 2.3, 0.0], 1))
+    seen, _ = asyncio.run(run([0.0, 2.5, 0.0], 1))  # half a second from each ping
     assert seen == [0, b":\n\n", b":\n\n", 1, 2]
     assert asyncio.run(run([0.0, 1.2], None))[0] == [0, 1]
     assert asyncio.run(run([0.0, 1.2], -1))[0] == [0, 1]
