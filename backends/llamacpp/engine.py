@@ -564,16 +564,20 @@ class Engine:
 
     def _enqueue(self, item: Request | EmbedJob | SlotJob) -> None:
         with self._cond:
-            self._check_capacity_locked()
+            # A slot action is an operator's, one at a time, and takes no slot of its own: a
+            # queue full of generations does not turn it away (llama-server queues it too).
+            self._check_capacity_locked(isinstance(item, SlotJob))
             self._pending += 1
             self._inbox.append(item)
             self._cond.notify()
 
-    def _check_capacity_locked(self) -> None:
+    def _check_capacity_locked(self, unbounded: bool = False) -> None:
         if self._failure:
             raise BackendError(self._failure)
         if self._stopping:
             raise Unavailable(f"model '{self.name}' is unloading")
+        if unbounded:
+            return
         # Requests that find a free slot at the next step do not wait: count only the rest.
         # (The slot list belongs to the engine thread; reading it here is racy but harmless.)
         free = sum(1 for seq in self._slots if seq is None)

@@ -1308,8 +1308,14 @@ async def chat_control(request: web.Request) -> web.Response:
     `{"success": true}`, or `{"success": false, "message"}` when there is no such completion
     running (it may have ended just before) or it did not ask for control."""
     req = _decode(await request_body(request), ControlRequest)
-    model = await generation_model(request, req.model)
-    why = model.require_generator().control(req.id, req.action)
+    entry = daemon_of(request).registry.entry(req.model)
+    if entry is not None and not entry.versions:
+        # Not loaded (an on-demand model, say): none of its completions runs, and a control
+        # must not load a model to say so.
+        why = "no active completion for this id"
+    else:
+        model = await generation_model(request, req.model)
+        why = model.require_generator().control(req.id, req.action)
     return web.Response(body=_json.encode({"success": True} if not why else {"success": False, "message": why}),
                         content_type="application/json")
 

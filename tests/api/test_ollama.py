@@ -652,3 +652,17 @@ def test_think_levels_are_ollamas(daemon) -> None:
         reply = daemon.post_json("/api/chat", {**body, "think": value})
         assert reply.status == 400 and reply.json()["error"] == '"tiny" does not support thinking', reply.body
     assert daemon.post_json("/api/chat", {**body, "think": False}).status == 200
+
+
+def test_a_control_does_not_load_an_on_demand_model(daemon, client: ollama.Client) -> None:
+    """llama-server's /v1/chat/completions/control on a model not loaded: nothing of it runs,
+    so there is nothing to control, and the model stays unloaded."""
+    from support import wait_until
+
+    client.generate(model="crowd", prompt="", keep_alive=0)
+    wait_until(lambda: "crowd:latest" not in loaded(client), timeout=60)
+    reply = daemon.post_json("/v1/chat/completions/control", {"model": "crowd", "id": "chatcmpl-x", "action": "reasoning_end"})
+    assert reply.status == 200 and reply.json() == {"success": False, "message": "no active completion for this id"}
+    assert "crowd:latest" not in loaded(client)
+    reply = daemon.post_json("/v1/chat/completions/control", {"model": "nope", "id": "x", "action": "reasoning_end"})
+    assert reply.status == 404

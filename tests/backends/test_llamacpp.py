@@ -298,7 +298,12 @@ async def test_full_queue_is_unavailable(load: Loader, tmp_path: Path) -> None:
     with pytest.raises(Unavailable, match="generation queue for model 'tiny' is full") as info:
         backend.generate(PROMPTS[3], GREEDY)
     assert info.value.status == 503
+    # A slot action is not a generation: it waits for its slot however full the queue is.
+    erase = asyncio.create_task(backend.slot_action("erase", 0))
+    await asyncio.sleep(0.05)
+    assert not erase.done()
     await running.aclose()
+    assert (await erase).n_tokens > 0
     heads = await asyncio.gather(*tasks)  # the queued ones get the slot in turn
     assert all(isinstance(h, GenerateChunk) for h in heads)
     for it in waiting:
