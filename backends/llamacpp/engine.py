@@ -854,13 +854,9 @@ class Engine:
             self._release_pending()
             request.emit(exc)
             return
-        if params.max_tokens == 0 and params.prompt_logprobs is None:
-            # Nothing to generate (OpenAI's completions accept max_tokens 0, e.g. with echo).
-            self._release_pending()
-            if grammar:
-                llama.llama_sampler_free(grammar)
-            request.emit(GenerateChunk(text="", finish_reason="length", prompt_tokens=len(tokens)))
-            return
+        # max_tokens 0 generates nothing but still evaluates the prompt into a slot's cache, as
+        # llama-server documents n_predict 0: editors (llama.vim) send such requests to have the
+        # context they will complete in ready before they ask (_decode_and_sample ends it).
         self._waiting.append(Prepared(request, tokens, grammar))
 
     def _check_budget(self, params: GenerateParams) -> None:
@@ -1417,7 +1413,8 @@ class Engine:
             seq.prompt_logprobs.append(self._token_logprob(self._log_softmax(index), token, top))
         for seq, index in outputs:
             if seq.request.params.max_tokens == 0:
-                # Scored only (prompt_logprobs with max_tokens 0): nothing to generate.
+                # Nothing to generate: the prompt is in the slot's cache now (and scored,
+                # with prompt_logprobs).
                 self._finish(seq, "length", "", flush=False)
                 continue
             wanted = seq.request.params.logprobs

@@ -365,6 +365,26 @@ def test_return_progress(daemon: Any) -> None:
     assert "prompt_progress" not in complete(daemon, prompt=prompt, n_predict=3, return_progress=True)
 
 
+def test_n_predict_0_evaluates_the_prompt_into_the_cache(daemon: Any) -> None:
+    """llama-server's n_predict 0: nothing is generated, but the prompt is evaluated into a
+    slot's cache (editors such as llama.vim send these to have the context ready before they
+    ask for a completion in it)."""
+    prompt = [BOS, *[310 + (i * 7) % 37 for i in range(299)]]
+    warm = complete(daemon, prompt=prompt, n_predict=0)
+    assert warm["content"] == "" and warm["tokens_predicted"] == 0 and warm["stop_type"] == "limit"
+    assert warm["tokens_evaluated"] == 300 and warm["timings"]["prompt_n"] + warm["timings"]["cache_n"] == 300
+    assert warm["timings"]["prompt_n"] > 290  # decoded now, not found
+    after = complete(daemon, prompt=prompt, n_predict=2)
+    assert after["timings"]["cache_n"] == 299  # all but the last token came from the warm-up
+    # Streamed, with its progress as for any prompt, and no token.
+    other = [BOS, *[320 + (i * 5) % 23 for i in range(199)]]
+    frames = events(daemon, "/completion", {"prompt": other, "n_predict": 0, "return_progress": True, "cache_prompt": False})
+    progress = [f["prompt_progress"] for f in frames if "prompt_progress" in f]
+    assert [(p["total"], p["processed"]) for p in progress] == [(200, 0), (200, 200)]
+    assert "".join(f["content"] for f in frames) == "" and frames[-1]["stop"] is True
+    assert frames[-1]["tokens_predicted"] == 0
+
+
 def test_response_fields(daemon: Any) -> None:
     fields = ["content", "generation_settings/n_predict", "timings/nope", "stop_type", "nope", "tokens_predicted/x"]
     got = complete(daemon, prompt=PROMPT, n_predict=4, response_fields=fields)
