@@ -64,7 +64,8 @@ class _Strict(msgspec.Struct, forbid_unknown_fields=True):
 class _Completion(SharedSampling):
     """The fields /completion and /infill share: llama-server's names and defaults."""
 
-    model: str
+    # "": the one generation model loaded (openai.sole_generation_model), as llama-server.
+    model: str = ""
     # -1: until an end-of-generation token or the end of the context. llama-server also takes
     # the OpenAI names; they must agree when several are sent.
     n_predict: int | None = None
@@ -93,6 +94,10 @@ class _Completion(SharedSampling):
     # t_max_predict_ms after the first token ends it (-1 and 0: no limit). stop_type "limit".
     n_indent: int = 0
     t_max_predict_ms: int = -1
+    # llama-server takes it and does nothing with it (a TODO there), and llama.vim sends it
+    # (1 ms on its context warm-ups, which must still evaluate the whole context): taken, no
+    # effect here either, so that a request means the same on both servers.
+    t_max_prompt_ms: int | None = None
     # Streamed: each event carries `timings` so far, not only the summary.
     timings_per_token: bool = False
     # Streamed: seconds of silence after which an SSE comment goes out (-1, 0: none).
@@ -114,6 +119,9 @@ class CompletionRequest(_Completion):
 class ExtraChunk(_Strict):
     text: str
     filename: str = "tmp"  # llama-server's name for a chunk without one
+    # When llama.vim picked the chunk (vim's reltime(): [seconds, microseconds]); for its own
+    # bookkeeping: llama-server reads only text and filename, and so does this route.
+    time: list[float] | float | None = None
 
 
 class InfillRequest(_Completion):

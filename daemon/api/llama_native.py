@@ -33,7 +33,7 @@ class _Strict(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class TokenizeRequest(_Strict):
-    model: str
+    model: str = ""  # "": the one generation model loaded (openai.sole_generation_model)
     # A text, or texts and token ids in order (ids taken as they are; a text after the first
     # item never gets the BOS). None (llama-server: the field missing): no tokens.
     content: str | list[str | int] | None = None
@@ -44,14 +44,14 @@ class TokenizeRequest(_Strict):
 
 
 class DetokenizeRequest(_Strict):
-    model: str
+    model: str = ""  # "": the one generation model loaded (openai.sole_generation_model)
     tokens: list[int] = []
 
 
 class ApplyTemplateRequest(_Strict):
     """What shapes the chat route's prompt (openai.PromptFields), nothing of sampling."""
 
-    model: str
+    model: str = ""  # "": the one generation model loaded (openai.sole_generation_model)
     messages: list[ChatMessage] = []
     tools: list[openai_tools.Tool] | None = None
     tool_choice: openai_tools.ToolChoice | None = None
@@ -67,7 +67,7 @@ Prompt = str | list[str | int]
 
 
 class EmbeddingRequest(_Strict):
-    model: str
+    model: str = ""  # "": the one generation model loaded (openai.sole_generation_model)
     # llama-server's two names for the prompts (`input` wins there when both are sent; here
     # that is a 400): a prompt, or a list of them.
     content: str | list[str | int | list[str | int]] | None = None

@@ -124,10 +124,18 @@ class SharedSampling(_Strict, kw_only=True):
 class _Sampling(SharedSampling):
     """Fields shared by completions and chat completions (OpenAI names)."""
 
-    model: str
+    # "" (or left out): the one generation model loaded, as a single-model llama-server
+    # answers whatever a client names (llama.vim sends "" by default); see generation_model.
+    model: str = ""
     # None: until the context is full (OpenAI's and llama-server's default).
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    # llama-server's name for the limit, which its OpenAI routes take too: 0 evaluates the
+    # prompt into a slot's cache and generates nothing (llama.vim's warm-up requests).
+    n_predict: int | None = None
+    # llama-server's /completion answer filter. Its OpenAI routes take it and answer whole,
+    # and so do these (clients send one body to both kinds of route).
+    response_fields: list[str] | None = None
     # Choices per request (1..MAX_CHOICES), each its own sequence in the engine. OpenAI's
     # schema makes these nullable (null: the default), and its client sends null for None.
     n: int | None = None
@@ -300,10 +308,15 @@ def in_range(name: str, value: float, low: float, high: float) -> None:
 def _max_tokens(req: _Sampling | GenerateRequest, minimum: int) -> int | None:
     """The output limit, from max_completion_tokens (OpenAI's current name) or max_tokens."""
     field, value = "max_tokens", req.max_tokens
-    if isinstance(req, _Sampling) and req.max_completion_tokens is not None:
-        if req.max_tokens is not None and req.max_tokens != req.max_completion_tokens:
-            raise InvalidArgument("max_tokens and max_completion_tokens disagree; send one of them")
-        field, value = "max_completion_tokens", req.max_completion_tokens
+    if isinstance(req, _Sampling):
+        given = {name: v for name, v in (("max_tokens", req.max_tokens), ("n_predict", req.n_predict),
+                                         ("max_completion_tokens", req.max_completion_tokens)) if v is not None}
+        if len(set(given.values())) > 1:
+            raise InvalidArgument(f"{' and '.join(given)} disagree; send one of them")
+        if given:
+            field, value = list(given.items())[-1]
+        if field == "n_predict":
+            minimum = 0  # llama-server's: the prompt into the cache, nothing generated
     if value == -1:
         return None  # llama-server's "no limit" (its web UI sends it), as leaving it out
     if value is not None and value < minimum:
@@ -485,11 +498,24 @@ async def request_body(request: web.Request) -> bytes:
     return await read_body(request, daemon_of(request).config.server.max_request_bytes)
 
 
+def sole_generation_model(request: web.Request) -> str:
+    """The name a request without one (`model` "" or left out) means: the one generation model
+    loaded, as a llama-server serving one model answers whatever a client names there (llama.vim
+    sends "" unless told a name). With none or several loaded, a 400 naming the field."""
+    names = sorted({v.name for v in daemon_of(request).registry.loaded() if v.generator is not None})
+    if len(names) != 1:
+        loaded = f"the generation models loaded are {', '.join(repr(n) for n in names)}" if names else "none is loaded"
+        raise InvalidArgument(f"model: required here ({loaded})")
+    return names[0]
+
+
 async def generation_model(request: web.Request, name: str, version: str | None = None) -> LoadedVersion:
     """Resolve the model once; every later step of the request talks to this version."""
     daemon = daemon_of(request)
     if not daemon.accepting:
         raise Unavailable("server is shutting down")
+    if not name:
+        name = sole_generation_model(request)
     await hold(request, name)  # loads an on-demand model; held until the response is done
     model = daemon.registry.get(name, version)
     model.require_generator()
