@@ -580,10 +580,6 @@ def _choices(
         raise InvalidArgument(
             f"seed: with {field} {per_prompt}, choice i samples with seed + i, which must stay <= {sampling.MAX_SEED}"
         )
-    if total > 1 and params.id_slot >= 0:
-        # One slot holds one sequence: several would queue one after another there, and a
-        # slot's cache is one conversation's (llama-server gives its extra choices any slot).
-        raise InvalidArgument(f"id_slot: names one slot for one generation; this request asks for {total}")
     if total > 1:
         engine = model.require_generator().engine_stats()
         room = int(engine.get("slots", 0)) + int(engine.get("max_queue", 0))
@@ -598,6 +594,11 @@ def _choices(
     for prompt in prompts:
         for i in range(per_prompt):
             seeded = params if i == 0 or params.seed is None else msgspec.structs.replace(params, seed=params.seed + i)
+            if i > 0 and params.id_slot >= 0:
+                # As llama-server's child tasks: a prompt's first choice goes to the slot named
+                # (its cache is that conversation's), the others to any slot (llama.vscode asks
+                # for 3 completions in slot 0).
+                seeded = msgspec.structs.replace(seeded, id_slot=-1)
             out.append(model.generate(prompt, seeded))
     return out
 

@@ -247,7 +247,6 @@ def test_infill_repository_layout(daemon: Any) -> None:
     ("/completion", {"prompt": ["a", []]}, "prompt[1]: no tokens"),
     ("/completion", {"prompt": "x", "id_slot": 99}, "(-1: any), got 99"),
     ("/completion", {"prompt": "x", "id_slot": -2}, "(-1: any), got -2"),
-    ("/completion", {"prompt": "x", "id_slot": 0, "n_cmpl": 2}, "id_slot: names one slot for one generation; this request asks for 2"),
     ("/completion", {"prompt": "x", "n_keep": 4}, "n_keep"),
     ("/completion", {"prompt": "x", "post_sampling_probs": True}, "post_sampling_probs"),
     ("/completion", {"prompt": "x", "n_indent": -1}, "n_indent must be >= 0, got -1"),

@@ -121,3 +121,21 @@ def test_model_left_out_with_several_models_is_a_400(tmp_path: Path) -> None:
         assert process.post_ok("/completion", {"model": "a", "prompt": "x", "n_predict": 1})["tokens_predicted"] == 1
     finally:
         process.stop()
+
+
+def test_llama_vscode_completions(daemon: Any) -> None:
+    """llama.vscode's FIM requests (src/llama-server.ts): no model name, chunks timed in ms,
+    and three completions of which the first is slot 0's, as llama-server's child tasks."""
+    chunks = [{"text": "CONSTANT = 42\n" * 6, "time": 1733400000123, "filename": "/src/const.py"}]
+    prepare = {"id_slot": 0, "input_prefix": "x = ", "input_suffix": "\n", "input_extra": chunks, "prompt": "",
+               "n_predict": 0, "samplers": [], "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1}
+    assert daemon.post_ok("/infill", prepare)["tokens_predicted"] == 0
+    ask = {"id_slot": 0, "input_prefix": "x = ", "input_suffix": "\n", "input_extra": chunks, "prompt": "",
+           "n_predict": 8, "n_cmpl": 3, "top_k": 40, "top_p": 0.99, "stream": False,
+           "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "n_indent": 4, "t_max_prompt_ms": 500,
+           "t_max_predict_ms": 1000}
+    answers = daemon.post_ok("/infill", ask)
+    assert isinstance(answers, list) and [a["index"] for a in answers] == [0, 1, 2]
+    assert answers[0]["id_slot"] == 0 and all(isinstance(a["content"], str) for a in answers)
+    # The first found the prepared prompt in slot 0.
+    assert answers[0]["timings"]["cache_n"] > 50
