@@ -1,4 +1,4 @@
-"""llama.vim (llama.cpp's editor plugin) against the daemon: its requests exactly as its
+"""llama.vim and llama.vscode (llama.cpp's editor plugins) against the daemon: its requests exactly as its
 autoload/llama.vim builds them, to a daemon serving one FIM-capable tiny GGUF, as a user who
 points the plugin at edged instead of llama-server would send them (no model name: the plugin
 sends "" unless told one; its extra context chunks carry their time; `t_max_prompt_ms`,
