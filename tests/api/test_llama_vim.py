@@ -6,6 +6,7 @@ which llama-server takes and does not act on)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +140,15 @@ def test_llama_vscode_completions(daemon: Any) -> None:
     assert answers[0]["id_slot"] == 0 and all(isinstance(a["content"], str) for a in answers)
     # The first found the prepared prompt in slot 0.
     assert answers[0]["timings"]["cache_n"] > 50
+
+
+def test_continue_llama_cpp_provider(daemon: Any) -> None:
+    """Continue's "llama.cpp" provider (core/llm/llms/LlamaCpp.ts): /completion, streamed, no
+    model name, its options under llama-server's names."""
+    body = {"prompt": "def add(a, b):", "stream": True, "n_predict": 6, "stop": ["\n\n"], "top_k": 40, "top_p": 0.9,
+            "temperature": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "min_p": 0.05}
+    reply = daemon.post_json("/completion", body)
+    assert reply.status == 200, reply.body
+    events = [json.loads(line[6:]) for line in reply.body.decode().split("\n") if line.startswith("data: ")]
+    whole = daemon.post_ok("/completion", {**body, "stream": False})
+    assert "".join(e["content"] for e in events) == whole["content"] and events[-1]["stop"] is True
