@@ -19,7 +19,14 @@ import numpy as np
 from aiohttp import web
 
 from daemon.api import openai_tools
-from daemon.api.openai import ChatMessage, chat_prompt, decode_with, generation_model, request_body
+from daemon.api.openai import (
+    ChatMessage,
+    chat_prompt,
+    decode_with,
+    generation_model,
+    request_body,
+    sole_generation_model,
+)
 from daemon.api.state import daemon_of
 from daemon.backend import GenerateParams, SlotAction, SlotState
 from daemon.core.model import LoadedVersion
@@ -260,16 +267,23 @@ _RANDOM_SEED = 0xFFFFFFFF
 
 
 def _query(request: web.Request, *optional: str) -> tuple[str, dict[str, str]]:
-    """The model a GET names (`?model=NAME`, required) and the other query fields the route
-    takes; any other field, or one given twice, is a 400 naming it (llama-server ignores them)."""
+    """The model a GET names (`?model=NAME`; left out, the one generation model loaded, as a
+    llama-server serving one model answers) and the other query fields the route takes; any
+    other field, or one given twice, is a 400 naming it (llama-server ignores them). The
+    router's `autoload`: `true` or `1` (and left out) loads an on-demand model to answer,
+    anything else answers only for a model loaded now ("model is not loaded", as the router)."""
     for key in request.query:
-        if key != "model" and key not in optional:
-            raise InvalidArgument(f"{key}: not a query field of {request.path} (it takes model{''.join(', ' + o for o in optional)})")
+        if key not in ("model", "autoload") and key not in optional:
+            raise InvalidArgument(
+                f"{key}: not a query field of {request.path} (it takes model, autoload{''.join(', ' + o for o in optional)})"
+            )
         if len(request.query.getall(key)) > 1:
             raise InvalidArgument(f"{key}: given more than once")
-    model = request.query.get("model", "")
-    if not model:
-        raise InvalidArgument(f"model: required, as the query ?model=NAME (GET {request.path} of llama-server's router mode)")
+    model = request.query.get("model", "") or sole_generation_model(request)
+    if request.query.get("autoload", "true") not in ("true", "1"):
+        entry = daemon_of(request).registry.entry(model)
+        if entry is not None and not entry.versions:
+            raise InvalidArgument("model is not loaded")
     return model, {key: request.query[key] for key in optional if key in request.query}
 
 

@@ -244,10 +244,10 @@ class ChatRequest(_Sampling):
 
 
 class EmbeddingRequest(_Strict):
-    model: str
     # A string, strings, token ids (one input) or lists of token ids (one input each): OpenAI's
     # four forms, in one type a msgspec union can hold; `_embedding_inputs` sorts them out.
     input: str | list[str | int | list[int]]
+    model: str = ""  # "": the one generation model loaded (sole_generation_model), as llama-server
     # The openai client asks for base64 (float32 little-endian) unless told otherwise.
     encoding_format: Literal["float", "base64"] = "float"
     user: str | None = None

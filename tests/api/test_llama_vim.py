@@ -152,3 +152,21 @@ def test_continue_llama_cpp_provider(daemon: Any) -> None:
     events = [json.loads(line[6:]) for line in reply.body.decode().split("\n") if line.startswith("data: ")]
     whole = daemon.post_ok("/completion", {**body, "stream": False})
     assert "".join(e["content"] for e in events) == whole["content"] and events[-1]["stop"] is True
+
+
+def test_the_get_routes_without_a_model(daemon: Any) -> None:
+    """llama.vscode reads GET /props without a model (a single-model llama-server), and with
+    `?model=...&autoload=false` (the router's "do not load it for this")."""
+    props = daemon.get_json("/props")
+    assert props["model_alias"] == "coder" and props["total_slots"] == 1
+    assert daemon.get_json("/props?model=coder&autoload=false")["model_alias"] == "coder"
+    assert [s["id"] for s in daemon.get_json("/slots")] == [0]
+    error = daemon.get_json("/props?model=coder&autoload=false&x=1", 400)["error"]["message"]
+    assert error == "x: not a query field of /props (it takes model, autoload)"
+
+
+def test_embeddings_without_a_model_name_the_one_loaded(daemon: Any) -> None:
+    # llama.vscode's /v1/embeddings call sends no model: it means the one loaded, which here
+    # computes no embeddings (an embedding model is loaded with embedding=true).
+    message = daemon.post_ok("/v1/embeddings", {"input": "x"}, 400)["error"]["message"]
+    assert message == "model 'coder' is a text generation model; load it with parameters embedding=true to serve embeddings"

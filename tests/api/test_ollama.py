@@ -663,6 +663,8 @@ def test_a_control_does_not_load_an_on_demand_model(daemon, client: ollama.Clien
     wait_until(lambda: "crowd:latest" not in loaded(client), timeout=60)
     reply = daemon.post_json("/v1/chat/completions/control", {"model": "crowd", "id": "chatcmpl-x", "action": "reasoning_end"})
     assert reply.status == 200 and reply.json() == {"success": False, "message": "no active completion for this id"}
+    # llama-server's router query `autoload=false`: answered only for a model loaded now.
+    assert daemon.get_json("/props?model=crowd&autoload=false", 400)["error"]["message"] == "model is not loaded"
     assert "crowd:latest" not in loaded(client)
     reply = daemon.post_json("/v1/chat/completions/control", {"model": "nope", "id": "x", "action": "reasoning_end"})
     assert reply.status == 404
