@@ -138,7 +138,6 @@ def test_fail_on_no_slot(daemon: Any) -> None:
         ("/props", "model"),
         ("/slots", "model"),
         ("/props?model=", "model"),
-        ("/props?model=tiny&autoload=false", "autoload"),
         ("/slots?model=tiny&fail_on_no_slot=0", "fail_on_no_slot"),
         ("/props?model=tiny&model=qwen", "model"),
         ("/props?model=tiny&fail_on_no_slot=1", "fail_on_no_slot"),
