@@ -887,6 +887,15 @@ class GenerationProps(msgspec.Struct, frozen=True):
     audio: bool = False
     video: bool = False
     build_info: str = ""  # the runtime that runs the model, with its version
+    # llama-server's `meta` of a /v1/models entry, where the runtime says (0: unknown): the
+    # vocabulary's type (llama.cpp's enum) and size, the context it was trained with, the
+    # embedding width, the parameters and the weights' bytes.
+    vocab_type: int = 0
+    n_vocab: int = 0
+    n_ctx_train: int = 0
+    n_embd: int = 0
+    n_params: int = 0
+    size: int = 0
 
 
 class LoraAdapter(msgspec.Struct, frozen=True):

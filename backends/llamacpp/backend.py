@@ -278,10 +278,13 @@ class LlamaCppBackend(GenerationBackend):
 
         engine = self._require_generating()
         template, bos, eos, ftype = await self.run_blocking(engine.describe)
+        facts = await self.run_blocking(engine.model_facts)
         return GenerationProps(
             n_ctx=engine.n_ctx_seq, total_slots=engine.settings.n_parallel, chat_template=template,
             bos_token=bos, eos_token=eos, ftype=ftype,
-            build_info=f"llama-cpp-python {llama_cpp.__version__}",
+            build_info=f"llama-cpp-python {llama_cpp.__version__}", vocab_type=facts["vocab_type"],
+            n_vocab=facts["n_vocab"], n_ctx_train=facts["n_ctx_train"], n_embd=facts["n_embd"],
+            n_params=facts["n_params"], size=facts["size"],
         )
 
     def slots(self) -> list[SlotState]:

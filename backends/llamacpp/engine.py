@@ -503,6 +503,21 @@ class Engine:
             "prefix_store_hits": self._store_hits,
         }
 
+    def model_facts(self) -> dict[str, int]:
+        """From any thread: llama.cpp's facts about the model that llama-server's /v1/models
+        lists under `meta` (its vocabulary's type and size, trained context, embedding width,
+        parameters and bytes)."""
+        with self._vocab_lock:
+            self._require_model()
+            return {
+                "vocab_type": int(llama.llama_vocab_type(self._vocab)),
+                "n_vocab": int(llama.llama_vocab_n_tokens(self._vocab)),
+                "n_ctx_train": int(llama.llama_model_n_ctx_train(self._model)),
+                "n_embd": int(llama.llama_model_n_embd(self._model)),
+                "n_params": int(llama.llama_model_n_params(self._model)),
+                "size": int(llama.llama_model_size(self._model)),
+            }
+
     def describe(self) -> tuple[str | None, str, str, str | None]:
         """From any thread: the chat template's text where it is Jinja (None else), the BOS
         and EOS tokens' texts ("" when none) and the weights' type as llama.cpp names it

@@ -747,13 +747,26 @@ def _usage(lasts: Sequence[GenerateChunk], per_prompt: int = 1) -> dict[str, Any
 # ---------------------------------------------------------------------------- /v1/models
 
 
-def _model_card(model: LoadedVersion) -> dict[str, Any]:
-    return {"id": model.name, "object": "model", "created": 0, "owned_by": f"edged/{model.backend}"}
+async def _model_card(model: LoadedVersion) -> dict[str, Any]:
+    card: dict[str, Any] = {"id": model.name, "object": "model", "created": 0, "owned_by": f"edged/{model.backend}"}
+    if model.generator is not None:
+        try:
+            props = await model.generator.props()
+        except EdgedError:  # a backend that does not describe its model, an embedding model
+            return card
+        if props.n_vocab:
+            # llama-server's `meta` (clients such as llama.vscode read the context from it).
+            card["meta"] = {
+                "vocab_type": props.vocab_type, "n_vocab": props.n_vocab, "n_ctx": props.n_ctx,
+                "n_ctx_train": props.n_ctx_train, "n_embd": props.n_embd, "n_params": props.n_params,
+                "size": props.size, "ftype": props.ftype,
+            }
+    return card
 
 
 async def list_models(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
-    data = [_model_card(m) for m in daemon.registry.loaded()]
+    data = [await _model_card(m) for m in daemon.registry.loaded()]
     if daemon.residency is not None:  # not loaded yet, but the first request loads them
         data += [{"id": n, "object": "model", "created": 0, "owned_by": "edged"}
                  for n in daemon.residency.on_demand_models()]
@@ -766,7 +779,7 @@ async def retrieve_model(request: web.Request) -> web.Response:
     daemon = daemon_of(request)
     name = request.match_info["model"]
     try:
-        card = _model_card(daemon.registry.get(name))
+        card = await _model_card(daemon.registry.get(name))
     except NotFound:
         if daemon.residency is None or name not in daemon.residency.on_demand_models():
             raise

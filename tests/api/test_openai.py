@@ -388,9 +388,19 @@ def test_generation_requests_show_in_statistics(daemon, client: openai.OpenAI) -
     assert 'nv_inference_request_success{model="tiny",version="1"}' in metrics
 
 
-def test_retrieve_model(client: openai.OpenAI) -> None:
+def test_retrieve_model(client: openai.OpenAI, daemon: Any) -> None:
     card = client.models.retrieve("tiny")
     assert card.id == "tiny" and card.owned_by == "edged/llamacpp"
+    # llama-server's `meta`, from llama.cpp: the tiny GGUF's shape (64 wide, trained for 1024,
+    # the slot's context as /props says it), its vocabulary as /tokenize sees it.
+    meta = card.model_extra["meta"]
+    props = daemon.get_json("/props?model=tiny")
+    assert meta["n_embd"] == 64 and meta["n_ctx_train"] == 1024
+    assert meta["n_ctx"] == props["default_generation_settings"]["n_ctx"] and meta["ftype"] == props["model_ftype"]
+    assert meta["vocab_type"] == 1 and meta["n_params"] > 0 and meta["size"] > 0  # 1: SentencePiece (llama.cpp's SPM)
+    assert daemon.post_json("/tokenize", {"model": "tiny", "content": [meta["n_vocab"] - 1]}).status == 200
+    assert daemon.post_json("/detokenize", {"model": "tiny", "tokens": [meta["n_vocab"]]}).status == 400
+    assert next(m for m in client.models.list() if m.id == "tiny").model_extra["meta"] == meta
     with pytest.raises(openai.NotFoundError, match="unknown model"):
         client.models.retrieve("nope")
 
