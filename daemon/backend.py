@@ -656,7 +656,8 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     """Sampling and stopping for one generation request (OpenAI/Triton generate fields)."""
 
     # None: until the context of the sequence is full (OpenAI's and llama-server's default).
-    # 0: no generation at all; the last chunk only reports the prompt's token count.
+    # 0: nothing generated; a backend with a prompt cache still evaluates the prompt into it
+    # (llama-server's n_predict 0), and the last chunk reports the prompt's token count.
     max_tokens: int | None = None
     temperature: float = 0.8
     top_k: int = 40
