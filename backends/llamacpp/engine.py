@@ -105,6 +105,8 @@ SCORED_PREFILL_TOKENS = 64
 # After a step that produced a sequence's first chunk, the engine waits up to this long for
 # the consumer to take it (see `_hand_over_first_chunks`) before it starts the next decode.
 FIRST_CHUNK_HANDOFF_S = 0.003
+# llama.cpp's llama_token_data, as numpy lays out an array of them (see Engine._candidates).
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 # The root rule of a grammar that holds only after a text (Engine._grammar_after), and of
 # one the output may reason before (Engine._grammar_reasoning).
 _AFTER_ROOT = "edged-after"
@@ -278,7 +280,10 @@ class _Sequence:
     marker: bytes = b""  # lazy: the frame's trigger; once written outside, the call has begun
     outside: bytes = b""  # lazy: the output's end since it last left the reasoning
     budget: _Budget | None = None  # GenerateParams.reasoning_budget
-    grammar: Any = None  # the grammar sampler in `sampler`'s chain, if any (owned by the chain)
+    # The request's grammar sampler, applied apart from `sampler` (llama-server's rejection
+    # sampling, Engine._sample); owned by `grammar_chain`, a chain of it alone.
+    grammar: Any = None
+    grammar_chain: Any = None
     admitted_ns: int = 0  # perf_counter_ns when the sequence took its slot
     first_ns: int = 0  # and when its first token was sampled (0: not yet)
     # llama-server's FIM stops (GenerateParams.n_indent, t_max_predict_ms), kept as its slot
@@ -416,6 +421,7 @@ class Engine:
         self._space_prefix: bool | None = None  # see `_as_text`, found when first needed
         self._token_memo: OrderedDict[str, list[int]] = OrderedDict()
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._candidate_buffer: np.ndarray | None = None  # see _candidates
 
         self._thread = threading.Thread(
             target=self._run, name=f"llamacpp-{settings.model_name}", daemon=True
@@ -1108,12 +1114,13 @@ class Engine:
                     grammar = None
             elif grammar is not None and params.grammar_after:
                 tracker = ReasoningTracker(b"", (params.grammar_after.encode(), ending), inside=True)
-            sampler = self._make_sampler(params, tokens, grammar)
+            sampler = self._make_sampler(params, tokens)
             seq = _Sequence(
                 item.request, tokens, slot, sampler, n_past=keep, cached=keep,
                 stops=StopMatcher(params.stop),
                 preserved=self._preserved(params.tool_calls) | self._thinking_tokens,
-                reasoning=tracker, grammar=grammar, admitted_ns=time.perf_counter_ns(),
+                reasoning=tracker, grammar=grammar, grammar_chain=_owning_chain(grammar),
+                admitted_ns=time.perf_counter_ns(),
             )
             if tracker is not None and tracker.opening:
                 assert params.tool_calls is not None
@@ -1203,10 +1210,10 @@ class Engine:
         lru = min(free, key=lambda slot: self._last_used[slot])
         return lru, _common_prefix(self._cached[lru], tokens)
 
-    def _make_sampler(self, params: GenerateParams, prompt: Sequence[int], grammar: Any = None) -> Any:
+    def _make_sampler(self, params: GenerateParams, prompt: Sequence[int]) -> Any:
         """llama-server's chain (common_sampler_init): the logit biases, the samplers in the
-        order of `params.samplers` (each skipped where its fields turn it off), then the draw;
-        the grammar after the leading penalties and DRY (GenerateParams.samplers)."""
+        order of `params.samplers` (each skipped where its fields turn it off), then the draw.
+        A grammar is not in it: _sample applies it apart, as llama-server does."""
         chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
         wanted = dict(params.logit_bias)
         if params.ignore_eos:
@@ -1226,11 +1233,6 @@ class Engine:
         lead = next((i for i, name in enumerate(order) if name not in ("penalties", "dry")), len(order))
         for name in order[:lead]:
             self._add_sampler(chain, name, params, prompt)
-        if grammar:
-            # After the biases and the order's leading penalties and DRY (which shift logits:
-            # the same before or after the mask), before the rest: the grammar masks the tokens
-            # it does not allow, so top-k & co. pick only among allowed ones.
-            llama.llama_sampler_chain_add(chain, grammar)
         xtc = params.xtc_probability > 0.0 and params.xtc_threshold <= 0.5  # llama.cpp: above 0.5 is off
         # At temperature 0 llama-server's default chain keeps the best token only, unless XTC
         # or typical-p drops it first (each may: the rest keep it) or a dynamic temperature
@@ -1448,7 +1450,7 @@ class Engine:
                 seq.budget, forced = None, None
             if forced is not None:
                 self._force(index, forced)
-            token = llama.llama_sampler_sample(seq.sampler, self._ctx, index)
+            token = self._sample(seq, index)
             if forced is not None and token != forced:
                 # Not expected (intake refuses an end-of-generation token in the message, and
                 # the grammar was asked above): stop forcing rather than write the rest after
@@ -1491,9 +1493,11 @@ class Engine:
                     llama.llama_sampler_accept(grammar, replayed)
                 seq.reasoning = None
         # The new chain counts the output so far as the prompt, for the penalties and DRY.
-        sampler = self._make_sampler(params, seq.prompt + seq.decoded + [token], grammar)
+        sampler = self._make_sampler(params, seq.prompt + seq.decoded + [token])
         llama.llama_sampler_free(seq.sampler)
-        seq.sampler, seq.grammar, seq.outside = sampler, grammar, b""
+        if seq.grammar_chain is not None:
+            llama.llama_sampler_free(seq.grammar_chain)
+        seq.sampler, seq.grammar, seq.grammar_chain, seq.outside = sampler, grammar, _owning_chain(grammar), b""
 
     def _tokens_after(self, tokens: list[int], text: bytes) -> int:
         """How many of the last `tokens` begin after the last `text` in their texts."""
@@ -1524,6 +1528,40 @@ class Engine:
                 return start, at
             tail = window[: max(len(text) - 1, 0)]
         return None
+
+    def _sample(self, seq: _Sequence, index: int) -> int:
+        """The next token of `seq` from output `index`'s logits, accepted into its samplers.
+
+        With a grammar, llama-server's rejection sampling (common_sampler_sample): the chain
+        alone picks a token; only if the grammar rejects it are the logits masked by the
+        grammar and the chain applied again (a second draw). The same draws as llama-server's
+        for a seed, and the grammar checks one token rather than the whole vocabulary on most
+        steps."""
+        if seq.grammar is None:
+            return int(llama.llama_sampler_sample(seq.sampler, self._ctx, index))
+        candidates = self._candidates(index)
+        llama.llama_sampler_apply(seq.sampler, ctypes.byref(candidates))
+        token = int(candidates.data[candidates.selected].id)
+        if not self._allows(seq.grammar, token):
+            candidates = self._candidates(index)
+            llama.llama_sampler_apply(seq.grammar, ctypes.byref(candidates))
+            llama.llama_sampler_apply(seq.sampler, ctypes.byref(candidates))
+            token = int(candidates.data[candidates.selected].id)
+        llama.llama_sampler_accept(seq.grammar, token)
+        llama.llama_sampler_accept(seq.sampler, token)
+        return token
+
+    def _candidates(self, index: int) -> Any:
+        """Output `index`'s logits as llama.cpp's candidate array (every token, unsorted), in
+        a buffer this engine keeps: the samplers reorder and cut it in place."""
+        if self._candidate_buffer is None:
+            self._candidate_buffer = np.zeros(self.n_vocab, dtype=_TOKEN_DATA)
+        buffer = self._candidate_buffer
+        buffer["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        buffer["logit"] = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, index), shape=(self.n_vocab,))
+        buffer["p"] = 0.0
+        data = buffer.ctypes.data_as(ctypes.POINTER(llama.llama_token_data))
+        return llama.llama_token_data_array(data, self.n_vocab, -1, False)
 
     def _allows(self, grammar: Any, token: int) -> bool:
         """Whether `grammar` (a sampler in a chain; applying it changes nothing) admits `token`
@@ -1688,6 +1726,8 @@ class Engine:
             llama.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
             self._cached[seq.slot] = []
         llama.llama_sampler_free(seq.sampler)
+        if seq.grammar_chain is not None:
+            llama.llama_sampler_free(seq.grammar_chain)
         self._slots[seq.slot] = None
 
     # --------------------------------------------------------------- slot files
@@ -2246,3 +2286,12 @@ def _install_log_callback() -> None:
 
     llama._edged_log_callback = callback  # type: ignore[attr-defined]
     llama.llama_log_set(callback, ctypes.c_void_p(0))
+
+
+def _owning_chain(grammar: Any) -> Any:
+    """A sampler chain holding `grammar` alone (None for none): it owns and frees it."""
+    if grammar is None:
+        return None
+    chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+    llama.llama_sampler_chain_add(chain, grammar)
+    return chain

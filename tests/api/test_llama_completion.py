@@ -206,6 +206,25 @@ def test_n_probs(daemon: Any) -> None:
     assert got["generation_settings"]["n_probs"] == 3
 
 
+def test_a_grammar_rejects_rather_than_masks(daemon: Any) -> None:
+    """llama-server's rejection sampling: with a seed, a grammar changes nothing while the
+    chain's own draw is a token it allows; only a rejected token is drawn again among the
+    allowed ones. A grammar allowing just the characters of the first tokens the free output
+    drew keeps those tokens (a grammar masking every step changes the distribution, so the
+    draws, from the first token on)."""
+    # A flat distribution, nothing cut from it: masking moves every draw.
+    body = {"prompt": PROMPT, "n_predict": 16, "seed": 42, "temperature": 2.0, "top_k": 0, "top_p": 1.0,
+            "min_p": 0.0, "return_tokens": True}
+    free = complete(daemon, **body)
+    pieces = [daemon.post_ok("/detokenize", {"model": "tiny", "tokens": [t]})["content"] for t in free["tokens"]]
+    assert "".join(pieces) == free["content"]
+    kept = 4
+    allowed = "".join(f"\\x{ord(c):02x}" for c in sorted(set("".join(pieces[:kept]))))
+    held = complete(daemon, **body, grammar=f"root ::= [{allowed}]*")
+    assert held["tokens"][:kept] == free["tokens"][:kept], (held["content"], free["content"])
+    assert set(held["content"]) <= set("".join(pieces[:kept]))
+
+
 def test_grammar_and_json_schema(daemon: Any) -> None:
     got = complete(daemon, prompt=PROMPT, n_predict=20, grammar='root ::= "yes" | "no"')
     assert got["content"] in ("yes", "no") and got["stop_type"] == "eos"
