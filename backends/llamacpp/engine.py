@@ -422,6 +422,7 @@ class Engine:
         self._token_memo: OrderedDict[str, list[int]] = OrderedDict()
         self._piece_buf = ctypes.create_string_buffer(256)
         self._candidate_buffer: np.ndarray | None = None  # see _candidates
+        self._candidate_ids: np.ndarray | None = None
 
         self._thread = threading.Thread(
             target=self._run, name=f"llamacpp-{settings.model_name}", daemon=True
@@ -1556,8 +1557,9 @@ class Engine:
         a buffer this engine keeps: the samplers reorder and cut it in place."""
         if self._candidate_buffer is None:
             self._candidate_buffer = np.zeros(self.n_vocab, dtype=_TOKEN_DATA)
+            self._candidate_ids = np.arange(self.n_vocab, dtype=np.int32)
         buffer = self._candidate_buffer
-        buffer["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        buffer["id"] = self._candidate_ids
         buffer["logit"] = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, index), shape=(self.n_vocab,))
         buffer["p"] = 0.0
         data = buffer.ctypes.data_as(ctypes.POINTER(llama.llama_token_data))
