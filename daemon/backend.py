@@ -1078,8 +1078,9 @@ class GenerationBackend(Backend):
         whose GenerateParams named `control_id`: "reasoning_end" ends their reasoning now, as a
         reasoning budget that runs out does (its message and closing tag are written next;
         nothing happens outside the reasoning). Only for generations whose GenerateParams set
-        `reasoning_control` (and a `reasoning_budget`, the largest included: that arms it). Returns "" when done, else why not, in llama-server's
-        words ("no active completion for this id", ...)."""
+        `reasoning_control` (and a `reasoning_budget`, the largest included: that arms it).
+        Returns "" when done, else why not, in llama-server's words ("no active completion
+        for this id", ...)."""
         raise Unsupported(f"backend {self.name!r} has no generations to control")
 
     def engine_stats(self) -> dict[str, int | float | str]:

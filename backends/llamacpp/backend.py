@@ -277,8 +277,8 @@ class LlamaCppBackend(GenerationBackend):
         import llama_cpp
 
         engine = self._require_generating()
-        template, bos, eos, ftype = await self.run_blocking(engine.describe)
-        facts = await self.run_blocking(engine.model_facts)
+        # One hop to this instance's thread for both reads.
+        (template, bos, eos, ftype), facts = await self.run_blocking(lambda: (engine.describe(), engine.model_facts()))
         return GenerationProps(
             n_ctx=engine.n_ctx_seq, total_slots=engine.settings.n_parallel, chat_template=template,
             bos_token=bos, eos_token=eos, ftype=ftype,

@@ -24,6 +24,7 @@ from daemon.api.openai import (
     chat_prompt,
     decode_with,
     generation_model,
+    not_loaded,
     request_body,
     sole_generation_model,
 )
@@ -280,10 +281,8 @@ def _query(request: web.Request, *optional: str) -> tuple[str, dict[str, str]]:
         if len(request.query.getall(key)) > 1:
             raise InvalidArgument(f"{key}: given more than once")
     model = request.query.get("model", "") or sole_generation_model(request)
-    if request.query.get("autoload", "true") not in ("true", "1"):
-        entry = daemon_of(request).registry.entry(model)
-        if entry is not None and not entry.versions:
-            raise InvalidArgument("model is not loaded")
+    if request.query.get("autoload", "true") not in ("true", "1") and not_loaded(request, model):
+        raise InvalidArgument("model is not loaded")
     return model, {key: request.query[key] for key in optional if key in request.query}
 
 

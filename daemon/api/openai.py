@@ -509,6 +509,13 @@ def sole_generation_model(request: web.Request) -> str:
     return names[0]
 
 
+def not_loaded(request: web.Request, name: str) -> bool:
+    """Whether `name` is a model of the repository with no version loaded now (an on-demand
+    one, say): what a request that must not load it answers for without asking it."""
+    entry = daemon_of(request).registry.entry(name)
+    return entry is not None and not entry.versions
+
+
 async def generation_model(request: web.Request, name: str, version: str | None = None) -> LoadedVersion:
     """Resolve the model once; every later step of the request talks to this version."""
     daemon = daemon_of(request)
@@ -1348,10 +1355,8 @@ async def chat_control(request: web.Request) -> web.Response:
     `{"success": true}`, or `{"success": false, "message"}` when there is no such completion
     running (it may have ended just before) or it did not ask for control."""
     req = _decode(await request_body(request), ControlRequest)
-    entry = daemon_of(request).registry.entry(req.model)
-    if entry is not None and not entry.versions:
-        # Not loaded (an on-demand model, say): none of its completions runs, and a control
-        # must not load a model to say so.
+    if not_loaded(request, req.model):
+        # None of its completions runs, and a control must not load a model to say so.
         why = "no active completion for this id"
     else:
         model = await generation_model(request, req.model)
