@@ -40,6 +40,22 @@ _TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array",
 # Any JSON object: OpenAI's response_format {"type": "json_object"}.
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
+# llama-cpp-python's port of the converter is older than llama.cpp's own (llama-server's), and
+# accepts other text, so the same seed wrote other JSON than llama-server, and some of it was
+# not JSON at all. Its rules are laid out afresh (`_as_llama_cpp`) to accept what llama.cpp's
+# accept:
+# - A string's character: the port's took any byte but a quote and a backslash, so control
+#   characters went out raw; a newline inside a string is not JSON (RFC 8259 7) and a strict
+#   parser refuses it. Excluded as llama.cpp excludes them (with DEL; and its escapes leave out
+#   "\/", which "/" writes as well).
+# - Whitespace: the port's is one optional space; llama.cpp's also one or two newlines and an
+#   indent, which is how models like to write JSON.
+# - Where whitespace goes: the port lets it follow every value, so the answer could end in it
+#   (with newlines allowed, up to 22 characters of it before the end); llama.cpp's follows
+#   an opening bracket, a comma, a key and a colon, and comes before a closing bracket.
+_JSON_CHAR_RULE = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4})'
+_JSON_SPACE_RULE = r'| " " | "\n"{1,2} [ \t]{0,20}'
+
 
 def schema_to_grammar(schema_json: str, where: str, header: str = "") -> str:
     """GBNF for a JSON schema (JSON text); InvalidArgument naming `where` for what we cannot
@@ -85,7 +101,28 @@ def _convert_all(schemas: list[tuple[str, str, str]]) -> str:
         if name != (rule or "root"):
             # The converter names a value by its own rule where it has one ("integer").
             aliases.append(f"{rule or 'root'} ::= {name}")
+    rules = converter._rules  # the port has no way to set its primitives
+    rules.update((name, _as_llama_cpp(name, body)) for name, body in list(rules.items()))
     return "\n".join([converter.format_grammar(), *aliases])
+
+
+def _as_llama_cpp(name: str, body: str) -> str:
+    """A rule of the port as llama.cpp's converter writes it (see _JSON_CHAR_RULE). Every
+    value's rule of the port ends with its whitespace; an object's and an array's take it
+    before their closing bracket instead, the rest drop it."""
+    if name == "space":
+        return _JSON_SPACE_RULE
+    if name == "char":
+        return _JSON_CHAR_RULE
+    if not body.endswith(" space"):
+        return body
+    body = body.removesuffix(" space").rstrip()
+    for closer in ('"}"', '"]"'):
+        if body.endswith(closer):
+            inside = body.removesuffix(closer).rstrip()
+            # An empty object's or array's rule already has its whitespace after the opening.
+            return f"{inside} {closer}" if inside.endswith(" space") else f"{inside} space {closer}"
+    return body
 
 
 def _own_refs(schema: Any, prefix: str) -> Any:

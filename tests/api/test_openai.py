@@ -661,6 +661,31 @@ def test_json_schema_response_format(client: openai.OpenAI) -> None:
         )
 
 
+def test_structured_output_is_json_that_a_strict_parser_takes(client: openai.OpenAI) -> None:
+    # The newline's (or tab's) byte token pushed up: whitespace may be newlines and an indent
+    # where llama-server's grammar allows whitespace (after "{", ",", a key and ":", before
+    # "}"), but not after a value, so never before a comma nor after the answer; and a string
+    # may not hold a raw control character (RFC 8259).
+    newline, tab = str(3 + 0x0A), str(3 + 0x09)
+    schema = {
+        "type": "object", "properties": {"s": {"type": "string", "maxLength": 4}, "n": {"type": "integer"}},
+        "required": ["s", "n"], "additionalProperties": False,
+    }
+    answers = []
+    for bias in ({newline: 100}, {tab: 100}, {newline: 100, tab: 100}):
+        result = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "JSON"}], temperature=0, max_tokens=300,
+            logit_bias=bias, response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+        )
+        content = result.choices[0].message.content or ""
+        assert result.choices[0].finish_reason == "stop", content
+        value = json.loads(content)  # strict: a raw control character in a string is refused
+        assert len(value["s"]) <= 4 and all(ord(c) >= 0x20 for c in value["s"]), content
+        assert content.endswith("}") and not re.search(r"\s,", content), content
+        answers.append(content)
+    assert answers[0].startswith("{\n") and re.search(r"\n[ \t]*\}$", answers[0]), answers[0]
+
+
 def test_embedding_dimensions(client: openai.OpenAI) -> None:
     import math
 

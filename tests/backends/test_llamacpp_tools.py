@@ -343,17 +343,24 @@ PROMPT = "What is the weather in Paris?"
 
 
 def check_call(text: str) -> None:
-    call = json.loads(text, strict=False)  # a string may hold raw control characters
+    call = json.loads(text)  # strict: a control character in a string is escaped, as JSON has it
     assert call["name"] == "get_weather"
     assert set(call["arguments"]) == {"city"} and isinstance(call["arguments"]["city"], str)
     assert len(call["arguments"]["city"]) <= 8
 
 
 def frame_calls(text: str, frame: ToolCallFrame) -> list[str]:
-    """The calls' JSON texts of `text`, which must be exactly one frame."""
+    """The calls' JSON texts of `text`, which must be exactly one frame: each call read as a
+    JSON value (a string in it may hold the separator), then the separator or the close."""
     assert text.startswith(frame.open) and text.endswith(frame.close), text
-    inner = text[len(frame.open) : len(text) - len(frame.close)]
-    return inner.split(frame.separator) if frame.separator else [inner]
+    calls, at, decoder = [], len(frame.open), json.JSONDecoder()
+    while True:
+        _, end = decoder.raw_decode(text, at)
+        calls.append(text[at:end])
+        if text[end:] == frame.close:
+            return calls
+        assert frame.separator and text.startswith(frame.separator, end), text
+        at = end + len(frame.separator)
 
 
 @pytest.mark.parametrize("max_calls", [1, 2])
