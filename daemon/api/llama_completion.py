@@ -31,6 +31,7 @@ from aiohttp import web
 from daemon.api.errors import error_body
 from daemon.api.llama_native import joined_text, prompts_tokens, settings_json
 from daemon.api.openai import (
+    LogitBias,
     SharedSampling,
     _all,
     _choices,
@@ -41,7 +42,7 @@ from daemon.api.openai import (
     decode_with,
     first_chunk,
     generation_model,
-    in_range,
+    logit_bias_of,
     lora_request,
     pinged,
     request_body,
@@ -81,7 +82,7 @@ class _Completion(SharedSampling):
     # llama-server's two forms: [[token id or text, bias], ...] or {"id or text": bias}; a
     # text biases each of its tokens. Biases in [-100, 100], as the engine takes them:
     # llama-server's false (a ban, -inf) is a 400 (-100 bans a token in practice).
-    logit_bias: list[tuple[int | str, float | bool]] | dict[str, float | bool] | None = None  # bool: for its 400
+    logit_bias: LogitBias | None = None  # bool: for its 400
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
     # Completions of each prompt (`n` is llama-server's other name); completion i > 0 samples
@@ -175,7 +176,7 @@ async def sampling_params(model: LoadedVersion, req: _Completion) -> GeneratePar
             raise InvalidArgument(f"n_probs must be between 0 and 20, got {probs}")
         params.logprobs = probs or None  # 0: none, as llama-server
     if req.logit_bias:
-        params.logit_bias = await _logit_bias(model, req.logit_bias)
+        params.logit_bias = await logit_bias_of(model, req.logit_bias)
     if req.grammar is not None and req.json_schema is not None:
         # llama-server then uses the grammar and drops the schema without a word.
         raise InvalidArgument("grammar and json_schema: send one of them")
@@ -193,33 +194,6 @@ async def sampling_params(model: LoadedVersion, req: _Completion) -> GeneratePar
     params.return_progress = req.return_progress and req.stream
     check_ping_interval(req.sse_ping_interval)
     return params
-
-
-async def _logit_bias(
-    model: LoadedVersion, biases: list[tuple[int | str, float | bool]] | dict[str, float | bool]
-) -> dict[int, float]:
-    pairs: list[tuple[int | str, float | bool]]
-    pairs = list(biases.items()) if isinstance(biases, dict) else list(biases)
-    out: dict[int, float] = {}
-    for key, value in pairs:
-        if isinstance(value, bool):
-            raise InvalidArgument(
-                f"logit_bias[{key!r}]: {json.dumps(value)} is not supported; a bias is a number in [-100, 100] "
-                "(-100 to ban the token)"
-            )
-        bias = float(value)
-        in_range(f"logit_bias[{key!r}]", bias, -100.0, 100.0)
-        token: int | None = key if isinstance(key, int) else None
-        if isinstance(key, str):
-            with contextlib.suppress(ValueError):
-                token = int(key) if key.strip() == key and key.lstrip("-").isdigit() else None
-        if token is not None:
-            out[token] = bias  # the engine answers a 400 for an id outside the vocabulary
-            continue
-        assert isinstance(key, str)
-        for each in await model.tokenize(key, add_special=False, parse_special=False):
-            out[each] = bias
-    return out
 
 
 @dataclass

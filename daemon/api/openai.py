@@ -74,6 +74,10 @@ class LoraScale(_Strict):
     scale: float
 
 
+# A request's logit_bias, in llama-server's two forms (logit_bias_of).
+LogitBias = dict[str, float | bool] | list[tuple[int | str, float | bool]]
+
+
 class SharedSampling(_Strict, kw_only=True):
     """The sampling fields the OpenAI routes share with llama-server's own /completion and
     /infill (daemon.api.llama_completion), by the same names: `_params` reads them for both."""
@@ -149,8 +153,9 @@ class _Sampling(SharedSampling):
     # Seconds of silence in a stream after which an SSE comment goes out (llama-server's
     # sse_ping_interval; -1 or 0: none, as when it is left out).
     sse_ping_interval: int | None = None
-    # Token id (as a string, OpenAI's form) -> bias added to its logit.
-    logit_bias: dict[str, float] | None = None
+    # Bias added to a token's logit: OpenAI's {"token id": bias}, or llama-server's forms, which
+    # its OpenAI routes take too (see logit_bias_of).
+    logit_bias: LogitBias | None = None
     # End-user id for abuse tracking at OpenAI; it changes no output there either.
     user: str | None = None
 
@@ -357,8 +362,6 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
         if req.frequency_penalty is not None:
             in_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0)
             params.frequency_penalty = req.frequency_penalty
-        if req.logit_bias:
-            params.logit_bias = _logit_bias(req.logit_bias)
         if req.id_slot is not None:
             params.id_slot = req.id_slot  # the backend checks it against the model's slots
         if req.backend_sampling:
@@ -482,15 +485,40 @@ def _at_least(name: str, value: float, low: float) -> None:
         raise InvalidArgument(f"{name} must be a finite number >= {low:g}, got {value}")
 
 
-def _logit_bias(biases: dict[str, float]) -> dict[int, float]:
-    out = {}
-    for key, bias in biases.items():
-        try:
+async def logit_bias_of(model: LoadedVersion, biases: LogitBias) -> dict[int, float]:
+    """Token id -> bias from a request's `logit_bias`, in either of llama-server's forms:
+    `{"id or text": bias}` (OpenAI's, with ids only) or `[[id or text, bias], ...]`; a text
+    biases each of its tokens, as llama-server tokenizes it, and biases of one token add up.
+    A bias of `false` (llama-server's ban, -inf) is a 400: the engine takes biases in
+    [-100, 100]."""
+    pairs: list[tuple[int | str, float | bool]]
+    pairs = list(biases.items()) if isinstance(biases, dict) else list(biases)
+    out: dict[int, float] = {}
+    for key, value in pairs:
+        token: int | None = key if isinstance(key, int) else None
+        if isinstance(key, str) and key.strip() == key and key.lstrip("-").isdigit():
             token = int(key)
-        except ValueError:
-            raise InvalidArgument(f"logit_bias: key {key!r} is not a token id") from None
-        in_range(f"logit_bias[{key}]", bias, -100.0, 100.0)
-        out[token] = bias
+        where = f"logit_bias[{key if token is not None else repr(key)}]"
+        if isinstance(value, bool):
+            raise InvalidArgument(
+                f"{where}: {json.dumps(value)} is not supported; a bias is a number in [-100, 100] "
+                "(-100 to ban the token)"
+            )
+        bias = float(value)
+        in_range(where, bias, -100.0, 100.0)
+        tokens = [token] if token is not None else []  # the engine answers a 400 for an id outside the vocabulary
+        if token is None:
+            assert isinstance(key, str)
+            tokens = await model.tokenize(key, add_special=False, parse_special=False)
+        for each in tokens:
+            # As llama-server's sampler adds each pair's bias: a token a text holds twice, or
+            # that two pairs name, gets both.
+            out[each] = out.get(each, 0.0) + bias
+    total = next(((t, b) for t, b in out.items() if not -100.0 <= b <= 100.0), None)
+    if total is not None:
+        raise InvalidArgument(
+            f"logit_bias: the biases of token {total[0]} add up to {total[1]:g}; a token's bias must be in [-100, 100]"
+        )
     return out
 
 
@@ -919,6 +947,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     # Completions accept max_tokens 0 (OpenAI's legacy API: with echo, the prompt alone).
     params = _params(req, min_tokens=0)
     params.lora = lora_request(model, req.lora)
+    if req.logit_bias:
+        params.logit_bias = await logit_bias_of(model, req.logit_bias)
     if req.logprobs is not None:
         if not 0 <= req.logprobs <= 20:
             raise InvalidArgument(f"logprobs must be between 0 and 20, got {req.logprobs}")
@@ -1312,9 +1342,11 @@ class _CheckedChat(NamedTuple):
     opened: str | None
 
 
-def _chat_request(model: LoadedVersion, req: ChatRequest) -> _CheckedChat:
+async def _chat_request(model: LoadedVersion, req: ChatRequest) -> _CheckedChat:
     params = _params(req)
     params.lora = lora_request(model, req.lora)
+    if req.logit_bias:
+        params.logit_bias = await logit_bias_of(model, req.logit_bias)
     params.json_schema = schema_of_format(req.response_format)
     if req.top_logprobs is not None:
         if not req.logprobs:
@@ -1372,7 +1404,7 @@ async def chat_input_tokens(request: web.Request) -> web.Response:
     req: ChatRequest = _decode(await request_body(request), ChatRequest)
     _check_store(req)
     model = await generation_model(request, req.model)
-    prompt = _chat_request(model, req).rendered.text
+    prompt = (await _chat_request(model, req)).rendered.text
     tokens = await model.tokenize(prompt, add_special=True, parse_special=True)
     return web.json_response({"object": "response.input_tokens", "input_tokens": len(tokens)})
 
@@ -1381,7 +1413,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req: ChatRequest = _decode(await request_body(request), ChatRequest)
     _check_store(req)
     model = await generation_model(request, req.model)
-    params, rendered, tags, split, opened = _chat_request(model, req)
+    params, rendered, tags, split, opened = await _chat_request(model, req)
     prompt, syntax, use = rendered.text, rendered.syntax, rendered.use
     # Unsplit, the reply starts with the tag the prompt opened, as llama-server's "none" shows it;
     # a continued message, with all of that message so far, as llama-server's.

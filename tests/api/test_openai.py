@@ -169,7 +169,8 @@ def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
         ("presence_penalty", 2.5, "presence_penalty must be between -2 and 2"),
         ("frequency_penalty", -3, "frequency_penalty must be between -2 and 2"),
         ("logit_bias", {"5": 101}, r"logit_bias\[5\] must be between -100 and 100"),
-        ("logit_bias", {"hello": 1}, "logit_bias: key 'hello' is not a token id"),
+        ("logit_bias", {"5": False}, r"logit_bias\[5\]: false is not supported"),
+        ("logit_bias", [["z", 101]], r"logit_bias\['z'\] must be between -100 and 100"),
         ("logit_bias", {"99999": 1}, "logit_bias: token id 99999 is out of range"),
         ("max_completion_tokens", 0, "max_completion_tokens must be >= 1 \\(or -1: no limit\\), got 0"),
         ("max_tokens", 0, "max_tokens must be >= 1 \\(or -1: no limit\\), got 0"),
@@ -659,6 +660,29 @@ def test_json_schema_response_format(client: openai.OpenAI) -> None:
             model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=4,
             response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": bad}},
         )
+
+
+def test_logit_bias_in_llama_servers_forms(client: openai.OpenAI) -> None:
+    # llama-server's OpenAI routes take its /completion forms too: a list of [id or text, bias]
+    # pairs, and a text where OpenAI has a token id, each of the text's tokens biased (the
+    # tiny vocabulary's "z" is "▁" and "z", ids 259 and 349, with its space prefix).
+    user = [{"role": "user", "content": "x"}]
+
+    def answers(bias: Any) -> tuple[str, str]:
+        chat = client.chat.completions.create(model="tiny", messages=user, temperature=0, max_tokens=4,
+                                              extra_body={"logit_bias": bias})
+        text = client.completions.create(model="tiny", prompt="x", temperature=0, max_tokens=4,
+                                         extra_body={"logit_bias": bias})
+        return chat.choices[0].message.content or "", text.choices[0].text
+
+    assert answers({"349": 100}) == answers([[349, 100]]) == ("zzzz", "zzzz")
+    both = answers({"259": 100, "349": 100})
+    assert both != ("zzzz", "zzzz") and set("".join(both)) == {"z", " "}
+    assert answers({"z": 100}) == answers([["z", 100]]) == both
+    # A token named twice gets both biases, as llama-server's sampler adds each pair.
+    assert answers([[349, 12], [349, 12]]) == answers({"349": 24}) != answers({"349": 12})
+    with pytest.raises(openai.BadRequestError, match=r"logit_bias: the biases of token 349 add up to 120; "):
+        answers([[349, 60], ["z", 60]])
 
 
 def test_structured_output_is_json_that_a_strict_parser_takes(client: openai.OpenAI) -> None:
