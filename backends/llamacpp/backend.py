@@ -2,7 +2,7 @@
 
 The engine (engine.py) runs on its own thread and owns every llama.cpp object; this class
 parses the model's parameters, starts and stops the engine, and adapts it to asyncio: each
-request gets an asyncio.Queue that the engine fills through `loop.call_soon_threadsafe`.
+request gets an asyncio.Queue that the engine fills through the backend's Outbox (outbox.py).
 
 Model parameters (config `parameters`, all strings):
 
@@ -42,7 +42,6 @@ Model parameters (config `parameters`, all strings):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import os
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
@@ -77,6 +76,7 @@ from daemon.backend import (
 
 from .engine import EmbedJob, Engine, EngineSettings, LoraSpec, SlotJob
 from .grammar import schema_to_grammar, tool_call_grammar
+from .outbox import Outbox
 
 T = TypeVar("T")
 
@@ -161,6 +161,8 @@ class LlamaCppBackend(GenerationBackend):
         super().__init__(context)
         self._engine: Engine | None = None
         self._slot_dir: Path | None = None
+        # The engine thread's results to the event loop; made at load, on the loop's thread.
+        self._outbox: Outbox | None = None
 
     @classmethod
     def probe(cls) -> Probe:
@@ -205,6 +207,7 @@ class LlamaCppBackend(GenerationBackend):
         )
         if options.slot_save_path:
             self._slot_dir = await asyncio.to_thread(self._slot_directory, config, options.slot_save_path)
+        self._outbox = Outbox(asyncio.get_running_loop())
         engine = Engine(settings)
         # Set before waiting: if this load is cancelled, the daemon's unload() stops the
         # engine once its thread has finished loading (shield: the thread must not see its
@@ -241,6 +244,20 @@ class LlamaCppBackend(GenerationBackend):
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.stop()
+
+    async def unload(self) -> None:
+        await super().unload()
+        # After the engine's thread has stopped (or was given up on: its later results are
+        # dropped), on the loop's thread, which the outbox's reader belongs to.
+        outbox, self._outbox = self._outbox, None
+        if outbox is not None:
+            outbox.close()
+
+    def _emitter(self, deliver: Callable[[T], None]) -> Callable[[T], None]:
+        """A callback the engine thread may call: runs `deliver` on the event loop's thread."""
+        if self._outbox is None:
+            raise Unavailable(f"model '{self.context.model_name}' is not loaded")
+        return self._outbox.emitter(deliver)
 
     def engine_stats(self) -> dict[str, int | float | str]:
         """Slots, queue, cache counters (Engine.stats) and the chat template used.
@@ -311,7 +328,7 @@ class LlamaCppBackend(GenerationBackend):
                 raise InvalidArgument(f"filename: a file name without a directory, got {filename!r}")
             path = self._slot_dir / filename
         result: tuple[int, int, float] = await _job_result(
-            lambda done: engine.submit_slot_action(action, slot, path, done)
+            self._emitter, lambda done: engine.submit_slot_action(action, slot, path, done)
         )
         n_tokens, n_bytes, ms = result
         return SlotFile(n_tokens=n_tokens, n_bytes=n_bytes, ms=ms)
@@ -378,7 +395,7 @@ class LlamaCppBackend(GenerationBackend):
                 "samplers: infill cannot be used together with grammar, json_schema, tool_calls or ignore_eos"
             )
         queue: asyncio.Queue[GenerateChunk | EdgedError] = asyncio.Queue()
-        request = engine.submit(prompt, params, _emitter(asyncio.get_running_loop(), queue.put_nowait))
+        request = engine.submit(prompt, params, self._emitter(queue.put_nowait))
         first = True
         try:
             while True:
@@ -453,7 +470,7 @@ class LlamaCppBackend(GenerationBackend):
             )
         # Token lists copied: the engine thread reads them after this call returns.
         inputs = [text if isinstance(text, str) else list(text) for text in texts]
-        return await _job_result(lambda done: engine.submit_embed(inputs, done, truncate=truncate))
+        return await _job_result(self._emitter, lambda done: engine.submit_embed(inputs, done, truncate=truncate))
 
     async def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
         """The first output of the classifier head for each query-document pair (llama-server's
@@ -465,12 +482,15 @@ class LlamaCppBackend(GenerationBackend):
                 "reranker is a GGUF whose pooling is rank, loaded with parameters embedding=true"
             )
         pairs = list(documents)
-        return await _job_result(lambda done: engine.submit_rerank(query, pairs, done))
+        return await _job_result(self._emitter, lambda done: engine.submit_rerank(query, pairs, done))
 
 
-async def _job_result(submit: Callable[[Callable[[T | EdgedError], None]], EmbedJob | SlotJob]) -> T:
+async def _job_result(
+    emitter: Callable[[Callable[[T | EdgedError], None]], Callable[[T | EdgedError], None]],
+    submit: Callable[[Callable[[T | EdgedError], None]], EmbedJob | SlotJob],
+) -> T:
     """Submit an engine job (`submit(done)`) and await what its `done` callback gives, from
-    the engine thread; a caller gone (cancelled) cancels the job."""
+    the engine thread (through `emitter`); a caller gone (cancelled) cancels the job."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 
@@ -482,7 +502,7 @@ async def _job_result(submit: Callable[[Callable[[T | EdgedError], None]], Embed
         else:
             future.set_result(result)
 
-    job = submit(_emitter(loop, settle))
+    job = submit(emitter(settle))
     try:
         return await future
     finally:
@@ -518,12 +538,3 @@ def _check_params(params: GenerateParams) -> None:
         raise InvalidArgument(f"samplers: unknown sampler {unknown!r}")
 
 
-def _emitter(loop: asyncio.AbstractEventLoop, deliver: Callable[[T], None]) -> Callable[[T], None]:
-    """A callback the engine thread may call: runs `deliver` on the event loop's thread."""
-
-    def emit(item: T) -> None:
-        # The loop may be gone (daemon shutting down): nobody is waiting for the item then.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(deliver, item)
-
-    return emit

@@ -9,8 +9,8 @@ against the low-level llama.h API that llama-cpp-python exposes through ctypes).
 
 Threading: every llama_* call that touches the model, vocabulary or context runs on the
 engine thread — loading, tokenizing, decoding, sampling, freeing. The asyncio side only
-enqueues work and receives results through `emit` callbacks, which the backend turns into
-`loop.call_soon_threadsafe` pushes into a per-request asyncio.Queue. The one exception is
+enqueues work and receives results through `emit` callbacks, which the backend's Outbox
+(outbox.py) turns into pushes into a per-request asyncio.Queue on the loop. The one exception is
 `apply_chat_template`, a pure string function of llama.cpp that reads no model state.
 After a step that gave a request its first chunk, the engine thread waits (briefly, bounded)
 until the event loop has sent that chunk on: otherwise the next decode's spinning threads
