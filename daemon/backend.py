@@ -676,7 +676,8 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # and Ollama's `repeat_last_n`: -1 = the whole context, 0 = no penalties. None: the
     # repeat penalty over the last 64 tokens and OpenAI's two over the whole context.
     penalty_last_n: int | None = None
-    # Token id -> value added to its logit (OpenAI's logit_bias, in [-100, 100]).
+    # Token id -> value added to its logit (OpenAI's logit_bias, in [-100, 100]; -inf bans
+    # the token, llama-server's `false`).
     logit_bias: dict[int, float] = {}
     # A GBNF grammar (root rule "root") the output must match; "" = free text.
     grammar: str = ""
@@ -732,6 +733,12 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # None: no log probabilities; n >= 0: each generated token's log probability under the
     # model (softmax of its logits, before any sampling step) and the n most likely tokens.
     logprobs: int | None = None
+    # With `logprobs`: the probabilities after the sampler chain instead (llama-server's
+    # post_sampling_probs): the candidates the token was drawn from, their probabilities as
+    # the draw saw them, the n most likely with a probability above 0; `TokenLogprob.logprob`
+    # is the natural log of that probability. A chain that keeps only the best token (greedy)
+    # gives it probability 1.
+    post_sampling_probs: bool = False
     # The same for the prompt's tokens (OpenAI's completions with echo and logprobs, how
     # lm-eval-harness scores text): each token's log probability given the tokens before it.
     # The prompt is evaluated whole (a cached prefix keeps no logits); max_tokens 0 is allowed.

@@ -520,9 +520,10 @@ def _check_params(params: GenerateParams) -> None:
         raise InvalidArgument(f"logprobs must be in [0, 20], got {params.logprobs}")
     if params.prompt_logprobs is not None and not 0 <= params.prompt_logprobs <= 20:
         raise InvalidArgument(f"prompt_logprobs must be in [0, 20], got {params.prompt_logprobs}")
-    bad = next((b for b in params.logit_bias.values() if not -100.0 <= b <= 100.0), None)
+    # -inf: a ban (llama-server's `false`), which llama.cpp's logit-bias sampler applies as is.
+    bad = next((b for b in params.logit_bias.values() if not -100.0 <= b <= 100.0 and b != -math.inf), None)
     if bad is not None:
-        raise InvalidArgument(f"logit_bias values must be in [-100, 100], got {bad}")
+        raise InvalidArgument(f"logit_bias values must be in [-100, 100] (or -inf: banned), got {bad}")
     if params.repeat_penalty <= 0:
         raise InvalidArgument(f"repeat_penalty must be > 0, got {params.repeat_penalty}")
     if params.penalty_last_n is not None and params.penalty_last_n < -1:

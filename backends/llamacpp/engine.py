@@ -1436,8 +1436,9 @@ class Engine:
                 self._finish(seq, "length", "", flush=False)
                 continue
             wanted = seq.request.params.logprobs
+            post = wanted is not None and seq.request.params.post_sampling_probs
             # Read before sampling: the model's own distribution, not the sampler's.
-            logprobs = self._log_softmax(index) if wanted is not None else None
+            logprobs = self._log_softmax(index) if wanted is not None and not post else None
             if seq.reasoning is not None and seq.reasoning.inside and not seq.lazy:
                 self._hold_end(index)
             if seq.request.end_reasoning and seq.budget is not None:
@@ -1451,7 +1452,7 @@ class Engine:
                 seq.budget, forced = None, None
             if forced is not None:
                 self._force(index, forced)
-            token = self._sample(seq, index)
+            token, candidates = self._sample(seq, index, keep_candidates=post)
             if forced is not None and token != forced:
                 # Not expected (intake refuses an end-of-generation token in the message, and
                 # the grammar was asked above): stop forcing rather than write the rest after
@@ -1460,6 +1461,8 @@ class Engine:
                 seq.budget = None
             if logprobs is not None and wanted is not None:
                 seq.logprobs.append(self._token_logprob(logprobs, token, wanted, seq.preserved))
+            elif candidates is not None and wanted is not None:
+                seq.logprobs.append(self._sampled_prob(candidates, token, wanted, seq.preserved))
             self._accept(seq, token)
 
     def _track(self, seq: _Sequence, token: int, piece: bytes) -> None:
@@ -1530,27 +1533,58 @@ class Engine:
             tail = window[: max(len(text) - 1, 0)]
         return None
 
-    def _sample(self, seq: _Sequence, index: int) -> int:
-        """The next token of `seq` from output `index`'s logits, accepted into its samplers.
+    def _sample(self, seq: _Sequence, index: int, *, keep_candidates: bool = False) -> tuple[int, Any]:
+        """The next token of `seq` from output `index`'s logits, accepted into its samplers,
+        and the candidate array the draw was made from (None unless `keep_candidates` or a
+        grammar needed it; valid until the next sampling).
 
         With a grammar, llama-server's rejection sampling (common_sampler_sample): the chain
         alone picks a token; only if the grammar rejects it are the logits masked by the
         grammar and the chain applied again (a second draw). The same draws as llama-server's
         for a seed, and the grammar checks one token rather than the whole vocabulary on most
         steps."""
-        if seq.grammar is None:
-            return int(llama.llama_sampler_sample(seq.sampler, self._ctx, index))
+        if seq.grammar is None and not keep_candidates:
+            return int(llama.llama_sampler_sample(seq.sampler, self._ctx, index)), None
+        # llama_sampler_sample's steps, on an array this engine can read afterwards.
         candidates = self._candidates(index)
         llama.llama_sampler_apply(seq.sampler, ctypes.byref(candidates))
         token = int(candidates.data[candidates.selected].id)
-        if not self._allows(seq.grammar, token):
+        if seq.grammar is not None and not self._allows(seq.grammar, token):
             candidates = self._candidates(index)
             llama.llama_sampler_apply(seq.grammar, ctypes.byref(candidates))
             llama.llama_sampler_apply(seq.sampler, ctypes.byref(candidates))
             token = int(candidates.data[candidates.selected].id)
-        llama.llama_sampler_accept(seq.grammar, token)
+        if seq.grammar is not None:
+            llama.llama_sampler_accept(seq.grammar, token)
         llama.llama_sampler_accept(seq.sampler, token)
-        return token
+        return token, candidates
+
+    def _sampled_prob(self, candidates: Any, token: int, top: int, kept: frozenset[int]) -> TokenLogprob:
+        """GenerateParams.post_sampling_probs' entry, as llama-server's populate_token_probs:
+        the candidates left after the chain by their probability (the draw's softmax), the
+        token's own and the `top` most likely above 0. A chain that ends in the greedy pick
+        computes none; llama-server's (the temperature at 0, then the draw) gives the best
+        token probability 1 and the rest 0, and so does this."""
+
+        def piece(t: int) -> bytes:
+            return self._special_piece(t) if t in kept else self._piece(t)
+
+        left = np.ctypeslib.as_array(candidates.data, shape=(int(candidates.size),))
+        probs = left["p"].astype(np.float64)
+        if not probs.any():
+            return TokenLogprob(token, piece(token), 0.0, [TokenLogprob(token, piece(token), 0.0)] if top else [])
+        order = np.argsort(-probs, kind="stable")
+        ids = left["id"][order]
+        sorted_probs = probs[order]
+        where = np.flatnonzero(ids == token)
+        own = float(sorted_probs[where[0]]) if where.size else 0.0
+        best = [
+            TokenLogprob(int(t), piece(int(t)), math.log(p))
+            for t, p in zip(ids[:top], sorted_probs[:top], strict=True)
+            if p > 0.0
+        ]
+        # Zero probability (a token the chain cut): -inf, which the route writes as 0.
+        return TokenLogprob(token, piece(token), math.log(own) if own > 0.0 else -math.inf, best)
 
     def _candidates(self, index: int) -> Any:
         """Output `index`'s logits as llama.cpp's candidate array (every token, unsorted), in

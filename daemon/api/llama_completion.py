@@ -4,7 +4,7 @@ and event stream (llama.cpp tools/server), on the engine the OpenAI routes use.
 
 The body names the model (`model`, required, as in llama_native). Every field llama-server
 takes either has its effect here or is a 400 naming it: an unknown field (llama-server ignores
-one) and the fields not implemented (`n_keep`, `post_sampling_probs`, ...) are
+one) and the fields not implemented (`n_keep`, `n_cache_reuse`, ...) are
 rejected by the decoder; `lora` is taken where it asks for the model's own adapter scales
 (openai.lora_request), else a 400. Sampling values are checked as on the OpenAI routes (openai._params),
 which reject what llama-server clamps. A list of prompts and `n_cmpl` (also `n`) completions
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,10 +80,16 @@ class _Completion(SharedSampling):
     # llama-server's default post_sampling_probs false); `logprobs` is its other name.
     n_probs: int | None = None
     logprobs: int | None = None
+    # llama-server's probabilities after the sampler chain instead (`prob`, `top_probs`; see
+    # GenerateParams.post_sampling_probs): what mikupad shows by default.
+    post_sampling_probs: bool = False
+    # llama.cpp dropped it (a newline is penalised like any token): false, which mikupad
+    # sends, is that; true is a 400.
+    penalize_nl: bool = False
     # llama-server's two forms: [[token id or text, bias], ...] or {"id or text": bias}; a
-    # text biases each of its tokens. Biases in [-100, 100], as the engine takes them:
-    # llama-server's false (a ban, -inf) is a 400 (-100 bans a token in practice).
-    logit_bias: LogitBias | None = None  # bool: for its 400
+    # text biases each of its tokens. Biases in [-100, 100], or false: a ban (see
+    # openai.logit_bias_of).
+    logit_bias: LogitBias | None = None
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
     # Completions of each prompt (`n` is llama-server's other name); completion i > 0 samples
@@ -175,6 +182,12 @@ async def sampling_params(model: LoadedVersion, req: _Completion) -> GeneratePar
         if not 0 <= probs <= 20:
             raise InvalidArgument(f"n_probs must be between 0 and 20, got {probs}")
         params.logprobs = probs or None  # 0: none, as llama-server
+    params.post_sampling_probs = req.post_sampling_probs
+    if req.penalize_nl:
+        raise InvalidArgument(
+            "penalize_nl: llama.cpp no longer has it (a newline is penalised like any other token); "
+            "omit it or send false"
+        )
     if req.logit_bias:
         params.logit_bias = await logit_bias_of(model, req.logit_bias)
     if req.grammar is not None and req.json_schema is not None:
@@ -213,9 +226,9 @@ class _Result(Clock):
         self.probs += chunk.logprobs
 
 
-def _token_json(entry: TokenLogprob) -> dict[str, Any]:
-    return {"id": entry.token_id, "token": _piece_text(entry.piece), "bytes": list(entry.piece),
-            "logprob": entry.logprob}
+def _token_json(entry: TokenLogprob, post_sampling: bool) -> dict[str, Any]:
+    value = {"prob": math.exp(entry.logprob)} if post_sampling else {"logprob": entry.logprob}
+    return {"id": entry.token_id, "token": _piece_text(entry.piece), "bytes": list(entry.piece), **value}
 
 
 def _piece_text(piece: bytes) -> str:
@@ -229,8 +242,11 @@ def _piece_text(piece: bytes) -> str:
     return piece.decode("utf-8", errors="replace")
 
 
-def _probs_json(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
-    return [{**_token_json(e), "top_logprobs": [_token_json(t) for t in e.top]} for e in entries]
+def _probs_json(entries: list[TokenLogprob], post_sampling: bool) -> list[dict[str, Any]]:
+    """completion_probabilities, as llama-server writes them: log probabilities before the
+    samplers, or (post_sampling_probs) probabilities after them under `prob` and `top_probs`."""
+    top = "top_probs" if post_sampling else "top_logprobs"
+    return [{**_token_json(e, post_sampling), top: [_token_json(t, post_sampling) for t in e.top]} for e in entries]
 
 
 def _settings(params: GenerateParams, req: _Completion) -> dict[str, Any]:
@@ -238,7 +254,8 @@ def _settings(params: GenerateParams, req: _Completion) -> dict[str, Any]:
     (llama_native.settings_json, as /props and /slots show them) and this request's own."""
     out: dict[str, Any] = settings_json(params) | {
         "dry_sequence_breakers": params.dry_sequence_breakers, "stop": params.stop, "stream": req.stream,
-        "logit_bias": [{"bias": b, "token": t} for t, b in params.logit_bias.items()],
+        # A ban (-inf) as the request wrote it: JSON has no infinity (llama-server writes null).
+        "logit_bias": [{"bias": False if b == -math.inf else b, "token": t} for t, b in params.logit_bias.items()],
         "timings_per_token": req.timings_per_token,
     }
     if not params.json_schema:
@@ -303,7 +320,7 @@ async def _complete(
             "timings": timings(result),
         }
         if params.logprobs and not stream:
-            out["completion_probabilities"] = _probs_json(probs)
+            out["completion_probabilities"] = _probs_json(probs, params.post_sampling_probs)
         return out if req.response_fields is None else _picked(out, req.response_fields)
 
     async def rest(index: int) -> None:
@@ -338,7 +355,7 @@ async def _complete(
                 if progress is not None:
                     event["prompt_progress"] = progress_json(progress)
                 elif params.logprobs:
-                    event["completion_probabilities"] = _probs_json(chunk.logprobs)
+                    event["completion_probabilities"] = _probs_json(chunk.logprobs, params.post_sampling_probs)
                 await _event(response, event)
             if chunk.finish_reason is not None:
                 await _event(response, await summary(index, True))

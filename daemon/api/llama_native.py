@@ -323,6 +323,7 @@ def settings_json(params: GenerateParams) -> dict[str, object]:
         "n_predict": -1 if unlimited else params.max_tokens,
         "ignore_eos": params.ignore_eos,
         "n_probs": params.logprobs or 0,
+        "post_sampling_probs": params.post_sampling_probs,
         "min_keep": params.min_keep,
         "samplers": list(params.samplers),
         # The request's own `lora`, as llama-server echoes it ([] when it sent none, and in

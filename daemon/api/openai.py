@@ -489,8 +489,8 @@ async def logit_bias_of(model: LoadedVersion, biases: LogitBias) -> dict[int, fl
     """Token id -> bias from a request's `logit_bias`, in either of llama-server's forms:
     `{"id or text": bias}` (OpenAI's, with ids only) or `[[id or text, bias], ...]`; a text
     biases each of its tokens, as llama-server tokenizes it, and biases of one token add up.
-    A bias of `false` (llama-server's ban, -inf) is a 400: the engine takes biases in
-    [-100, 100]."""
+    A bias of `false` is llama-server's ban (-inf: the token is never sampled); `true` means
+    nothing there (it skips the pair), and is a 400 here."""
     pairs: list[tuple[int | str, float | bool]]
     pairs = list(biases.items()) if isinstance(biases, dict) else list(biases)
     out: dict[int, float] = {}
@@ -499,13 +499,11 @@ async def logit_bias_of(model: LoadedVersion, biases: LogitBias) -> dict[int, fl
         if isinstance(key, str) and key.strip() == key and key.lstrip("-").isdigit():
             token = int(key)
         where = f"logit_bias[{key if token is not None else repr(key)}]"
-        if isinstance(value, bool):
-            raise InvalidArgument(
-                f"{where}: {json.dumps(value)} is not supported; a bias is a number in [-100, 100] "
-                "(-100 to ban the token)"
-            )
-        bias = float(value)
-        in_range(where, bias, -100.0, 100.0)
+        if value is True:
+            raise InvalidArgument(f"{where}: true is not a bias; a bias is a number in [-100, 100], or false to ban the token")
+        bias = -math.inf if value is False else float(value)
+        if value is not False:
+            in_range(where, bias, -100.0, 100.0)
         tokens = [token] if token is not None else []  # the engine answers a 400 for an id outside the vocabulary
         if token is None:
             assert isinstance(key, str)
@@ -514,7 +512,7 @@ async def logit_bias_of(model: LoadedVersion, biases: LogitBias) -> dict[int, fl
             # As llama-server's sampler adds each pair's bias: a token a text holds twice, or
             # that two pairs name, gets both.
             out[each] = out.get(each, 0.0) + bias
-    total = next(((t, b) for t, b in out.items() if not -100.0 <= b <= 100.0), None)
+    total = next(((t, b) for t, b in out.items() if not -100.0 <= b <= 100.0 and b != -math.inf), None)
     if total is not None:
         raise InvalidArgument(
             f"logit_bias: the biases of token {total[0]} add up to {total[1]:g}; a token's bias must be in [-100, 100]"

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("llama_cpp")
@@ -206,6 +207,53 @@ def test_n_probs(daemon: Any) -> None:
     assert got["generation_settings"]["n_probs"] == 3
 
 
+def test_post_sampling_probs(daemon: Any) -> None:
+    """llama-server's probabilities after the sampler chain (`prob`, `top_probs`): with top-k 3
+    (top-p and min-p off) at temperature 1, the softmax of the three best logits; greedy, the
+    token alone at 1."""
+    body = {"prompt": PROMPT, "n_predict": 6, "n_probs": 5, "return_tokens": True, "seed": 7, "top_p": 1.0, "min_p": 0.0}
+    before = complete(daemon, **body, temperature=1.0, top_k=3)
+    after = complete(daemon, **body, temperature=1.0, top_k=3, post_sampling_probs=True)
+    assert after["tokens"] == before["tokens"]  # the same draws: only what is reported differs
+    assert after["generation_settings"]["post_sampling_probs"] is True
+    for pre, post in zip(before["completion_probabilities"], after["completion_probabilities"], strict=True):
+        assert set(post) == {"id", "token", "bytes", "prob", "top_probs"} and post["id"] == pre["id"]
+        best = pre["top_logprobs"][:3]
+        weights = np.exp(np.array([t["logprob"] for t in best]))
+        expected = weights / weights.sum()
+        assert [t["id"] for t in post["top_probs"]] == [t["id"] for t in best]  # 3 kept, of 5 asked
+        np.testing.assert_allclose([t["prob"] for t in post["top_probs"]], expected, rtol=1e-4)
+        assert post["prob"] == next(t["prob"] for t in post["top_probs"] if t["id"] == post["id"])
+    greedy = complete(daemon, **body, post_sampling_probs=True)
+    for entry in greedy["completion_probabilities"]:
+        assert entry["prob"] == 1.0
+        assert entry["top_probs"] == [{"id": entry["id"], "token": entry["token"], "bytes": entry["bytes"], "prob": 1.0}]
+    # Streamed, each event's entry is the whole answer's.
+    frames = events(daemon, "/completion", {**body, "temperature": 1.0, "top_k": 3, "post_sampling_probs": True})
+    streamed = [entry for frame in frames if "completion_probabilities" in frame for entry in frame["completion_probabilities"]]
+    assert streamed == after["completion_probabilities"]
+
+
+def test_a_mikupad_request(daemon: Any) -> None:
+    """mikupad's /completion request with its defaults (as its mikupad.html builds it for a
+    llama.cpp endpoint): penalize_nl false, n_probs 10 after sampling, a banned token as
+    llama-server's `false` bias, streamed."""
+    banned = tokenize(daemon, "e")[-1]
+    body = {
+        "prompt": PROMPT, "temperature": 0.7, "repeat_penalty": 1.1, "repeat_last_n": 256, "penalize_nl": False,
+        "ignore_eos": False, "presence_penalty": 0, "frequency_penalty": 0, "top_p": 0.95, "top_k": 40,
+        "min_p": 0.05, "n_predict": 24, "n_probs": 10, "post_sampling_probs": True, "stream": True,
+        "stop": ["</s>"], "logit_bias": [[banned, False]], "cache_prompt": True, "seed": 1,
+    }
+    frames = events(daemon, "/completion", body)
+    tokens = [t for frame in frames for t in frame.get("tokens", []) if not frame["stop"]]
+    assert frames[-1]["stop"] and len(tokens) == 24 and banned not in tokens
+    assert frames[-1]["generation_settings"]["logit_bias"] == [{"bias": False, "token": banned}]
+    for frame in frames[:-1]:
+        (entry,) = frame["completion_probabilities"]
+        assert 0 < entry["prob"] <= 1 and all(t["id"] != banned for t in entry["top_probs"])
+
+
 def test_a_grammar_rejects_rather_than_masks(daemon: Any) -> None:
     """llama-server's rejection sampling: with a seed, a grammar changes nothing while the
     chain's own draw is a token it allows; only a rejected token is drawn again among the
@@ -267,7 +315,7 @@ def test_infill_repository_layout(daemon: Any) -> None:
     ("/completion", {"prompt": "x", "id_slot": 99}, "(-1: any), got 99"),
     ("/completion", {"prompt": "x", "id_slot": -2}, "(-1: any), got -2"),
     ("/completion", {"prompt": "x", "n_keep": 4}, "n_keep"),
-    ("/completion", {"prompt": "x", "post_sampling_probs": True}, "post_sampling_probs"),
+    ("/completion", {"prompt": "x", "penalize_nl": True}, "penalize_nl: llama.cpp no longer has it"),
     ("/completion", {"prompt": "x", "n_indent": -1}, "n_indent must be >= 0, got -1"),
     ("/completion", {"prompt": "x", "t_max_predict_ms": -2}, "t_max_predict_ms must be -1 (no limit) or >= 0, got -2"),
     ("/completion", {"prompt": "x", "response_fields": "content"}, "Expected `array | null`, got `str` - at `$.response_fields`"),
@@ -282,8 +330,7 @@ def test_infill_repository_layout(daemon: Any) -> None:
     # A reference into a keyword's value is no schema (it was a 500 from the converter).
     ("/completion", {"prompt": "x", "json_schema": {"properties": {"a": {"$ref": "#/$defs/x/type"}}, "$defs": {"x": {"type": "string"}}}},
      "json_schema: cannot be turned into a grammar: $ref '#/$defs/x/type' points at \"string\", which is not a schema"),
-    ("/completion", {"prompt": "x", "logit_bias": [[5, True]]}, "logit_bias"),
-    ("/completion", {"prompt": "x", "logit_bias": [[5, False]]}, "logit_bias"),  # llama-server's ban: -inf
+    ("/completion", {"prompt": "x", "logit_bias": [[5, True]]}, "logit_bias[5]: true is not a bias"),
     ("/completion", {"prompt": "x", "logit_bias": {"a": 101}}, "logit_bias"),
     ("/completion", {"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias"),
     ("/completion", {"prompt": "x", "n_probs": 21}, "n_probs"),
