@@ -12,9 +12,10 @@ per batch the loop has not yet taken, and writes the byte through libc's `write`
 `ctypes.PyDLL`, which keeps the GIL. The engine thread goes straight on into its next
 llama_decode (which lets go of the GIL), and the loop's turn runs during that decode.
 py-spy, one stream: the engine thread in llama_decode 94 % of its time before, 99 % after.
-Tokens/s, the tree before and after up at once with llama-server, taking turns (16 rounds,
-streamed chat, 128 tokens each, 2 vCPUs), five runs: 8 streams +4.2, +4.5, +4.7, -0.2 and
--0.8 %; 1 stream +0.0 to +2.3 %. The loop's turn still takes CPU from the decode's threads
+Tokens/s, the tree before and after up at once with llama-server, taking turns (streamed
+chat, 128 tokens each, 2 vCPUs), six runs of 16 or 32 rounds: 8 streams +4.2, +4.5, +4.7,
++2.1, -0.2 and -0.8 %; 1 stream +0.0 to +2.3 % (median +0.8 %). Small, and in the spread of
+one run, but on the same side in most. The loop's turn still takes CPU from the decode's threads
 on two vCPUs; where the machine has a core to spare it runs beside them.
 """
 
