@@ -1438,11 +1438,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any] | None:
         if not req.logprobs:
             return None
+        # `id`: llama-server's addition to OpenAI's entries (the token's id in the vocabulary).
         return {"content": [
             {
-                "token": token_text(e), "logprob": e.logprob, "bytes": list(e.piece),
+                "id": e.token_id, "token": token_text(e), "logprob": e.logprob, "bytes": list(e.piece),
                 "top_logprobs": [
-                    {"token": token_text(t), "logprob": t.logprob, "bytes": list(t.piece)} for t in e.top
+                    {"id": t.token_id, "token": token_text(t), "logprob": t.logprob, "bytes": list(t.piece)}
+                    for t in e.top
                 ],
             }
             for e in entries

@@ -970,7 +970,7 @@ def test_tool_results_go_back_through_the_template(client: openai.OpenAI) -> Non
             client.chat.completions.create(model="tiny", messages=question, max_tokens=1, extra_body=extra)
 
 
-def test_logprobs(client: openai.OpenAI) -> None:
+def test_logprobs(daemon: Any, client: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": "Probabilities"}]
     full = client.chat.completions.create(model="tiny", messages=messages, logprobs=True, top_logprobs=2, **GREEDY)
     content = full.choices[0].logprobs.content if full.choices[0].logprobs else None
@@ -979,6 +979,11 @@ def test_logprobs(client: openai.OpenAI) -> None:
     for entry in content:
         assert len(entry.top_logprobs) == 2 and entry.top_logprobs[0].logprob == entry.logprob <= 0
         assert bytes(entry.bytes or []).decode() == entry.token
+    # llama-server's `id` beside OpenAI's fields: the ids of the tokens the answer is.
+    ids = [getattr(entry, "id", None) for entry in content]
+    assert ids == [getattr(entry.top_logprobs[0], "id", None) for entry in content]
+    detokenized = daemon.post_ok("/detokenize", {"model": "tiny", "tokens": ids})
+    assert detokenized["content"] == full.choices[0].message.content
     streamed = []
     for chunk in client.chat.completions.create(
         model="tiny", messages=messages, logprobs=True, top_logprobs=2, stream=True, **GREEDY
