@@ -259,6 +259,25 @@ class LlamaCppBackend(GenerationBackend):
             raise Unavailable(f"model '{self.context.model_name}' is not loaded")
         return self._outbox.emitter(deliver)
 
+    async def _job_result(self, submit: Callable[[Callable[[T | EdgedError], None]], EmbedJob | SlotJob]) -> T:
+        """Submit an engine job (`submit(done)`) and await what its `done` callback gives, from
+        the engine thread; a caller gone (cancelled) cancels the job."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+        def settle(result: T | EdgedError) -> None:
+            if future.done():
+                return
+            if isinstance(result, EdgedError):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+        job = submit(self._emitter(settle))
+        try:
+            return await future
+        finally:
+            job.cancel()
+
     def engine_stats(self) -> dict[str, int | float | str]:
         """Slots, queue, cache counters (Engine.stats) and the chat template used.
 
@@ -327,8 +346,8 @@ class LlamaCppBackend(GenerationBackend):
             if filename in ("", ".", "..") or Path(filename).name != filename:
                 raise InvalidArgument(f"filename: a file name without a directory, got {filename!r}")
             path = self._slot_dir / filename
-        result: tuple[int, int, float] = await _job_result(
-            self._emitter, lambda done: engine.submit_slot_action(action, slot, path, done)
+        result: tuple[int, int, float] = await self._job_result(
+            lambda done: engine.submit_slot_action(action, slot, path, done)
         )
         n_tokens, n_bytes, ms = result
         return SlotFile(n_tokens=n_tokens, n_bytes=n_bytes, ms=ms)
@@ -470,7 +489,7 @@ class LlamaCppBackend(GenerationBackend):
             )
         # Token lists copied: the engine thread reads them after this call returns.
         inputs = [text if isinstance(text, str) else list(text) for text in texts]
-        return await _job_result(self._emitter, lambda done: engine.submit_embed(inputs, done, truncate=truncate))
+        return await self._job_result(lambda done: engine.submit_embed(inputs, done, truncate=truncate))
 
     async def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
         """The first output of the classifier head for each query-document pair (llama-server's
@@ -482,31 +501,7 @@ class LlamaCppBackend(GenerationBackend):
                 "reranker is a GGUF whose pooling is rank, loaded with parameters embedding=true"
             )
         pairs = list(documents)
-        return await _job_result(self._emitter, lambda done: engine.submit_rerank(query, pairs, done))
-
-
-async def _job_result(
-    emitter: Callable[[Callable[[T | EdgedError], None]], Callable[[T | EdgedError], None]],
-    submit: Callable[[Callable[[T | EdgedError], None]], EmbedJob | SlotJob],
-) -> T:
-    """Submit an engine job (`submit(done)`) and await what its `done` callback gives, from
-    the engine thread (through `emitter`); a caller gone (cancelled) cancels the job."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(result: T | EdgedError) -> None:
-        if future.done():
-            return
-        if isinstance(result, EdgedError):
-            future.set_exception(result)
-        else:
-            future.set_result(result)
-
-    job = submit(emitter(settle))
-    try:
-        return await future
-    finally:
-        job.cancel()
+        return await self._job_result(lambda done: engine.submit_rerank(query, pairs, done))
 
 
 def _check_params(params: GenerateParams) -> None:

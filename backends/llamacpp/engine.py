@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import math
 import os
@@ -1565,10 +1566,7 @@ class Engine:
         token's own and the `top` most likely above 0. A chain that ends in the greedy pick
         computes none; llama-server's (the temperature at 0, then the draw) gives the best
         token probability 1 and the rest 0, and so does this."""
-
-        def piece(t: int) -> bytes:
-            return self._special_piece(t) if t in kept else self._piece(t)
-
+        piece = functools.partial(self._kept_piece, kept=kept)
         left = np.ctypeslib.as_array(candidates.data, shape=(int(candidates.size),))
         probs = left["p"].astype(np.float64)
         if not probs.any():
@@ -1635,16 +1633,18 @@ class Engine:
     ) -> TokenLogprob:
         """`kept`: control tokens whose text stays in this output (`_Sequence.preserved`); their
         entries carry that text too."""
-
-        def piece(t: int) -> bytes:
-            return self._special_piece(t) if t in kept else self._piece(t)
-
+        piece = functools.partial(self._kept_piece, kept=kept)
         best: list[TokenLogprob] = []
         if top > 0:
             ids = np.argpartition(-logprobs, top - 1)[:top]
             ids = ids[np.argsort(-logprobs[ids], kind="stable")]
             best = [TokenLogprob(int(t), piece(int(t)), float(logprobs[t])) for t in ids]
         return TokenLogprob(token, piece(token), float(logprobs[token]), best)
+
+    def _kept_piece(self, token: int, kept: frozenset[int]) -> bytes:
+        """A token's bytes in a logprob entry: a control token's text where the output keeps
+        it (`kept`, _Sequence.preserved), else what detokenizing writes."""
+        return self._special_piece(token) if token in kept else self._piece(token)
 
     def _accept(self, seq: _Sequence, token: int) -> None:
         self._tokens_generated += 1

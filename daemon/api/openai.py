@@ -501,11 +501,14 @@ async def logit_bias_of(model: LoadedVersion, biases: LogitBias) -> dict[int, fl
         where = f"logit_bias[{key if token is not None else repr(key)}]"
         if value is True:
             raise InvalidArgument(f"{where}: true is not a bias; a bias is a number in [-100, 100], or false to ban the token")
-        bias = -math.inf if value is False else float(value)
-        if value is not False:
+        if value is False:
+            bias = -math.inf
+        else:
+            bias = float(value)
             in_range(where, bias, -100.0, 100.0)
-        tokens = [token] if token is not None else []  # the engine answers a 400 for an id outside the vocabulary
-        if token is None:
+        if token is not None:
+            tokens = [token]  # the engine answers a 400 for an id outside the vocabulary
+        else:
             assert isinstance(key, str)
             tokens = await model.tokenize(key, add_special=False, parse_special=False)
         for each in tokens:

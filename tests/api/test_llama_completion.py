@@ -236,19 +236,20 @@ def test_post_sampling_probs(daemon: Any) -> None:
 
 def test_a_mikupad_request(daemon: Any) -> None:
     """mikupad's /completion request with its defaults (as its mikupad.html builds it for a
-    llama.cpp endpoint): penalize_nl false, n_probs 10 after sampling, a banned token as
-    llama-server's `false` bias, streamed."""
+    llama.cpp endpoint): penalize_nl false, n_probs 10 after sampling, banned tokens as
+    llama-server's `false` bias (the end-of-generation token too, so that all 24 come on any
+    machine's arithmetic), streamed."""
     banned = tokenize(daemon, "e")[-1]
     body = {
         "prompt": PROMPT, "temperature": 0.7, "repeat_penalty": 1.1, "repeat_last_n": 256, "penalize_nl": False,
         "ignore_eos": False, "presence_penalty": 0, "frequency_penalty": 0, "top_p": 0.95, "top_k": 40,
         "min_p": 0.05, "n_predict": 24, "n_probs": 10, "post_sampling_probs": True, "stream": True,
-        "stop": ["</s>"], "logit_bias": [[banned, False]], "cache_prompt": True, "seed": 1,
+        "stop": ["</s>"], "logit_bias": [[banned, False], [EOS, False]], "cache_prompt": True, "seed": 1,
     }
     frames = events(daemon, "/completion", body)
     tokens = [t for frame in frames for t in frame.get("tokens", []) if not frame["stop"]]
     assert frames[-1]["stop"] and len(tokens) == 24 and banned not in tokens
-    assert frames[-1]["generation_settings"]["logit_bias"] == [{"bias": False, "token": banned}]
+    assert frames[-1]["generation_settings"]["logit_bias"] == [{"bias": False, "token": banned}, {"bias": False, "token": EOS}]
     for frame in frames[:-1]:
         (entry,) = frame["completion_probabilities"]
         assert 0 < entry["prob"] <= 1 and all(t["id"] != banned for t in entry["top_probs"])
