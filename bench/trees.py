@@ -9,8 +9,9 @@ with dynamic batching, each client its own row, answers checked against numpy), 
 round measures each client count on both, in alternating order. On a shared machine a change of a few percent is smaller than the drift
 between two runs of one tree; measured in pairs a minute apart it is not. Printed per client
 count: the medians of each tree and the medians of the per-round ratios B / A of p50 latency,
-throughput and server CPU per request (the daemon process's utime + stime over the measured
-window). Run it with the same tree twice to see the noise floor of the machine at that moment.
+throughput and server CPU per request (utime + stime of the daemon and its child processes,
+HTTP workers included, over the measured window). `--a-flags` / `--b-flags` compare one tree
+under two settings (`. . --b-flags "--workers 1"`). Run it with the same tree twice to see the noise floor of the machine at that moment.
 Both trees run with this checkout's interpreter and packages.
 """
 
@@ -49,6 +50,8 @@ def main() -> None:
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--json", action="store_true", help="JSON tensors instead of binary")
     parser.add_argument("--model", choices=("simple", "mlp"), default="simple")
+    parser.add_argument("--a-flags", default="", help="extra `edged serve` flags for A, space-separated")
+    parser.add_argument("--b-flags", default="", help="extra `edged serve` flags for B, space-separated")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
 
@@ -71,18 +74,19 @@ def main() -> None:
             requests = [kserve_infer("mlp", "INPUT0", row, binary=not args.json) for row in rows_in]
             check = MlpChecker([mlp_reference(row, weights) for row in rows_in])
         endpoints = {}
-        for name, tree in (("A", args.a), ("B", args.b)):
+        for name, tree, flags in (("A", args.a, args.a_flags), ("B", args.b, args.b_flags)):
             (tmp / name).mkdir()
             port = free_port()
             unix = stack.enter_context(running_daemon(
-                tmp / name, repo, ready_model=args.model, http=f"127.0.0.1:{port}", tree=tree.resolve()))
+                tmp / name, repo, ready_model=args.model, http=f"127.0.0.1:{port}", tree=tree.resolve(),
+                flags=flags.split()))
             endpoints[name] = Endpoint(port=port, pid=unix.pid)
         for round_ in range(args.rounds):
             for count in counts:
                 for name in ("A", "B") if round_ % 2 == 0 else ("B", "A"):
                     row = asyncio.run(_measured(endpoints[name], requests[:count], args.window, args.warmup, check))
                     rows.setdefault((name, count), []).append(
-                        (row.result.p50_us, row.result.throughput, row.cpu_us))
+                        (row.result.p50_us, row.result.throughput, row.tree_cpu_us))
     with open("/proc/loadavg") as f:
         print(f"# load average after: {' '.join(f.read().split()[:3])}")
     for count in counts:

@@ -23,6 +23,7 @@ def _serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML config file (see configs/edged.toml)")
     parser.add_argument("--socket", help="Unix socket path, or 'none' to disable it")
     parser.add_argument("--http", metavar="HOST:PORT", help="also listen on TCP (off by default)")
+    parser.add_argument("--workers", type=int, metavar="N", help="HTTP worker processes (server.workers)")
     parser.add_argument("--model-repository", action="append", metavar="DIR",
                         help="model repository (Triton layout); repeatable")
     parser.add_argument("--model-control-mode", choices=["none", "poll", "explicit"])
@@ -47,6 +48,8 @@ def apply_flags(config: DaemonConfig, args: argparse.Namespace) -> DaemonConfig:
         server["socket"] = args.socket
     if args.http is not None:
         server["http"] = args.http
+    if args.workers is not None:
+        server["workers"] = args.workers
     if args.model_repository:
         models["repository"] = args.model_repository
     if args.model_control_mode:
@@ -79,6 +82,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from daemon.api.worker import run_worker
+
+    return run_worker()
+
+
 def _cmd_hardware(args: argparse.Namespace) -> int:
     from daemon.core.hardware import probe_hardware
 
@@ -108,6 +117,9 @@ def build_parser(*, with_updates: bool = True) -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the daemon (the default)")
     _serve_flags(serve)
     serve.set_defaults(handler=_cmd_serve)
+    # Started by the daemon itself (daemon.api.workers), never by hand.
+    worker = sub.add_parser("worker")
+    worker.set_defaults(handler=_cmd_worker)
     hardware = sub.add_parser("hardware", help="show what the hardware probe sees")
     hardware.set_defaults(handler=_cmd_hardware)
     backends = sub.add_parser("backends", help="list backend plugins and whether they can run here")
@@ -126,10 +138,10 @@ def build_parser(*, with_updates: bool = True) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    known = {"serve", "hardware", "backends", "bundle", "update", "-h", "--help", "--version"}
+    known = {"serve", "worker", "hardware", "backends", "bundle", "update", "-h", "--help", "--version"}
     if not argv or argv[0] not in known:
         argv = ["serve", *argv]  # `edged --http :8000` means `edged serve --http :8000`
-    parser = build_parser(with_updates=argv[0] not in ("serve", "hardware", "backends"))
+    parser = build_parser(with_updates=argv[0] not in ("serve", "worker", "hardware", "backends"))
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))

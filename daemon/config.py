@@ -57,6 +57,11 @@ class ServerConfig(_Section):
     # ("socket"), those and TCP callers with the bearer token ("token"), any TCP caller as
     # in Triton ("all"), or nobody ("off"). See docs/operations.md and docs/security.md.
     shared_memory: Literal["socket", "token", "all", "off"] = "socket"
+    # HTTP worker processes beside the daemon (daemon.api.workers): connections past the first
+    # are served by a worker, which parses HTTP and answers infer requests through the daemon
+    # (one copy of each model), so that HTTP uses more than one core. 0: the daemon serves every
+    # connection on its one event loop.
+    workers: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
 
 
 class ModelsConfig(_Section):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from daemon.api.front import RELAY_KEEPALIVE_S, Front
+from daemon.api.workers import WorkerPool
 from daemon.config import DaemonConfig, parse_host_port, read_token, socket_path
 from daemon.errors import EdgedError
 from daemon.ops.systemd import Notifier, listen_fds, watchdog_interval, watchdog_loop
@@ -100,6 +101,9 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
     # Every connection goes through the front; what it does not serve itself it relays to
     # aiohttp, which is attached once loaded (see _start_http).
     front = Front(config.server, service)
+    if config.server.workers:
+        front.pool = WorkerPool(config.server.workers, front, config)
+        await front.pool.start()
     factory = front.factory
     servers: list[asyncio.Server] = []
     for sock, name in passed:

@@ -92,6 +92,31 @@ for _ in $(seq 20); do grep -q 'STOPPING=1' "$tmp/notify.log" && break; sleep 0.
 grep -q 'STOPPING=1' "$tmp/notify.log" || fail "no STOPPING=1 received"
 echo "smoke.sh: SIGTERM -> STOPPING=1, exit code 0"
 
+# HTTP workers (server.workers): the executable starts itself again as `edged worker`; a second
+# connection is served by it; SIGTERM stops the worker with the daemon.
+"$bin" serve --socket "$tmp/edged.sock" --state-dir "$tmp/state" --workers 1 >"$tmp/edged.log" 2>&1 &
+daemon_pid=$!
+deadline=$((SECONDS + ready_timeout))
+until http /v2/health/ready >/dev/null 2>&1; do
+    kill -0 "$daemon_pid" 2>/dev/null || fail "edged --workers 1 exited before it was ready"
+    ((SECONDS < deadline)) || fail "edged --workers 1 not ready within ${ready_timeout}s"
+    sleep 0.05
+done
+worker_pids=$(cat /proc/"$daemon_pid"/task/*/children 2>/dev/null || true)
+[[ -n $worker_pids ]] || fail "edged --workers 1 started no worker process"
+"$py" "$helper" second-connection "$tmp/edged.sock" /v2/models/simple/infer "$tmp/infer.json" >"$tmp/reply.json" \
+    || fail "infer through a worker"
+"$py" "$helper" check-infer simple <"$tmp/reply.json" || fail "wrong numbers through a worker"
+kill -TERM "$daemon_pid"
+rc=0
+wait "$daemon_pid" || rc=$?
+daemon_pid=''
+[[ $rc == 0 ]] || fail "edged --workers 1 exited with $rc after SIGTERM"
+for pid in $worker_pids; do
+    ! kill -0 "$pid" 2>/dev/null || fail "worker $pid still running after the daemon stopped"
+done
+echo "smoke.sh: --workers 1: a second connection served by the worker process; it stops with the daemon"
+
 # SIGHUP picks up a new model: the demo ONNX model again, on OpenVINO (its ONNX frontend is a
 # library found at run time, which `ready` above does not prove). Tests RELOADING=1 -> READY=1.
 # The bundled demo repository is read-only package data, so this run serves a writable copy.

@@ -5,6 +5,9 @@
     smoke_helper.py http SOCKET PATH [BODY-FILE]
                                            GET (or POST the file as JSON) over a Unix socket; print
                                            the body, fail on a non-2xx status (when curl is absent)
+    smoke_helper.py second-connection SOCKET PATH BODY-FILE
+                                           POST the file on a second connection while a first
+                                           stays open (with --workers: served by a worker)
     smoke_helper.py infer-body             print the KServe v2 request for the `simple` models
     smoke_helper.py check-infer MODEL      read the infer response on stdin; check the numbers
     smoke_helper.py check-backends [NAME...]
@@ -72,6 +75,23 @@ def http_request(sock_path: str, path: str, body_file: str | None) -> int:
     return 0
 
 
+def second_connection(sock_path: str, path: str, body_file: str) -> int:
+    """POST `body_file` to `path` on a second connection while a first one stays open: with
+    `--workers`, the daemon serves the first itself and hands the second to a worker. Prints
+    the reply's body."""
+    keeper = _UnixConnection(sock_path)
+    keeper.request("GET", "/v2/health/live")
+    first = keeper.getresponse()
+    first.read()
+    if first.status != 200:
+        print(f"HTTP {first.status} for /v2/health/live", file=sys.stderr)
+        return 1
+    try:
+        return http_request(sock_path, path, body_file)
+    finally:
+        keeper.close()
+
+
 def infer_body() -> int:
     inputs = [
         {"name": name, "shape": [2, 16], "datatype": "INT32", "data": [v for row in rows for v in row]}
@@ -128,6 +148,8 @@ def main(argv: list[str]) -> int:
         return listen(*args)
     if command == "http" and len(args) in (2, 3):
         return http_request(args[0], args[1], args[2] if len(args) == 3 else None)
+    if command == "second-connection" and len(args) == 3:
+        return second_connection(*args)
     if command == "infer-body" and not args:
         return infer_body()
     if command == "check-infer" and len(args) == 1:

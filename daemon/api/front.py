@@ -23,6 +23,11 @@ requests wait, buffered (the socket stops being read once too much waits). A rel
 response's end is found by parsing it (httptools' response parser), so the next request on the
 connection may again be served by the front.
 
+The same front runs in each HTTP worker process (`server.workers`, daemon.api.workers): there
+it answers infer requests through the daemon (`Front.answer` runs in the daemon) and, where it
+would relay, hands the connection back to the daemon with what it read and did not answer
+(`_Connection.unanswered`).
+
 Connection limits live here, for both paths: `server.max-connections` (503 and close),
 `server.header-timeout` (a new connection's first request, and any request whose headers
 arrive in pieces), `server.keepalive-timeout` (idle between requests). Each limit logs one line per minute with a count.
@@ -48,10 +53,11 @@ from daemon.api.peers import peer_uid, uid_allowed, unix_socket
 from daemon.config import ServerConfig
 from daemon.errors import EdgedError
 from daemon.logs import Throttled
-from daemon.service import Service
 
 if TYPE_CHECKING:
     from daemon.api.infer import InferEndpoint
+    from daemon.api.workers import WorkerPool
+    from daemon.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -111,14 +117,24 @@ class Front:
     are answered and every other request waits for `attach`, in order.
     """
 
-    def __init__(self, server: ServerConfig, service: Service) -> None:
+    # A worker process's front (daemon.api.worker) answers infer requests through the daemon
+    # and hands every other request's connection back to it.
+    remote = False
+
+    def __init__(self, server: ServerConfig, service: Service | None) -> None:
         self.server = server
         self.service = service
+        self.health = dict(_HEALTH)
+        # The largest infer body served on the lean path here (larger ones are relayed).
+        self.infer_bytes = server.max_request_bytes
+        # Connections past the first go to the HTTP worker processes, when there are any.
+        self.pool: WorkerPool | None = None
         self.endpoint: InferEndpoint | None = None
         # Makes an aiohttp request handler (aiohttp's `web.Server` instance).
         self.relay: Callable[[], asyncio.Protocol] | None = None
         self._on_attach: list[Callable[[], None]] = []
         self.connections: set[_Connection] = set()
+        self.unmade = 0  # made by `factory`, not yet connected
         self.stopping = False
         self.allowed_uids = frozenset(server.allowed_uids)
         # Repeated events (refused and silent connections, 5xx answers on the lean path): one
@@ -142,18 +158,83 @@ class Front:
             line = self._status_lines[status] = _status_line(status)
         return line
 
+    def attached(self) -> bool:
+        return self.endpoint is not None
+
     def factory(self) -> asyncio.BaseProtocol:
         """The protocol factory for loop.create_server / create_unix_server."""
-        if len(self.connections) >= self.server.max_connections:
+        pool = self.pool
+        held = len(self.connections) + (pool.connections if pool is not None else 0)
+        if held >= self.server.max_connections:
             self.throttled.warning("over-cap", "connection refused: server.max-connections reached")
             return _Refuse()
-        return _Connection(self)
+        if pool is not None and pool.takes(len(self.connections) + self.unmade):
+            return _HandOut(self)
+        # Connections accepted together are all made before the first `connection_made`: the
+        # decision above counts them too.
+        self.unmade += 1
+        return _Connection(self, made=self._made)
+
+    def _made(self) -> None:
+        self.unmade -= 1
+
+    def adopt(self, sock: Any, prefix: bytes, failure: tuple[int, str] | None) -> None:
+        """Serve a connection a worker handed back: `prefix` is what it read and did not answer
+        (requests re-serialized as they were parsed), `failure` a framing error that followed."""
+        connection = _Connection(self, prefix, failure)
+        task = asyncio.get_running_loop().create_task(
+            asyncio.get_running_loop().connect_accepted_socket(lambda: connection, sock)
+        )
+        task.add_done_callback(lambda done: done.cancelled() or done.exception() is None or sock.close())
+
+    async def answer(
+        self, model_name: str, version: str | None, body: bytes | memoryview, header_length: str | None,
+        unix: bool, url: bytes,
+    ) -> tuple[int, bytes, int | None]:
+        """One infer request: the status, the response body and its JSON header's length (None:
+        all JSON). Errors are answered as Triton writes them, `{"error": "..."}`."""
+        if self.endpoint is None:  # a worker's request before the aiohttp side is attached
+            attached = asyncio.Event()
+            self.when_attached(attached.set)
+            await attached.wait()
+        endpoint, service = self.endpoint, self.service
+        assert endpoint is not None and service is not None
+        try:
+            lease = await service.hold(model_name)
+            try:
+                model = endpoint.resolve(model_name, version)
+                trace = endpoint.trace(model)
+                if trace is not None:  # the body is in before the route is known
+                    trace.record("HTTP_RECV_START")
+                    trace.record("HTTP_RECV_END")
+                shm = endpoint.caller_shm(unix)
+                payload, json_length = await endpoint.run(model, body, parse_header_length(header_length), shm, trace)
+            finally:
+                lease.release()
+        except EdgedError as exc:
+            if exc.status >= 500:
+                self.throttled.warning(exc.status, "POST %s -> %d: %s", url.decode("latin-1"), exc.status, exc.message)
+            return exc.status, _encode({"error": exc.message}), None
+        except asyncio.CancelledError:
+            raise  # the client went away (or the drain ran out of time)
+        except Exception as exc:  # never let a request take the daemon down
+            log.exception("unhandled error on POST %s", url.decode("latin-1"))
+            return 500, _encode({"error": f"internal error: {type(exc).__name__}: {exc}"}), None
+        return 200, payload, json_length
+
+    def hand_back(self, connection: _Connection) -> None:
+        raise NotImplementedError  # only a worker's front hands connections back
+
+    def closed(self, connection: _Connection) -> None:
+        self.connections.discard(connection)
 
     async def drain(self, grace_s: float) -> None:
         """Stop: idle connections close now, busy ones after their current response; requests
         the front serves get `grace_s` seconds to finish, then are cancelled. (Relayed requests
         are aiohttp's: its runner drains them.)"""
         self.stopping = True
+        # The workers drain beside this process: their requests are answered here meanwhile.
+        workers = asyncio.ensure_future(self.pool.stop(grace_s)) if self.pool is not None else None
         for connection in list(self.connections):
             connection.close_if_idle()
         tasks = [c.task for c in self.connections if c.task is not None]
@@ -161,10 +242,31 @@ class Front:
             _, late = await asyncio.wait(tasks, timeout=grace_s)
             for task in late:
                 task.cancel()
+        if workers is not None:
+            await workers
 
     def close_all(self) -> None:
         for connection in list(self.connections):
             connection.close()
+
+
+class _HandOut(asyncio.Protocol):
+    """A new connection for an HTTP worker process: its socket goes to the worker, which serves
+    it from its first byte (nothing has been read here). Served here when no worker takes it."""
+
+    def __init__(self, front: Front) -> None:
+        self.front = front
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        pool = self.front.pool
+        sock = transport.get_extra_info("socket")
+        if pool is not None and sock is not None and pool.hand_out(sock):
+            transport.close()  # the worker holds its own copy of the socket
+            return
+        connection = _Connection(self.front)
+        transport.set_protocol(connection)
+        connection.connection_made(transport)
 
 
 class _Reject(Exception):
@@ -186,7 +288,7 @@ class _Request:
 
     __slots__ = (
         "accept_encoding", "body", "chunked", "complete", "filled", "head_bytes", "header_length",
-        "headers", "keep_alive", "kind", "length", "method", "model", "not_plain", "parts",
+        "headers", "http_version", "keep_alive", "kind", "length", "method", "model", "not_plain", "parts",
         "parts_bytes", "responded", "url", "version",
     )
 
@@ -195,6 +297,7 @@ class _Request:
         self.head_bytes = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.method = b""
+        self.http_version = ""
         self.keep_alive = True
         self.kind = _RELAY
         self.length: int | None = None
@@ -215,8 +318,16 @@ class _Request:
 
 
 class _Connection(asyncio.Protocol):
-    def __init__(self, front: Front) -> None:
+    def __init__(
+        self, front: Front, prefix: bytes = b"", failure: tuple[int, str] | None = None,
+        made: Callable[[], None] | None = None,
+    ) -> None:
         self.front = front
+        self.made = made
+        # What another process read from this connection and did not answer (daemon.api.workers).
+        self.prefix: tuple[bytes, tuple[int, str] | None] | None = (prefix, failure) if prefix or failure else None
+        # A worker waits for the parser to reach a request's end before handing the connection back.
+        self.hand_back_pending = False
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.current: _Request | None = None  # being parsed
@@ -251,6 +362,8 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         front = self.front
         front.connections.add(self)
+        if self.made is not None:
+            self.made()
         server = front.server
         sock = unix_socket(transport)
         self.unix = sock is not None
@@ -262,9 +375,16 @@ class _Connection(asyncio.Protocol):
         else:
             self.relay_only = server.tcp_auth == "all"  # every TCP request needs the token
         self.header_timer = self.loop.call_later(server.header_timeout, self._header_deadline)
+        if self.prefix is not None:
+            prefix, failure = self.prefix
+            self.prefix = None
+            if prefix:
+                self.data_received(prefix)
+            if failure is not None:
+                self._fail_parse(*failure)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.front.connections.discard(self)
+        self.front.closed(self)
         for timer in (self.header_timer, self.idle_timer):
             if timer is not None:
                 timer.cancel()
@@ -307,7 +427,7 @@ class _Connection(asyncio.Protocol):
         else:
             self.close()
 
-    def _update_reading(self) -> None:
+    def update_reading(self) -> None:
         if self.transport is None:
             return
         pause = self.paused_by_relay or self.paused_by_front or self.failure is not None
@@ -356,11 +476,13 @@ class _Connection(asyncio.Protocol):
                 return
             self.waiting.remove(request)
         self.failure = (status, message)
-        self._update_reading()
+        self.update_reading()
         failed = _Request()
         failed.kind, failed.complete, failed.keep_alive = _FAILED, True, False
         self.waiting.append(failed)
-        if self.active is None:
+        if self.hand_back_pending:
+            self.front.hand_back(self)
+        elif self.active is None:
             self._start_next()
 
     # ------------------------------------------------------------------ parser callbacks
@@ -403,6 +525,7 @@ class _Connection(asyncio.Protocol):
         assert request is not None
         parser = self.parser
         request.method = parser.get_method()
+        request.http_version = parser.get_http_version()
         request.keep_alive = parser.should_keep_alive()
         self.seen_request = True
         if self.header_timer is not None:
@@ -423,7 +546,9 @@ class _Connection(asyncio.Protocol):
                 assert offset is not None
                 request.body = aligned_buffer(request.length, offset)
         self.waiting.append(request)
-        if self.active is None:
+        if self.hand_back_pending:
+            self.front.hand_back(self)
+        elif self.active is None:
             self._start_next()
         else:
             self._check_backlog()
@@ -431,13 +556,34 @@ class _Connection(asyncio.Protocol):
     def _classify(self, request: _Request) -> None:
         if request.method == b"POST":
             match = _INFER_PATH.fullmatch(request.url)
-            if match is None or request.length is None or request.length > self.front.server.max_request_bytes:
+            if match is None or request.length is None or request.length > self.front.infer_bytes:
                 return
             request.kind = _INFER
             request.model = match[1].decode()
             request.version = match[2].decode() if match[2] is not None else None
         elif request.method == b"GET" and not request.length:
-            request.kind = _HEALTH.get(request.url, _RELAY)
+            request.kind = self.front.health.get(request.url, _RELAY)
+
+    def unanswered(self) -> bytes | None:
+        """The requests read and not answered, as bytes another front parses the same way (heads
+        re-serialized, bodies as far as they came); None while the parser is inside a request's
+        head or a chunked body, where the rest on the socket would not follow on from them."""
+        current = self.current
+        if current is not None and (not current.method or current.chunked):
+            return None
+        parts: list[bytes] = []
+        for request in self.waiting:  # the request being parsed is in it once its head is
+            if request.kind == _FAILED:
+                break
+            if request.kind == _RELAY:
+                parts += request.parts
+                continue
+            parts.append(self._relay_head(request, request.http_version))
+            if request.body is not None:
+                parts.append(bytes(request.body[: request.filled]))
+            else:
+                parts += request.parts
+        return b"".join(parts)
 
     def _relay_head(self, request: _Request, version: str) -> bytes:
         lines = [request.method, b" ", request.url, b" HTTP/", version.encode(), b"\r\n"]
@@ -481,7 +627,9 @@ class _Connection(asyncio.Protocol):
                 self._feed_relay(b"0\r\n\r\n")
             else:
                 request.parts.append(b"0\r\n\r\n")
-        if request is self.active:
+        if self.hand_back_pending:
+            self.front.hand_back(self)
+        elif request is self.active:
             if request.kind == _RELAY:
                 if request.responded:
                     self._finish()
@@ -493,7 +641,7 @@ class _Connection(asyncio.Protocol):
     def _check_backlog(self) -> None:
         waiting_bytes = sum(r.parts_bytes for r in self.waiting if r is not self.active)
         self.paused_by_front = len(self.waiting) > _MAX_WAITING or waiting_bytes > _MAX_WAITING_BYTES
-        self._update_reading()
+        self.update_reading()
 
     def _start_next(self) -> None:
         if not self.waiting or self.transport is None:
@@ -533,7 +681,7 @@ class _Connection(asyncio.Protocol):
 
     def _serve(self, request: _Request) -> None:
         if request.kind == _INFER:
-            if self.front.endpoint is None:
+            if not self.front.attached():
                 self.front.when_attached(self._resume(request, self._serve))
                 return
             self.task = self.loop.create_task(self._infer(request))
@@ -541,7 +689,7 @@ class _Connection(asyncio.Protocol):
             self._write(200, b"application/json", LIVE_BODY, None, close=not request.keep_alive)
             self._finish()
         elif request.kind == _READY:
-            if self.front.service.ready():
+            if self.front.service is not None and self.front.service.ready():
                 self._write(200, b"application/json", READY_BODY, None, close=not request.keep_alive)
             else:  # Triton's answer, no body
                 self._write(400, None, b"", None, close=not request.keep_alive)
@@ -551,34 +699,17 @@ class _Connection(asyncio.Protocol):
             self._write_error(*self.failure, close=True)
 
     async def _infer(self, request: _Request) -> None:
-        endpoint = self.front.endpoint
-        assert endpoint is not None
         try:
             if request.body is not None:
                 body: bytes | memoryview = request.body.toreadonly()
             else:
                 body = b"".join(request.parts) if len(request.parts) != 1 else request.parts[0]
-            lease = await self.front.service.hold(request.model)
-            try:
-                model = endpoint.resolve(request.model, request.version)
-                trace = endpoint.trace(model)
-                if trace is not None:  # the body is in before the route is known
-                    trace.record("HTTP_RECV_START")
-                    trace.record("HTTP_RECV_END")
-                header_length = parse_header_length(request.header_length)
-                shm = endpoint.caller_shm(self.unix)
-                payload, json_length = await endpoint.run(model, body, header_length, shm, trace)
-                encoding = response_encoding(request.accept_encoding)
-                if encoding is not None:
-                    payload = await compress(payload, encoding)
-            finally:
-                lease.release()
-        except EdgedError as exc:
-            if exc.status >= 500:
-                self.front.throttled.warning(
-                    exc.status, "POST %s -> %d: %s", request.url.decode("latin-1"), exc.status, exc.message
-                )
-            self._write_error(exc.status, exc.message, close=not request.keep_alive)
+            status, payload, json_length = await self.front.answer(
+                request.model, request.version, body, request.header_length, self.unix, request.url
+            )
+            encoding = response_encoding(request.accept_encoding) if status == 200 else None
+            if encoding is not None:
+                payload = await compress(payload, encoding)
         except asyncio.CancelledError:
             raise  # the client went away (or the drain ran out of time)
         except Exception as exc:  # never let a request take the daemon down
@@ -586,7 +717,7 @@ class _Connection(asyncio.Protocol):
             self._write_error(500, f"internal error: {type(exc).__name__}: {exc}", close=not request.keep_alive)
         else:
             content_type = b"application/json" if json_length is None else b"application/octet-stream"
-            self._write(200, content_type, payload, json_length, close=not request.keep_alive, encoding=encoding)
+            self._write(status, content_type, payload, json_length, close=not request.keep_alive, encoding=encoding)
         finally:
             self.task = None
         self._finish()
@@ -625,6 +756,9 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ relaying to aiohttp
 
     def _start_relay(self, request: _Request) -> None:
+        if self.front.remote:
+            self.front.hand_back(self)
+            return
         if self.front.relay is None:
             self.front.when_attached(self._resume(request, self._start_relay))
             return
@@ -676,7 +810,7 @@ class _Connection(asyncio.Protocol):
 
     def relay_pause(self, paused: bool) -> None:
         self.paused_by_relay = paused
-        self._update_reading()
+        self.update_reading()
 
 
 class _Tracker:

@@ -1,0 +1,291 @@
+"""HTTP worker processes (`server.workers`, daemon.api.workers) in a real daemon: connections
+past the first are served by a worker, which answers infer requests through the daemon and hands
+the connection back for anything else; the cap on connections, a worker's death and the
+shutdown drain hold across the processes."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+Response = tuple[int, dict[str, str], bytes]
+
+SLOW_MODEL = """\
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(1.5)
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+            for r in requests
+        ]
+"""
+
+
+def _request(method: str, target: str, body: bytes = b"", headers: tuple[str, ...] = ()) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", "Host: localhost", *headers]
+    if body:
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def _read_response(sock: socket.socket, buffered: bytearray) -> Response:
+    while b"\r\n\r\n" not in buffered:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before a response")
+        buffered += chunk
+    head, _, rest = bytes(buffered).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    length = int(headers.get("content-length", "0"))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed inside a response")
+        rest += chunk
+    buffered[:] = rest[length:]
+    return int(lines[0].split(" ")[1]), headers, rest[:length]
+
+
+def _exchange(sock: socket.socket, raw: bytes, count: int) -> list[Response]:
+    """Send `raw` at once (pipelined) and read `count` responses."""
+    sock.sendall(raw)
+    buffered = bytearray()
+    return [_read_response(sock, buffered) for _ in range(count)]
+
+
+def _connect(daemon) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.settimeout(30)
+    sock.connect(str(daemon.socket))
+    return sock
+
+
+@contextlib.contextmanager
+def _kept(daemon) -> Iterator[socket.socket]:
+    """The daemon's own connection (it serves the first one itself): answered once, so that the
+    daemon has taken it before the test connects again."""
+    with _connect(daemon) as sock:
+        assert _exchange(sock, _request("GET", "/v2/health/live"), 1)[0][0] == 200
+        yield sock
+
+
+def _workers(daemon) -> list[int]:
+    """The daemon's child processes (of any of its threads: a worker is started from one)."""
+    tasks = Path(f"/proc/{daemon.proc.pid}/task")
+    return sorted(int(pid) for task in tasks.iterdir() for pid in (task / "children").read_text().split())
+
+
+def _infer_body(rows: int = 1, pad: int = 0) -> tuple[bytes, np.ndarray, np.ndarray]:
+    a = np.arange(16 * rows, dtype=np.int32).reshape(rows, 16)
+    b = np.full((rows, 16), 3, dtype=np.int32)
+    body = json.dumps({"inputs": [
+        {"name": "INPUT0", "shape": [rows, 16], "datatype": "INT32", "data": a.ravel().tolist()},
+        {"name": "INPUT1", "shape": [rows, 16], "datatype": "INT32", "data": b.ravel().tolist()},
+    ]}).encode() + b" " * pad
+    return body, a + b, a - b
+
+
+def _outputs(body: bytes) -> dict[str, list[int]]:
+    return {o["name"]: o["data"] for o in json.loads(body)["outputs"]}
+
+
+@pytest.fixture
+def daemon(start_daemon: Callable[..., object], simple_repo: Path) -> object:
+    return start_daemon("--model-repository", str(simple_repo), "--workers", "1")
+
+
+def test_a_worker_answers_infer_and_hands_other_requests_back_in_order(daemon) -> None:
+    body, total, difference = _infer_body()
+    expected = {"OUTPUT0": total.ravel().tolist(), "OUTPUT1": difference.ravel().tolist()}
+    raw = b"".join([
+        _request("POST", "/v2/models/simple/infer", body),                       # worker
+        _request("GET", "/v2/health/live"),                                       # worker
+        _request("GET", "/v2/models/simple"),                                     # handed back
+        _request("POST", "/v2/models/simple/infer", body),                        # daemon now
+        _request("POST", "/v2/models/simple/infer", gzip.compress(body), ("Content-Encoding: gzip",)),
+        _request("GET", "/v2/health/ready"),
+        _request("POST", "/v2/models/nope/infer", body),
+    ])
+    with _kept(daemon), _connect(daemon) as sock:
+        assert len(_workers(daemon)) == 1
+        responses = _exchange(sock, raw, 7)
+    assert [status for status, _, _ in responses] == [200, 200, 200, 200, 200, 200, 404]
+    for index in (0, 3, 4):
+        assert _outputs(responses[index][2]) == expected, index
+    assert json.loads(responses[1][2]) == {"live": True} and json.loads(responses[5][2]) == {"ready": True}
+    assert json.loads(responses[2][2])["name"] == "simple"
+    assert json.loads(responses[6][2]) == {"error": "Request for unknown model: 'nope' is not found"}
+
+
+def test_a_first_request_with_a_body_is_handed_back_whole(daemon) -> None:
+    """The connection's first request is one the worker does not serve, and its body came in
+    with its head: all of it reaches the daemon, and so does the request pipelined after it."""
+    body, total, _ = _infer_body()
+    raw = b"".join([
+        _request("POST", "/v2/models/simple/infer", gzip.compress(body), ("Content-Encoding: gzip",)),
+        _request("POST", "/v2/models/simple/infer", body),
+    ])
+    with _kept(daemon), _connect(daemon) as sock:
+        responses = _exchange(sock, raw, 2)
+    assert [r[0] for r in responses] == [200, 200]
+    assert all(_outputs(r[2])["OUTPUT0"] == total.ravel().tolist() for r in responses)
+
+
+def test_infer_through_a_worker_binary_large_and_compressed(daemon) -> None:
+    """Every answer the same as the daemon's own: binary tensors, a body large enough to be
+    received into a buffer of its own on both sides (padded JSON), a gzip answer, an error."""
+    a = np.arange(128, dtype=np.int32).reshape(8, 16)
+    b = np.arange(128, 256, dtype=np.int32).reshape(8, 16)
+    header = json.dumps({
+        "inputs": [
+            {"name": "INPUT0", "shape": [8, 16], "datatype": "INT32", "parameters": {"binary_data_size": 512}},
+            {"name": "INPUT1", "shape": [8, 16], "datatype": "INT32", "parameters": {"binary_data_size": 512}},
+        ],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+    }).encode()
+    binary = _request("POST", "/v2/models/simple_python/infer", header + a.tobytes() + b.tobytes(),
+                      (f"Inference-Header-Content-Length: {len(header)}",))
+    large, total, _ = _infer_body(rows=8, pad=100_000)
+    raw = b"".join([
+        binary,
+        _request("POST", "/v2/models/simple/infer", large, ("Accept-Encoding: gzip",)),
+        _request("POST", "/v2/models/simple/infer", b'{"inputs": []}'),
+    ])
+    with _kept(daemon) as kept, _connect(daemon) as sock:
+        through_worker = _exchange(sock, raw, 3)
+        own = _exchange(kept, raw, 3)
+    for (status, headers, payload), (own_status, own_headers, own_payload) in zip(through_worker, own, strict=True):
+        assert (status, payload) == (own_status, own_payload)
+        assert {k: v for k, v in headers.items() if k != "date"} == {k: v for k, v in own_headers.items() if k != "date"}
+    status, headers, payload = through_worker[0]
+    json_length = int(headers["inference-header-content-length"])
+    np.testing.assert_array_equal(np.frombuffer(payload[json_length:], dtype=np.int32), (a + b).ravel())
+    status, headers, payload = through_worker[1]
+    assert headers["content-encoding"] == "gzip"
+    assert _outputs(gzip.decompress(payload))["OUTPUT0"] == total.ravel().tolist()
+    assert through_worker[2][0] == 400
+
+
+def test_a_large_body_sends_its_connection_back_to_the_daemon(daemon) -> None:
+    """Past 256 KiB a body costs more to pass on than its HTTP framing costs the daemon: the
+    daemon reads it in place, and keeps the connection (it outlives the worker)."""
+    large, total, _ = _infer_body(rows=8, pad=300_000)
+    infer = _request("POST", "/v2/models/simple/infer", large)
+    with _kept(daemon), _connect(daemon) as sock:
+        status, _, payload = _exchange(sock, infer, 1)[0]
+        assert status == 200 and _outputs(payload)["OUTPUT0"] == total.ravel().tolist()
+        (worker,) = _workers(daemon)
+        os.kill(worker, signal.SIGKILL)
+        time.sleep(0.5)
+        status, _, payload = _exchange(sock, infer, 1)[0]
+    assert status == 200 and _outputs(payload)["OUTPUT0"] == total.ravel().tolist()
+
+
+def test_a_worker_that_dies_is_started_again(daemon) -> None:
+    body, total, _ = _infer_body()
+    infer = _request("POST", "/v2/models/simple/infer", body)
+    with _kept(daemon) as kept:
+        with _connect(daemon) as sock:
+            assert _exchange(sock, infer, 1)[0][0] == 200
+            (worker,) = _workers(daemon)
+            os.kill(worker, signal.SIGKILL)
+            with pytest.raises(ConnectionError):  # its connection went with it
+                _exchange(sock, infer, 1)
+        assert _exchange(kept, infer, 1)[0][0] == 200  # the daemon's own is untouched
+        deadline = time.monotonic() + 30
+        while _workers(daemon) in ([], [worker]):
+            assert time.monotonic() < deadline, daemon.log()
+            time.sleep(0.1)
+        time.sleep(0.5)  # the new worker's channels are set up after it starts
+        with _connect(daemon) as sock:
+            status, _, payload = _exchange(sock, infer, 1)[0]
+    assert status == 200 and _outputs(payload)["OUTPUT0"] == total.ravel().tolist()
+    assert "HTTP worker 0 stopped" in daemon.log()
+
+
+def test_connections_on_workers_count_towards_max_connections(
+    start_daemon: Callable[..., object], simple_repo: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text("[server]\nmax-connections = 2\nworkers = 1\n")
+    daemon = start_daemon("--config", str(config), "--model-repository", str(simple_repo))
+    live = _request("GET", "/v2/health/live")
+    with _kept(daemon):
+        with _connect(daemon) as second:
+            assert _exchange(second, live, 1)[0][0] == 200
+            with _connect(daemon) as third:
+                assert _exchange(third, live, 1)[0][0] == 503
+        # Once the worker's connection has closed, its place is free again.
+        deadline = time.monotonic() + 10
+        while True:
+            with _connect(daemon) as again:
+                if _exchange(again, live, 1)[0][0] == 200:
+                    break
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
+def test_stop_lets_a_workers_request_finish_and_the_workers_exit(
+    start_daemon: Callable[..., object], tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    (repo / "slow" / "1").mkdir(parents=True)
+    (repo / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
+    (repo / "slow" / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [{ name: "IN", data_type: TYPE_FP32, dims: [2] }]\n'
+        'output [{ name: "OUT", data_type: TYPE_FP32, dims: [2] }]\n'
+    )
+    daemon = start_daemon("--model-repository", str(repo), "--workers", "1")
+    body = json.dumps({"inputs": [{"name": "IN", "shape": [2], "datatype": "FP32", "data": [1.5, 2.5]}]}).encode()
+    with _kept(daemon), _connect(daemon) as sock:
+        (worker,) = _workers(daemon)
+        sock.sendall(_request("POST", "/v2/models/slow/infer", body))
+        time.sleep(0.5)  # the request is running
+        daemon.proc.send_signal(signal.SIGTERM)
+        status, headers, payload = _read_response(sock, bytearray())
+    assert status == 200 and headers["connection"] == "close"
+    assert json.loads(payload)["outputs"][0]["data"] == [1.5, 2.5]
+    assert daemon.proc.wait(30) == 0
+    assert not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]
+
+
+def test_tcp_auth_all_holds_on_a_workers_connection(
+    start_daemon: Callable[..., object], simple_repo: Path, tmp_path: Path
+) -> None:
+    """With `tcp-auth = "all"` every TCP request needs the token: a worker hands each one back to
+    the daemon, whose access check sees the client's own socket."""
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-for-tests-0123\n")
+    token.chmod(0o600)
+    config = tmp_path / "edged.toml"
+    config.write_text(f'[server]\ntoken-file = "{token}"\ntcp-auth = "all"\nworkers = 1\n')
+    daemon = start_daemon("--config", str(config), "--model-repository", str(simple_repo), http=True)
+    body, total, _ = _infer_body()
+    with _kept(daemon), socket.create_connection(("127.0.0.1", daemon.http_port), timeout=30) as sock:
+        assert _exchange(sock, _request("GET", "/v2/health/live"), 1)[0][0] == 200  # on the worker
+        refused, allowed = _exchange(sock, b"".join([
+            _request("POST", "/v2/models/simple/infer", body),
+            _request("POST", "/v2/models/simple/infer", body, ("Authorization: Bearer s3cret-token-for-tests-0123",)),
+        ]), 2)
+    assert refused[0] == 401
+    assert allowed[0] == 200 and _outputs(allowed[2])["OUTPUT0"] == total.ravel().tolist()
