@@ -289,3 +289,48 @@ def test_tcp_auth_all_holds_on_a_workers_connection(
         ]), 2)
     assert refused[0] == 401
     assert allowed[0] == 200 and _outputs(allowed[2])["OUTPUT0"] == total.ravel().tolist()
+
+
+def test_tritonclient_and_shared_memory_rules_through_a_worker(
+    start_daemon: Callable[..., object], simple_repo: Path
+) -> None:
+    """The real `tritonclient` over TCP with several connections of its pool on the worker, and
+    the shared-memory rule that tells a Unix socket caller from a TCP one (`shared-memory =
+    "socket"`, the default) kept across the processes."""
+    httpclient = pytest.importorskip("tritonclient.http")
+    shm = pytest.importorskip("tritonclient.utils.shared_memory")
+    from tritonclient.utils import InferenceServerException
+
+    daemon = start_daemon("--model-repository", str(simple_repo), "--workers", "1", http=True)
+    input0 = np.arange(16, dtype=np.int32).reshape(1, 16)
+    input1 = np.full((1, 16), 5, dtype=np.int32)
+    handle = shm.create_shared_memory_region("in", f"/edged_workers_{os.getpid()}", 128)
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{daemon.http_port}", concurrency=4)
+    try:
+        shm.set_shared_memory_region(handle, [input0, input1])
+        with _kept(daemon):
+            inputs = [httpclient.InferInput("INPUT0", [1, 16], "INT32"), httpclient.InferInput("INPUT1", [1, 16], "INT32")]
+            inputs[0].set_data_from_numpy(input0)
+            inputs[1].set_data_from_numpy(input1)
+            pending = [client.async_infer("simple", inputs) for _ in range(32)]
+            for result in pending:
+                np.testing.assert_array_equal(result.get_result().as_numpy("OUTPUT0"), input0 + input1)
+            assert _workers(daemon)
+            reply = daemon.post_json("/v2/systemsharedmemory/region/in/register", {"key": str(handle._shm_key), "byte_size": 128})
+            assert reply.status == 200, reply.body
+            shm_inputs = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+            shm_inputs[0].set_shared_memory("in", 64)
+            shm_inputs[1].set_shared_memory("in", 64, offset=64)
+            with pytest.raises(InferenceServerException, match="disabled for callers over TCP"):
+                client.infer("simple", shm_inputs)
+            body = json.dumps({"inputs": [
+                {"name": name, "shape": [1, 16], "datatype": "INT32",
+                 "parameters": {"shared_memory_region": "in", "shared_memory_byte_size": 64, "shared_memory_offset": offset}}
+                for name, offset in (("INPUT0", 0), ("INPUT1", 64))
+            ]}).encode()
+            with _connect(daemon) as sock:  # a Unix socket caller on the worker
+                status, _, payload = _exchange(sock, _request("POST", "/v2/models/simple/infer", body), 1)[0]
+        assert status == 200 and _outputs(payload)["OUTPUT0"] == (input0 + input1).ravel().tolist()
+    finally:
+        client.close()
+        shm.destroy_shared_memory_region(handle)
