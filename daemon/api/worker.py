@@ -38,6 +38,7 @@ from daemon.api.channel import (
 from daemon.api.front import Front
 from daemon.api.workers import CONFIG_ENV, FDS_ENV, HANDBACK_ID
 from daemon.config import LoggingConfig, ServerConfig
+from daemon.errors import EdgedError
 from daemon.logs import setup_logging
 
 if TYPE_CHECKING:
@@ -198,6 +199,8 @@ async def _serve(settings: _Settings, control: socket.socket, frames: socket.soc
 
 
 def run_worker() -> int:
+    if FDS_ENV not in os.environ or CONFIG_ENV not in os.environ:
+        raise EdgedError("`edged worker` is started by the daemon (server.workers), not by hand")
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     settings = msgspec.json.decode(os.environ.pop(CONFIG_ENV), type=_Settings)

@@ -94,6 +94,15 @@ def _workers(daemon) -> list[int]:
     return sorted(int(pid) for task in tasks.iterdir() for pid in (task / "children").read_text().split())
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's parent may never reap it in a container)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
 def _infer_body(rows: int = 1, pad: int = 0) -> tuple[bytes, np.ndarray, np.ndarray]:
     a = np.arange(16 * rows, dtype=np.int32).reshape(rows, 16)
     b = np.full((rows, 16), 3, dtype=np.int32)
@@ -266,7 +275,7 @@ def test_stop_lets_a_workers_request_finish_and_the_workers_exit(
     assert status == 200 and headers["connection"] == "close"
     assert json.loads(payload)["outputs"][0]["data"] == [1.5, 2.5]
     assert daemon.proc.wait(30) == 0
-    assert not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]
+    assert not _running(worker)
 
 
 def test_tcp_auth_all_holds_on_a_workers_connection(
@@ -334,3 +343,25 @@ def test_tritonclient_and_shared_memory_rules_through_a_worker(
     finally:
         client.close()
         shm.destroy_shared_memory_region(handle)
+
+
+def test_workers_exit_when_the_daemon_is_killed(daemon) -> None:
+    with _kept(daemon):
+        workers = _workers(daemon)
+    assert workers
+    daemon.proc.kill()
+    daemon.proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_running(pid) for pid in workers):
+        assert time.monotonic() < deadline, "a worker outlived its daemon"
+        time.sleep(0.05)
+
+
+def test_a_worker_is_not_started_by_hand() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "daemon", "worker"], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 2
+    assert "`edged worker` is started by the daemon" in proc.stderr
