@@ -17,6 +17,9 @@ Server CPU per request: utime + stime of the server process (and of its whole pr
 Triton's python models run in stub processes) from /proc/<pid>/stat, read at the start and the
 end of each measured window, divided by the requests answered in it.
 
+`--edged-flags "--workers 1"` runs edged with one HTTP worker process (`server.workers`, off
+by default): the load rows' configuration in docs/performance.md.
+
 Without `EDGED_ORACLE` only edged's rows run. A run takes about a minute (Triton's start-up
 included); everything it starts is stopped at the end.
 """
