@@ -20,21 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from daemon.api.channel import (
-    ANSWER,
-    CANCEL,
-    CLOSED,
-    CONNECTION,
-    HANDBACK,
-    HANDBACK_FD,
-    REQUEST,
-    STOP,
-    FrameReader,
-    Writer,
-    frame,
-    receive_control,
-    send_control,
-)
+from daemon.api import channel
 from daemon.api.front import Front
 from daemon.api.workers import CONFIG_ENV, FDS_ENV, HANDBACK_ID
 from daemon.config import LoggingConfig, ServerConfig
@@ -69,7 +55,7 @@ class WorkerFront(Front):
         # request hands its connection back, and the daemon reads the body in place.
         self.infer_bytes = min(server.max_request_bytes, LARGE_BODY_BYTES)
         self.control = control
-        self.writer: Writer | None = None
+        self.writer: channel.Writer | None = None
         self.futures: dict[int, asyncio.Future[tuple[int, bytes, int | None]]] = {}
         self.ids = itertools.count(1)
         self.handing_back: set[_Connection] = set()
@@ -87,16 +73,16 @@ class WorkerFront(Front):
             return 503, b'{"error":"the daemon is not answering this worker"}', None
         ident = next(self.ids)
         future = self.futures[ident] = asyncio.get_running_loop().create_future()
-        writer.send(frame(REQUEST, ident, [model_name, version, header_length, unix, url.decode("latin-1")], body))
+        writer.send(channel.frame(channel.REQUEST, ident, [model_name, version, header_length, unix, url.decode("latin-1")], body))
         try:
             return await future
         except asyncio.CancelledError:
             if self.futures.pop(ident, None) is not None and self.writer is not None:
-                self.writer.send(frame(CANCEL, ident))
+                self.writer.send(channel.frame(channel.CANCEL, ident))
             raise
 
     def dispatch(self, kind: int, ident: int, meta: Any, body: bytes | memoryview) -> None:
-        if kind != ANSWER:
+        if kind != channel.ANSWER:
             return
         future = self.futures.pop(ident, None)
         if future is not None and not future.done():
@@ -143,31 +129,31 @@ class WorkerFront(Front):
         sock = transport.get_extra_info("socket")
         ident = next(self.ids)
         try:
-            send_control(self.control, HANDBACK_FD + HANDBACK_ID.pack(ident), sock.fileno())
+            channel.send_control(self.control, channel.HANDBACK_FD + HANDBACK_ID.pack(ident), sock.fileno())
         except OSError:
             transport.close()
             return
-        self.writer.send(frame(HANDBACK, ident, list(connection.failure) if connection.failure else None, prefix))
+        self.writer.send(channel.frame(channel.HANDBACK, ident, list(connection.failure) if connection.failure else None, prefix))
         transport.close()  # the daemon holds its own copy of the socket
 
     def closed(self, connection: _Connection) -> None:
         super().closed(connection)
         if self.writer is not None:
-            self.writer.send(frame(CLOSED, 0))
+            self.writer.send(channel.frame(channel.CLOSED, 0))
 
 
 async def _serve(settings: _Settings, control: socket.socket, frames: socket.socket) -> None:
     loop = asyncio.get_running_loop()
     front = WorkerFront(settings.server, control)
-    transport, _ = await loop.connect_accepted_socket(lambda: FrameReader(front.dispatch, front.lost), frames)
+    transport, _ = await loop.connect_accepted_socket(lambda: channel.FrameReader(front.dispatch, front.lost), frames)
     assert isinstance(transport, asyncio.Transport)
-    front.writer = Writer(transport)
+    front.writer = channel.Writer(transport)
     stop = loop.create_future()
     opening: set[asyncio.Task[Any]] = set()
 
     def on_control() -> None:
         while True:
-            message = receive_control(control)
+            message = channel.receive_control(control)
             if message is None:
                 return
             data, fd = message
@@ -176,12 +162,12 @@ async def _serve(settings: _Settings, control: socket.socket, frames: socket.soc
                     stop.set_result(False)
                 loop.remove_reader(control.fileno())
                 return
-            if data[:1] == CONNECTION and fd is not None:
+            if data[:1] == channel.CONNECTION and fd is not None:
                 sock = socket.socket(fileno=fd)
                 task = loop.create_task(loop.connect_accepted_socket(front.factory, sock))
                 opening.add(task)
                 task.add_done_callback(opening.discard)
-            elif data[:1] == STOP and not stop.done():
+            elif data[:1] == channel.STOP and not stop.done():
                 stop.set_result(True)
             elif fd is not None:
                 os.close(fd)
