@@ -169,6 +169,8 @@ def receive_control(sock: socket.socket) -> tuple[bytes, int | None] | None:
         data, ancillary, _, _ = sock.recvmsg(_CONTROL_BYTES, socket.CMSG_SPACE(array.array("i").itemsize))
     except (BlockingIOError, InterruptedError):
         return None
+    except OSError:
+        return b"", None  # a reset peer is as gone as a closed one
     fd = None
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:

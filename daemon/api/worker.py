@@ -125,14 +125,19 @@ class WorkerFront(Front):
             connection.paused_by_front = False
             connection.update_reading()
             return
-        connection.hand_back_pending = False
         sock = transport.get_extra_info("socket")
         ident = next(self.ids)
         try:
             channel.send_control(self.control, channel.HANDBACK_FD + HANDBACK_ID.pack(ident), sock.fileno())
-        except OSError:
-            transport.close()
+        except BlockingIOError:
+            # The daemon has not read its control socket yet: try again shortly.
+            self.handing_back.add(connection)
+            asyncio.get_running_loop().call_later(0.01, self._hand_back_now, connection)
             return
+        except OSError:
+            transport.close()  # the daemon is gone
+            return
+        connection.hand_back_pending = False
         self.writer.send(channel.frame(channel.HANDBACK, ident, list(connection.failure) if connection.failure else None, prefix))
         transport.close()  # the daemon holds its own copy of the socket
 
