@@ -365,3 +365,34 @@ def test_a_worker_is_not_started_by_hand() -> None:
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 2
     assert "`edged worker` is started by the daemon" in proc.stderr
+
+
+def test_a_client_leaving_a_workers_connection_cancels_its_request_as_on_the_daemons(
+    start_daemon: Callable[..., object], tmp_path: Path
+) -> None:
+    """The worker tells the daemon; the request is counted exactly as when the client leaves a
+    connection the daemon serves itself."""
+    repo = tmp_path / "repo"
+    (repo / "slow" / "1").mkdir(parents=True)
+    (repo / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
+    (repo / "slow" / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [{ name: "IN", data_type: TYPE_FP32, dims: [2] }]\n'
+        'output [{ name: "OUT", data_type: TYPE_FP32, dims: [2] }]\n'
+    )
+    daemon = start_daemon("--model-repository", str(repo), "--workers", "1")
+    body = json.dumps({"inputs": [{"name": "IN", "shape": [2], "datatype": "FP32", "data": [1.5, 2.5]}]}).encode()
+
+    def leave(sock: socket.socket) -> dict[str, object]:
+        sock.sendall(_request("POST", "/v2/models/slow/infer", body))
+        time.sleep(0.3)  # running in the model
+        sock.close()
+        time.sleep(2.0)  # the model's call has returned
+        return daemon.get_json("/v2/models/slow/stats")["model_stats"][0]["inference_stats"]
+
+    with _kept(daemon) as kept:
+        own = leave(kept)
+    with _kept(daemon), _connect(daemon) as sock:
+        through_worker = leave(sock)
+    assert own["fail"]["count"] == 1 and own["success"]["count"] == 0, own
+    assert through_worker["fail"]["count"] == 2 and through_worker["success"]["count"] == 0, through_worker
