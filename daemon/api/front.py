@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
@@ -135,6 +136,8 @@ class Front:
         self._on_attach: list[Callable[[], None]] = []
         self.connections: set[_Connection] = set()
         self.unmade = 0  # made by `factory`, not yet connected
+        # Sockets (by inode) once returned to a worker, newest last; bounded.
+        self.returned: OrderedDict[int, None] = OrderedDict()
         self.stopping = False
         self.allowed_uids = frozenset(server.allowed_uids)
         # Repeated events (refused and silent connections, 5xx answers on the lean path): one
@@ -182,6 +185,10 @@ class Front:
         """Serve a connection a worker handed back: `prefix` is what it read and did not answer
         (requests re-serialized as they were parsed), `failure` a framing error that followed."""
         connection = _Connection(self, prefix, failure)
+        # Back to a worker once idle, once: a connection handed back again (a client of other
+        # routes than infer) stays here rather than bounce with every request.
+        connection.inode = os.fstat(sock.fileno()).st_ino
+        connection.adopted = connection.inode not in self.returned
         task = asyncio.get_running_loop().create_task(
             asyncio.get_running_loop().connect_accepted_socket(lambda: connection, sock)
         )
@@ -324,6 +331,8 @@ class _Connection(asyncio.Protocol):
     ) -> None:
         self.front = front
         self.made = made
+        self.adopted = False  # handed back by a worker (daemon.api.workers), not yet returned
+        self.inode = 0
         # What another process read from this connection and did not answer (daemon.api.workers).
         self.prefix: tuple[bytes, tuple[int, str] | None] | None = (prefix, failure) if prefix or failure else None
         # A worker waits for the parser to reach a request's end before handing the connection back.
@@ -671,6 +680,33 @@ class _Connection(asyncio.Protocol):
             self.idle_since = self.loop.time()
             if self.idle_timer is None:
                 self.idle_timer = self.loop.call_later(self.front.server.keepalive_timeout, self._idle_deadline)
+            if self.adopted:
+                self.loop.call_soon(self._return_to_worker, _RETURN_TRIES)
+
+    def _return_to_worker(self, tries: int) -> None:
+        """A connection a worker handed back goes back to a worker once idle, so that a client
+        that asked for metadata first still has its later infer requests served there. Only
+        once aiohttp's handler waits for a next request: closing it then is what a client
+        closing an idle keep-alive connection does (its handler finishes its response's
+        bookkeeping first, a few loop turns after the last byte)."""
+        pool = self.front.pool
+        transport = self.transport
+        if (
+            pool is None or transport is None or self.front.stopping or self.failure is not None or self.relay_only
+            or self.active is not None or self.waiting or self.current is not None or self.tracker is not None
+            or transport.get_write_buffer_size() or not pool.takes(len(self.front.connections) - 1)
+        ):
+            return
+        if self.handler is not None and not _handler_idle(self.handler):
+            if tries > 0:
+                self.loop.call_soon(self._return_to_worker, tries - 1)
+            return
+        if pool.hand_out(transport.get_extra_info("socket")):
+            returned = self.front.returned
+            returned[self.inode] = None
+            if len(returned) > _RETURNED_KEPT:
+                returned.popitem(last=False)
+            transport.close()  # the worker holds its own copy of the socket
 
     def _resume(self, request: _Request, step: Callable[[_Request], None]) -> Callable[[], None]:
         def resume() -> None:
@@ -811,6 +847,22 @@ class _Connection(asyncio.Protocol):
     def relay_pause(self, paused: bool) -> None:
         self.paused_by_relay = paused
         self.update_reading()
+
+
+# Loop turns an idle connection waits for aiohttp's handler to finish a response's bookkeeping.
+_RETURN_TRIES = 20
+# Connections remembered as returned to a worker once.
+_RETURNED_KEPT = 4096
+
+
+def _handler_idle(handler: asyncio.Protocol) -> bool:
+    """aiohttp's request handler waits for a next request, with none being handled or queued.
+    Read from its private state (aiohttp 3.x `RequestHandler`); unknown state reads as busy."""
+    return (
+        getattr(handler, "_current_request", True) is None
+        and not getattr(handler, "_messages", True)
+        and getattr(handler, "_waiter", None) is not None
+    )
 
 
 class _Tracker:

@@ -194,19 +194,37 @@ def test_infer_through_a_worker_binary_large_and_compressed(daemon) -> None:
     assert through_worker[2][0] == 400
 
 
-def test_a_large_body_sends_its_connection_back_to_the_daemon(daemon) -> None:
+def test_a_large_body_is_answered_on_a_workers_connection(daemon) -> None:
     """Past 256 KiB a body costs more to pass on than its HTTP framing costs the daemon: the
-    daemon reads it in place, and keeps the connection (it outlives the worker)."""
+    connection goes to the daemon, which reads the body in place, and comes back."""
     large, total, _ = _infer_body(rows=8, pad=300_000)
-    infer = _request("POST", "/v2/models/simple/infer", large)
+    small, small_total, _ = _infer_body()
     with _kept(daemon), _connect(daemon) as sock:
-        status, _, payload = _exchange(sock, infer, 1)[0]
+        for body, expected in ((large, total), (small, small_total), (large, total)):
+            status, _, payload = _exchange(sock, _request("POST", "/v2/models/simple/infer", body), 1)[0]
+            assert status == 200 and _outputs(payload)["OUTPUT0"] == expected.ravel().tolist()
+
+
+def test_a_connection_handed_back_returns_to_a_worker_once(daemon) -> None:
+    """A client asking for metadata first has its later infer requests served by a worker again;
+    one that is handed back a second time stays with the daemon (no bounce per request)."""
+    body, total, _ = _infer_body()
+    metadata = _request("GET", "/v2/models/simple")
+    infer = _request("POST", "/v2/models/simple/infer", body)
+    with _kept(daemon) as kept:
+        with _connect(daemon) as first, _connect(daemon) as second:
+            assert _exchange(first, metadata, 1)[0][0] == 200
+            assert _exchange(first, infer, 1)[0][0] == 200
+            for _ in range(2):  # handed back, returned; handed back again: kept
+                assert _exchange(second, metadata, 1)[0][0] == 200
+                time.sleep(0.3)
+            (worker,) = _workers(daemon)
+            os.kill(worker, signal.SIGKILL)
+            with pytest.raises(ConnectionError):  # it was on the worker again
+                _exchange(first, infer, 1)
+            status, _, payload = _exchange(second, infer, 1)[0]  # the daemon's for good
         assert status == 200 and _outputs(payload)["OUTPUT0"] == total.ravel().tolist()
-        (worker,) = _workers(daemon)
-        os.kill(worker, signal.SIGKILL)
-        time.sleep(0.5)
-        status, _, payload = _exchange(sock, infer, 1)[0]
-    assert status == 200 and _outputs(payload)["OUTPUT0"] == total.ravel().tolist()
+        assert _exchange(kept, infer, 1)[0][0] == 200
 
 
 def test_a_worker_that_dies_is_started_again(daemon) -> None:
