@@ -39,6 +39,19 @@ class TritonPythonModel:
 """
 
 
+def _slow_repo(tmp_path: Path) -> Path:
+    """A repository with `slow`: a python model that takes 1.5 s to echo its input."""
+    repo = tmp_path / "repo"
+    (repo / "slow" / "1").mkdir(parents=True)
+    (repo / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
+    (repo / "slow" / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [{ name: "IN", data_type: TYPE_FP32, dims: [2] }]\n'
+        'output [{ name: "OUT", data_type: TYPE_FP32, dims: [2] }]\n'
+    )
+    return repo
+
+
 def _request(method: str, target: str, body: bytes = b"", headers: tuple[str, ...] = ()) -> bytes:
     lines = [f"{method} {target} HTTP/1.1", "Host: localhost", *headers]
     if body:
@@ -274,14 +287,7 @@ def test_connections_on_workers_count_towards_max_connections(
 def test_stop_lets_a_workers_request_finish_and_the_workers_exit(
     start_daemon: Callable[..., object], tmp_path: Path
 ) -> None:
-    repo = tmp_path / "repo"
-    (repo / "slow" / "1").mkdir(parents=True)
-    (repo / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
-    (repo / "slow" / "config.pbtxt").write_text(
-        'backend: "python"\n'
-        'input [{ name: "IN", data_type: TYPE_FP32, dims: [2] }]\n'
-        'output [{ name: "OUT", data_type: TYPE_FP32, dims: [2] }]\n'
-    )
+    repo = _slow_repo(tmp_path)
     daemon = start_daemon("--model-repository", str(repo), "--workers", "1")
     body = json.dumps({"inputs": [{"name": "IN", "shape": [2], "datatype": "FP32", "data": [1.5, 2.5]}]}).encode()
     with _kept(daemon), _connect(daemon) as sock:
@@ -390,14 +396,7 @@ def test_a_client_leaving_a_workers_connection_cancels_its_request_as_on_the_dae
 ) -> None:
     """The worker tells the daemon; the request is counted exactly as when the client leaves a
     connection the daemon serves itself."""
-    repo = tmp_path / "repo"
-    (repo / "slow" / "1").mkdir(parents=True)
-    (repo / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
-    (repo / "slow" / "config.pbtxt").write_text(
-        'backend: "python"\n'
-        'input [{ name: "IN", data_type: TYPE_FP32, dims: [2] }]\n'
-        'output [{ name: "OUT", data_type: TYPE_FP32, dims: [2] }]\n'
-    )
+    repo = _slow_repo(tmp_path)
     daemon = start_daemon("--model-repository", str(repo), "--workers", "1")
     body = json.dumps({"inputs": [{"name": "IN", "shape": [2], "datatype": "FP32", "data": [1.5, 2.5]}]}).encode()
 
