@@ -38,14 +38,14 @@ def response_encoding(accept: str | None) -> str | None:
     return chosen
 
 
-async def compress(payload: bytes, encoding: str) -> bytes:
+async def compress(payload: bytes | memoryview, encoding: str) -> bytes:
     """`payload` gzip- or zlib-wrapped ("deflate", what HTTP clients and tritonclient inflate)."""
     if len(payload) <= _INLINE_BYTES:
         return _compressed(payload, encoding)
     return await asyncio.to_thread(_compressed, payload, encoding)
 
 
-def _compressed(payload: bytes, encoding: str) -> bytes:
+def _compressed(payload: bytes | memoryview, encoding: str) -> bytes:
     if encoding == "gzip":
         return gzip.compress(payload, mtime=0)
     return zlib.compress(payload)

@@ -176,10 +176,7 @@ class Front:
         # Connections accepted together are all made before the first `connection_made`: the
         # decision above counts them too.
         self.unmade += 1
-        return _Connection(self, made=self._made)
-
-    def _made(self) -> None:
-        self.unmade -= 1
+        return _Connection(self, unmade=True)
 
     def adopt(self, sock: Any, prefix: bytes, failure: tuple[int, str] | None) -> None:
         """Serve a connection a worker handed back: `prefix` is what it read and did not answer
@@ -189,15 +186,14 @@ class Front:
         # routes than infer) stays here rather than bounce with every request.
         connection.inode = os.fstat(sock.fileno()).st_ino
         connection.adopted = connection.inode not in self.returned
-        task = asyncio.get_running_loop().create_task(
-            asyncio.get_running_loop().connect_accepted_socket(lambda: connection, sock)
-        )
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(loop.connect_accepted_socket(lambda: connection, sock))
         task.add_done_callback(lambda done: done.cancelled() or done.exception() is None or sock.close())
 
     async def answer(
         self, model_name: str, version: str | None, body: bytes | memoryview, header_length: str | None,
         unix: bool, url: bytes,
-    ) -> tuple[int, bytes, int | None]:
+    ) -> tuple[int, bytes | memoryview, int | None]:
         """One infer request: the status, the response body and its JSON header's length (None:
         all JSON). Errors are answered as Triton writes them, `{"error": "..."}`."""
         if self.endpoint is None:  # a worker's request before the aiohttp side is attached
@@ -326,11 +322,10 @@ class _Request:
 
 class _Connection(asyncio.Protocol):
     def __init__(
-        self, front: Front, prefix: bytes = b"", failure: tuple[int, str] | None = None,
-        made: Callable[[], None] | None = None,
+        self, front: Front, prefix: bytes = b"", failure: tuple[int, str] | None = None, *, unmade: bool = False,
     ) -> None:
         self.front = front
-        self.made = made
+        self.unmade = unmade  # counted in `Front.unmade` until connected
         self.adopted = False  # handed back by a worker (daemon.api.workers), not yet returned
         self.inode = 0
         # What another process read from this connection and did not answer (daemon.api.workers).
@@ -371,8 +366,9 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         front = self.front
         front.connections.add(self)
-        if self.made is not None:
-            self.made()
+        if self.unmade:
+            self.unmade = False
+            front.unmade -= 1
         server = front.server
         sock = unix_socket(transport)
         self.unix = sock is not None
@@ -550,7 +546,7 @@ class _Connection(asyncio.Protocol):
         if request.kind == _RELAY:
             request.parts.append(self._relay_head(request, version))
         elif request.kind == _INFER and request.length:
-            offset = _offset(request.header_length)
+            offset = binary_offset(request.header_length)
             if direct_read(request.length, offset):
                 assert offset is not None
                 request.body = aligned_buffer(request.length, offset)
@@ -764,13 +760,13 @@ class _Connection(asyncio.Protocol):
         self._write(status, b"application/json", _encode({"error": message}), None, close=close)
 
     def _write(
-        self, status: int, content_type: bytes | None, body: bytes, json_length: int | None, *, close: bool,
+        self, status: int, content_type: bytes | None, body: bytes | memoryview, json_length: int | None, *, close: bool,
         encoding: str | None = None,
     ) -> None:
         transport = self.transport
         if transport is None:
             return
-        head = [self.front.status_line(status)]
+        head: list[bytes | memoryview] = [self.front.status_line(status)]
         if content_type is not None:
             head += (b"Content-Type: ", content_type, b"\r\n")
         if json_length is not None:
@@ -950,9 +946,10 @@ class _Relay(asyncio.Transport):
         return transport.get_write_buffer_limits() if transport is not None else (0, 0)
 
 
-def _offset(value: str | None) -> int | None:
+def binary_offset(value: str | None) -> int | None:
     """`Inference-Header-Content-Length` as a number, for placing the body; None when absent or
-    invalid (the codec then reports it with Triton's wording)."""
+    invalid (the codec then reports it with Triton's wording). Also daemon.api.workers's, for
+    a frame's body."""
     if value is None:
         return None
     try:

@@ -56,7 +56,7 @@ class WorkerFront(Front):
         self.infer_bytes = min(server.max_request_bytes, LARGE_BODY_BYTES)
         self.control = control
         self.writer: channel.Writer | None = None
-        self.futures: dict[int, asyncio.Future[tuple[int, bytes, int | None]]] = {}
+        self.futures: dict[int, asyncio.Future[tuple[int, bytes | memoryview, int | None]]] = {}
         self.ids = itertools.count(1)
         self.handing_back: set[_Connection] = set()
         self.gone = asyncio.get_running_loop().create_future()
@@ -67,7 +67,7 @@ class WorkerFront(Front):
     async def answer(
         self, model_name: str, version: str | None, body: bytes | memoryview, header_length: str | None,
         unix: bool, url: bytes,
-    ) -> tuple[int, bytes, int | None]:
+    ) -> tuple[int, bytes | memoryview, int | None]:
         writer = self.writer
         if writer is None:
             return 503, b'{"error":"the daemon is not answering this worker"}', None
@@ -87,7 +87,7 @@ class WorkerFront(Front):
         future = self.futures.pop(ident, None)
         if future is not None and not future.done():
             status, json_length = meta
-            future.set_result((status, body if isinstance(body, bytes) else bytes(body), json_length))
+            future.set_result((status, body, json_length))
 
     def lost(self) -> None:
         """The daemon closed the frame stream: it is gone; nothing here can be answered."""

@@ -50,6 +50,7 @@ from daemon.api.channel import (
     receive_control,
     send_control,
 )
+from daemon.api.front import binary_offset
 
 if TYPE_CHECKING:
     from daemon.api.front import Front
@@ -75,12 +76,9 @@ def worker_command() -> list[str]:
 
 def _header_offset(kind: int, meta: Any) -> int | None:
     """Where a request frame's binary tensor data starts (to receive its body aligned)."""
-    if kind != REQUEST or not isinstance(meta, list) or len(meta) < 3 or meta[2] is None:
+    if kind != REQUEST or not isinstance(meta, list) or len(meta) < 3 or not isinstance(meta[2], str):
         return None
-    try:
-        return int(str(meta[2]).strip())
-    except ValueError:
-        return None
+    return binary_offset(meta[2])
 
 
 class _Worker:

@@ -39,17 +39,35 @@ class TritonPythonModel:
 """
 
 
-def _slow_repo(tmp_path: Path) -> Path:
-    """A repository with `slow`: a python model that takes 1.5 s to echo its input."""
+ECHO_MODEL = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+            for r in requests
+        ]
+"""
+
+
+def _echo_repo(tmp_path: Path, name: str, source: str, dims: str) -> Path:
+    """A repository with one python model `name` (`source`) of an FP32 `IN` and `OUT` of `dims`."""
     repo = tmp_path / "repo"
-    (repo / "slow" / "1").mkdir(parents=True)
-    (repo / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
-    (repo / "slow" / "config.pbtxt").write_text(
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(source)
+    (repo / name / "config.pbtxt").write_text(
         'backend: "python"\n'
-        'input [{ name: "IN", data_type: TYPE_FP32, dims: [2] }]\n'
-        'output [{ name: "OUT", data_type: TYPE_FP32, dims: [2] }]\n'
+        f'input [{{ name: "IN", data_type: TYPE_FP32, dims: {dims} }}]\n'
+        f'output [{{ name: "OUT", data_type: TYPE_FP32, dims: {dims} }}]\n'
     )
     return repo
+
+
+def _slow_repo(tmp_path: Path) -> Path:
+    """`slow`: a python model that takes 1.5 s to echo its input."""
+    return _echo_repo(tmp_path, "slow", SLOW_MODEL, "[2]")
 
 
 def _request(method: str, target: str, body: bytes = b"", headers: tuple[str, ...] = ()) -> bytes:
@@ -238,6 +256,32 @@ def test_a_connection_handed_back_returns_to_a_worker_once(daemon) -> None:
             status, _, payload = _exchange(second, infer, 1)[0]  # the daemon's for good
         assert status == 200 and _outputs(payload)["OUTPUT0"] == total.ravel().tolist()
         assert _exchange(kept, infer, 1)[0][0] == 200
+
+
+def test_a_large_answer_through_a_worker(start_daemon: Callable[..., object], tmp_path: Path) -> None:
+    """An answer of 64 KiB or more reaches the worker in a buffer of its own and is written
+    from it, plain and gzip-compressed: the same bytes as on the daemon's own connection."""
+    repo = _echo_repo(tmp_path, "echo", ECHO_MODEL, "[-1]")
+    daemon = start_daemon("--model-repository", str(repo), "--workers", "1")
+    values = np.random.default_rng(0).standard_normal(40_000).astype(np.float32)  # 160 KB each way
+    header = json.dumps({
+        "inputs": [{"name": "IN", "shape": [40_000], "datatype": "FP32", "parameters": {"binary_data_size": values.nbytes}}],
+        "outputs": [{"name": "OUT", "parameters": {"binary_data": True}}],
+    }).encode()
+    body = header + values.tobytes()
+    raw = b"".join(
+        _request("POST", "/v2/models/echo/infer", body, (f"Inference-Header-Content-Length: {len(header)}", *extra))
+        for extra in ((), ("Accept-Encoding: gzip",))
+    )
+    with _kept(daemon) as kept, _connect(daemon) as sock:
+        through_worker = _exchange(sock, raw, 2)
+        own = _exchange(kept, raw, 2)
+    assert [(s, p) for s, _, p in through_worker] == [(s, p) for s, _, p in own]
+    (status, headers, payload), (_, zipped_headers, zipped) = through_worker
+    json_length = int(headers["inference-header-content-length"])
+    assert status == 200 and len(payload) > 64 * 1024
+    np.testing.assert_array_equal(np.frombuffer(payload[json_length:], dtype=np.float32), values)
+    assert zipped_headers["content-encoding"] == "gzip" and gzip.decompress(zipped) == payload
 
 
 def test_a_worker_that_dies_is_started_again(daemon) -> None:
