@@ -14,9 +14,12 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+
+from support import wait_until
 
 pytest.importorskip("onnxruntime")
 
@@ -444,16 +447,20 @@ def test_a_client_leaving_a_workers_connection_cancels_its_request_as_on_the_dae
     daemon = start_daemon("--model-repository", str(repo), "--workers", "1")
     body = json.dumps({"inputs": [{"name": "IN", "shape": [2], "datatype": "FP32", "data": [1.5, 2.5]}]}).encode()
 
-    def leave(sock: socket.socket) -> dict[str, object]:
-        sock.sendall(_request("POST", "/v2/models/slow/infer", body))
-        time.sleep(0.3)  # running in the model
-        sock.close()
-        time.sleep(2.0)  # the model's call has returned
+    def stats() -> dict[str, Any]:
         return daemon.get_json("/v2/models/slow/stats")["model_stats"][0]["inference_stats"]
 
+    def leave(sock: socket.socket, failures: int) -> dict[str, Any]:
+        sock.sendall(_request("POST", "/v2/models/slow/infer", body))
+        time.sleep(0.3)  # in the daemon (running in the model, or queued behind the last one)
+        sock.close()
+        wait_until(lambda: stats()["fail"]["count"] >= failures)
+        time.sleep(1.6)  # the model's call has returned: nothing more is counted for it
+        return stats()
+
     with _kept(daemon) as kept:
-        own = leave(kept)
+        own = leave(kept, 1)
     with _kept(daemon), _connect(daemon) as sock:
-        through_worker = leave(sock)
+        through_worker = leave(sock, 2)
     assert own["fail"]["count"] == 1 and own["success"]["count"] == 0, own
     assert through_worker["fail"]["count"] == 2 and through_worker["success"]["count"] == 0, through_worker
