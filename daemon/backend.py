@@ -204,6 +204,12 @@ class Capabilities(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     decoupled: bool = False
     # Tensor datatypes the backend accepts; a config naming another one does not load.
     datatypes: frozenset[str] = frozenset(NUMPY_DTYPES)
+    # May execute() be called on an instance again before its earlier call returned? Say so
+    # when each call's runtime work goes through `run_blocking` (which runs calls in order
+    # on the instance's one thread) and a call keeps no state on the instance except
+    # `phase_ns`, set right before it returns. The scheduler may then queue the next
+    # execution on the thread while one runs (see daemon.core.scheduler).
+    queued_execute: bool = False
 
 
 DeviceKind = Literal["auto", "cpu", "gpu:nvidia", "gpu:intel", "npu"]

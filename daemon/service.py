@@ -86,7 +86,11 @@ class Service:
         metrics = MetricsRegistry()
         hardware = Hardware()
         registry = ModelRegistry(
-            plugins, hardware, metrics, state, drain_timeout=config.server.shutdown_timeout
+            plugins, hardware, metrics, state, drain_timeout=config.server.shutdown_timeout,
+            # With HTTP worker processes feeding it, the daemon's loop is what limits small
+            # requests at load, and a second execution queued on a model's thread cost it
+            # a third of its throughput at 32 clients (docs/performance.md); alone, it gains.
+            overlap_executions=config.server.workers == 0,
         )
         repository = RepositoryManager(
             registry, repositories, config.models.control_mode, startup_models=config.models.load,

@@ -77,7 +77,7 @@ class _Port(msgspec.Struct, frozen=True):
 class OnnxRuntimeBackend(TensorBackend):
     name: ClassVar[str] = "onnxruntime"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        datatypes=frozenset(KSERVE_TYPES.values())
+        datatypes=frozenset(KSERVE_TYPES.values()), queued_execute=True
     )
 
     def __init__(self, context: InstanceContext) -> None:

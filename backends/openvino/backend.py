@@ -95,8 +95,9 @@ class _Port(msgspec.Struct, frozen=True):
 
 class OpenVinoBackend(TensorBackend):
     name: ClassVar[str] = "openvino"
+    # queued_execute: `infer` copies its outputs out of the request's reused buffers.
     capabilities: ClassVar[Capabilities] = Capabilities(
-        datatypes=frozenset(KSERVE_TYPES.values())
+        datatypes=frozenset(KSERVE_TYPES.values()), queued_execute=True
     )
 
     def __init__(self, context: InstanceContext) -> None:

@@ -84,7 +84,9 @@ class PythonBackend(Backend):
     name: ClassVar[str] = "python"
     # dynamic_batching: the scheduler may hand several requests to one execute(); they reach the
     # user's code as a list (Triton's contract), never merged along dim 0.
-    capabilities: ClassVar[Capabilities] = Capabilities(dynamic_batching=True, decoupled=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        dynamic_batching=True, decoupled=True, queued_execute=True
+    )
 
     def __init__(self, context: InstanceContext) -> None:
         super().__init__(context)

@@ -61,6 +61,7 @@ class ModelLoader:
         resolve_model: Resolver,
         *,
         cpu_count: int | None = None,
+        overlap: bool = True,
     ) -> None:
         self.plugins = plugins
         self.hardware = hardware
@@ -69,6 +70,8 @@ class ModelLoader:
         # Ensembles find their step models through this (the registry's `get`).
         self.resolve_model = resolve_model
         self.cpu_count = cpu_count or usable_cpus()
+        # Passed to each tensor model's scheduler (daemon.core.scheduler: `overlap`).
+        self.overlap = overlap
 
     async def _infer_other(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
         """A request from inside a model (Triton BLS) to another loaded model."""
@@ -226,7 +229,7 @@ class ModelLoader:
             stats.engine_stats = instances[0].engine_stats
         scheduler: Scheduler | None = None
         if cls.capabilities.kind == "tensor":
-            scheduler = make_scheduler(config, instances, stats)
+            scheduler = make_scheduler(config, instances, stats, overlap=self.overlap)
             await scheduler.start()
         explain = selection.explain()
         explain["backend"] = backend

@@ -77,6 +77,7 @@ class ModelRegistry:
         *,
         cpu_count: int | None = None,
         drain_timeout: float = 30.0,
+        overlap_executions: bool = True,
     ) -> None:
         self.plugins = plugins
         self.hardware = hardware
@@ -84,7 +85,8 @@ class ModelRegistry:
         self.drain_timeout = drain_timeout
         self._models: dict[str, ModelEntry] = {}
         self.loader = ModelLoader(
-            plugins, hardware, metrics, state_dir, self._step_model, cpu_count=cpu_count
+            plugins, hardware, metrics, state_dir, self._step_model, cpu_count=cpu_count,
+            overlap=overlap_executions,
         )
 
     def _step_model(self, name: str, version: str | None) -> LoadedVersion:

@@ -7,6 +7,10 @@ drain on stop. A request that finds nothing queued, an instance idle and no othe
 loop iteration, and that the plan would send alone right away, runs at once in the caller's task:
 the worker hop (waking the worker, then waking the caller with the result) is two event-loop
 iterations of a small request's latency.
+With `overlap`, an instance whose backend queues calls on its thread
+(`Capabilities.queued_execute`) takes a second execution while it runs one, when the plan sends
+batches without waiting for company: its thread starts the next the moment the last ends,
+instead of idling until the loop has taken the result and formed the next batch.
 They differ only in how work leaves the queue:
 
 - `DynamicBatcher` merges requests along dim 0 (Triton `dynamic_batching`).
@@ -64,7 +68,9 @@ class Scheduler(Protocol):
         ...
 
 
-def make_scheduler(config: ModelConfig, instances: Sequence[Backend], stats: ModelStats) -> Scheduler:
+def make_scheduler(
+    config: ModelConfig, instances: Sequence[Backend], stats: ModelStats, *, overlap: bool = False
+) -> Scheduler:
     """Pick the scheduler for a loaded tensor model.
 
     - `DynamicBatcher` when the model batches (`max_batch_size > 0`) and its backend can take
@@ -85,8 +91,8 @@ def make_scheduler(config: ModelConfig, instances: Sequence[Backend], stats: Mod
         return SequenceBatcher(config, instances, stats)
     merges = all(type(instance).capabilities.dynamic_batching for instance in instances)
     if config.max_batch_size > 0 and merges:
-        return DynamicBatcher(config, instances, stats)
-    return InstanceScheduler(config, instances, stats)
+        return DynamicBatcher(config, instances, stats, overlap=overlap)
+    return InstanceScheduler(config, instances, stats, overlap=overlap)
 
 
 # ---------------------------------------------------------------------------- the queue
@@ -150,7 +156,9 @@ class _QueueScheduler:
     """Priority queue + policies + instance workers + ordered delivery; subclasses decide
     which queued requests form the next execution (`_plan`)."""
 
-    def __init__(self, config: ModelConfig, instances: Sequence[Backend], stats: ModelStats) -> None:
+    def __init__(
+        self, config: ModelConfig, instances: Sequence[Backend], stats: ModelStats, *, overlap: bool = False
+    ) -> None:
         if not instances:
             raise ConfigError(f"model '{config.name or stats.name}' has no backend instances")
         self.config = config
@@ -186,10 +194,20 @@ class _QueueScheduler:
         self._pending = 0
         self._pending_rows = 0
         self._running: set[_Pending] = set()
-        # Instances running an execution (a worker's or a direct one), and the workers waiting
-        # for a direct execution to give their instance back.
-        self._busy: set[Backend] = set()
-        self._idle_waiters: dict[Backend, asyncio.Future[None]] = {}
+        # Executions in flight per instance (a worker's or a direct one); an instance takes
+        # `depth` at once (see `overlap` in the module docstring), each on a worker of its own.
+        # Measured with a python model, one instance, 8 clients: 1.27-1.33x the requests per
+        # second of one at a time, and less CPU per request (its thread no longer sleeps
+        # between executions).
+        self.depth = 2 if overlap and self._sends_at_once() and all(
+            type(instance).capabilities.queued_execute for instance in instances
+        ) else 1
+        self._in_flight: dict[Backend, int] = {}
+        # When each instance's last execution returned: an execution that waited behind
+        # another on the instance's thread counts that wait as queue time, not compute.
+        self._returned_ns: dict[Backend, int] = {}
+        # Workers parked until their instance can take an execution again.
+        self._idle_waiters: dict[Backend, list[asyncio.Future[None]]] = {}
         # The instance of the worker that forms batches while it sleeps (see `_sleep`).
         self._former_instance: Backend | None = None
         # Direct executions in flight: the task that runs each (cancelled by a stop that times out).
@@ -210,8 +228,9 @@ class _QueueScheduler:
             return
         self._state = _State.RUNNING
         self._workers = [
-            asyncio.create_task(self._worker(instance), name=f"scheduler-{self.model}-{index}")
+            asyncio.create_task(self._worker(instance), name=f"scheduler-{self.model}-{index}.{lane}")
             for index, instance in enumerate(self.instances)
+            for lane in range(self.depth)
         ]
 
     def pending(self) -> int:
@@ -336,6 +355,12 @@ class _QueueScheduler:
         """Would `_plan`, with `item` alone in the queue, send it now? (Then it may skip the queue.)"""
         return True
 
+    def _sends_at_once(self) -> bool:
+        """Does `_plan` send whatever is queued as soon as an instance takes it? Only then may an
+        instance take a second execution: where a batch waits to grow, forming it early while the
+        instance is still busy would send it smaller."""
+        return True
+
     # ------------------------------------------------------------------ queue helpers
 
     def _level_of(self, request: InferRequest) -> int:
@@ -373,9 +398,10 @@ class _QueueScheduler:
         if self._former is not None:
             _set_done(self._former)
         if self._idle_waiters:
-            # A worker parked by a direct execution that has ended may form in its place.
-            for instance in [i for i in self._idle_waiters if i not in self._busy]:
-                _set_done(self._idle_waiters.pop(instance))
+            # A worker parked by an execution that has ended may form in its place.
+            for instance in [i for i in self._idle_waiters if not self._full(i)]:
+                for waiter in self._idle_waiters.pop(instance):
+                    _set_done(waiter)
 
     def _check_drained(self) -> None:
         if self._state is not _State.RUNNING and not self._running and self._pending == 0:
@@ -466,7 +492,7 @@ class _QueueScheduler:
             if items is None:
                 return
             if not items:
-                # A direct execution holds this instance: wait for it outside the lock, so
+                # Other executions fill this instance: wait for one outside the lock, so
                 # that another idle instance's worker can form the next batch meanwhile.
                 await self._until_idle(instance)
                 continue
@@ -479,10 +505,10 @@ class _QueueScheduler:
             del items
 
     async def _next_batch(self, instance: Backend) -> list[_Pending] | None:
-        """The next batch for `instance` (marked busy), None when stopped, [] when a direct
-        execution took the instance."""
+        """The next batch for `instance` (counted in flight), None when stopped, [] when other
+        executions (a direct one, or the other workers') fill the instance."""
         while True:
-            if instance in self._busy:
+            if self._full(instance):
                 return []
             now = time.monotonic_ns()
             self._expire(now)
@@ -491,7 +517,7 @@ class _QueueScheduler:
                 items, wake_at = self._plan(now)
                 if items is not None:
                     self._take(items, now)
-                    self._busy.add(instance)
+                    self._in_flight[instance] = self._in_flight.get(instance, 0) + 1
                     return items
             elif self._state is not _State.RUNNING:
                 return None
@@ -503,15 +529,18 @@ class _QueueScheduler:
 
     # ------------------------------------------------------------------ direct dispatch
 
+    def _full(self, instance: Backend) -> bool:
+        return self._in_flight.get(instance, 0) >= self.depth
+
     def _idle_instance(self) -> Backend | None:
         """An instance with no execution in flight: the batch former's, which is the one the
-        request would have gone to through the queue, else the first idle one."""
+        request would have gone to through the queue, else the first idle one. (A request
+        never runs directly behind another execution: it would wait there, not in the queue.)"""
+        in_flight = self._in_flight
         former = self._former_instance
-        if former is not None and former not in self._busy:
+        if former is not None and not in_flight.get(former):
             return former
-        if len(self._busy) >= len(self.instances):
-            return None
-        return next((i for i in self.instances if i not in self._busy), None)
+        return next((i for i in self.instances if not in_flight.get(i)), None)
 
     async def _run_direct(self, instance: Backend, item: _Pending, now_ns: int) -> InferResponse:
         """Run `item` alone on idle `instance` in the caller's task, with the queue's
@@ -519,7 +548,7 @@ class _QueueScheduler:
         item.stage = _Stage.RUNNING
         item.queue_ns = now_ns - item.arrival_ns
         self._running.add(item)
-        self._busy.add(instance)
+        self._in_flight[instance] = self._in_flight.get(instance, 0) + 1
         task = asyncio.current_task()
         assert task is not None
         self._direct[item] = task
@@ -540,24 +569,33 @@ class _QueueScheduler:
         return await item.future
 
     def _release(self, instance: Backend) -> None:
-        """`instance` finished an execution. Its worker, if a direct execution parked it, goes
-        back to forming batches only when there is work (or a stop): with nothing queued, the
-        next request runs directly anyway, and waking it for nothing is a loop iteration."""
-        self._busy.discard(instance)
+        """`instance` finished an execution. Its parked workers go back to forming batches only
+        when there is work (or a stop): with nothing queued, the next request runs directly
+        anyway, and waking them for nothing is a loop iteration."""
+        count = self._in_flight.get(instance, 0) - 1
+        if count > 0:
+            self._in_flight[instance] = count
+        else:
+            self._in_flight.pop(instance, None)
         if instance in self._idle_waiters and (self._pending or self._state is not _State.RUNNING):
-            _set_done(self._idle_waiters.pop(instance))
+            for waiter in self._idle_waiters.pop(instance):
+                _set_done(waiter)
 
     async def _until_idle(self, instance: Backend) -> None:
-        """Park until `instance` is free and there is work for it (`_release`, `_wake_former`)."""
-        if instance not in self._busy:
+        """Park until `instance` can take an execution and there is work for it (`_release`,
+        `_wake_former`)."""
+        if not self._full(instance):
             return
         waiter = asyncio.get_running_loop().create_future()
-        self._idle_waiters[instance] = waiter
+        waiters = self._idle_waiters.setdefault(instance, [])
+        waiters.append(waiter)
         try:
             await waiter
         finally:
-            if self._idle_waiters.get(instance) is waiter:
-                del self._idle_waiters[instance]
+            if waiter in waiters:
+                waiters.remove(waiter)
+                if not waiters and self._idle_waiters.get(instance) is waiters:
+                    del self._idle_waiters[instance]
 
     async def _sleep(self, wake_at: int | None, now_ns: int) -> None:
         """Wait until `_wake_former` is called or, if given, until `wake_at` (monotonic ns).
@@ -600,13 +638,18 @@ class _QueueScheduler:
                 f"{type(exc).__name__}: {exc}"
             )
             results = [error] * len(items)
-        phases = compute_phases(time.monotonic_ns() - started, instance.phase_ns)
+        returned = time.monotonic_ns()
+        # Behind another execution on the instance's thread, this one began when that returned.
+        began = max(started, self._returned_ns.get(instance, 0))
+        self._returned_ns[instance] = returned
+        phases = compute_phases(returned - began, instance.phase_ns)
         # Performed, whatever its outcome (Triton counts an execution that raised too).
         self.stats.record_execution(
             sum(item.rows for item in items), phases.infer_ns, phases.input_ns, phases.output_ns
         )
         for item, result in zip(items, results, strict=True):
             item.compute = phases
+            item.queue_ns += began - started
             if not isinstance(result, InferResponse | EdgedError):
                 result = BackendError(
                     f"backend {instance.name!r} returned {type(result).__name__} instead of a "
@@ -692,12 +735,14 @@ class DynamicBatcher(_QueueScheduler):
     `max_queue_delay_microseconds`; with no delay it is sent as soon as an instance is free.
     """
 
-    def __init__(self, config: ModelConfig, instances: Sequence[Backend], stats: ModelStats) -> None:
+    def __init__(
+        self, config: ModelConfig, instances: Sequence[Backend], stats: ModelStats, *, overlap: bool = False
+    ) -> None:
         if config.max_batch_size <= 0:
             raise ConfigError(
                 f"model '{config.name or stats.name}': dynamic batching needs max_batch_size > 0"
             )
-        super().__init__(config, instances, stats)
+        super().__init__(config, instances, stats, overlap=overlap)
         self.max_rows = config.max_batch_size
         self.preferred = frozenset(s for s in self.batching.preferred_batch_size if 0 < s <= self.max_rows)
         self.delay_ns = self.batching.max_queue_delay_microseconds * 1000
@@ -726,6 +771,9 @@ class DynamicBatcher(_QueueScheduler):
             rows = array.shape[0]
             parts.append((name, array.dtype.str, array.shape[1:]))
         return tuple(parts)
+
+    def _sends_at_once(self) -> bool:
+        return self.batching.max_queue_delay_microseconds == 0
 
     def _sends_alone(self, item: _Pending, now_ns: int) -> bool:
         # `_plan` with only `item` queued: full, at a preferred size, or no delay to wait out.

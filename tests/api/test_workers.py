@@ -287,6 +287,33 @@ def test_a_large_answer_through_a_worker(start_daemon: Callable[..., object], tm
     assert zipped_headers["content-encoding"] == "gzip" and gzip.decompress(zipped) == payload
 
 
+@pytest.mark.parametrize(("workers", "executions"), [("0", 3), ("1", 2)])
+def test_a_models_executions_overlap_only_without_workers(
+    start_daemon: Callable[..., object], tmp_path: Path, workers: str, executions: int
+) -> None:
+    """A batching python model busy with A gets B, then C, on connections of their own. Without
+    workers, B is taken at once as a second execution queued on the model's thread, and C waits
+    for an execution of its own; with workers (which leave the daemon's loop no time to spare at
+    load), B waits and C joins its batch."""
+    repo = _echo_repo(tmp_path, "slow", SLOW_MODEL, "[2]")
+    config = repo / "slow" / "config.pbtxt"
+    config.write_text("max_batch_size: 4\n" + config.read_text())
+    daemon = start_daemon("--model-repository", str(repo), "--workers", workers)
+    body = json.dumps({"inputs": [{"name": "IN", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}).encode()
+    infer = _request("POST", "/v2/models/slow/infer", body)
+    with _connect(daemon) as a, _connect(daemon) as b, _connect(daemon) as c:
+        for sock in (a, b, c):
+            sock.sendall(infer)
+            time.sleep(0.4)  # each one arrives while the 1.5 s execution of A runs
+        answers = [_exchange(sock, b"", 1)[0] for sock in (a, b, c)]
+        assert [status for status, _, _ in answers] == [200, 200, 200]
+        assert all(_outputs(payload)["OUT"] == [1.0, 2.0] for _, _, payload in answers)
+        (status, _, stats), = _exchange(a, _request("GET", "/v2/models/slow/stats"), 1)
+    assert status == 200
+    model = json.loads(stats)["model_stats"][0]
+    assert (model["inference_count"], model["execution_count"]) == (3, executions)
+
+
 def test_a_worker_that_dies_is_started_again(daemon) -> None:
     body, total, _ = _infer_body()
     infer = _request("POST", "/v2/models/simple/infer", body)

@@ -93,6 +93,16 @@ class NoMerge(Linear):
     capabilities = Capabilities(dynamic_batching=False)
 
 
+class Queued(Linear):
+    """Declares what TensorBackend's execute does: its runtime calls queue on one thread."""
+
+    capabilities = Capabilities(queued_execute=True)
+
+
+class QueuedNoMerge(Linear):
+    capabilities = Capabilities(dynamic_batching=False, queued_execute=True)
+
+
 def make_config(max_batch_size: int = 8, batching: dict[str, Any] | None = None, width: int = 4) -> ModelConfig:
     dims = [width] if max_batch_size > 0 else [1, width]
     data: dict[str, Any] = {
@@ -138,7 +148,7 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
     metrics = MetricsRegistry()
 
     async def build(
-        config: ModelConfig, count: int = 1, cls: type[Linear] = Linear
+        config: ModelConfig, count: int = 1, cls: type[Linear] = Linear, overlap: bool = False
     ) -> tuple[Scheduler, list[Linear], ModelStats]:
         instances: list[Linear] = []
         for index in range(count):
@@ -146,7 +156,7 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
             await instance.load(config, tmp_path, "CPU")
             instances.append(instance)
         stats = ModelStats("m", "1", metrics)
-        scheduler = make_scheduler(config, instances, stats)
+        scheduler = make_scheduler(config, instances, stats, overlap=overlap)
         await scheduler.start()
         built.append((scheduler, instances))
         return scheduler, instances, stats
@@ -739,6 +749,123 @@ async def test_stats_and_metrics_follow_executions(harness: Harness) -> None:
     exported.record_success(1_000, 6)
     text = metrics.render().decode()
     assert 'nv_inference_count{model="m",version="1"} 6.0' in text
+
+
+# ---------------------------------------------------------------------------- overlap
+
+
+async def test_a_busy_instance_takes_a_second_execution_queued_on_its_thread(harness: Harness) -> None:
+    scheduler, (inst,), stats = await harness(make_config(8), cls=Queued, overlap=True)
+    assert scheduler.depth == 2
+    first = await occupy(scheduler, inst)
+    second = [asyncio.create_task(scheduler.submit(req(i))) for i in (1, 2, 3)]
+    await settle()
+    # Taken at once as one execution, which waits on the instance's thread behind the first.
+    assert scheduler.pending() == 0
+    assert inst.batches == [1]
+    third = [asyncio.create_task(scheduler.submit(req(i))) for i in (4, 5)]
+    await settle()
+    assert scheduler.pending() == 2  # two in flight fill the instance
+    inst.gate.set()
+    results = await asyncio.gather(first, *second, *third)
+    assert inst.batches == [1, 3, 2]
+    assert inst.seen == [100, 1, 2, 3, 4, 5]
+    for ident, result in zip((100, 1, 2, 3, 4, 5), results, strict=True):
+        np.testing.assert_array_equal(result.outputs["y"], inst.expected(rows(ident)))
+    assert stats.execution_count == 3
+    # Idle again: the next request runs directly in its own task.
+    again = asyncio.create_task(scheduler.submit(req(6)))
+    await again
+    assert inst.callers[-1] is again
+
+
+async def test_a_lone_request_behind_a_running_execution_goes_through_a_worker(harness: Harness) -> None:
+    # Run directly, it would wait on the instance's thread in its own task, with nothing
+    # for the queue's policies (timeouts, priorities) to act on; as queued work it is a
+    # worker's second execution.
+    scheduler, (inst,), _ = await harness(make_config(8), cls=Queued, overlap=True)
+    first = await occupy(scheduler, inst)
+    lone = asyncio.create_task(scheduler.submit(req(1)))
+    # Not `settle()`: its sleep(0) leaves this task ready, which sends `lone` to the queue
+    # anyway (arrivals in one loop iteration batch together). A timer leaves nothing ready.
+    await asyncio.sleep(0.01)
+    await settle()
+    assert len(inst.callers) == 2 and inst.callers[1] is not lone
+    inst.gate.set()
+    await asyncio.gather(first, lone)
+    np.testing.assert_array_equal(lone.result().outputs["y"], inst.expected(rows(1)))
+
+
+async def test_an_execution_queued_behind_another_counts_its_wait_as_queue_time(harness: Harness) -> None:
+    scheduler, (inst,), stats = await harness(make_config(8), cls=Queued, overlap=True)
+    first = await occupy(scheduler, inst)
+    behind = asyncio.create_task(scheduler.submit(req(1)))
+    await settle()
+    assert scheduler.pending() == 0  # submitted to the thread, which is held by `first`
+    held = 1.0
+    await asyncio.sleep(held)
+    inst.gate.set()
+    await asyncio.gather(first, behind)
+    doc = stats.to_triton_json("m", "1")
+    # Two executions of one request each; `first` computed for `held` seconds. The request
+    # behind it waited that long too, as queue time; its own compute is a numpy product.
+    inference = doc["inference_stats"]
+    assert inference["compute_infer"]["count"] == 2
+    assert inference["queue"]["ns"] >= held * 1e9
+    # Both computes together: `first`'s held second and a little, not two seconds.
+    assert held * 1e9 <= inference["compute_infer"]["ns"] < 2 * held * 1e9
+
+
+@pytest.mark.parametrize(
+    ("config", "cls", "overlap"),
+    [
+        (make_config(8), Queued, False),  # not asked for (the daemon has HTTP workers)
+        (make_config(8), Linear, True),  # a backend that did not declare queued_execute
+        (make_config(8, {"max_queue_delay_microseconds": 100_000}), Queued, True),  # batches wait to grow
+    ],
+)
+async def test_one_execution_per_instance_unless_overlap_is_safe_and_useful(
+    harness: Harness, config: ModelConfig, cls: type[Linear], overlap: bool
+) -> None:
+    scheduler, (inst,), _ = await harness(config, cls=cls, overlap=overlap)
+    assert scheduler.depth == 1
+    first = await occupy(scheduler, inst)
+    queued = [asyncio.create_task(scheduler.submit(req(i))) for i in (1, 2, 3)]
+    await settle()
+    assert scheduler.pending() == 3
+    inst.gate.set()
+    await asyncio.gather(first, *queued)
+    assert inst.batches == [1, 3]
+
+
+async def test_overlapped_executions_keep_order_and_drain_on_stop(harness: Harness) -> None:
+    scheduler, (inst,), _ = await harness(make_config(0), cls=QueuedNoMerge, overlap=True)
+    assert isinstance(scheduler, InstanceScheduler) and scheduler.depth == 2
+    first = await occupy(scheduler, inst)
+    queued = [asyncio.create_task(scheduler.submit(req(i))) for i in (1, 2, 3)]
+    await settle()
+    assert scheduler.pending() == 2  # one of them queued on the thread, one request each
+    stopping = asyncio.create_task(scheduler.stop(30))
+    await settle()
+    assert not stopping.done()
+    inst.gate.set()
+    await stopping
+    for task, ident in zip([first, *queued], (100, 1, 2, 3), strict=True):
+        np.testing.assert_array_equal(task.result().outputs["y"], inst.expected(rows(ident)))
+    assert inst.seen == [100, 1, 2, 3]
+    assert inst.batches == [1, 1, 1, 1]
+
+
+async def test_stop_fails_both_overlapped_executions_after_the_drain_timeout(harness: Harness) -> None:
+    scheduler, (inst,), _ = await harness(make_config(8), cls=Queued, overlap=True)
+    first = await occupy(scheduler, inst)
+    behind = asyncio.create_task(scheduler.submit(req(1)))
+    queued = asyncio.create_task(scheduler.submit(req(2)))
+    await settle()
+    await scheduler.stop(0.1)
+    outcomes = await asyncio.gather(first, behind, queued, return_exceptions=True)
+    assert all(isinstance(o, Unavailable) for o in outcomes), outcomes
+    assert scheduler.pending() == 0
 
 
 async def test_make_scheduler_requires_instances() -> None:
