@@ -921,6 +921,28 @@ def test_json_booleans_in_number_tensors_are_refused(datatype: str) -> None:
         Codec().decode_infer_request(json.dumps(body).encode(), None)
 
 
+@pytest.mark.parametrize("count", [3, 65, 300])  # checked in Python up to 64 numbers, by numpy above
+def test_json_number_checks_hold_for_few_and_many_numbers(count: int) -> None:
+    def decode(datatype: str, data: list[object]) -> np.ndarray:
+        body = {"inputs": [{"name": "X", "shape": [len(data)], "datatype": datatype, "data": data}]}
+        return Codec().decode_infer_request(json.dumps(body).encode(), None).request.inputs["X"]
+
+    edges = [-128, 127] + [0] * (count - 2)
+    decoded = decode("INT8", edges)
+    assert decoded.dtype == np.int8 and decoded.tolist() == edges
+    with pytest.raises(InvalidArgument, match=r"INT8 data must be JSON integers in \[-128, 127\]"):
+        decode("INT8", [*edges[:-1], 128])
+    with pytest.raises(InvalidArgument, match=r"INT8 data must be JSON integers in \[-128, 127\]"):
+        decode("INT8", [-129, *edges[1:]])
+    with pytest.raises(InvalidArgument, match="UINT64 data must be JSON integers"):
+        decode("UINT64", [2, *[5] * (count - 2), -1])
+    for datatype in ("INT32", "FP32"):
+        with pytest.raises(InvalidArgument, match=f"{datatype} data must be JSON numbers, got a JSON boolean"):
+            decode(datatype, [*[7] * (count - 1), True])
+    floats = [0.5 * i for i in range(count)]
+    assert decode("FP32", floats).tolist() == floats
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_nonfinite_json_outputs_are_nan_and_infinity_literals(dtype: type) -> None:
     decoded = DecodedInfer(InferRequest(inputs={}))
