@@ -215,6 +215,8 @@ class ChatRequest(_Sampling):
     logprobs: bool | None = None
     # Alternatives per token (0..20); needs logprobs.
     top_logprobs: int | None = None
+    # llama-server's: n > 0 is logprobs with n alternatives per token (0..20); 0 is none.
+    n_probs: int | None = None
     tools: list[openai_tools.Tool] | None = None
     tool_choice: openai_tools.ToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -1349,6 +1351,15 @@ async def _chat_request(model: LoadedVersion, req: ChatRequest) -> _CheckedChat:
     if req.logit_bias:
         params.logit_bias = await logit_bias_of(model, req.logit_bias)
     params.json_schema = schema_of_format(req.response_format)
+    probs_field = "logprobs"
+    if req.n_probs is not None:
+        if req.logprobs is not None or req.top_logprobs is not None:
+            # llama-server then keeps logprobs' count and drops n_probs without a word.
+            raise InvalidArgument("n_probs and logprobs/top_logprobs: send one of the two forms")
+        if not 0 <= req.n_probs <= 20:
+            raise InvalidArgument(f"n_probs must be between 0 and 20, got {req.n_probs}")
+        # Read as the OpenAI form from here on (the answers carry it so, as llama-server's do).
+        req.logprobs, req.top_logprobs, probs_field = req.n_probs > 0, req.n_probs or None, "n_probs"
     if req.top_logprobs is not None:
         if not req.logprobs:
             raise InvalidArgument("top_logprobs: requires logprobs to be true")
@@ -1362,7 +1373,7 @@ async def _chat_request(model: LoadedVersion, req: ChatRequest) -> _CheckedChat:
     split = splits_reasoning(req.reasoning_format) and bool(tags[0])
     if use is not None:
         if req.logprobs:
-            raise InvalidArgument("logprobs: not supported together with tools")
+            raise InvalidArgument(f"{probs_field}: not supported together with tools")
         # With response_format: tool calls or an answer in the format (ToolUse.constrain),
         # after the reasoning where the reply shows it.
         use.constrain(params, "response_format", ("", "") if split else tags)

@@ -1013,6 +1013,39 @@ def test_logprobs(daemon: Any, client: openai.OpenAI) -> None:
     assert ten.choices[0].logprobs is not None and len((ten.choices[0].logprobs.top_logprobs or [])[0]) == 10
 
 
+def test_n_probs_on_chat_is_logprobs_with_that_many_alternatives(client: openai.OpenAI) -> None:
+    """llama-server's `n_probs` on its OpenAI chat route: the same answer as `logprobs` with
+    `top_logprobs` n (checked against llama-server's own: n_probs 2 gives OpenAI's
+    `logprobs.content` with two alternatives per token, streamed too)."""
+    messages = [{"role": "user", "content": "Probabilities"}]
+    form = client.chat.completions.create(model="tiny", messages=messages, logprobs=True, top_logprobs=2, **GREEDY)
+    alias = client.chat.completions.create(model="tiny", messages=messages, extra_body={"n_probs": 2}, **GREEDY)
+    expected, got = (r.choices[0].logprobs.content if r.choices[0].logprobs else None for r in (form, alias))
+    assert expected is not None and got is not None
+    assert [(e.token, [t.token for t in e.top_logprobs]) for e in got] == [
+        (e.token, [t.token for t in e.top_logprobs]) for e in expected
+    ]
+    assert [e.logprob for e in got] == pytest.approx([e.logprob for e in expected], abs=1e-3)
+    streamed = [
+        entry
+        for chunk in client.chat.completions.create(
+            model="tiny", messages=messages, stream=True, extra_body={"n_probs": 2}, **GREEDY
+        )
+        for choice in chunk.choices
+        for entry in (choice.logprobs.content or [] if choice.logprobs else [])
+    ]
+    assert [e.token for e in streamed] == [e.token for e in expected]
+    none = client.chat.completions.create(model="tiny", messages=messages, extra_body={"n_probs": 0}, **GREEDY)
+    assert none.choices[0].logprobs is None
+    for extra, pattern in [
+        ({"n_probs": 2, "logprobs": True}, "n_probs and logprobs/top_logprobs: send one of the two forms"),
+        ({"n_probs": 21}, "n_probs must be between 0 and 20, got 21"),
+        ({"n_probs": 1, "tools": [WEATHER]}, "n_probs: not supported together with tools"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=pattern):
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=1, extra_body=extra)
+
+
 def test_echo_with_logprobs_scores_the_prompt(client: openai.OpenAI, repo: Path) -> None:
     """OpenAI's echo with logprobs, as lm-eval-harness scores text (a batch of token-id
     prompts, max_tokens 1, logprobs 1; it sums token_logprobs[ctxlen:-1] and compares each
