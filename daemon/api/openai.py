@@ -170,6 +170,8 @@ class CompletionRequest(_Sampling):
     # Log probabilities of the generated tokens and this many alternatives: 0..20 (OpenAI
     # allows 5; lm-eval-harness's older local-completions asks for 10, vLLM allows 20).
     logprobs: int | None = None
+    # llama-server's name for it, where 0 is none.
+    n_probs: int | None = None
     # Candidates generated per prompt (n..MAX_CHOICES), of which the n with the highest mean
     # log probability per token are returned (OpenAI's legacy completions). Not with stream.
     best_of: int | None = None
@@ -217,6 +219,9 @@ class ChatRequest(_Sampling):
     top_logprobs: int | None = None
     # llama-server's: n > 0 is logprobs with n alternatives per token (0..20); 0 is none.
     n_probs: int | None = None
+    # llama-server's: the logprobs entries give probabilities after the samplers (`prob`,
+    # `top_probs`: the candidates the token was drawn from) instead of log probabilities.
+    post_sampling_probs: bool = False
     tools: list[openai_tools.Tool] | None = None
     tool_choice: openai_tools.ToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -763,6 +768,11 @@ async def _send_all(response: web.StreamResponse, payload: dict[str, Any] | list
         await _send(response, item)
 
 
+def _sampled(entry: TokenLogprob) -> dict[str, Any]:
+    """A logprobs entry of post_sampling_probs (GenerateParams.post_sampling_probs)."""
+    return {"id": entry.token_id, "token": token_text(entry), "bytes": list(entry.piece), "prob": math.exp(entry.logprob)}
+
+
 def token_text(entry: TokenLogprob) -> str:
     # A token holding part of a UTF-8 character shows as U+FFFD; `bytes` has the truth.
     return entry.piece.decode("utf-8", errors="replace")
@@ -947,6 +957,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise InvalidArgument(
             "prompt: a string, token ids, or a list of strings or of token-id lists (not empty, not mixed)"
         )
+    if req.n_probs is not None:
+        if req.logprobs is not None and req.logprobs != req.n_probs:
+            raise InvalidArgument("n_probs and logprobs disagree; send one of them")
+        if not 0 <= req.n_probs <= 20:
+            raise InvalidArgument(f"n_probs must be between 0 and 20, got {req.n_probs}")
+        req.logprobs = req.n_probs or None
     # Completions accept max_tokens 0 (OpenAI's legacy API: with echo, the prompt alone).
     params = _params(req, min_tokens=0)
     params.lora = lora_request(model, req.lora)
@@ -1367,6 +1383,10 @@ async def _chat_request(model: LoadedVersion, req: ChatRequest) -> _CheckedChat:
             raise InvalidArgument(f"top_logprobs must be between 0 and 20, got {req.top_logprobs}")
     if req.logprobs:
         params.logprobs = req.top_logprobs or 0
+        params.post_sampling_probs = req.post_sampling_probs
+    elif req.post_sampling_probs:
+        # llama-server then gives no probabilities at all, without a word.
+        raise InvalidArgument("post_sampling_probs: requires logprobs to be true (or n_probs above 0)")
     rendered = chat_prompt(model, req, params.json_schema)
     prompt, syntax, use = rendered.text, rendered.syntax, rendered.use
     tags = model.thinking_tags()
@@ -1452,6 +1472,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any] | None:
         if not req.logprobs:
             return None
+        if req.post_sampling_probs:
+            # llama-server's form: probabilities after the samplers.
+            return {"content": [
+                {**_sampled(e), "top_probs": [_sampled(t) for t in e.top]} for e in entries
+            ]}
         # `id`: llama-server's addition to OpenAI's entries (the token's id in the vocabulary).
         return {"content": [
             {

@@ -1046,6 +1046,69 @@ def test_n_probs_on_chat_is_logprobs_with_that_many_alternatives(client: openai.
             client.chat.completions.create(model="tiny", messages=messages, max_tokens=1, extra_body=extra)
 
 
+def test_post_sampling_probs_on_chat_are_the_candidates_after_the_samplers(client: openai.OpenAI) -> None:
+    """llama-server's `post_sampling_probs` on its chat route: `prob` and `top_probs`, the
+    probabilities of the candidates the samplers left (top_k 3 leaves three, summing to 1)."""
+    messages = [{"role": "user", "content": "Probabilities"}]
+    sampling = {"temperature": 1.0, "top_p": 1.0, "seed": 5, "max_tokens": 6}
+    extra = {"top_k": 3, "min_p": 0.0, "post_sampling_probs": True}
+    for stream in (False, True):
+        if stream:
+            entries = [
+                entry
+                for chunk in client.chat.completions.create(
+                    model="tiny", messages=messages, logprobs=True, top_logprobs=5, stream=True,
+                    extra_body=extra, **sampling,
+                )
+                for choice in chunk.choices
+                for entry in (
+                    [e.model_dump(exclude_unset=True) for e in choice.logprobs.content or []] if choice.logprobs else []
+                )
+            ]
+        else:
+            reply = client.chat.completions.create(
+                model="tiny", messages=messages, logprobs=True, top_logprobs=5, extra_body=extra, **sampling
+            )
+            assert reply.choices[0].logprobs is not None
+            entries = [e.model_dump(exclude_unset=True) for e in reply.choices[0].logprobs.content or []]
+        assert len(entries) == 6, stream
+        for entry in entries:
+            assert "logprob" not in entry and "top_logprobs" not in entry
+            candidates = entry["top_probs"]
+            assert len(candidates) == 3
+            assert sum(c["prob"] for c in candidates) == pytest.approx(1.0, abs=1e-5)
+            assert entry["prob"] == next(c["prob"] for c in candidates if c["id"] == entry["id"])
+    greedy = client.chat.completions.create(
+        model="tiny", messages=messages, extra_body={"n_probs": 2, "post_sampling_probs": True}, **GREEDY
+    )
+    assert greedy.choices[0].logprobs is not None
+    for entry in (e.model_dump(exclude_unset=True) for e in greedy.choices[0].logprobs.content or []):
+        assert entry["prob"] == 1.0 and [c["prob"] for c in entry["top_probs"]] == [1.0]
+    with pytest.raises(openai.BadRequestError, match="post_sampling_probs: requires logprobs to be true"):
+        client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=1, extra_body={"post_sampling_probs": True}
+        )
+
+
+def test_n_probs_on_completions_is_logprobs(client: openai.OpenAI) -> None:
+    form = client.completions.create(model="tiny", prompt="Probabilities", logprobs=2, **GREEDY)
+    alias = client.completions.create(model="tiny", prompt="Probabilities", extra_body={"n_probs": 2}, **GREEDY)
+    assert form.choices[0].logprobs is not None and alias.choices[0].logprobs is not None
+    assert alias.choices[0].logprobs.tokens == form.choices[0].logprobs.tokens
+    assert [sorted(t) for t in alias.choices[0].logprobs.top_logprobs or []] == [
+        sorted(t) for t in form.choices[0].logprobs.top_logprobs or []
+    ]
+    none = client.completions.create(model="tiny", prompt="Probabilities", extra_body={"n_probs": 0}, **GREEDY)
+    assert none.choices[0].logprobs is None
+    for extra, pattern in [
+        ({"n_probs": 2, "logprobs": 3}, "n_probs and logprobs disagree; send one of them"),
+        ({"n_probs": 21}, "n_probs must be between 0 and 20, got 21"),
+        ({"n_probs": 2, "post_sampling_probs": True}, "post_sampling_probs"),  # chat's only
+    ]:
+        with pytest.raises(openai.BadRequestError, match=pattern):
+            client.completions.create(model="tiny", prompt="x", max_tokens=1, extra_body=extra)
+
+
 def test_echo_with_logprobs_scores_the_prompt(client: openai.OpenAI, repo: Path) -> None:
     """OpenAI's echo with logprobs, as lm-eval-harness scores text (a batch of token-id
     prompts, max_tokens 1, logprobs 1; it sums token_logprobs[ctxlen:-1] and compares each
