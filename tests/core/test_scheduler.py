@@ -179,6 +179,13 @@ async def occupy(scheduler: Scheduler, instance: Linear, ident: int = 100) -> as
     return task
 
 
+async def runs_directly(scheduler: Scheduler, instance: Linear, ident: int) -> None:
+    """A request sent to an idle instance runs in its own task, not a worker's."""
+    task = asyncio.create_task(scheduler.submit(req(ident)))
+    await task
+    assert instance.callers[-1] is task
+
+
 # ---------------------------------------------------------------------------- batching
 
 
@@ -634,9 +641,7 @@ async def test_requests_arriving_during_a_direct_execution_queue_and_batch(harne
         np.testing.assert_array_equal(result.outputs["y"], inst.expected(rows(ident)))
     assert stats.execution_count == 2
     # And once idle again, the next request runs directly again.
-    again = asyncio.create_task(scheduler.submit(req(4)))
-    await again
-    assert inst.callers[-1] is again
+    await runs_directly(scheduler, inst, 4)
 
 
 async def test_requests_arriving_together_still_share_one_batch(harness: Harness) -> None:
@@ -773,10 +778,7 @@ async def test_a_busy_instance_takes_a_second_execution_queued_on_its_thread(har
     for ident, result in zip((100, 1, 2, 3, 4, 5), results, strict=True):
         np.testing.assert_array_equal(result.outputs["y"], inst.expected(rows(ident)))
     assert stats.execution_count == 3
-    # Idle again: the next request runs directly in its own task.
-    again = asyncio.create_task(scheduler.submit(req(6)))
-    await again
-    assert inst.callers[-1] is again
+    await runs_directly(scheduler, inst, 6)  # idle again
 
 
 async def test_a_lone_request_behind_a_running_execution_goes_through_a_worker(harness: Harness) -> None:
