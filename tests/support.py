@@ -55,6 +55,52 @@ def python_model(repo: Path, name: str, body: str, *, version: int = 1) -> Path:
     return folder
 
 
+# ---------------------------------------------------------------------------- raw HTTP/1.1
+
+# (status, lower-case headers, body) of one response read off a socket.
+RawResponse = tuple[int, dict[str, str], bytes]
+
+
+def raw_request(method: str, target: str, body: bytes = b"", headers: tuple[str, ...] = ()) -> bytes:
+    """One HTTP/1.1 request as bytes (Content-Length unless `headers` say it is chunked)."""
+    lines = [f"{method} {target} HTTP/1.1", "Host: localhost", *headers]
+    if body and not any(h.lower().startswith("transfer-encoding") for h in headers):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def simple_json_body(rows: int = 1, pad: int = 0) -> tuple[bytes, Any, Any]:
+    """A JSON infer body for Triton's `simple` model (`rows` of INT32 [16], then `pad` spaces)
+    and the sum and difference it must answer."""
+    import numpy as np
+
+    a = np.arange(16 * rows, dtype=np.int32).reshape(rows, 16)
+    b = np.full((rows, 16), 3, dtype=np.int32)
+    body = json.dumps({"inputs": [
+        {"name": "INPUT0", "shape": [rows, 16], "datatype": "INT32", "data": a.ravel().tolist()},
+        {"name": "INPUT1", "shape": [rows, 16], "datatype": "INT32", "data": b.ravel().tolist()},
+    ]}).encode() + b" " * pad
+    return body, a + b, a - b
+
+
+def simple_binary_body(a: Any, b: Any, outputs: list[dict[str, Any]]) -> tuple[bytes, str]:
+    """A binary infer body for Triton's `simple` model (the JSON header, then INT32 arrays `a`
+    and `b`), and its Inference-Header-Content-Length header line."""
+    header = json.dumps({
+        "inputs": [
+            {"name": name, "shape": list(x.shape), "datatype": "INT32", "parameters": {"binary_data_size": x.nbytes}}
+            for name, x in (("INPUT0", a), ("INPUT1", b))
+        ],
+        "outputs": outputs,
+    }).encode()
+    return header + a.tobytes() + b.tobytes(), f"Inference-Header-Content-Length: {len(header)}"
+
+
+def json_outputs(body: bytes) -> dict[str, list[Any]]:
+    """An infer response's outputs by name (JSON data)."""
+    return {o["name"]: o["data"] for o in json.loads(body)["outputs"]}
+
+
 def wait_until(condition: Callable[[], bool], timeout: float = 30.0, interval: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while True:

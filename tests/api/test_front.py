@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support import RawResponse, json_outputs, raw_request, simple_binary_body, simple_json_body
+
 pytest.importorskip("onnxruntime")
-
-
-Response = tuple[int, dict[str, str], bytes]
 
 
 @pytest.fixture
@@ -25,17 +24,7 @@ def daemon(start_daemon: Callable[..., object], simple_repo: Path) -> object:
     return start_daemon("--model-repository", str(simple_repo))
 
 
-def _infer_body() -> tuple[bytes, np.ndarray, np.ndarray]:
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    b = np.full((1, 16), 3, dtype=np.int32)
-    body = json.dumps({"inputs": [
-        {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": a.ravel().tolist()},
-        {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": b.ravel().tolist()},
-    ]}).encode()
-    return body, a + b, a - b
-
-
-def _exchange(path: Path, raw: bytes, heads: frozenset[int] = frozenset()) -> list[Response]:
+def _exchange(path: Path, raw: bytes, heads: frozenset[int] = frozenset()) -> list[RawResponse]:
     """Send `raw` at once (pipelined); every response, read until the server closes.
     `heads`: the indexes of HEAD requests (their responses have no body)."""
     with socket.socket(socket.AF_UNIX) as sock:
@@ -45,7 +34,7 @@ def _exchange(path: Path, raw: bytes, heads: frozenset[int] = frozenset()) -> li
         data = b""
         while chunk := sock.recv(65536):
             data += chunk
-    responses: list[Response] = []
+    responses: list[RawResponse] = []
     answered = 0
     while data:
         head, _, data = data.partition(b"\r\n\r\n")
@@ -59,36 +48,25 @@ def _exchange(path: Path, raw: bytes, heads: frozenset[int] = frozenset()) -> li
     return responses
 
 
-def _request(method: str, target: str, body: bytes = b"", headers: tuple[str, ...] = ()) -> bytes:
-    lines = [f"{method} {target} HTTP/1.1", "Host: localhost", *headers]
-    if body and not any(h.lower().startswith("transfer-encoding") for h in headers):
-        lines.append(f"Content-Length: {len(body)}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
 def _chunked(body: bytes) -> bytes:
     half = len(body) // 2
     return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:half], body[half:])) + b"0\r\n\r\n"
 
 
-def _outputs(body: bytes) -> dict[str, list[int]]:
-    return {o["name"]: o["data"] for o in json.loads(body)["outputs"]}
-
-
 def test_pipelined_requests_on_both_paths_are_answered_in_order(daemon) -> None:
-    body, total, difference = _infer_body()
+    body, total, difference = simple_json_body()
     raw = b"".join([
-        _request("GET", "/v2/health/live"),                                     # front
-        _request("GET", "/v2"),                                                 # relayed
-        _request("POST", "/v2/models/simple/infer", body),                      # front
-        _request("HEAD", "/v2/models/simple"),                                  # relayed, no body
-        _request("POST", "/v2/models/simple/infer", body, ("Expect: 100-continue",)),  # relayed
-        _request("POST", "/v2/models/simple/infer", _chunked(body), ("Transfer-Encoding: chunked",)),
-        _request("POST", "/v2/models/simple/infer", gzip.compress(body), ("Content-Encoding: gzip",)),
-        _request("POST", "/v2/models/simple_python/versions/1/infer", body),    # front, versioned
-        _request("POST", "/v2/models/nope/infer", body),                        # front, an error
-        _request("GET", "/v2/health/ready"),                                    # front
-        _request("GET", "/v2/models/nope", headers=("Connection: close",)),     # relayed, last
+        raw_request("GET", "/v2/health/live"),                                     # front
+        raw_request("GET", "/v2"),                                                 # relayed
+        raw_request("POST", "/v2/models/simple/infer", body),                      # front
+        raw_request("HEAD", "/v2/models/simple"),                                  # relayed, no body
+        raw_request("POST", "/v2/models/simple/infer", body, ("Expect: 100-continue",)),  # relayed
+        raw_request("POST", "/v2/models/simple/infer", _chunked(body), ("Transfer-Encoding: chunked",)),
+        raw_request("POST", "/v2/models/simple/infer", gzip.compress(body), ("Content-Encoding: gzip",)),
+        raw_request("POST", "/v2/models/simple_python/versions/1/infer", body),    # front, versioned
+        raw_request("POST", "/v2/models/nope/infer", body),                        # front, an error
+        raw_request("GET", "/v2/health/ready"),                                    # front
+        raw_request("GET", "/v2/models/nope", headers=("Connection: close",)),     # relayed, last
     ])
     responses = _exchange(daemon.socket, raw, heads=frozenset({3}))
     assert [status for status, _, _ in responses] == [200, 200, 200, 200, 100, 200, 200, 200, 200, 404, 200, 404]
@@ -102,7 +80,7 @@ def test_pipelined_requests_on_both_paths_are_answered_in_order(daemon) -> None:
     assert responses[3][2] == b""  # HEAD: headers only, and the next response still parses
     expected = {"OUTPUT0": total.ravel().tolist(), "OUTPUT1": difference.ravel().tolist()}
     for index in (2, 5, 6, 7, 8):
-        assert _outputs(responses[index][2]) == expected, index
+        assert json_outputs(responses[index][2]) == expected, index
     assert responses[2][1]["content-type"] == "application/json"
     assert json.loads(responses[9][2]) == {"error": "Request for unknown model: 'nope' is not found"}
     assert json.loads(responses[11][2]) == {"error": "Request for unknown model: 'nope' is not found"}
@@ -111,17 +89,8 @@ def test_pipelined_requests_on_both_paths_are_answered_in_order(daemon) -> None:
 def test_binary_infer_on_the_front(daemon) -> None:
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     b = np.arange(16, 32, dtype=np.int32).reshape(1, 16)
-    header = json.dumps({
-        "inputs": [
-            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}},
-            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}},
-        ],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-    }).encode()
-    raw = _request(
-        "POST", "/v2/models/simple/infer", header + a.tobytes() + b.tobytes(),
-        (f"Inference-Header-Content-Length: {len(header)}", "Connection: close"),
-    )
+    body, length = simple_binary_body(a, b, [{"name": "OUTPUT0", "parameters": {"binary_data": True}}])
+    raw = raw_request("POST", "/v2/models/simple/infer", body, (length, "Connection: close"))
     (status, headers, payload), = _exchange(daemon.socket, raw)
     assert status == 200 and "server" not in headers
     assert headers["content-type"] == "application/octet-stream"
@@ -137,15 +106,9 @@ def test_infer_responses_are_compressed_as_accept_encoding_asks_on_both_paths(da
 
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     b = np.full((1, 16), 7, dtype=np.int32)
-    header = json.dumps({
-        "inputs": [
-            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}},
-            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}},
-        ],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}, {"name": "OUTPUT1"}],
-    }).encode()
-    body = header + a.tobytes() + b.tobytes()
-    length = f"Inference-Header-Content-Length: {len(header)}"
+    body, length = simple_binary_body(
+        a, b, [{"name": "OUTPUT0", "parameters": {"binary_data": True}}, {"name": "OUTPUT1"}]
+    )
     cases = [  # (Accept-Encoding, chunked, expected encoding)
         (None, False, None),
         ("gzip", False, "gzip"),
@@ -159,10 +122,10 @@ def test_infer_responses_are_compressed_as_accept_encoding_asks_on_both_paths(da
     for accept, chunked, _ in cases:
         headers = (length,) + ((f"Accept-Encoding: {accept}",) if accept else ())
         if chunked:
-            raw += _request("POST", "/v2/models/simple/infer", _chunked(body), (*headers, "Transfer-Encoding: chunked"))
+            raw += raw_request("POST", "/v2/models/simple/infer", _chunked(body), (*headers, "Transfer-Encoding: chunked"))
         else:
-            raw += _request("POST", "/v2/models/simple/infer", body, headers)
-    raw += _request("GET", "/v2/health/live", headers=("Connection: close",))
+            raw += raw_request("POST", "/v2/models/simple/infer", body, headers)
+    raw += raw_request("GET", "/v2/health/live", headers=("Connection: close",))
     responses = _exchange(daemon.socket, raw)
     assert len(responses) == len(cases) + 1
     _, plain_headers, plain = responses[0]
@@ -179,7 +142,7 @@ def test_infer_responses_are_compressed_as_accept_encoding_asks_on_both_paths(da
         np.testing.assert_array_equal(np.frombuffer(inflated[json_length:], dtype=np.int32), (a + b).ravel())
         assert inflated == plain
     # An error is not compressed (nor is it in Triton).
-    bad = _request("POST", "/v2/models/nope/infer", body, (length, "Accept-Encoding: gzip", "Connection: close"))
+    bad = raw_request("POST", "/v2/models/nope/infer", body, (length, "Accept-Encoding: gzip", "Connection: close"))
     (status, headers, payload), = _exchange(daemon.socket, bad)
     assert status == 404 and "content-encoding" not in headers and b"nope" in payload
 
@@ -197,18 +160,18 @@ def test_requests_received_whole_before_a_malformed_one_are_answered_first(daemo
     answered, in order (served by the front or relayed, in flight or waiting), then the 400,
     then the connection closes. A POST without Content-Length whose body follows is one such
     client mistake: its body is an empty request's, the bytes after it a malformed request."""
-    body, total, _ = _infer_body()
+    body, total, _ = simple_json_body()
     raw = b"".join([
-        _request("POST", "/v2/models/simple/infer", body),                     # front, in flight
-        _request("GET", "/v2"),                                                # relayed, waiting
-        _request("POST", "/v2/models/simple/infer", _chunked(body), ("Transfer-Encoding: chunked",)),
+        raw_request("POST", "/v2/models/simple/infer", body),                     # front, in flight
+        raw_request("GET", "/v2"),                                                # relayed, waiting
+        raw_request("POST", "/v2/models/simple/infer", _chunked(body), ("Transfer-Encoding: chunked",)),
         b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n\r\n" + body,   # no Content-Length
     ])
     responses = _exchange(daemon.socket, raw)
     assert [status for status, _, _ in responses] == [200, 200, 200, 400, 400]
-    assert _outputs(responses[0][2])["OUTPUT0"] == total.ravel().tolist()
+    assert json_outputs(responses[0][2])["OUTPUT0"] == total.ravel().tolist()
     assert json.loads(responses[1][2])["name"] == "edged"
-    assert _outputs(responses[2][2])["OUTPUT0"] == total.ravel().tolist()
+    assert json_outputs(responses[2][2])["OUTPUT0"] == total.ravel().tolist()
     assert "malformed JSON" in json.loads(responses[3][2])["error"]  # the empty body
     assert json.loads(responses[4][2])["error"].startswith("malformed HTTP request")
     assert responses[4][1]["connection"] == "close"
@@ -229,7 +192,7 @@ def test_a_request_line_without_version_is_a_400_and_the_connection_closes(daemo
 def test_http_1_1_without_host_is_answered_on_both_paths(daemon) -> None:
     """Triton answers HTTP/1.1 requests that lack Host; so does the front, and a relayed one
     must not meet aiohttp's 400 (and its logged traceback) instead."""
-    body, total, _ = _infer_body()
+    body, total, _ = simple_json_body()
     raw = (
         b"GET /v2 HTTP/1.1\r\n\r\n"
         b"GET /v2/health/live HTTP/1.1\r\n\r\n"
@@ -239,19 +202,19 @@ def test_http_1_1_without_host_is_answered_on_both_paths(daemon) -> None:
     responses = _exchange(daemon.socket, raw)
     assert [status for status, _, _ in responses] == [200, 200, 200]
     assert json.loads(responses[0][2])["name"] == "edged"
-    assert _outputs(responses[2][2])["OUTPUT0"] == total.ravel().tolist()
+    assert json_outputs(responses[2][2])["OUTPUT0"] == total.ravel().tolist()
     assert "Traceback" not in daemon.log()
 
 
 def test_http_1_0_and_oversized_bodies_go_to_aiohttp(daemon) -> None:
-    body, total, _ = _infer_body()
+    body, total, _ = simple_json_body()
     raw = b"POST /v2/models/simple/infer HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
     (status, headers, payload), = _exchange(daemon.socket, raw)
     assert status == 200 and "server" in headers
-    assert _outputs(payload)["OUTPUT0"] == total.ravel().tolist()
+    assert json_outputs(payload)["OUTPUT0"] == total.ravel().tolist()
     # Over max-request-bytes (64 MiB by default): Triton's 400 text, from aiohttp's route,
     # without the body ever being sent.
-    raw = _request("POST", "/v2/models/simple/infer", headers=(f"Content-Length: {1 << 27}",))
+    raw = raw_request("POST", "/v2/models/simple/infer", headers=(f"Content-Length: {1 << 27}",))
     with socket.socket(socket.AF_UNIX) as sock:
         sock.settimeout(30)
         sock.connect(str(daemon.socket))
@@ -264,19 +227,19 @@ def test_http_1_0_and_oversized_bodies_go_to_aiohttp(daemon) -> None:
 def test_an_upgrade_request_is_answered_in_http_1_1_and_the_connection_goes_on(daemon) -> None:
     """`curl --http2` on http:// asks for h2c: nothing here switches protocols, the request is
     answered like any other and the next one on the connection is parsed as usual."""
-    body, total, _ = _infer_body()
-    raw = _request(
+    body, total, _ = simple_json_body()
+    raw = raw_request(
         "GET", "/v2",
         headers=("Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA"),
-    ) + _request("POST", "/v2/models/simple/infer", body, ("Connection: close",))
+    ) + raw_request("POST", "/v2/models/simple/infer", body, ("Connection: close",))
     responses = _exchange(daemon.socket, raw)
     assert [status for status, _, _ in responses] == [200, 200]
     assert json.loads(responses[0][2])["name"] == "edged"
-    assert _outputs(responses[1][2])["OUTPUT0"] == total.ravel().tolist()
+    assert json_outputs(responses[1][2])["OUTPUT0"] == total.ravel().tolist()
 
 
 def test_oversized_request_head_is_a_431_and_the_connection_closes(daemon) -> None:
-    raw = _request("GET", "/v2/health/live", headers=("X-Padding: " + "a" * 70_000,))
+    raw = raw_request("GET", "/v2/health/live", headers=("X-Padding: " + "a" * 70_000,))
     responses = _exchange(daemon.socket, raw)
     assert [status for status, _, _ in responses] == [431]
     assert json.loads(responses[0][2]) == {"error": "request line and headers exceed 65536 bytes"}
@@ -289,7 +252,7 @@ def test_idle_connections_close_after_keepalive_timeout_busy_ones_stay(
     config = tmp_path / "edged.toml"
     config.write_text("[server]\nkeepalive-timeout = 2.0\n")
     daemon = start_daemon("--config", str(config), "--model-repository", str(simple_repo))
-    live = _request("GET", "/v2/health/live")
+    live = raw_request("GET", "/v2/health/live")
     with socket.socket(socket.AF_UNIX) as sock:
         sock.settimeout(30)
         sock.connect(str(daemon.socket))

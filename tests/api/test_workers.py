@@ -19,11 +19,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from support import wait_until
+from support import (
+    RawResponse,
+    json_outputs,
+    raw_request,
+    simple_binary_body,
+    simple_json_body,
+    wait_until,
+)
 
 pytest.importorskip("onnxruntime")
-
-Response = tuple[int, dict[str, str], bytes]
 
 SLOW_MODEL = """\
 import time
@@ -73,14 +78,7 @@ def _slow_repo(tmp_path: Path) -> Path:
     return _echo_repo(tmp_path, "slow", SLOW_MODEL, "[2]")
 
 
-def _request(method: str, target: str, body: bytes = b"", headers: tuple[str, ...] = ()) -> bytes:
-    lines = [f"{method} {target} HTTP/1.1", "Host: localhost", *headers]
-    if body:
-        lines.append(f"Content-Length: {len(body)}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-def _read_response(sock: socket.socket, buffered: bytearray) -> Response:
+def _read_response(sock: socket.socket, buffered: bytearray) -> RawResponse:
     while b"\r\n\r\n" not in buffered:
         chunk = sock.recv(65536)
         if not chunk:
@@ -99,7 +97,7 @@ def _read_response(sock: socket.socket, buffered: bytearray) -> Response:
     return int(lines[0].split(" ")[1]), headers, rest[:length]
 
 
-def _exchange(sock: socket.socket, raw: bytes, count: int) -> list[Response]:
+def _exchange(sock: socket.socket, raw: bytes, count: int) -> list[RawResponse]:
     """Send `raw` at once (pipelined) and read `count` responses."""
     sock.sendall(raw)
     buffered = bytearray()
@@ -118,7 +116,7 @@ def _kept(daemon) -> Iterator[socket.socket]:
     """The daemon's own connection (it serves the first one itself): answered once, so that the
     daemon has taken it before the test connects again."""
     with _connect(daemon) as sock:
-        assert _exchange(sock, _request("GET", "/v2/health/live"), 1)[0][0] == 200
+        assert _exchange(sock, raw_request("GET", "/v2/health/live"), 1)[0][0] == 200
         yield sock
 
 
@@ -137,43 +135,29 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
-def _infer_body(rows: int = 1, pad: int = 0) -> tuple[bytes, np.ndarray, np.ndarray]:
-    a = np.arange(16 * rows, dtype=np.int32).reshape(rows, 16)
-    b = np.full((rows, 16), 3, dtype=np.int32)
-    body = json.dumps({"inputs": [
-        {"name": "INPUT0", "shape": [rows, 16], "datatype": "INT32", "data": a.ravel().tolist()},
-        {"name": "INPUT1", "shape": [rows, 16], "datatype": "INT32", "data": b.ravel().tolist()},
-    ]}).encode() + b" " * pad
-    return body, a + b, a - b
-
-
-def _outputs(body: bytes) -> dict[str, list[int]]:
-    return {o["name"]: o["data"] for o in json.loads(body)["outputs"]}
-
-
 @pytest.fixture
 def daemon(start_daemon: Callable[..., object], simple_repo: Path) -> object:
     return start_daemon("--model-repository", str(simple_repo), "--workers", "1")
 
 
 def test_a_worker_answers_infer_and_hands_other_requests_back_in_order(daemon) -> None:
-    body, total, difference = _infer_body()
+    body, total, difference = simple_json_body()
     expected = {"OUTPUT0": total.ravel().tolist(), "OUTPUT1": difference.ravel().tolist()}
     raw = b"".join([
-        _request("POST", "/v2/models/simple/infer", body),                       # worker
-        _request("GET", "/v2/health/live"),                                       # worker
-        _request("GET", "/v2/models/simple"),                                     # handed back
-        _request("POST", "/v2/models/simple/infer", body),                        # daemon now
-        _request("POST", "/v2/models/simple/infer", gzip.compress(body), ("Content-Encoding: gzip",)),
-        _request("GET", "/v2/health/ready"),
-        _request("POST", "/v2/models/nope/infer", body),
+        raw_request("POST", "/v2/models/simple/infer", body),                       # worker
+        raw_request("GET", "/v2/health/live"),                                       # worker
+        raw_request("GET", "/v2/models/simple"),                                     # handed back
+        raw_request("POST", "/v2/models/simple/infer", body),                        # daemon now
+        raw_request("POST", "/v2/models/simple/infer", gzip.compress(body), ("Content-Encoding: gzip",)),
+        raw_request("GET", "/v2/health/ready"),
+        raw_request("POST", "/v2/models/nope/infer", body),
     ])
     with _kept(daemon), _connect(daemon) as sock:
         assert len(_workers(daemon)) == 1
         responses = _exchange(sock, raw, 7)
     assert [status for status, _, _ in responses] == [200, 200, 200, 200, 200, 200, 404]
     for index in (0, 3, 4):
-        assert _outputs(responses[index][2]) == expected, index
+        assert json_outputs(responses[index][2]) == expected, index
     assert json.loads(responses[1][2]) == {"live": True} and json.loads(responses[5][2]) == {"ready": True}
     assert json.loads(responses[2][2])["name"] == "simple"
     assert json.loads(responses[6][2]) == {"error": "Request for unknown model: 'nope' is not found"}
@@ -182,15 +166,15 @@ def test_a_worker_answers_infer_and_hands_other_requests_back_in_order(daemon) -
 def test_a_first_request_with_a_body_is_handed_back_whole(daemon) -> None:
     """The connection's first request is one the worker does not serve, and its body came in
     with its head: all of it reaches the daemon, and so does the request pipelined after it."""
-    body, total, _ = _infer_body()
+    body, total, _ = simple_json_body()
     raw = b"".join([
-        _request("POST", "/v2/models/simple/infer", gzip.compress(body), ("Content-Encoding: gzip",)),
-        _request("POST", "/v2/models/simple/infer", body),
+        raw_request("POST", "/v2/models/simple/infer", gzip.compress(body), ("Content-Encoding: gzip",)),
+        raw_request("POST", "/v2/models/simple/infer", body),
     ])
     with _kept(daemon), _connect(daemon) as sock:
         responses = _exchange(sock, raw, 2)
     assert [r[0] for r in responses] == [200, 200]
-    assert all(_outputs(r[2])["OUTPUT0"] == total.ravel().tolist() for r in responses)
+    assert all(json_outputs(r[2])["OUTPUT0"] == total.ravel().tolist() for r in responses)
 
 
 def test_infer_through_a_worker_binary_large_and_compressed(daemon) -> None:
@@ -198,20 +182,13 @@ def test_infer_through_a_worker_binary_large_and_compressed(daemon) -> None:
     received into a buffer of its own on both sides (padded JSON), a gzip answer, an error."""
     a = np.arange(128, dtype=np.int32).reshape(8, 16)
     b = np.arange(128, 256, dtype=np.int32).reshape(8, 16)
-    header = json.dumps({
-        "inputs": [
-            {"name": "INPUT0", "shape": [8, 16], "datatype": "INT32", "parameters": {"binary_data_size": 512}},
-            {"name": "INPUT1", "shape": [8, 16], "datatype": "INT32", "parameters": {"binary_data_size": 512}},
-        ],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-    }).encode()
-    binary = _request("POST", "/v2/models/simple_python/infer", header + a.tobytes() + b.tobytes(),
-                      (f"Inference-Header-Content-Length: {len(header)}",))
-    large, total, _ = _infer_body(rows=8, pad=100_000)
+    body, length = simple_binary_body(a, b, [{"name": "OUTPUT0", "parameters": {"binary_data": True}}])
+    binary = raw_request("POST", "/v2/models/simple_python/infer", body, (length,))
+    large, total, _ = simple_json_body(rows=8, pad=100_000)
     raw = b"".join([
         binary,
-        _request("POST", "/v2/models/simple/infer", large, ("Accept-Encoding: gzip",)),
-        _request("POST", "/v2/models/simple/infer", b'{"inputs": []}'),
+        raw_request("POST", "/v2/models/simple/infer", large, ("Accept-Encoding: gzip",)),
+        raw_request("POST", "/v2/models/simple/infer", b'{"inputs": []}'),
     ])
     with _kept(daemon) as kept, _connect(daemon) as sock:
         through_worker = _exchange(sock, raw, 3)
@@ -224,27 +201,27 @@ def test_infer_through_a_worker_binary_large_and_compressed(daemon) -> None:
     np.testing.assert_array_equal(np.frombuffer(payload[json_length:], dtype=np.int32), (a + b).ravel())
     status, headers, payload = through_worker[1]
     assert headers["content-encoding"] == "gzip"
-    assert _outputs(gzip.decompress(payload))["OUTPUT0"] == total.ravel().tolist()
+    assert json_outputs(gzip.decompress(payload))["OUTPUT0"] == total.ravel().tolist()
     assert through_worker[2][0] == 400
 
 
 def test_a_large_body_is_answered_on_a_workers_connection(daemon) -> None:
     """Past 256 KiB a body costs more to pass on than its HTTP framing costs the daemon: the
     connection goes to the daemon, which reads the body in place, and comes back."""
-    large, total, _ = _infer_body(rows=8, pad=300_000)
-    small, small_total, _ = _infer_body()
+    large, total, _ = simple_json_body(rows=8, pad=300_000)
+    small, small_total, _ = simple_json_body()
     with _kept(daemon), _connect(daemon) as sock:
         for body, expected in ((large, total), (small, small_total), (large, total)):
-            status, _, payload = _exchange(sock, _request("POST", "/v2/models/simple/infer", body), 1)[0]
-            assert status == 200 and _outputs(payload)["OUTPUT0"] == expected.ravel().tolist()
+            status, _, payload = _exchange(sock, raw_request("POST", "/v2/models/simple/infer", body), 1)[0]
+            assert status == 200 and json_outputs(payload)["OUTPUT0"] == expected.ravel().tolist()
 
 
 def test_a_connection_handed_back_returns_to_a_worker_once(daemon) -> None:
     """A client asking for metadata first has its later infer requests served by a worker again;
     one that is handed back a second time stays with the daemon (no bounce per request)."""
-    body, total, _ = _infer_body()
-    metadata = _request("GET", "/v2/models/simple")
-    infer = _request("POST", "/v2/models/simple/infer", body)
+    body, total, _ = simple_json_body()
+    metadata = raw_request("GET", "/v2/models/simple")
+    infer = raw_request("POST", "/v2/models/simple/infer", body)
     with _kept(daemon) as kept:
         with _connect(daemon) as first, _connect(daemon) as second:
             assert _exchange(first, metadata, 1)[0][0] == 200
@@ -257,7 +234,7 @@ def test_a_connection_handed_back_returns_to_a_worker_once(daemon) -> None:
             with pytest.raises(ConnectionError):  # it was on the worker again
                 _exchange(first, infer, 1)
             status, _, payload = _exchange(second, infer, 1)[0]  # the daemon's for good
-        assert status == 200 and _outputs(payload)["OUTPUT0"] == total.ravel().tolist()
+        assert status == 200 and json_outputs(payload)["OUTPUT0"] == total.ravel().tolist()
         assert _exchange(kept, infer, 1)[0][0] == 200
 
 
@@ -273,7 +250,7 @@ def test_a_large_answer_through_a_worker(start_daemon: Callable[..., object], tm
     }).encode()
     body = header + values.tobytes()
     raw = b"".join(
-        _request("POST", "/v2/models/echo/infer", body, (f"Inference-Header-Content-Length: {len(header)}", *extra))
+        raw_request("POST", "/v2/models/echo/infer", body, (f"Inference-Header-Content-Length: {len(header)}", *extra))
         for extra in ((), ("Accept-Encoding: gzip",))
     )
     with _kept(daemon) as kept, _connect(daemon) as sock:
@@ -300,23 +277,23 @@ def test_a_models_executions_overlap_only_without_workers(
     config.write_text("max_batch_size: 4\n" + config.read_text())
     daemon = start_daemon("--model-repository", str(repo), "--workers", workers)
     body = json.dumps({"inputs": [{"name": "IN", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}).encode()
-    infer = _request("POST", "/v2/models/slow/infer", body)
+    infer = raw_request("POST", "/v2/models/slow/infer", body)
     with _connect(daemon) as a, _connect(daemon) as b, _connect(daemon) as c:
         for sock in (a, b, c):
             sock.sendall(infer)
             time.sleep(0.4)  # each one arrives while the 1.5 s execution of A runs
         answers = [_exchange(sock, b"", 1)[0] for sock in (a, b, c)]
         assert [status for status, _, _ in answers] == [200, 200, 200]
-        assert all(_outputs(payload)["OUT"] == [1.0, 2.0] for _, _, payload in answers)
-        (status, _, stats), = _exchange(a, _request("GET", "/v2/models/slow/stats"), 1)
+        assert all(json_outputs(payload)["OUT"] == [1.0, 2.0] for _, _, payload in answers)
+        (status, _, stats), = _exchange(a, raw_request("GET", "/v2/models/slow/stats"), 1)
     assert status == 200
     model = json.loads(stats)["model_stats"][0]
     assert (model["inference_count"], model["execution_count"]) == (3, executions)
 
 
 def test_a_worker_that_dies_is_started_again(daemon) -> None:
-    body, total, _ = _infer_body()
-    infer = _request("POST", "/v2/models/simple/infer", body)
+    body, total, _ = simple_json_body()
+    infer = raw_request("POST", "/v2/models/simple/infer", body)
     with _kept(daemon) as kept:
         with _connect(daemon) as sock:
             assert _exchange(sock, infer, 1)[0][0] == 200
@@ -332,7 +309,7 @@ def test_a_worker_that_dies_is_started_again(daemon) -> None:
         time.sleep(0.5)  # the new worker's channels are set up after it starts
         with _connect(daemon) as sock:
             status, _, payload = _exchange(sock, infer, 1)[0]
-    assert status == 200 and _outputs(payload)["OUTPUT0"] == total.ravel().tolist()
+    assert status == 200 and json_outputs(payload)["OUTPUT0"] == total.ravel().tolist()
     assert "HTTP worker 0 stopped" in daemon.log()
 
 
@@ -342,7 +319,7 @@ def test_connections_on_workers_count_towards_max_connections(
     config = tmp_path / "edged.toml"
     config.write_text("[server]\nmax-connections = 2\nworkers = 1\n")
     daemon = start_daemon("--config", str(config), "--model-repository", str(simple_repo))
-    live = _request("GET", "/v2/health/live")
+    live = raw_request("GET", "/v2/health/live")
     with _kept(daemon):
         with _connect(daemon) as second:
             assert _exchange(second, live, 1)[0][0] == 200
@@ -366,7 +343,7 @@ def test_stop_lets_a_workers_request_finish_and_the_workers_exit(
     body = json.dumps({"inputs": [{"name": "IN", "shape": [2], "datatype": "FP32", "data": [1.5, 2.5]}]}).encode()
     with _kept(daemon), _connect(daemon) as sock:
         (worker,) = _workers(daemon)
-        sock.sendall(_request("POST", "/v2/models/slow/infer", body))
+        sock.sendall(raw_request("POST", "/v2/models/slow/infer", body))
         time.sleep(0.5)  # the request is running
         daemon.proc.send_signal(signal.SIGTERM)
         status, headers, payload = _read_response(sock, bytearray())
@@ -387,15 +364,15 @@ def test_tcp_auth_all_holds_on_a_workers_connection(
     config = tmp_path / "edged.toml"
     config.write_text(f'[server]\ntoken-file = "{token}"\ntcp-auth = "all"\nworkers = 1\n')
     daemon = start_daemon("--config", str(config), "--model-repository", str(simple_repo), http=True)
-    body, total, _ = _infer_body()
+    body, total, _ = simple_json_body()
     with _kept(daemon), socket.create_connection(("127.0.0.1", daemon.http_port), timeout=30) as sock:
-        assert _exchange(sock, _request("GET", "/v2/health/live"), 1)[0][0] == 200  # on the worker
+        assert _exchange(sock, raw_request("GET", "/v2/health/live"), 1)[0][0] == 200  # on the worker
         refused, allowed = _exchange(sock, b"".join([
-            _request("POST", "/v2/models/simple/infer", body),
-            _request("POST", "/v2/models/simple/infer", body, ("Authorization: Bearer s3cret-token-for-tests-0123",)),
+            raw_request("POST", "/v2/models/simple/infer", body),
+            raw_request("POST", "/v2/models/simple/infer", body, ("Authorization: Bearer s3cret-token-for-tests-0123",)),
         ]), 2)
     assert refused[0] == 401
-    assert allowed[0] == 200 and _outputs(allowed[2])["OUTPUT0"] == total.ravel().tolist()
+    assert allowed[0] == 200 and json_outputs(allowed[2])["OUTPUT0"] == total.ravel().tolist()
 
 
 def test_tritonclient_and_shared_memory_rules_through_a_worker(
@@ -436,8 +413,8 @@ def test_tritonclient_and_shared_memory_rules_through_a_worker(
                 for name, offset in (("INPUT0", 0), ("INPUT1", 64))
             ]}).encode()
             with _connect(daemon) as sock:  # a Unix socket caller on the worker
-                status, _, payload = _exchange(sock, _request("POST", "/v2/models/simple/infer", body), 1)[0]
-        assert status == 200 and _outputs(payload)["OUTPUT0"] == (input0 + input1).ravel().tolist()
+                status, _, payload = _exchange(sock, raw_request("POST", "/v2/models/simple/infer", body), 1)[0]
+        assert status == 200 and json_outputs(payload)["OUTPUT0"] == (input0 + input1).ravel().tolist()
     finally:
         client.close()
         shm.destroy_shared_memory_region(handle)
@@ -478,7 +455,7 @@ def test_a_client_leaving_a_workers_connection_cancels_its_request_as_on_the_dae
         return daemon.get_json("/v2/models/slow/stats")["model_stats"][0]["inference_stats"]
 
     def leave(sock: socket.socket, failures: int) -> dict[str, Any]:
-        sock.sendall(_request("POST", "/v2/models/slow/infer", body))
+        sock.sendall(raw_request("POST", "/v2/models/slow/infer", body))
         time.sleep(0.3)  # in the daemon (running in the model, or queued behind the last one)
         sock.close()
         wait_until(lambda: stats()["fail"]["count"] >= failures)
