@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from daemon.api import sampling
 from daemon.api.errors import error_body
 from daemon.api.llama_native import joined_text, prompts_tokens, settings_json
 from daemon.api.openai import (
@@ -175,12 +176,8 @@ async def sampling_params(model: LoadedVersion, req: _Completion) -> GeneratePar
     params = _params(_Sampling(model=req.model, **shared), min_tokens=0)
     params.lora = lora_request(model, req.lora)
     params.max_tokens = _n_predict(req)
-    if req.n_probs is not None and req.logprobs is not None and req.n_probs != req.logprobs:
-        raise InvalidArgument("n_probs and logprobs disagree; send one of them")
-    probs = req.n_probs if req.n_probs is not None else req.logprobs
+    probs = sampling.n_probs(req.n_probs, req.logprobs)
     if probs is not None:
-        if not 0 <= probs <= 20:
-            raise InvalidArgument(f"n_probs must be between 0 and 20, got {probs}")
         params.logprobs = probs or None  # 0: none, as llama-server
     params.post_sampling_probs = req.post_sampling_probs
     if req.penalize_nl:

@@ -958,11 +958,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             "prompt: a string, token ids, or a list of strings or of token-id lists (not empty, not mixed)"
         )
     if req.n_probs is not None:
-        if req.logprobs is not None and req.logprobs != req.n_probs:
-            raise InvalidArgument("n_probs and logprobs disagree; send one of them")
-        if not 0 <= req.n_probs <= 20:
-            raise InvalidArgument(f"n_probs must be between 0 and 20, got {req.n_probs}")
-        req.logprobs = req.n_probs or None
+        req.logprobs = sampling.n_probs(req.n_probs, req.logprobs) or None
     # Completions accept max_tokens 0 (OpenAI's legacy API: with echo, the prompt alone).
     params = _params(req, min_tokens=0)
     params.lora = lora_request(model, req.lora)
@@ -1372,10 +1368,9 @@ async def _chat_request(model: LoadedVersion, req: ChatRequest) -> _CheckedChat:
         if req.logprobs is not None or req.top_logprobs is not None:
             # llama-server then keeps logprobs' count and drops n_probs without a word.
             raise InvalidArgument("n_probs and logprobs/top_logprobs: send one of the two forms")
-        if not 0 <= req.n_probs <= 20:
-            raise InvalidArgument(f"n_probs must be between 0 and 20, got {req.n_probs}")
+        count = sampling.n_probs(req.n_probs, None)
         # Read as the OpenAI form from here on (the answers carry it so, as llama-server's do).
-        req.logprobs, req.top_logprobs, probs_field = req.n_probs > 0, req.n_probs or None, "n_probs"
+        req.logprobs, req.top_logprobs, probs_field = bool(count), count or None, "n_probs"
     if req.top_logprobs is not None:
         if not req.logprobs:
             raise InvalidArgument("top_logprobs: requires logprobs to be true")

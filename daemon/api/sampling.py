@@ -20,6 +20,17 @@ def seed(value: int | None, field: str) -> int | None:
     return value
 
 
+def n_probs(value: int | None, logprobs: int | None) -> int | None:
+    """llama-server's `n_probs` (alternatives per token, 0..20), with `logprobs` sent beside it
+    under the same meaning; None when neither is sent."""
+    if value is not None and logprobs is not None and value != logprobs:
+        raise InvalidArgument("n_probs and logprobs disagree; send one of them")
+    count = value if value is not None else logprobs
+    if count is not None and not 0 <= count <= 20:
+        raise InvalidArgument(f"n_probs must be between 0 and 20, got {count}")
+    return count
+
+
 def stop_strings(value: str | list[str], field: str) -> list[str]:
     """One stop string or several. An empty one is refused: llama-server and Ollama's runner
     stop at once on it, the engine would drop it; neither is what was asked."""
