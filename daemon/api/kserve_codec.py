@@ -777,11 +777,13 @@ def _flat(data: Any) -> list[Any]:
     return data if isinstance(data, list) and data and not isinstance(data[0], list) else _flatten(data)
 
 
-def _has_bool(data: Any, values: np.ndarray) -> bool:
+def _has_bool(data: Any, values: np.ndarray, few: list[Any] | None) -> bool:
     """Whether JSON `data` (numbers, maybe nested) holds a boolean. numpy made each one 0 or
     1, so only data holding those values is scanned (a C-speed pass over the types), unless
-    there are few."""
-    if values.size > _FEW_JSON_NUMBERS and not ((values == 0) | (values == 1)).any():
+    there are `few` (the numbers, flat)."""
+    if few is not None:
+        return bool in set(map(type, few))
+    if not ((values == 0) | (values == 1)).any():
         return False
     return bool in set(map(type, _flat(data)))
 
@@ -793,36 +795,35 @@ def _convert_json_numbers(name: str, datatype: str, data: Any, values: np.ndarra
     elif datatype == "BOOL":
         if kind != "b":
             raise InvalidArgument(f"input {name!r}: BOOL data must be JSON true/false")
-    elif kind in "iuf" and _has_bool(data, values):
-        # numpy reads true as 1: a silent change of value. Triton wants numbers here too.
-        raise InvalidArgument(
-            f"input {name!r}: {datatype} data must be JSON numbers, got a JSON boolean"
-        )
-    elif datatype in _INT_DATATYPES:
-        dtype = NUMPY_DTYPES[datatype]
-        low, high = _INT_RANGES[datatype]
-        if kind in "iu":
-            if values.size <= _FEW_JSON_NUMBERS:
-                flat = _flat(data)
-                least, most = min(flat), max(flat)
-            else:
-                least, most = int(values.min()), int(values.max())
-            if low <= least and most <= high:
-                return values.astype(dtype, copy=False)
-        # numpy infers float64 (lossy) when ints above 2^63 meet negative ones or int64 ones,
-        # and object for ints beyond 64 bits: look at the JSON values themselves.
-        if kind in "fO":
-            flat = _flatten(data)
-            if all(type(item) is int for item in flat):
-                try:
-                    return np.array(flat, dtype=dtype)
-                except OverflowError:
-                    pass
-        raise InvalidArgument(
-            f"input {name!r}: {datatype} data must be JSON integers in [{low}, {high}]"
-        )
-    elif kind not in "iuf":  # a float datatype: JSON integers are numbers too
-        raise InvalidArgument(f"input {name!r}: {datatype} data must be JSON numbers")
+    else:
+        # A few numbers are checked over the JSON list itself (flattened once), not with numpy.
+        few = _flat(data) if values.size <= _FEW_JSON_NUMBERS else None
+        if kind in "iuf" and _has_bool(data, values, few):
+            # numpy reads true as 1: a silent change of value. Triton wants numbers here too.
+            raise InvalidArgument(
+                f"input {name!r}: {datatype} data must be JSON numbers, got a JSON boolean"
+            )
+        if datatype in _INT_DATATYPES:
+            dtype = NUMPY_DTYPES[datatype]
+            low, high = _INT_RANGES[datatype]
+            if kind in "iu":
+                least, most = (min(few), max(few)) if few is not None else (int(values.min()), int(values.max()))
+                if low <= least and most <= high:
+                    return values.astype(dtype, copy=False)
+            # numpy infers float64 (lossy) when ints above 2^63 meet negative ones or int64 ones,
+            # and object for ints beyond 64 bits: look at the JSON values themselves.
+            if kind in "fO":
+                flat = _flatten(data)
+                if all(type(item) is int for item in flat):
+                    try:
+                        return np.array(flat, dtype=dtype)
+                    except OverflowError:
+                        pass
+            raise InvalidArgument(
+                f"input {name!r}: {datatype} data must be JSON integers in [{low}, {high}]"
+            )
+        if kind not in "iuf":  # a float datatype: JSON integers are numbers too
+            raise InvalidArgument(f"input {name!r}: {datatype} data must be JSON numbers")
 
     if datatype == "BF16":
         return _float32_to_bf16(values.astype(np.float32))
