@@ -89,12 +89,12 @@ def _convert_all(schemas: list[tuple[str, str, str]]) -> str:
             raise InvalidArgument(f"{where}: not valid JSON: {exc}") from None
         _check(schema, where)
         try:
-            schema = _own_refs(schema, f"edged-ref-{number}")
-            # The converter resolves no reference beside a `$ref` (it skips that schema's other
-            # keys): a root that is one (zod-to-json-schema's {"$ref": "#/definitions/X",
-            # "definitions": ...}) would leave those in its definitions unresolved. So they are
-            # resolved from a base that holds the root's definitions beside the root.
-            converter.resolve_refs({"$defs": schema.get("$defs", {}), "root": schema}, "stdin")
+            schema, targets = _own_refs(schema, f"edged-ref-{number}")
+            # Every local reference now names one of `targets`, so they are handed to the
+            # converter as they are. Its own resolver (`resolve_refs`) walks every object of
+            # the schema and reads any `$ref` key as a reference, a property named "$ref"
+            # too (its schema taken for the reference: a TypeError).
+            converter._refs.update((f"#/$defs/{name}", target) for name, target in targets.items())
             name = converter.visit(schema, rule)
         except (ValueError, AssertionError, KeyError, TypeError, RecursionError) as exc:
             raise InvalidArgument(f"{where}: cannot be turned into a grammar: {exc}") from None
@@ -125,11 +125,11 @@ def _as_llama_cpp(name: str, body: str) -> str:
     return body
 
 
-def _own_refs(schema: Any, prefix: str) -> Any:
+def _own_refs(schema: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
     """`schema` with each local `$ref` pointing at a copy of its target in the root's `$defs`
-    under a name of its own (`prefix`-n): the converter names a reference's rule by the last
-    part of its path and reuses a rule of that name, so two schemas' `#/$defs/x` would
-    otherwise share the first one's rule.
+    under a name of its own (`prefix`-n), and those copies by name: the converter names a
+    reference's rule by the last part of its path and reuses a rule of that name, so two
+    schemas' `#/$defs/x` would otherwise share the first one's rule.
 
     As JSON Schema reads them, `#` and `#/...` are relative to the nearest enclosing schema
     with an `$id` (a resource of its own), else the root: a tool's parameters sit inside the
@@ -137,7 +137,7 @@ def _own_refs(schema: Any, prefix: str) -> Any:
     `$defs`. The targets' copies sit at the root, so the converter (which walks objects only,
     no list indices) resolves every reference there."""
     if not isinstance(schema, dict):
-        return {"type": "object"} if schema is True else schema  # as {} (walk)
+        return ({"type": "object"} if schema is True else schema), {}  # as {} (walk)
     names: dict[int, str] = {}  # by the target object: one path may mean two targets
     copies: dict[str, Any] = {}
 
@@ -209,7 +209,7 @@ def _own_refs(schema: Any, prefix: str) -> Any:
     moved = walk(schema, [], schema=True)
     if copies:
         moved["$defs"] = {**moved.get("$defs", {}), **copies}
-    return moved
+    return moved, copies
 
 
 # Keywords whose value is a schema or a list of schemas (one that holds to nothing among them
@@ -374,6 +374,9 @@ class _GemmaSchema:
     def __init__(self, root: Any, prefix: str, rules: list[str]) -> None:
         self.root, self.prefix, self.rules = root, prefix, rules
         self.count = 0
+        # A reference's target by its rule, written once: a recursive schema (a tree whose
+        # nodes hold a list of nodes) refers to its own rule instead of nesting forever.
+        self.targets: dict[int, str] = {}
 
     def fresh(self) -> str:
         """A rule name not used yet."""
@@ -397,14 +400,20 @@ class _GemmaSchema:
         ref = schema.get("$ref")
         if isinstance(ref, str):
             target: Any = self.root
-            for part in ref.removeprefix("#/").split("/"):
+            # A URI fragment holding a JSON pointer, as the JSON converter reads it (_own_refs).
+            for part in unquote(ref[2:]).split("/") if ref != "#" else []:
+                part = part.replace("~1", "/").replace("~0", "~")
                 target = target.get(part) if isinstance(target, dict) else None
             if target is None:
                 raise InvalidArgument(f"{where}.$ref: {ref!r} points to nothing")
             if "type" in schema and (not isinstance(target, dict) or schema["type"] != target.get("type")):
                 # Only the target is written: a `type` beside it must say what the target says.
                 raise InvalidArgument(f"{where}: keyword 'type' beside '$ref' is not supported unless it is the target's own type")
-            return self.value(target, where, depth + 1)
+            name = self.targets.get(id(target))
+            if name is None:
+                name = self.targets[id(target)] = self.fresh()  # named first: a recursive one ends
+                self.rules.append(f"{name} ::= {self.value(target, where, depth + 1)}")
+            return name
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 return "(" + " | ".join(

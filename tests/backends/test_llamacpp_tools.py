@@ -951,6 +951,20 @@ async def test_a_root_reference_resolves_the_references_of_its_target(load: Load
     ])
 
 
+async def test_a_property_named_ref_is_a_property(load: Loader, tmp_path: Path) -> None:
+    """A property may be named "$ref" (JSON Schema reads `properties` as names, not keywords).
+    The converter's own resolver read it as a reference and failed on its schema: a 400 for a
+    valid format."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    schema = {"type": "object", "additionalProperties": False, "required": ["$ref"],
+              "properties": {"$ref": {"type": "string"}, "n": {"$ref": "#/$defs/N"}}, "$defs": {"N": {"type": "integer"}}}
+    _accepts(backend, grammar.schema_to_grammar(json.dumps(schema), "json_schema"), [
+        ('{"$ref": "a"}', True), ('{"$ref": "a", "n": 2}', True), ('{"n": 2}', False),
+        ('{"$ref": 1}', False), ('{"$ref": "a", "n": "2"}', False),
+    ])
+
+
 async def test_references_are_uri_fragments(load: Loader, tmp_path: Path) -> None:
     """A reference is a URI fragment holding a JSON pointer: percent-decoded first (a
     definition named "My Point" is `#/$defs/My%20Point`), then ~1 and ~0. The percent-encoded
@@ -1032,6 +1046,33 @@ async def test_an_all_of_of_several_schemas_holds_what_its_merge_keeps(load: Loa
     beside = {**schema, "required": ["extra"]}
     with pytest.raises(InvalidArgument, match=r"allOf of several schemas beside 'required'"):
         grammar.schema_to_grammar(json.dumps(beside), "json_schema")
+
+
+async def test_gemma_arguments_may_refer_to_themselves(load: Loader, tmp_path: Path) -> None:
+    """A recursive schema (a tree of nodes, each with a list of nodes; the root by `#`) in
+    Gemma 4's syntax: each reference's target is one rule that refers to itself. The target was
+    written out again at each reference, so such a tool was a 400 ("nested too deeply")."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", user_tokens=GEMMA_TOKENS))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    tree = {"type": "object", "required": ["node"], "additionalProperties": False,
+            "properties": {"node": {"$ref": "#/$defs/Node"}, "more": {"$ref": "#"}},
+            "$defs": {"Node": {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
+                "name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}}}}}
+    text = grammar.tool_call_grammar(ToolCallFrame(named_calls={"f": json.dumps(tree)}, **GEMMA))
+
+    def call(arguments: str) -> str:
+        return f"<|tool_call>call:f{arguments.replace(chr(34), grammar.GEMMA_QUOTE)}<tool_call|>"
+
+    deep = "".join('{name:"n",children:[' for _ in range(40)) + '{name:"leaf"}' + "]}" * 40
+    _accepts(backend, text, [
+        (call('{node:{name:"a"}}'), True),
+        (call('{node:{name:"a",children:[{name:"b"},{name:"c",children:[]}]}}'), True),
+        (call('{node:{name:"a"},more:{node:{name:"b",children:[{name:"c"}]}}}'), True),
+        (call("{node:" + deep + "}"), True),
+        (call('{node:{name:"a",children:[{children:[]}]}}'), False),
+        (call('{node:{name:"a",children:[{name:1}]}}'), False),
+        (call('{more:{node:{name:"b"}}}'), False),
+    ])
 
 
 async def test_gemma_holds_a_type_beside_a_ref_to_the_targets(load: Loader, tmp_path: Path) -> None:
