@@ -494,6 +494,16 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(status=503, body=body, content_type="application/json")
 
 
+async def change_props(request: web.Request) -> web.Response:
+    """llama-server's answer to a change of its global settings when it was started without
+    `--props` (its default; `/props` says `endpoint_props` false here too). Even with the flag
+    its handler changes nothing; a client that checks `endpoint_props` never asks."""
+    del request
+    body = _json.encode({"error": {"message": "This server does not support changing global properties",
+                                   "type": "not_supported_error", "code": 501}})
+    return web.Response(status=501, body=body, content_type="application/json")
+
+
 def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/health", health)  # also answers HEAD
@@ -503,8 +513,8 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/apply-template", apply_template)
     r.add_post("/embedding", embedding)
     r.add_post("/embeddings", embedding)
-    # GET only: POST /props (changing settings) is not offered; aiohttp answers 405.
     r.add_get("/props", props)
+    r.add_post("/props", change_props)
     r.add_get("/slots", slots)
     r.add_post("/slots/{id_slot}", slot_action)
     # GET only: POST /lora-adapters (changing the scales of every sequence) is a 405.

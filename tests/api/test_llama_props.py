@@ -159,7 +159,12 @@ def test_unknown_model_is_404(daemon: Any) -> None:
 
 
 def test_changing_settings_is_not_offered(daemon: Any) -> None:
-    assert daemon.post_json("/props", {"model": "tiny"}).status == 405
+    """As llama-server started without `--props` (its default) answers: 501, its error shape."""
+    reply = daemon.post_json("/props", {"model": "tiny"})
+    assert reply.status == 501, reply.body
+    assert json.loads(reply.body) == {"error": {
+        "message": "This server does not support changing global properties", "type": "not_supported_error", "code": 501}}
+    assert daemon.get_json("/props?model=tiny")["endpoint_props"] is False
 
 
 def test_over_tcp_as_tokenize(tmp_path: Path) -> None:
