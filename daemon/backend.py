@@ -826,6 +826,14 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # behind it that can use another slot go first); -1: any (the idle slot sharing the
     # longest prefix with the prompt, else the least recently used).
     id_slot: int = -1
+    # llama-server's context shift, for a backend that has it on (else InvalidArgument when
+    # set): the first `n_keep` tokens stay when a generation fills its context (-1: the
+    # prompt), and `n_discard` after them go (0: half of the rest).
+    n_keep: int = 0
+    n_discard: int = 0
+    # False: this sequence ends at its context's end even on a backend that shifts (Ollama's
+    # routes: Ollama's own shift keeps and drops other tokens than llama-server's).
+    context_shift: bool = True
 
 
 class TokenLogprob(msgspec.Struct):
@@ -849,6 +857,10 @@ class GenerateChunk(msgspec.Struct):
     completion_tokens: int = 0  # on the last chunk
     # Of `prompt_tokens`, how many were already in the KV cache (not evaluated again); with it.
     cached_tokens: int = 0
+    # On the last chunk: of the sequence's tokens whose cells a slot keeps afterwards (the
+    # prompt and every generated token but the last), those a context shift dropped or moved
+    # (GenerateParams.n_keep): the slot keeps only the cells before them.
+    discarded_tokens: int = 0
     # One per token of `token_ids` when GenerateParams.logprobs is set.
     logprobs: list[TokenLogprob] = []
     # On a sequence's first chunk, with GenerateParams.prompt_logprobs: one per token of the

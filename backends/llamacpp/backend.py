@@ -32,6 +32,11 @@ Model parameters (config `parameters`, all strings):
                   load naming this parameter and the file. Their ids are their order
                   (GET /lora-adapters); a request cannot change the scales (one llama_decode
                   serves all sequences with one set of adapters)
+    context_shift "true": llama-server's `--context-shift` (off there too by default): a
+                  generation that fills its slot's context drops older tokens and goes on
+                  (a request's `n_keep` and `n_discard` say which); off, it ends with
+                  finish_reason "length" and those fields are a 400. A model llama.cpp
+                  cannot shift fails its load naming this parameter
     slot_save_path  a directory for llama-server's slot files (its `--slot-save-path`):
                   POST /slots/{id}?action=save|restore writes and reads them there. A
                   relative path is under the model version's state directory (slot files
@@ -97,6 +102,7 @@ class LlamaCppOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     prefix_store_mib: Annotated[int, msgspec.Meta(ge=0)] | None = None
     lora: str = ""
     slot_save_path: str = ""
+    context_shift: bool = False
 
     def __post_init__(self) -> None:
         if self.n_batch < self.n_parallel:
@@ -204,6 +210,7 @@ class LlamaCppBackend(GenerationBackend):
                 options.prefix_store_mib if options.prefix_store_mib is not None else default_prefix_store_mib()
             ),
             lora=parse_lora(config, options.lora, artifact.parent),
+            context_shift=options.context_shift,
         )
         if options.slot_save_path:
             self._slot_dir = await asyncio.to_thread(self._slot_directory, config, options.slot_save_path)

@@ -165,6 +165,9 @@ class EngineSettings:
     prefix_store_mib: int = 0
     # LoRA adapters applied to the context, in order (their ids): see LoraSpec.
     lora: tuple[LoraSpec, ...] = ()
+    # llama-server's `--context-shift`: a generation that fills its slot drops older tokens
+    # (Engine._shift) instead of ending with "length".
+    context_shift: bool = False
 
 
 @dataclass(frozen=True)
@@ -260,6 +263,10 @@ class _Sequence:
     slot: int
     sampler: Any
     n_past: int = 0  # tokens of this sequence in the KV cache
+    # Tokens its context shifts dropped (Engine._shift), and the cells before them, which
+    # no shift moves (-1: never shifted).
+    discarded: int = 0
+    kept: int = -1
     next_token: int = -1  # sampled but not yet decoded; -1 while the prompt is prefilling
     generated: int = 0
     ids: list[int] = field(default_factory=list)  # sampled since the last emitted chunk
@@ -570,7 +577,7 @@ class Engine:
                 task = SlotTask(
                     id=number, params=seq.request.params, n_prompt_tokens=prompt,
                     n_prompt_tokens_cache=seq.cached,
-                    n_prompt_tokens_processed=max(0, min(seq.n_past, prompt) - seq.cached),
+                    n_prompt_tokens_processed=max(0, min(seq.n_past + seq.discarded, prompt) - seq.cached),
                     n_decoded=seq.generated,
                 )
             states.append(SlotState(id=index, n_ctx=self.n_ctx_seq, task=task))
@@ -680,6 +687,10 @@ class Engine:
             if llama.llama_set_adapters_lora(self._ctx, array, len(adapters), scales) != 0:
                 raise BackendError(f"llama.cpp could not apply the LoRA adapters of model '{self.name}'")
         self._memory = llama.llama_get_memory(self._ctx)
+        if s.context_shift and not llama.llama_memory_can_shift(self._memory):
+            # llama-server turns its --context-shift off with a warning; a setting that would
+            # not hold is refused here.
+            raise ConfigError(f"model '{self.name}': context_shift is on, but llama.cpp cannot shift this model's context")
         self._n_batch = llama.llama_n_batch(self._ctx)
         # Cells per slot after llama.cpp's rounding (for embeddings: the one shared stream).
         self.n_ctx_seq = llama.llama_n_ctx_seq(self._ctx)
@@ -857,6 +868,13 @@ class Engine:
                 )
             if params.reasoning_budget is not None:
                 self._check_budget(params)
+            if (params.n_keep or params.n_discard) and not self.settings.context_shift:
+                # llama-server takes them and does nothing with them without its --context-shift.
+                name = "n_keep" if params.n_keep else "n_discard"
+                raise InvalidArgument(
+                    f"{name}: model '{self.name}' has no context shift (its parameter context_shift "
+                    "is off): a generation that fills its slot ends with finish_reason \"length\""
+                )
             lazy = _is_lazy_frame(params)
             if params.grammar_after and params.grammar_reasoning[0] and not lazy:
                 raise InvalidArgument("grammar_after and grammar_reasoning cannot be used together")
@@ -1683,6 +1701,9 @@ class Engine:
                 detail = "time"
         # The next step would decode this token at position n_past: is there room for it?
         limit = params.max_tokens
+        shifting = self.settings.context_shift and params.context_shift
+        if (limit is None or seq.generated < limit) and not detail and shifting and seq.n_past + 1 >= self.n_ctx_seq:
+            self._shift(seq)
         if (limit is not None and seq.generated >= limit) or seq.n_past >= self.n_ctx_seq or detail:
             self._finish(seq, "length", text, flush=True, detail=detail, cut=cut)
             return
@@ -1692,6 +1713,27 @@ class Engine:
                                           prompt_tokens=len(seq.prompt), cached_tokens=seq.cached))
             seq.ids = []
             seq.logprobs = []
+
+    def _shift(self, seq: _Sequence) -> None:
+        """llama-server's context shift (pre_decode), with its arithmetic so that a greedy
+        generation goes on as there: keep the first `n_keep` cells (-1: the prompt; one more
+        where the vocabulary adds a BOS, at most the slot's size - 4), drop the `n_discard`
+        after them (0: half of the rest, at most all but one) and move the others back.
+        Decoded at their new positions from then on, the output is no longer the one a slot
+        without the shift would give; so is the cache the slot keeps (_free_sequence)."""
+        params = seq.request.params
+        n_keep = len(seq.prompt) if params.n_keep < 0 else params.n_keep
+        if llama.llama_vocab_get_add_bos(self._vocab):
+            n_keep += 1
+        n_keep = min(self.n_ctx_seq - 4, n_keep)
+        n_left = seq.n_past - n_keep
+        n_discard = min(max(params.n_discard or n_left // 2, 0), max(0, n_left - 1))
+        llama.llama_memory_seq_rm(self._memory, seq.slot, n_keep, n_keep + n_discard)
+        llama.llama_memory_seq_add(self._memory, seq.slot, n_keep + n_discard, seq.n_past, -n_discard)
+        log.debug("model '%s' slot %d: context shift, n_keep %d, n_discard %d", self.name, seq.slot, n_keep, n_discard)
+        seq.n_past -= n_discard
+        seq.discarded += n_discard
+        seq.kept = n_keep if seq.kept < 0 else min(seq.kept, n_keep)
 
     def _indent_cut(self, seq: _Sequence, piece: bytes) -> int | None:
         """GenerateParams.n_indent at one token, as llama-server's process_token checks it:
@@ -1746,6 +1788,8 @@ class Engine:
                 prompt_tokens=len(seq.prompt),
                 completion_tokens=seq.generated,
                 cached_tokens=seq.cached,
+                # Past a shift the slot keeps only the cells no shift moved (_free_sequence).
+                discarded_tokens=seq.n_past + seq.discarded - seq.kept if seq.kept >= 0 else 0,
                 stop_word=seq.stops.matched,
                 finish_detail=detail,
                 cut=cut or 0,
@@ -1756,7 +1800,13 @@ class Engine:
         """Give the slot back; its cells stay as the slot's prefix cache unless told not to."""
         if seq.first_ns:
             self._generation_ns += time.perf_counter_ns() - seq.first_ns
-        if keep_cache:
+        if keep_cache and seq.kept >= 0:
+            # Cells a shift moved were decoded at other positions than a fresh decode of
+            # these tokens: a later request gets only the unmoved ones from the cache, so its
+            # output is the same as without the cache.
+            llama.llama_memory_seq_rm(self._memory, seq.slot, seq.kept, -1)
+            self._cached[seq.slot] = (seq.prompt + seq.decoded)[: seq.kept]
+        elif keep_cache:
             self._cached[seq.slot] = (seq.prompt + seq.decoded)[: seq.n_past]
         else:
             llama.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)

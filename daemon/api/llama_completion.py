@@ -4,7 +4,7 @@ and event stream (llama.cpp tools/server), on the engine the OpenAI routes use.
 
 The body names the model (`model`, required, as in llama_native). Every field llama-server
 takes either has its effect here or is a 400 naming it: an unknown field (llama-server ignores
-one) and the fields not implemented (`n_keep`, `n_cache_reuse`, ...) are
+one) and the fields not implemented (`n_cache_reuse`, ...) are
 rejected by the decoder; `lora` is taken where it asks for the model's own adapter scales
 (openai.lora_request), else a 400. Sampling values are checked as on the OpenAI routes (openai._params),
 which reject what llama-server clamps. A list of prompts and `n_cmpl` (also `n`) completions
@@ -307,13 +307,16 @@ async def _complete(
             "generation_settings": _settings(params, req),
             "prompt": texts[index // per_prompt],
             "has_new_line": has_new_line,
-            # Cut off by the end of the context rather than n_predict, n_indent or the time.
-            "truncated": last.finish_reason == "length" and not last.finish_detail
-            and (limit is None or last.completion_tokens < limit),
+            # Cut off by the end of the context rather than n_predict, n_indent or the time, or
+            # shifted (llama-server's truncated, set by its context shift too).
+            "truncated": bool(last.discarded_tokens) or (
+                last.finish_reason == "length" and not last.finish_detail
+                and (limit is None or last.completion_tokens < limit)),
             "stop_type": _stop_type(last),
             "stopping_word": last.stop_word,
-            # The slot's cache after it: the prompt and every generated token but the last.
-            "tokens_cached": last.prompt_tokens + max(last.completion_tokens - 1, 0),
+            # The slot's cache after it: the prompt and every generated token but the last,
+            # less what context shifts dropped or moved.
+            "tokens_cached": last.prompt_tokens + max(last.completion_tokens - 1, 0) - last.discarded_tokens,
             "timings": timings(result),
         }
         if params.logprobs and not stream:

@@ -321,6 +321,8 @@ def settings_json(params: GenerateParams) -> dict[str, object]:
         "mirostat_eta": params.mirostat_eta,
         "max_tokens": -1 if unlimited else params.max_tokens,
         "n_predict": -1 if unlimited else params.max_tokens,
+        "n_keep": params.n_keep,
+        "n_discard": params.n_discard,
         "ignore_eos": params.ignore_eos,
         "n_probs": params.logprobs or 0,
         "post_sampling_probs": params.post_sampling_probs,

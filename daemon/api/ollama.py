@@ -338,7 +338,8 @@ async def _params(request: web.Request, opts: _Options, model: LoadedVersion) ->
     (None: the loaded one, which the engine keeps to itself)."""
     # Ollama's documented defaults (its Modelfile PARAMETER table), where the engine's differ.
     params = GenerateParams(
-        max_tokens=_UNLIMITED, temperature=0.8, top_k=40, top_p=0.9, min_p=0.0, repeat_penalty=1.1
+        max_tokens=_UNLIMITED, temperature=0.8, top_k=40, top_p=0.9, min_p=0.0, repeat_penalty=1.1,
+        context_shift=False,  # see _checked: `shift`
     )
     bound = None
     if opts.num_ctx is not None:
@@ -441,7 +442,9 @@ def _checked(req: _Generation) -> tuple[_Options, int | None, str]:
         raise InvalidArgument("truncate: edged does not truncate a prompt that does not fit the context "
                               "(it is a 400); leave truncate out or send false")
     if req.shift:
-        raise InvalidArgument("shift: edged does not shift the context when it fills up (generation ends "
+        # A model's context_shift is llama-server's (its routes'): which tokens stay and go is
+        # not what Ollama's own shift keeps and drops, so these routes never shift.
+        raise InvalidArgument("shift: edged does not shift the context on Ollama's routes (generation ends "
                               "there, done_reason \"length\"); leave shift out or send false")
     return opts, _logprobs(req), _format_schema(req.format)
 

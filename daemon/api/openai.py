@@ -123,6 +123,9 @@ class SharedSampling(_Strict, kw_only=True):
     id_slot: int | None = None
     # llama-server's sampling on the GPU backend: false (what the engine does) or a 400.
     backend_sampling: bool | None = None
+    # llama-server's context shift (GenerateParams.n_keep): a 400 from a model without it.
+    n_keep: int | None = None
+    n_discard: int | None = None
 
 
 class _Sampling(SharedSampling):
@@ -467,7 +470,11 @@ def _llama_samplers(req: _Sampling, params: GenerateParams) -> None:
     if req.dry_base is not None:
         _at_least("dry_base", req.dry_base, 1.0)
         params.dry_base = req.dry_base
-    for name in ("dry_allowed_length", "dry_penalty_last_n", "min_keep"):
+    if req.n_keep is not None:
+        if not -1 <= req.n_keep <= 2**31 - 1:
+            raise InvalidArgument(f"n_keep must be -1 (the prompt) or between 0 and {2**31 - 1}, got {req.n_keep}")
+        params.n_keep = req.n_keep
+    for name in ("dry_allowed_length", "dry_penalty_last_n", "min_keep", "n_discard"):
         value = getattr(req, name)
         if value is not None:
             if not 0 <= value <= 2**31 - 1:

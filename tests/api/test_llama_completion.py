@@ -32,6 +32,13 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Repository-level FIM tokens (Qwen 2.5 Coder's layout), and the three plain ones only.
     with_fim_tokens(source, path / "coder" / "1" / "model.gguf", PRE, SUF, MID, rep=REP, sep=SEP)
     with_fim_tokens(source, path / "fim" / "1" / "model.gguf", PRE, SUF, MID)
+    # One slot of 256 cells with llama-server's context shift.
+    (path / "shift" / "1").mkdir(parents=True)
+    (path / "shift" / "1" / "model.gguf").symlink_to(source)
+    (path / "shift" / "config.pbtxt").write_text(
+        'backend: "llamacpp"\n' + "".join(
+            f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
+            for k, v in (("n_ctx", "256"), ("n_parallel", "1"), ("context_shift", "true"))))
     return path
 
 
@@ -347,6 +354,35 @@ def test_infill_repository_layout(daemon: Any) -> None:
 def test_what_is_refused(daemon: Any, path: str, body: dict[str, Any], field: str) -> None:
     error = daemon.post_ok(path, {"model": "tiny", **body}, 400)["error"]
     assert field in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_context_shift(daemon: Any) -> None:
+    """A model with context_shift goes on past its slot's 256 cells, as llama-server with
+    --context-shift (token for token against it: docs/llama-server.md); `truncated` says a
+    shift happened, `tokens_cached` counts the cells the slot keeps: the prompt and the first
+    token here (n_keep -1 and the BOS llama-server adds to it), none that a shift moved."""
+    prompt = [1] + [300] * 249
+    out = complete(daemon, model="shift", prompt=prompt, n_predict=30, n_keep=-1)
+    assert out["tokens_predicted"] == 30 and out["stop_type"] == "limit" and out["truncated"] is True
+    assert out["tokens_cached"] == 251
+    assert (out["generation_settings"]["n_keep"], out["generation_settings"]["n_discard"]) == (-1, 0)
+    chat = daemon.post_ok("/v1/chat/completions", {"model": "shift", "messages": [{"role": "user", "content": "hi " * 60}],
+                                                  "max_tokens": 120, "temperature": 0, "n_discard": 8})
+    assert chat["usage"]["completion_tokens"] == 120 and chat["choices"][0]["finish_reason"] == "length"
+    for body, message in (({"n_keep": 3}, "n_keep: model 'tiny' has no context shift"),
+                          ({"n_discard": 3}, "n_discard: model 'tiny' has no context shift"),
+                          ({"n_keep": -2}, "n_keep must be -1 (the prompt) or between 0 and"),
+                          ({"n_discard": -1}, "n_discard must be between 0 and")):
+        for path, extra in (("/completion", {"prompt": "x"}), ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})):
+            error = daemon.post_ok(path, {"model": "tiny", **extra, **body}, 400)["error"]
+            assert message in error["message"], (path, body, error)
+    assert complete(daemon, prompt="x", n_predict=2, n_keep=0)["tokens_predicted"] == 2
+    # Ollama's routes never shift (Ollama's own shift keeps and drops other tokens): the
+    # reply ends at the slot's end.
+    reply = daemon.post_json("/api/generate", {"model": "shift", "prompt": "x " * 120, "raw": True, "stream": False,
+                                               "options": {"num_predict": 100}})
+    assert reply.status == 200 and reply.json()["done_reason"] == "length", reply.body
+    assert reply.json()["eval_count"] < 100 and reply.json()["prompt_eval_count"] + reply.json()["eval_count"] <= 257
 
 
 def test_model_is_required_and_known(daemon: Any) -> None:

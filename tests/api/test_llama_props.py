@@ -71,7 +71,7 @@ def test_props_sampling_defaults_are_the_engines(daemon: Any) -> None:
         "xtc_threshold": 0.1, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
         "frequency_penalty": 0.0, "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
         "dry_penalty_last_n": 64, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
-        "max_tokens": -1, "n_predict": -1, "ignore_eos": False, "n_probs": 0, "post_sampling_probs": False, "min_keep": 0,
+        "max_tokens": -1, "n_predict": -1, "n_keep": 0, "n_discard": 0, "ignore_eos": False, "n_probs": 0, "post_sampling_probs": False, "min_keep": 0,
         "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
         "lora": [],
     }

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import logging
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -239,6 +241,56 @@ async def test_context_end_finishes_with_length(load: Loader, model_path: Path) 
     # 256 cells: 250 prompt tokens + 6 decoded, the last sampled token needs no cell.
     assert result.last.finish_reason == "length"
     assert result.last.completion_tokens == 7
+
+
+async def test_context_shift_goes_on_past_the_slot(
+    load: Loader, model_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """llama-server's --context-shift: a generation that fills its slot drops tokens after the
+    first n_keep (+1: the vocabulary adds a BOS) and goes on, each time its next token would
+    take the slot's last cell. Same tokens as without the shift up to it; each shift's
+    (n_keep, n_discard) as llama-server's arithmetic gives them (n_discard 0: half of the
+    rest; at most all but one)."""
+    prompt = [1] + [300] * 249  # 256 cells: the 6th token's step would fill the last one
+    plain = await collect((await load(model_path, n_parallel="1", n_ctx="256")).generate(prompt, GenerateParams(greedy=True, max_tokens=100)))
+    assert plain.last.completion_tokens == 7 and plain.last.discarded_tokens == 0
+    backend = await load(model_path, n_parallel="1", n_ctx="256", context_shift="true")
+    cases = [(0, 0, 100, [(1, 127)]), (-1, 0, 20, [(251, 2)] * 7), (0, 10, 30, [(1, 10)] * 3), (5, 400, 200, [(6, 248)])]
+    for n_keep, n_discard, max_tokens, shifts in cases:
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG):
+            params = GenerateParams(greedy=True, max_tokens=max_tokens, n_keep=n_keep, n_discard=n_discard)
+            result = await collect(backend.generate(prompt, params))
+        assert result.last.finish_reason == "length" and result.last.completion_tokens == max_tokens == len(result.ids)
+        assert result.ids[:6] == plain.ids[:6]
+        logged = [tuple(map(int, m.groups())) for r in caplog.records if (m := re.search(r"context shift, n_keep (\d+), n_discard (\d+)", r.getMessage()))]
+        assert logged == shifts, (n_keep, n_discard)
+        kept = shifts[0][0]
+        # Of the prompt and the output but its last token, all but the unmoved cells.
+        assert result.last.discarded_tokens == len(prompt) + max_tokens - 1 - kept
+        assert backend._engine._cached[0] == (prompt + result.ids)[:kept]
+
+
+async def test_a_shifted_slot_leaves_only_unmoved_cells_to_the_cache(load: Loader, model_path: Path) -> None:
+    """The cells a shift moved were decoded beside tokens it dropped: a request that found
+    them in the slot's cache would not get the output of a cold decode of its prompt. The
+    slot keeps the unmoved ones; the next request's output is the same as from a cold slot."""
+    prompt = [1] + [300] * 249
+    backend = await load(model_path, n_parallel="1", n_ctx="256", context_shift="true", prefix_store_mib="0")
+    shifted = await collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=40, n_keep=-1)))
+    follow = [*prompt, *shifted.ids[:3]]
+    again = await collect(backend.generate(follow, GenerateParams(greedy=True, max_tokens=4)))
+    assert again.last.cached_tokens == 251  # the prompt and one generated token: unmoved
+    cold = await load(model_path, n_parallel="1", n_ctx="256", context_shift="true")
+    assert (await collect(cold.generate(follow, GenerateParams(greedy=True, max_tokens=4)))).ids == again.ids
+
+
+async def test_n_keep_needs_the_context_shift(load: Loader, model_path: Path) -> None:
+    backend = await load(model_path, n_parallel="1")
+    for name in ("n_keep", "n_discard"):
+        with pytest.raises(InvalidArgument, match=f"^{name}: model '.*' has no context shift"):
+            await collect(backend.generate(PROMPTS[0], GenerateParams(max_tokens=2, **{name: 3})))
+    assert (await collect(backend.generate(PROMPTS[0], GenerateParams(max_tokens=2, n_keep=0)))).last.completion_tokens == 2
 
 
 async def test_stop_string_cuts_text_before_it(load: Loader, model_path: Path) -> None:
