@@ -271,6 +271,18 @@ async def test_context_shift_goes_on_past_the_slot(
         assert backend._engine._cached[0] == (prompt + result.ids)[:kept]
 
 
+async def test_shifted_sequences_batched_are_as_alone(load: Loader, model_path: Path) -> None:
+    """Four sequences decoded together, each shifting at its own step (prompts of different
+    lengths, different n_keep / n_discard): each gives the tokens it gives alone."""
+    backend = await load(model_path, n_parallel="4", n_ctx="1024", context_shift="true")
+    cases = [([1] + [300 + i] * (200 + 15 * i), GenerateParams(greedy=True, max_tokens=90, n_keep=keep, n_discard=drop))
+             for i, (keep, drop) in enumerate(((0, 0), (-1, 0), (7, 30), (3, 5)))]
+    alone = [await collect(backend.generate(prompt, params)) for prompt, params in cases]
+    assert all(r.last.discarded_tokens > 0 for r in alone)
+    together = await asyncio.gather(*(collect(backend.generate(prompt, params)) for prompt, params in cases))
+    assert [r.ids for r in together] == [r.ids for r in alone]
+
+
 async def test_a_shifted_slot_leaves_only_unmoved_cells_to_the_cache(load: Loader, model_path: Path) -> None:
     """The cells a shift moved were decoded beside tokens it dropped: a request that found
     them in the slot's cache would not get the output of a cold decode of its prompt. The
