@@ -209,7 +209,40 @@ def _own_refs(schema: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
     moved = walk(schema, [], schema=True)
     if copies:
         moved["$defs"] = {**moved.get("$defs", {}), **copies}
+    _refuse_empty_cycles(copies, lambda ref: copies.get(ref.rsplit("/", 1)[-1]))
     return moved, copies
+
+
+def _refuse_empty_cycles(targets: dict[str, Any], resolve: Callable[[str], Any]) -> None:
+    """A ValueError where a reference leads back to itself before any value is written
+    ({"$ref": "#"} at the root, {"anyOf": [{"$ref": "#"}, ...]}): no JSON text ends such a
+    rule, and llama.cpp refuses its grammar (left recursion) with no word of which field."""
+
+    def starts(node: Any) -> list[Any]:
+        """The schemas `node` may begin with as they are: its reference, its alternatives'."""
+        if not isinstance(node, dict):
+            return []
+        ref = node.get("$ref")
+        found = [hit] if isinstance(ref, str) and (hit := resolve(ref)) is not None else []
+        for key in ("anyOf", "oneOf", "allOf"):
+            parts = node.get(key)
+            for part in parts if isinstance(parts, list) else []:
+                found += starts(part)
+        return found
+
+    done: set[int] = set()
+
+    def visit(node: Any, path: list[int]) -> None:
+        if id(node) in path:
+            raise ValueError("a $ref leads back to itself before any value (a reference cycle no JSON text can end)")
+        if id(node) in done:
+            return
+        for target in starts(node):
+            visit(target, [*path, id(node)])
+        done.add(id(node))
+
+    for target in targets.values():
+        visit(target, [])
 
 
 # Keywords whose value is a schema or a list of schemas (one that holds to nothing among them
@@ -354,8 +387,29 @@ def _gemma_arguments(tools: list[tuple[str, str]]) -> tuple[list[str], str]:
     for number, (name, schema_json) in enumerate(tools):
         where, schema = _parameters(name, schema_json)
         converter = _GemmaSchema(schema, f"tool-{number}", rules)
+        try:
+            _refuse_empty_cycles(_ref_targets(schema, converter.resolve), converter.resolve)
+        except ValueError as exc:
+            raise InvalidArgument(f"{where}: {exc}") from None
         names.append(converter.rule(converter.value(schema, where, 0)))
     return names, "\n".join(rules)
+
+
+def _ref_targets(schema: Any, resolve: Callable[[str], Any]) -> dict[str, Any]:
+    """Every string `$ref` in `schema` (a property named "$ref" holds a schema, not a string)
+    and what it resolves to, where it resolves."""
+    found: dict[str, Any] = {}
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref not in found and (target := resolve(ref)) is not None:
+                found[ref] = target
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
 
 
 # Keywords a schema may hold in Gemma 4's syntax beyond those _GemmaSchema writes rules for.
@@ -389,6 +443,15 @@ class _GemmaSchema:
         self.rules.append(f"{name} ::= {body}")
         return name
 
+    def resolve(self, ref: str) -> Any:
+        """A local reference's target (None: it points to nothing)."""
+        target: Any = self.root
+        # A URI fragment holding a JSON pointer, as the JSON converter reads it (_own_refs).
+        for part in unquote(ref[2:]).split("/") if ref != "#" else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            target = target.get(part) if isinstance(target, dict) else None
+        return target
+
     def value(self, schema: Any, where: str, depth: int) -> str:
         if depth > 32:
             raise InvalidArgument(f"{where}: nested too deeply")
@@ -399,11 +462,7 @@ class _GemmaSchema:
             raise InvalidArgument(f"{where}: keyword '{extra[0]}' cannot be enforced in Gemma 4's tool-call syntax")
         ref = schema.get("$ref")
         if isinstance(ref, str):
-            target: Any = self.root
-            # A URI fragment holding a JSON pointer, as the JSON converter reads it (_own_refs).
-            for part in unquote(ref[2:]).split("/") if ref != "#" else []:
-                part = part.replace("~1", "/").replace("~0", "~")
-                target = target.get(part) if isinstance(target, dict) else None
+            target = self.resolve(ref)
             if target is None:
                 raise InvalidArgument(f"{where}.$ref: {ref!r} points to nothing")
             if "type" in schema and (not isinstance(target, dict) or schema["type"] != target.get("type")):

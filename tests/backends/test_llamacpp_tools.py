@@ -965,6 +965,32 @@ async def test_a_property_named_ref_is_a_property(load: Loader, tmp_path: Path) 
     ])
 
 
+CYCLES = [
+    {"$ref": "#"},
+    {"anyOf": [{"type": "integer"}, {"$ref": "#"}]},
+    {"$ref": "#/$defs/A", "$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"anyOf": [{"$ref": "#/$defs/A"}, {"type": "null"}]}}},
+]
+
+
+@pytest.mark.parametrize("schema", CYCLES)
+async def test_a_reference_cycle_before_any_value_is_refused(load: Loader, tmp_path: Path, schema: dict[str, Any]) -> None:
+    """A schema that refers back to itself before any value ({"$ref": "#"}) holds no JSON
+    text; its grammar is left-recursive, which llama.cpp refuses as "grammar: could not parse"
+    for a request that sent no grammar. A 400 naming the field instead, in both syntaxes; a
+    cycle through a value (a list of itself) stays a grammar."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    with pytest.raises(InvalidArgument, match=r"^json_schema: cannot be turned into a grammar: a \$ref leads back to itself"):
+        grammar.schema_to_grammar(json.dumps(schema), "json_schema")
+    gemma = ToolCallFrame(named_calls={"f": json.dumps({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}},
+                                                         "$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}]}}})}, **GEMMA)
+    with pytest.raises(InvalidArgument, match=r"^tools\[f\]\.parameters: a \$ref leads back to itself"):
+        grammar.tool_call_grammar(gemma)
+    fine = {"anyOf": [{"type": "integer"}, {"type": "array", "items": {"$ref": "#"}}]}
+    _accepts(backend, grammar.schema_to_grammar(json.dumps(fine), "json_schema"), [
+        ("[1, [2, []]]", True), ("3", True), ('["a"]', False)])
+
+
 async def test_references_are_uri_fragments(load: Loader, tmp_path: Path) -> None:
     """A reference is a URI fragment holding a JSON pointer: percent-decoded first (a
     definition named "My Point" is `#/$defs/My%20Point`), then ~1 and ~0. The percent-encoded
