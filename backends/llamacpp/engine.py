@@ -888,9 +888,8 @@ class Engine:
             elif params.grammar and params.grammar_reasoning[0]:
                 grammar = self._grammar_reasoning(params.grammar, params.grammar_reasoning)
             elif params.grammar:
-                grammar = llama.llama_sampler_init_grammar(self._vocab, params.grammar.encode(), b"root")
-                if not grammar:
-                    raise InvalidArgument("grammar: llama.cpp could not parse it (the daemon log has why)")
+                grammar = _parsed("grammar", lambda: llama.llama_sampler_init_grammar(
+                    self._vocab, params.grammar.encode(), b"root"))
         except EdgedError as exc:
             self._release_pending()
             request.emit(exc)
@@ -933,12 +932,9 @@ class Engine:
             raise InvalidArgument("tool_calls: with an empty open, each call must be a JSON object")
         pattern = tool_call_trigger(frame, brace=brace, brace_quote=brace_quote)
         patterns = (ctypes.c_char_p * 1)(pattern.encode())
-        grammar = llama.llama_sampler_init_grammar_lazy_patterns(
+        return _parsed("tool_calls", lambda: llama.llama_sampler_init_grammar_lazy_patterns(
             self._vocab, text.encode(), b"root", patterns, 1, None, 0
-        )
-        if not grammar:
-            raise InvalidArgument("tool_calls: llama.cpp could not parse their grammar (the daemon log has why)")
-        return grammar
+        ))
 
     def _grammar_after(self, text: str, after: str, also: str = "") -> Any:
         """A grammar sampler for `text` that holds only from the output's first `after` on
@@ -955,12 +951,9 @@ class Engine:
         wrapped = f"{text}\n{_AFTER_ROOT} ::= {rule}\n"
         triggers = [f"({regex_escape(after)})".encode()] + ([f"({regex_escape(also)})".encode()] if also else [])
         patterns = (ctypes.c_char_p * len(triggers))(*triggers)
-        grammar = llama.llama_sampler_init_grammar_lazy_patterns(
+        return _parsed("grammar", lambda: llama.llama_sampler_init_grammar_lazy_patterns(
             self._vocab, wrapped.encode(), _AFTER_ROOT.encode(), patterns, len(triggers), None, 0
-        )
-        if not grammar:
-            raise InvalidArgument("grammar: llama.cpp could not parse it (the daemon log has why)")
-        return grammar
+        ))
 
     def _grammar_reasoning(self, text: str, tags: tuple[str, str]) -> Any:
         """A grammar sampler for `text` that lets the output first reason between `tags`
@@ -975,19 +968,15 @@ class Engine:
             f"{text}\n{_REASONING_ROOT} ::= ({gbnf_literal(opening)} edged-thought [ \\t\\r\\n]{{0,8}})? root\n"
             f"{gbnf_including('edged-thought', closing)}\n"
         )
-        grammar = llama.llama_sampler_init_grammar(self._vocab, wrapped.encode(), _REASONING_ROOT.encode())
-        if not grammar:
-            raise InvalidArgument("grammar: llama.cpp could not parse it (the daemon log has why)")
-        return grammar
+        return _parsed("grammar", lambda: llama.llama_sampler_init_grammar(
+            self._vocab, wrapped.encode(), _REASONING_ROOT.encode()))
 
     def _grammar_accepts(self, text: str, prefix: str) -> int:
         """How many bytes of `prefix` the grammar `text` accepts as the start of an output, fed
         one byte at a time: each byte's token is offered to the grammar (apply) before it is
         accepted, since accepting a token the grammar rejects throws inside llama.cpp, which
         aborts us."""
-        grammar = llama.llama_sampler_init_grammar(self._vocab, text.encode(), b"root")
-        if not grammar:
-            raise InvalidArgument("tool_calls: llama.cpp could not parse their grammar (the daemon log has why)")
+        grammar = _parsed("tool_calls", lambda: llama.llama_sampler_init_grammar(self._vocab, text.encode(), b"root"))
         try:
             data = (llama.llama_token_data * 1)()
             candidates = llama.llama_token_data_array(data, 1, -1, False)
@@ -2347,6 +2336,19 @@ def _llama_errors() -> Iterator[list[str]]:
         yield lines
     finally:
         sink.errors = None
+
+
+def _parsed(name: str, make: Callable[[], Any]) -> Any:
+    """A grammar sampler from `make`, or an InvalidArgument naming the field `name` with llama.cpp's
+    reason where its log gave one beyond "failed to parse grammar" (left recursion, no root
+    rule); its parser writes the other reasons to stderr only, so the daemon's log has them."""
+    with _llama_errors() as errors:
+        grammar = make()
+    if grammar:
+        return grammar
+    reasons = [line for line in errors if line and line != "failed to parse grammar"]
+    why = ": " + "; ".join(reasons) if reasons else " (the daemon log has why)"
+    raise InvalidArgument(f"{name}: llama.cpp could not parse {'their grammar' if name == 'tool_calls' else 'it'}{why}")
 
 
 def _install_log_callback() -> None:

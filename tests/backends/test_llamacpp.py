@@ -821,6 +821,10 @@ async def test_grammar_constrains_the_output(load: Loader, model_path: Path) -> 
         assert result.last.finish_reason == "stop"  # the grammar leaves only end-of-text
     with pytest.raises(InvalidArgument, match=r"grammar: llama\.cpp could not parse it"):
         await collect(backend.generate(PROMPTS[0], GenerateParams(grammar="root ::= (")))
+    # Where llama.cpp's log says why, so does the answer.
+    for bad, why in (('root ::= root "a"', "left recursion"), ('x ::= "a"', "grammar does not contain a 'root' symbol")):
+        with pytest.raises(InvalidArgument, match=rf"^grammar: llama\.cpp could not parse it: .*{why}"):
+            await collect(backend.generate(PROMPTS[0], GenerateParams(grammar=bad)))
 
 
 async def test_logprobs_are_the_models_distribution(load: Loader, model_path: Path) -> None:
