@@ -1690,10 +1690,10 @@ class Engine:
                 detail = "time"
         # The next step would decode this token at position n_past: is there room for it?
         limit = params.max_tokens
-        shifting = self.settings.context_shift and params.context_shift
-        if (limit is None or seq.generated < limit) and not detail and shifting and seq.n_past + 1 >= self.n_ctx_seq:
+        ended = (limit is not None and seq.generated >= limit) or bool(detail)
+        if not ended and seq.n_past + 1 >= self.n_ctx_seq and self.settings.context_shift and params.context_shift:
             self._shift(seq)
-        if (limit is not None and seq.generated >= limit) or seq.n_past >= self.n_ctx_seq or detail:
+        if ended or seq.n_past >= self.n_ctx_seq:
             self._finish(seq, "length", text, flush=True, detail=detail, cut=cut)
             return
         seq.next_token = token

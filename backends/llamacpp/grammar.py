@@ -144,9 +144,7 @@ def _own_refs(schema: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
     def find(ref: str, bases: list[Any]) -> tuple[Any, list[Any]] | None:
         start = next((i for i in range(len(bases) - 1, 0, -1) if _is_resource(bases[i])), 0)
         node, chain = bases[start], bases[: start + 1]
-        # A URI fragment: percent-decoded, then a JSON pointer (RFC 6901's ~1 and ~0).
-        for part in unquote(ref[2:]).split("/") if ref != "#" else []:
-            part = part.replace("~1", "/").replace("~0", "~")
+        for part in _pointer(ref):
             if isinstance(node, dict) and part in node:
                 node = node[part]
             elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
@@ -211,6 +209,14 @@ def _own_refs(schema: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
         moved["$defs"] = {**moved.get("$defs", {}), **copies}
     _refuse_empty_cycles(copies, lambda ref: copies.get(ref.rsplit("/", 1)[-1]))
     return moved, copies
+
+
+def _pointer(ref: str) -> list[str]:
+    """The keys a local reference (`#` or `#/...`) walks: a URI fragment, percent-decoded,
+    then a JSON pointer (RFC 6901's ~1 and ~0)."""
+    if ref == "#":
+        return []
+    return [part.replace("~1", "/").replace("~0", "~") for part in unquote(ref[2:]).split("/")]
 
 
 def _refuse_empty_cycles(targets: dict[str, Any], resolve: Callable[[str], Any]) -> None:
@@ -446,9 +452,7 @@ class _GemmaSchema:
     def resolve(self, ref: str) -> Any:
         """A local reference's target (None: it points to nothing)."""
         target: Any = self.root
-        # A URI fragment holding a JSON pointer, as the JSON converter reads it (_own_refs).
-        for part in unquote(ref[2:]).split("/") if ref != "#" else []:
-            part = part.replace("~1", "/").replace("~0", "~")
+        for part in _pointer(ref):
             target = target.get(part) if isinstance(target, dict) else None
         return target
 

@@ -813,7 +813,7 @@ def _convert_json_numbers(name: str, datatype: str, data: Any, values: np.ndarra
             # numpy infers float64 (lossy) when ints above 2^63 meet negative ones or int64 ones,
             # and object for ints beyond 64 bits: look at the JSON values themselves.
             if kind in "fO":
-                flat = _flatten(data)
+                flat = few if few is not None else _flatten(data)
                 if all(type(item) is int for item in flat):
                     try:
                         return np.array(flat, dtype=dtype)

@@ -400,8 +400,7 @@ class _QueueScheduler:
         if self._idle_waiters:
             # A worker parked by an execution that has ended may form in its place.
             for instance in [i for i in self._idle_waiters if not self._full(i)]:
-                for waiter in self._idle_waiters.pop(instance):
-                    _set_done(waiter)
+                self._unpark(instance)
 
     def _check_drained(self) -> None:
         if self._state is not _State.RUNNING and not self._running and self._pending == 0:
@@ -517,7 +516,7 @@ class _QueueScheduler:
                 items, wake_at = self._plan(now)
                 if items is not None:
                     self._take(items, now)
-                    self._in_flight[instance] = self._in_flight.get(instance, 0) + 1
+                    self._occupy(instance)
                     return items
             elif self._state is not _State.RUNNING:
                 return None
@@ -531,6 +530,15 @@ class _QueueScheduler:
 
     def _full(self, instance: Backend) -> bool:
         return self._in_flight.get(instance, 0) >= self.depth
+
+    def _occupy(self, instance: Backend) -> None:
+        """`instance` starts an execution (`_release` ends it)."""
+        self._in_flight[instance] = self._in_flight.get(instance, 0) + 1
+
+    def _unpark(self, instance: Backend) -> None:
+        """Wake the workers parked until `instance` could take an execution (`_until_idle`)."""
+        for waiter in self._idle_waiters.pop(instance):
+            _set_done(waiter)
 
     def _idle_instance(self) -> Backend | None:
         """An instance with no execution in flight: the batch former's, which is the one the
@@ -548,7 +556,7 @@ class _QueueScheduler:
         item.stage = _Stage.RUNNING
         item.queue_ns = now_ns - item.arrival_ns
         self._running.add(item)
-        self._in_flight[instance] = self._in_flight.get(instance, 0) + 1
+        self._occupy(instance)
         task = asyncio.current_task()
         assert task is not None
         self._direct[item] = task
@@ -578,8 +586,7 @@ class _QueueScheduler:
         else:
             self._in_flight.pop(instance, None)
         if instance in self._idle_waiters and (self._pending or self._state is not _State.RUNNING):
-            for waiter in self._idle_waiters.pop(instance):
-                _set_done(waiter)
+            self._unpark(instance)
 
     async def _until_idle(self, instance: Backend) -> None:
         """Park until `instance` can take an execution and there is work for it (`_release`,
