@@ -804,9 +804,9 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # server's `cache_prompt`, on by default there too). False: the whole prompt is evaluated.
     cache_prompt: bool = True
     # The request's llama-server `lora` ((adapter id, scale), by id), which llama-server's
-    # generation_settings and /slots echo; () when it sent none. It changes nothing: the
-    # engine applies the model's adapters (GenerationBackend.lora_adapters) to every
-    # sequence, and the routes refuse a `lora` that asks for other scales.
+    # generation_settings and /slots echo. () : the model's current scales
+    # (GenerationBackend.lora_adapters); else an adapter left out gets scale 0, as
+    # llama-server reads the list.
     lora: tuple[tuple[int, float], ...] = ()
     # llama-server's FIM helpers, checked per token as its process_token does (0 and None: off).
     # `n_indent`: once the output has a new line, a line that gets a character other than a
@@ -1068,9 +1068,16 @@ class GenerationBackend(Backend):
         return False
 
     def lora_adapters(self) -> list[LoraAdapter]:
-        """The LoRA adapters applied to every sequence, at their scales, in id order (llama-
-        server's GET /lora-adapters); none when the model has none."""
+        """The LoRA adapters the model is loaded with, in id order, each at the scale a
+        request that names none gets (llama-server's GET /lora-adapters); none when the
+        model has none."""
         return []
+
+    def set_lora_scales(self, scales: tuple[float, ...]) -> None:
+        """The scales, one per adapter in id order, that later requests naming none get
+        (llama-server's POST /lora-adapters); running generations keep theirs. Until the
+        model reloads, which reads its configuration's again."""
+        raise Unsupported(f"backend {self.name!r} has no LoRA adapters")
 
     def unpooled(self) -> bool:
         """True for an embedding model that names no pooling (llama.cpp's pooling none), so

@@ -30,8 +30,9 @@ Model parameters (config `parameters`, all strings):
                   Loaded with the model; a missing file, a file that is no LoRA adapter, one
                   for another architecture or shape, or an activated LoRA (aLoRA) fails the
                   load naming this parameter and the file. Their ids are their order
-                  (GET /lora-adapters); a request cannot change the scales (one llama_decode
-                  serves all sequences with one set of adapters)
+                  (GET /lora-adapters). These are the scales a request that names none
+                  gets: a request's `lora` gives its own, POST /lora-adapters the model's
+                  until it reloads; sequences with other scales take turns in the decode
     context_shift "true": llama-server's `--context-shift` (off there too by default): a
                   generation that fills its slot's context drops older tokens and goes on
                   (a request's `n_keep` and `n_discard` say which); off, it ends with
@@ -303,7 +304,13 @@ class LlamaCppBackend(GenerationBackend):
 
     def lora_adapters(self) -> list[LoraAdapter]:
         engine = self._engine
-        return list(engine.lora_adapters) if engine is not None else []
+        return engine.lora_adapters() if engine is not None else []
+
+    def set_lora_scales(self, scales: tuple[float, ...]) -> None:
+        engine = self._engine
+        if engine is None:
+            raise Unavailable(f"model '{self.context.model_name}' is not loaded")
+        engine.set_lora_scales(scales)
 
     def reranker(self) -> bool:
         engine = self._engine

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import llama_cpp.llama_cpp as llama
+import msgspec
 import numpy as np
 
 from daemon.backend import (
@@ -96,6 +97,9 @@ PENALTY_LAST_N = 64
 # A slot's cached prefix must cover this share of a new prompt for the request to take that
 # slot rather than the least recently used one (llama-server's --slot-prompt-similarity).
 SLOT_PROMPT_SIMILARITY = 0.1
+# Steps in a row one set of LoRA scales decodes while sequences with other scales wait (one
+# llama_decode applies one set to all its sequences; a change makes llama.cpp re-plan its graph).
+LORA_TURN_STEPS = 16
 # Text prompts whose tokens the engine remembers (most recent first), so that an identical
 # prompt (a retry, a regenerated answer) skips the tokenizer: ~0.3 ms for 2 000 tokens here.
 TOKEN_MEMO_ENTRIES = 8
@@ -263,6 +267,7 @@ class _Sequence:
     slot: int
     sampler: Any
     n_past: int = 0  # tokens of this sequence in the KV cache
+    lora: tuple[float, ...] = ()  # the LoRA scales it is decoded with (Engine._scales)
     # Tokens its context shifts dropped (Engine._shift), and the cells before them, which
     # no shift moves (-1: never shifted).
     discarded: int = 0
@@ -377,8 +382,12 @@ class Engine:
         self._n_cls_out = 0
         self._rerank_template: str | None = None
         self.chat_template: ChatTemplate | None = None
-        # The LoRA adapters applied to every sequence, in the order of settings.lora.
-        self.lora_adapters: list[LoraAdapter] = []
+        # The LoRA adapters the model is loaded with, in the order of settings.lora (their
+        # ids), and the scales a request that names none gets (`set_lora_scales`; written by
+        # other threads, read by the engine's at each admission: one reference swapped).
+        self._adapters: list[LoraAdapter] = []
+        self._lora_ptrs: list[Any] = []
+        self._lora_defaults: tuple[float, ...] = tuple(spec.scale for spec in settings.lora)
 
         self._cond = threading.Condition()
         # Held by other threads while they use the vocabulary, and by the engine thread while
@@ -412,10 +421,18 @@ class Engine:
         # Tokens whose KV cells each slot holds (also while idle: the prefix cache), and
         # when each slot was last given a request (LRU order).
         self._cached: list[list[int]] = [[] for _ in range(settings.n_parallel)]
+        # The LoRA scales each slot's cells were decoded with: a prefix decoded with other
+        # scales is not a prefix of this request's (see _scales).
+        self._cached_lora: list[tuple[float, ...]] = [() for _ in range(settings.n_parallel)]
+        # The scales set on the context now, and how many steps in a row they have decoded
+        # while sequences with other scales waited (see _lora_group).
+        self._applied_lora: tuple[float, ...] = ()
+        self._lora_steps = 0
         self._last_used: list[int] = [0] * settings.n_parallel
         self._admitted = 0
-        # Host-RAM store of evicted slot caches (tokens -> llama_state_seq data), LRU order.
-        self._store: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        # Host-RAM store of evicted slot caches ((LoRA scales, tokens) -> llama_state_seq
+        # data), LRU order.
+        self._store: OrderedDict[tuple[tuple[float, ...], tuple[int, ...]], Any] = OrderedDict()
         self._store_budget = settings.prefix_store_mib * 2**20
         self._store_bytes = 0
         self._store_hits = 0
@@ -679,13 +696,11 @@ class Engine:
             self._n_cls_out = llama.llama_model_n_cls_out(self._model)
             template = llama.llama_model_chat_template(self._model, b"rerank")
             self._rerank_template = template.decode("utf-8", errors="replace") if template else None
+        self._lora_ptrs = adapters
         if adapters:
-            # On the context: every sequence of every llama_decode gets them, at these scales
-            # (llama-server's per-request scales would need one decode per set of scales).
-            array = (llama.llama_adapter_lora_p_ctypes * len(adapters))(*adapters)
-            scales = (ctypes.c_float * len(adapters))(*(spec.scale for spec in s.lora))
-            if llama.llama_set_adapters_lora(self._ctx, array, len(adapters), scales) != 0:
-                raise BackendError(f"llama.cpp could not apply the LoRA adapters of model '{self.name}'")
+            # On the context: each llama_decode applies one set of scales to all its sequences
+            # (_lora_group picks the set, as llama-server batches only slots with equal ones).
+            self._apply_lora(_f32(self._lora_defaults))
         self._memory = llama.llama_get_memory(self._ctx)
         if s.context_shift and not llama.llama_memory_can_shift(self._memory):
             # llama-server turns its --context-shift off with a warning; a setting that would
@@ -704,6 +719,58 @@ class Engine:
             self.name, s.n_parallel, self.n_ctx_seq, self._n_batch, s.n_threads,
             ", embeddings" if s.embedding else "",
         )
+
+    def _apply_lora(self, scales: tuple[float, ...]) -> None:
+        """Set these scales (one per adapter, float32 values) on the context, if they are not
+        the ones set: llama.cpp re-plans its graph after a change."""
+        if scales == self._applied_lora or not self._lora_ptrs:
+            return
+        array = (llama.llama_adapter_lora_p_ctypes * len(self._lora_ptrs))(*self._lora_ptrs)
+        values = (ctypes.c_float * len(scales))(*scales)
+        if llama.llama_set_adapters_lora(self._ctx, array, len(self._lora_ptrs), values) != 0:
+            raise BackendError(f"llama.cpp could not apply the LoRA adapters of model '{self.name}'")
+        self._applied_lora = scales
+
+    def _scales(self, params: GenerateParams) -> tuple[float, ...]:
+        """The LoRA scales a request is decoded with, as llama-server reads its `lora`: none
+        (or []) is the model's current scales; an adapter the list leaves out gets 0."""
+        if not params.lora:
+            return _f32(self._lora_defaults)
+        asked = dict(params.lora)
+        return _f32(tuple(asked.get(i, 0.0) for i in range(len(self._lora_ptrs))))
+
+    def _lora_group(self) -> tuple[float, ...] | None:
+        """The LoRA scales this step decodes with: only sequences with these take part.
+        The scales set stay while they have work, for at most LORA_TURN_STEPS steps in a row
+        while others wait; then the next set (in slot order) has its turn. None: all of them
+        (a model without adapters)."""
+        if not self._lora_ptrs:
+            return None
+        sets: list[tuple[float, ...]] = []
+        for seq in self._slots:
+            if seq is not None and seq.lora not in sets:
+                sets.append(seq.lora)
+        if len(sets) <= 1:
+            self._lora_steps = 0
+            return sets[0] if sets else self._applied_lora
+        current = self._applied_lora
+        if current in sets and self._lora_steps < LORA_TURN_STEPS:
+            self._lora_steps += 1
+            return current
+        self._lora_steps = 1
+        return sets[(sets.index(current) + 1) % len(sets)] if current in sets else sets[0]
+
+    def set_lora_scales(self, scales: tuple[float, ...]) -> None:
+        """The scales later requests that name none get (llama-server's POST /lora-adapters);
+        running sequences keep theirs. Any thread."""
+        if len(scales) != len(self._adapters):
+            raise InvalidArgument(f"model '{self.name}' has {len(self._adapters)} LoRA adapters, not {len(scales)}")
+        self._lora_defaults = tuple(scales)
+
+    def lora_adapters(self) -> list[LoraAdapter]:
+        """The adapters, each with the scale a request that names none gets now."""
+        defaults = self._lora_defaults
+        return [msgspec.structs.replace(a, scale=scale) for a, scale in zip(self._adapters, defaults, strict=True)]
 
     def _load_lora(self, spec: LoraSpec) -> Any:
         """One adapter of the `lora` parameter, loaded onto the model (which frees it); what
@@ -728,7 +795,7 @@ class Engine:
                 "from its invocation tokens on in each sequence; edged applies a model's adapters to "
                 "every token of every sequence, so it does not load one"
             )
-        self.lora_adapters.append(LoraAdapter(
+        self._adapters.append(LoraAdapter(
             path=spec.name, scale=spec.scale,
             task_name=_adapter_meta(adapter, b"adapter.lora.task_name"),
             prompt_prefix=_adapter_meta(adapter, b"adapter.lora.prompt_prefix"),
@@ -1092,8 +1159,9 @@ class Engine:
                 free = [wanted]
             self._release_pending()
             tokens = item.tokens
-            slot, common = self._pick_slot(free, tokens)
-            common = self._use_store(slot, common, tokens)
+            scales = self._scales(item.request.params)
+            slot, common = self._pick_slot(free, tokens, scales)
+            common = self._use_store(slot, common, tokens, scales)
             # At least the prompt's last token is decoded again: its logits give the first
             # sampled token (llama.cpp keeps no logits for cached positions).
             keep = min(common, len(tokens) - 1)
@@ -1107,6 +1175,7 @@ class Engine:
                 llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
                 keep = 0
             self._cached[slot] = tokens[:keep]
+            self._cached_lora[slot] = scales
             self._admitted += 1
             self._last_used[slot] = self._admitted
             self._prompt_cached += keep
@@ -1125,7 +1194,7 @@ class Engine:
                 tracker = ReasoningTracker(b"", (params.grammar_after.encode(), ending), inside=True)
             sampler = self._make_sampler(params, tokens)
             seq = _Sequence(
-                item.request, tokens, slot, sampler, n_past=keep, cached=keep,
+                item.request, tokens, slot, sampler, n_past=keep, cached=keep, lora=scales,
                 stops=StopMatcher(params.stop),
                 preserved=self._preserved(params.tool_calls) | self._thinking_tokens,
                 reasoning=tracker, grammar=grammar, grammar_chain=_owning_chain(grammar),
@@ -1159,7 +1228,7 @@ class Engine:
             held.extend(self._waiting)
             self._waiting = held
 
-    def _use_store(self, slot: int, common: int, tokens: list[int]) -> int:
+    def _use_store(self, slot: int, common: int, tokens: list[int], scales: tuple[float, ...]) -> int:
         """Save the slot's cells when a new conversation replaces them; restore a stored
         conversation into the slot when it shares more with the prompt. Returns the common
         prefix of the slot's (possibly restored) cache and the prompt."""
@@ -1168,7 +1237,9 @@ class Engine:
         cached = self._cached[slot]
         stored_key, stored_common = None, common
         for key in self._store:
-            shared = _common_prefix(key, tokens)
+            if key[0] != scales:
+                continue
+            shared = _common_prefix(key[1], tokens)
             if shared > stored_common:
                 stored_key, stored_common = key, shared
         if stored_key is not None and stored_common <= SLOT_PROMPT_SIMILARITY * len(tokens):
@@ -1188,11 +1259,11 @@ class Engine:
             self._cached[slot] = []
             return 0
         self._store_hits += 1
-        self._cached[slot] = list(stored_key)
+        self._cached[slot] = list(stored_key[1])
         return stored_common
 
     def _save(self, slot: int, cached: list[int]) -> None:
-        key = tuple(cached)
+        key = (self._cached_lora[slot], tuple(cached))
         size = llama.llama_state_seq_get_size(self._ctx, slot)
         if key in self._store or size > self._store_budget:
             return
@@ -1205,11 +1276,16 @@ class Engine:
             _, evicted = self._store.popitem(last=False)
             self._store_bytes -= len(evicted)
 
-    def _pick_slot(self, free: list[int], tokens: list[int]) -> tuple[int, int]:
-        """(slot, common prefix length): the idle slot sharing the longest prefix, else LRU."""
+    def _pick_slot(self, free: list[int], tokens: list[int], scales: tuple[float, ...]) -> tuple[int, int]:
+        """(slot, common prefix length): the idle slot sharing the longest prefix decoded with
+        the same LoRA scales, else LRU."""
+
+        def shared(slot: int) -> int:
+            return _common_prefix(self._cached[slot], tokens) if self._cached_lora[slot] == scales else 0
+
         best, best_common = -1, 0
         for slot in free:
-            common = _common_prefix(self._cached[slot], tokens)
+            common = shared(slot)
             if common > best_common or (
                 common == best_common and best >= 0 and self._last_used[slot] < self._last_used[best]
             ):
@@ -1217,7 +1293,7 @@ class Engine:
         if best >= 0 and best_common > SLOT_PROMPT_SIMILARITY * len(tokens):
             return best, best_common
         lru = min(free, key=lambda slot: self._last_used[slot])
-        return lru, _common_prefix(self._cached[lru], tokens)
+        return lru, shared(lru)
 
     def _make_sampler(self, params: GenerateParams, prompt: Sequence[int]) -> Any:
         """llama-server's chain (common_sampler_init): the logit biases, the samplers in the
@@ -1381,7 +1457,9 @@ class Engine:
         outputs: list[tuple[_Sequence, int]] = []
         scoring: list[tuple[_Sequence, int, int]] = []  # (sequence, output index, prompt token)
         progressing: list[_Sequence] = []  # prefilled in this step, with return_progress
-        decoding = sum(1 for seq in self._slots if seq is not None and seq.next_token >= 0)
+        group = self._lora_group()
+        stepping = [seq for seq in self._slots if seq is not None and (group is None or seq.lora == group)]
+        decoding = sum(1 for seq in stepping if seq.next_token >= 0)
         prefill_budget = self._n_batch - decoding
 
         def add(token: int, pos: int, slot: int, output: bool) -> None:
@@ -1394,9 +1472,7 @@ class Engine:
             n_tokens += 1
 
         # Ascending slot order: llama.cpp batches consecutive seq ids into one ubatch.
-        for seq in self._slots:
-            if seq is None:
-                continue
+        for seq in stepping:
             if seq.next_token >= 0:
                 outputs.append((seq, n_tokens))
                 add(seq.next_token, seq.n_past, seq.slot, True)
@@ -1418,6 +1494,8 @@ class Engine:
                     add(token, seq.n_past, seq.slot, last or top is not None)
                     seq.n_past += 1
         batch.n_tokens = n_tokens
+        if group is not None:
+            self._apply_lora(group)
         status = llama.llama_decode(self._ctx, batch)
         if status != 0:
             # Not expected (each slot has its own cells and prompts are checked against
@@ -1427,10 +1505,9 @@ class Engine:
             self._fail_all(error)
             return
         self._decodes += 1
-        for seq in self._slots:
-            if seq is not None:
-                self._busy_decoding += 1
-                self._n_tokens_max = max(self._n_tokens_max, seq.n_past)
+        for seq in stepping:
+            self._busy_decoding += 1
+            self._n_tokens_max = max(self._n_tokens_max, seq.n_past)
         for seq in progressing:
             # After each decode of the prompt, before its first token (llama-server's order).
             self._progress(seq)
@@ -1889,6 +1966,9 @@ class Engine:
             llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
             raise InvalidArgument(f"Unable to restore slot {slot}: {exc}") from None
         self._cached[slot] = tokens
+        # A slot file does not say which scales its cells were decoded with (nor does
+        # llama-server's): the model's current ones.
+        self._cached_lora[slot] = _f32(self._lora_defaults)
         return len(tokens), read, (time.perf_counter() - started) * 1000
 
     # --------------------------------------------------------------- embeddings
@@ -2055,6 +2135,7 @@ class Engine:
                 n += 1
         batch.n_tokens = n
         encoder_only = llama.llama_model_has_encoder(self._model) and not llama.llama_model_has_decoder(self._model)
+        self._apply_lora(_f32(self._lora_defaults))
         try:
             started = time.perf_counter_ns()
             status = (llama.llama_encode if encoder_only else llama.llama_decode)(self._ctx, batch)
@@ -2289,6 +2370,11 @@ def _ending_trigger(params: GenerateParams) -> str:
 
 def _is_lazy_frame(params: GenerateParams) -> bool:
     return params.tool_calls is not None and params.tool_calls.lazy
+
+
+def _f32(values: Sequence[float]) -> tuple[float, ...]:
+    """LoRA scales as llama.cpp holds them (float): the values compared and applied."""
+    return tuple(ctypes.c_float(v).value for v in values)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

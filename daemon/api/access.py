@@ -3,7 +3,7 @@
 - Unix socket: the socket file's mode is the first gate; `server.allowed-uids` (checked with
   SO_PEERCRED) narrows it further for every route. Root is always allowed.
 - TCP: anyone who can reach the port. Admin routes (model load/unload, updates, logging,
-  llama-server's slot save/restore/erase)
+  llama-server's slot save/restore/erase and POST /lora-adapters)
   need `Authorization: Bearer <token>` (or `X-Api-Key: <token>`, as Anthropic's clients send it)
   with the token from `server.token-file`; without a token file they are refused over TCP.
   With `server.tcp-auth = "all"` every route but the health checks (`/v2/health/*`, and
@@ -36,6 +36,8 @@ _ADMIN_PATHS = re.compile(
     r"|^/v2/logging$"
     # llama-server's slot actions: they write and read files on the box and drop a slot's cache.
     r"|^/slots/[^/]+$"
+    # llama-server's change of a model's LoRA scales: every later request gets them.
+    r"|^/lora-adapters$"
 )
 # llama-server's health check, public there too (no API key), as Triton's /v2/health/* here.
 _LLAMA_HEALTH = frozenset({"/health", "/v1/health"})

@@ -1,6 +1,6 @@
 """llama-server's utility routes for generation models: `POST /tokenize`, `/detokenize` and
 `/apply-template`, `GET /props`, `/slots` and `/lora-adapters`, `POST /slots/{id}` (save,
-restore, erase), with its request and response
+restore, erase) and `/lora-adapters` (the scales of later requests), with its request and response
 shapes (llama.cpp tools/server); its native `POST /embedding` (also `/embeddings`) for embedding models; and its
 `GET /health` (also `/v1/health`), which container health checks and clients poll.
 
@@ -21,9 +21,11 @@ from aiohttp import web
 from daemon.api import openai_tools
 from daemon.api.openai import (
     ChatMessage,
+    LoraScale,
     chat_prompt,
     decode_with,
     generation_model,
+    lora_scales,
     not_loaded,
     request_body,
     sole_generation_model,
@@ -96,6 +98,7 @@ _DETOKENIZE = msgspec.json.Decoder(DetokenizeRequest)
 _APPLY_TEMPLATE = msgspec.json.Decoder(ApplyTemplateRequest)
 _EMBEDDING = msgspec.json.Decoder(EmbeddingRequest)
 _SLOT_ACTION = msgspec.json.Decoder(SlotActionRequest)
+_LORA_SCALES = msgspec.json.Decoder(list[LoraScale])
 
 
 def _ok(payload: object) -> web.Response:
@@ -469,8 +472,7 @@ def valid_filename(name: str) -> bool:
 async def lora_adapters(request: web.Request) -> web.Response:
     """llama-server's GET /lora-adapters for one model (`?model=NAME`, as its router): the
     adapters the model's parameters `lora` loaded, `[{id, path, scale, task_name,
-    prompt_prefix}]` ([] for none). Their scales are fixed for the model's life here: POST
-    /lora-adapters (llama-server's change of the global scales) is not offered (405)."""
+    prompt_prefix}]` ([] for none), each at the scale a request that names none gets now."""
     name, _ = _query(request)
     model = await generation_model(request, name)
     return _ok([
@@ -478,6 +480,20 @@ async def lora_adapters(request: web.Request) -> web.Response:
          "prompt_prefix": adapter.prompt_prefix}
         for id_, adapter in enumerate(model.require_generator().lora_adapters())
     ])
+
+
+async def set_lora_adapters(request: web.Request) -> web.Response:
+    """llama-server's POST /lora-adapters (`?model=NAME`): `[{id, scale}, ...]` become the
+    scales of the requests that name none from now on, an adapter left out scale 0 (as
+    llama-server reads the list); running generations keep theirs. They hold until the model
+    reloads (its configuration's again), as llama-server's until it restarts. An unknown or
+    repeated id is a 400 (llama-server ignores the one, keeps the last of the other)."""
+    name, _ = _query(request)
+    model = await generation_model(request, name)
+    asked = dict(lora_scales(model, decode_with(_LORA_SCALES, await request_body(request)), "body"))
+    count = len(model.require_generator().lora_adapters())
+    model.require_generator().set_lora_scales(tuple(asked.get(i, 0.0) for i in range(count)))
+    return _ok({"success": True})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -519,5 +535,5 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/props", change_props)
     r.add_get("/slots", slots)
     r.add_post("/slots/{id_slot}", slot_action)
-    # GET only: POST /lora-adapters (changing the scales of every sequence) is a 405.
     r.add_get("/lora-adapters", lora_adapters)
+    r.add_post("/lora-adapters", set_lora_adapters)

@@ -10,8 +10,8 @@ are rejected by the decoders, `forbid_unknown_fields`); ranges are OpenAI's: tem
 llama-server's extensions `top_k`, `min_p`, `typical_p`, `repeat_penalty`, `repeat_last_n`,
 `ignore_eos`, `cache_prompt` and its other samplers (Mirostat, dynamic temperature, top-n-sigma,
 XTC, DRY, `min_keep`) and their order (`samplers`) are taken too, with llama-server's meaning.
-Its per-request `lora` (adapter scales) is taken where it asks for the scales the model is
-loaded with (`lora_request`), and a 400 otherwise.
+Its per-request `lora` (adapter scales) is checked against the model's adapters
+(`lora_request`) and decoded with.
 
 `n` choices are `n` sequences in the engine, run side by side as separate requests would be
 (choice i samples with `seed + i` when a seed is given, so that the choices differ and the
@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import ctypes
 import json
 import math
 import time
@@ -396,38 +395,31 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
 
 def lora_request(model: LoadedVersion, entries: list[LoraScale] | None) -> tuple[tuple[int, float], ...]:
     """llama-server's per-request `lora`, checked against the model's adapters: (id, scale)
-    by id, which generation_settings echoes. Read as llama-server reads it: none or [] is
-    the adapters as loaded, and an adapter the list leaves out has scale 0. Taken when that
-    is the scales the model is loaded with; anything else is a 400 saying why: one
-    llama_decode serves all the model's sequences with one set of adapters, so a request
-    cannot change the scales for itself (llama-server decodes each set apart). An id with no
-    adapter (llama-server ignores it) and an id given twice are 400s too."""
+    by id, which generation_settings echoes and the engine decodes with. None or [] is the
+    model's current scales; an adapter the list leaves out gets scale 0 (the engine reads it
+    so). An id with no adapter (llama-server ignores it) and an id given twice (llama-server
+    keeps the last) are 400s; JSON has no scale that is not a finite number (the decoder
+    refuses 1e999)."""
     if not entries:
         return ()
+    return lora_scales(model, entries, "lora")
+
+
+def lora_scales(model: LoadedVersion, entries: list[LoraScale], field: str) -> tuple[tuple[int, float], ...]:
+    """`entries` as (id, scale) by id, each id one of the model's adapters, once; errors name
+    `field[index]`."""
     adapters = model.require_generator().lora_adapters()
     asked: dict[int, float] = {}
     for index, entry in enumerate(entries):
         if not 0 <= entry.id < len(adapters):
             has = f"ids 0 to {len(adapters) - 1}" if adapters else "none (its parameters lora would load them)"
             raise InvalidArgument(
-                f"lora[{index}]: model '{model.name}' has no LoRA adapter with id {entry.id}; its adapters: {has} "
+                f"{field}[{index}]: model '{model.name}' has no LoRA adapter with id {entry.id}; its adapters: {has} "
                 f"(GET /lora-adapters?model={model.name})"
             )
         if entry.id in asked:
-            raise InvalidArgument(f"lora[{index}]: adapter id {entry.id} given twice")
+            raise InvalidArgument(f"{field}[{index}]: adapter id {entry.id} given twice")
         asked[entry.id] = entry.scale
-    for id_, adapter in enumerate(adapters):
-        want = asked.get(id_, 0.0)
-        # Compared as llama.cpp holds them (float).
-        if ctypes.c_float(want).value != ctypes.c_float(adapter.scale).value:
-            left_out = "" if id_ in asked else " (left out of the list: scale 0, as llama-server reads it)"
-            raise InvalidArgument(
-                f"lora: adapter {id_} ({adapter.path}) of model '{model.name}' is loaded with scale {adapter.scale:g} "
-                f"and the request asks for {want:g}{left_out}; edged decodes all of a model's sequences together, "
-                "in one llama_decode with one set of adapters, so a request cannot change their scales for itself. "
-                f"Send the loaded scales (GET /lora-adapters?model={model.name}) or leave lora out, or load a model "
-                "whose parameters lora give the scales wanted"
-            )
     return tuple(sorted(asked.items()))
 
 

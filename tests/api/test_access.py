@@ -161,6 +161,8 @@ def test_unix_socket_peer_uid_not_allowed_is_403(start_daemon, repo: Path, tmp_p
         ("POST", "/api/chat", False),
         ("POST", "/slots/0", True),  # llama-server's save, restore, erase
         ("GET", "/slots", False),
+        ("POST", "/lora-adapters", True),  # llama-server's change of every later request's scales
+        ("GET", "/lora-adapters", False),
     ],
 )
 def test_admin_route_classification(method: str, path: str, admin: bool) -> None:

@@ -1,7 +1,7 @@
-"""LoRA adapters over the daemon's real socket: llama-server's GET /lora-adapters, the
-per-request `lora` of /completion, /infill and the OpenAI routes (taken when it asks for the
-scales the model is loaded with, else a 400 saying why), and an adapter that fails its
-model's load with a clear reason while the daemon serves the rest. The adapters are real
+"""LoRA adapters over the daemon's real socket: llama-server's GET and POST /lora-adapters, the
+per-request `lora` of /completion, /infill and the OpenAI routes (the request's own scales:
+the same text as a model loaded at them), and an adapter that fails its model's load with a
+clear reason while the daemon serves the rest. The adapters are real
 LoRA GGUFs for the tiny model (tests/gguf_builder.py); tests/backends/test_llamacpp_lora.py
 checks what they compute, tests/fixtures/oracle/lora.py compares with llama-server."""
 
@@ -40,7 +40,10 @@ def _model(repo: Path, name: str, adapters: dict[str, dict[str, Any]], lora: str
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     repo = tmp_path_factory.mktemp("lora-repo")
     _model(repo, "tiny", {}, None)
-    _model(repo, "lora", {"adapter.gguf": {"task_name": "shout", "prompt_prefix": "LOUD: "}}, "adapter.gguf")
+    shout = {"adapter.gguf": {"task_name": "shout", "prompt_prefix": "LOUD: "}}
+    _model(repo, "lora", shout, "adapter.gguf")
+    _model(repo, "half", shout, "adapter.gguf:0.5")  # the same file at 0.5
+    _model(repo, "switch", shout, "adapter.gguf")  # for POST /lora-adapters alone
     _model(repo, "two", {"adapters/a.gguf": {"seed": 2}, "b.gguf": {"seed": 3}}, "adapters/a.gguf:0.5,b.gguf")
     _model(repo, "missing", {}, "nowhere.gguf")
     _model(repo, "wrongarch", {"qwen3.gguf": {"arch": "qwen3"}}, "qwen3.gguf")
@@ -50,7 +53,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     while True:
         try:
             reply = process.post_json("/v2/repository/index", {})
-            if reply.status == 200 and len(rows := reply.json()) == 5 and all(
+            if reply.status == 200 and len(rows := reply.json()) == 7 and all(
                 row.get("state") in ("READY", "UNAVAILABLE") for row in rows
             ):
                 break
@@ -89,7 +92,7 @@ def test_lora_adapters_lists_the_loaded_adapters(daemon: DaemonProcess) -> None:
     assert daemon.get_json("/lora-adapters?model=tiny") == []
 
 
-def test_lora_adapters_needs_a_known_model_and_is_get_only(daemon: DaemonProcess) -> None:
+def test_lora_adapters_needs_a_known_model(daemon: DaemonProcess) -> None:
     error = daemon.get_json("/lora-adapters", 400)["error"]
     # Left out, the one generation model loaded; this daemon has several.
     assert error["message"].startswith("model: required here (the generation models loaded are ")
@@ -97,10 +100,6 @@ def test_lora_adapters_needs_a_known_model_and_is_get_only(daemon: DaemonProcess
     assert error["type"] == "not_found_error" and "nope" in error["message"]
     error = daemon.get_json("/lora-adapters?model=lora&id=0", 400)["error"]
     assert error["message"] == "id: not a query field of /lora-adapters (it takes model, autoload)"
-    # llama-server's POST /lora-adapters changes the scales of every request: not offered.
-    reply = daemon.post_json("/lora-adapters", [{"id": 0, "scale": 0.5}])
-    assert reply.status == 405, reply.body
-    assert reply.json() == {"error": {"message": "Method Not Allowed", "type": "invalid_request_error", "param": None, "code": None}}
 
 
 # --------------------------------------------------------------------------- per-request lora
@@ -124,19 +123,33 @@ def test_the_adapter_changes_the_output_and_a_request_may_name_its_scale(daemon:
     assert _completion(daemon, "tiny", lora=[])["content"] == plain["content"]
 
 
-def test_other_scales_are_refused_naming_lora(daemon: DaemonProcess) -> None:
-    why = ("edged decodes all of a model's sequences together, in one llama_decode with one set of adapters, so a "
-           "request cannot change their scales for itself. Send the loaded scales (GET /lora-adapters?model={model}) "
-           "or leave lora out, or load a model whose parameters lora give the scales wanted")
-    assert _error(daemon, "lora", [{"id": 0, "scale": 0.5}]) == (
-        "lora: adapter 0 (adapter.gguf) of model 'lora' is loaded with scale 1 and the request asks for 0.5; "
-        + why.format(model="lora")
-    )
-    # Left out: scale 0, as llama-server reads the list.
-    assert _error(daemon, "two", [{"id": 0, "scale": 0.5}]) == (
-        "lora: adapter 1 (b.gguf) of model 'two' is loaded with scale 1 and the request asks for 0 (left out of the "
-        "list: scale 0, as llama-server reads it); " + why.format(model="two")
-    )
+def test_a_request_decodes_with_the_scales_it_asks_for(daemon: DaemonProcess) -> None:
+    # "lora" and "half" load the same adapter file at 1.0 and 0.5: a request to "lora" that asks
+    # for 0.5 writes what "half" writes, and 0 what the model without adapters writes.
+    for prompt in ("Hello world", "Once upon a time"):
+        full = _completion(daemon, "lora", prompt=prompt)["content"]
+        halved = _completion(daemon, "half", prompt=prompt)["content"]
+        assert halved != full
+        asked = _completion(daemon, "lora", prompt=prompt, lora=[{"id": 0, "scale": 0.5}])
+        assert asked["content"] == halved
+        assert asked["generation_settings"]["lora"] == [{"id": 0, "scale": 0.5}]
+        assert _completion(daemon, "half", prompt=prompt, lora=[{"id": 0, "scale": 1}])["content"] == full
+        assert _completion(daemon, "lora", prompt=prompt, lora=[{"id": 0, "scale": 0}])["content"] == (
+            _completion(daemon, "tiny", prompt=prompt)["content"]
+        )
+
+
+def test_a_prompt_cached_at_other_scales_is_decoded_again(daemon: DaemonProcess) -> None:
+    prompt = "A prompt of its own, cached at one scale and asked at another"
+    first = _completion(daemon, "lora", prompt=prompt)
+    again = _completion(daemon, "lora", prompt=prompt)
+    assert again["content"] == first["content"] and again["timings"]["cache_n"] > 0
+    other = _completion(daemon, "lora", prompt=prompt, lora=[{"id": 0, "scale": 0.5}])
+    assert other["timings"]["cache_n"] == 0
+    assert other["content"] == _completion(daemon, "half", prompt=prompt)["content"]
+
+
+def test_a_bad_lora_is_refused_naming_it(daemon: DaemonProcess) -> None:
     assert _error(daemon, "lora", [{"id": 1, "scale": 1.0}]) == (
         "lora[0]: model 'lora' has no LoRA adapter with id 1; its adapters: ids 0 to 0 (GET /lora-adapters?model=lora)"
     )
@@ -151,17 +164,67 @@ def test_other_scales_are_refused_naming_lora(daemon: DaemonProcess) -> None:
     assert _error(daemon, "lora", [{"id": 0}]) == "invalid request: Object missing required field `scale` - at `$.lora[0]`"
 
 
-@pytest.mark.parametrize("path", ["/infill", "/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_every_completion_route_reads_lora(daemon: DaemonProcess, path: str) -> None:
-    fields: dict[str, Any] = {"prompt": PROMPT, "max_tokens": 4}
-    if path == "/infill":
-        fields = {"input_prefix": "def f(", "input_suffix": ")"}
-    elif path == "/v1/chat/completions":
-        fields = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
-    message = _error(daemon, "lora", [{"id": 0, "scale": 2.0}], path, **fields)
-    assert message.startswith("lora: adapter 0 (adapter.gguf) of model 'lora' is loaded with scale 1 and the request asks for 2;")
-    if path != "/infill":  # the tiny model has no fill-in-the-middle tokens
-        _completion(daemon, "lora", 200, path, lora=[{"id": 0, "scale": 1.0}], **fields)
+    fields: dict[str, Any] = {"prompt": PROMPT, "max_tokens": 8}
+    if path == "/v1/chat/completions":
+        fields = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+
+    def text(model: str, **more: Any) -> str:
+        choice = _completion(daemon, model, 200, path, **fields, **more)["choices"][0]
+        return str(choice["text"] if "text" in choice else choice["message"]["content"])
+
+    assert text("lora", lora=[{"id": 0, "scale": 0.5}]) == text("half")
+    assert text("lora", lora=[{"id": 0, "scale": 0.5}]) != text("lora")
+
+
+def test_infill_reads_lora(daemon: DaemonProcess) -> None:
+    # The tiny model has no fill-in-the-middle tokens, so only the check shows here.
+    message = _error(daemon, "lora", [{"id": 3, "scale": 1.0}], "/infill", input_prefix="def f(", input_suffix=")")
+    assert message.startswith("lora[0]: model 'lora' has no LoRA adapter with id 3")
+
+
+# --------------------------------------------------------------------------- POST /lora-adapters
+
+
+def test_post_lora_adapters_sets_the_scales_of_later_requests(daemon: DaemonProcess) -> None:
+    def post(body: Any, status: int = 200) -> Any:
+        reply = daemon.post_json("/lora-adapters?model=switch", body)
+        assert reply.status == status, reply.body
+        return reply.json()
+
+    full = _completion(daemon, "switch")["content"]
+    try:
+        assert post([{"id": 0, "scale": 0.5}]) == {"success": True}
+        assert daemon.get_json("/lora-adapters?model=switch")[0]["scale"] == 0.5
+        assert _completion(daemon, "switch")["content"] == _completion(daemon, "half")["content"]
+        # A request's own scales still win; the list it echoes is its own.
+        own = _completion(daemon, "switch", lora=[{"id": 0, "scale": 1}])
+        assert own["content"] == full and own["generation_settings"]["lora"] == [{"id": 0, "scale": 1.0}]
+        # As llama-server reads the list: an adapter left out gets 0.
+        assert post([]) == {"success": True}
+        assert daemon.get_json("/lora-adapters?model=switch")[0]["scale"] == 0.0
+        assert _completion(daemon, "switch")["content"] == _completion(daemon, "tiny")["content"]
+        # Refused, naming what is wrong; the scales stay.
+        assert post({"id": 0, "scale": 1}, 400)["error"]["message"] == (
+            "invalid request: Expected `array`, got `object`"
+        )
+        assert post([{"id": 2, "scale": 1}], 400)["error"]["message"] == (
+            "body[0]: model 'switch' has no LoRA adapter with id 2; its adapters: ids 0 to 0 "
+            "(GET /lora-adapters?model=switch)"
+        )
+        reply = daemon.request("POST", "/lora-adapters?model=switch", '[{"id": 0, "scale": 1e999}]')
+        assert reply.status == 400 and reply.json()["error"]["message"] == (
+            "invalid request: Number out of range - at `$[0].scale`"
+        )
+        assert daemon.get_json("/lora-adapters?model=switch")[0]["scale"] == 0.0
+        reply = daemon.post_json("/lora-adapters?model=nope", [])
+        assert reply.status == 404, reply.body
+        # Other models keep theirs.
+        assert daemon.get_json("/lora-adapters?model=lora")[0]["scale"] == 1.0
+    finally:
+        post([{"id": 0, "scale": 1}])
+    assert _completion(daemon, "switch")["content"] == full
 
 
 # --------------------------------------------------------------------------- load errors

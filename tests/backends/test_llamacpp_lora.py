@@ -20,7 +20,7 @@ from gguf_builder import (
 )
 
 from daemon.backend import GenerateChunk, GenerateParams, LoraAdapter
-from daemon.errors import ConfigError
+from daemon.errors import ConfigError, InvalidArgument
 
 pytest.importorskip("gguf")
 
@@ -139,6 +139,100 @@ async def test_an_embedding_model_embeds_with_its_adapter(load: Loader, tmp_path
     [vector], _ = await backend.embed(["Hello world"])
     tokens = await backend.tokenize("Hello world", add_special=True)
     expected = reference_forward(merged_weights(base, ((adapter, 1.0),)), tokens).mean(axis=0)
+    assert np.allclose(vector, expected / np.linalg.norm(expected), atol=2e-3)
+
+
+# --------------------------------------------------------------------------- other scales
+
+
+def scaled(scale: float) -> GenerateParams:
+    """Greedy, with the request's own scale for adapter 0."""
+    return GenerateParams(greedy=True, max_tokens=STEPS, lora=((0, scale),))
+
+
+async def test_a_request_decodes_with_its_own_scales(load: Loader, base: Path, adapter: Path) -> None:
+    # Loaded at 1.0; two prompts ask for 0.5 and one for 0 (the base model) while the fourth
+    # takes the loaded scale: all four at once, so the engine decodes the sets in turns.
+    import asyncio
+
+    backend = await load(base, n_parallel="4", lora="adapter.gguf")
+    prompts = await tokens_of(backend, PROMPTS)
+    params = [scaled(0.5), GREEDY, scaled(0.5), scaled(0.0)]
+    together = list(await asyncio.gather(*(ids_of(backend.generate(p, q)) for p, q in zip(prompts, params, strict=True))))
+    at_half = llama_cpp_python_greedy(base, prompts, (adapter, 0.5))
+    at_one = llama_cpp_python_greedy(base, prompts, (adapter, 1.0))
+    plain = llama_cpp_python_greedy(base, prompts, None)
+    assert together == [at_half[0], at_one[1], at_half[2], plain[3]]
+    assert at_half[0] != at_one[0] and plain[3] != at_one[3]
+
+
+async def test_sets_of_scales_take_turns(load: Loader, base: Path, adapter: Path) -> None:
+    # A long generation at the loaded scale does not hold the decode: a short one at 0.5,
+    # asked at the same time, gets its turns and ends first.
+    import asyncio
+
+    backend = await load(base, n_parallel="2", lora="adapter.gguf")
+    prompts = await tokens_of(backend, PROMPTS[:2])
+    ended: list[str] = []
+
+    async def run(name: str, tokens: list[int], params: GenerateParams) -> list[int]:
+        ids = await ids_of(backend.generate(tokens, params))
+        ended.append(name)
+        return ids
+
+    long = GenerateParams(greedy=True, max_tokens=150, ignore_eos=True)
+    short = GenerateParams(greedy=True, max_tokens=STEPS, lora=((0, 0.5),))
+    _, quick = await asyncio.gather(run("long", prompts[0], long), run("short", prompts[1], short))
+    assert ended == ["short", "long"]
+    assert quick == llama_cpp_python_greedy(base, prompts[1:], (adapter, 0.5))[0]
+
+
+async def test_cached_cells_serve_only_requests_with_their_scales(load: Loader, base: Path, adapter: Path) -> None:
+    # One slot, loaded at 1.0, and the prefix store (on by default) behind it.
+    backend = await load(base, n_parallel="1", lora="adapter.gguf")
+    prompt, other = await tokens_of(backend, PROMPTS[:2])
+    [at_one] = llama_cpp_python_greedy(base, [prompt], (adapter, 1.0))
+    [at_half] = llama_cpp_python_greedy(base, [prompt], (adapter, 0.5))
+
+    async def run(tokens: list[int], params: GenerateParams) -> tuple[list[int], int]:
+        cached = backend.engine_stats()["prompt_tokens_cached"]
+        ids = await ids_of(backend.generate(tokens, params))
+        return ids, int(backend.engine_stats()["prompt_tokens_cached"] - cached)
+
+    assert await run(prompt, GREEDY) == (at_one, 0)
+    # The slot's cells were decoded at 1.0: none serves 0.5 (they go to the store, under 1.0).
+    assert await run(prompt, scaled(0.5)) == (at_half, 0)
+    await run(other, GREEDY)  # the 0.5 cells go to the store too
+    assert await run(prompt, GREEDY) == (at_one, len(prompt) - 1)  # restored: the 1.0 ones
+    # A prompt that continues the 1.0 conversation, asked at 0.5: the stored 1.0 cells share
+    # more of it, but only the 0.5 ones (the prompt, and the replies' common start) may serve.
+    longer = prompt + at_one[:8]
+    [expected] = llama_cpp_python_greedy(base, [longer], (adapter, 0.5))
+    shared = next((i for i, (a, b) in enumerate(zip(at_one[:8], at_half, strict=False)) if a != b), 8)
+    assert shared < 8
+    assert await run(longer, scaled(0.5)) == (expected, len(prompt) + shared)
+
+
+async def test_set_lora_scales_is_what_later_requests_get(load: Loader, base: Path, adapter: Path) -> None:
+    backend = await load(base, n_parallel="2", lora="adapter.gguf")
+    prompts = await tokens_of(backend, PROMPTS)
+    backend.set_lora_scales((0.5,))
+    assert backend.lora_adapters() == [LoraAdapter(path="adapter.gguf", scale=0.5, task_name="shout", prompt_prefix="LOUD: ")]
+    assert await greedy_all(backend, prompts) == llama_cpp_python_greedy(base, prompts, (adapter, 0.5))
+    # A request's own scales still win.
+    assert await ids_of(backend.generate(prompts[0], scaled(1.0))) == llama_cpp_python_greedy(base, prompts[:1], (adapter, 1.0))[0]
+    with pytest.raises(InvalidArgument, match="model 'tiny' has 1 LoRA adapters, not 2"):
+        backend.set_lora_scales((0.5, 1.0))
+
+
+async def test_an_embedding_model_embeds_with_the_scales_set(load: Loader, tmp_path: Path) -> None:
+    base = write_tiny_llama(tmp_path / "model.gguf", pooling=1)
+    write_tiny_lora(tmp_path / "adapter.gguf", base)
+    backend = await load(base, embedding="true", lora="adapter.gguf")
+    backend.set_lora_scales((0.0,))
+    [vector], _ = await backend.embed(["Hello world"])
+    tokens = await backend.tokenize("Hello world", add_special=True)
+    expected = reference_forward(merged_weights(base), tokens).mean(axis=0)
     assert np.allclose(vector, expected / np.linalg.norm(expected), atol=2e-3)
 
 
