@@ -33,7 +33,7 @@ import json
 import re
 import struct
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -104,6 +104,8 @@ class GgufMetadata:
 
 
 _METADATA = web.AppKey("ollama-gguf-metadata", GgufMetadata)
+# Tokens a tokenizer may add to a text beyond one per byte of it (see _fits).
+_ADDED_TOKENS = 8
 
 
 async def _in_thread(fn: Any, *args: Any) -> Any:
@@ -389,7 +391,8 @@ async def _fit_num_ctx(model: LoadedVersion, prompt: str, params: GenerateParams
     """`num_ctx` is the sequence's context in Ollama (its runner is loaded with it): prompt and
     reply together stay within it. A smaller one than the loaded context bounds the reply
     here, from the prompt's token count (the engine only tokenizes for max_tokens 0). A prompt
-    that does not fit is a 400: edged never drops part of it (Ollama's `truncate: false`)."""
+    that does not fit is a 400: edged never drops part of it (chat drops whole older messages
+    first, _truncated)."""
     if num_ctx is None:
         return
     counted = 0
@@ -400,7 +403,7 @@ async def _fit_num_ctx(model: LoadedVersion, prompt: str, params: GenerateParams
     if counted >= num_ctx:
         raise InvalidArgument(
             f"options.num_ctx: the prompt is {counted} tokens, which leaves no room in num_ctx {num_ctx} "
-            "(edged does not truncate prompts)"
+            "(edged does not truncate prompts; a chat drops its older messages, never part of one)"
         )
     params.max_tokens = min(params.max_tokens or _UNLIMITED, num_ctx - counted)
 
@@ -433,12 +436,13 @@ class _Options(msgspec.Struct):
     frequency_penalty: float | None = None
 
 
-def _checked(req: _Generation) -> tuple[_Options, int | None, str]:
+def _checked(req: _Generation, *, chat: bool = False) -> tuple[_Options, int | None, str]:
     """What chat and generate check before anything is loaded: options, thinking, `truncate` /
-    `shift`, logprobs, format. Returns the options, logprobs' alternatives and the schema."""
+    `shift`, logprobs, format. Returns the options, logprobs' alternatives and the schema.
+    `truncate` is chat's to do (_truncated); generate's prompt is never cut."""
     opts = _options(req.options)
     _check_think(req)
-    if req.truncate:
+    if req.truncate and not chat:
         raise InvalidArgument("truncate: edged does not truncate a prompt that does not fit the context "
                               "(it is a 400); leave truncate out or send false")
     if req.shift:
@@ -780,7 +784,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     daemon = _accepting(request)
     name, version = _resolve(daemon, req.model)
     keep = _keep_alive(req.keep_alive)
-    opts, top, schema = _checked(req)
+    opts, top, schema = _checked(req, chat=True)
     if not req.messages:
         return await _load_or_unload(request, daemon, req.model, name, version, keep, started,
                                      {"message": {"role": "assistant", "content": ""}}, opts, req.think)
@@ -794,7 +798,6 @@ async def chat(request: web.Request) -> web.StreamResponse:
     model = _generation_model(daemon, name, version, req.model)
     thinking = _Thinking(model, req.think, req.model)
     syntax = model.tool_syntax()
-    messages = _chat_messages(req.messages, native_tools=bool(syntax))
     params, num_ctx = await _params(request, opts, model)
     params.json_schema = schema
     params.logprobs = top
@@ -804,8 +807,20 @@ async def chat(request: web.Request) -> web.StreamResponse:
         use = openai_tools.ToolUse(syntax, tools, "auto", parallel=True, answer=schema)
         # With `format`: tool calls or an answer in the format (ToolUse.constrain).
         use.constrain(params, "format")
-        messages = use.messages(messages)
-    prompt = thinking.prompt(model, messages, req.model, tools=use.template_tools() if use else None)
+
+    def render(kept: list[Message]) -> str:
+        messages = _chat_messages(kept, native_tools=bool(syntax))
+        if use is not None:
+            messages = use.messages(messages)
+        return thinking.prompt(model, messages, req.model, tools=use.template_tools() if use else None)
+
+    limit = num_ctx
+    if limit is None and req.truncate is not False:
+        limit = await _in_thread(_context_per_sequence, request.app[_METADATA], model)
+    if limit is None or req.truncate is False:
+        prompt = render(req.messages)
+    else:
+        prompt = await _truncated(model, req.messages, render, limit)
     thinking.hold_grammar(prompt, params)
     await _fit_num_ctx(model, prompt, params, num_ctx)
 
@@ -818,6 +833,45 @@ async def chat(request: web.Request) -> web.StreamResponse:
     timing = _Timing(started, lease.load_ns)
     return await _respond(request, model.generate(prompt, params), stream=req.stream, timing=timing, shape=shape,
                           logprobs=top is not None, split=thinking.split(prompt, chat=True))
+
+
+async def _truncated(model: LoadedVersion, messages: list[Message], render: Callable[[list[Message]], str],
+                     limit: int) -> str:
+    """Ollama's chat truncation (`truncate`, on unless false): while the prompt leaves no room
+    in `limit` tokens (num_ctx, else the model's context per sequence), the oldest messages
+    go, one more each time, every system message and the last message staying, and never a
+    tool result without the assistant turn that called it. What is left when only the last
+    message remains is the prompt either way: one that does not fit is then the 400 it
+    always was (edged drops messages, never part of one; Ollama's runner cuts its tokens)."""
+    last = len(messages) - 1
+    for index in range(len(messages)):
+        start = _tool_block_start(messages, index)
+        prompt = render([m for m in messages[:start] if m.role == "system"] + messages[start:])
+        if index == last or await _fits(model, prompt, limit):
+            return prompt
+    raise AssertionError("no messages")  # chat answers an empty list before this
+
+
+def _tool_block_start(messages: list[Message], index: int) -> int:
+    """Where a history cut before `index` starts: at `index`, unless that is a tool result
+    whose calling assistant turn precedes its run of results: then at that turn."""
+    if not 0 < index < len(messages) or messages[index].role != "tool":
+        return index
+    start = index
+    while start > 0 and messages[start - 1].role == "tool":
+        start -= 1
+    if start > 0 and messages[start - 1].role == "assistant" and messages[start - 1].tool_calls:
+        return start - 1
+    return index
+
+
+async def _fits(model: LoadedVersion, prompt: str, limit: int) -> bool:
+    """Whether `prompt` is fewer than `limit` tokens (room for one more), counted as the
+    engine counts a prompt. A prompt of few bytes needs no count: each token holds at least
+    one byte of it but the few the tokenizer adds (BOS, EOS, a leading space)."""
+    if len(prompt.encode()) + _ADDED_TOKENS < limit:
+        return True
+    return len(await model.tokenize(prompt, add_special=True, parse_special=True)) < limit
 
 
 def _check_messages(messages: list[Message], raw: str) -> None:

@@ -10,6 +10,7 @@ import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -561,21 +562,86 @@ def test_num_ctx_below_the_loaded_context_bounds_the_sequence(client: ollama.Cli
 
 
 def test_truncate_and_shift_as_edged_does_them(daemon) -> None:
-    """Ollama's `truncate` and `shift` (chat and generate): false is what edged does (a prompt
-    that does not fit is an error; generation ends when the context is full), true asks for
-    what it cannot do: a 400 naming the field, never ignored."""
+    """Ollama's `truncate` and `shift`: false is what edged does on generate (a prompt that does
+    not fit is an error; generation ends when the context is full), true asks for what it
+    cannot do there: a 400 naming the field, never ignored. Chat truncates (below)."""
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False,
             "options": {"num_predict": 2}}
     generate = {"model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": 2}}
     for path, body in (("/api/chat", chat), ("/api/generate", generate)):
         reply = daemon.post_json(path, {**body, "truncate": False, "shift": False})
         assert reply.status == 200 and reply.json()["eval_count"] == 2, reply.body
-        for field in ("truncate", "shift"):
+        for field in ("truncate", "shift") if path == "/api/generate" else ("shift",):
             reply = daemon.post_json(path, {**body, field: True})
             assert reply.status == 400 and reply.json()["error"].startswith(f"{field}: "), reply.body
-    too_long = {**chat, "truncate": False, "options": {"num_ctx": 8}}
-    reply = daemon.post_json("/api/chat", too_long)
+    assert daemon.post_json("/api/chat", {**chat, "truncate": True}).json()["eval_count"] == 2
+    # One message that does not fit: nothing older to drop, so a 400 either way.
+    for truncate in (False, True):
+        reply = daemon.post_json("/api/chat", {**chat, "truncate": truncate, "options": {"num_ctx": 8}})
+        assert reply.status == 400 and "options.num_ctx" in reply.json()["error"], reply.body
+
+
+def _prompt_tokens(daemon, messages: list[dict[str, Any]], model: str = "agent") -> int:
+    """The chat prompt's tokens, from the daemon's llama-server routes (the model's template,
+    then its tokenizer as a prompt is tokenized)."""
+    prompt = daemon.post_json("/apply-template", {"model": model, "messages": messages}).json()["prompt"]
+    reply = daemon.post_json("/tokenize", {"model": model, "content": prompt, "add_special": True, "parse_special": True})
+    return len(reply.json()["tokens"])
+
+
+def test_chat_drops_its_oldest_messages_until_the_prompt_fits(daemon) -> None:
+    """Ollama's `truncate` (on unless false): the oldest messages go until the prompt fits
+    num_ctx (here; else the model's context), the system message and the last message
+    staying; false keeps them all, and a prompt that does not fit is a 400."""
+    system = {"role": "system", "content": "Be brief."}
+    old = [{"role": "user", "content": "Tell me everything about the history of the world. " * 6},
+           {"role": "assistant", "content": "It is long."}]
+    recent = [{"role": "user", "content": "And in short?"}]
+    # Room for the short reply of the first turn and the last question, not for the long first question.
+    with_reply = _prompt_tokens(daemon, [system, old[1], *recent])
+    assert with_reply + 4 < _prompt_tokens(daemon, [system, *old, *recent])
+    body = {"model": "agent", "stream": False,
+            "options": {"num_ctx": with_reply + 4, "temperature": 0, "repeat_penalty": 1.0}}
+    reply = daemon.post_json("/api/chat", {**body, "messages": [system, *old, *recent]}).json()
+    assert reply["prompt_eval_count"] == with_reply, reply
+    assert reply["eval_count"] == 4 and reply["done_reason"] == "length"
+    alone = daemon.post_json("/api/chat", {**body, "messages": [system, old[1], *recent]}).json()
+    assert alone["message"] == reply["message"]
+    # A prompt that fills num_ctx leaves no room for a reply: one more message goes.
+    exact = {**body, "options": {**body["options"], "num_ctx": with_reply}, "messages": [system, *old, *recent]}
+    assert daemon.post_json("/api/chat", exact).json()["prompt_eval_count"] == _prompt_tokens(daemon, [system, *recent])
+    reply = daemon.post_json("/api/chat", {**body, "truncate": False, "messages": [system, *old, *recent]})
     assert reply.status == 400 and "options.num_ctx" in reply.json()["error"], reply.body
+    # Without num_ctx, the model's context per sequence (256 tokens for "tiny") is the limit.
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Message number {i} says hello. " * 3}
+            for i in range(41)]  # the last a user message (an assistant one would be a prefill to /apply-template)
+    reply = daemon.post_json("/api/chat", {**body, "model": "tiny", "options": {"num_predict": 1},
+                                           "messages": [system, *many]}).json()
+    fitting = (n for k in range(len(many)) if (n := _prompt_tokens(daemon, [system, *many[k:]], "tiny")) < 256)
+    assert reply["prompt_eval_count"] == next(fitting), reply
+
+
+def test_chat_truncation_never_keeps_a_tool_result_without_its_call(daemon) -> None:
+    """A history cut before a tool result starts at the assistant turn that called the tool;
+    if that does not fit either, the cut goes past the results, though the result and the
+    last message alone would fit."""
+    system = {"role": "system", "content": "Be brief."}
+    call = {"role": "assistant", "content": "Let me look that up in great detail. " * 8,
+            "tool_calls": [{"function": {"name": "weather", "arguments": {"city": "Oslo"}}}]}
+    result = {"role": "tool", "content": "Sunny", "tool_name": "weather"}
+    last = {"role": "user", "content": "Thanks"}
+
+    def chat(messages: list[dict[str, Any]], **fields: Any) -> Any:
+        reply = daemon.post_json("/api/chat", {"model": "agent", "stream": False, "messages": messages, **fields})
+        assert reply.status == 200, reply.body
+        return reply.json()
+
+    # What the result and the last message take (as this route writes a tool result).
+    room = chat([system, result, last], truncate=False, options={"num_predict": 1})["prompt_eval_count"] + 2
+    history = [system, {"role": "user", "content": "Weather?"}, call, result, last]
+    assert chat(history, truncate=False, options={"num_predict": 1})["prompt_eval_count"] > room
+    reply = chat(history, options={"num_ctx": room, "num_predict": 1})
+    assert reply["prompt_eval_count"] == _prompt_tokens(daemon, [system, last])
 
 
 def test_seed_takes_ollamas_values_and_refuses_what_it_cannot_keep(client: ollama.Client) -> None:
