@@ -492,7 +492,8 @@ async def set_lora_adapters(request: web.Request) -> web.Response:
     model = await generation_model(request, name)
     asked = dict(lora_scales(model, decode_with(_LORA_SCALES, await request_body(request)), "body"))
     count = len(model.require_generator().lora_adapters())
-    model.require_generator().set_lora_scales(tuple(asked.get(i, 0.0) for i in range(count)))
+    if count:  # a model without adapters has nothing to set ([] is all it takes, as llama-server)
+        model.require_generator().set_lora_scales(tuple(asked.get(i, 0.0) for i in range(count)))
     return _ok({"success": True})
 
 

@@ -220,6 +220,8 @@ def test_post_lora_adapters_sets_the_scales_of_later_requests(daemon: DaemonProc
         assert daemon.get_json("/lora-adapters?model=switch")[0]["scale"] == 0.0
         reply = daemon.post_json("/lora-adapters?model=nope", [])
         assert reply.status == 404, reply.body
+        # A model without adapters takes [] (nothing to set), as llama-server without --lora.
+        assert daemon.post_json("/lora-adapters?model=tiny", []).json() == {"success": True}
         # Other models keep theirs.
         assert daemon.get_json("/lora-adapters?model=lora")[0]["scale"] == 1.0
     finally:
