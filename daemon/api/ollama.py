@@ -846,7 +846,11 @@ async def _truncated(model: LoadedVersion, messages: list[Message], render: Call
     last = len(messages) - 1
     for index in range(len(messages)):
         start = _tool_block_start(messages, index)
-        prompt = render([m for m in messages[:start] if m.role == "system"] + messages[start:])
+        kept = [m for m in messages[:start] if m.role == "system"] + messages[start:]
+        # The whole chat is rendered on the loop, as every chat's prompt; the shorter ones
+        # only when it did not fit, off the loop: a long history renders as many times as
+        # messages go.
+        prompt = render(kept) if index == 0 else await _in_thread(render, kept)
         if index == last or await _fits(model, prompt, limit):
             return prompt
     raise AssertionError("no messages")  # chat answers an empty list before this
