@@ -815,8 +815,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return thinking.prompt(model, messages, req.model, tools=use.template_tools() if use else None)
 
     limit = num_ctx
-    if limit is None and req.truncate is not False:
-        limit = await _in_thread(_context_per_sequence, request.app[_METADATA], model)
+    if limit is None:
+        # The engine's own context per sequence (a fact it reports), where it reports one.
+        per_slot = model.require_generator().engine_stats().get("n_ctx_per_slot")
+        limit = per_slot if isinstance(per_slot, int) and per_slot > 0 else None
     if limit is None or req.truncate is False:
         prompt = render(req.messages)
     else:
