@@ -831,9 +831,16 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # prompt), and `n_discard` after them go (0: half of the rest).
     n_keep: int = 0
     n_discard: int = 0
-    # False: this sequence ends at its context's end even on a backend that shifts (Ollama's
-    # routes: Ollama's own shift keeps and drops other tokens than llama-server's).
+    # False: the model's own (llama-server's) shift does not apply to this sequence (Ollama's
+    # routes, which shift as Ollama does: shift_window).
     context_shift: bool = True
+    # Ollama's context shift (its routes' `shift`), apart from the model's own: when the
+    # sequence holds `shift_window` tokens (its num_ctx; at most the slot's), the first
+    # `n_keep` stay (-1: the prompt; at most shift_window - 1) and as many after them go as
+    # leave half of the rest of the window free, at least one (Ollama's runner's
+    # InputCache.ShiftDiscard). 0: off. Only for a backend whose engine_stats() says
+    # `can_shift` 1 (else InvalidArgument).
+    shift_window: int = 0
 
 
 class TokenLogprob(msgspec.Struct):

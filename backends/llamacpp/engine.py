@@ -382,6 +382,9 @@ class Engine:
         self._n_cls_out = 0
         self._rerank_template: str | None = None
         self.chat_template: ChatTemplate | None = None
+        # Whether llama.cpp can move this model's cached cells (not a recurrent memory): what
+        # a context shift needs.
+        self.can_shift = False
         # The LoRA adapters the model is loaded with, in the order of settings.lora (their
         # ids), and the scales a request that names none gets (`set_lora_scales`; written by
         # other threads, read by the engine's at each admission: one reference swapped).
@@ -533,6 +536,7 @@ class Engine:
             "prefix_store_entries": len(self._store),
             "prefix_store_bytes": self._store_bytes,
             "prefix_store_hits": self._store_hits,
+            "can_shift": int(self.can_shift),
         }
 
     def model_facts(self) -> dict[str, int]:
@@ -702,7 +706,8 @@ class Engine:
             # (_lora_group picks the set, as llama-server batches only slots with equal ones).
             self._apply_lora(_f32(self._lora_defaults))
         self._memory = llama.llama_get_memory(self._ctx)
-        if s.context_shift and not llama.llama_memory_can_shift(self._memory):
+        self.can_shift = bool(llama.llama_memory_can_shift(self._memory))
+        if s.context_shift and not self.can_shift:
             # llama-server turns its --context-shift off with a warning; a setting that would
             # not hold is refused here.
             raise ConfigError(f"model '{self.name}': context_shift is on, but llama.cpp cannot shift this model's context")
@@ -935,7 +940,10 @@ class Engine:
                 )
             if params.reasoning_budget is not None:
                 self._check_budget(params)
-            if (params.n_keep or params.n_discard) and not self.settings.context_shift:
+            if params.shift_window and not self.can_shift:
+                raise InvalidArgument(f"shift: llama.cpp cannot shift the context of model '{self.name}' (a recurrent "
+                                      "memory); send shift false")
+            if (params.n_keep or params.n_discard) and not self.settings.context_shift and not params.shift_window:
                 # llama-server takes them and does nothing with them without its --context-shift.
                 name = "n_keep" if params.n_keep else "n_discard"
                 raise InvalidArgument(
@@ -1768,7 +1776,10 @@ class Engine:
         # The next step would decode this token at position n_past: is there room for it?
         limit = params.max_tokens
         ended = (limit is not None and seq.generated >= limit) or bool(detail)
-        if not ended and seq.n_past + 1 >= self.n_ctx_seq and self.settings.context_shift and params.context_shift:
+        window = min(params.shift_window, self.n_ctx_seq)
+        if not ended and window and seq.n_past >= window:
+            self._shift_as_ollama(seq, window)
+        elif not ended and seq.n_past + 1 >= self.n_ctx_seq and self.settings.context_shift and params.context_shift:
             self._shift(seq)
         if ended or seq.n_past >= self.n_ctx_seq:
             self._finish(seq, "length", text, flush=True, detail=detail, cut=cut)
@@ -1793,7 +1804,20 @@ class Engine:
             n_keep += 1
         n_keep = min(self.n_ctx_seq - 4, n_keep)
         n_left = seq.n_past - n_keep
-        n_discard = min(max(params.n_discard or n_left // 2, 0), max(0, n_left - 1))
+        self._move(seq, n_keep, min(max(params.n_discard or n_left // 2, 0), max(0, n_left - 1)))
+
+    def _shift_as_ollama(self, seq: _Sequence, window: int) -> None:
+        """Ollama's context shift (its runner's InputCache.ShiftCacheSlot, read, not run here:
+        no Ollama on the box), once the sequence holds `window` tokens: keep the first
+        `n_keep` (-1: the prompt; at most window - 1; no BOS added, as its Go runner), drop
+        enough after them that half of the rest of the window is free (at least one)."""
+        n_keep = len(seq.prompt) if seq.request.params.n_keep < 0 else seq.request.params.n_keep
+        n_keep = min(n_keep, window - 1)
+        target_free = max((window - n_keep) // 2, 1)
+        self._move(seq, n_keep, target_free - (window - seq.n_past))
+
+    def _move(self, seq: _Sequence, n_keep: int, n_discard: int) -> None:
+        """Drop the `n_discard` cells after the first `n_keep` and move the rest back."""
         llama.llama_memory_seq_rm(self._memory, seq.slot, n_keep, n_keep + n_discard)
         llama.llama_memory_seq_add(self._memory, seq.slot, n_keep + n_discard, seq.n_past, -n_discard)
         log.debug("model '%s' slot %d: context shift, n_keep %d, n_discard %d", self.name, seq.slot, n_keep, n_discard)

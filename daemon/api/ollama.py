@@ -64,8 +64,10 @@ _UNLIMITED = 1 << 30
 
 _SUPPORTED_OPTIONS = frozenset({
     "num_ctx", "temperature", "top_p", "top_k", "min_p", "typical_p", "seed", "stop", "num_predict",
-    "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
+    "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "num_keep",
 })
+# Ollama's default num_keep (api.DefaultOptions): the tokens its context shift keeps.
+_NUM_KEEP = 4
 # Ollama's runner options: set when it loads a model (another value reloads it). Here the
 # model's config sets the load, never a request; the llama.cpp parameter that does it, if any.
 _LOAD_TIME = {
@@ -341,7 +343,7 @@ async def _params(request: web.Request, opts: _Options, model: LoadedVersion) ->
     # Ollama's documented defaults (its Modelfile PARAMETER table), where the engine's differ.
     params = GenerateParams(
         max_tokens=_UNLIMITED, temperature=0.8, top_k=40, top_p=0.9, min_p=0.0, repeat_penalty=1.1,
-        context_shift=False,  # see _checked: `shift`
+        context_shift=False,  # llama-server's shift: Ollama's own is _shift's
     )
     bound = None
     if opts.num_ctx is not None:
@@ -361,6 +363,8 @@ async def _params(request: web.Request, opts: _Options, model: LoadedVersion) ->
             raise InvalidArgument(f"options.num_predict must be > 0, -1 or -2, got {opts.num_predict}")
         if opts.num_predict > 0:
             params.max_tokens = opts.num_predict
+    if opts.num_keep is not None and opts.num_keep < -1:
+        raise InvalidArgument(f"options.num_keep must be >= -1, got {opts.num_keep}")
     if opts.repeat_last_n is not None and opts.repeat_last_n < -1:
         raise InvalidArgument(f"options.repeat_last_n must be >= -1, got {opts.repeat_last_n}")
     params.penalty_last_n = _REPEAT_LAST_N if opts.repeat_last_n is None else opts.repeat_last_n
@@ -387,10 +391,32 @@ async def _params(request: web.Request, opts: _Options, model: LoadedVersion) ->
     return params, bound
 
 
+def _shift(model: LoadedVersion, req: _Generation, opts: _Options, params: GenerateParams, num_ctx: int | None) -> None:
+    """Ollama's context shift (`shift`, on unless false): a reply that fills the context goes
+    on, its older tokens dropped as Ollama's runner drops them (GenerateParams.shift_window),
+    keeping `num_keep` (default 4), for at most 10 x the context unless num_predict says
+    otherwise (Ollama's cap on an endless reply). Off for num_predict -2 (fill the context)
+    and where llama.cpp cannot shift the model's context: then the reply ends there, with
+    `length`, unless the request asked for the shift (a 400)."""
+    if req.shift is False or opts.num_predict == -2:
+        return
+    stats = model.require_generator().engine_stats()
+    per_slot = stats.get("n_ctx_per_slot")
+    if not stats.get("can_shift") or not isinstance(per_slot, int) or per_slot <= 0:
+        if req.shift:
+            raise InvalidArgument(f"shift: the context of model '{model.name}' cannot be shifted; send shift false")
+        return
+    params.shift_window = num_ctx or per_slot
+    params.n_keep = _NUM_KEEP if opts.num_keep is None else opts.num_keep
+    if opts.num_predict is None or opts.num_predict < 0:
+        params.max_tokens = 10 * params.shift_window
+
+
 async def _fit_num_ctx(model: LoadedVersion, prompt: str, params: GenerateParams, num_ctx: int | None) -> None:
     """`num_ctx` is the sequence's context in Ollama (its runner is loaded with it): prompt and
     reply together stay within it. A smaller one than the loaded context bounds the reply
-    here, from the prompt's token count (the engine only tokenizes for max_tokens 0). A prompt
+    here, from the prompt's token count (the engine only tokenizes for max_tokens 0), unless
+    the context shifts (_shift: it is the shift's window then). A prompt
     that does not fit is a 400: edged never drops part of it (chat drops whole older messages
     first, _truncated)."""
     if num_ctx is None:
@@ -405,7 +431,8 @@ async def _fit_num_ctx(model: LoadedVersion, prompt: str, params: GenerateParams
             f"options.num_ctx: the prompt is {counted} tokens, which leaves no room in num_ctx {num_ctx} "
             "(edged does not truncate prompts; a chat drops its older messages, never part of one)"
         )
-    params.max_tokens = min(params.max_tokens or _UNLIMITED, num_ctx - counted)
+    if not params.shift_window:  # shifting, the reply goes past num_ctx
+        params.max_tokens = min(params.max_tokens or _UNLIMITED, num_ctx - counted)
 
 
 def _format_schema(value: str | dict[str, Any] | None) -> str:
@@ -430,6 +457,7 @@ class _Options(msgspec.Struct):
     seed: int | None = None
     stop: str | list[str] | None = None
     num_predict: int | None = None
+    num_keep: int | None = None
     repeat_penalty: float | None = None
     repeat_last_n: int | None = None
     presence_penalty: float | None = None
@@ -437,19 +465,14 @@ class _Options(msgspec.Struct):
 
 
 def _checked(req: _Generation, *, chat: bool = False) -> tuple[_Options, int | None, str]:
-    """What chat and generate check before anything is loaded: options, thinking, `truncate` /
-    `shift`, logprobs, format. Returns the options, logprobs' alternatives and the schema.
+    """What chat and generate check before anything is loaded: options, thinking, `truncate`,
+    logprobs, format. Returns the options, logprobs' alternatives and the schema.
     `truncate` is chat's to do (_truncated); generate's prompt is never cut."""
     opts = _options(req.options)
     _check_think(req)
     if req.truncate and not chat:
         raise InvalidArgument("truncate: edged does not truncate a prompt that does not fit the context "
                               "(it is a 400); leave truncate out or send false")
-    if req.shift:
-        # A model's context_shift is llama-server's (its routes'): which tokens stay and go is
-        # not what Ollama's own shift keeps and drops, so these routes never shift.
-        raise InvalidArgument("shift: edged does not shift the context on Ollama's routes (generation ends "
-                              "there, done_reason \"length\"); leave shift out or send false")
     return opts, _logprobs(req), _format_schema(req.format)
 
 
@@ -824,6 +847,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     else:
         prompt = await _truncated(model, req.messages, render, limit)
     thinking.hold_grammar(prompt, params)
+    _shift(model, req, opts, params, num_ctx)
     await _fit_num_ctx(model, prompt, params, num_ctx)
 
     def piece(message: dict[str, Any]) -> dict[str, Any]:
@@ -981,6 +1005,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         messages.append({"role": "user", "content": req.prompt})
         prompt = thinking.prompt(model, messages, req.model)
     thinking.hold_grammar(prompt, params)
+    _shift(model, req, opts, params, num_ctx)
     await _fit_num_ctx(model, prompt, params, num_ctx)
 
     def piece(text: str) -> dict[str, Any]:

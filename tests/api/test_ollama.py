@@ -534,25 +534,30 @@ def test_an_error_after_the_stream_started_is_an_error_line(start_daemon, tmp_pa
 
 
 def test_num_ctx_below_the_loaded_context_bounds_the_sequence(client: ollama.Client, daemon) -> None:
-    """A smaller num_ctx is the sequence's context, as in Ollama: prompt and reply together
-    stay within it (the reply stops with `length`), and a prompt that does not fit is a 400
-    (edged never truncates). It used to be accepted and to change nothing."""
+    """A smaller num_ctx is the sequence's context, as in Ollama: with `shift: false` prompt
+    and reply together stay within it (the reply stops with `length`), and a prompt that does
+    not fit is a 400 (edged never cuts a generate prompt). It used to be accepted and to
+    change nothing. (Without `shift: false` the context shifts: the next test.)"""
     chat = [{"role": "user", "content": "Tell me a story"}]
     greedy = {"temperature": 0, "repeat_penalty": 1.0}
     base = client.chat(model="tiny", messages=chat, options={**greedy, "num_predict": 40})
     prompt = base.prompt_eval_count or 0
     assert base.eval_count == 40 and prompt > 5
-    bounded = client.chat(model="tiny", messages=chat, options={**greedy, "num_ctx": prompt + 6})
-    assert bounded.done_reason == "length" and bounded.eval_count == 6
-    assert (base.message.content or "").startswith(bounded.message.content or "")
-    parts = list(client.chat(model="tiny", messages=chat, stream=True, options={**greedy, "num_ctx": prompt + 6}))
-    assert parts[-1].eval_count == 6 and "".join(p.message.content or "" for p in parts) == bounded.message.content
+
+    def post(path: str, body: dict[str, Any], status: int = 200) -> Any:
+        reply = daemon.post_json(path, {"model": "tiny", "stream": False, "shift": False, **body})
+        assert reply.status == status, reply.body
+        return reply.json()
+
+    bounded = post("/api/chat", {"messages": chat, "options": {**greedy, "num_ctx": prompt + 6}})
+    assert bounded["done_reason"] == "length" and bounded["eval_count"] == 6
+    assert (base.message.content or "").startswith(bounded["message"]["content"])
     # num_predict within the room left is what stops it.
-    assert client.chat(model="tiny", messages=chat, options={**greedy, "num_ctx": prompt + 6,
-                                                               "num_predict": 3}).eval_count == 3
+    assert post("/api/chat", {"messages": chat, "options": {**greedy, "num_ctx": prompt + 6, "num_predict": 3}})[
+        "eval_count"] == 3
     raw = client.generate(model="tiny", prompt="Once upon a time", raw=True, options={**greedy, "num_predict": 1})
-    assert client.generate(model="tiny", prompt="Once upon a time", raw=True,
-                           options={**greedy, "num_ctx": (raw.prompt_eval_count or 0) + 4}).eval_count == 4
+    assert post("/api/generate", {"prompt": "Once upon a time", "raw": True,
+                                  "options": {**greedy, "num_ctx": (raw.prompt_eval_count or 0) + 4}})["eval_count"] == 4
     for call in (lambda: client.chat(model="tiny", messages=chat, options={"num_ctx": prompt}),
                  lambda: client.generate(model="tiny", prompt="Once upon a time", raw=True, options={"num_ctx": 3})):
         with pytest.raises(ollama.ResponseError) as caught:
@@ -561,19 +566,43 @@ def test_num_ctx_below_the_loaded_context_bounds_the_sequence(client: ollama.Cli
         assert "does not truncate" in caught.value.error
 
 
+def test_the_context_shifts_as_ollamas_by_default(client: ollama.Client, daemon) -> None:
+    """Ollama's `shift` (on unless false; the official client cannot turn it off): a reply
+    that fills num_ctx goes on, the window's older tokens dropped (keeping num_keep), up to
+    num_predict, or 10 x num_ctx when num_predict is unset (Ollama's cap). Before the first
+    shift the tokens are the unshifted reply's."""
+    chat = [{"role": "user", "content": "Tell me a story"}]
+    greedy = {"temperature": 0, "repeat_penalty": 1.0}
+    base = client.chat(model="tiny", messages=chat, options={**greedy, "num_predict": 6})
+    num_ctx = (base.prompt_eval_count or 0) + 6
+    shifted = client.chat(model="tiny", messages=chat, options={**greedy, "num_ctx": num_ctx, "num_predict": 40})
+    assert shifted.done_reason == "length" and shifted.eval_count == 40
+    assert (shifted.message.content or "").startswith(base.message.content or "")
+    endless = client.generate(model="tiny", prompt="Once upon a time", raw=True, options={**greedy, "num_ctx": 24})
+    assert endless.done_reason == "length" and endless.eval_count == 240
+    # num_keep: Ollama's option, -1 the whole prompt; below that a 400.
+    kept = client.chat(model="tiny", messages=chat, options={**greedy, "num_ctx": num_ctx, "num_predict": 12,
+                                                              "num_keep": -1})
+    assert kept.eval_count == 12
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.chat(model="tiny", messages=chat, options={"num_keep": -2})
+    assert caught.value.status_code == 400 and "options.num_keep" in caught.value.error
+
+
 def test_truncate_and_shift_as_edged_does_them(daemon) -> None:
-    """Ollama's `truncate` and `shift`: false is what edged does on generate (a prompt that does
-    not fit is an error; generation ends when the context is full), true asks for what it
-    cannot do there: a 400 naming the field, never ignored. Chat truncates (below)."""
+    """Ollama's `truncate` and `shift` take false and true. `truncate: true` on generate asks
+    for what edged does not do (cut a prompt's tokens): a 400 naming it, never ignored. Chat
+    truncates (below)."""
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False,
             "options": {"num_predict": 2}}
     generate = {"model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": 2}}
     for path, body in (("/api/chat", chat), ("/api/generate", generate)):
         reply = daemon.post_json(path, {**body, "truncate": False, "shift": False})
         assert reply.status == 200 and reply.json()["eval_count"] == 2, reply.body
-        for field in ("truncate", "shift") if path == "/api/generate" else ("shift",):
-            reply = daemon.post_json(path, {**body, field: True})
-            assert reply.status == 400 and reply.json()["error"].startswith(f"{field}: "), reply.body
+        if path == "/api/generate":
+            reply = daemon.post_json(path, {**body, "truncate": True})
+            assert reply.status == 400 and reply.json()["error"].startswith("truncate: "), reply.body
+        assert daemon.post_json(path, {**body, "shift": True}).json()["eval_count"] == 2
     assert daemon.post_json("/api/chat", {**chat, "truncate": True}).json()["eval_count"] == 2
     # One message that does not fit: nothing older to drop, so a 400 either way.
     for truncate in (False, True):
@@ -600,7 +629,7 @@ def test_chat_drops_its_oldest_messages_until_the_prompt_fits(daemon) -> None:
     # Room for the short reply of the first turn and the last question, not for the long first question.
     with_reply = _prompt_tokens(daemon, [system, old[1], *recent])
     assert with_reply + 4 < _prompt_tokens(daemon, [system, *old, *recent])
-    body = {"model": "agent", "stream": False,
+    body = {"model": "agent", "stream": False, "shift": False,
             "options": {"num_ctx": with_reply + 4, "temperature": 0, "repeat_penalty": 1.0}}
     reply = daemon.post_json("/api/chat", {**body, "messages": [system, *old, *recent]}).json()
     assert reply["prompt_eval_count"] == with_reply, reply

@@ -271,6 +271,49 @@ async def test_context_shift_goes_on_past_the_slot(
         assert backend._engine._cached[0] == (prompt + result.ids)[:kept]
 
 
+def ollama_shifts(prompt: int, n_keep: int, window: int, max_tokens: int) -> list[tuple[int, int]]:
+    """The (kept, dropped) of each shift Ollama's runner makes (InputCache.ShiftDiscard) for a
+    reply of `max_tokens` after a prompt of `prompt` tokens: before a token would go past
+    `window` cells, keep the first n_keep (-1: the prompt; at most window - 1) and drop
+    enough that half of the rest of the window is free."""
+    shifts, n_past = [], prompt
+    for _ in range(1, max_tokens):  # each token but the last is decoded after it
+        if n_past >= window:
+            keep = min(prompt if n_keep < 0 else n_keep, window - 1)
+            drop = max((window - keep) // 2, 1) - (window - n_past)
+            shifts.append((keep, drop))
+            n_past -= drop
+        n_past += 1  # the token just sampled, decoded next
+    return shifts
+
+
+async def test_ollamas_context_shift(load: Loader, model_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """GenerateParams.shift_window (Ollama's routes' `shift`), on a model without the
+    llama-server shift: the reply goes on past its window, each shift keeping and dropping
+    what Ollama's runner's arithmetic gives; the tokens before the first shift are the
+    unshifted reply's; a sequence of several shifts gives the same tokens beside others."""
+    prompt = [1] + [300] * 249
+    backend = await load(model_path, n_parallel="2", n_ctx="512")  # 256 cells per slot
+    plain = await collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=7)))
+    for n_keep, window, max_tokens in ((4, 256, 100), (-1, 256, 20), (4, 200, 80), (0, 251, 30), (-1, 252, 12)):
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG):
+            params = GenerateParams(greedy=True, max_tokens=max_tokens, n_keep=n_keep, shift_window=window)
+            result = await collect(backend.generate(prompt if window > 250 else prompt[:150], params))
+        assert result.last.finish_reason == "length" and len(result.ids) == max_tokens
+        logged = [tuple(map(int, m.groups())) for r in caplog.records if (m := re.search(r"context shift, n_keep (\d+), n_discard (\d+)", r.getMessage()))]
+        assert logged == ollama_shifts(250 if window > 250 else 150, n_keep, window, max_tokens), (n_keep, window)
+        assert logged
+        if window == 256:
+            assert result.ids[:6] == plain.ids[:6]
+    alone = await collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=60, n_keep=4, shift_window=256)))
+    pair = await asyncio.gather(
+        collect(backend.generate(prompt, GenerateParams(greedy=True, max_tokens=60, n_keep=4, shift_window=256))),
+        collect(backend.generate(prompt[:100], GenerateParams(greedy=True, max_tokens=60))),
+    )
+    assert pair[0].ids == alone.ids
+
+
 async def test_shifted_sequences_batched_are_as_alone(load: Loader, model_path: Path) -> None:
     """Four sequences decoded together, each shifting at its own step (prompts of different
     lengths, different n_keep / n_discard): each gives the tokens it gives alone."""
