@@ -377,10 +377,11 @@ def test_context_shift(daemon: Any) -> None:
             error = daemon.post_ok(path, {"model": "tiny", **extra, **body}, 400)["error"]
             assert message in error["message"], (path, body, error)
     assert complete(daemon, prompt="x", n_predict=2, n_keep=0)["tokens_predicted"] == 2
-    # Ollama's routes never shift (Ollama's own shift keeps and drops other tokens): the
-    # reply ends at the slot's end.
+    # Ollama's routes shift as Ollama does (num_keep, not n_keep; tests/api/test_ollama.py),
+    # whatever the model's context_shift: with their `shift: false` the reply ends at the
+    # slot's end on this model too.
     reply = daemon.post_json("/api/generate", {"model": "shift", "prompt": "x " * 120, "raw": True, "stream": False,
-                                               "options": {"num_predict": 100}})
+                                               "shift": False, "options": {"num_predict": 100}})
     assert reply.status == 200 and reply.json()["done_reason"] == "length", reply.body
     assert reply.json()["eval_count"] < 100 and reply.json()["prompt_eval_count"] + reply.json()["eval_count"] <= 257
 
