@@ -35,7 +35,7 @@ import struct
 import time
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 from aiohttp import web
@@ -391,7 +391,21 @@ async def _params(request: web.Request, opts: _Options, model: LoadedVersion) ->
     return params, bound
 
 
-def _shift(model: LoadedVersion, req: _Generation, opts: _Options, params: GenerateParams, num_ctx: int | None) -> None:
+class _Engine(NamedTuple):
+    """What a request's context handling reads of the model's engine (its engine_stats)."""
+
+    per_slot: int | None  # its context per sequence, where it reports one
+    can_shift: bool  # llama.cpp can move its cached cells (GenerateParams.shift_window)
+
+
+def _engine(model: LoadedVersion) -> _Engine:
+    stats = model.require_generator().engine_stats()
+    per_slot = stats.get("n_ctx_per_slot")
+    return _Engine(per_slot if isinstance(per_slot, int) and per_slot > 0 else None, bool(stats.get("can_shift")))
+
+
+def _shift(model: LoadedVersion, engine: _Engine, req: _Generation, opts: _Options, params: GenerateParams,
+           num_ctx: int | None) -> None:
     """Ollama's context shift (`shift`, on unless false): a reply that fills the context goes
     on, its older tokens dropped as Ollama's runner drops them (GenerateParams.shift_window),
     keeping `num_keep` (default 4), for at most 10 x the context unless num_predict says
@@ -400,13 +414,11 @@ def _shift(model: LoadedVersion, req: _Generation, opts: _Options, params: Gener
     `length`, unless the request asked for the shift (a 400)."""
     if req.shift is False or opts.num_predict == -2:
         return
-    stats = model.require_generator().engine_stats()
-    per_slot = stats.get("n_ctx_per_slot")
-    if not stats.get("can_shift") or not isinstance(per_slot, int) or per_slot <= 0:
+    if not engine.can_shift or engine.per_slot is None:
         if req.shift:
             raise InvalidArgument(f"shift: the context of model '{model.name}' cannot be shifted; send shift false")
         return
-    params.shift_window = num_ctx or per_slot
+    params.shift_window = num_ctx or engine.per_slot
     params.n_keep = _NUM_KEEP if opts.num_keep is None else opts.num_keep
     if opts.num_predict is None or opts.num_predict < 0:
         params.max_tokens = 10 * params.shift_window
@@ -837,17 +849,15 @@ async def chat(request: web.Request) -> web.StreamResponse:
             messages = use.messages(messages)
         return thinking.prompt(model, messages, req.model, tools=use.template_tools() if use else None)
 
-    limit = num_ctx
-    if limit is None:
-        # The engine's own context per sequence (a fact it reports), where it reports one.
-        per_slot = model.require_generator().engine_stats().get("n_ctx_per_slot")
-        limit = per_slot if isinstance(per_slot, int) and per_slot > 0 else None
+    # The engine's own facts (its context per sequence, whether it can shift), read once.
+    engine = _engine(model)
+    limit = num_ctx or engine.per_slot
     if limit is None or req.truncate is False:
         prompt = render(req.messages)
     else:
         prompt = await _truncated(model, req.messages, render, limit)
     thinking.hold_grammar(prompt, params)
-    _shift(model, req, opts, params, num_ctx)
+    _shift(model, engine, req, opts, params, num_ctx)
     await _fit_num_ctx(model, prompt, params, num_ctx)
 
     def piece(message: dict[str, Any]) -> dict[str, Any]:
@@ -1005,7 +1015,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         messages.append({"role": "user", "content": req.prompt})
         prompt = thinking.prompt(model, messages, req.model)
     thinking.hold_grammar(prompt, params)
-    _shift(model, req, opts, params, num_ctx)
+    _shift(model, _engine(model), req, opts, params, num_ctx)
     await _fit_num_ctx(model, prompt, params, num_ctx)
 
     def piece(text: str) -> dict[str, Any]:
