@@ -385,6 +385,9 @@ class Engine:
         # Whether llama.cpp can move this model's cached cells (not a recurrent memory): what
         # a context shift needs.
         self.can_shift = False
+        # Whether a prompt's text is tokenized with a BOS before it: Ollama's prompt truncation
+        # keeps it beside the tokens num_keep counts.
+        self.adds_bos = False
         # The LoRA adapters the model is loaded with, in the order of settings.lora (their
         # ids), and the scales a request that names none gets (`set_lora_scales`; written by
         # other threads, read by the engine's at each admission: one reference swapped).
@@ -537,6 +540,7 @@ class Engine:
             "prefix_store_bytes": self._store_bytes,
             "prefix_store_hits": self._store_hits,
             "can_shift": int(self.can_shift),
+            "adds_bos": int(self.adds_bos),
         }
 
     def model_facts(self) -> dict[str, int]:
@@ -707,6 +711,7 @@ class Engine:
             self._apply_lora(_f32(self._lora_defaults))
         self._memory = llama.llama_get_memory(self._ctx)
         self.can_shift = bool(llama.llama_memory_can_shift(self._memory))
+        self.adds_bos = bool(llama.llama_vocab_get_add_bos(self._vocab)) and llama.llama_vocab_bos(self._vocab) >= 0
         if s.context_shift and not self.can_shift:
             # llama-server turns its --context-shift off with a warning; a setting that would
             # not hold is refused here.

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import logging
 import re
 import struct
 import time
@@ -57,6 +58,7 @@ from daemon.service import Service
 # /api/embed, `done_reason`. Clients compare it to decide which fields they may send.
 OLLAMA_VERSION = "0.6.0"
 
+log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
 _FOREVER = "2318-01-01T00:00:00Z"  # what Ollama's expires_at reads like for keep_alive < 0
 # Generation runs until the context is full when num_predict is unset or negative (Ollama).
@@ -337,7 +339,22 @@ def _options(options: dict[str, Any] | None) -> _Options:
         raise InvalidArgument(f"options: {exc}") from None
 
 
-async def _params(request: web.Request, opts: _Options, model: LoadedVersion) -> tuple[GenerateParams, int | None]:
+class _Engine(NamedTuple):
+    """What a request's context handling reads of the model's engine (its engine_stats)."""
+
+    per_slot: int | None  # its context per sequence, where it reports one
+    can_shift: bool  # llama.cpp can move its cached cells (GenerateParams.shift_window)
+    adds_bos: bool  # a prompt's text is tokenized with a BOS before it (_cut)
+
+
+def _engine(model: LoadedVersion) -> _Engine:
+    stats = model.require_generator().engine_stats()
+    per_slot = stats.get("n_ctx_per_slot")
+    return _Engine(per_slot if isinstance(per_slot, int) and per_slot > 0 else None, bool(stats.get("can_shift")),
+                   bool(stats.get("adds_bos")))
+
+
+def _params(opts: _Options, model: LoadedVersion, engine: _Engine) -> tuple[GenerateParams, int | None]:
     """The engine's parameters, and the context a smaller `num_ctx` bounds the sequence to
     (None: the loaded one, which the engine keeps to itself)."""
     # Ollama's documented defaults (its Modelfile PARAMETER table), where the engine's differ.
@@ -349,7 +366,7 @@ async def _params(request: web.Request, opts: _Options, model: LoadedVersion) ->
     if opts.num_ctx is not None:
         if opts.num_ctx < 1:
             raise InvalidArgument(f"options.num_ctx must be >= 1, got {opts.num_ctx}")
-        per_seq = await _in_thread(_context_per_sequence, request.app[_METADATA], model)
+        per_seq = engine.per_slot
         if per_seq is not None and opts.num_ctx > per_seq:
             raise InvalidArgument(
                 f"options.num_ctx {opts.num_ctx} exceeds the {per_seq} tokens of context per "
@@ -391,19 +408,6 @@ async def _params(request: web.Request, opts: _Options, model: LoadedVersion) ->
     return params, bound
 
 
-class _Engine(NamedTuple):
-    """What a request's context handling reads of the model's engine (its engine_stats)."""
-
-    per_slot: int | None  # its context per sequence, where it reports one
-    can_shift: bool  # llama.cpp can move its cached cells (GenerateParams.shift_window)
-
-
-def _engine(model: LoadedVersion) -> _Engine:
-    stats = model.require_generator().engine_stats()
-    per_slot = stats.get("n_ctx_per_slot")
-    return _Engine(per_slot if isinstance(per_slot, int) and per_slot > 0 else None, bool(stats.get("can_shift")))
-
-
 def _shift(model: LoadedVersion, engine: _Engine, req: _Generation, opts: _Options, params: GenerateParams,
            num_ctx: int | None) -> None:
     """Ollama's context shift (`shift`, on unless false): a reply that fills the context goes
@@ -424,27 +428,70 @@ def _shift(model: LoadedVersion, engine: _Engine, req: _Generation, opts: _Optio
         params.max_tokens = 10 * params.shift_window
 
 
-async def _fit_num_ctx(model: LoadedVersion, prompt: str, params: GenerateParams, num_ctx: int | None) -> None:
-    """`num_ctx` is the sequence's context in Ollama (its runner is loaded with it): prompt and
-    reply together stay within it. A smaller one than the loaded context bounds the reply
-    here, from the prompt's token count (the engine only tokenizes for max_tokens 0), unless
-    the context shifts (_shift: it is the shift's window then). A prompt
-    that does not fit is a 400: edged never drops part of it (chat drops whole older messages
-    first, _truncated)."""
-    if num_ctx is None:
-        return
-    counted = 0
-    count = GenerateParams(max_tokens=0, suffix=params.suffix)
-    async with contextlib.aclosing(model.require_generator().generate(prompt, count)) as chunks:
-        async for chunk in chunks:
-            counted = max(counted, chunk.prompt_tokens)
-    if counted >= num_ctx:
-        raise InvalidArgument(
-            f"options.num_ctx: the prompt is {counted} tokens, which leaves no room in num_ctx {num_ctx} "
-            "(edged does not truncate prompts; a chat drops its older messages, never part of one)"
-        )
-    if not params.shift_window:  # shifting, the reply goes past num_ctx
+async def _fit(model: LoadedVersion, engine: _Engine, req: _Generation, opts: _Options, prompt: str,
+               params: GenerateParams, num_ctx: int | None) -> str | list[int]:
+    """The prompt as the model gets it: the text, or its tokens cut to fit the context.
+
+    The context is `num_ctx` (the sequence's context in Ollama, whose runner is loaded with
+    it), else the model's context per sequence. A prompt of that many tokens or more is cut
+    as Ollama cuts it (`truncate`, on unless false; its llama-server runner's
+    completionPromptForRequest, read, not copied): the first `num_keep` tokens stay (default
+    4, -1 all; the BOS beside them; at most the context - 1) and the oldest after them go,
+    down to the length its first context shift would leave (half of the rest free). As in
+    Ollama, only where the context can shift (`shift` not false, a model llama.cpp can
+    shift): a reply then goes on past it. Not cut, a prompt that does not fit is a 400
+    naming the limit. A `suffix` prompt is never cut (the engine builds it around the FIM
+    tokens).
+
+    Without `shift`, prompt and reply together stay within a smaller `num_ctx`: the reply is
+    bounded here from the prompt's count. A prompt of few bytes needs no count (_fits)."""
+    limit = num_ctx or engine.per_slot
+    if limit is None:
+        return prompt
+    if len(prompt.encode()) + _ADDED_TOKENS < limit and (num_ctx is None or params.shift_window):
+        return prompt  # it fits, and nothing needs its count
+    if params.suffix:
+        # Counted as the engine builds it (only max_tokens 0 just tokenizes).
+        tokens: list[int] | None = None
+        counted = 0
+        count = GenerateParams(max_tokens=0, suffix=params.suffix)
+        async with contextlib.aclosing(model.require_generator().generate(prompt, count)) as chunks:
+            async for chunk in chunks:
+                counted = max(counted, chunk.prompt_tokens)
+    else:
+        tokens = await model.tokenize(prompt, add_special=True, parse_special=True)
+        counted = len(tokens)
+    # Counted, the tokens are the prompt: the engine need not tokenize it again.
+    fitted: str | list[int] = prompt if tokens is None else tokens
+    if counted >= limit:
+        where = f"options.num_ctx: the prompt is {counted} tokens, which leaves no room in num_ctx {num_ctx}" \
+            if num_ctx else (f"prompt: the prompt is {counted} tokens, which leaves no room in the {limit} "
+                             f"tokens of context per sequence of model '{model.name}'")
+        if tokens is None:
+            raise InvalidArgument(f"{where} (a prompt with a suffix is never cut)")
+        if req.truncate is False:
+            raise InvalidArgument(f"{where} (truncate false)")
+        if req.shift is False or not engine.can_shift:
+            why = "shift false" if req.shift is False else f"the context of model '{model.name}' cannot shift"
+            raise InvalidArgument(f"{where}; it is cut only where the context can shift ({why})")
+        fitted = _cut(tokens, limit, opts.num_keep, engine.adds_bos)
+        log.warning("model '%s': prompt of %d tokens cut to %d for a context of %d (num_keep %s)",
+                    model.name, counted, len(fitted), limit, opts.num_keep)
+        counted = len(fitted)
+    if num_ctx is not None and not params.shift_window:
         params.max_tokens = min(params.max_tokens or _UNLIMITED, num_ctx - counted)
+    return fitted
+
+
+def _cut(tokens: list[int], limit: int, num_keep: int | None, adds_bos: bool) -> list[int]:
+    """Ollama's prompt truncation (_fit): `tokens` (>= `limit` of them) cut to the first
+    `keep` and the last ones, as many as leave half of what follows `keep` in `limit` free."""
+    keep = _NUM_KEEP if num_keep is None else num_keep
+    if keep < 0:
+        keep = len(tokens)
+    keep = min(keep + int(adds_bos), limit - 1)
+    length = limit - max((limit - keep) // 2, 1)
+    return tokens[:keep] + tokens[len(tokens) - (length - keep):]
 
 
 def _format_schema(value: str | dict[str, Any] | None) -> str:
@@ -476,15 +523,11 @@ class _Options(msgspec.Struct):
     frequency_penalty: float | None = None
 
 
-def _checked(req: _Generation, *, chat: bool = False) -> tuple[_Options, int | None, str]:
-    """What chat and generate check before anything is loaded: options, thinking, `truncate`,
-    logprobs, format. Returns the options, logprobs' alternatives and the schema.
-    `truncate` is chat's to do (_truncated); generate's prompt is never cut."""
+def _checked(req: _Generation) -> tuple[_Options, int | None, str]:
+    """What chat and generate check before anything is loaded: options, thinking, logprobs,
+    format. Returns the options, logprobs' alternatives and the schema."""
     opts = _options(req.options)
     _check_think(req)
-    if req.truncate and not chat:
-        raise InvalidArgument("truncate: edged does not truncate a prompt that does not fit the context "
-                              "(it is a 400); leave truncate out or send false")
     return opts, _logprobs(req), _format_schema(req.format)
 
 
@@ -804,7 +847,7 @@ async def _load_or_unload(
         return _json_response({**base, "done_reason": "unload"})
     lease = await hold(request, name, keep)
     model = _generation_model(daemon, name, version, raw)
-    await _params(request, opts, model)  # num_ctx vs the model
+    _params(opts, model, _engine(model))  # num_ctx vs the model
     _Thinking(model, think, raw)  # Ollama's 400 for thinking asked of a model without it
     return _json_response({**base, "done_reason": "load", "total_duration": time.monotonic_ns() - started,
                            "load_duration": lease.load_ns})
@@ -819,7 +862,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     daemon = _accepting(request)
     name, version = _resolve(daemon, req.model)
     keep = _keep_alive(req.keep_alive)
-    opts, top, schema = _checked(req, chat=True)
+    opts, top, schema = _checked(req)
     if not req.messages:
         return await _load_or_unload(request, daemon, req.model, name, version, keep, started,
                                      {"message": {"role": "assistant", "content": ""}}, opts, req.think)
@@ -833,7 +876,9 @@ async def chat(request: web.Request) -> web.StreamResponse:
     model = _generation_model(daemon, name, version, req.model)
     thinking = _Thinking(model, req.think, req.model)
     syntax = model.tool_syntax()
-    params, num_ctx = await _params(request, opts, model)
+    # The engine's own facts (its context per sequence, whether it can shift), read once.
+    engine = _engine(model)
+    params, num_ctx = _params(opts, model, engine)
     params.json_schema = schema
     params.logprobs = top
     use = None
@@ -849,8 +894,6 @@ async def chat(request: web.Request) -> web.StreamResponse:
             messages = use.messages(messages)
         return thinking.prompt(model, messages, req.model, tools=use.template_tools() if use else None)
 
-    # The engine's own facts (its context per sequence, whether it can shift), read once.
-    engine = _engine(model)
     limit = num_ctx or engine.per_slot
     if limit is None or req.truncate is False:
         prompt = render(req.messages)
@@ -858,7 +901,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
         prompt = await _truncated(model, req.messages, render, limit)
     thinking.hold_grammar(prompt, params)
     _shift(model, engine, req, opts, params, num_ctx)
-    await _fit_num_ctx(model, prompt, params, num_ctx)
+    fitted = await _fit(model, engine, req, opts, prompt, params, num_ctx)
 
     def piece(message: dict[str, Any]) -> dict[str, Any]:
         return {"model": req.model, "created_at": _now(), "message": message}
@@ -867,7 +910,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
         _ToolReply(piece, use) if use else _Text(lambda text: piece({"role": "assistant", "content": text}))
     )
     timing = _Timing(started, lease.load_ns)
-    return await _respond(request, model.generate(prompt, params), stream=req.stream, timing=timing, shape=shape,
+    return await _respond(request, model.generate(fitted, params), stream=req.stream, timing=timing, shape=shape,
                           logprobs=top is not None, split=thinking.split(prompt, chat=True))
 
 
@@ -1000,7 +1043,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     lease = await hold(request, name, keep)
     model = _generation_model(daemon, name, version, req.model)
     thinking = _Thinking(model, req.think, req.model)
-    params, num_ctx = await _params(request, opts, model)
+    engine = _engine(model)
+    params, num_ctx = _params(opts, model, engine)
     params.json_schema = schema
     params.logprobs = top
     if req.suffix:
@@ -1015,14 +1059,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
         messages.append({"role": "user", "content": req.prompt})
         prompt = thinking.prompt(model, messages, req.model)
     thinking.hold_grammar(prompt, params)
-    _shift(model, _engine(model), req, opts, params, num_ctx)
-    await _fit_num_ctx(model, prompt, params, num_ctx)
+    _shift(model, engine, req, opts, params, num_ctx)
+    fitted = await _fit(model, engine, req, opts, prompt, params, num_ctx)
 
     def piece(text: str) -> dict[str, Any]:
         return {"model": req.model, "created_at": _now(), "response": text}
 
     timing = _Timing(started, lease.load_ns)
-    return await _respond(request, model.generate(prompt, params), stream=req.stream, timing=timing,
+    return await _respond(request, model.generate(fitted, params), stream=req.stream, timing=timing,
                           shape=_Text(piece), logprobs=top is not None, split=thinking.split(prompt, chat=False))
 
 

@@ -536,8 +536,9 @@ def test_an_error_after_the_stream_started_is_an_error_line(start_daemon, tmp_pa
 def test_num_ctx_below_the_loaded_context_bounds_the_sequence(client: ollama.Client, daemon) -> None:
     """A smaller num_ctx is the sequence's context, as in Ollama: with `shift: false` prompt
     and reply together stay within it (the reply stops with `length`), and a prompt that does
-    not fit is a 400 (edged never cuts a generate prompt). It used to be accepted and to
-    change nothing. (Without `shift: false` the context shifts: the next test.)"""
+    not fit is a 400 (Ollama cuts a prompt only where the context shifts). It used to be
+    accepted and to change nothing. (Without `shift: false` the context shifts, and a long
+    prompt is cut: the next tests.)"""
     chat = [{"role": "user", "content": "Tell me a story"}]
     greedy = {"temperature": 0, "repeat_penalty": 1.0}
     base = client.chat(model="tiny", messages=chat, options={**greedy, "num_predict": 40})
@@ -558,12 +559,11 @@ def test_num_ctx_below_the_loaded_context_bounds_the_sequence(client: ollama.Cli
     raw = client.generate(model="tiny", prompt="Once upon a time", raw=True, options={**greedy, "num_predict": 1})
     assert post("/api/generate", {"prompt": "Once upon a time", "raw": True,
                                   "options": {**greedy, "num_ctx": (raw.prompt_eval_count or 0) + 4}})["eval_count"] == 4
-    for call in (lambda: client.chat(model="tiny", messages=chat, options={"num_ctx": prompt}),
-                 lambda: client.generate(model="tiny", prompt="Once upon a time", raw=True, options={"num_ctx": 3})):
-        with pytest.raises(ollama.ResponseError) as caught:
-            call()
-        assert caught.value.status_code == 400 and "options.num_ctx" in caught.value.error, caught.value.error
-        assert "does not truncate" in caught.value.error
+    for path, body in (("/api/chat", {"messages": chat, "options": {"num_ctx": prompt}}),
+                       ("/api/generate", {"prompt": "Once upon a time", "raw": True, "options": {"num_ctx": 3}})):
+        error = post(path, body, 400)["error"]
+        assert error.startswith("options.num_ctx: the prompt is ") and error.endswith(
+            "it is cut only where the context can shift (shift false)"), error
 
 
 def test_the_context_shifts_as_ollamas_by_default(client: ollama.Client, daemon) -> None:
@@ -589,25 +589,79 @@ def test_the_context_shifts_as_ollamas_by_default(client: ollama.Client, daemon)
     assert caught.value.status_code == 400 and "options.num_keep" in caught.value.error
 
 
-def test_truncate_and_shift_as_edged_does_them(daemon) -> None:
-    """Ollama's `truncate` and `shift` take false and true. `truncate: true` on generate asks
-    for what edged does not do (cut a prompt's tokens): a 400 naming it, never ignored. Chat
-    truncates (below)."""
+def test_truncate_and_shift_take_false_and_true(daemon) -> None:
+    """Ollama's `truncate` and `shift` take false and true on both routes. One message that
+    does not fit: with truncate false a 400 naming num_ctx; else its tokens are cut (below)."""
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False,
             "options": {"num_predict": 2}}
     generate = {"model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": 2}}
     for path, body in (("/api/chat", chat), ("/api/generate", generate)):
         reply = daemon.post_json(path, {**body, "truncate": False, "shift": False})
         assert reply.status == 200 and reply.json()["eval_count"] == 2, reply.body
-        if path == "/api/generate":
-            reply = daemon.post_json(path, {**body, "truncate": True})
-            assert reply.status == 400 and reply.json()["error"].startswith("truncate: "), reply.body
+        assert daemon.post_json(path, {**body, "truncate": True}).json()["eval_count"] == 2
         assert daemon.post_json(path, {**body, "shift": True}).json()["eval_count"] == 2
-    assert daemon.post_json("/api/chat", {**chat, "truncate": True}).json()["eval_count"] == 2
-    # One message that does not fit: nothing older to drop, so a 400 either way.
-    for truncate in (False, True):
-        reply = daemon.post_json("/api/chat", {**chat, "truncate": truncate, "options": {"num_ctx": 8}})
-        assert reply.status == 400 and "options.num_ctx" in reply.json()["error"], reply.body
+    reply = daemon.post_json("/api/chat", {**chat, "truncate": False, "options": {"num_ctx": 8}})
+    assert reply.status == 400, reply.body
+    count = _prompt_tokens(daemon, chat["messages"], "tiny")
+    assert reply.json()["error"] == f"options.num_ctx: the prompt is {count} tokens, which leaves no room in " \
+                                    "num_ctx 8 (truncate false)"
+    reply = daemon.post_json("/api/chat", {**chat, "truncate": True, "options": {"num_ctx": 8, "num_predict": 2}})
+    # num_keep 4 and the BOS stay, and one more: one cell of 8 free.
+    assert reply.status == 200 and reply.json()["prompt_eval_count"] == 7, reply.body
+
+
+def _cut_as_ollama(tokens: list[int], num_ctx: int, num_keep: int) -> list[int]:
+    """Ollama's prompt truncation, computed apart from edged's (its llama-server runner: keep
+    num_keep tokens and the BOS, leave half of the rest of num_ctx free for the first shift)."""
+    keep = len(tokens) if num_keep < 0 else num_keep + 1  # + 1: this tokenizer adds a BOS
+    keep = min(keep, num_ctx - 1)
+    free = max((num_ctx - keep) // 2, 1)
+    tail = num_ctx - free - keep
+    return tokens[:keep] + (tokens[-tail:] if tail else [])
+
+
+def test_a_prompt_longer_than_the_context_is_cut_as_ollamas(client: ollama.Client, daemon) -> None:
+    """Ollama's `truncate` (on unless false) on a prompt of num_ctx tokens or more (here; else
+    the model's context per sequence): the first num_keep tokens and the BOS stay, the oldest
+    after them go, down to what leaves half of the rest free; the reply is the one the kept
+    tokens alone give (llama-server's route, their ids as the prompt)."""
+    text = " ".join(f"word{i}" for i in range(60))
+    tokens = daemon.post_json("/tokenize", {"model": "tiny", "content": text, "add_special": True,
+                                            "parse_special": True}).json()["tokens"]
+    assert len(tokens) > 100
+    greedy = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 6}
+
+    def alone(kept: list[int], n: int = 6) -> str:
+        body = {"model": "tiny", "prompt": kept, "n_predict": n, "temperature": 0, "cache_prompt": False}
+        return daemon.post_json("/completion", body).json()["content"]
+
+    for num_ctx, num_keep in ((64, 4), (64, 0), (40, 20), (48, -1), (64, 63)):
+        expected = _cut_as_ollama(tokens, num_ctx, num_keep)
+        # The tokens before the context's first shift (with num_keep -1 or 63, after one).
+        n = min(6, num_ctx - len(expected) + 1)
+        reply = client.generate(model="tiny", prompt=text, raw=True, options={**greedy, "num_ctx": num_ctx,
+                                                                              "num_keep": num_keep, "num_predict": n})
+        assert reply.prompt_eval_count == len(expected) < num_ctx, (num_ctx, num_keep)
+        assert reply.response == alone(expected, n), (num_ctx, num_keep)
+    # num_keep left out: Ollama's 4. Without num_ctx, the model's 256 tokens per sequence.
+    assert client.generate(model="tiny", prompt=text, raw=True, options={**greedy, "num_ctx": 64}).response == \
+        alone(_cut_as_ollama(tokens, 64, 4))
+    long = " ".join(f"word{i}" for i in range(150))
+    long_tokens = daemon.post_json("/tokenize", {"model": "tiny", "content": long, "add_special": True,
+                                                 "parse_special": True}).json()["tokens"]
+    assert len(long_tokens) > 256
+    reply = client.generate(model="tiny", prompt=long, raw=True, options=greedy)
+    assert reply.prompt_eval_count == len(_cut_as_ollama(long_tokens, 256, 4))
+    assert reply.response == alone(_cut_as_ollama(long_tokens, 256, 4))
+    # Only where the context shifts, as in Ollama; truncate false keeps it whole: 400s.
+    for body, ending in (({"shift": False}, "(shift false)"), ({"truncate": False}, "(truncate false)")):
+        reply = daemon.post_json("/api/generate", {"model": "tiny", "prompt": long, "raw": True, "stream": False,
+                                                   **body})
+        assert reply.status == 400, reply.body
+        assert reply.json()["error"] == (f"prompt: the prompt is {len(long_tokens)} tokens, which leaves no room "
+                                         f"in the 256 tokens of context per sequence of model 'tiny'"
+                                         + ("; it is cut only where the context can shift " if "shift" in body
+                                            else " ") + ending)
 
 
 def _prompt_tokens(daemon, messages: list[dict[str, Any]], model: str = "agent") -> int:
