@@ -803,6 +803,11 @@ class GenerateParams(msgspec.Struct, forbid_unknown_fields=True):
     # Start from the longest prefix of the prompt the slot's KV cache already holds (llama-
     # server's `cache_prompt`, on by default there too). False: the whole prompt is evaluated.
     cache_prompt: bool = True
+    # llama-server's `n_cache_reuse` (with cache_prompt): after the cached prefix, a run of at
+    # least this many of the slot's cached tokens that the prompt has next is moved to its
+    # place in the prompt instead of being decoded again (0: off; None: the backend's default,
+    # the llama.cpp backend's `cache_reuse` parameter). Only where the backend can move cells.
+    n_cache_reuse: int | None = None
     # The request's llama-server `lora` ((adapter id, scale), by id), which llama-server's
     # generation_settings and /slots echo. () : the model's current scales
     # (GenerationBackend.lora_adapters); else an adapter left out gets scale 0, as

@@ -38,6 +38,13 @@ Model parameters (config `parameters`, all strings):
                   (a request's `n_keep` and `n_discard` say which); off, it ends with
                   finish_reason "length" and those fields are a 400. A model llama.cpp
                   cannot shift fails its load naming this parameter
+    cache_reuse   llama-server's `--cache-reuse` (0, off, by default there too): the
+                  smallest run of a slot's cached tokens that a new prompt has further on
+                  (after the prefix they share) which is moved there rather than decoded
+                  again; a request's `n_cache_reuse` overrides it. The moved cells keep
+                  what was computed after their old prefix, so the output is close to a
+                  cold decode's, not the same (why it is off unless asked for). A model
+                  llama.cpp cannot shift fails its load naming this parameter
     slot_save_path  a directory for llama-server's slot files (its `--slot-save-path`):
                   POST /slots/{id}?action=save|restore writes and reads them there. A
                   relative path is under the model version's state directory (slot files
@@ -104,6 +111,7 @@ class LlamaCppOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     lora: str = ""
     slot_save_path: str = ""
     context_shift: bool = False
+    cache_reuse: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     def __post_init__(self) -> None:
         if self.n_batch < self.n_parallel:
@@ -212,6 +220,7 @@ class LlamaCppBackend(GenerationBackend):
             ),
             lora=parse_lora(config, options.lora, artifact.parent),
             context_shift=options.context_shift,
+            cache_reuse=options.cache_reuse,
         )
         if options.slot_save_path:
             self._slot_dir = await asyncio.to_thread(self._slot_directory, config, options.slot_save_path)

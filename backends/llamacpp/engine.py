@@ -172,6 +172,10 @@ class EngineSettings:
     # llama-server's `--context-shift`: a generation that fills its slot drops older tokens
     # (Engine._shift) instead of ending with "length".
     context_shift: bool = False
+    # llama-server's `--cache-reuse`: the smallest run of a slot's cached tokens, found again
+    # further on in a new prompt, that is moved there instead of decoded again
+    # (Engine._reuse_chunks); 0 = off. A request's GenerateParams.n_cache_reuse overrides it.
+    cache_reuse: int = 0
 
 
 @dataclass(frozen=True)
@@ -712,6 +716,9 @@ class Engine:
         self._memory = llama.llama_get_memory(self._ctx)
         self.can_shift = bool(llama.llama_memory_can_shift(self._memory))
         self.adds_bos = bool(llama.llama_vocab_get_add_bos(self._vocab)) and llama.llama_vocab_bos(self._vocab) >= 0
+        if s.cache_reuse and not self.can_shift:
+            raise ConfigError(f"model '{self.name}': cache_reuse is set, but llama.cpp cannot shift this model's "
+                              "context (a recurrent memory) to move cached cells")
         if s.context_shift and not self.can_shift:
             # llama-server turns its --context-shift off with a warning; a setting that would
             # not hold is refused here.
@@ -945,6 +952,10 @@ class Engine:
                 )
             if params.reasoning_budget is not None:
                 self._check_budget(params)
+            if params.n_cache_reuse and not self.can_shift:
+                # llama-server takes it and, with a warning in its log, does nothing with it.
+                raise InvalidArgument(f"n_cache_reuse: llama.cpp cannot shift the context of model '{self.name}' "
+                                      "(a recurrent memory) to move cached cells; send 0")
             if params.shift_window and not self.can_shift:
                 raise InvalidArgument(f"shift: llama.cpp cannot shift the context of model '{self.name}' (a recurrent "
                                       "memory); send shift false")
@@ -1175,14 +1186,18 @@ class Engine:
             scales = self._scales(item.request.params)
             slot, common = self._pick_slot(free, tokens, scales)
             common = self._use_store(slot, common, tokens, scales)
+            params = item.request.params
+            scored = params.prompt_logprobs is not None
+            reuse = self.settings.cache_reuse if params.n_cache_reuse is None else params.n_cache_reuse
+            if scored or not params.cache_prompt:
+                # Scored: every prompt token's logits are needed, and the cache keeps none.
+                # cache_prompt false: the caller asked for the whole prompt to be evaluated.
+                common = 0
+            elif reuse > 0 and self._cached_lora[slot] == scales:
+                common = self._reuse_chunks(slot, common, tokens, reuse)
             # At least the prompt's last token is decoded again: its logits give the first
             # sampled token (llama.cpp keeps no logits for cached positions).
             keep = min(common, len(tokens) - 1)
-            scored = item.request.params.prompt_logprobs is not None
-            if scored or not item.request.params.cache_prompt:
-                # Scored: every prompt token's logits are needed, and the cache keeps none.
-                # cache_prompt false: the caller asked for the whole prompt to be evaluated.
-                keep = 0
             if keep < len(self._cached[slot]) and not llama.llama_memory_seq_rm(self._memory, slot, keep, -1):
                 # A memory that cannot drop a tail (recurrent models): start the slot afresh.
                 llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
@@ -1193,7 +1208,6 @@ class Engine:
             self._last_used[slot] = self._admitted
             self._prompt_cached += keep
             self._prompt_evaluated += len(tokens) - keep
-            params = item.request.params
             tracker, grammar = None, item.grammar
             # A frame's trigger that also ends the reasoning (ToolCallFrame.ends_reasoning) closes it too.
             ending = _ending_trigger(params).encode()
@@ -1240,6 +1254,37 @@ class Engine:
         if held:
             held.extend(self._waiting)
             self._waiting = held
+
+    def _reuse_chunks(self, slot: int, common: int, tokens: list[int], size: int) -> int:
+        """llama-server's cache reuse (`n_cache_reuse`, read in its server-context.cpp, not
+        copied): after the common prefix, each run of at least `size` of the slot's cached
+        tokens that the prompt has next is moved back to where the prompt has it (the cells
+        between dropped), and the prompt goes on after it; a shorter run is skipped over.
+        Returns how many of the prompt's first tokens the slot now holds; cells after them
+        (runs skipped at the end) stay until admission drops them (`_cached` keeps its length
+        until then, so it does).
+
+        The moved cells keep what was computed for them after their old prefix (llama.cpp
+        only re-rotates their positions), so the output is close to, not the same as, a
+        cold decode's: why it is off unless asked for (code editors ask for it, whose
+        context around the cursor shifts with each edit)."""
+        cached = self._cached[slot]
+        head_c = head_p = common
+        while head_c < len(cached) and head_p < len(tokens):
+            run = 0
+            while (head_c + run < len(cached) and head_p + run < len(tokens)
+                   and cached[head_c + run] == tokens[head_p + run]):
+                run += 1
+            if run < size:
+                head_c += 1
+                continue
+            llama.llama_memory_seq_rm(self._memory, slot, head_p, head_c)
+            llama.llama_memory_seq_add(self._memory, slot, head_c, head_c + run, head_p - head_c)
+            log.debug("model '%s' slot %d: cache reuse, %d cells [%d, %d) -> %d", self.name, slot, run, head_c,
+                      head_c + run, head_p)
+            head_c += run
+            head_p += run
+        return head_p
 
     def _use_store(self, slot: int, common: int, tokens: list[int], scales: tuple[float, ...]) -> int:
         """Save the slot's cells when a new conversation replaces them; restore a stored

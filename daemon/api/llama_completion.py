@@ -4,7 +4,7 @@ and event stream (llama.cpp tools/server), on the engine the OpenAI routes use.
 
 The body names the model (`model`, required, as in llama_native). Every field llama-server
 takes either has its effect here or is a 400 naming it: an unknown field (llama-server ignores
-one) and the fields not implemented (`n_cache_reuse`, ...) are
+one) and the fields not implemented (`stream_options`, ...) are
 rejected by the decoder; `lora` is taken where it asks for the model's own adapter scales
 (openai.lora_request), else a 400. Sampling values are checked as on the OpenAI routes (openai._params),
 which reject what llama-server clamps. A list of prompts and `n_cmpl` (also `n`) completions

@@ -8,7 +8,7 @@ Every field a request may carry either has its effect or is a 400 naming it (unk
 are rejected by the decoders, `forbid_unknown_fields`); ranges are OpenAI's: temperature
 [0, 2], top_p [0, 1], presence/frequency penalty [-2, 2], logit_bias values [-100, 100].
 llama-server's extensions `top_k`, `min_p`, `typical_p`, `repeat_penalty`, `repeat_last_n`,
-`ignore_eos`, `cache_prompt` and its other samplers (Mirostat, dynamic temperature, top-n-sigma,
+`ignore_eos`, `cache_prompt`, `n_cache_reuse` and its other samplers (Mirostat, dynamic temperature, top-n-sigma,
 XTC, DRY, `min_keep`) and their order (`samplers`) are taken too, with llama-server's meaning.
 Its per-request `lora` (adapter scales) is checked against the model's adapters
 (`lora_request`) and decoded with.
@@ -99,6 +99,8 @@ class SharedSampling(_Strict, kw_only=True):
     ignore_eos: bool | None = None
     # False: evaluate the whole prompt, whatever the slot's cache holds (default true).
     cache_prompt: bool | None = None
+    # llama-server's cache reuse (GenerateParams.n_cache_reuse); unset: the model's.
+    n_cache_reuse: int | None = None
     # llama-server's other samplers (GenerateParams says what each does).
     mirostat: int | None = None
     mirostat_tau: float | None = None
@@ -361,6 +363,10 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
             params.repeat_penalty = req.repeat_penalty
         params.ignore_eos = bool(req.ignore_eos)
         params.cache_prompt = req.cache_prompt is not False
+        if req.n_cache_reuse is not None:
+            if req.n_cache_reuse < 0:
+                raise InvalidArgument(f"n_cache_reuse must be >= 0, got {req.n_cache_reuse}")
+            params.n_cache_reuse = req.n_cache_reuse
         if req.repeat_last_n is not None:
             if req.repeat_last_n < -1:
                 raise InvalidArgument(f"repeat_last_n must be >= -1, got {req.repeat_last_n}")

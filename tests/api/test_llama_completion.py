@@ -39,6 +39,13 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         'backend: "llamacpp"\n' + "".join(
             f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
             for k, v in (("n_ctx", "256"), ("n_parallel", "1"), ("context_shift", "true"))))
+    # One slot that moves cached runs of 8 tokens or more (llama-server's --cache-reuse 8).
+    (path / "reuse" / "1").mkdir(parents=True)
+    (path / "reuse" / "1" / "model.gguf").symlink_to(source)
+    (path / "reuse" / "config.pbtxt").write_text(
+        'backend: "llamacpp"\n' + "".join(
+            f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
+            for k, v in (("n_parallel", "1"), ("cache_reuse", "8"), ("prefix_store_mib", "0"))))
     return path
 
 
@@ -384,6 +391,38 @@ def test_context_shift(daemon: Any) -> None:
                                                "shift": False, "options": {"num_predict": 100}})
     assert reply.status == 200 and reply.json()["done_reason"] == "length", reply.body
     assert reply.json()["eval_count"] < 100 and reply.json()["prompt_eval_count"] + reply.json()["eval_count"] <= 257
+
+
+def test_cache_reuse(daemon: Any) -> None:
+    """llama-server's --cache-reuse (the model's cache_reuse) and a request's n_cache_reuse:
+    runs of the slot's cells the next prompt has again are moved, not decoded (`cache_n`),
+    on the native and the OpenAI routes; what they write is checked against numpy in
+    tests/backends/test_llamacpp_cache_reuse.py."""
+    start, dropped, kept = [1, 300, 301, 320, 330], [270, 280, 290], list(range(310, 322))
+    first, second = start + dropped + kept, start + kept + [331, 332]
+
+    def cached(path: str, **body: Any) -> int:
+        complete(daemon, "/completion", model="reuse", prompt=first, n_predict=0)
+        out = complete(daemon, path, model="reuse", prompt=second, **body)
+        return out["timings"]["cache_n"] if path == "/completion" else out["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert cached("/completion", n_predict=2) == len(start + kept)
+    assert cached("/completion", n_predict=2, n_cache_reuse=0) == len(start)
+    assert cached("/completion", n_predict=2, n_cache_reuse=13) == len(start)  # the run is 12
+    assert cached("/v1/completions", max_tokens=2) == len(start + kept)
+    assert cached("/v1/completions", max_tokens=2, cache_prompt=False) == 0
+    # Off by default, as llama-server's: the request asks for it on another model (whose
+    # host-RAM store is on: other runs each time, so that it never holds the better match).
+    complete(daemon, "/completion", model="shift", prompt=first, n_predict=0)
+    out = complete(daemon, "/completion", model="shift", prompt=second, n_predict=2)
+    assert out["timings"]["cache_n"] == len(start)
+    other = list(range(340, 352))
+    complete(daemon, "/completion", model="shift", prompt=start + dropped + other, n_predict=0)
+    out = complete(daemon, "/completion", model="shift", prompt=start + other + [333], n_predict=2, n_cache_reuse=4)
+    assert out["timings"]["cache_n"] == len(start + other)
+    for path in ("/completion", "/v1/completions"):
+        error = daemon.post_ok(path, {"model": "reuse", "prompt": "x", "n_cache_reuse": -1}, 400)["error"]
+        assert error["message"] == "n_cache_reuse must be >= 0, got -1"
 
 
 def test_model_is_required_and_known(daemon: Any) -> None:

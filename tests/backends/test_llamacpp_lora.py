@@ -213,6 +213,29 @@ async def test_cached_cells_serve_only_requests_with_their_scales(load: Loader, 
     assert await run(longer, scaled(0.5)) == (expected, len(prompt) + shared)
 
 
+async def test_cache_reuse_moves_only_cells_of_the_same_scales(load: Loader, base: Path, adapter: Path) -> None:
+    """n_cache_reuse moves a slot's cells only for a request at the scales they were decoded
+    with: at other scales the prompt is decoded whole, as a cold decode at them."""
+    backend = await load(base, n_parallel="1", lora="adapter.gguf", prefix_store_mib="0")
+    prompt, other = await tokens_of(backend, PROMPTS[2:4])
+    first, second = prompt + other, other  # the second drops the first prompt (but its BOS)
+    reuse = GenerateParams(greedy=True, max_tokens=STEPS, n_cache_reuse=2)
+
+    async def cached_after(tokens: list[int], params: GenerateParams) -> int:
+        before = backend.engine_stats()["prompt_tokens_cached"]
+        await ids_of(backend.generate(tokens, params))
+        return int(backend.engine_stats()["prompt_tokens_cached"] - before)
+
+    await cached_after(first, GREEDY)
+    assert await cached_after(second, reuse) == len(second) - 1  # moved (the last is decoded again)
+    await cached_after(first, GREEDY)
+    half = GenerateParams(greedy=True, max_tokens=STEPS, n_cache_reuse=2, lora=((0, 0.5),))
+    assert await cached_after(second, half) == 0
+    [expected] = llama_cpp_python_greedy(base, [second], (adapter, 0.5))
+    await cached_after(first, GREEDY)
+    assert await ids_of(backend.generate(second, half)) == expected
+
+
 async def test_set_lora_scales_is_what_later_requests_get(load: Loader, base: Path, adapter: Path) -> None:
     backend = await load(base, n_parallel="2", lora="adapter.gguf")
     prompts = await tokens_of(backend, PROMPTS)
