@@ -34,7 +34,7 @@ import logging
 import re
 import struct
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -44,6 +44,7 @@ from aiohttp import web
 from daemon.api import dimensions, openai_tools, reasoning, sampling
 from daemon.api.body import read_body
 from daemon.api.leases import hold
+from daemon.api.llama_native import joined_text
 from daemon.api.state import daemon_of
 from daemon.api.tool_syntax import Syntax, syntax_named
 from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
@@ -766,11 +767,13 @@ async def _respond(
     shape: _Text | _ToolReply,
     logprobs: bool = False,
     split: _Split | None = None,
+    context: Callable[[str], Awaitable[list[int]]] | None = None,
 ) -> web.StreamResponse:
     """Stream NDJSON (`shape` turns text into Ollama's objects) or answer one object. With
     `logprobs`, each object carries the entries of the tokens since the previous one. With
     `split`, the reasoning goes apart and `shape` gets the answer only; streamed, an object
-    carries reasoning or answer, never both."""
+    carries reasoning or answer, never both. `context` gives the last object's `context`
+    from the whole reply as generated."""
     async with contextlib.aclosing(chunks):
         try:
             first = await chunks.__anext__()  # errors before any output get a real status
@@ -797,7 +800,10 @@ async def _respond(
                 whole = split.put(shape.whole(text), thought)
             else:
                 whole = shape.whole(text)
-            return _json_response(with_logprobs({**whole, **timing.final(last)}))
+            final = with_logprobs({**whole, **timing.final(last)})
+            if context is not None:
+                final["context"] = await context("".join(parts))
+            return _json_response(final)
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         last = first
@@ -811,18 +817,23 @@ async def _respond(
             out = [split.put(shape.whole(""), thought)] if thought and not split.hidden else []
             return out + shape.stream(text)
 
+        said = [first.text] if context is not None else None  # the reply, for `context`
         try:
             for item in items(first.text):
                 await response.write(_json.encode(with_logprobs({**item, "done": False})) + b"\n")
             async for chunk in chunks:
                 last = chunk
                 pending.extend(chunk.logprobs)
+                if said is not None:
+                    said.append(chunk.text)
                 for item in items(chunk.text):
                     await response.write(_json.encode(with_logprobs({**item, "done": False})) + b"\n")
             # What the split held back in case it became a tag.
             for item in [*items("", final=True), *shape.end()]:
                 await response.write(_json.encode(with_logprobs({**item, "done": False})) + b"\n")
             final = with_logprobs({**shape.whole(""), **timing.final(last)})
+            if context is not None and said is not None:
+                final["context"] = await context("".join(said))
             await response.write(_json.encode(final) + b"\n")
         except EdgedError as exc:
             await response.write(_json.encode({"error": exc.message}) + b"\n")
@@ -1032,14 +1043,15 @@ async def generate(request: web.Request) -> web.StreamResponse:
         # Ollama renders the suffix through the model's template; edged builds llama.cpp's
         # fill-in-the-middle prompt from the model's FIM tokens (a model without them: 400).
         raise InvalidArgument("suffix: not supported together with template or system")
-    if req.context:
-        raise InvalidArgument("context: token context from an earlier response is not supported; "
-                              "send the conversation with /api/chat")
+    if req.context and req.suffix:
+        # The engine builds a fill-in-the-middle prompt around the text; Ollama renders the
+        # context before its template's: two different prompts.
+        raise InvalidArgument("context: not supported together with suffix")
     for key in ("width", "height", "steps"):
         if getattr(req, key) is not None:
             raise InvalidArgument(f"{key}: image generation is not supported by edged")
-    if req.raw and (req.template or req.system):
-        raise InvalidArgument("raw mode does not support template or system")
+    if req.raw and (req.template or req.system or req.context):
+        raise InvalidArgument("raw mode does not support template, system, or context")  # Ollama's words
     lease = await hold(request, name, keep)
     model = _generation_model(daemon, name, version, req.model)
     thinking = _Thinking(model, req.think, req.model)
@@ -1049,6 +1061,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
     params.logprobs = top
     if req.suffix:
         params.suffix = req.suffix  # the engine builds the FIM prompt around the raw text
+    # Ollama's deprecated `context` (the token ids an earlier response gave): their text
+    # (control tokens' too) goes before this turn's prompt, as Ollama writes it.
+    earlier = ""
+    if req.context:
+        try:
+            earlier = joined_text(await model.token_pieces(req.context), "context")
+        except InvalidArgument as exc:
+            raise InvalidArgument(exc.message if exc.message.startswith("context") else f"context: {exc.message}") from None
     if req.suffix or req.raw or req.template:
         # Not the chat template: think true still splits the reply (Ollama's too), and a
         # raw prompt that ends with the opening tag opened the reasoning.
@@ -1058,6 +1078,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         messages = [{"role": "system", "content": req.system}] if req.system else []
         messages.append({"role": "user", "content": req.prompt})
         prompt = thinking.prompt(model, messages, req.model)
+    prompt = earlier + prompt
     thinking.hold_grammar(prompt, params)
     _shift(model, engine, req, opts, params, num_ctx)
     fitted = await _fit(model, engine, req, opts, prompt, params, num_ctx)
@@ -1065,9 +1086,15 @@ async def generate(request: web.Request) -> web.StreamResponse:
     def piece(text: str) -> dict[str, Any]:
         return {"model": req.model, "created_at": _now(), "response": text}
 
+    async def context(reply: str) -> list[int]:
+        """The final object's `context`, as Ollama's (not for raw): the prompt and the reply
+        as the model wrote it, tokenized without the BOS (a later request's `context`)."""
+        return await model.tokenize(prompt + reply, add_special=False, parse_special=True)
+
     timing = _Timing(started, lease.load_ns)
     return await _respond(request, model.generate(fitted, params), stream=req.stream, timing=timing,
-                          shape=_Text(piece), logprobs=top is not None, split=thinking.split(prompt, chat=False))
+                          shape=_Text(piece), logprobs=top is not None, split=thinking.split(prompt, chat=False),
+                          context=None if req.raw else context)
 
 
 _TEMPLATE_ACTION = re.compile(r"\{\{(-?)\s*(.*?)\s*(-?)\}\}", re.S)

@@ -276,6 +276,36 @@ def test_null_is_not_given_as_in_ollamas_server(daemon) -> None:
     assert reply.status == 400 and "$.messages[0].content" in reply.json()["error"], reply.body
 
 
+def test_generate_context_continues_as_ollamas(client: ollama.Client, daemon) -> None:
+    """Ollama's (deprecated) `context`: a non-raw generate's last object has the prompt and the
+    reply tokenized (without the BOS); sent back, their text goes before the next turn's
+    prompt, so the reply is the one a raw prompt of that text gives."""
+    greedy = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 6}
+    first = client.generate(model="tiny", prompt="Once upon a time", options=greedy)
+    rendered = daemon.post_json("/apply-template", {"model": "tiny", "messages": [
+        {"role": "user", "content": "Once upon a time"}]}).json()["prompt"]
+    expected = daemon.post_json("/tokenize", {"model": "tiny", "content": rendered + first.response,
+                                              "add_special": False, "parse_special": True}).json()["tokens"]
+    assert first.context == expected
+    # Streamed, the last object carries the same.
+    streamed = list(client.generate(model="tiny", prompt="Once upon a time", options=greedy, stream=True))
+    assert [part.context for part in streamed[:-1]] == [None] * (len(streamed) - 1)
+    assert streamed[-1].context == expected
+    second = client.generate(model="tiny", prompt="And then?", context=first.context, options=greedy)
+    turn = daemon.post_json("/apply-template", {"model": "tiny", "messages": [
+        {"role": "user", "content": "And then?"}]}).json()["prompt"]
+    earlier = daemon.post_json("/detokenize", {"model": "tiny", "tokens": first.context}).json()["content"]
+    raw = client.generate(model="tiny", prompt=earlier + turn, raw=True, options=greedy)
+    assert second.response == raw.response and second.prompt_eval_count == raw.prompt_eval_count
+    assert raw.context is None  # Ollama gives none for raw
+    for body, error in (({"raw": True}, "raw mode does not support template, system, or context"),
+                        ({"suffix": "x"}, "context: not supported together with suffix"),
+                        ({"context": [1, 99999]}, "context: token id 99999 is out of range")):
+        reply = daemon.post_json("/api/generate", {"model": "tiny", "prompt": "x", "stream": False,
+                                                   "context": [1, 2], **body})
+        assert reply.status == 400 and reply.json()["error"].startswith(error), reply.body
+
+
 def test_embed_and_legacy_embeddings(client: ollama.Client) -> None:
     result = client.embed(model="embedder", input=["one", "two words"])
     assert len(result.embeddings) == 2 and len(result.embeddings[0]) == 64
