@@ -32,20 +32,17 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Repository-level FIM tokens (Qwen 2.5 Coder's layout), and the three plain ones only.
     with_fim_tokens(source, path / "coder" / "1" / "model.gguf", PRE, SUF, MID, rep=REP, sep=SEP)
     with_fim_tokens(source, path / "fim" / "1" / "model.gguf", PRE, SUF, MID)
-    # One slot of 256 cells with llama-server's context shift.
-    (path / "shift" / "1").mkdir(parents=True)
-    (path / "shift" / "1" / "model.gguf").symlink_to(source)
-    (path / "shift" / "config.pbtxt").write_text(
-        'backend: "llamacpp"\n' + "".join(
-            f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
-            for k, v in (("n_ctx", "256"), ("n_parallel", "1"), ("context_shift", "true"))))
-    # One slot that moves cached runs of 8 tokens or more (llama-server's --cache-reuse 8).
-    (path / "reuse" / "1").mkdir(parents=True)
-    (path / "reuse" / "1" / "model.gguf").symlink_to(source)
-    (path / "reuse" / "config.pbtxt").write_text(
-        'backend: "llamacpp"\n' + "".join(
-            f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
-            for k, v in (("n_parallel", "1"), ("cache_reuse", "8"), ("prefix_store_mib", "0"))))
+    # The same weights with other parameters.
+    for name, parameters in (
+        # One slot of 256 cells with llama-server's context shift.
+        ("shift", (("n_ctx", "256"), ("n_parallel", "1"), ("context_shift", "true"))),
+        # One slot that moves cached runs of 8 tokens or more (llama-server's --cache-reuse 8).
+        ("reuse", (("n_parallel", "1"), ("cache_reuse", "8"), ("prefix_store_mib", "0"))),
+    ):
+        (path / name / "1").mkdir(parents=True)
+        (path / name / "1" / "model.gguf").symlink_to(source)
+        (path / name / "config.pbtxt").write_text('backend: "llamacpp"\n' + "".join(
+            f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in parameters))
     return path
 
 
