@@ -470,6 +470,8 @@ async def _fit(model: LoadedVersion, engine: _Engine, req: _Generation, opts: _O
                              f"tokens of context per sequence of model '{model.name}'")
         if tokens is None:
             raise InvalidArgument(f"{where} (a prompt with a suffix is never cut)")
+        if limit <= 1:
+            raise InvalidArgument(f"{where} (cut, no token of it would be left; Ollama's runner does not cut it either)")
         if req.truncate is False:
             raise InvalidArgument(f"{where} (truncate false)")
         if req.shift is False or not engine.can_shift:

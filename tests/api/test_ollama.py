@@ -683,6 +683,12 @@ def test_a_prompt_longer_than_the_context_is_cut_as_ollamas(client: ollama.Clien
     reply = client.generate(model="tiny", prompt=long, raw=True, options=greedy)
     assert reply.prompt_eval_count == len(_cut_as_ollama(long_tokens, 256, 4))
     assert reply.response == alone(_cut_as_ollama(long_tokens, 256, 4))
+    # num_ctx 1 leaves nothing to keep (Ollama's runner cuts nothing there either); 2 keeps the BOS.
+    reply = daemon.post_json("/api/generate", {"model": "tiny", "prompt": text, "raw": True, "stream": False,
+                                               "options": {"num_ctx": 1}})
+    assert reply.status == 400 and reply.json()["error"].startswith("options.num_ctx: the prompt is"), reply.body
+    assert client.generate(model="tiny", prompt=text, raw=True, options={**greedy, "num_ctx": 2,
+                                                                          "num_predict": 1}).prompt_eval_count == 1
     # Only where the context shifts, as in Ollama; truncate false keeps it whole: 400s.
     for body, ending in (({"shift": False}, "(shift false)"), ({"truncate": False}, "(truncate false)")):
         reply = daemon.post_json("/api/generate", {"model": "tiny", "prompt": long, "raw": True, "stream": False,
