@@ -465,9 +465,11 @@ async def _fit(model: LoadedVersion, engine: _Engine, req: _Generation, opts: _O
     # Counted, the tokens are the prompt: the engine need not tokenize it again.
     fitted: str | list[int] = prompt if tokens is None else tokens
     if counted >= limit:
-        where = f"options.num_ctx: the prompt is {counted} tokens, which leaves no room in num_ctx {num_ctx}" \
-            if num_ctx else (f"prompt: the prompt is {counted} tokens, which leaves no room in the {limit} "
-                             f"tokens of context per sequence of model '{model.name}'")
+        if num_ctx:
+            where = f"options.num_ctx: the prompt is {counted} tokens, which leaves no room in num_ctx {num_ctx}"
+        else:
+            where = (f"prompt: the prompt is {counted} tokens, which leaves no room in the {limit} tokens of "
+                     f"context per sequence of model '{model.name}'")
         if tokens is None:
             raise InvalidArgument(f"{where} (a prompt with a suffix is never cut)")
         if limit <= 1:
