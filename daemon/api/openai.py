@@ -8,8 +8,9 @@ Every field a request may carry either has its effect or is a 400 naming it (unk
 are rejected by the decoders, `forbid_unknown_fields`); ranges are OpenAI's: temperature
 [0, 2], top_p [0, 1], presence/frequency penalty [-2, 2], logit_bias values [-100, 100].
 llama-server's extensions `top_k`, `min_p`, `typical_p`, `repeat_penalty`, `repeat_last_n`,
-`ignore_eos`, `cache_prompt`, `n_cache_reuse` and its other samplers (Mirostat, dynamic temperature, top-n-sigma,
-XTC, DRY, `min_keep`) and their order (`samplers`) are taken too, with llama-server's meaning.
+`ignore_eos`, `cache_prompt`, `n_cache_reuse` and its other samplers (Mirostat, dynamic
+temperature, top-n-sigma, XTC, DRY, `min_keep`) and their order (`samplers`) are taken too,
+with llama-server's meaning.
 Its per-request `lora` (adapter scales) is checked against the model's adapters
 (`lora_request`) and decoded with.
 
