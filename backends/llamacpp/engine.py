@@ -47,6 +47,7 @@ import os
 import re
 import threading
 import time
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -1256,10 +1257,8 @@ class Engine:
             self._waiting = held
 
     def _reuse_chunks(self, slot: int, common: int, tokens: list[int], size: int) -> int:
-        """llama-server's cache reuse (`n_cache_reuse`, read in its server-context.cpp, not
-        copied): after the common prefix, each run of at least `size` of the slot's cached
-        tokens that the prompt has next is moved back to where the prompt has it (the cells
-        between dropped), and the prompt goes on after it; a shorter run is skipped over.
+        """llama-server's cache reuse (`n_cache_reuse`): the slot's runs that _reuse_plan
+        finds are moved back to where the prompt has them (the cells before each dropped).
         Returns how many of the prompt's first tokens the slot now holds; cells after them
         (runs skipped at the end) stay until admission drops them (`_cached` keeps its length
         until then, so it does).
@@ -1268,23 +1267,14 @@ class Engine:
         only re-rotates their positions), so the output is close to, not the same as, a
         cold decode's: why it is off unless asked for (code editors ask for it, whose
         context around the cursor shifts with each edit)."""
-        cached = self._cached[slot]
-        head_c = head_p = common
-        while head_c < len(cached) and head_p < len(tokens):
-            run = 0
-            while (head_c + run < len(cached) and head_p + run < len(tokens)
-                   and cached[head_c + run] == tokens[head_p + run]):
-                run += 1
-            if run < size:
-                head_c += 1
-                continue
-            llama.llama_memory_seq_rm(self._memory, slot, head_p, head_c)
-            llama.llama_memory_seq_add(self._memory, slot, head_c, head_c + run, head_p - head_c)
-            log.debug("model '%s' slot %d: cache reuse, %d cells [%d, %d) -> %d", self.name, slot, run, head_c,
-                      head_c + run, head_p)
-            head_c += run
-            head_p += run
-        return head_p
+        held = common
+        for at_c, at_p, run in _reuse_plan(self._cached[slot], tokens, common, size):
+            llama.llama_memory_seq_rm(self._memory, slot, at_p, at_c)
+            llama.llama_memory_seq_add(self._memory, slot, at_c, at_c + run, at_p - at_c)
+            log.debug("model '%s' slot %d: cache reuse, %d cells [%d, %d) -> %d", self.name, slot, run, at_c,
+                      at_c + run, at_p)
+            held = at_p + run
+        return held
 
     def _use_store(self, slot: int, common: int, tokens: list[int], scales: tuple[float, ...]) -> int:
         """Save the slot's cells when a new conversation replaces them; restore a stored
@@ -2408,6 +2398,33 @@ class Engine:
             if self._model:
                 llama.llama_model_free(self._model)
             self._model = None
+
+
+def _reuse_plan(cached: list[int], tokens: list[int], common: int, size: int) -> list[tuple[int, int, int]]:
+    """The runs llama-server's cache reuse moves (its server-context.cpp, read, not copied),
+    as (position in the cache, position in the prompt, length): after the `common` prefix,
+    the prompt's next `size` tokens are looked for in the cache from where the last run
+    ended; found, that run (as long as the two go on alike) moves there and the prompt goes on
+    after it; not found, nothing more moves. The ids are searched as bytes (bytes.find, C)
+    rather than cell by cell in Python, which a cache of thousands of cells would make slow
+    on the engine's thread (llama-server's loop is C++)."""
+    haystack = array("i", cached).tobytes()
+    plan = []
+    at_c = at_p = common
+    while at_c < len(cached) and at_p + size <= len(tokens):
+        needle = array("i", tokens[at_p : at_p + size]).tobytes()
+        found = haystack.find(needle, at_c * 4)
+        while found >= 0 and found % 4:  # a match that straddles two ids is none
+            found = haystack.find(needle, found + 1)
+        if found < 0:
+            break
+        at_c, run = found // 4, size
+        while at_c + run < len(cached) and at_p + run < len(tokens) and cached[at_c + run] == tokens[at_p + run]:
+            run += 1
+        plan.append((at_c, at_p, run))
+        at_c += run
+        at_p += run
+    return plan
 
 
 def _unpacked(packed: list[int]) -> list[int]:

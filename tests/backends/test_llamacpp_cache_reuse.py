@@ -142,6 +142,51 @@ def model_path(tmp_path: Path) -> Path:
     return write_tiny_llama(tmp_path / "model.gguf")
 
 
+def llama_servers_loop(cached: list[int], tokens: list[int], common: int, size: int) -> list[tuple[int, int, int]]:
+    """llama-server's reuse loop as its source reads, cell by cell: the runs it moves."""
+    moves = []
+    head_c = head_p = common
+    while head_c < len(cached) and head_p < len(tokens):
+        run = 0
+        while head_c + run < len(cached) and head_p + run < len(tokens) and cached[head_c + run] == tokens[head_p + run]:
+            run += 1
+        if run >= size:
+            moves.append((head_c, head_p, run))
+            head_c += run
+            head_p += run
+        else:
+            head_c += 1
+    return moves
+
+
+def test_the_plan_is_llama_servers_loop(backend_class: Callable[[str], type[Any]]) -> None:
+    """The engine finds the runs by bytes.find over the ids; llama-server walks the cells.
+    Random caches and prompts over small alphabets (many partial runs, ids of every size,
+    negative ones too, whose bytes straddle) must give the same moves."""
+    backend_class("llamacpp")
+    from edged_backends.llamacpp.engine import _reuse_plan
+
+    rng = np.random.default_rng(7)
+    checked = moved = 0
+    for _ in range(3000):
+        alphabet = rng.choice([2, 3, 300, 70000, 2**31 - 1])
+        values = rng.integers(-alphabet, alphabet, size=4)
+        cached = [int(v) for v in rng.choice(values, size=int(rng.integers(0, 60)))]
+        # A prompt that often shares a prefix and runs of the cache.
+        pieces = [cached[int(a):int(a) + int(n)] for a, n in rng.integers(0, 60, size=(3, 2))]
+        tokens = cached[: int(rng.integers(0, 8))] + [t for piece in pieces for t in piece]
+        tokens += [int(v) for v in rng.choice(values, size=int(rng.integers(0, 5)))]
+        common = 0
+        while common < min(len(cached), len(tokens)) and cached[common] == tokens[common]:
+            common += 1
+        size = int(rng.integers(1, 10))
+        expected = llama_servers_loop(cached, tokens, common, size)
+        assert _reuse_plan(cached, tokens, common, size) == expected, (cached, tokens, common, size)
+        checked += 1
+        moved += bool(expected)
+    assert moved > checked // 4  # the cases move runs, not only find none
+
+
 def test_the_numpy_side_is_the_plain_forward_when_nothing_moves(model_path: Path) -> None:
     """The reference's cache path against the whole-sequence reference: keeping every cell
     where it is, the tokens are a cold greedy decode's."""
