@@ -35,7 +35,7 @@ Only the `gguf` package (the llama.cpp project's own writer) and numpy are neede
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -159,15 +159,7 @@ def write_tiny_llama(
         writer.add_uint32(f"{arch}.pooling_type", pooling)
     if classifier_labels:
         writer.add_classifier_output_labels(list(classifier_labels))
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(add_eos)
+    _add_tokenizer(writer, tokens, scores, types, add_eos=add_eos)
     templates = [{"name": "default", "template": chat_template}] if chat_template is not None else []
     if rerank_template is not None:
         templates.append({"name": "rerank", "template": rerank_template})
@@ -191,14 +183,86 @@ def write_tiny_llama(
         matrix(f"{prefix}.ffn_down.weight", linear(n_embd, n_ff))
     writer.add_tensor("output_norm.weight", norm())
     output = rng.standard_normal((n_vocab, n_embd))
-    for token_id, (text, kind) in enumerate(zip(tokens, types, strict=True)):
-        if kind in (2, 3) or (kind == 6 and not 0x20 <= int(text[3:5], 16) < 0x7F):
-            output[token_id] = 0.0
-    matrix("output.weight", output)
+    matrix("output.weight", _silent_specials(output, tokens, types))
     if classifier_labels:
         # Written as f32 whatever `dtype`: a head of 2 rows is no multiple of q8_0's 32.
         writer.add_tensor("cls.output.weight", linear(len(classifier_labels), n_embd).astype(np.float32))
 
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _add_tokenizer(writer: Any, tokens: list[str], scores: list[float], types: list[int], *, add_eos: bool) -> None:
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(add_eos)
+
+
+def _silent_specials(output: np.ndarray, tokens: list[str], types: list[int]) -> np.ndarray:
+    """The output matrix with zero rows for control tokens and non-printable bytes: the
+    random model then never writes them, and its text stays printable ASCII."""
+    for token_id, (text, kind) in enumerate(zip(tokens, types, strict=True)):
+        if kind in (2, 3) or (kind == 6 and not 0x20 <= int(text[3:5], 16) < 0x7F):
+            output[token_id] = 0.0
+    return output
+
+
+def write_tiny_mamba(path: str | Path, *, n_embd: int = 32, n_layer: int = 2, n_ctx: int = 256, seed: int = 0) -> Path:
+    """A random Mamba GGUF (llama.cpp's `mamba` architecture) with the tiny llama's vocabulary
+    and chat template: a recurrent memory, whose cached state llama.cpp cannot shift or cut
+    (llama_memory_can_shift is false). For the paths that depend on that."""
+    import gguf
+
+    path = Path(path)
+    tokens, scores, types = _vocab()
+    rng = np.random.default_rng(seed)
+    d_inner, d_state, d_conv, dt_rank = 2 * n_embd, 8, 4, 4  # llama.cpp takes an expansion of 2 only
+
+    def f32(value: np.ndarray) -> np.ndarray:
+        return np.asarray(value, dtype=np.float32)
+
+    writer = gguf.GGUFWriter(str(path), "mamba")
+    writer.add_name("edged-tiny-mamba")
+    writer.add_context_length(n_ctx)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(0)
+    writer.add_head_count(0)
+    writer.add_ssm_conv_kernel(d_conv)
+    writer.add_ssm_inner_size(d_inner)
+    writer.add_ssm_state_size(d_state)
+    writer.add_ssm_time_step_rank(dt_rank)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(0)
+    writer.add_vocab_size(len(tokens))
+    _add_tokenizer(writer, tokens, scores, types, add_eos=False)
+    writer.add_chat_template([{"name": "default", "template": CHATML_TEMPLATE}])
+    writer.add_tensor("token_embd.weight", f32(rng.standard_normal((len(tokens), n_embd))))
+    for layer in range(n_layer):
+        prefix = f"blk.{layer}"
+        writer.add_tensor(f"{prefix}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"{prefix}.ssm_in.weight", f32(rng.standard_normal((2 * d_inner, n_embd)) / np.sqrt(n_embd)))
+        writer.add_tensor(f"{prefix}.ssm_conv1d.weight", f32(rng.standard_normal((d_inner, d_conv)) / 2))
+        writer.add_tensor(f"{prefix}.ssm_conv1d.bias", np.zeros(d_inner, dtype=np.float32))
+        writer.add_tensor(f"{prefix}.ssm_x.weight",
+                          f32(rng.standard_normal((dt_rank + 2 * d_state, d_inner)) / np.sqrt(d_inner)))
+        writer.add_tensor(f"{prefix}.ssm_dt.weight", f32(rng.standard_normal((d_inner, dt_rank)) / np.sqrt(dt_rank)))
+        writer.add_tensor(f"{prefix}.ssm_dt.bias", np.zeros(d_inner, dtype=np.float32))
+        # A = -exp(A_log), negative: the state decays (as a trained Mamba's).
+        writer.add_tensor(f"{prefix}.ssm_a", f32(-np.tile(np.arange(1, d_state + 1), (d_inner, 1))))
+        writer.add_tensor(f"{prefix}.ssm_d", np.ones(d_inner, dtype=np.float32))
+        writer.add_tensor(f"{prefix}.ssm_out.weight", f32(rng.standard_normal((n_embd, d_inner)) / np.sqrt(d_inner)))
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    writer.add_tensor("output.weight", f32(_silent_specials(rng.standard_normal((len(tokens), n_embd)), tokens, types)))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -390,6 +454,29 @@ def reference_greedy(w: dict[str, np.ndarray], prompt: list[int], steps: int = 8
         assert top2[1] - top2[0] > 0.1, "reference has a near tie; pick another seed"
         tokens.append(int(np.argmax(logits)))
     return tokens[len(prompt) :]
+
+
+def llama_cpp_python_greedy(path: Path, prompts: list[list[int]], steps: int,
+                            lora: tuple[Path, float] | None = None) -> list[list[int]]:
+    """What llama-cpp-python's own high-level API generates greedily, `steps` tokens of each
+    prompt, its state reset for each (the same llama.cpp, set up by other code than edged's),
+    with the LoRA adapter `lora` (path, scale) where given."""
+    from llama_cpp import Llama
+
+    kwargs: dict[str, Any] = {} if lora is None else {"lora_path": str(lora[0]), "lora_scale": lora[1]}
+    llm = Llama(str(path), n_ctx=256, n_threads=1, verbose=False, **kwargs)
+    try:
+        out = []
+        for prompt in prompts:
+            ids: list[int] = []
+            for token in llm.generate(prompt, temp=0.0, reset=True):
+                ids.append(token)
+                if len(ids) == steps:
+                    break
+            out.append(ids)
+        return out
+    finally:
+        llm.close()
 
 
 def reference_logprobs(path: Path, tokens: list[int], lora: tuple[tuple[Path, float], ...] = ()) -> np.ndarray:

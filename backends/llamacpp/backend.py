@@ -44,7 +44,8 @@ Model parameters (config `parameters`, all strings):
                   again; a request's `n_cache_reuse` overrides it. The moved cells keep
                   what was computed after their old prefix, so the output is close to a
                   cold decode's, not the same (why it is off unless asked for). A model
-                  llama.cpp cannot shift fails its load naming this parameter
+                  whose memory is a recurrent state (Mamba, RWKV) has no cells to move: it
+                  fails its load naming this parameter
     slot_save_path  a directory for llama-server's slot files (its `--slot-save-path`):
                   POST /slots/{id}?action=save|restore writes and reads them there. A
                   relative path is under the model version's state directory (slot files

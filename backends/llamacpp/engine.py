@@ -387,9 +387,14 @@ class Engine:
         self._n_cls_out = 0
         self._rerank_template: str | None = None
         self.chat_template: ChatTemplate | None = None
-        # Whether llama.cpp can move this model's cached cells (not a recurrent memory): what
-        # a context shift needs.
+        # Whether llama.cpp can renumber this model's cached positions (not M-RoPE's several
+        # per token): what a context shift needs.
         self.can_shift = False
+        # Whether the memory keeps one cell per token that can be moved on its own (not a
+        # recurrent state, Mamba's or RWKV's, nor a hybrid holding one): what cache reuse needs.
+        # llama.cpp says a recurrent memory "can shift" (it only renumbers positions), but its
+        # state still holds every token it was fed.
+        self.has_cells = False
         # Whether a prompt's text is tokenized with a BOS before it: Ollama's prompt truncation
         # keeps it beside the tokens num_keep counts.
         self.adds_bos = False
@@ -716,10 +721,12 @@ class Engine:
             self._apply_lora(_f32(self._lora_defaults))
         self._memory = llama.llama_get_memory(self._ctx)
         self.can_shift = bool(llama.llama_memory_can_shift(self._memory))
+        self.has_cells = self.can_shift and not (
+            llama.llama_model_is_recurrent(self._model) or llama.llama_model_is_hybrid(self._model))
         self.adds_bos = bool(llama.llama_vocab_get_add_bos(self._vocab)) and llama.llama_vocab_bos(self._vocab) >= 0
-        if s.cache_reuse and not self.can_shift:
-            raise ConfigError(f"model '{self.name}': cache_reuse is set, but llama.cpp cannot shift this model's "
-                              "context (a recurrent memory) to move cached cells")
+        if s.cache_reuse and not self.has_cells:
+            raise ConfigError(f"model '{self.name}': cache_reuse is set, but this model's memory has no cells "
+                              "to move (a recurrent state)")
         if s.context_shift and not self.can_shift:
             # llama-server turns its --context-shift off with a warning; a setting that would
             # not hold is refused here.
@@ -953,13 +960,15 @@ class Engine:
                 )
             if params.reasoning_budget is not None:
                 self._check_budget(params)
-            if params.n_cache_reuse and not self.can_shift:
-                # llama-server takes it and, with a warning in its log, does nothing with it.
-                raise InvalidArgument(f"n_cache_reuse: llama.cpp cannot shift the context of model '{self.name}' "
-                                      "(a recurrent memory) to move cached cells; send 0")
+            if params.n_cache_reuse and not self.has_cells:
+                # llama-server takes it: on a model it cannot shift, with a warning in its log,
+                # and does nothing; on a recurrent one it renumbers the state's positions as
+                # if the tokens it skipped were gone, and decodes after a state that holds them.
+                raise InvalidArgument(f"n_cache_reuse: model '{self.name}' has no cached cells to move "
+                                      "(a recurrent state); send 0")
             if params.shift_window and not self.can_shift:
-                raise InvalidArgument(f"shift: llama.cpp cannot shift the context of model '{self.name}' (a recurrent "
-                                      "memory); send shift false")
+                raise InvalidArgument(f"shift: llama.cpp cannot shift the context of model '{self.name}'; send "
+                                      "shift false")
             if (params.n_keep or params.n_discard) and not self.settings.context_shift and not params.shift_window:
                 # llama-server takes them and does nothing with them without its --context-shift.
                 name = "n_keep" if params.n_keep else "n_discard"
@@ -1930,15 +1939,16 @@ class Engine:
         """Give the slot back; its cells stay as the slot's prefix cache unless told not to."""
         if seq.first_ns:
             self._generation_ns += time.perf_counter_ns() - seq.first_ns
-        if keep_cache and seq.kept >= 0:
+        if keep_cache and seq.kept >= 0 and llama.llama_memory_seq_rm(self._memory, seq.slot, seq.kept, -1):
             # Cells a shift moved were decoded at other positions than a fresh decode of
             # these tokens: a later request gets only the unmoved ones from the cache, so its
             # output is the same as without the cache.
-            llama.llama_memory_seq_rm(self._memory, seq.slot, seq.kept, -1)
             self._cached[seq.slot] = (seq.prompt + seq.decoded)[: seq.kept]
-        elif keep_cache:
+        elif keep_cache and seq.kept < 0:
             self._cached[seq.slot] = (seq.prompt + seq.decoded)[: seq.n_past]
         else:
+            # Also after a shift of a recurrent state, which cannot be cut back to the unmoved
+            # tokens (it holds all it was fed): nothing of it may serve as a prefix.
             llama.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
             self._cached[seq.slot] = []
         llama.llama_sampler_free(seq.sampler)

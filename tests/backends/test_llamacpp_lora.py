@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from gguf_builder import (
+    llama_cpp_python_greedy,
     merged_weights,
     reference_forward,
     reference_greedy,
@@ -59,26 +60,6 @@ async def greedy_all(backend: Any, prompts: list[list[int]]) -> list[list[int]]:
     return list(await asyncio.gather(*(ids_of(backend.generate(p, GREEDY)) for p in prompts)))
 
 
-def llama_cpp_python_greedy(base: Path, prompts: list[list[int]], lora: tuple[Path, float] | None) -> list[list[int]]:
-    """What llama-cpp-python's high-level API generates greedily, one prompt at a time."""
-    from llama_cpp import Llama
-
-    kwargs: dict[str, Any] = {} if lora is None else {"lora_path": str(lora[0]), "lora_scale": lora[1]}
-    llm = Llama(str(base), n_ctx=256, n_threads=1, verbose=False, **kwargs)
-    try:
-        out = []
-        for prompt in prompts:
-            ids: list[int] = []
-            for token in llm.generate(prompt, temp=0.0, reset=True):
-                ids.append(token)
-                if len(ids) == STEPS:
-                    break
-            out.append(ids)
-        return out
-    finally:
-        llm.close()
-
-
 
 
 async def tokens_of(backend: Any, prompts: list[str]) -> list[list[int]]:
@@ -99,8 +80,8 @@ async def test_adapter_output_is_llama_cpp_pythons(load: Loader, base: Path, ada
     # The adapter changes what the model writes, for every prompt...
     assert all(a != p for a, p in zip(adapted, plain, strict=True))
     # ...to what llama-cpp-python's Llama(lora_path=, lora_scale=) writes, and without it the same.
-    assert adapted == llama_cpp_python_greedy(base, prompts, (adapter, scale))
-    assert plain == llama_cpp_python_greedy(base, prompts, None)
+    assert adapted == llama_cpp_python_greedy(base, prompts, STEPS, (adapter, scale))
+    assert plain == llama_cpp_python_greedy(base, prompts, STEPS)
 
 
 async def test_adapter_output_is_numpys_with_the_adapter_merged(load: Loader, base: Path, tmp_path: Path) -> None:
@@ -159,9 +140,9 @@ async def test_a_request_decodes_with_its_own_scales(load: Loader, base: Path, a
     prompts = await tokens_of(backend, PROMPTS)
     params = [scaled(0.5), GREEDY, scaled(0.5), scaled(0.0)]
     together = list(await asyncio.gather(*(ids_of(backend.generate(p, q)) for p, q in zip(prompts, params, strict=True))))
-    at_half = llama_cpp_python_greedy(base, prompts, (adapter, 0.5))
-    at_one = llama_cpp_python_greedy(base, prompts, (adapter, 1.0))
-    plain = llama_cpp_python_greedy(base, prompts, None)
+    at_half = llama_cpp_python_greedy(base, prompts, STEPS, (adapter, 0.5))
+    at_one = llama_cpp_python_greedy(base, prompts, STEPS, (adapter, 1.0))
+    plain = llama_cpp_python_greedy(base, prompts, STEPS)
     assert together == [at_half[0], at_one[1], at_half[2], plain[3]]
     assert at_half[0] != at_one[0] and plain[3] != at_one[3]
 
@@ -184,15 +165,15 @@ async def test_sets_of_scales_take_turns(load: Loader, base: Path, adapter: Path
     short = GenerateParams(greedy=True, max_tokens=STEPS, lora=((0, 0.5),))
     _, quick = await asyncio.gather(run("long", prompts[0], long), run("short", prompts[1], short))
     assert ended == ["short", "long"]
-    assert quick == llama_cpp_python_greedy(base, prompts[1:], (adapter, 0.5))[0]
+    assert quick == llama_cpp_python_greedy(base, prompts[1:], STEPS, (adapter, 0.5))[0]
 
 
 async def test_cached_cells_serve_only_requests_with_their_scales(load: Loader, base: Path, adapter: Path) -> None:
     # One slot, loaded at 1.0, and the prefix store (on by default) behind it.
     backend = await load(base, n_parallel="1", lora="adapter.gguf")
     prompt, other = await tokens_of(backend, PROMPTS[:2])
-    [at_one] = llama_cpp_python_greedy(base, [prompt], (adapter, 1.0))
-    [at_half] = llama_cpp_python_greedy(base, [prompt], (adapter, 0.5))
+    [at_one] = llama_cpp_python_greedy(base, [prompt], STEPS, (adapter, 1.0))
+    [at_half] = llama_cpp_python_greedy(base, [prompt], STEPS, (adapter, 0.5))
 
     async def run(tokens: list[int], params: GenerateParams) -> tuple[list[int], int]:
         cached = backend.engine_stats()["prompt_tokens_cached"]
@@ -207,7 +188,7 @@ async def test_cached_cells_serve_only_requests_with_their_scales(load: Loader, 
     # A prompt that continues the 1.0 conversation, asked at 0.5: the stored 1.0 cells share
     # more of it, but only the 0.5 ones (the prompt, and the replies' common start) may serve.
     longer = prompt + at_one[:8]
-    [expected] = llama_cpp_python_greedy(base, [longer], (adapter, 0.5))
+    [expected] = llama_cpp_python_greedy(base, [longer], STEPS, (adapter, 0.5))
     shared = next((i for i, (a, b) in enumerate(zip(at_one[:8], at_half, strict=False)) if a != b), 8)
     assert shared < 8
     assert await run(longer, scaled(0.5)) == (expected, len(prompt) + shared)
@@ -231,7 +212,7 @@ async def test_cache_reuse_moves_only_cells_of_the_same_scales(load: Loader, bas
     await cached_after(first, GREEDY)
     half = GenerateParams(greedy=True, max_tokens=STEPS, n_cache_reuse=2, lora=((0, 0.5),))
     assert await cached_after(second, half) == 0
-    [expected] = llama_cpp_python_greedy(base, [second], (adapter, 0.5))
+    [expected] = llama_cpp_python_greedy(base, [second], STEPS, (adapter, 0.5))
     await cached_after(first, GREEDY)
     assert await ids_of(backend.generate(second, half)) == expected
 
@@ -241,9 +222,9 @@ async def test_set_lora_scales_is_what_later_requests_get(load: Loader, base: Pa
     prompts = await tokens_of(backend, PROMPTS)
     backend.set_lora_scales((0.5,))
     assert backend.lora_adapters() == [LoraAdapter(path="adapter.gguf", scale=0.5, task_name="shout", prompt_prefix="LOUD: ")]
-    assert await greedy_all(backend, prompts) == llama_cpp_python_greedy(base, prompts, (adapter, 0.5))
+    assert await greedy_all(backend, prompts) == llama_cpp_python_greedy(base, prompts, STEPS, (adapter, 0.5))
     # A request's own scales still win.
-    assert await ids_of(backend.generate(prompts[0], scaled(1.0))) == llama_cpp_python_greedy(base, prompts[:1], (adapter, 1.0))[0]
+    assert await ids_of(backend.generate(prompts[0], scaled(1.0))) == llama_cpp_python_greedy(base, prompts[:1], STEPS, (adapter, 1.0))[0]
     with pytest.raises(InvalidArgument, match="model 'tiny' has 1 LoRA adapters, not 2"):
         backend.set_lora_scales((0.5, 1.0))
 
