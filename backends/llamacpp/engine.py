@@ -1158,7 +1158,7 @@ class Engine:
         if not isinstance(prompt, str):
             raise InvalidArgument("suffix: only supported with a text prompt, not token ids")
         bos = llama.llama_vocab_bos(self._vocab)
-        head = [bos] if llama.llama_vocab_get_add_bos(self._vocab) and bos >= 0 else []
+        head = [bos] if self.adds_bos else []
         return [
             *head, pre, *self._tokenize(prompt, add_special=False),
             suf, *self._tokenize(suffix, add_special=False), mid,
@@ -1849,9 +1849,7 @@ class Engine:
         without the shift would give; so is the cache the slot keeps (_free_sequence)."""
         params = seq.request.params
         n_keep = len(seq.prompt) if params.n_keep < 0 else params.n_keep
-        if llama.llama_vocab_get_add_bos(self._vocab):
-            n_keep += 1
-        n_keep = min(self.n_ctx_seq - 4, n_keep)
+        n_keep = min(self.n_ctx_seq - 4, n_keep + int(self.adds_bos))
         n_left = seq.n_past - n_keep
         self._move(seq, n_keep, min(max(params.n_discard or n_left // 2, 0), max(0, n_left - 1)))
 
@@ -2289,7 +2287,7 @@ class Engine:
             n_suffix = min(len(suffix), max(0, quarter - (2 + len(prompt))))
             n_extra = min(max(0, self.n_ctx_seq - self._n_batch + 2), len(extra))
             bos = llama.llama_vocab_bos(vocab)
-            head = [bos] if llama.llama_vocab_get_add_bos(vocab) and bos >= 0 else []
+            head = [bos] if self.adds_bos else []
             return [
                 *extra[len(extra) - n_extra :], *head, pre, *prefix[len(prefix) - n_prefix :], *prompt,
                 suf, *suffix[:n_suffix], mid,
