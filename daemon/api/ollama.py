@@ -109,7 +109,7 @@ class GgufMetadata:
 
 
 _METADATA = web.AppKey("ollama-gguf-metadata", GgufMetadata)
-# Tokens a tokenizer may add to a text beyond one per byte of it (see _fits).
+# Tokens a tokenizer may add to a text beyond one per byte of it (see _counted).
 _ADDED_TOKENS = 8
 
 
@@ -430,7 +430,7 @@ def _shift(model: LoadedVersion, engine: _Engine, req: _Generation, opts: _Optio
 
 
 async def _fit(model: LoadedVersion, engine: _Engine, req: _Generation, opts: _Options, prompt: str,
-               params: GenerateParams, num_ctx: int | None) -> str | list[int]:
+               params: GenerateParams, num_ctx: int | None, tokens: list[int] | None = None) -> str | list[int]:
     """The prompt as the model gets it: the text, or its tokens cut to fit the context.
 
     The context is `num_ctx` (the sequence's context in Ollama, whose runner is loaded with
@@ -445,22 +445,23 @@ async def _fit(model: LoadedVersion, engine: _Engine, req: _Generation, opts: _O
     tokens).
 
     Without `shift`, prompt and reply together stay within a smaller `num_ctx`: the reply is
-    bounded here from the prompt's count. A prompt of few bytes needs no count (_fits)."""
+    bounded here from the prompt's count. A prompt of few bytes needs no count (_counted).
+    `tokens`: the prompt's, where the chat's truncation counted them already."""
     limit = num_ctx or engine.per_slot
     if limit is None:
         return prompt
-    if len(prompt.encode()) + _ADDED_TOKENS < limit and (num_ctx is None or params.shift_window):
+    if tokens is None and len(prompt.encode()) + _ADDED_TOKENS < limit and (num_ctx is None or params.shift_window):
         return prompt  # it fits, and nothing needs its count
     if params.suffix:
         # Counted as the engine builds it (only max_tokens 0 just tokenizes).
-        tokens: list[int] | None = None
         counted = 0
         count = GenerateParams(max_tokens=0, suffix=params.suffix)
         async with contextlib.aclosing(model.require_generator().generate(prompt, count)) as chunks:
             async for chunk in chunks:
                 counted = max(counted, chunk.prompt_tokens)
     else:
-        tokens = await model.tokenize(prompt, add_special=True, parse_special=True)
+        if tokens is None:
+            tokens = await model.tokenize(prompt, add_special=True, parse_special=True)
         counted = len(tokens)
     # Counted, the tokens are the prompt: the engine need not tokenize it again.
     fitted: str | list[int] = prompt if tokens is None else tokens
@@ -910,13 +911,14 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return thinking.prompt(model, messages, req.model, tools=use.template_tools() if use else None)
 
     limit = num_ctx or engine.per_slot
+    tokens: list[int] | None = None  # the prompt's, once counted
     if limit is None or req.truncate is False:
         prompt = render(req.messages)
     else:
-        prompt = await _truncated(model, req.messages, render, limit)
+        prompt, tokens = await _truncated(model, req.messages, render, limit)
     thinking.hold_grammar(prompt, params)
     _shift(model, engine, req, opts, params, num_ctx)
-    fitted = await _fit(model, engine, req, opts, prompt, params, num_ctx)
+    fitted = await _fit(model, engine, req, opts, prompt, params, num_ctx, tokens)
 
     def piece(message: dict[str, Any]) -> dict[str, Any]:
         return {"model": req.model, "created_at": _now(), "message": message}
@@ -930,13 +932,13 @@ async def chat(request: web.Request) -> web.StreamResponse:
 
 
 async def _truncated(model: LoadedVersion, messages: list[Message], render: Callable[[list[Message]], str],
-                     limit: int) -> str:
+                     limit: int) -> tuple[str, list[int] | None]:
     """Ollama's chat truncation (`truncate`, on unless false): while the prompt leaves no room
     in `limit` tokens (num_ctx, else the model's context per sequence), the oldest messages
     go, one more each time, every system message and the last message staying, and never a
     tool result without the assistant turn that called it. What is left when only the last
-    message remains is the prompt either way: one that does not fit is then the 400 it
-    always was (edged drops messages, never part of one; Ollama's runner cuts its tokens)."""
+    message remains is the prompt either way: one that does not fit is then cut as a
+    generate prompt is (_fit). Returns the prompt, and its tokens where they were counted."""
     last = len(messages) - 1
     for index in range(len(messages)):
         start = _tool_block_start(messages, index)
@@ -945,8 +947,11 @@ async def _truncated(model: LoadedVersion, messages: list[Message], render: Call
         # only when it did not fit, off the loop: a long history renders as many times as
         # messages go.
         prompt = render(kept) if index == 0 else await _in_thread(render, kept)
-        if index == last or await _fits(model, prompt, limit):
-            return prompt
+        if index == last:
+            return prompt, None
+        tokens = await _counted(model, prompt, limit)
+        if tokens is None or len(tokens) < limit:
+            return prompt, tokens
     raise AssertionError("no messages")  # chat answers an empty list before this
 
 
@@ -963,13 +968,13 @@ def _tool_block_start(messages: list[Message], index: int) -> int:
     return index
 
 
-async def _fits(model: LoadedVersion, prompt: str, limit: int) -> bool:
-    """Whether `prompt` is fewer than `limit` tokens (room for one more), counted as the
-    engine counts a prompt. A prompt of few bytes needs no count: each token holds at least
-    one byte of it but the few the tokenizer adds (BOS, EOS, a leading space)."""
+async def _counted(model: LoadedVersion, prompt: str, limit: int) -> list[int] | None:
+    """`prompt`'s tokens, counted as the engine counts a prompt; None where its bytes alone
+    show it is fewer than `limit` (room for one more): each token holds at least one byte of
+    it but the few the tokenizer adds (BOS, EOS, a leading space)."""
     if len(prompt.encode()) + _ADDED_TOKENS < limit:
-        return True
-    return len(await model.tokenize(prompt, add_special=True, parse_special=True)) < limit
+        return None
+    return await model.tokenize(prompt, add_special=True, parse_special=True)
 
 
 def _check_messages(messages: list[Message], raw: str) -> None:
