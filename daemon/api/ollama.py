@@ -50,7 +50,7 @@ from daemon.api.tool_syntax import Syntax, syntax_named
 from daemon.backend import GenerateChunk, GenerateParams, TokenLogprob
 from daemon.core import layout
 from daemon.core.model import LoadedVersion
-from daemon.core.residency import gguf_context_per_sequence, read_gguf_metadata
+from daemon.core.residency import read_gguf_metadata
 from daemon.errors import EdgedError, InvalidArgument, NotFound, Unavailable, Unsupported
 from daemon.model_config import parse_keep_alive
 from daemon.service import Service
@@ -305,18 +305,6 @@ def _generation_model(daemon: Service, name: str, version: int | None, raw: str)
 
 
 # ---------------------------------------------------------------------------- options
-
-
-def _context_per_sequence(metadata: GgufMetadata, model: LoadedVersion) -> int | None:
-    """Blocking (may read the GGUF file)."""
-    if model.artifact.suffix != ".gguf" or model.generator is None:
-        return None
-    try:
-        meta = metadata.read(model.artifact)
-    except (OSError, ValueError, struct.error):
-        return None
-    per_seq = gguf_context_per_sequence(meta, model.config.parameters)
-    return -(-per_seq // 256) * 256  # llama.cpp pads each sequence's context to 256
 
 
 def _options(options: dict[str, Any] | None) -> _Options:
@@ -1347,7 +1335,8 @@ async def ps(request: web.Request) -> web.Response:
                 with contextlib.suppress(OSError, ValueError, struct.error):
                     meta = await _in_thread(metadata.read, served.artifact)
                     details["family"] = str(meta.get("general.architecture", ""))
-                context = await _in_thread(_context_per_sequence, metadata, served)
+            if served.generator is not None:
+                context = _engine(served).per_slot  # the engine's own, after llama.cpp's rounding
         models.append({
             "name": f"{resident.name}:latest", "model": f"{resident.name}:latest",
             "size": resident.cost, "size_vram": 0, "digest": "", "details": details,
