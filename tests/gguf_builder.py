@@ -26,8 +26,8 @@ llama_adapter_lora_init and llama-server's `--lora` load): `general.type` "adapt
 pair `W.lora_a` (numpy (rank, n_in)) and `W.lora_b` ((n_out, rank)); llama.cpp adds
 scale * alpha / rank * B @ A to W's product. `reference_logprobs(..., lora=...)` merges it.
 
-`dtype` is f32 (the default: exact numpy references), f16, or q8_0 (quantized with the gguf
-package's reference quantizer; row lengths must be multiples of 32).
+`dtype` is f32 (the default: exact numpy references), f16, q8_0 or q4_0 (quantized with the
+gguf package's reference quantizer; row lengths must be multiples of 32).
 
 Only the `gguf` package (the llama.cpp project's own writer) and numpy are needed.
 """
@@ -90,7 +90,7 @@ def write_tiny_llama(
     n_ff: int = 128,
     n_ctx: int = 256,
     seed: int = 0,
-    dtype: Literal["f32", "f16", "q8_0"] = "f32",
+    dtype: Literal["f32", "f16", "q8_0", "q4_0"] = "f32",
     pooling: int | None = None,
     chat_template: str | None = CHATML_TEMPLATE,
     add_eos: bool = False,
@@ -109,6 +109,8 @@ def write_tiny_llama(
     `arch` "qwen3" adds the q/k norms; `classifier_labels` (qwen3) a `cls.output.weight` head
     with one row per label; `rerank_template` the GGUF's `tokenizer.chat_template.rerank`."""
     import gguf  # the writer is a dev/test dependency, not a runtime one
+
+    quantized = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
 
     path = Path(path)
     if n_embd % n_head:
@@ -129,9 +131,9 @@ def write_tiny_llama(
 
     def matrix(name: str, value: np.ndarray) -> None:
         # numpy shape (rows, cols) = GGUF ne (cols, rows): one row per output feature.
-        if dtype == "q8_0":
-            quantized = gguf.quants.quantize(value.astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(name, quantized, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        if dtype in quantized:
+            kind = quantized[dtype]
+            writer.add_tensor(name, gguf.quants.quantize(value.astype(np.float32), kind), raw_dtype=kind)
         else:
             writer.add_tensor(name, value.astype(np.float32 if dtype == "f32" else np.float16))
 
@@ -153,7 +155,7 @@ def write_tiny_llama(
     writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[dtype])
+    writer.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}[dtype])
     writer.add_vocab_size(n_vocab)
     if pooling is not None:
         writer.add_uint32(f"{arch}.pooling_type", pooling)
@@ -185,7 +187,7 @@ def write_tiny_llama(
     output = rng.standard_normal((n_vocab, n_embd))
     matrix("output.weight", _silent_specials(output, tokens, types))
     if classifier_labels:
-        # Written as f32 whatever `dtype`: a head of 2 rows is no multiple of q8_0's 32.
+        # Written as f32 whatever `dtype`: a head of 2 rows is no multiple of a quant block's 32.
         writer.add_tensor("cls.output.weight", linear(len(classifier_labels), n_embd).astype(np.float32))
 
     writer.write_header_to_file()

@@ -134,7 +134,10 @@ _PACKED_MARKER, _PACKED_VERSION = -1, 1
 
 # `flash_attn` parameter -> llama.cpp's setting. The default is llama.cpp's "auto" (on for the
 # CPU): side by side with llama-server on a 512x8 f16 model, 2 threads, 8 streams it gave ~1.4x
-# the tokens/s of "off", and a cached chat's second turn took 108 ms (vs 119 ms off).
+# the tokens/s of "off" on an AMD EPYC box, and a cached chat's second turn took 108 ms (vs 119
+# ms off). Which is faster depends on the CPU and the context: on an Intel Xeon (portable
+# build) "on" won up to ~200 cells per sequence and was 2x slower from ~1 000
+# (docs/performance.md, "A portable llama.cpp build").
 FLASH_ATTN = {
     "auto": llama.LLAMA_FLASH_ATTN_TYPE_AUTO,
     "on": llama.LLAMA_FLASH_ATTN_TYPE_ENABLED,
