@@ -231,6 +231,11 @@ def start_daemon_process(
                 daemon.stop(signal.SIGKILL, timeout=10)
                 raise AssertionError(f"daemon not ready after {timeout}s:\n{daemon.log()}")
             time.sleep(0.1)
+        # Health answers before the HTTP layer is imported (daemon.server._start_http, a few
+        # tenths of a second after READY, more on a slow box); requests for other routes wait
+        # for it meanwhile, so a test timing its requests from here would time that wait too
+        # (tests/test_server.py checks the wait itself). Any answer to `/v2` means it is up.
+        daemon.request("GET", "/v2", timeout=max(deadline - time.monotonic(), 5.0))
     return daemon
 
 

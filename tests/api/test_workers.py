@@ -462,10 +462,6 @@ def test_a_client_leaving_a_workers_connection_cancels_its_request_as_on_the_dae
         time.sleep(1.6)  # the model's call has returned: nothing more is counted for it
         return stats()
 
-    # Infer requests wait at start until the HTTP layer is imported (daemon.server._start_http,
-    # a few tenths of a second after READY): one that a client leaves while it waits there never
-    # reaches the model, and would be counted nowhere. A stats request waits for that layer too.
-    stats()
     with _kept(daemon) as kept:
         own = leave(kept, 1)
     with _kept(daemon), _connect(daemon) as sock:
