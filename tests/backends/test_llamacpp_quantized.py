@@ -32,13 +32,13 @@ Loader = Callable[..., Awaitable[Any]]
 STEPS = 8
 PROMPTS = [[1, 300, 301, 302, 303, 304, 305], [1, 310, 311, 312]]
 
-# A prompt of several tokens through llama-cpp-python's own API: the kernels that repacked
-# weights use for a batch (AMX tiles where the library was built with them).
+# A prompt of several tokens (argv[2:]) through llama-cpp-python's own API: the kernels that
+# repacked weights use for a batch (AMX tiles where the library was built with them).
 PROBE = """
 import sys
 from llama_cpp import Llama
 llm = Llama(sys.argv[1], n_ctx=256, n_threads=1, verbose=False)
-llm.eval([1, 300, 301, 302, 303, 304, 305])
+llm.eval([int(token) for token in sys.argv[2:]])
 print("ok")
 """
 
@@ -46,7 +46,8 @@ print("ok")
 @pytest.fixture(scope="module", params=["q8_0", "q4_0"])
 def quantized(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = write_tiny_llama(tmp_path_factory.mktemp(request.param) / "model.gguf", dtype=request.param)
-    probe = subprocess.run([sys.executable, "-c", PROBE, str(path)], capture_output=True, text=True, timeout=300)
+    command = [sys.executable, "-c", PROBE, str(path), *map(str, PROMPTS[0])]
+    probe = subprocess.run(command, capture_output=True, text=True, timeout=300)
     if probe.returncode < 0:
         pytest.fail(
             f"llama.cpp died of {signal.Signals(-probe.returncode).name} on a {request.param} prompt: this "
