@@ -2,7 +2,8 @@
 # Smoke test of the frozen build (bash packaging/build.sh first):
 #   start dist/edged/edged under a fake systemd notify socket -> READY=1 from the main pid ->
 #   infer on the demo models over the Unix socket -> every plugin that is ready from source is
-#   ready frozen -> SIGTERM -> STOPPING=1 and exit code 0. Prints start->READY time.
+#   ready frozen -> SIGTERM -> STOPPING=1 and exit code 0; then --workers 1, and SIGHUP picking up
+#   an OpenVINO model and a tiny GGUF that generates. Prints start->READY time.
 #   EDGED_BIN=path/to/edged bash packaging/smoke.sh   tests another binary.
 set -euo pipefail
 
@@ -139,6 +140,16 @@ if [[ " $expected " == *" openvino "* ]]; then
     cp "$demo/simple/1/model.onnx" "$demo/simple_openvino/1/"
     sed -e 's/^name: .*/name: "simple_openvino"/' -e 's/^platform: .*/platform: "openvino"/' \
         "$demo/simple/config.pbtxt" >"$demo/simple_openvino/config.pbtxt"
+    # And a GGUF (a tiny random llama written by the tests' builder with the venv's gguf): the
+    # llamacpp plugin loads llama.cpp's CPU library from inside the executable, and generates.
+    llm=0
+    if [[ " $expected " == *" llamacpp "* ]] && "$repo/.venv/bin/python" -c "import gguf" 2>/dev/null; then
+        mkdir -p "$demo/tiny_llm/1"
+        "$repo/.venv/bin/python" -c "import sys; sys.path.insert(0, sys.argv[1]); from gguf_builder import write_tiny_llama; write_tiny_llama(sys.argv[2])" \
+            "$repo/tests" "$demo/tiny_llm/1/model.gguf" || fail "could not write the tiny GGUF"
+        echo 'backend: "llamacpp"' >"$demo/tiny_llm/config.pbtxt"
+        llm=1
+    fi
     kill -HUP "$daemon_pid"
     deadline=$((SECONDS + ready_timeout))
     until [[ $(grep -c 'READY=1' "$tmp/notify.log") -ge 2 ]]; do
@@ -151,6 +162,12 @@ if [[ " $expected " == *" openvino "* ]]; then
     http /v2/models/simple_openvino >"$tmp/meta.json" || fail "GET /v2/models/simple_openvino"
     grep -q '"backend":"openvino"' "$tmp/meta.json" || fail "simple_openvino is not served by openvino: $(cat "$tmp/meta.json")"
     echo "smoke.sh: SIGHUP -> RELOADING=1 -> READY=1; simple_openvino (OpenVINO): numbers match"
+    if [[ $llm == 1 ]]; then
+        echo '{"model": "tiny_llm", "prompt": "hello", "max_tokens": 4, "temperature": 0}' >"$tmp/completion.json"
+        http /v1/completions "$tmp/completion.json" >"$tmp/reply.json" || fail "completion on tiny_llm: $(cat "$tmp/reply.json")"
+        "$py" "$helper" check-completion 4 <"$tmp/reply.json" || fail "no completion from tiny_llm"
+        echo "smoke.sh: tiny_llm (llama.cpp, GGUF): generated"
+    fi
     kill -TERM "$daemon_pid"
     rc=0
     wait "$daemon_pid" || rc=$?

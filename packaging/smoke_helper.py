@@ -10,6 +10,9 @@
                                            stays open (with --workers: served by a worker)
     smoke_helper.py infer-body             print the KServe v2 request for the `simple` models
     smoke_helper.py check-infer MODEL      read the infer response on stdin; check the numbers
+    smoke_helper.py check-completion MAX-TOKENS
+                                           read an OpenAI completion on stdin; fail unless it
+                                           generated MAX-TOKENS tokens (or stopped early)
     smoke_helper.py check-backends [NAME...]
                                            read /v2/backends on stdin; fail unless every NAME is
                                            "ready" and no plugin is "broken"
@@ -122,6 +125,17 @@ def check_infer(model: str) -> int:
     return 0 if ok else 1
 
 
+def check_completion(max_tokens: str) -> int:
+    """An OpenAI completion that generated: text, and `max_tokens` tokens unless it stopped."""
+    reply = json.load(sys.stdin)
+    choice, usage = reply["choices"][0], reply["usage"]
+    done = usage["completion_tokens"] == int(max_tokens) or choice["finish_reason"] == "stop"
+    if not isinstance(choice["text"], str) or usage["completion_tokens"] < 1 or not done:
+        print(f"completion: {reply}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def check_backends(required: list[str]) -> int:
     infos = {b["name"]: b for b in json.load(sys.stdin)["backends"]}
     ok = True
@@ -154,6 +168,8 @@ def main(argv: list[str]) -> int:
         return infer_body()
     if command == "check-infer" and len(args) == 1:
         return check_infer(args[0])
+    if command == "check-completion" and len(args) == 1:
+        return check_completion(args[0])
     if command == "check-backends":
         return check_backends(args)
     print(__doc__, file=sys.stderr)

@@ -88,7 +88,8 @@ from daemon.backend import (
     lora_entries,
 )
 
-from .engine import EmbedJob, Engine, EngineSettings, LoraSpec, SlotJob
+from .engine import EmbedJob, Engine, EngineSettings, LoraSpec, SlotJob, install_log_callback
+from .ggml_backends import load_backends
 from .grammar import schema_to_grammar, tool_call_grammar
 from .outbox import Outbox
 
@@ -187,12 +188,17 @@ class LlamaCppBackend(GenerationBackend):
             import llama_cpp.llama_cpp as llama
         except Exception as exc:  # a broken native build raises OSError, not ImportError
             return Probe(available=False, reason=f"cannot import llama_cpp: {type(exc).__name__}: {exc}")
+        install_log_callback()  # ggml's line per library loaded goes to logging, not stderr
+        try:
+            cpu = load_backends()
+        except (OSError, RuntimeError) as exc:
+            return Probe(available=False, reason=str(exc))
         gpu = bool(llama.llama_supports_gpu_offload())
         return Probe(
             available=True,
             devices=("CPU", "GPU") if gpu else ("CPU",),
             runtime_version=f"llama-cpp-python {llama_cpp.__version__} "
-            f"(gpu offload: {'yes' if gpu else 'no'})",
+            f"(cpu: {cpu or 'no SIMD'}; gpu offload: {'yes' if gpu else 'no'})",
         )
 
     # ------------------------------------------------------------------ lifecycle

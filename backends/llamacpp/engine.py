@@ -77,6 +77,7 @@ from daemon.backend import (
 )
 
 from . import templates
+from .ggml_backends import load_backends
 from .grammar import (
     GEMMA_QUOTE,
     gbnf_including,
@@ -686,7 +687,12 @@ class Engine:
 
     def _load(self) -> None:
         s = self.settings
-        _install_log_callback()
+        install_log_callback()
+        try:
+            cpu = load_backends()
+        except (OSError, RuntimeError) as exc:
+            raise BackendError(f"llama.cpp cannot run model '{self.name}': {exc}") from exc
+        log.info("llama.cpp runs model '%s' with CPU features: %s", self.name, cpu or "no SIMD")
         llama.llama_backend_init()
         model_params = llama.llama_model_default_params()
         model_params.n_gpu_layers = s.n_gpu_layers
@@ -2539,7 +2545,7 @@ def _parsed(name: str, make: Callable[[], Any]) -> Any:
     raise InvalidArgument(f"{name}: llama.cpp could not parse {'their grammar' if name == 'tool_calls' else 'it'}{why}")
 
 
-def _install_log_callback() -> None:
+def install_log_callback() -> None:
     """Route llama.cpp's warnings and errors into Python logging, once per process.
 
     llama-cpp-python prints every llama.cpp log line to stderr by default. The callback must

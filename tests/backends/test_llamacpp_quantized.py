@@ -7,9 +7,9 @@ AMX (Debian 12's compiler; llama.cpp's default when it is built from source, as 
 llama-cpp-python) runs its AMX kernels without a tile configuration: GCC 12's
 `_tile_loadconfig` tells the compiler it reads 8 bytes, so the compiler drops the stores of
 the tile shapes. The first prompt then dies of SIGILL, and the daemon with it. The Makefile
-builds llama.cpp for a portable x86-64 baseline instead (docs/operations.md). The probe runs
-in a child process first, so that such a build fails these tests with its reason instead of
-killing the test run."""
+builds llama.cpp's CPU code once per x86 generation and deletes the AMX variant
+(docs/operations.md). The probe runs in a child process first, so that such a build fails
+these tests with its reason instead of killing the test run."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def quantized(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         pytest.fail(
             f"llama.cpp died of {signal.Signals(-probe.returncode).name} on a {request.param} prompt: this "
             "llama-cpp-python was compiled for another CPU or with AMX kernels GCC 12 breaks; rebuild it "
-            "as the Makefile does (CMAKE_ARGS=-DGGML_NATIVE=OFF, pip --no-cache-dir)"
+            "as the Makefile does (docs/operations.md, \"llama.cpp's CPU build\")"
         )
     assert probe.returncode == 0 and probe.stdout.strip() == "ok", probe.stderr[-2000:]
     return path
