@@ -103,7 +103,8 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     registry = PluginRegistry(dirs)
     registry.scan()
     for info in registry.info():
-        detail = info.reason or ", ".join(info.devices) or ""
+        # The runtime's version too: for llama.cpp it names the CPU features its library has.
+        detail = info.reason or "  ".join(filter(None, (", ".join(info.devices), info.runtime_version)))
         sys.stdout.write(f"{info.name:<12} {info.state:<12} {info.version:<8} {detail}\n")
     return 0
 
