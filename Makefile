@@ -21,7 +21,8 @@ STAMP := $(VENV)/.installed-cpu-variants
 # rebuilt over one an older .venv holds; its dependencies come with the next line.
 LLAMA_CPP := $(shell sed -n 's/.*"\(llama-cpp-python==[^"]*\)".*/\1/p' pyproject.toml | head -n 1)
 ifeq ($(shell uname -m),x86_64)
-LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_BACKEND_DIR=
+# $$lib: the recipe's shell variable (a := value is not expanded again where it is used).
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_BACKEND_DIR=$$lib
 LLAMA_NOT_SHIPPED := libggml-cpu-sapphirerapids.so
 endif
 
@@ -29,7 +30,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	# llama-cpp-python compiles llama.cpp here (10-15 minutes on 2 cores, once).
 	lib=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("platlib"))')/llama_cpp/lib && \
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)$(if $(LLAMA_CMAKE_ARGS),$$lib)" \
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
 	$(BIN)/pip install --quiet --no-cache-dir --force-reinstall --no-deps '$(LLAMA_CPP)' && \
 	rm -f $(addprefix "$$lib"/,$(LLAMA_NOT_SHIPPED))
 	$(BIN)/pip install --quiet -e '.[dev]'

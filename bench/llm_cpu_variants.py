@@ -25,9 +25,12 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the model builder is a test fixture
 
 from gguf_builder import write_tiny_llama  # noqa: E402
+
+from backends.llamacpp.ggml_backends import library_dir  # noqa: E402
 
 CASES = ("1 seq, fill 300", "8 seq, fill 300", "prompt 256")
 
@@ -101,9 +104,7 @@ def main() -> None:
     parser.add_argument("--variants", default="", help="comma-separated names (default: all built)")
     args = parser.parse_args()
 
-    import llama_cpp
-
-    lib = Path(llama_cpp.__file__).parent / "lib"
+    lib = library_dir()
     built = sorted(p.name.removeprefix("libggml-cpu-").removesuffix(".so") for p in lib.glob("libggml-cpu-*.so"))
     if not built:
         raise SystemExit(f"no CPU variants in {lib}: llama-cpp-python was not built as the Makefile builds it")

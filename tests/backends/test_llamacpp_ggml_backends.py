@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from backends.llamacpp.ggml_backends import library_dir
 from support import REPO_BACKENDS
 
 PLUGIN_MODULE = REPO_BACKENDS / "llamacpp" / "ggml_backends.py"
@@ -58,12 +59,6 @@ def load_in_child(cwd: Path, env: dict[str, str] | None = None) -> dict[str, Any
     assert done.returncode == 0, done.stderr[-2000:]
     result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return result
-
-
-def library_dir() -> Path:
-    import llama_cpp
-
-    return Path(llama_cpp.__file__).parent / "lib"
 
 
 @x86_linux
