@@ -56,7 +56,20 @@ def machine() -> str:
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
-    return f"{os.cpu_count()} cores, {model}, Python {sys.version.split()[0]}"
+    return f"{os.cpu_count()} cores, {model}, Python {sys.version.split()[0]}{idle_polling()}"
+
+
+def idle_polling() -> str:
+    """How long an idle vCPU of a KVM guest polls before it halts, when the guest's cpuidle
+    driver is haltpoll: at 0 every wake-up of an idle vCPU goes through the host, which made
+    one client's small requests 1.3x (Triton) to 1.6x (edged) slower (docs/performance.md,
+    "Rounds read one by one")."""
+    try:
+        driver = Path("/sys/devices/system/cpu/cpuidle/current_driver").read_text().strip()
+        poll_ns = int(Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns").read_text())
+    except (OSError, ValueError):
+        return ""
+    return f", cpuidle {driver} (guest_halt_poll_ns {poll_ns})"
 
 
 # --------------------------------------------------------------------------- endpoints

@@ -1,6 +1,6 @@
 """llama.cpp's CPU variants side by side on this machine: which one is fastest, per weight type?
 
-    .venv/bin/python bench/llm_cpu_variants.py [--dtypes f16,q8_0,q4_0] [--threads 2] [--rounds 3]
+    .venv/bin/python bench/llm_cpu_variants.py [--dtypes f16,q8_0,q4_0,q4_k_m] [--threads 2] [--rounds 3]
                                                [--variants zen4,haswell]
 
 On x86-64 the Makefile builds llama.cpp's CPU code once per x86 generation, and ggml loads the
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the model builder is a test fixture
 
-from gguf_builder import write_tiny_llama  # noqa: E402
+from gguf_builder import K_QUANTS, quantize_gguf, write_tiny_llama  # noqa: E402
 
 from backends.llamacpp.ggml_backends import library_dir  # noqa: E402
 
@@ -97,7 +97,7 @@ print(json.dumps(result))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtypes", default="f16,q8_0,q4_0")
+    parser.add_argument("--dtypes", default="f16,q8_0,q4_0,q4_k_m")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=30, help="decodes timed per case and round")
@@ -113,7 +113,12 @@ def main() -> None:
         models = []
         for dtype in args.dtypes.split(","):
             path = Path(tmp) / f"{dtype}.gguf"
-            write_tiny_llama(path, n_embd=512, n_layer=8, n_head=8, n_ff=1536, n_ctx=4096, dtype=dtype)  # type: ignore[arg-type]
+            shape = {"n_embd": 512, "n_layer": 8, "n_head": 8, "n_ff": 1536, "n_ctx": 4096}
+            if dtype in K_QUANTS:  # llama.cpp's own quantizer, from the f16 model
+                source = write_tiny_llama(Path(tmp) / f"{dtype}-source.gguf", dtype="f16", **shape)  # type: ignore[arg-type]
+                quantize_gguf(source, path, dtype)  # type: ignore[arg-type]
+            else:
+                write_tiny_llama(path, dtype=dtype, **shape)  # type: ignore[arg-type]
             models.append(str(path))
         dirs = {}
         for variant in [*wanted, "chosen"]:

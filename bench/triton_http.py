@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import os
+import statistics
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -243,9 +244,11 @@ def main() -> None:
         if oracle:
             (tmp / "triton").mkdir()
             servers["triton"] = stack.enter_context(running_triton(Path(oracle), repo, tmp / "triton", "frame"))
-        for _ in range(args.rounds):
+        for round_no in range(args.rounds):
+            # Which server goes first alternates, so that neither always follows the other's load.
+            order = list(servers.items())[:: -1 if round_no % 2 else 1]
             for case, (requests, check) in cases.items():
-                for server, endpoint in servers.items():
+                for server, endpoint in order:
                     row = asyncio.run(_measured(endpoint, requests, args.duration / args.rounds, args.warmup, check))
                     parts.setdefault(f"{server} {case}", []).append(row)
     with open("/proc/loadavg") as f:
@@ -261,14 +264,21 @@ def main() -> None:
     if not oracle:
         print("real Triton: EDGED_ORACLE not set (a venv with nvidia-pytriton==0.7.0); its rows skipped")
         return
-    print("edged / Triton:")
+    print("edged / Triton (all rounds pooled; then the median and range of the per-round ratios):")
     for case in cases:
         ours, _, _ = rows[f"edged {case}"]
         theirs, _, _ = rows[f"triton {case}"]
+        pairs = zip(parts[f"edged {case}"], parts[f"triton {case}"], strict=True)
         if case == "simple c1":
-            print(f"  {case:<16} p50 latency {ours.p50_us / theirs.p50_us:5.2f}x (lower is better)")
+            pooled = ours.p50_us / theirs.p50_us
+            per_round = [e.result.p50_us / t.result.p50_us for e, t in pairs]
+            what = "p50 latency", "(lower is better)"
         else:
-            print(f"  {case:<16} throughput  {ours.throughput / theirs.throughput:5.2f}x (higher is better)")
+            pooled = ours.throughput / theirs.throughput
+            per_round = [e.result.throughput / t.result.throughput for e, t in pairs]
+            what = "throughput ", "(higher is better)"
+        print(f"  {case:<16} {what[0]} {pooled:5.2f}x {what[1]:<18}  per round: median "
+              f"{statistics.median(per_round):4.2f}x, {min(per_round):4.2f}-{max(per_round):4.2f}x")
     for case in ("simple c1", "simple c32", "health c32"):
         _, cpu, tree = rows[f"edged {case}"]
         _, tcpu, ttree = rows[f"triton {case}"]

@@ -27,9 +27,13 @@ pair `W.lora_a` (numpy (rank, n_in)) and `W.lora_b` ((n_out, rank)); llama.cpp a
 scale * alpha / rank * B @ A to W's product. `reference_logprobs(..., lora=...)` merges it.
 
 `dtype` is f32 (the default: exact numpy references), f16, q8_0 or q4_0 (quantized with the
-gguf package's reference quantizer; row lengths must be multiples of 32).
+gguf package's reference quantizer; row lengths must be multiples of 32). `quantize_gguf`
+turns a written model into a K-quant (Q4_K_M, Q6_K: what most published GGUFs are) with
+llama.cpp's own quantizer, which the gguf package lacks (row lengths: multiples of 256).
+`read_weights` dequantizes what it reads, so the numpy reference runs any of them.
 
-Only the `gguf` package (the llama.cpp project's own writer) and numpy are needed.
+Only the `gguf` package (the llama.cpp project's own writer) and numpy are needed
+(`quantize_gguf`: llama-cpp-python too).
 """
 
 from __future__ import annotations
@@ -392,10 +396,55 @@ def merged_weights(base: Path, adapters: tuple[tuple[Path, float], ...] = ()) ->
 
 
 def read_weights(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor as float64, quantized ones dequantized by the gguf package (numpy code
+    of its own, not llama.cpp's)."""
     import gguf
 
+    plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
     reader = gguf.GGUFReader(str(path))
-    return {t.name: np.array(t.data, dtype=np.float64) for t in reader.tensors}
+    return {
+        t.name: np.asarray(
+            t.data if t.tensor_type in plain else gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float64
+        )
+        for t in reader.tensors
+    }
+
+
+# llama.cpp's file types (llama_ftype) for the K-quants `quantize_gguf` writes.
+K_QUANTS = {"q4_k_m": 15, "q6_k": 18}
+
+
+_QUANTIZE = """
+import sys
+import llama_cpp
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = int(sys.argv[3])
+params.nthread = 1
+sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), params))
+"""
+
+
+def quantize_gguf(source: Path, path: Path, kind: Literal["q4_k_m", "q6_k"]) -> Path:
+    """Quantize the f32/f16 GGUF `source` to `path` as llama.cpp's `llama-quantize` does
+    (llama_model_quantize: Q4_K_M keeps some tensors in Q6_K, as in published files). Each
+    row length must be a multiple of 256, or llama.cpp falls back to another type for it.
+    In a child process: llama.cpp logs every tensor to stderr, and the caller's process keeps
+    its own log callback."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", _QUANTIZE, str(source), str(path), str(K_QUANTS[kind])]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama_model_quantize failed to write {kind} from {source}: {done.stderr[-2000:]}")
+    return path
+
+
+def tensor_types(path: Path) -> set[str]:
+    """The GGML types of a GGUF's tensors ("F32", "Q4_K", ...)."""
+    import gguf
+
+    return {t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
 
 
 def reference_forward(w: dict[str, np.ndarray], tokens: list[int], n_head: int = 4) -> np.ndarray:
