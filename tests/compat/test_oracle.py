@@ -331,12 +331,17 @@ def test_decoupled_statistics_as_tritons(triton: Server, edged: Server) -> None:
         for n in (3, 1, 0):
             server.request("POST", "/v2/models/countdown/generate_stream", json.dumps({"IN": n}).encode(),
                            {"Content-Type": "application/json"})
-        # Triton records a stream's execution after its last event has gone out: poll (both
-        # servers alike) until the three executions show, or give up and compare what is there.
+        # Triton records a stream's execution after its last event has gone out, and its
+        # success a little after that (seen: the executions there, a success missing): poll
+        # (both servers alike) until three of each show, or give up and compare what is there.
         deadline = time.monotonic() + 5
         while True:
             after = json.loads(server.request("GET", "/v2/models/countdown/stats").body)["model_stats"][0]
-            if after["execution_count"] - before["execution_count"] >= 3 or time.monotonic() > deadline:
+            done = (
+                after["execution_count"] - before["execution_count"] >= 3
+                and after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] >= 3
+            )
+            if done or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         seen.append((counts(before), counts(after)))
