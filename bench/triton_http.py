@@ -13,6 +13,11 @@ client (p50 latency), 8 and 32 clients (throughput), frame with 4 clients (throu
 `GET /v2/health/live` with 32 clients (the HTTP layer's floor, no model); `--json` adds simple
 with 8 clients in plain JSON. Every response of the warm-up is checked against numpy.
 
+Each round runs every row on both servers, the first server alternating from round to round.
+The ratios are printed twice: over all rounds pooled, and as the median and range of the
+per-round ratios. Triton's rows move a lot from one minute to the next on a shared box, so
+read several rounds (`--rounds 8 --duration 12`), not one pooled figure.
+
 Server CPU per request: utime + stime of the server process (and of its whole process tree:
 Triton's python models run in stub processes) from /proc/<pid>/stat, read at the start and the
 end of each measured window, divided by the requests answered in it.
