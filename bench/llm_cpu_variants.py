@@ -111,9 +111,9 @@ def main() -> None:
     wanted = [v for v in args.variants.split(",") if v] or built
     with tempfile.TemporaryDirectory(prefix="edged-variants-") as tmp:
         models = []
+        shape = {"n_embd": 512, "n_layer": 8, "n_head": 8, "n_ff": 1536, "n_ctx": 4096}
         for dtype in args.dtypes.split(","):
             path = Path(tmp) / f"{dtype}.gguf"
-            shape = {"n_embd": 512, "n_layer": 8, "n_head": 8, "n_ff": 1536, "n_ctx": 4096}
             if dtype in K_QUANTS:  # llama.cpp's own quantizer, from the f16 model
                 source = write_tiny_llama(Path(tmp) / f"{dtype}-source.gguf", dtype="f16", **shape)  # type: ignore[arg-type]
                 quantize_gguf(source, path, dtype)  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 from gguf_builder import (
+    K_QUANTS,
     llama_cpp_python_greedy,
     quantize_gguf,
     reference_logprobs,
@@ -72,12 +73,12 @@ class Quantized(NamedTuple):
 def quantized(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Quantized:
     kind = request.param
     folder = tmp_path_factory.mktemp(kind)
-    if kind in ("q8_0", "q4_0"):
-        source = write_tiny_llama(folder / "source.gguf")
-        path = write_tiny_llama(folder / "model.gguf", dtype=kind)
-    else:
+    if kind in K_QUANTS:
         source = write_tiny_llama(folder / "source.gguf", **K_SIZE)
         path = quantize_gguf(source, folder / "model.gguf", kind)
+    else:
+        source = write_tiny_llama(folder / "source.gguf")
+        path = write_tiny_llama(folder / "model.gguf", dtype=kind)
     assert TYPES[kind] in tensor_types(path)
     command = [sys.executable, "-c", PROBE, str(path), *map(str, PROMPTS[0])]
     probe = subprocess.run(command, capture_output=True, text=True, timeout=300)
