@@ -224,9 +224,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_triton(venv: Path, repo: Path, workdir: Path, ready_model: str) -> Iterator[Endpoint]:
+def running_triton(
+    venv: Path, repo: Path, workdir: Path, ready_model: str, flags: Sequence[str] = ()
+) -> Iterator[Endpoint]:
     """Triton 2.51 from the nvidia-pytriton wheel in `venv` (see docs in DESIGN.md: the python
-    stub is copied next to the backend, the wheel's libraries go on LD_LIBRARY_PATH)."""
+    stub is copied next to the backend, the wheel's libraries go on LD_LIBRARY_PATH), with
+    extra `flags`."""
     sites = sorted(venv.glob("lib/python3.*/site-packages"))
     root = sites[0] / "pytriton" / "tritonserver" if sites else None
     if root is None or not (root / "bin" / "tritonserver").exists():
@@ -242,7 +245,7 @@ def running_triton(venv: Path, repo: Path, workdir: Path, ready_model: str) -> I
         proc = subprocess.Popen(
             [str(root / "bin" / "tritonserver"), "--model-repository", str(repo),
              "--backend-directory", str(root / "backends"), "--http-port", str(port),
-             "--allow-grpc", "false", "--allow-metrics", "false"],
+             "--allow-grpc", "false", "--allow-metrics", "false", *flags],
             cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         endpoint = Endpoint(port=port, pid=proc.pid)

@@ -25,6 +25,10 @@ end of each measured window, divided by the requests answered in it.
 `--edged-flags "--workers 1"` runs edged with one HTTP worker process (`server.workers`, off
 by default): the load rows' configuration in docs/performance.md.
 
+`--cpu-cores 0-0` gives both servers a host policy "cpu" with those CPUs, which their CPU model
+instances run on (Triton's `--host-policy=cpu,cpu-cores=0-0`); edged's event loop runs on it too
+(`--server-host-policy cpu`, which Triton has no counterpart for).
+
 Without `EDGED_ORACLE` only edged's rows run. A run takes about a minute (Triton's start-up
 included); everything it starts is stopped at the end.
 """
@@ -215,6 +219,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--json", action="store_true", help="add a JSON row (simple, 8 clients)")
     parser.add_argument("--edged-flags", default="", help="extra `edged serve` flags, space-separated")
+    parser.add_argument("--cpu-cores", default="", help="a host policy for both servers' model instances, e.g. 0-0")
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
@@ -236,19 +241,22 @@ def main() -> None:
     with open("/proc/loadavg") as f:
         load = " ".join(f.read().split()[:3])
     print(f"# bench/triton_http.py: {machine()}; load average before: {load}")
-    print(f"# {args.duration:g} s per row in {args.rounds} rounds, {args.warmup:g} s warm-up each; TCP for both")
+    print(f"# {args.duration:g} s per row in {args.rounds} rounds, {args.warmup:g} s warm-up each; TCP for both"
+          + (f"; host policy cpu-cores {args.cpu_cores} on both" if args.cpu_cores else ""))
     parts: dict[str, list[Row]] = {}
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edged-bench-triton-")))
         repo = tmp / "repo"
         write_repository(repo)
         port = free_port()
+        policy = [f"--host-policy=cpu,cpu-cores={args.cpu_cores}"] if args.cpu_cores else []
+        edged_flags = args.edged_flags.split() + ([*policy, "--server-host-policy", "cpu"] if policy else [])
         unix = stack.enter_context(running_daemon(tmp, repo, ready_model="frame", http=f"127.0.0.1:{port}",
-                                                  flags=args.edged_flags.split()))
+                                                  flags=edged_flags))
         servers = {"edged": Endpoint(port=port, pid=unix.pid)}
         if oracle:
             (tmp / "triton").mkdir()
-            servers["triton"] = stack.enter_context(running_triton(Path(oracle), repo, tmp / "triton", "frame"))
+            servers["triton"] = stack.enter_context(running_triton(Path(oracle), repo, tmp / "triton", "frame", policy))
         for round_no in range(args.rounds):
             # Which server goes first alternates, so that neither always follows the other's load.
             order = list(servers.items())[:: -1 if round_no % 2 else 1]

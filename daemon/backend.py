@@ -284,6 +284,10 @@ class InstanceContext:
     # loader; None where no registry runs.
     infer: InferHook | None = None
     stream: StreamHook | None = None
+    # The CPUs this instance's thread runs on, which the threads it starts inherit (a
+    # runtime's pool, llama.cpp's): its host policy's, else every CPU the daemon may use.
+    # Empty: the thread is left where it starts.
+    cpus: frozenset[int] = frozenset()
 
 
 # --------------------------------------------------------------------------- backends
@@ -302,8 +306,9 @@ class _InstanceThread:
     never holds up the process's exit. `shutdown` lets the queued calls finish, then ends it.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, cpus: frozenset[int] = frozenset()) -> None:
         self._name = name
+        self._cpus = cpus
         self._jobs: collections.deque[Callable[[], None] | None] = collections.deque()
         self._lock = threading.Lock()
         self._shutdown = False
@@ -341,6 +346,12 @@ class _InstanceThread:
 
     def _run(self, read_fd: int, write_fd: int) -> None:
         jobs = self._jobs
+        if self._cpus:
+            # Before any call: what the runtime starts from this thread inherits the mask.
+            try:
+                os.sched_setaffinity(0, self._cpus)
+            except OSError as exc:  # the CPUs were checked at start; a cpuset changed since
+                logging.getLogger(__name__).error("%s: cannot run on CPUs %s: %s", self._name, sorted(self._cpus), exc)
         try:
             while True:
                 os.read(read_fd, 4096)  # bytes may outnumber or lag the jobs: drain the deque
@@ -395,7 +406,7 @@ class Backend:
         # One thread per instance: runtimes are called from one thread at a time, and the
         # instances of a model run in parallel.
         self._executor = _InstanceThread(
-            f"{self.name or 'backend'}-{context.model_name}-{context.instance_index}"
+            f"{self.name or 'backend'}-{context.model_name}-{context.instance_index}", context.cpus
         )
 
     @classmethod

@@ -24,6 +24,10 @@ def _serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--socket", help="Unix socket path, or 'none' to disable it")
     parser.add_argument("--http", metavar="HOST:PORT", help="also listen on TCP (off by default)")
     parser.add_argument("--workers", type=int, metavar="N", help="HTTP worker processes (server.workers)")
+    parser.add_argument("--host-policy", action="append", metavar="NAME,SETTING=VALUE",
+                        help="as Triton's: a host policy setting, e.g. cpu,cpu-cores=0-1 ([host-policy.NAME])")
+    parser.add_argument("--server-host-policy", metavar="NAME",
+                        help="the host policy whose CPUs the event loop runs on (server.host-policy)")
     parser.add_argument("--model-repository", action="append", metavar="DIR",
                         help="model repository (Triton layout); repeatable")
     parser.add_argument("--model-control-mode", choices=["none", "poll", "explicit"])
@@ -50,6 +54,15 @@ def apply_flags(config: DaemonConfig, args: argparse.Namespace) -> DaemonConfig:
         server["http"] = args.http
     if args.workers is not None:
         server["workers"] = args.workers
+    if args.server_host_policy is not None:
+        server["host-policy"] = args.server_host_policy
+    for flag in args.host_policy or []:
+        # Triton's --host-policy=<name>,<setting>=<value>; the value may hold commas.
+        name, _, setting = flag.partition(",")
+        key, equals, value = setting.partition("=")
+        if not name or not equals:
+            raise EdgedError(f"invalid command-line flag: --host-policy must be NAME,SETTING=VALUE, got {flag!r}")
+        raw.setdefault("host-policy", {}).setdefault(name, {})[key] = value
     if args.model_repository:
         models["repository"] = args.model_repository
     if args.model_control_mode:

@@ -62,6 +62,9 @@ class ServerConfig(_Section):
     # (one copy of each model), so that HTTP uses more than one core. 0: the daemon serves every
     # connection on its one event loop.
     workers: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
+    # The host policy (a [host-policy.NAME] table with cpu-cores) whose CPUs the event loop
+    # runs on; "" = wherever the OS puts it. See daemon.core.host_policy.
+    host_policy: str = ""
 
 
 class ModelsConfig(_Section):
@@ -131,6 +134,15 @@ class TraceConfig(_Section):
     file: str = ""
 
 
+class HostPolicy(_Section):
+    """Triton's `--host-policy` settings, under the policy's name."""
+
+    # The CPUs, as Triton writes them: "<lower>-<upper>" ranges separated by commas.
+    cpu_cores: str = ""
+    # Triton's other setting; refused when set (daemon.core.host_policy says why).
+    numa_node: int | str | None = None
+
+
 class DaemonConfig(_Section):
     # Writable state (demo repo, caches); "" = $STATE_DIRECTORY, /var/lib/edged as root, else
     # ~/.local/state/edged.
@@ -142,6 +154,8 @@ class DaemonConfig(_Section):
     residency: ResidencyConfig = msgspec.field(default_factory=ResidencyConfig)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     trace: TraceConfig = msgspec.field(default_factory=TraceConfig)
+    # Named CPU sets for model instances (instance_group.host_policy) and the event loop.
+    host_policy: dict[str, HostPolicy] = {}
 
 
 def load_config(path: Path | None) -> DaemonConfig:

@@ -164,6 +164,9 @@ class InstanceGroup(_Strict):
     kind: InstanceKind = "KIND_AUTO"
     gpus: list[int] = []
     name: str = ""
+    # The daemon's host policy its instances' threads run under (daemon.core.host_policy);
+    # "" = Triton's default name for the kind ("cpu", "gpu_<n>", "model").
+    host_policy: str = ""
 
 
 class QueuePolicy(_Strict):

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from daemon.api.front import RELAY_KEEPALIVE_S, Front
 from daemon.api.workers import WorkerPool
 from daemon.config import DaemonConfig, parse_host_port, read_token, socket_path
+from daemon.core.host_policy import HostPolicies, format_cpus
 from daemon.errors import EdgedError
 from daemon.ops.systemd import Notifier, listen_fds, watchdog_interval, watchdog_loop
 from daemon.service import Service
@@ -95,7 +96,13 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
         _check_socket_dir(uds.parent)
         _claim_socket_path(uds)
     token = read_token(config.server.token_file)  # a bad token file stops the daemon here
-    service = Service.build(config)
+    # Read before the loop is placed: threads without a policy go back to these CPUs.
+    host_policies = HostPolicies.from_config(config)
+    if config.server.host_policy:
+        loop.set_default_executor(host_policies.place_loop(config.server.host_policy))
+        log.info("event loop on CPUs %s (host policy %r)",
+                 format_cpus(host_policies.cpus[config.server.host_policy]), config.server.host_policy)
+    service = Service.build(config, host_policies)
     notifier.status("loading models")
     await service.start()
     # Every connection goes through the front; what it does not serve itself it relays to

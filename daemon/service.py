@@ -26,6 +26,7 @@ from typing import Literal
 from daemon.config import DaemonConfig, state_dir, trusted_keys_dir, updates_root
 from daemon.core import uploads
 from daemon.core.hardware import Hardware
+from daemon.core.host_policy import HostPolicies
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
 from daemon.core.releases import ReleaseManager
@@ -71,7 +72,7 @@ class Service:
     control_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
-    def build(cls, config: DaemonConfig) -> Service:
+    def build(cls, config: DaemonConfig, host_policies: HostPolicies | None = None) -> Service:
         """The composition root. Cheap: no model, plugin or runtime is touched until start()."""
         state = state_dir(config)
         store = ReleaseStore(updates_root(config))
@@ -85,12 +86,15 @@ class Service:
             log.info("no model repository configured: serving the demo models from %s", repositories[0])
         metrics = MetricsRegistry()
         hardware = Hardware()
+        # Checked here, so that a policy this box cannot honour stops the daemon at start.
+        host_policies = host_policies or HostPolicies.from_config(config)
         registry = ModelRegistry(
             plugins, hardware, metrics, state, drain_timeout=config.server.shutdown_timeout,
             # With HTTP worker processes feeding it, the daemon's loop is what limits small
             # requests at load, and a second execution queued on a model's thread cost it
             # a third of its throughput at 32 clients (docs/performance.md); alone, it gains.
             overlap_executions=config.server.workers == 0,
+            host_policies=host_policies,
         )
         repository = RepositoryManager(
             registry, repositories, config.models.control_mode, startup_models=config.models.load,

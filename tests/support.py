@@ -55,6 +55,35 @@ def python_model(repo: Path, name: str, body: str, *, version: int = 1) -> Path:
     return folder
 
 
+# Each request answers with the CPUs of the thread that runs `execute` and of a thread it starts.
+_PLACEMENT_MODEL = """\
+import os, threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        seen = []
+        child = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))
+        child.start(); child.join()
+        cpus = [sorted(os.sched_getaffinity(0)), seen[0]]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array(cpus, dtype=np.int32).ravel())])
+                for _ in requests]
+"""
+
+
+def placement_model(repo: Path, name: str, group: str) -> None:
+    """A python model (FP32 X[1] -> INT32 Y) whose answer is the CPUs its `execute` thread may
+    run on, then those of a thread it starts; `group`: its config's instance_group line."""
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(_PLACEMENT_MODEL)
+    (repo / name / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+        'output [{ name: "Y" data_type: TYPE_INT32 dims: [ -1 ] }]\n' + group
+    )
+
+
 # ---------------------------------------------------------------------------- raw HTTP/1.1
 
 # (status, lower-case headers, body) of one response read off a socket.

@@ -228,6 +228,7 @@ class LlamaCppBackend(GenerationBackend):
             lora=parse_lora(config, options.lora, artifact.parent),
             context_shift=options.context_shift,
             cache_reuse=options.cache_reuse,
+            cpus=self.context.cpus,
         )
         if options.slot_save_path:
             self._slot_dir = await asyncio.to_thread(self._slot_directory, config, options.slot_save_path)

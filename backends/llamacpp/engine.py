@@ -181,6 +181,9 @@ class EngineSettings:
     # further on in a new prompt, that is moved there instead of decoded again
     # (Engine._reuse_chunks); 0 = off. A request's GenerateParams.n_cache_reuse overrides it.
     cache_reuse: int = 0
+    # The CPUs the engine's thread runs on (the instance's, InstanceContext.cpus); llama.cpp's
+    # decode threads, started from it, inherit them. Empty: left where it starts.
+    cpus: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -665,6 +668,10 @@ class Engine:
 
     def _run(self) -> None:
         try:
+            if self.settings.cpus:
+                # Started from the event loop's thread, whose CPUs (server.host-policy) are
+                # not the model's.
+                os.sched_setaffinity(0, self.settings.cpus)
             self._load()
         except BaseException as exc:
             self._free()

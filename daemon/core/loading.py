@@ -29,13 +29,14 @@ from daemon.backend import (
 from daemon.core import decoupled, layout, sequence
 from daemon.core.ensemble import EnsembleRunner, Resolver
 from daemon.core.hardware import Hardware
+from daemon.core.host_policy import HostPolicies, format_cpus
 from daemon.core.model import LoadedVersion
 from daemon.core.plugins import PluginRegistry
 from daemon.core.scheduler import Scheduler, make_scheduler
 from daemon.core.selection import Selection, choose_backends
 from daemon.core.stats import MetricsRegistry, ModelStats
 from daemon.errors import BackendError, ConfigError, EdgedError, NotFound, PluginError
-from daemon.model_config import ModelConfig
+from daemon.model_config import InstanceGroup, ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class ModelLoader:
         *,
         cpu_count: int | None = None,
         overlap: bool = True,
+        host_policies: HostPolicies | None = None,
     ) -> None:
         self.plugins = plugins
         self.hardware = hardware
@@ -72,6 +74,8 @@ class ModelLoader:
         self.cpu_count = cpu_count or usable_cpus()
         # Passed to each tensor model's scheduler (daemon.core.scheduler: `overlap`).
         self.overlap = overlap
+        # None: instances' threads are left where they start.
+        self.host_policies = host_policies
 
     async def _infer_other(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
         """A request from inside a model (Triton BLS) to another loaded model."""
@@ -198,15 +202,18 @@ class ModelLoader:
         if cls.capabilities.kind == "generation":
             count = 1  # one engine owns the context; its slots are the parallelism
         threads = max(1, self.cpu_count // count)
+        placement = self._placement(name, config, count, device)
         state = self.state_dir / "models" / name / str(version)
         await asyncio.to_thread(state.mkdir, parents=True, exist_ok=True)
         instances: list[Backend] = []
         started = time.monotonic()
         try:
             for index in range(count):
+                cpus = placement[index][1]
                 # infer, stream: BLS calls from python models run other loaded models.
                 context = InstanceContext(
-                    name, version, index, count, state, threads, infer=self._infer_other, stream=self._stream_other
+                    name, version, index, count, state, min(threads, len(cpus) or threads),
+                    infer=self._infer_other, stream=self._stream_other, cpus=cpus,
                 )
                 instance = cls(context)
                 instances.append(instance)
@@ -235,9 +242,29 @@ class ModelLoader:
         explain["backend"] = backend
         explain["device"] = str(device)
         explain["instances"] = count
-        explain["threads_per_instance"] = threads
+        explain["threads_per_instance"] = instances[0].context.threads
+        pinned = {policy: format_cpus(cpus) for policy, cpus in placement if cpus != self._allowed()}
+        if pinned:
+            explain["host_policies"] = pinned
         explain["load_seconds"] = round(time.monotonic() - started, 3)
         return LoadedVersion(name, version, config, backend, artifact, instances, stats, scheduler, explain)
+
+    def _allowed(self) -> frozenset[int]:
+        return self.host_policies.allowed if self.host_policies is not None else frozenset()
+
+    def _placement(self, name: str, config: ModelConfig, count: int, device: Device) -> list[tuple[str, frozenset[int]]]:
+        """Each instance's host policy and CPUs, in instance order (groups' counts laid end
+        to end; past them, the last group's)."""
+        if self.host_policies is None:
+            return [("", frozenset())] * count
+        for undefined in self.host_policies.undefined(config.instance_group):
+            log.warning("model %s: instance_group host_policy %r is not defined; its instances run without one "
+                        "(as in Triton)", name, undefined)
+        groups: list[InstanceGroup | None] = [g for g in config.instance_group for _ in range(g.count)] or [None]
+        return [
+            self.host_policies.for_instance(groups[min(index, len(groups) - 1)], device.kind, device.index)
+            for index in range(count)
+        ]
 
 
 def usable_cpus() -> int:

@@ -20,6 +20,7 @@ from typing import Literal
 import msgspec
 
 from daemon.core.hardware import Hardware
+from daemon.core.host_policy import HostPolicies
 from daemon.core.loading import ModelLoader
 from daemon.core.model import LoadedVersion
 from daemon.core.plugins import PluginRegistry
@@ -78,6 +79,7 @@ class ModelRegistry:
         cpu_count: int | None = None,
         drain_timeout: float = 30.0,
         overlap_executions: bool = True,
+        host_policies: HostPolicies | None = None,
     ) -> None:
         self.plugins = plugins
         self.hardware = hardware
@@ -86,7 +88,7 @@ class ModelRegistry:
         self._models: dict[str, ModelEntry] = {}
         self.loader = ModelLoader(
             plugins, hardware, metrics, state_dir, self._step_model, cpu_count=cpu_count,
-            overlap=overlap_executions,
+            overlap=overlap_executions, host_policies=host_policies,
         )
 
     def _step_model(self, name: str, version: str | None) -> LoadedVersion:

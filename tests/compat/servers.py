@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,7 +109,7 @@ def _wait_ready(server: Server, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def start_triton(venv: Path, repo: Path, workdir: Path, models: list[str]) -> Server:
+def start_triton(venv: Path, repo: Path, workdir: Path, models: list[str], flags: Sequence[str] = ()) -> Server:
     root = _triton_root(venv)
     site = _site_packages(venv)
     assert root is not None and site is not None
@@ -132,7 +133,7 @@ def start_triton(venv: Path, repo: Path, workdir: Path, models: list[str]) -> Se
         "--backend-directory", str(root / "backends"), "--http-port", str(port),
         "--allow-grpc", "false", "--allow-metrics", "true", "--allow-gpu-metrics", "false",
         "--metrics-port", str(metrics_port),
-        "--model-control-mode", "explicit", *[f"--load-model={m}" for m in models],
+        "--model-control-mode", "explicit", *[f"--load-model={m}" for m in models], *flags,
     ]
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(args, cwd=workdir, env=env, stdout=log_file, stderr=subprocess.STDOUT)
@@ -141,7 +142,7 @@ def start_triton(venv: Path, repo: Path, workdir: Path, models: list[str]) -> Se
     return server
 
 
-def start_edged(repo: Path, workdir: Path, models: list[str]) -> Server:
+def start_edged(repo: Path, workdir: Path, models: list[str], flags: Sequence[str] = ()) -> Server:
     from support import start_daemon_process
 
     token = workdir / "token"
@@ -150,10 +151,10 @@ def start_edged(repo: Path, workdir: Path, models: list[str]) -> Server:
     config = workdir / "edged.toml"
     # Shared memory as Triton offers it (to TCP callers; these carry the token).
     config.write_text(f'[server]\ntoken-file = "{token}"\nshared-memory = "token"\n')
-    flags = ["--config", str(config), "--model-repository", str(repo), "--model-control-mode", "explicit"]
+    args = ["--config", str(config), "--model-repository", str(repo), "--model-control-mode", "explicit", *flags]
     for model in models:
-        flags += ["--load-model", model]
-    daemon = start_daemon_process(workdir, *flags, http=True)
+        args += ["--load-model", model]
+    daemon = start_daemon_process(workdir, *args, http=True)
     assert daemon.http_port is not None
     return Server("edged", daemon.http_port, daemon.proc, daemon.log_path,
                   {"Authorization": f"Bearer {EDGED_TOKEN}"}, metrics_port=daemon.http_port)

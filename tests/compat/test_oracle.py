@@ -14,6 +14,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import shared_memory
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -148,11 +149,13 @@ def test_oversized_request(triton: Server, edged: Server) -> None:
 
 
 def test_instance_group_names(triton: Server, edged: Server) -> None:
-    """Triton names an unnamed instance group <model>_<index> in the config it serves."""
+    """Triton names an unnamed instance group <model>_<index> in the config it serves, and
+    spells out its host policy (none set: "")."""
     path = "/v2/models/add_sub/config"
     theirs = json.loads(triton.request("GET", path, None, {}).body)["instance_group"]
     ours = json.loads(edged.request("GET", path, None, {}).body)["instance_group"]
     assert [g["name"] for g in ours] == [g["name"] for g in theirs] == ["add_sub_0"]
+    assert [g["host_policy"] for g in ours] == [g["host_policy"] for g in theirs] == [""]
 
 
 def test_system_shared_memory_round_trip(triton: Server, edged: Server) -> None:
@@ -385,3 +388,42 @@ def test_compressed_responses_as_tritons(
     assert ours.headers.get("content-encoding") == theirs.headers.get("content-encoding") == encoding, ours.headers
     assert ours.headers.get("inference-header-content-length") is not None or not binary
     assert _tensors(ours) == _tensors(theirs)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="placing threads needs two CPUs to tell them apart")
+def test_host_policy_cpu_cores_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`--host-policy=<name>,cpu-cores=<range>` on both servers, with models whose instance
+    groups name a policy, take the default one ("cpu" for KIND_CPU) or name one neither server
+    defines: each model's `execute` thread and a thread it starts run on the same CPUs on both.
+    (Triton runs python models in a stub process; it starts from the pinned instance thread.)"""
+    from compat.servers import ORACLE_ENV, start_edged, start_triton
+    from support import placement_model
+
+    allowed = sorted(os.sched_getaffinity(0))
+    pinned, default = allowed[-1], allowed[0]
+    repo = tmp_path_factory.mktemp("host-policy-repo")
+    placement_model(repo, "named", 'instance_group [{ kind: KIND_CPU host_policy: "pinned" }]\n')
+    placement_model(repo, "by_kind", "instance_group [{ kind: KIND_CPU }]\n")
+    placement_model(repo, "undefined", 'instance_group [{ kind: KIND_CPU host_policy: "nowhere" }]\n')
+    models = ["named", "by_kind", "undefined"]
+    flags = [f"--host-policy=pinned,cpu-cores={pinned}-{pinned}", f"--host-policy=cpu,cpu-cores={default}-{default}"]
+    triton = start_triton(Path(os.environ[ORACLE_ENV]), repo, tmp_path_factory.mktemp("triton-hp"), models, flags)
+    try:
+        edged = start_edged(repo, tmp_path_factory.mktemp("edged-hp"), models, flags)
+        try:
+            body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [0.0]}]}).encode()
+            for model in models:
+                answers = [
+                    json.loads(s.request("POST", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"}).body)
+                    for s in (triton, edged)
+                ]
+                theirs, ours = (a["outputs"][0]["data"] for a in answers)
+                assert ours == theirs, (model, ours, theirs)
+            expected = {"named": [pinned] * 2, "by_kind": [default] * 2, "undefined": allowed * 2}
+            assert {m: json.loads(edged.request("POST", f"/v2/models/{m}/infer", body,
+                                                {"Content-Type": "application/json"}).body)["outputs"][0]["data"]
+                    for m in models} == expected
+        finally:
+            edged.stop()
+    finally:
+        triton.stop()

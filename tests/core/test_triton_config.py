@@ -327,7 +327,7 @@ def test_known_unsupported_fields_parse_with_warnings(parser: PbtxtParser) -> No
       }
     ]
     response_cache { enable: true }
-    instance_group [ { count: 1 kind: KIND_GPU rate_limiter { resources [ { name: "R1" count: 2 } ] } } ]
+    instance_group [ { count: 1 kind: KIND_GPU rate_limiter { resources [ { name: "R1" count: 2 } ] } host_policy: "numa0" } ]
     """
     config, warnings = parser.parse(text, source="densenet/config.pbtxt")
     # format is kept and served (Triton's image_client reads it); no server converts the data.
@@ -337,7 +337,8 @@ def test_known_unsupported_fields_parse_with_warnings(parser: PbtxtParser) -> No
     assert to_triton_json(config)["input"][0]["format"] == "FORMAT_NCHW"
     assert config.output[0].dims == [1000]
     assert config.output[0].label_filename == "labels.txt"  # used by classification
-    assert config.instance_group == [InstanceGroup(count=1, kind="KIND_GPU")]
+    # Honoured (daemon.core.host_policy), so kept.
+    assert config.instance_group == [InstanceGroup(count=1, kind="KIND_GPU", host_policy="numa0")]
     ignored = {w.removeprefix("densenet/config.pbtxt: ").split(" ")[0] for w in warnings}
     assert ignored == {
         "optimization",
