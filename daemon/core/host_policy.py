@@ -47,9 +47,10 @@ def parse_cpu_cores(value: str, where: str) -> frozenset[int]:
 
 
 def process_cpus() -> frozenset[int]:
-    """The CPUs this process may run on (its affinity mask: taskset, a cgroup cpuset)."""
-    if not hasattr(os, "sched_getaffinity"):  # not Linux: no masks to read or set
-        return frozenset(range(os.cpu_count() or 1))
+    """The CPUs this process may run on (its affinity mask: taskset, a cgroup cpuset); empty
+    where the OS has no affinity masks (not Linux)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return frozenset()
     return frozenset(os.sched_getaffinity(0))
 
 
@@ -84,6 +85,7 @@ class HostPolicies:
     # without a policy go back to.
     allowed: frozenset[int]
     names: frozenset[str] = frozenset()  # every defined policy, with or without CPUs
+    loop: str = ""  # server.host-policy
 
     def undefined(self, groups: list[InstanceGroup]) -> list[str]:
         """Policies the groups name that the daemon does not define."""
@@ -102,6 +104,8 @@ class HostPolicies:
                 )
             if not policy.cpu_cores:
                 continue
+            if not allowed:
+                raise ConfigError(f"{where}: cpu-cores needs CPU affinity masks, which this OS does not have")
             wanted = parse_cpu_cores(policy.cpu_cores, where)
             missing = wanted - allowed
             if missing:
@@ -113,15 +117,16 @@ class HostPolicies:
         loop = config.server.host_policy
         if loop and loop not in cpus:
             raise ConfigError(f"server.host-policy names {loop!r}, which is no host policy with cpu-cores")
-        return cls(cpus, allowed, frozenset(config.host_policy))
+        return cls(cpus, allowed, frozenset(config.host_policy), loop)
 
     def for_instance(self, group: InstanceGroup | None, device_kind: str, device_index: int) -> tuple[str, frozenset[int]]:
-        """The policy name of an instance of `group` and the CPUs its thread runs on (every
-        allowed CPU where the policy sets none, or is not defined: Triton runs such an
-        instance without a policy)."""
+        """The policy name of an instance of `group` and the CPUs its thread runs on. A policy
+        that sets none, or is not defined (Triton runs such an instance without a policy):
+        every allowed CPU if the loop, whose thread starts the instance's, is placed; else
+        empty, for "leave the thread where it starts"."""
         named = group.host_policy if group is not None else ""
         name = named or default_policy_name(group, device_kind, device_index)
-        return name, self.cpus.get(name, self.allowed)
+        return name, self.cpus.get(name) or (self.allowed if self.loop else frozenset())
 
     def place_loop(self, name: str) -> concurrent.futures.ThreadPoolExecutor:
         """Put the calling thread (the event loop's) on policy `name`'s CPUs; returns the

@@ -243,7 +243,7 @@ class ModelLoader:
         explain["device"] = str(device)
         explain["instances"] = count
         explain["threads_per_instance"] = instances[0].context.threads
-        pinned = {policy: format_cpus(cpus) for policy, cpus in placement if cpus != self._allowed()}
+        pinned = {policy: format_cpus(cpus) for policy, cpus in placement if cpus and cpus != self._allowed()}
         if pinned:
             explain["host_policies"] = pinned
         explain["load_seconds"] = round(time.monotonic() - started, 3)

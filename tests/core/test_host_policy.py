@@ -52,6 +52,8 @@ def test_policies_this_box_cannot_honour_stop_the_daemon() -> None:
         HostPolicies.from_config(_config({"p": {"numa-node": 0}}), allowed)
     with pytest.raises(ConfigError, match=r"server\.host-policy names 'q', which is no host policy with cpu-cores"):
         HostPolicies.from_config(_config({"p": {"cpu-cores": "0"}, "q": {}}, loop="q"), allowed)
+    with pytest.raises(ConfigError, match="host policy 'p': cpu-cores needs CPU affinity masks"):
+        HostPolicies.from_config(_config({"p": {"cpu-cores": "0"}}), frozenset())
     with pytest.raises(msgspec.ValidationError, match="cpu-count"):
         _config({"p": {"cpu-count": "0"}})
 
@@ -62,10 +64,14 @@ def test_instances_take_their_groups_policy_else_every_cpu() -> None:
     assert policies.for_instance(InstanceGroup(kind="KIND_CPU"), "cpu", 0) == ("cpu", {1})
     assert policies.for_instance(None, "cpu", 0) == ("cpu", {1})
     assert policies.for_instance(InstanceGroup(host_policy="other"), "cpu", 0) == ("other", {0})
-    # A policy without CPUs, or one the daemon does not define (Triton: no policy): every CPU.
-    assert policies.for_instance(InstanceGroup(host_policy="empty"), "cpu", 0) == ("empty", {0, 1})
-    assert policies.for_instance(InstanceGroup(host_policy="nowhere"), "cpu", 0) == ("nowhere", {0, 1})
-    assert policies.for_instance(InstanceGroup(kind="KIND_GPU"), "gpu:nvidia", 0) == ("gpu_0", {0, 1})
+    # A policy without CPUs, or one the daemon does not define (Triton: no policy): left
+    # where it starts, or, with the loop placed (the loop starts it), on every CPU.
+    assert policies.for_instance(InstanceGroup(host_policy="empty"), "cpu", 0) == ("empty", set())
+    assert policies.for_instance(InstanceGroup(host_policy="nowhere"), "cpu", 0) == ("nowhere", set())
+    assert policies.for_instance(InstanceGroup(kind="KIND_GPU"), "gpu:nvidia", 0) == ("gpu_0", set())
+    placed = HostPolicies.from_config(_config({"cpu": {"cpu-cores": "1"}}, loop="cpu"), frozenset({0, 1}))
+    assert placed.for_instance(InstanceGroup(host_policy="nowhere"), "cpu", 0) == ("nowhere", {0, 1})
+    assert placed.for_instance(InstanceGroup(kind="KIND_CPU"), "cpu", 0) == ("cpu", {1})
     assert policies.undefined([InstanceGroup(host_policy="nowhere"), InstanceGroup(host_policy="other")]) == ["nowhere"]
 
 
