@@ -152,24 +152,32 @@ def test_instances_and_the_loop_run_where_their_policies_say(tmp_path: Path, sta
 
 @pytest.mark.skipif(len(ALLOWED) < 2, reason="placing threads needs two CPUs to tell them apart")
 def test_llama_cpp_threads_keep_every_cpu_beside_a_pinned_loop(tmp_path: Path, start_daemon: Callable[..., DaemonProcess]) -> None:
-    """llama.cpp's engine thread is started from the event loop's thread; it and the decode
-    threads it starts must not inherit the loop's CPU."""
+    """llama.cpp's engine thread is started from the event loop's thread; without a policy it
+    and the decode threads it starts must not inherit the loop's CPU, and with one they run on
+    the policy's CPUs, with one decode thread per CPU."""
     pytest.importorskip("llama_cpp")
     from support import llamacpp_models
 
     pinned = max(ALLOWED)
     repo = tmp_path / "repo"
-    llamacpp_models(repo, {"tiny": ({}, {"n_threads": "2"})})
+    llamacpp_models(repo, {"tiny": ({}, {"n_threads": "2"}), "placed": ({}, {})})
+    with (repo / "placed" / "config.pbtxt").open("a") as config:
+        config.write('instance_group [{ kind: KIND_CPU host_policy: "loop" }]\n')
     daemon = start_daemon(
         "--model-repository", str(repo), f"--host-policy=loop,cpu-cores={pinned}",
         "--server-host-policy", "loop",
     )
     try:
-        reply = daemon.post_ok("/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 8})
-        assert reply["usage"]["completion_tokens"] >= 1
+        for model in ("tiny", "placed"):
+            reply = daemon.post_ok("/v1/completions", {"model": model, "prompt": "hello", "max_tokens": 8})
+            assert reply["usage"]["completion_tokens"] >= 1
         threads = _thread_cpus(daemon.proc.pid)
-        held = [tid for tid, cpus in threads.items() if cpus != ALLOWED]
-        assert held == [daemon.proc.pid], json.dumps({str(t): sorted(c) for t, c in threads.items()})
+        held = sorted(tid for tid, cpus in threads.items() if cpus != ALLOWED)
+        # The loop, and the placed model's engine thread, which decodes alone on its one CPU.
+        assert len(held) == 2 and daemon.proc.pid in held, json.dumps({str(t): sorted(c) for t, c in threads.items()})
+        assert all(threads[tid] == {pinned} for tid in held)
+        selection = daemon.get_json("/v2/models/placed")["selection"]
+        assert selection["host_policies"] == {"loop": str(pinned)} and selection["threads_per_instance"] == 1
     finally:
         daemon.stop()
 
