@@ -71,7 +71,10 @@ class ModelLoader:
         self.state_dir = state_dir
         # Ensembles find their step models through this (the registry's `get`).
         self.resolve_model = resolve_model
-        self.cpu_count = cpu_count or usable_cpus()
+        # The process's CPUs as read before the event loop was placed (a host policy): read
+        # now, from the loop's thread, they would be the loop's.
+        allowed = host_policies.allowed if host_policies is not None else frozenset()
+        self.cpu_count = cpu_count or len(allowed) or usable_cpus()
         # Passed to each tensor model's scheduler (daemon.core.scheduler: `overlap`).
         self.overlap = overlap
         # None: instances' threads are left where they start.

@@ -160,7 +160,7 @@ def test_llama_cpp_threads_keep_every_cpu_beside_a_pinned_loop(tmp_path: Path, s
 
     pinned = max(ALLOWED)
     repo = tmp_path / "repo"
-    llamacpp_models(repo, {"tiny": ({}, {"n_threads": "2"}), "placed": ({}, {})})
+    llamacpp_models(repo, {"tiny": ({}, {}), "placed": ({}, {})})
     with (repo / "placed" / "config.pbtxt").open("a") as config:
         config.write('instance_group [{ kind: KIND_CPU host_policy: "loop" }]\n')
     daemon = start_daemon(
@@ -178,6 +178,8 @@ def test_llama_cpp_threads_keep_every_cpu_beside_a_pinned_loop(tmp_path: Path, s
         assert all(threads[tid] == {pinned} for tid in held)
         selection = daemon.get_json("/v2/models/placed")["selection"]
         assert selection["host_policies"] == {"loop": str(pinned)} and selection["threads_per_instance"] == 1
+        # The thread budget counts the daemon's CPUs, not the loop's.
+        assert daemon.get_json("/v2/models/tiny")["selection"]["threads_per_instance"] == len(ALLOWED)
     finally:
         daemon.stop()
 
