@@ -49,9 +49,10 @@ def parse_cpu_cores(value: str, where: str) -> frozenset[int]:
 def process_cpus() -> frozenset[int]:
     """The CPUs this process may run on (its affinity mask: taskset, a cgroup cpuset); empty
     where the OS has no affinity masks (not Linux)."""
-    if not hasattr(os, "sched_getaffinity"):
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
         return frozenset()
-    return frozenset(os.sched_getaffinity(0))
 
 
 def format_cpus(cpus: frozenset[int]) -> str:

@@ -29,7 +29,7 @@ from daemon.backend import (
 from daemon.core import decoupled, layout, sequence
 from daemon.core.ensemble import EnsembleRunner, Resolver
 from daemon.core.hardware import Hardware
-from daemon.core.host_policy import HostPolicies, format_cpus
+from daemon.core.host_policy import HostPolicies, format_cpus, process_cpus
 from daemon.core.model import LoadedVersion
 from daemon.core.plugins import PluginRegistry
 from daemon.core.scheduler import Scheduler, make_scheduler
@@ -73,8 +73,8 @@ class ModelLoader:
         self.resolve_model = resolve_model
         # The process's CPUs as read before the event loop was placed (a host policy): read
         # now, from the loop's thread, they would be the loop's.
-        allowed = host_policies.allowed if host_policies is not None else frozenset()
-        self.cpu_count = cpu_count or len(allowed) or usable_cpus()
+        self._allowed = host_policies.allowed if host_policies is not None else frozenset()
+        self.cpu_count = cpu_count or len(self._allowed) or usable_cpus()
         # Passed to each tensor model's scheduler (daemon.core.scheduler: `overlap`).
         self.overlap = overlap
         # None: instances' threads are left where they start.
@@ -246,14 +246,11 @@ class ModelLoader:
         explain["device"] = str(device)
         explain["instances"] = count
         explain["threads_per_instance"] = instances[0].context.threads
-        pinned = {policy: format_cpus(cpus) for policy, cpus in placement if cpus and cpus != self._allowed()}
+        pinned = {policy: format_cpus(cpus) for policy, cpus in placement if cpus and cpus != self._allowed}
         if pinned:
             explain["host_policies"] = pinned
         explain["load_seconds"] = round(time.monotonic() - started, 3)
         return LoadedVersion(name, version, config, backend, artifact, instances, stats, scheduler, explain)
-
-    def _allowed(self) -> frozenset[int]:
-        return self.host_policies.allowed if self.host_policies is not None else frozenset()
 
     def _placement(self, name: str, config: ModelConfig, count: int, device: Device) -> list[tuple[str, frozenset[int]]]:
         """Each instance's host policy and CPUs, in instance order (groups' counts laid end
@@ -273,10 +270,7 @@ class ModelLoader:
 def usable_cpus() -> int:
     """CPUs this process may run on: its affinity mask (taskset, cgroup cpusets), not the
     machine's count, so instances in a 1-CPU container do not oversubscribe it."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
+    return len(process_cpus()) or os.cpu_count() or 1  # no mask to read: not on Linux
 
 
 def check_capabilities(backend: str, cls: type[Backend], config: ModelConfig) -> None:
