@@ -36,10 +36,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-serve: $(STAMP)
+# The infer hot path compiled to C with mypyc, in place (packaging/native.py says which modules
+# and why); built again whenever one of their sources changed. `python packaging/native.py clean`
+# goes back to plain Python.
+NATIVE := build/native/built
+$(NATIVE): $(STAMP) packaging/native.py $(shell $(PY) packaging/native.py sources)
+	$(BIN)/python packaging/native.py build
+
+serve: $(STAMP) $(NATIVE)
 	$(BIN)/edged
 
-test: $(STAMP)
+test: $(STAMP) $(NATIVE)
 	$(BIN)/ruff check daemon backends tests bench packaging
 	$(BIN)/mypy daemon backends
 	$(BIN)/python -m pytest -q
@@ -53,7 +60,7 @@ $(ORACLE)/.installed:
 	$(ORACLE)/bin/pip install --quiet nvidia-pytriton==0.7.0 'numpy<2'
 	touch $@
 
-compat: $(STAMP) $(ORACLE)/.installed
+compat: $(STAMP) $(NATIVE) $(ORACLE)/.installed
 	EDGED_ORACLE=$(abspath $(ORACLE)) $(BIN)/python -m pytest -q tests/compat
 
 lint: $(STAMP)
@@ -62,9 +69,10 @@ lint: $(STAMP)
 
 # OCI image (dist/oci/edged.oci.tar): PyInstaller onedir on a minimal Debian root, built with
 # mmdebstrap + umoci, no registry pull. Needs root; minutes; not part of `make test`.
-image: $(STAMP)
+image: $(STAMP) $(NATIVE)
 	bash packaging/build.sh
 	bash packaging/oci/build-image.sh
 
 clean:
+	$(PY) packaging/native.py clean
 	rm -rf $(VENV) $(ORACLE) build dist

@@ -34,7 +34,17 @@ from typing import Any, NoReturn, Protocol
 
 import msgspec
 import numpy as np
+from mypy_extensions import mypyc_attr
 
+from daemon.api.kserve_wire import (
+    ErrorBody,
+    InferRequestBody,
+    InferResponseBody,
+    Parameter,
+    RequestInput,
+    RequestOutput,
+    ResponseOutput,
+)
 from daemon.backend import (
     NUMPY_DTYPES,
     REQUEST_FLAG_SEQUENCE_END,
@@ -101,58 +111,6 @@ _PLANS = 256
 _PLAN_HEADER_BYTES = 4096
 # On little-endian hosts a native array already is in wire byte order.
 _LITTLE_ENDIAN_HOST = sys.byteorder == "little"
-
-# A KServe `$parameter` value.
-Parameter = bool | int | float | str
-
-
-# --------------------------------------------------------------------------- wire structs
-
-
-class RequestInput(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    name: str
-    shape: list[int]
-    datatype: str
-    parameters: dict[str, Parameter] | None = None
-    # Flat or nested (row-major) JSON array; absent when the tensor travels as binary.
-    data: Any = None
-
-
-class RequestOutput(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    name: str
-    parameters: dict[str, Parameter] | None = None
-
-
-class InferRequestBody(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    inputs: list[RequestInput]
-    id: str = ""
-    # Values are checked by `_request_parameters`, which words errors as Triton does.
-    parameters: dict[str, Any] | None = None
-    outputs: list[RequestOutput] | None = None
-    # Triton's own protocol examples put these in the body; the URL is what counts, so they
-    # are accepted and ignored rather than rejected as unknown fields.
-    model_name: str = ""
-    model_version: str = ""
-
-
-class ResponseOutput(msgspec.Struct, omit_defaults=True, gc=False):
-    name: str
-    datatype: str
-    shape: list[int]
-    parameters: dict[str, Any] | None = None
-    data: list[Any] | None = None
-
-
-class InferResponseBody(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
-    model_name: str
-    model_version: str
-    id: str = ""
-    parameters: dict[str, Any] | None = None
-    outputs: list[ResponseOutput]
-
-
-class ErrorBody(msgspec.Struct):
-    error: str
 
 
 # --------------------------------------------------------------------------- results
@@ -246,6 +204,8 @@ def _numpy_enc_hook(obj: Any) -> Any:
     raise NotImplementedError(f"cannot encode {type(obj).__name__} as JSON")
 
 
+# Compiled by mypyc (packaging/native.py); tests subclass it to see where each call runs.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Codec:
     """Holds the msgspec decoder/encoder, built once per daemon (never per request)."""
 

@@ -33,6 +33,8 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from mypy_extensions import mypyc_attr
+
 from daemon.backend import Backend, ExecuteResult, InferRequest, InferResponse
 from daemon.core.sequence import SequenceBatcher
 from daemon.core.stats import ComputePhases, FailureReason, ModelStats, compute_phases
@@ -152,6 +154,8 @@ class _Level:
         (self.delayed if item.delayed else self.main).remove(item)
 
 
+# Compiled by mypyc (packaging/native.py); tests subclass the dynamic batcher to count its plans.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class _QueueScheduler:
     """Priority queue + policies + instance workers + ordered delivery; subclasses decide
     which queued requests form the next execution (`_plan`)."""
@@ -732,6 +736,8 @@ class InstanceScheduler(_QueueScheduler):
     merge. Same queue, priorities, policies and instance pool as the dynamic batcher."""
 
 
+# Compiled by mypyc (packaging/native.py); tests subclass it to count its plans.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class DynamicBatcher(_QueueScheduler):
     """Triton's dynamic batcher: merge queued requests along dim 0 into one execution.
 
