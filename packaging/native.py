@@ -38,9 +38,12 @@ SOURCES: tuple[str, ...] = (
     "daemon/core/validate.py",
     "daemon/core/labels.py",
 )
-# The extensions share mypyc's runtime in one more extension, a top-level module.
-GROUP = "edged_native"
+# The extensions share mypyc's runtime (and the compiled code itself) in one more extension,
+# kept inside the package: the editable install and the console script put only the package
+# on the path, never the repository root.
+GROUP = "daemon.native"
 RUNTIME_MODULE = f"{GROUP}__mypyc"
+RUNTIME_GLOB = "daemon/native__mypyc.*.so"
 BUILD_DIR = REPO / "build" / "native"
 # Written after a build, removed by `clean`: the Makefile's target (its prerequisites are SOURCES).
 STAMP = BUILD_DIR / "built"
@@ -53,7 +56,7 @@ def module_names() -> list[str]:
 def extensions() -> list[Path]:
     """The built extension files present now (compiled modules and the shared runtime)."""
     found = [p for source in SOURCES for p in (REPO / source).parent.glob(Path(source).stem + ".*.so")]
-    return found + sorted(REPO.glob(RUNTIME_MODULE + ".*.so"))
+    return found + sorted(REPO.glob(RUNTIME_GLOB))
 
 
 def problems() -> list[str]:
@@ -63,7 +66,7 @@ def problems() -> list[str]:
     module's own extension is a small shim that rarely does."""
     found = [f"{source} is not compiled" for source in SOURCES
              if not list((REPO / source).parent.glob(Path(source).stem + ".*.so"))]
-    if not list(REPO.glob(RUNTIME_MODULE + ".*.so")):
+    if not list(REPO.glob(RUNTIME_GLOB)):
         found.append(f"{RUNTIME_MODULE} (mypyc's runtime) is not built")
     built = STAMP.stat().st_mtime if STAMP.exists() else None
     if built is None:
