@@ -13,8 +13,8 @@ classes take no weak references or new attributes).
     python packaging/native.py sources   # the compiled sources, for the Makefile
 
 Used by the Makefile, packaging/edged.spec (the extensions' own imports are invisible to
-PyInstaller's analysis) and tests/packaging/test_native.py (every module is compiled and no
-older than its source).
+PyInstaller's analysis) and tests/packaging/test_native.py (every module is compiled, none
+changed since the last build, and an installed daemon imports them).
 """
 
 from __future__ import annotations
