@@ -19,7 +19,9 @@ changed since the last build, and an installed daemon imports them).
 
 from __future__ import annotations
 
+import os
 import sys
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,10 +55,15 @@ def module_names() -> list[str]:
     return [source.removesuffix(".py").replace("/", ".") for source in SOURCES]
 
 
+def _built(source: str) -> list[Path]:
+    """The extension files compiled from `source` (one per interpreter ABI tag)."""
+    path = REPO / source
+    return sorted(path.parent.glob(path.stem + ".*.so"))
+
+
 def extensions() -> list[Path]:
     """The built extension files present now (compiled modules and the shared runtime)."""
-    found = [p for source in SOURCES for p in (REPO / source).parent.glob(Path(source).stem + ".*.so")]
-    return found + sorted(REPO.glob(RUNTIME_GLOB))
+    return [p for source in SOURCES for p in _built(source)] + sorted(REPO.glob(RUNTIME_GLOB))
 
 
 def problems() -> list[str]:
@@ -64,8 +71,7 @@ def problems() -> list[str]:
     the last build (Python would import the old extension, not the edit). Judged by the stamp:
     a build rewrites only the extensions whose C changed, and with one shared runtime a
     module's own extension is a small shim that rarely does."""
-    found = [f"{source} is not compiled" for source in SOURCES
-             if not list((REPO / source).parent.glob(Path(source).stem + ".*.so"))]
+    found = [f"{source} is not compiled" for source in SOURCES if not _built(source)]
     if not list(REPO.glob(RUNTIME_GLOB)):
         found.append(f"{RUNTIME_MODULE} (mypyc's runtime) is not built")
     built = STAMP.stat().st_mtime if STAMP.exists() else None
@@ -79,11 +85,10 @@ def problems() -> list[str]:
 
 def build() -> None:
     # Imported here: `sources` and `clean` run before the venv (and mypyc) exist.
-    import warnings
-
     from mypyc.build import mypycify
     from setuptools import setup
 
+    os.chdir(REPO)  # mypyc takes the module names from the paths
     # setuptools reads pyproject.toml's [tool.setuptools] too and calls it beta: not ours.
     warnings.filterwarnings("ignore", message=".*is still \\*beta\\*")
 
@@ -109,9 +114,6 @@ def main(argv: list[str]) -> int:
     if command == "sources":
         print(" ".join(SOURCES))
     elif command == "build":
-        import os
-
-        os.chdir(REPO)  # mypyc takes the module names from the paths
         build()
     elif command == "clean":
         clean()

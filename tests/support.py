@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,17 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REPO_BACKENDS = REPO_ROOT / "backends"
+
+
+def load_script(path: Path, name: str) -> types.ModuleType:
+    """A module from a file outside any package (packaging/'s scripts), imported under `name`
+    and registered there: dataclasses look their module up in sys.modules."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def llamacpp_models(repo: Path, models: dict[str, tuple[dict[str, Any], dict[str, str]]]) -> None:

@@ -6,25 +6,14 @@ so these two checks are what makes the suite's pass mean "the shipped code passe
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import subprocess
 import sys
-import types
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from support import REPO_ROOT as REPO
+from support import load_script
 
-
-def _load_native() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("edged_native_build", REPO / "packaging" / "native.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-native = _load_native()
+native = load_script(REPO / "packaging" / "native.py", "edged_native_build")
 
 
 def test_every_listed_module_is_compiled_from_its_current_source() -> None:

@@ -11,28 +11,19 @@ import importlib.util
 import subprocess
 import sys
 import tomllib
-import types
 from pathlib import Path
 
 import pytest
 
 from daemon.core.plugins import PluginRegistry
+from support import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGING = REPO / "packaging"
 BACKENDS = REPO / "backends"
 
 
-def _load_plugin_imports() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("edged_plugin_imports", PACKAGING / "plugin_imports.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-pi = _load_plugin_imports()
+pi = load_script(PACKAGING / "plugin_imports.py", "edged_plugin_imports")
 
 
 def _write_plugin(root: Path, name: str, requires: list[str], source: str) -> Path:
