@@ -57,13 +57,13 @@ def process_cpus() -> frozenset[int]:
 
 def format_cpus(cpus: frozenset[int]) -> str:
     """CPU ids as ranges, "0-3,6"."""
-    ranges: list[str] = []
+    ranges: list[list[int]] = []  # [first, last]
     for cpu in sorted(cpus):
-        if ranges and cpu == int(ranges[-1].rpartition("-")[2]) + 1:
-            ranges[-1] = f"{ranges[-1].partition('-')[0]}-{cpu}"
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
         else:
-            ranges.append(str(cpu))
-    return ",".join(ranges)
+            ranges.append([cpu, cpu])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in ranges)
 
 
 def default_policy_name(group: InstanceGroup | None, device_kind: str, device_index: int) -> str:
