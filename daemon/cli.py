@@ -6,7 +6,6 @@ Flags override the config file; the config file overrides the built-in defaults.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +23,8 @@ def _serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--socket", help="Unix socket path, or 'none' to disable it")
     parser.add_argument("--http", metavar="HOST:PORT", help="also listen on TCP (off by default)")
     parser.add_argument("--workers", type=int, metavar="N", help="HTTP worker processes (server.workers)")
+    parser.add_argument("--event-loop", choices=["uvloop", "asyncio"],
+                        help="the event loop of the daemon and its workers (server.event-loop)")
     parser.add_argument("--host-policy", action="append", metavar="NAME,SETTING=VALUE",
                         help="as Triton's: a host policy setting, e.g. cpu,cpu-cores=0-1 ([host-policy.NAME])")
     parser.add_argument("--server-host-policy", metavar="NAME",
@@ -54,6 +55,8 @@ def apply_flags(config: DaemonConfig, args: argparse.Namespace) -> DaemonConfig:
         server["http"] = args.http
     if args.workers is not None:
         server["workers"] = args.workers
+    if args.event_loop is not None:
+        server["event-loop"] = args.event_loop
     if args.server_host_policy is not None:
         server["host-policy"] = args.server_host_policy
     for flag in args.host_policy or []:
@@ -86,12 +89,13 @@ def apply_flags(config: DaemonConfig, args: argparse.Namespace) -> DaemonConfig:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from daemon import eventloop
     from daemon.logs import setup_logging
     from daemon.server import serve
 
     config = apply_kserve_flags(apply_flags(load_config(args.config), args), args)
     setup_logging(config.logging.level, config.logging.format)
-    asyncio.run(serve(config))
+    eventloop.run(serve(config), config.server.event_loop)
     return 0
 
 

@@ -18,6 +18,7 @@ from daemon.errors import ConfigError
 from daemon.model_config import parse_keep_alive, parse_memory_size
 
 ControlMode = Literal["none", "poll", "explicit"]
+EventLoop = Literal["uvloop", "asyncio"]
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, rename="kebab", omit_defaults=True):
@@ -65,6 +66,9 @@ class ServerConfig(_Section):
     # The host policy (a [host-policy.NAME] table with cpu-cores) whose CPUs the event loop
     # runs on; "" = wherever the OS puts it. See daemon.core.host_policy.
     host_policy: str = ""
+    # The event loop of the daemon and its workers (daemon.eventloop): "uvloop" (C, on libuv)
+    # or "asyncio" (the standard library's, for a platform without uvloop).
+    event_loop: EventLoop = "uvloop"
 
 
 class ModelsConfig(_Section):

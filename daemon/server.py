@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from daemon import eventloop
 from daemon.api.front import RELAY_KEEPALIVE_S, Front
 from daemon.api.workers import WorkerPool
 from daemon.config import DaemonConfig, parse_host_port, read_token, socket_path
@@ -88,6 +89,7 @@ async def _listen_unix(factory: Callable[[], asyncio.BaseProtocol], path: Path, 
 async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> None:
     notifier = Notifier()
     loop = asyncio.get_running_loop()
+    log.info("event loop: %s", eventloop.describe(loop))
     passed = listen_fds()
     uds = socket_path(config) if not passed else None
     if uds is not None:

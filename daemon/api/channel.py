@@ -20,7 +20,7 @@ import asyncio
 import socket
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -76,8 +76,8 @@ class FrameReader(asyncio.BufferedProtocol):
         self.pending: tuple[int, int, Any] = (0, 0, None)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A cast: uvloop's transports do not subclass asyncio's (daemon.eventloop).
+        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None

@@ -42,7 +42,7 @@ import re
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import httptools
 import msgspec
@@ -96,7 +96,9 @@ class _Refuse(asyncio.Protocol):
     """Answers 503 and closes: what a connection over the cap gets."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
+        # A cast, not an isinstance check: uvloop's transports (daemon.eventloop) implement
+        # asyncio's transport interface without subclassing its classes.
+        transport = cast(asyncio.WriteTransport, transport)
         transport.write(_BUSY)
         transport.close()
 
@@ -261,10 +263,17 @@ class _HandOut(asyncio.Protocol):
         self.front = front
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        pool = self.front.pool
+        transport = cast(asyncio.Transport, transport)  # as in _Refuse
+        front = self.front
+        pool = front.pool
         sock = transport.get_extra_info("socket")
-        if pool is not None and sock is not None and pool.hand_out(sock):
+        # Decided again now: a connection of the daemon's own may have closed since `factory`
+        # (a client that closes one connection and opens the next finds the daemon serving
+        # the new one, whichever of the two events the loop ran first).
+        if (
+            pool is not None and sock is not None and pool.takes(len(front.connections) + front.unmade)
+            and pool.hand_out(sock)
+        ):
             transport.close()  # the worker holds its own copy of the socket
             return
         connection = _Connection(self.front)
@@ -362,7 +371,7 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ connection
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # as in _Refuse
         self.transport = transport
         front = self.front
         front.connections.add(self)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from daemon import eventloop
 from daemon.api import channel
 from daemon.api.front import Front
 from daemon.api.workers import CONFIG_ENV, FDS_ENV, HANDBACK_ID
@@ -151,7 +152,6 @@ async def _serve(settings: _Settings, control: socket.socket, frames: socket.soc
     loop = asyncio.get_running_loop()
     front = WorkerFront(settings.server, control)
     transport, _ = await loop.connect_accepted_socket(lambda: channel.FrameReader(front.dispatch, front.lost), frames)
-    assert isinstance(transport, asyncio.Transport)
     front.writer = channel.Writer(transport)
     stop = loop.create_future()
     opening: set[asyncio.Task[Any]] = set()
@@ -200,5 +200,5 @@ def run_worker() -> int:
     control = socket.socket(fileno=control_fd)
     control.setblocking(False)
     frames = socket.socket(fileno=frames_fd)
-    asyncio.run(_serve(settings, control, frames))
+    eventloop.run(_serve(settings, control, frames), settings.server.event_loop)
     return 0

@@ -125,7 +125,6 @@ class _Worker:
         transport, _ = await loop.connect_accepted_socket(
             lambda: FrameReader(self._dispatch, self._lost, _header_offset), frames
         )
-        assert isinstance(transport, asyncio.Transport)
         self.writer = Writer(transport)
         self.up = True
 

@@ -138,9 +138,11 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.fixture
-def daemon(start_daemon: Callable[..., object], simple_repo: Path) -> object:
-    return start_daemon("--model-repository", str(simple_repo), "--workers", "1")
+@pytest.fixture(params=["uvloop", "asyncio"])
+def daemon(start_daemon: Callable[..., object], simple_repo: Path, request: pytest.FixtureRequest) -> object:
+    """A daemon with one worker, on each event loop (server.event-loop): passing sockets
+    between processes is where the two loops' transports differ most."""
+    return start_daemon("--model-repository", str(simple_repo), "--workers", "1", "--event-loop", request.param)
 
 
 def test_a_worker_answers_infer_and_hands_other_requests_back_in_order(daemon) -> None:
