@@ -67,6 +67,9 @@ ready_s=$(awk -v a="$ready_at" -v b="$start" 'BEGIN { printf "%.2f", a - b }')
 # NotifyAccess=main: systemd drops notifications from any pid but the one it started.
 [[ $ready_pid == "$daemon_pid" ]] || fail "READY=1 came from pid $ready_pid, not the started pid $daemon_pid"
 echo "smoke.sh: READY=1 from pid $daemon_pid after ${ready_s}s"
+# The default event loop (server.event-loop) is bundled: a missing uvloop would have stopped
+# the start above; the log says which loop runs.
+grep -q 'event loop: uvloop ' "$tmp/edged.log" || fail "the daemon is not on uvloop (server.event-loop)"
 
 "$py" "$helper" infer-body >"$tmp/infer.json"
 for model in simple simple_python; do
@@ -108,6 +111,9 @@ worker_pids=$(cat /proc/"$daemon_pid"/task/*/children 2>/dev/null || true)
 "$py" "$helper" second-connection "$tmp/edged.sock" /v2/models/simple/infer "$tmp/infer.json" >"$tmp/reply.json" \
     || fail "infer through a worker"
 "$py" "$helper" check-infer simple <"$tmp/reply.json" || fail "wrong numbers through a worker"
+for pid in $worker_pids; do  # its loop too, now that it served: uvloop's extension is mapped in
+    grep -q 'uvloop/loop\.' /proc/"$pid"/maps || fail "worker $pid is not on uvloop"
+done
 kill -TERM "$daemon_pid"
 rc=0
 wait "$daemon_pid" || rc=$?

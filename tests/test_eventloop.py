@@ -4,15 +4,18 @@ workers run on, and one that cannot be had is an error naming the setting."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvloop
 
 from daemon import eventloop
 from daemon.errors import EdgedError
+from support import raw_request
 
 
 async def _running() -> tuple[asyncio.AbstractEventLoop, str]:
@@ -49,9 +52,23 @@ def test_the_daemon_and_its_worker_run_on_the_configured_loop(
     expected = f"uvloop {uvloop.__version__}" if kind == "uvloop" else "asyncio"
     assert f"event loop: {expected}" in daemon.log()  # type: ignore[attr-defined]
     (worker,) = _children(daemon.proc.pid)  # type: ignore[attr-defined]
-    # The worker's loop is seen from outside: uvloop's extension is mapped into it or not.
-    maps = Path(f"/proc/{worker}/maps").read_text()
-    assert ("uvloop/loop." in maps) == (kind == "uvloop")
+    with _connect(daemon) as kept, _connect(daemon) as second:
+        _live(kept)  # the daemon's own
+        _live(second)  # a worker answers this itself: its loop runs
+    # Seen from outside: uvloop's extension is mapped into the worker or not.
+    assert ("uvloop/loop." in Path(f"/proc/{worker}/maps").read_text()) == (kind == "uvloop")
+
+
+def _connect(daemon: Any) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.settimeout(30)
+    sock.connect(str(daemon.socket))
+    return sock
+
+
+def _live(sock: socket.socket) -> None:
+    sock.sendall(raw_request("GET", "/v2/health/live"))
+    assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
 
 
 def _children(pid: int) -> list[int]:
