@@ -32,6 +32,13 @@ def load_script(path: Path, name: str) -> types.ModuleType:
     return module
 
 
+def child_pids(pid: int) -> list[int]:
+    """The processes started by any thread of `pid` (the kernel lists them per thread): the
+    daemon's HTTP workers, whichever thread started them."""
+    tasks = Path(f"/proc/{pid}/task")
+    return sorted(int(child) for task in tasks.iterdir() for child in (task / "children").read_text().split())
+
+
 def llamacpp_models(repo: Path, models: dict[str, tuple[dict[str, Any], dict[str, str]]]) -> None:
     """Per model name: a tiny random llama GGUF (gguf_builder.write_tiny_llama with the first
     dict's options) as version 1, and a llama.cpp config with the second dict's parameters."""

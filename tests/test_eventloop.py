@@ -4,18 +4,16 @@ workers run on, and one that cannot be had is an error naming the setting."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import uvloop
 
 from daemon import eventloop
 from daemon.errors import EdgedError
-from support import raw_request
+from support import DaemonProcess, UnixHTTPConnection, child_pids
 
 
 async def _running() -> tuple[asyncio.AbstractEventLoop, str]:
@@ -45,32 +43,23 @@ def test_uvloop_that_cannot_be_imported_is_an_error_naming_the_setting(monkeypat
 
 @pytest.mark.parametrize("kind", ["uvloop", "asyncio"])
 def test_the_daemon_and_its_worker_run_on_the_configured_loop(
-    start_daemon: Callable[..., object], tmp_path: Path, kind: str
+    start_daemon: Callable[..., DaemonProcess], tmp_path: Path, kind: str
 ) -> None:
     (tmp_path / "repo").mkdir()
     daemon = start_daemon("--model-repository", str(tmp_path / "repo"), "--workers", "1", "--event-loop", kind)
     expected = f"uvloop {uvloop.__version__}" if kind == "uvloop" else "asyncio"
-    assert f"event loop: {expected}" in daemon.log()  # type: ignore[attr-defined]
-    (worker,) = _children(daemon.proc.pid)  # type: ignore[attr-defined]
-    with _connect(daemon) as kept, _connect(daemon) as second:
-        _live(kept)  # the daemon's own
-        _live(second)  # a worker answers this itself: its loop runs
-    # Seen from outside: uvloop's extension is mapped into the worker or not.
+    assert f"event loop: {expected}" in daemon.log()
+    (worker,) = child_pids(daemon.proc.pid)
+    kept = UnixHTTPConnection(daemon.socket)
+    second = UnixHTTPConnection(daemon.socket)
+    try:
+        for connection in (kept, second):  # the daemon keeps the first; a worker answers the second itself
+            connection.request("GET", "/v2/health/live")
+            response = connection.getresponse()
+            response.read()
+            assert response.status == 200
+    finally:
+        kept.close()
+        second.close()
+    # Seen from outside, now that the worker's loop runs: uvloop's extension is mapped into it or not.
     assert ("uvloop/loop." in Path(f"/proc/{worker}/maps").read_text()) == (kind == "uvloop")
-
-
-def _connect(daemon: Any) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX)
-    sock.settimeout(30)
-    sock.connect(str(daemon.socket))
-    return sock
-
-
-def _live(sock: socket.socket) -> None:
-    sock.sendall(raw_request("GET", "/v2/health/live"))
-    assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
-
-
-def _children(pid: int) -> list[int]:
-    tasks = Path(f"/proc/{pid}/task")
-    return sorted(int(child) for task in tasks.iterdir() for child in (task / "children").read_text().split())

@@ -21,6 +21,7 @@ import pytest
 
 from support import (
     RawResponse,
+    child_pids,
     json_outputs,
     raw_request,
     simple_binary_body,
@@ -123,12 +124,6 @@ def _kept(daemon) -> Iterator[socket.socket]:
         yield sock
 
 
-def _workers(daemon) -> list[int]:
-    """The daemon's child processes (of any of its threads: a worker is started from one)."""
-    tasks = Path(f"/proc/{daemon.proc.pid}/task")
-    return sorted(int(pid) for task in tasks.iterdir() for pid in (task / "children").read_text().split())
-
-
 def _running(pid: int) -> bool:
     """Alive and not a zombie (an orphan's parent may never reap it in a container)."""
     try:
@@ -158,7 +153,7 @@ def test_a_worker_answers_infer_and_hands_other_requests_back_in_order(daemon) -
         raw_request("POST", "/v2/models/nope/infer", body),
     ])
     with _kept(daemon), _connect(daemon) as sock:
-        assert len(_workers(daemon)) == 1
+        assert len(child_pids(daemon.proc.pid)) == 1
         responses = _exchange(sock, raw, 7)
     assert [status for status, _, _ in responses] == [200, 200, 200, 200, 200, 200, 404]
     for index in (0, 3, 4):
@@ -234,7 +229,7 @@ def test_a_connection_handed_back_returns_to_a_worker_once(daemon) -> None:
             for _ in range(2):  # handed back, returned; handed back again: kept
                 assert _exchange(second, metadata, 1)[0][0] == 200
                 time.sleep(0.3)
-            (worker,) = _workers(daemon)
+            (worker,) = child_pids(daemon.proc.pid)
             os.kill(worker, signal.SIGKILL)
             with pytest.raises(ConnectionError):  # it was on the worker again
                 _exchange(first, infer, 1)
@@ -302,13 +297,13 @@ def test_a_worker_that_dies_is_started_again(daemon) -> None:
     with _kept(daemon) as kept:
         with _connect(daemon) as sock:
             assert _exchange(sock, infer, 1)[0][0] == 200
-            (worker,) = _workers(daemon)
+            (worker,) = child_pids(daemon.proc.pid)
             os.kill(worker, signal.SIGKILL)
             with pytest.raises(ConnectionError):  # its connection went with it
                 _exchange(sock, infer, 1)
         assert _exchange(kept, infer, 1)[0][0] == 200  # the daemon's own is untouched
         deadline = time.monotonic() + 30
-        while _workers(daemon) in ([], [worker]):
+        while child_pids(daemon.proc.pid) in ([], [worker]):
             assert time.monotonic() < deadline, daemon.log()
             time.sleep(0.1)
         time.sleep(0.5)  # the new worker's channels are set up after it starts
@@ -347,7 +342,7 @@ def test_stop_lets_a_workers_request_finish_and_the_workers_exit(
     daemon = start_daemon("--model-repository", str(repo), "--workers", "1")
     body = json.dumps({"inputs": [{"name": "IN", "shape": [2], "datatype": "FP32", "data": [1.5, 2.5]}]}).encode()
     with _kept(daemon), _connect(daemon) as sock:
-        (worker,) = _workers(daemon)
+        (worker,) = child_pids(daemon.proc.pid)
         sock.sendall(raw_request("POST", "/v2/models/slow/infer", body))
         time.sleep(0.5)  # the request is running
         daemon.proc.send_signal(signal.SIGTERM)
@@ -404,7 +399,7 @@ def test_tritonclient_and_shared_memory_rules_through_a_worker(
             pending = [client.async_infer("simple", inputs) for _ in range(32)]
             for result in pending:
                 np.testing.assert_array_equal(result.get_result().as_numpy("OUTPUT0"), input0 + input1)
-            assert _workers(daemon)
+            assert child_pids(daemon.proc.pid)
             reply = daemon.post_json("/v2/systemsharedmemory/region/in/register", {"key": str(handle._shm_key), "byte_size": 128})
             assert reply.status == 200, reply.body
             shm_inputs = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
@@ -427,7 +422,7 @@ def test_tritonclient_and_shared_memory_rules_through_a_worker(
 
 def test_workers_exit_when_the_daemon_is_killed(daemon) -> None:
     with _kept(daemon):
-        workers = _workers(daemon)
+        workers = child_pids(daemon.proc.pid)
     assert workers
     daemon.proc.kill()
     daemon.proc.wait()

@@ -17,7 +17,7 @@ from daemon.config import DaemonConfig, load_config
 from daemon.core.host_policy import HostPolicies, default_policy_name, format_cpus, parse_cpu_cores
 from daemon.errors import ConfigError
 from daemon.model_config import InstanceGroup
-from support import DaemonProcess, placement_model
+from support import DaemonProcess, child_pids, placement_model
 
 ALLOWED = frozenset(os.sched_getaffinity(0))
 
@@ -105,15 +105,6 @@ def _thread_cpus(pid: int) -> dict[int, frozenset[int]]:
     return found
 
 
-def _children(pid: int) -> list[int]:
-    """Processes started by any thread of `pid` (the kernel lists them per thread)."""
-    children = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/children") as f:
-            children += [int(child) for child in f.read().split()]
-    return children
-
-
 @pytest.mark.skipif(len(ALLOWED) < 2, reason="placing threads needs two CPUs to tell them apart")
 def test_instances_and_the_loop_run_where_their_policies_say(tmp_path: Path, start_daemon: Callable[..., DaemonProcess]) -> None:
     pinned = max(ALLOWED)
@@ -135,7 +126,7 @@ def test_instances_and_the_loop_run_where_their_policies_say(tmp_path: Path, sta
         # loop's executor, keeps every CPU.
         threads = _thread_cpus(daemon.proc.pid)
         assert threads[daemon.proc.pid] == {pinned}
-        workers = _children(daemon.proc.pid)
+        workers = child_pids(daemon.proc.pid)
         assert len(workers) == 1
         assert set(_thread_cpus(workers[0]).values()) == {ALLOWED}
         # Only the loop and the two instances' threads are held to the one CPU.
