@@ -9,11 +9,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import get_args
 
 import msgspec
 
 from daemon import __version__
-from daemon.config import DaemonConfig, load_config
+from daemon.config import ControlMode, DaemonConfig, EventLoop, LogFormat, LogLevel, load_config
 from daemon.errors import EdgedError
 from daemon.ops.kserve import add_kserve_flags, apply_kserve_flags
 
@@ -23,7 +24,7 @@ def _serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--socket", help="Unix socket path, or 'none' to disable it")
     parser.add_argument("--http", metavar="HOST:PORT", help="also listen on TCP (off by default)")
     parser.add_argument("--workers", type=int, metavar="N", help="HTTP worker processes (server.workers)")
-    parser.add_argument("--event-loop", choices=["uvloop", "asyncio"],
+    parser.add_argument("--event-loop", choices=get_args(EventLoop),
                         help="the event loop of the daemon and its workers (server.event-loop)")
     parser.add_argument("--host-policy", action="append", metavar="NAME,SETTING=VALUE",
                         help="as Triton's: a host policy setting, e.g. cpu,cpu-cores=0-1 ([host-policy.NAME])")
@@ -31,15 +32,15 @@ def _serve_flags(parser: argparse.ArgumentParser) -> None:
                         help="the host policy whose CPUs the event loop runs on (server.host-policy)")
     parser.add_argument("--model-repository", action="append", metavar="DIR",
                         help="model repository (Triton layout); repeatable")
-    parser.add_argument("--model-control-mode", choices=["none", "poll", "explicit"])
+    parser.add_argument("--model-control-mode", choices=get_args(ControlMode))
     parser.add_argument("--repository-poll-secs", type=float)
     parser.add_argument("--load-model", action="append", metavar="NAME",
                         help="model to load at start in explicit mode ('*' = all); repeatable")
     parser.add_argument("--backend-directory", action="append", metavar="DIR",
                         help="directory of backend plugins; repeatable")
     parser.add_argument("--state-dir", help="writable state directory")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", choices=["text", "json"])
+    parser.add_argument("--log-level", choices=get_args(LogLevel))
+    parser.add_argument("--log-format", choices=get_args(LogFormat))
     add_kserve_flags(parser)
 
 

@@ -19,6 +19,8 @@ from daemon.model_config import parse_keep_alive, parse_memory_size
 
 ControlMode = Literal["none", "poll", "explicit"]
 EventLoop = Literal["uvloop", "asyncio"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["text", "json"]
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, rename="kebab", omit_defaults=True):
@@ -128,8 +130,8 @@ class ResidencyConfig(_Section):
 
 
 class LoggingConfig(_Section):
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    format: Literal["text", "json"] = "text"
+    level: LogLevel = "info"
+    format: LogFormat = "text"
 
 
 class TraceConfig(_Section):
