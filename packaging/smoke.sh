@@ -2,8 +2,9 @@
 # Smoke test of the frozen build (bash packaging/build.sh first):
 #   start dist/edged/edged under a fake systemd notify socket -> READY=1 from the main pid ->
 #   infer on the demo models over the Unix socket -> every plugin that is ready from source is
-#   ready frozen -> SIGTERM -> STOPPING=1 and exit code 0; then --workers 1, and SIGHUP picking up
-#   an OpenVINO model and a tiny GGUF that generates. Prints start->READY time.
+#   ready frozen -> SIGTERM -> STOPPING=1 and exit code 0; then --workers 1, a signed bundle,
+#   and SIGHUP picking up an OpenVINO model and a tiny GGUF that generates. Prints start->READY
+#   time.
 #   EDGED_BIN=path/to/edged bash packaging/smoke.sh   tests another binary.
 set -euo pipefail
 
@@ -123,6 +124,19 @@ for pid in $worker_pids; do
     ! kill -0 "$pid" 2>/dev/null || fail "worker $pid still running after the daemon stopped"
 done
 echo "smoke.sh: --workers 1: a second connection served by the worker process; it stops with the daemon"
+
+# Signed bundles (offline updates): cryptography's library works inside the executable
+# (packaging/strip_debug.py changed the libraries; nothing above signs or verifies).
+mkdir -p "$tmp/bundle/src/configs" "$tmp/bundle/keys"
+echo '# smoke' >"$tmp/bundle/src/configs/smoke.toml"
+"$bin" bundle keygen --private "$tmp/bundle/k.pem" --public "$tmp/bundle/keys/k.pub" >/dev/null \
+    || fail "edged bundle keygen"
+"$bin" bundle create --out "$tmp/bundle/b.tar" --key "$tmp/bundle/k.pem" --sequence 1 --version 0.0.1 \
+    "$tmp/bundle/src" >/dev/null || fail "edged bundle create"
+"$bin" bundle verify --keys "$tmp/bundle/keys" "$tmp/bundle/b.tar" >"$tmp/bundle/verify.txt" \
+    || fail "edged bundle verify: $(cat "$tmp/bundle/verify.txt")"
+grep -q ': OK, bundle 0.0.1, sequence 1' "$tmp/bundle/verify.txt" || fail "bundle not verified: $(cat "$tmp/bundle/verify.txt")"
+echo "smoke.sh: a bundle signed and verified (Ed25519)"
 
 # SIGHUP picks up a new model: the demo ONNX model again, on OpenVINO (its ONNX frontend is a
 # library found at run time, which `ready` above does not prove). Tests RELOADING=1 -> READY=1.

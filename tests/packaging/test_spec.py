@@ -156,3 +156,16 @@ def test_spec_derives_its_hidden_imports() -> None:
     assert "plugin_imports.stdlib_modules()" in calls
     assert "collect_submodules('daemon')" in calls
     assert any(c.startswith("COLLECT(") for c in calls), "the shipped build must be onedir"
+
+
+def test_spec_strips_debug_sections_with_the_checked_script_only() -> None:
+    """PyInstaller's own strip breaks patchelf-edited libraries (tests/packaging/
+    test_strip_debug.py); the onedir is stripped by packaging/strip_debug.py instead."""
+    tree = ast.parse((PACKAGING / "edged.spec").read_text(encoding="utf-8"))
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    builders = [call for call in calls if ast.unparse(call.func) in ("EXE", "COLLECT")]
+    assert len(builders) == 3
+    for call in builders:
+        strip = [kw.value for kw in call.keywords if kw.arg == "strip"]
+        assert [ast.unparse(value) for value in strip] == ["False"], ast.unparse(call)
+    assert "strip_debug.main" in {ast.unparse(call.func) for call in calls}
