@@ -23,7 +23,10 @@ sd = load_script(REPO_ROOT / "packaging" / "strip_debug.py", "edged_strip_debug"
 
 STRIP = shutil.which("strip")
 CC = shutil.which("cc") or shutil.which("gcc")
-needs_tools = pytest.mark.skipif(STRIP is None or CC is None, reason="needs binutils' strip and a C compiler")
+needs_tools = pytest.mark.skipif(
+    STRIP is None or CC is None or shutil.which("readelf") is None,
+    reason="needs binutils (strip, readelf) and a C compiler",
+)
 
 SOURCE = "int answer(void) { return 42; }\nint main(void) { return answer() - 42; }\n"
 
