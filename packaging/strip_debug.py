@@ -1,8 +1,8 @@
 """Debug information out of the executable's shared libraries, their loadable segments untouched.
 
-Many wheels (aiohttp, uvloop, yaml, brotli, ...), CPython's own extension modules and the
-llama.cpp libraries built here keep their DWARF sections: 72 MB of the 404 MB onedir, measured
-2026-12-06. Nothing reads them at run time (a debugger can use the wheel's own file).
+Many wheels (aiohttp, uvloop, yaml, brotli, ...), libpython and CPython's own extension
+modules keep their DWARF sections: 50 MB of the 404 MB onedir, measured 2026-12-06. Nothing
+reads them at run time (a debugger can use the wheel's own file).
 
 `strip --strip-debug` removes only sections the loader never maps. It is not PyInstaller's
 `strip=True`, which runs a plain `strip` on every binary: binutils then rewrites the layout of
