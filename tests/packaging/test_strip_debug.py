@@ -86,12 +86,13 @@ def test_a_patchelf_edited_library_ships_unchanged(tmp_path: Path) -> None:
     shipped = tmp_path / blas[0].name
     shutil.copy2(blas[0], shipped)
     before = shipped.read_bytes()
-    # What the check guards against: strip makes it smaller and moves its segments.
+    # What the check guards against: strip makes it smaller and moves its segments (as on
+    # x86-64's numpy 2 wheels; another platform's build may give strip nothing to move).
     assert STRIP is not None
     moved = tmp_path / "moved.so"
     subprocess.run([STRIP, "--strip-debug", "-o", str(moved), str(shipped)], check=True)
-    assert moved.stat().st_size < len(before)
-    assert sd.program_headers(moved) != sd.program_headers(shipped)
+    if moved.stat().st_size >= len(before) or sd.program_headers(moved) == sd.program_headers(shipped):
+        pytest.skip("strip leaves this OpenBLAS's segments where they are")
     moved.unlink()
 
     assert sd.strip_tree(tmp_path, STRIP) == (0, 0)
