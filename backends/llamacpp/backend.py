@@ -90,7 +90,7 @@ from daemon.backend import (
 
 from .engine import EmbedJob, Engine, EngineSettings, LoraSpec, SlotJob, install_log_callback
 from .ggml_backends import load_backends
-from .grammar import schema_to_grammar, tool_call_grammar
+from .grammar import check_grammar, schema_to_grammar, tool_call_grammar
 from .outbox import Outbox
 
 T = TypeVar("T")
@@ -414,7 +414,9 @@ class LlamaCppBackend(GenerationBackend):
         slots = engine.settings.n_parallel
         if not -1 <= params.id_slot < slots:
             raise InvalidArgument(f"id_slot: model '{self.context.model_name}' has slots 0 to {slots - 1} (-1: any), got {params.id_slot}")
+        source = "grammar"  # what the grammar comes from, for the error that names it
         if params.tool_calls is not None:
+            source = "tools"
             if params.grammar:
                 raise InvalidArgument("tool_calls cannot be used together with grammar")
             # The engine reads `tool_calls` on for a lazy frame's trigger. A `json_schema`
@@ -425,6 +427,7 @@ class LlamaCppBackend(GenerationBackend):
                 json_schema="", answer_header="",
             )
         elif params.json_schema:
+            source = "json_schema"
             if params.grammar:
                 raise InvalidArgument("json_schema and grammar cannot be used together")
             # Pure Python, milliseconds for any schema a client sends.
@@ -432,6 +435,8 @@ class LlamaCppBackend(GenerationBackend):
                 params, grammar=schema_to_grammar(params.json_schema, "json_schema", params.answer_header),
                 json_schema="", answer_header="",
             )
+        if params.grammar:
+            check_grammar(params.grammar, source)
         if params.answer_header:
             raise InvalidArgument("answer_header: only together with json_schema")
         if params.grammar and params.ignore_eos:

@@ -37,6 +37,15 @@ _ANNOTATIONS = frozenset({
 _FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
 _TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
 
+# Bounds on what a request can make llama.cpp's grammar parser do. It recurses once per nested
+# group: ~18 000 of them overflowed an 8 MiB thread stack here and took the process down (a
+# raw grammar, or a schema's maxLength written out as nested optional groups). The limits sit
+# far below that and far above what real grammars and schemas use.
+MAX_GRAMMAR_BYTES = 256 * 1024
+MAX_GRAMMAR_NESTING = 2048
+MAX_SCHEMA_DEPTH = 64
+MAX_REPETITIONS = 1000
+
 # Any JSON object: OpenAI's response_format {"type": "json_object"}.
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
@@ -85,7 +94,7 @@ def _convert_all(schemas: list[tuple[str, str, str]]) -> str:
     for number, (schema_json, rule, where) in enumerate(schemas):
         try:
             schema = json.loads(schema_json)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise InvalidArgument(f"{where}: not valid JSON: {exc}") from None
         _check(schema, where)
         try:
@@ -380,7 +389,7 @@ def _parameters(name: str, schema_json: str) -> tuple[str, Any]:
     where = f"tools[{name}].parameters"
     try:
         schema = json.loads(schema_json)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise InvalidArgument(f"{where}: not valid JSON: {exc}") from None
     _check(schema, where)
     return where, schema
@@ -768,6 +777,34 @@ def trigger_core(frame: ToolCallFrame) -> str:
     return marker.group(0) if marker else frame.open.rstrip(" \t\r\n[{") or frame.open
 
 
+def check_grammar(text: str, name: str) -> None:
+    """InvalidArgument naming `name` for a GBNF text past the bounds llama.cpp's parser is
+    safe within (MAX_GRAMMAR_BYTES, MAX_GRAMMAR_NESTING); said before it is parsed."""
+    size = len(text.encode())
+    if size > MAX_GRAMMAR_BYTES:
+        raise InvalidArgument(f"{name}: {size} bytes, more than the {MAX_GRAMMAR_BYTES} a grammar may have")
+    depth = deepest = 0
+    i, n = 0, len(text)
+    while i < n:
+        char = text[i]
+        if char == "#":  # a comment, to the end of the line
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+        elif char in "\"[":  # a literal or a character class; a backslash escapes the next character
+            close = '"' if char == '"' else "]"
+            i += 1
+            while i < n and text[i] != close:
+                i += 2 if text[i] == "\\" else 1
+        elif char == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == ")":
+            depth -= 1
+        i += 1
+    if deepest > MAX_GRAMMAR_NESTING:
+        raise InvalidArgument(f"{name}: groups nested {deepest} deep, more than the {MAX_GRAMMAR_NESTING} allowed")
+
+
 def gbnf_literal(text: str) -> str:
     """`text` as a GBNF string literal ("" for empty text: nothing to write)."""
     if not text:
@@ -786,7 +823,10 @@ def regex_escape(text: str) -> str:
     return _REGEX_SYNTAX.sub(lambda m: "\\" + m.group(), text)
 
 
-def _check(schema: Any, where: str) -> None:
+def _check(schema: Any, where: str, depth: int = 0) -> None:
+    if depth > MAX_SCHEMA_DEPTH:
+        # The converter recurses per level, in Python and then in llama.cpp's parser.
+        raise InvalidArgument(f"{where}: nested more than {MAX_SCHEMA_DEPTH} levels deep")
     if isinstance(schema, bool):
         if schema is False:
             raise InvalidArgument(f"{where}: the schema `false` matches nothing")
@@ -798,13 +838,23 @@ def _check(schema: Any, where: str) -> None:
             raise InvalidArgument(f"{where}: keyword '{key}' is not supported for structured output")
     kinds = schema.get("type")
     for kind in kinds if isinstance(kinds, list) else [kinds] if kinds is not None else []:
-        if kind not in _TYPES:
+        # Checked as text first: a list or an object there cannot be looked up in a set.
+        if not isinstance(kind, str) or kind not in _TYPES:
             raise InvalidArgument(f"{where}.type: unknown type {kind!r}")
     if "format" in schema:
-        if schema["format"] not in _FORMATS:
+        if not isinstance(schema["format"], str) or schema["format"] not in _FORMATS:
             raise InvalidArgument(f"{where}.format: '{schema['format']}' is not supported for structured output")
         if {"pattern", "minLength", "maxLength"} & schema.keys():
             raise InvalidArgument(f"{where}: 'format' cannot be combined with pattern/minLength/maxLength")
+    for low, high in (("minLength", "maxLength"), ("minItems", "maxItems")):
+        for key in (low, high):
+            value = schema.get(key)
+            if value is not None and (type(value) is not int or not 0 <= value <= MAX_REPETITIONS):
+                # The converter writes each repetition out (a 20 000 nested optional groups
+                # overflowed llama.cpp's parser's stack); past ~1 400 llama.cpp refuses them.
+                raise InvalidArgument(f"{where}.{key}: must be an integer from 0 to {MAX_REPETITIONS}, got {value!r}")
+        if schema.get(low, 0) > schema.get(high, MAX_REPETITIONS):
+            raise InvalidArgument(f"{where}.{low}: more than {high}")
     if "pattern" in schema and {"minLength", "maxLength"} & schema.keys():
         raise InvalidArgument(f"{where}: 'pattern' cannot be combined with minLength/maxLength")
     ref = schema.get("$ref")
@@ -823,16 +873,19 @@ def _check(schema: Any, where: str) -> None:
         if not isinstance(children, dict):
             raise InvalidArgument(f"{where}.{key}: must be an object")
         for name, child in children.items():
-            _check(child, f"{where}.{key}.{name}")
+            _check(child, f"{where}.{key}.{name}", depth + 1)
     for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
-        for index, child in enumerate(schema.get(key, [])):
-            _check(child, f"{where}.{key}[{index}]")
+        children = schema.get(key, [])
+        if not isinstance(children, list):
+            raise InvalidArgument(f"{where}.{key}: must be an array")
+        for index, child in enumerate(children):
+            _check(child, f"{where}.{key}[{index}]", depth + 1)
     items = schema.get("items")
     if isinstance(items, list):
         for index, child in enumerate(items):
-            _check(child, f"{where}.items[{index}]")
+            _check(child, f"{where}.items[{index}]", depth + 1)
     elif items is not None:
-        _check(items, f"{where}.items")
+        _check(items, f"{where}.items", depth + 1)
     extra = schema.get("additionalProperties")
     if isinstance(extra, dict):
-        _check(extra, f"{where}.additionalProperties")
+        _check(extra, f"{where}.additionalProperties", depth + 1)

@@ -96,6 +96,9 @@ def _too_large(request: web.Request, exc: web.HTTPRequestEntityTooLarge) -> web.
     return error_response(400, message, request.path)
 
 
+_TOO_DEEP = "the request nests too deeply to be read (JSON objects and arrays inside each other)"
+
+
 def make_error_middleware() -> Middleware:
     server_faults = Throttled(log)  # per status: one line a minute at most
 
@@ -135,6 +138,11 @@ def make_error_middleware() -> Middleware:
             return error_response(exc.status, exc.reason, request.path)
         except (ConnectionResetError, TimeoutError):
             raise
+        except RecursionError:
+            # Nothing on a request's path recurses but over what the client sent: JSON nested
+            # past Python's recursion limit, in the body or in a string of it that holds JSON
+            # (a schema, a tool call's arguments), read by msgspec or json.
+            return error_response(400, _TOO_DEEP, request.path)
         except Exception as exc:  # never let a request take the daemon down
             log.exception("unhandled error on %s %s", request.method, request.path)
             return error_response(500, f"internal error: {type(exc).__name__}: {exc}", request.path)

@@ -231,7 +231,11 @@ async def _decode(request: web.Request, kind: type[Any]) -> Any:
         raise InvalidArgument(f"malformed JSON body: {exc}") from None
     # Ollama's server (Go's encoding/json) takes null for any field as "not given": so do we,
     # for the request's own fields and its messages' (not inside a schema, tools or options).
-    data = msgspec.json.decode(body)
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        # The typed decode stops at the first wrong field; malformed JSON after it shows here.
+        raise InvalidArgument(f"malformed JSON body: {exc}") from None
     if isinstance(data, dict) and (stripped := _without_nulls(data)) != data:
         try:
             return msgspec.convert(stripped, kind)

@@ -274,6 +274,15 @@ def test_null_is_not_given_as_in_ollamas_server(daemon) -> None:
     assert reply.status == 400 and "$.stream" in reply.json()["error"], reply.body
     reply = daemon.post_json("/api/chat", {**chat, "messages": [{"role": "user", "content": 5, "images": None}]})
     assert reply.status == 400 and "$.messages[0].content" in reply.json()["error"], reply.body
+    # A wrong type first, then JSON that is not JSON (NaN, a lone surrogate): the typed decode
+    # stops at the first; the second is found when the nulls are read, and is a 400 too.
+    for path, body in (
+        ("/api/generate", '{"model": "tiny", "stream": 1, "raw": NaN}'),
+        ("/api/chat", '{"model": 5, "messages": [], "format": "\\ud800"}'),
+        ("/api/embed", '{"model": "embedder", "truncate": "0", "input": Infinity}'),
+    ):
+        reply = daemon.request("POST", path, body, {"Content-Type": "application/json"})
+        assert reply.status == 400 and reply.json()["error"].startswith("malformed JSON body: "), (path, reply.body)
 
 
 def test_generate_context_continues_as_ollamas(client: ollama.Client, daemon) -> None:

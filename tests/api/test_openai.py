@@ -213,6 +213,51 @@ def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
     assert client.completions.create(model="tiny", prompt="ok", max_tokens=2).choices[0].text is not None
 
 
+def test_what_would_overflow_a_stack_is_a_400_and_the_daemon_keeps_serving(daemon: Any, client: openai.OpenAI) -> None:
+    """JSON nested past Python's recursion limit (in the body, in a schema, in a tool call's
+    arguments) was a 500; groups nested ~20 000 deep in a grammar (raw, or a schema's maxLength
+    that the converter writes out as nested groups) overflowed llama.cpp's parser's stack and
+    killed the process."""
+    deep = "[" * 5000 + "]" * 5000
+    schema = '{"type": "array", "items": ' * 5000 + "{}" + "}" * 5000
+    # Spliced as text: json.dumps itself would refuse such nesting.
+    user = '"messages": [{"role": "user", "content": "x"}]'
+    call = json.dumps({"id": "c", "type": "function", "function": {"name": "f", "arguments": "ARGS"}})
+    messages = json.dumps([
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": ["CALL"]},
+        {"role": "tool", "tool_call_id": "c", "content": "x"},
+    ]).replace('"CALL"', call).replace('"ARGS"', json.dumps(deep))
+    too_deep = "the request nests too deeply to be read"
+    for body, pattern in [
+        ('{"model": "tiny", ' + user + ', "response_format": {"type": "json_schema", "json_schema": '
+         '{"name": "n", "schema": ' + schema + "}}}", too_deep),
+        ('{"model": "tiny", "messages": ' + messages + ', "tools": [{"type": "function", "function": {"name": "f"}}]}',
+         too_deep),
+        ('{"model": "tiny", ' + user + ', "response_format": {"type": "json_schema", "json_schema": {"name": "n",'
+         ' "schema": {"type": "string", "maxLength": 20000}}}}',
+         r"json_schema\.maxLength: must be an integer from 0 to 1000, got 20000"),
+    ]:
+        reply = daemon.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        assert reply.status == 400 and re.search(pattern, reply.json()["error"]["message"]), reply.body[:300]
+    # llama-server's raw GBNF (its /completion).
+    for grammar, pattern in [
+        ("root ::= " + "(" * 20000 + '"a"' + ")" * 20000, "grammar: groups nested 20000 deep, more than the 2048 allowed"),
+        ("root ::= " + '"a" ' * 70000, "grammar: 280009 bytes, more than the 262144 a grammar may have"),
+    ]:
+        reply = daemon.post_json("/completion", {"model": "tiny", "prompt": "x", "n_predict": 1, "grammar": grammar})
+        assert reply.status == 400 and reply.json()["error"]["message"] == pattern, reply.body[:300]
+    # Up to the bounds, it generates: 1 000 repetitions, a raw grammar nested 2 048 deep.
+    bounded = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": {
+            "type": "object", "properties": {"a": {"type": "string", "maxLength": 1000}}}}},
+    )
+    assert bounded.choices[0].message.content is not None
+    nested = "root ::= " + "(" * 2048 + '"a"' + ")" * 2048
+    done = daemon.post_ok("/completion", {"model": "tiny", "prompt": "x", "n_predict": 3, "grammar": nested})
+    assert done["content"] == "a", done
+
+
 def test_n_choices_each_a_generation_of_their_own(client: openai.OpenAI) -> None:
     """`n`: that many choices, indexed, each sampled as its own request would be (choice i with
     seed + i), streamed interleaved; usage counts the prompt once and every completion."""

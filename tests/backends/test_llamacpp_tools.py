@@ -891,6 +891,57 @@ async def test_refs_of_a_response_format_resolve_from_its_root(load: Loader, tmp
         assert (backend._engine._grammar_accepts(text, whole) == len(whole.encode())) is accepted, whole
 
 
+async def test_keywords_of_the_wrong_json_type_are_refused_by_name(load: Loader, tmp_path: Path) -> None:
+    """A `type` or `format` that is an array or object, or `anyOf` that is not an array: a 400
+    naming the keyword (they were looked up in a set, or iterated: a TypeError, a 500)."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    refused = [
+        ({"type": {}}, r"^json_schema\.type: unknown type \{\}$"),
+        ({"type": ["string", ["null"]]}, r"^json_schema\.type: unknown type \['null'\]$"),
+        ({"properties": {"a": {"type": "string", "format": ["date"]}}}, r"^json_schema\.properties\.a\.format: "),
+        ({"anyOf": 1}, r"^json_schema\.anyOf: must be an array$"),
+        ({"prefixItems": None}, r"^json_schema\.prefixItems: must be an array$"),
+        ({"properties": {"b": {"oneOf": {"type": "string"}}}}, r"^json_schema\.properties\.b\.oneOf: must be an array$"),
+    ]
+    for schema, pattern in refused:
+        with pytest.raises(InvalidArgument, match=pattern):
+            grammar.schema_to_grammar(json.dumps(schema), "json_schema")
+
+
+async def test_bounds_that_keep_llama_cpps_grammar_parser_on_its_stack(load: Loader, tmp_path: Path) -> None:
+    """Repetition counts, schema depth, grammar size and nesting are bounded before anything is
+    written out or parsed; parentheses inside literals, classes and comments are not groups."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    deep: dict[str, Any] = {"type": "string"}
+    for _ in range(65):
+        deep = {"type": "array", "items": deep}
+    refused = [
+        ({"type": "string", "maxLength": 1001}, r"^json_schema\.maxLength: must be an integer from 0 to 1000, got 1001$"),
+        ({"type": "array", "minItems": 10**7}, r"^json_schema\.minItems: must be an integer from 0 to 1000, got 10000000$"),
+        ({"type": "string", "minLength": 2.0}, r"^json_schema\.minLength: must be an integer from 0 to 1000, got 2\.0$"),
+        ({"type": "string", "minLength": True}, r"^json_schema\.minLength: .* got True$"),
+        ({"type": "array", "minItems": -1}, r"^json_schema\.minItems: .* got -1$"),
+        ({"type": "array", "minItems": 3, "maxItems": 2}, r"^json_schema\.minItems: more than maxItems$"),
+        (deep, r"^json_schema(\.items){65}: nested more than 64 levels deep$"),
+    ]
+    for schema, pattern in refused:
+        with pytest.raises(InvalidArgument, match=pattern):
+            grammar.schema_to_grammar(json.dumps(schema), "json_schema")
+    with pytest.raises(InvalidArgument, match=r"^json_schema: not valid JSON: maximum recursion depth"):
+        grammar.schema_to_grammar("[" * 100_000 + "]" * 100_000, "json_schema")
+    text = grammar.schema_to_grammar(json.dumps({"type": "string", "minLength": 1000, "maxLength": 1000}), "j")
+    assert backend._engine._grammar_accepts(text, '"' + "x" * 1000 + '"') == 1002
+    grammar.check_grammar("root ::= " + "(" * 2048 + '"a"' + ")" * 2048, "grammar")
+    with pytest.raises(InvalidArgument, match=r"^grammar: groups nested 2049 deep, more than the 2048 allowed$"):
+        grammar.check_grammar("root ::= " + "(" * 2049 + '"a"' + ")" * 2049, "grammar")
+    # Not groups: in a literal (with an escaped quote), a class (with an escaped bracket), a comment.
+    grammar.check_grammar('root ::= "\\"' + "(" * 3000 + '" [\\]' + "(" * 3000 + "] # " + "(" * 3000 + "\n", "grammar")
+    with pytest.raises(InvalidArgument, match=r"^tools: 262145 bytes, more than the 262144 a grammar may have$"):
+        grammar.check_grammar("x" * (256 * 1024 + 1), "tools")
+
+
 # --------------------------------------------------------------------------- schemas the converter misread
 
 
