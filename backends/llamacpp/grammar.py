@@ -38,7 +38,7 @@ _FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uu
 _TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
 
 # Bounds on what a request can make llama.cpp's grammar parser do. It recurses once per nested
-# group: ~18 000 of them overflowed an 8 MiB thread stack here and took the process down (a
+# group: 20 000 of them overflowed an 8 MiB thread stack here and took the process down (a
 # raw grammar, or a schema's maxLength written out as nested optional groups). The limits sit
 # far below that and far above what real grammars and schemas use.
 MAX_GRAMMAR_BYTES = 256 * 1024
@@ -849,8 +849,8 @@ def _check(schema: Any, where: str, depth: int = 0) -> None:
     for low, high in (("minLength", "maxLength"), ("minItems", "maxItems")):
         for key in (low, high):
             value = schema.get(key)
-            if value is not None and (type(value) is not int or not 0 <= value <= MAX_REPETITIONS):
-                # The converter writes each repetition out (a 20 000 nested optional groups
+            if key in schema and (type(value) is not int or not 0 <= value <= MAX_REPETITIONS):
+                # The converter writes each repetition out (20 000 nested optional groups
                 # overflowed llama.cpp's parser's stack); past ~1 400 llama.cpp refuses them.
                 raise InvalidArgument(f"{where}.{key}: must be an integer from 0 to {MAX_REPETITIONS}, got {value!r}")
         if schema.get(low, 0) > schema.get(high, MAX_REPETITIONS):

@@ -63,7 +63,14 @@ def error_body(status: int, message: str, path: str = "") -> dict[str, object]:
 
 
 def error_response(status: int, message: str, path: str = "") -> web.Response:
-    return web.Response(status=status, body=_encode(error_body(status, message, path)), content_type="application/json")
+    try:
+        body = _encode(error_body(status, message, path))
+    except UnicodeEncodeError:
+        # The message quotes a client's string holding a lone surrogate (Python's json reads
+        # them from `\ud800` escapes), which UTF-8 cannot carry: shown as that escape instead.
+        message = message.encode("utf-8", "backslashreplace").decode()
+        body = _encode(error_body(status, message, path))
+    return web.Response(status=status, body=body, content_type="application/json")
 
 
 # Request body encodings Triton decodes; any other is its 501 "Unsupported compression type".

@@ -72,6 +72,11 @@ def test_trace_settings_and_file(start_daemon, tmp_path: Path) -> None:
             client.update_trace_settings(settings={"trace_file": "/tmp/elsewhere"})
         with pytest.raises(InferenceServerException, match="Unable to parse 'trace_rate', got: fast"):
             client.update_trace_settings(settings={"trace_rate": "fast"})
+        # A lone surrogate (Python's json reads `\ud800`) quoted back in the error: the error
+        # response itself failed to encode and aiohttp answered its bare 500 page.
+        reply = daemon.request("POST", "/v2/trace/setting", '{"trace_rate": "\\ud800"}')
+        assert reply.status == 400, reply.body
+        assert reply.json() == {"error": "Unable to parse 'trace_rate', got: \\ud800"}
         with pytest.raises(InferenceServerException, match="TENSORS is not supported"):
             client.update_trace_settings(settings={"trace_level": ["TENSORS"]})
         with pytest.raises(InferenceServerException, match="unknown trace setting 'bogus'"):

@@ -923,6 +923,7 @@ async def test_bounds_that_keep_llama_cpps_grammar_parser_on_its_stack(load: Loa
         ({"type": "string", "minLength": 2.0}, r"^json_schema\.minLength: must be an integer from 0 to 1000, got 2\.0$"),
         ({"type": "string", "minLength": True}, r"^json_schema\.minLength: .* got True$"),
         ({"type": "array", "minItems": -1}, r"^json_schema\.minItems: .* got -1$"),
+        ({"type": "array", "maxItems": None}, r"^json_schema\.maxItems: .* got None$"),
         ({"type": "array", "minItems": 3, "maxItems": 2}, r"^json_schema\.minItems: more than maxItems$"),
         (deep, r"^json_schema(\.items){65}: nested more than 64 levels deep$"),
     ]
