@@ -43,8 +43,10 @@ import ctypes
 import functools
 import logging
 import math
+import mmap
 import os
 import re
+import struct
 import threading
 import time
 from array import array
@@ -131,6 +133,8 @@ SlotDone = Callable[[tuple[int, int, float] | EdgedError], None]
 # llama-server's packing of a slot's tokens in a slot file (server_tokens::serialize): a null
 # token, the format's version, the tokens as a counted list, then a counted list of media
 # chunks (none: text only here). Its older files hold the bare tokens.
+# llama.cpp's sequence state file: magic, version, token count (llama_state_seq_save_file).
+_SLOT_HEADER = struct.Struct("<III")
 _PACKED_MARKER, _PACKED_VERSION = -1, 1
 
 # `flash_attn` parameter -> llama.cpp's setting. The default is llama.cpp's "auto" (on for the
@@ -2024,23 +2028,44 @@ class Engine:
             return len(cached), written, (time.perf_counter() - started) * 1000
         if not file.is_file():
             raise InvalidArgument(f"Unable to restore slot {slot}: no file {file.name!r} in the model's slot_save_path")
-        count = ctypes.c_size_t(0)
-        with _llama_errors() as errors:
-            header = llama.llama_state_seq_load_file(self._ctx, path, slot, None, 0, ctypes.byref(count))
-        if header == 0:
-            raise InvalidArgument(f"Unable to restore slot {slot}: {reason(errors, 'not a slot file')}")
-        # The slot's cells are about to be replaced: they may be a conversation that comes back.
-        if cached:
-            self._save(slot, cached)
-        llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
-        self._cached[slot] = []
-        buffer = (llama.llama_token * max(1, count.value))()
-        with _llama_errors() as errors:
-            read = llama.llama_state_seq_load_file(self._ctx, path, slot, buffer, len(buffer), ctypes.byref(count))
+        # Read here, not by llama_state_seq_load_file: on a file cut short its reader runs past
+        # the end and aborts the process (GGML_ASSERT(nread <= state_size)), where the reader
+        # of a buffer stops at its end and fails. The file: magic, version, the token count,
+        # the tokens, then the sequence's state, which a buffer for llama_state_seq_set_data
+        # holds after a header of its own. Mapped copy-on-write, not read into memory: the 8
+        # bytes before the state (tokens already read) are overwritten with that header.
+        with open(file, "rb") as handle, contextlib.ExitStack() as stack:
+            size = os.fstat(handle.fileno()).st_size
+            if size < _SLOT_HEADER.size:
+                raise InvalidArgument(f"Unable to restore slot {slot}: not a slot file (it has {size} bytes)")
+            mapped = stack.enter_context(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY))
+            magic, version, n_tokens = _SLOT_HEADER.unpack_from(mapped)
+            if (magic, version) != (llama.LLAMA_STATE_SEQ_MAGIC, llama.LLAMA_STATE_SEQ_VERSION):
+                raise InvalidArgument(
+                    f"Unable to restore slot {slot}: unknown (magic, version) for sequence state file: "
+                    f"{magic:08x}, {version:08x}"
+                )
+            start = _SLOT_HEADER.size + 4 * n_tokens
+            if start > size:
+                raise InvalidArgument(f"Unable to restore slot {slot}: the file is cut short in its token list")
+            listed = array("i", mapped[_SLOT_HEADER.size : start])
+            # The slot's cells are about to be replaced: they may be a conversation that comes back.
+            if cached:
+                self._save(slot, cached)
+            llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
+            self._cached[slot] = []
+            mapped[start - 8 : start] = self._state_header(slot)
+            state = (ctypes.c_uint8 * (size - start + 8)).from_buffer(mapped, start - 8)
+            try:
+                with _llama_errors() as errors:
+                    read = llama.llama_state_seq_set_data(self._ctx, state, len(state), slot)
+            finally:
+                del state  # the map cannot close while a view of it lives
         try:
             if read == 0:
                 raise ValueError(reason(errors, "its cells do not fit this model's slot"))
-            tokens = _unpacked(buffer[: count.value])
+            read += start - 8  # llama-server counts the file's header and tokens, not the buffer's
+            tokens = _unpacked(list(listed))
             if len(tokens) > self.n_ctx_seq:
                 raise ValueError(f"its {len(tokens)} tokens do not fit the slot's {self.n_ctx_seq}")
             if any(not 0 <= t < self.n_vocab for t in tokens):
@@ -2058,6 +2083,15 @@ class Engine:
         # llama-server's): the model's current ones.
         self._cached_lora[slot] = _f32(self._lora_defaults)
         return len(tokens), read, (time.perf_counter() - started) * 1000
+
+    def _state_header(self, slot: int) -> bytes:
+        """The header llama_state_seq_get_data writes before a sequence's state (llama.cpp's
+        magic for such buffers, then the sequence id), read from `slot` while it is empty."""
+        size = llama.llama_state_seq_get_size(self._ctx, slot)
+        buffer = (ctypes.c_uint8 * size)()
+        if size < 8 or llama.llama_state_seq_get_data(self._ctx, buffer, size, slot) < 8:
+            raise BackendError(f"model '{self.name}': llama.cpp wrote no sequence state header")
+        return bytes(buffer[:8])
 
     # --------------------------------------------------------------- embeddings
 

@@ -146,6 +146,26 @@ def test_a_file_of_another_model_does_not_restore(daemon: Any) -> None:
     assert body["error"]["message"] == "Unable to restore slot 0: no file 'missing.bin' in the model's slot_save_path"
 
 
+def test_a_file_cut_short_is_a_400_not_an_abort(daemon: Any) -> None:
+    """llama.cpp's own file reader (llama_state_seq_load_file) read past the end of a file cut
+    short and failed GGML_ASSERT(nread <= state_size), which aborts the process: with one slot,
+    at any cut in the state. The engine reads the file and hands llama.cpp a buffer."""
+    daemon.post_ok("/slots/0?action=erase", {"model": "one"})
+    complete(daemon, "one")
+    saved = daemon.post_ok("/slots/0?action=save", {"model": "one", "filename": "whole.bin"})
+    data = (slot_dir(daemon, "one") / "whole.bin").read_bytes()
+    assert saved["n_written"] == len(data)
+    for cut in (4, len(data) // 3):
+        (slot_dir(daemon, "one") / "cut.bin").write_bytes(data[:-cut])
+        body = daemon.post_ok("/slots/0?action=restore", {"model": "one", "filename": "cut.bin"}, 400)
+        assert body["error"]["message"].startswith("Unable to restore slot 0: "), body
+        assert "failed to restore" in body["error"]["message"], body
+    # Still serving, and the whole file restores all it holds, counted as llama-server counts.
+    restored = daemon.post_ok("/slots/0?action=restore", {"model": "one", "filename": "whole.bin"})
+    assert (restored["n_restored"], restored["n_read"]) == (saved["n_saved"], len(data)), restored
+    assert complete(daemon, "one")["timings"]["cache_n"] > 0
+
+
 def test_a_file_with_tokens_this_model_cannot_take(daemon: Any) -> None:
     _, saved = save_served(daemon)
     data = bytearray((slot_dir(daemon, "tiny") / saved["filename"]).read_bytes())
@@ -165,6 +185,13 @@ def test_a_file_with_tokens_this_model_cannot_take(daemon: Any) -> None:
     struct.pack_into("<i", short, 20, n - 1)
     (slot_dir(daemon, "tiny") / "short.bin").write_bytes(bytes(short))
     cases["short.bin"] = (0, 0, f"it holds {n - 1} tokens for {n} KV cells")
+    # Cut short: in the state, in the token list, in the header.
+    (slot_dir(daemon, "tiny") / "cut.bin").write_bytes(bytes(data[:-4]))
+    cases["cut.bin"] = (0, 0, "failed to restore")
+    (slot_dir(daemon, "tiny") / "cut-tokens.bin").write_bytes(bytes(data[:30]))
+    cases["cut-tokens.bin"] = (0, 0, "the file is cut short in its token list")
+    (slot_dir(daemon, "tiny") / "cut-header.bin").write_bytes(bytes(data[:10]))
+    cases["cut-header.bin"] = (0, 0, "not a slot file (it has 10 bytes)")
     for name, (offset, value, reason) in cases.items():
         if offset:
             changed = bytearray(data)
