@@ -133,6 +133,10 @@ SlotDone = Callable[[tuple[int, int, float] | EdgedError], None]
 # llama-server's packing of a slot's tokens in a slot file (server_tokens::serialize): a null
 # token, the format's version, the tokens as a counted list, then a counted list of media
 # chunks (none: text only here). Its older files hold the bare tokens.
+class _NoTokenLeft(Exception):
+    """A sampled token that the sequence's grammar rejects (see Engine._sample)."""
+
+
 # llama.cpp's sequence state file: magic, version, token count (llama_state_seq_save_file).
 _SLOT_HEADER = struct.Struct("<III")
 _PACKED_MARKER, _PACKED_VERSION = -1, 1
@@ -1614,7 +1618,15 @@ class Engine:
                 seq.budget, forced = None, None
             if forced is not None:
                 self._force(index, forced)
-            token, candidates = self._sample(seq, index, keep_candidates=post)
+            try:
+                token, candidates = self._sample(seq, index, keep_candidates=post)
+            except _NoTokenLeft:
+                self._free_sequence(seq)
+                seq.request.emit(InvalidArgument(
+                    f"grammar: at output token {seq.generated + 1} no token is left that the grammar allows "
+                    "(logit_bias bans them all, or none of the model's tokens continues the grammar)"
+                ))
+                continue
             if forced is not None and token != forced:
                 # Not expected (intake refuses an end-of-generation token in the message, and
                 # the grammar was asked above): stop forcing rather than write the rest after
@@ -1717,6 +1729,11 @@ class Engine:
             llama.llama_sampler_apply(seq.sampler, ctypes.byref(candidates))
             token = int(candidates.data[candidates.selected].id)
         if seq.grammar is not None:
+            if not self._allows(seq.grammar, token):
+                # Every token the grammar allows was at -inf (logit_bias bans them all, or no
+                # token continues the grammar): the draw fell on another, and accepting it into
+                # the grammar throws a C++ exception through the C API, which ends the process.
+                raise _NoTokenLeft
             llama.llama_sampler_accept(seq.grammar, token)
         llama.llama_sampler_accept(seq.sampler, token)
         return token, candidates

@@ -142,6 +142,25 @@ def test_logit_bias_bans_a_token(daemon: Any) -> None:
     assert again["generation_settings"]["logit_bias"] == [{"bias": -100.0, "token": first}]
 
 
+def test_a_grammar_whose_every_token_is_banned_is_a_400_not_an_abort(daemon: Any) -> None:
+    """logit_bias `false` on every token a grammar allows: the draw falls on a token the
+    grammar rejects, and accepting it into the grammar threw a C++ exception through llama.cpp's
+    C API, which ended the process (std::terminate)."""
+    vocab = daemon.get_json("/v1/models/tiny")["meta"]["n_vocab"]
+    banned = [[token, False] for token in range(vocab)]
+    message = ("grammar: at output token 1 no token is left that the grammar allows (logit_bias bans them all, "
+               "or none of the model's tokens continues the grammar)")
+    for stream in (False, True):
+        reply = daemon.post_json("/completion", {"model": "tiny", "prompt": PROMPT, "n_predict": 4, "stream": stream,
+                                                 "temperature": 0.8, "grammar": 'root ::= "a"+', "logit_bias": banned})
+        assert reply.status == 400 and reply.json()["error"]["message"] == message, reply.body
+    # Banning all but one token leaves it, and a grammar of its text holds the output to it.
+    [only] = daemon.post_ok("/tokenize", {"model": "tiny", "content": "a", "with_pieces": True})["tokens"][-1:]
+    kept = [[token, False] for token in range(vocab) if token != only["id"]]
+    done = complete(daemon, prompt=PROMPT, n_predict=3, grammar=f"root ::= {json.dumps(only['piece'])}+", logit_bias=kept)
+    assert done["content"] == only["piece"] * 3, (only, done["content"])
+
+
 def test_stream_frames_and_summary(daemon: Any) -> None:
     whole = complete(daemon, prompt=PROMPT, n_predict=10, return_tokens=True)
     frames = events(daemon, "/completion", {"prompt": PROMPT, "n_predict": 10})
