@@ -777,9 +777,13 @@ def trigger_core(frame: ToolCallFrame) -> str:
     return marker.group(0) if marker else frame.open.rstrip(" \t\r\n[{") or frame.open
 
 
+_REPETITION = re.compile(r"\s*(?P<low>[0-9]*)\s*(?:,\s*(?P<high>[0-9]*)\s*)?")
+
+
 def check_grammar(text: str, name: str) -> None:
     """InvalidArgument naming `name` for a GBNF text past the bounds llama.cpp's parser is
-    safe within (MAX_GRAMMAR_BYTES, MAX_GRAMMAR_NESTING); said before it is parsed."""
+    safe within (MAX_GRAMMAR_BYTES, MAX_GRAMMAR_NESTING, a repetition's bounds in order);
+    said before it is parsed."""
     size = len(text.encode())
     if size > MAX_GRAMMAR_BYTES:
         raise InvalidArgument(f"{name}: {size} bytes, more than the {MAX_GRAMMAR_BYTES} a grammar may have")
@@ -800,6 +804,14 @@ def check_grammar(text: str, name: str) -> None:
             deepest = max(deepest, depth)
         elif char == ")":
             depth -= 1
+        elif char == "{":
+            # A repetition whose minimum is above its maximum: llama.cpp's parser counts the
+            # optional copies as max - min in an unsigned size and allocates until the process
+            # runs out of memory.
+            close = text.find("}", i)
+            bounds = _REPETITION.fullmatch(text[i + 1 : close]) if close > 0 else None
+            if bounds and bounds["low"] and bounds["high"] and int(bounds["low"]) > int(bounds["high"]):
+                raise InvalidArgument(f"{name}: repetition {text[i : close + 1]} has its minimum above its maximum")
         i += 1
     if deepest > MAX_GRAMMAR_NESTING:
         raise InvalidArgument(f"{name}: groups nested {deepest} deep, more than the {MAX_GRAMMAR_NESTING} allowed")

@@ -243,6 +243,8 @@ def test_what_would_overflow_a_stack_is_a_400_and_the_daemon_keeps_serving(daemo
     for grammar, pattern in [
         ("root ::= " + "(" * 20000 + '"a"' + ")" * 20000, "grammar: groups nested 20000 deep, more than the 2048 allowed"),
         ("root ::= " + '"a" ' * 70000, "grammar: 280009 bytes, more than the 262144 a grammar may have"),
+        # llama.cpp counted max - min unsigned and allocated until the process ran out of memory.
+        ('root ::= "x"{6,4}', "grammar: repetition {6,4} has its minimum above its maximum"),
     ]:
         reply = daemon.post_json("/completion", {"model": "tiny", "prompt": "x", "n_predict": 1, "grammar": grammar})
         assert reply.status == 400 and reply.json()["error"]["message"] == pattern, reply.body[:300]

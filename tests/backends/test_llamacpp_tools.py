@@ -939,6 +939,10 @@ async def test_bounds_that_keep_llama_cpps_grammar_parser_on_its_stack(load: Loa
         grammar.check_grammar("root ::= " + "(" * 2049 + '"a"' + ")" * 2049, "grammar")
     # Not groups: in a literal (with an escaped quote), a class (with an escaped bracket), a comment.
     grammar.check_grammar('root ::= "\\"' + "(" * 3000 + '" [\\]' + "(" * 3000 + "] # " + "(" * 3000 + "\n", "grammar")
+    # A repetition's minimum above its maximum: llama.cpp allocated until memory ran out.
+    grammar.check_grammar('root ::= "x"{5,5} "y"{3,} "z"{,2} "{9,1}"', "grammar")
+    with pytest.raises(InvalidArgument, match=r"^grammar: repetition \{6,4\} has its minimum above its maximum$"):
+        grammar.check_grammar('root ::= "x"{6,4}', "grammar")
     with pytest.raises(InvalidArgument, match=r"^tools: 262145 bytes, more than the 262144 a grammar may have$"):
         grammar.check_grammar("x" * (256 * 1024 + 1), "tools")
 
