@@ -808,10 +808,10 @@ def check_grammar(text: str, name: str) -> None:
             # A repetition whose minimum is above its maximum: llama.cpp's parser counts the
             # optional copies as max - min in an unsigned size and allocates until the process
             # runs out of memory.
-            close = text.find("}", i)
-            bounds = _REPETITION.fullmatch(text[i + 1 : close]) if close > 0 else None
+            end = text.find("}", i)
+            bounds = _REPETITION.fullmatch(text[i + 1 : end]) if end > 0 else None
             if bounds and bounds["low"] and bounds["high"] and int(bounds["low"]) > int(bounds["high"]):
-                raise InvalidArgument(f"{name}: repetition {text[i : close + 1]} has its minimum above its maximum")
+                raise InvalidArgument(f"{name}: repetition {text[i : end + 1]} has its minimum above its maximum")
         i += 1
     if deepest > MAX_GRAMMAR_NESTING:
         raise InvalidArgument(f"{name}: groups nested {deepest} deep, more than the {MAX_GRAMMAR_NESTING} allowed")
