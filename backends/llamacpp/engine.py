@@ -43,7 +43,6 @@ import ctypes
 import functools
 import logging
 import math
-import mmap
 import os
 import re
 import struct
@@ -2025,7 +2024,6 @@ class Engine:
             return len(cached), 0, 0.0
         file = job.path
         assert file is not None
-        path = os.fsencode(file)
 
         def reason(errors: list[str], default: str) -> str:
             # llama.cpp's reasons name the file by its path: the client gave only its name.
@@ -2036,12 +2034,22 @@ class Engine:
 
         if job.action == "save":
             packed = [_PACKED_MARKER, _PACKED_VERSION, len(cached), *cached, 0]
+            # Written beside it, then renamed over it: a restore (by this engine or by another
+            # of the model, during a reload) reads the old file or the new one, never a part.
+            temp = file.with_name(f".{file.name}.{os.getpid()}-{threading.get_ident()}.tmp")
             with _llama_errors() as errors:
                 written = llama.llama_state_seq_save_file(
-                    self._ctx, path, slot, (llama.llama_token * len(packed))(*packed), len(packed)
+                    self._ctx, os.fsencode(temp), slot, (llama.llama_token * len(packed))(*packed), len(packed)
                 )
             if written == 0:
-                raise BackendError(f"Unable to save slot {slot} of model '{self.name}': {reason(errors, 'llama.cpp failed')}")
+                temp.unlink(missing_ok=True)
+                said = reason([e.replace(str(temp), file.name) for e in errors], "llama.cpp failed")
+                raise BackendError(f"Unable to save slot {slot} of model '{self.name}': {said}")
+            try:
+                os.replace(temp, file)
+            except OSError as exc:
+                temp.unlink(missing_ok=True)
+                raise BackendError(f"Unable to save slot {slot} of model '{self.name}': {exc.strerror}") from None
             return len(cached), written, (time.perf_counter() - started) * 1000
         if not file.is_file():
             raise InvalidArgument(f"Unable to restore slot {slot}: no file {file.name!r} in the model's slot_save_path")
@@ -2049,35 +2057,36 @@ class Engine:
         # the end and aborts the process (GGML_ASSERT(nread <= state_size)), where the reader
         # of a buffer stops at its end and fails. The file: magic, version, the token count,
         # the tokens, then the sequence's state, which a buffer for llama_state_seq_set_data
-        # holds after a header of its own. Mapped copy-on-write, not read into memory: the 8
-        # bytes before the state (tokens already read) are overwritten with that header.
-        with open(file, "rb") as handle, contextlib.ExitStack() as stack:
+        # holds after a header of its own. Read, not mapped: a file mapped while another
+        # engine of the model (a reload) or an operator rewrites it in place raised SIGBUS.
+        with open(file, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
-            if size < _SLOT_HEADER.size:
-                raise InvalidArgument(f"Unable to restore slot {slot}: not a slot file (it has {size} bytes)")
-            mapped = stack.enter_context(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY))
-            magic, version, n_tokens = _SLOT_HEADER.unpack_from(mapped)
+            head = handle.read(_SLOT_HEADER.size)
+            if len(head) < _SLOT_HEADER.size:
+                raise InvalidArgument(f"Unable to restore slot {slot}: not a slot file (it has {len(head)} bytes)")
+            magic, version, n_tokens = _SLOT_HEADER.unpack(head)
             if (magic, version) != (llama.LLAMA_STATE_SEQ_MAGIC, llama.LLAMA_STATE_SEQ_VERSION):
                 raise InvalidArgument(
                     f"Unable to restore slot {slot}: unknown (magic, version) for sequence state file: "
                     f"{magic:08x}, {version:08x}"
                 )
             start = _SLOT_HEADER.size + 4 * n_tokens
-            if start > size:
+            listed = array("i", handle.read(4 * n_tokens) if start <= size else b"")
+            if len(listed) != n_tokens:
                 raise InvalidArgument(f"Unable to restore slot {slot}: the file is cut short in its token list")
-            listed = array("i", mapped[_SLOT_HEADER.size : start])
-            # The slot's cells are about to be replaced: they may be a conversation that comes back.
-            if cached:
-                self._save(slot, cached)
-            llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
-            self._cached[slot] = []
-            mapped[start - 8 : start] = self._state_header(slot)
-            state = (ctypes.c_uint8 * (size - start + 8)).from_buffer(mapped, start - 8)
-            try:
-                with _llama_errors() as errors:
-                    read = llama.llama_state_seq_set_data(self._ctx, state, len(state), slot)
-            finally:
-                del state  # the map cannot close while a view of it lives
+            state = (ctypes.c_uint8 * (max(size, start) - start + 8))()
+            got = handle.readinto(memoryview(state).cast("B")[8:])
+            if got != len(state) - 8:
+                raise InvalidArgument(f"Unable to restore slot {slot}: the file changed while it was read")
+        # The slot's cells are about to be replaced: they may be a conversation that comes back.
+        if cached:
+            self._save(slot, cached)
+        llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
+        self._cached[slot] = []
+        state[:8] = self._state_header(slot)
+        with _llama_errors() as errors:
+            read = llama.llama_state_seq_set_data(self._ctx, state, len(state), slot)
+        del state
         try:
             if read == 0:
                 raise ValueError(reason(errors, "its cells do not fit this model's slot"))

@@ -7,6 +7,7 @@ tests/fixtures/oracle/llama_slots.py restores llama-server's files here and ours
 from __future__ import annotations
 
 import json
+import os
 import struct
 import threading
 from collections.abc import Iterator
@@ -77,6 +78,23 @@ def test_save_erase_restore(daemon: Any) -> None:
     # All but the prompt's last token came from the file (its logits give the first token).
     assert warm["timings"]["cache_n"] == prompt_tokens - 1
     assert warm["content"] == cold["content"]
+
+
+def test_a_save_replaces_the_file_whole(daemon: Any) -> None:
+    """A save writes beside the file and renames over it: a reader of the old file (another
+    engine of the model during a reload, restoring it) keeps reading all of the old one, where
+    llama.cpp's in-place rewrite cut it short under the reader. Nothing else stays behind."""
+    complete(daemon)
+    daemon.post_ok("/slots/0?action=save", {"model": "tiny", "filename": "twice.bin"})
+    path = slot_dir(daemon, "tiny") / "twice.bin"
+    with path.open("rb") as old:
+        before = path.read_bytes()
+        daemon.post_ok("/slots/0?action=erase", {"model": "tiny"})
+        complete(daemon, n_predict=2)
+        again = daemon.post_ok("/slots/0?action=save", {"model": "tiny", "filename": "twice.bin"})
+        assert os.fstat(old.fileno()).st_ino != path.stat().st_ino
+        assert old.read() == before and path.stat().st_size == again["n_written"] != len(before)
+    assert not [p.name for p in slot_dir(daemon, "tiny").iterdir() if p.name.startswith(".")]
 
 
 def save_served(daemon: Any, n_predict: int = 8) -> tuple[Any, Any]:
