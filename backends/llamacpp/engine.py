@@ -132,8 +132,12 @@ SlotDone = Callable[[tuple[int, int, float] | EdgedError], None]
 # llama-server's packing of a slot's tokens in a slot file (server_tokens::serialize): a null
 # token, the format's version, the tokens as a counted list, then a counted list of media
 # chunks (none: text only here). Its older files hold the bare tokens.
-class _NoTokenLeft(Exception):
-    """A sampled token that the sequence's grammar rejects (see Engine._sample)."""
+class _SequenceFailed(Exception):
+    """One sequence of a decode step cannot go on (Engine._decode_and_sample fails it alone)."""
+
+    def __init__(self, error: EdgedError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 # llama.cpp's sequence state file: magic, version, token count (llama_state_seq_save_file).
@@ -1591,51 +1595,56 @@ class Engine:
         for seq in progressing:
             # After each decode of the prompt, before its first token (llama-server's order).
             self._progress(seq)
+        failed: set[int] = set()  # the slots whose sequence failed in this step
         for seq, index, token in scoring:
+            if seq.slot in failed:
+                continue
             top = seq.request.params.prompt_logprobs or 0
-            seq.prompt_logprobs.append(self._token_logprob(self._log_softmax(index), token, top))
+            try:
+                seq.prompt_logprobs.append(self._token_logprob(self._log_softmax(index), token, top))
+            except _SequenceFailed as exc:
+                self._fail(seq, exc.error)
+                failed.add(seq.slot)
         for seq, index in outputs:
+            if seq.slot in failed:
+                continue
             if seq.request.params.max_tokens == 0:
                 # Nothing to generate: the prompt is in the slot's cache now (and scored,
                 # with prompt_logprobs).
                 self._finish(seq, "length", "", flush=False)
                 continue
-            wanted = seq.request.params.logprobs
-            post = wanted is not None and seq.request.params.post_sampling_probs
-            # Read before sampling: the model's own distribution, not the sampler's.
-            logprobs = self._log_softmax(index) if wanted is not None and not post else None
-            if seq.reasoning is not None and seq.reasoning.inside and not seq.lazy:
-                self._hold_end(index)
-            if seq.request.end_reasoning and seq.budget is not None:
-                seq.request.end_reasoning = False
-                seq.budget.end_now()
-            forced = seq.budget.next_forced() if seq.budget is not None else None
-            if forced is not None and seq.grammar is not None and not self._allows(seq.grammar, forced):
-                # The grammar holds the output to something else here (a message that writes a
-                # tag or a call marker itself): forcing would leave no token at all, so the
-                # budget gives way to the grammar.
-                seq.budget, forced = None, None
-            if forced is not None:
-                self._force(index, forced)
             try:
+                wanted = seq.request.params.logprobs
+                post = wanted is not None and seq.request.params.post_sampling_probs
+                # Read before sampling: the model's own distribution, not the sampler's.
+                logprobs = self._log_softmax(index) if wanted is not None and not post else None
+                if seq.reasoning is not None and seq.reasoning.inside and not seq.lazy:
+                    self._hold_end(index)
+                if seq.request.end_reasoning and seq.budget is not None:
+                    seq.request.end_reasoning = False
+                    seq.budget.end_now()
+                forced = seq.budget.next_forced() if seq.budget is not None else None
+                if forced is not None and seq.grammar is not None and not self._allows(seq.grammar, forced):
+                    # The grammar holds the output to something else here (a message that writes a
+                    # tag or a call marker itself): forcing would leave no token at all, so the
+                    # budget gives way to the grammar.
+                    seq.budget, forced = None, None
+                if forced is not None:
+                    self._force(index, forced)
                 token, candidates = self._sample(seq, index, keep_candidates=post)
-            except _NoTokenLeft:
-                self._free_sequence(seq)
-                seq.request.emit(InvalidArgument(
-                    f"grammar: at output token {seq.generated + 1} no token is left that the grammar allows "
-                    "(logit_bias bans them all, or none of the model's tokens continues the grammar)"
-                ))
+                if forced is not None and token != forced:
+                    # Not expected (intake refuses an end-of-generation token in the message, and
+                    # the grammar was asked above): stop forcing rather than write the rest after
+                    # a token that was not the message's.
+                    log.warning("model '%s': a forced reasoning-budget token was not sampled; budget dropped", self.name)
+                    seq.budget = None
+                if logprobs is not None and wanted is not None:
+                    seq.logprobs.append(self._token_logprob(logprobs, token, wanted, seq.preserved))
+                elif candidates is not None and wanted is not None:
+                    seq.logprobs.append(self._sampled_prob(candidates, token, wanted, seq.preserved))
+            except _SequenceFailed as exc:
+                self._fail(seq, exc.error)
                 continue
-            if forced is not None and token != forced:
-                # Not expected (intake refuses an end-of-generation token in the message, and
-                # the grammar was asked above): stop forcing rather than write the rest after
-                # a token that was not the message's.
-                log.warning("model '%s': a forced reasoning-budget token was not sampled; budget dropped", self.name)
-                seq.budget = None
-            if logprobs is not None and wanted is not None:
-                seq.logprobs.append(self._token_logprob(logprobs, token, wanted, seq.preserved))
-            elif candidates is not None and wanted is not None:
-                seq.logprobs.append(self._sampled_prob(candidates, token, wanted, seq.preserved))
             self._accept(seq, token)
 
     def _track(self, seq: _Sequence, token: int, piece: bytes) -> None:
@@ -1732,7 +1741,10 @@ class Engine:
                 # Every token the grammar allows was at -inf (logit_bias bans them all, or no
                 # token continues the grammar): the draw fell on another, and accepting it into
                 # the grammar throws a C++ exception through the C API, which ends the process.
-                raise _NoTokenLeft
+                raise _SequenceFailed(InvalidArgument(
+                    f"grammar: at output token {seq.generated + 1} no token is left that the grammar allows "
+                    "(logit_bias bans them all, or none of the model's tokens continues the grammar)"
+                ))
             llama.llama_sampler_accept(seq.grammar, token)
         llama.llama_sampler_accept(seq.sampler, token)
         return token, candidates
@@ -1746,6 +1758,11 @@ class Engine:
         piece = functools.partial(self._kept_piece, kept=kept)
         left = np.ctypeslib.as_array(candidates.data, shape=(int(candidates.size),))
         probs = left["p"].astype(np.float64)
+        if not np.isfinite(probs).all():
+            raise _SequenceFailed(BackendError(
+                f"model '{self.name}' computed logits that are not numbers (NaN or infinite): "
+                "their probabilities cannot be written"
+            ))
         if not probs.any():
             return TokenLogprob(token, piece(token), 0.0, [TokenLogprob(token, piece(token), 0.0)] if top else [])
         order = np.argsort(-probs, kind="stable")
@@ -1802,7 +1819,15 @@ class Engine:
 
     def _log_softmax(self, index: int) -> np.ndarray:
         logits = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, index), shape=(self.n_vocab,))
-        shifted = logits.astype(np.float64) - float(logits.max())
+        top = float(logits.max())  # NaN if any is
+        if not math.isfinite(top):
+            # JSON has no NaN: a logprob written as null (msgspec's encoding of it) would say
+            # something the model did not (a LoRA scaled to 1e30 overflows, as can fp16).
+            raise _SequenceFailed(BackendError(
+                f"model '{self.name}' computed logits that are not numbers (NaN or infinite): "
+                "their logprobs cannot be written"
+            ))
+        shifted = logits.astype(np.float64) - top
         return shifted - float(np.log(np.exp(shifted).sum()))
 
     def _token_logprob(
@@ -2301,7 +2326,11 @@ class Engine:
                 pointer = llama.llama_get_embeddings_seq(self._ctx, seq_id)
                 if not pointer:
                     raise BackendError(f"llama.cpp returned no pooled embedding for model '{self.name}'")
-                vectors.append(np.ctypeslib.as_array(pointer, shape=(width,)).astype(np.float64))
+                vector = np.ctypeslib.as_array(pointer, shape=(width,)).astype(np.float64)
+                if not np.isfinite(vector).all():
+                    # JSON has no NaN: written, it would be null, which the model did not say.
+                    raise BackendError(f"model '{self.name}' computed an output that is not numbers (NaN or infinite)")
+                vectors.append(vector)
             return vectors
         finally:
             if self._memory:
@@ -2427,6 +2456,11 @@ class Engine:
         return buffer.raw[:size]
 
     # --------------------------------------------------------------- teardown
+
+    def _fail(self, seq: _Sequence, error: EdgedError) -> None:
+        """End `seq` alone with `error`; its slot keeps what was decoded as cache."""
+        self._free_sequence(seq)
+        seq.request.emit(error)
 
     def _fail_all(self, error: EdgedError) -> None:
         for seq in self._slots:

@@ -23,14 +23,18 @@ from support import DaemonProcess, start_daemon_process
 PROMPT = "Hello world"
 
 
-def _model(repo: Path, name: str, adapters: dict[str, dict[str, Any]], lora: str | None) -> None:
+def _model(
+    repo: Path, name: str, adapters: dict[str, dict[str, Any]], lora: str | None, *, embedding: bool = False
+) -> None:
     version = repo / name / "1"
     version.mkdir(parents=True)
-    base = write_tiny_llama(version / "model.gguf", seed=1)
+    base = write_tiny_llama(version / "model.gguf", seed=1, pooling=1 if embedding else None)
     for file, options in adapters.items():
         (version / file).parent.mkdir(parents=True, exist_ok=True)
         write_tiny_lora(version / file, base, **options)
     parameters = 'parameters { key: "n_parallel" value: { string_value: "2" } }\n'
+    if embedding:
+        parameters += 'parameters { key: "embedding" value: { string_value: "true" } }\n'
     if lora is not None:
         parameters += f'parameters {{ key: "lora" value: {{ string_value: "{lora}" }} }}\n'
     (repo / name / "config.pbtxt").write_text('backend: "llamacpp"\n' + parameters)
@@ -47,13 +51,15 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     _model(repo, "two", {"adapters/a.gguf": {"seed": 2}, "b.gguf": {"seed": 3}}, "adapters/a.gguf:0.5,b.gguf")
     _model(repo, "missing", {}, "nowhere.gguf")
     _model(repo, "wrongarch", {"qwen3.gguf": {"arch": "qwen3"}}, "qwen3.gguf")
+    # Scaled until its outputs overflow: logits and embeddings that are not numbers.
+    _model(repo, "overflow", {"adapter.gguf": {}}, "adapter.gguf:1e30", embedding=True)
     process = start_daemon_process(tmp_path_factory.mktemp("edged"), "--model-repository", str(repo), wait=False)
     # Until every model has loaded or failed (two must fail: the daemon is never "ready").
     deadline = time.monotonic() + 120
     while True:
         try:
             reply = process.post_json("/v2/repository/index", {})
-            if reply.status == 200 and len(rows := reply.json()) == 7 and all(
+            if reply.status == 200 and len(rows := reply.json()) == 8 and all(
                 row.get("state") in ("READY", "UNAVAILABLE") for row in rows
             ):
                 break
@@ -230,6 +236,26 @@ def test_post_lora_adapters_sets_the_scales_of_later_requests(daemon: DaemonProc
 
 
 # --------------------------------------------------------------------------- load errors
+
+
+def test_outputs_that_are_not_numbers_are_an_error_not_null(daemon: DaemonProcess) -> None:
+    """An adapter scaled to 1e30 overflows the model: NaN logits and embeddings. JSON has no NaN,
+    and msgspec writes it as null, a logprob or a vector component the model did not compute:
+    the request fails naming the model instead. Without logprobs the tokens drawn from such
+    logits are still tokens (as llama-server's)."""
+    message = "model 'lora' computed logits that are not numbers (NaN or infinite): their logprobs cannot be written"
+    for path, fields in (
+        ("/completion", {"n_probs": 2}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "logprobs": True}),
+        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "logprobs": 1, "echo": True}),
+    ):
+        body = _completion(daemon, "lora", 500, path, lora=[{"id": 0, "scale": 1e30}], **fields)
+        assert body["error"]["message"] == message, body
+    assert _completion(daemon, "lora", 200, lora=[{"id": 0, "scale": 1e30}])["tokens_predicted"] == 12
+    reply = daemon.post_json("/v1/embeddings", {"model": "overflow", "input": "x"})
+    assert reply.status == 500, reply.body
+    assert reply.json()["error"]["message"] == "model 'overflow' computed an output that is not numbers (NaN or infinite)"
+    assert _completion(daemon, "lora", 200, n_probs=2)["completion_probabilities"]  # still serving
 
 
 def test_an_adapter_that_cannot_load_fails_its_model_not_the_daemon(daemon: DaemonProcess) -> None:
