@@ -129,9 +129,8 @@ EmbedDone = Callable[[tuple[list[list[float]], int] | EdgedError], None]
 RerankDone = Callable[[tuple[list[float], int] | EdgedError], None]
 # A slot action's outcome: (tokens, bytes written or read, milliseconds), or why it failed.
 SlotDone = Callable[[tuple[int, int, float] | EdgedError], None]
-# llama-server's packing of a slot's tokens in a slot file (server_tokens::serialize): a null
-# token, the format's version, the tokens as a counted list, then a counted list of media
-# chunks (none: text only here). Its older files hold the bare tokens.
+
+
 class _SequenceFailed(Exception):
     """One sequence of a decode step cannot go on (Engine._decode_and_sample fails it alone)."""
 
@@ -142,6 +141,10 @@ class _SequenceFailed(Exception):
 
 # llama.cpp's sequence state file: magic, version, token count (llama_state_seq_save_file).
 _SLOT_HEADER = struct.Struct("<III")
+
+# llama-server's packing of a slot's tokens in a slot file (server_tokens::serialize): a null
+# token, the format's version, the tokens as a counted list, then a counted list of media
+# chunks (none: text only here). Its older files hold the bare tokens.
 _PACKED_MARKER, _PACKED_VERSION = -1, 1
 
 # `flash_attn` parameter -> llama.cpp's setting. The default is llama.cpp's "auto" (on for the
