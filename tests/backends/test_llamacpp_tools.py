@@ -943,8 +943,16 @@ async def test_bounds_that_keep_llama_cpps_grammar_parser_on_its_stack(load: Loa
     grammar.check_grammar('root ::= "x"{5,5} "y"{3,} "z"{,2} "{9,1}"', "grammar")
     with pytest.raises(InvalidArgument, match=r"^grammar: repetition \{6,4\} has its minimum above its maximum$"):
         grammar.check_grammar('root ::= "x"{6,4}', "grammar")
-    with pytest.raises(InvalidArgument, match=r"^tools: 262145 bytes, more than the 262144 a grammar may have$"):
-        grammar.check_grammar("x" * (256 * 1024 + 1), "tools")
+    with pytest.raises(InvalidArgument, match=r"^tools: 8388609 bytes, more than the 8388608 a grammar may have$"):
+        grammar.check_grammar("x" * (8 * 1024 * 1024 + 1), "tools")
+    chain = "".join(f"r{i} ::= r{i + 1}\n" for i in range(19_999)) + 'r19999 ::= "b"\n'
+    grammar.check_grammar(chain, "grammar")  # 20 000 rules
+    assert backend._engine._grammar_accepts(chain.replace("r0 ::=", "root ::=", 1), "b") == 1
+    with pytest.raises(InvalidArgument, match=r"^grammar: 20001 rules, more than the 20000 a grammar may have$"):
+        grammar.check_grammar(chain + 'r20000 ::= "c"\n', "grammar")
+    # 500 strings of maxLength 1 000: 4 MB of grammar, taken.
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 1000} for i in range(500)}}
+    assert len(grammar.schema_to_grammar(json.dumps(wide), "json_schema")) > 4_000_000
 
 
 # --------------------------------------------------------------------------- schemas the converter misread
