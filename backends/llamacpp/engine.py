@@ -1598,19 +1598,17 @@ class Engine:
         for seq in progressing:
             # After each decode of the prompt, before its first token (llama-server's order).
             self._progress(seq)
-        failed: set[int] = set()  # the slots whose sequence failed in this step
         for seq, index, token in scoring:
-            if seq.slot in failed:
-                continue
+            if self._slots[seq.slot] is not seq:
+                continue  # failed at an earlier position of this step
             top = seq.request.params.prompt_logprobs or 0
             try:
                 seq.prompt_logprobs.append(self._token_logprob(self._log_softmax(index), token, top))
             except _SequenceFailed as exc:
                 self._fail(seq, exc.error)
-                failed.add(seq.slot)
         for seq, index in outputs:
-            if seq.slot in failed:
-                continue
+            if self._slots[seq.slot] is not seq:
+                continue  # failed while its prompt was scored
             if seq.request.params.max_tokens == 0:
                 # Nothing to generate: the prompt is in the slot's cache now (and scored,
                 # with prompt_logprobs).
@@ -1762,10 +1760,7 @@ class Engine:
         left = np.ctypeslib.as_array(candidates.data, shape=(int(candidates.size),))
         probs = left["p"].astype(np.float64)
         if not np.isfinite(probs).all():
-            raise _SequenceFailed(BackendError(
-                f"model '{self.name}' computed logits that are not numbers (NaN or infinite): "
-                "their probabilities cannot be written"
-            ))
+            raise self._nan_logits("probabilities")
         if not probs.any():
             return TokenLogprob(token, piece(token), 0.0, [TokenLogprob(token, piece(token), 0.0)] if top else [])
         order = np.argsort(-probs, kind="stable")
@@ -1824,12 +1819,7 @@ class Engine:
         logits = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, index), shape=(self.n_vocab,))
         top = float(logits.max())  # NaN if any is
         if not math.isfinite(top):
-            # JSON has no NaN: a logprob written as null (msgspec's encoding of it) would say
-            # something the model did not (a LoRA scaled to 1e30 overflows, as can fp16).
-            raise _SequenceFailed(BackendError(
-                f"model '{self.name}' computed logits that are not numbers (NaN or infinite): "
-                "their logprobs cannot be written"
-            ))
+            raise self._nan_logits("logprobs")
         shifted = logits.astype(np.float64) - top
         return shifted - float(np.log(np.exp(shifted).sum()))
 
@@ -2102,7 +2092,7 @@ class Engine:
             listed = array("i", handle.read(4 * n_tokens) if start <= size else b"")
             if len(listed) != n_tokens:
                 raise InvalidArgument(f"Unable to restore slot {slot}: the file is cut short in its token list")
-            state = (ctypes.c_uint8 * (max(size, start) - start + 8))()
+            state = (ctypes.c_uint8 * (size - start + 8))()  # start <= size: the tokens were read
             got = handle.readinto(memoryview(state).cast("B")[8:])
             if got != len(state) - 8:
                 raise InvalidArgument(f"Unable to restore slot {slot}: the file changed while it was read")
@@ -2460,17 +2450,25 @@ class Engine:
 
     # --------------------------------------------------------------- teardown
 
-    def _fail(self, seq: _Sequence, error: EdgedError) -> None:
-        """End `seq` alone with `error`; its slot keeps what was decoded as cache."""
-        self._free_sequence(seq)
+    def _fail(self, seq: _Sequence, error: EdgedError, *, keep_cache: bool = True) -> None:
+        """End `seq` alone with `error`; its slot keeps what was decoded as cache unless told not to."""
+        self._free_sequence(seq, keep_cache=keep_cache)
         seq.request.emit(error)
 
     def _fail_all(self, error: EdgedError) -> None:
         for seq in self._slots:
             if seq is not None:
                 # The failed decode may have left any cells of it: keep none as cache.
-                self._free_sequence(seq, keep_cache=False)
-                seq.request.emit(error)
+                self._fail(seq, error, keep_cache=False)
+
+    def _nan_logits(self, written: str) -> _SequenceFailed:
+        """The failure of a sequence whose logits are NaN or infinite, where it would write
+        their `written` (logprobs, probabilities). JSON has no NaN: msgspec writes it as null,
+        a value the model did not compute (a LoRA scaled to 1e30 overflows, as can fp16)."""
+        return _SequenceFailed(BackendError(
+            f"model '{self.name}' computed logits that are not numbers (NaN or infinite): "
+            f"their {written} cannot be written"
+        ))
 
     def _shutdown(self) -> None:
         for seq in self._slots:
