@@ -7,6 +7,7 @@ default Unix socket. Unknown keys are errors that name the key and the file.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import tomllib
 from pathlib import Path
@@ -221,10 +222,17 @@ def state_dir(config: DaemonConfig) -> Path:
 
 
 def parse_host_port(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"server.http must be HOST:PORT, got {value!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    """server.http's HOST:PORT ("[::1]:8000" for IPv6, ":8000" for 127.0.0.1).
+
+    Strict, because what it does not refuse the socket layer would reinterpret: port 99999
+    came out as another port, and "[::1:80" listened on ::1."""
+    match = re.fullmatch(r"(?:\[(?P<v6>[0-9A-Za-z:.%]+)\]|(?P<host>[^\[\]:\s]*)):(?P<port>[0-9]{1,5})", value)
+    if match is None:
+        raise ConfigError(f"server.http must be HOST:PORT (an IPv6 address in brackets: [::1]:8000), got {value!r}")
+    port = int(match["port"])
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"server.http: the port must be 1 to 65535, got {port}")
+    return match["v6"] or match["host"] or "127.0.0.1", port
 
 
 def updates_root(config: DaemonConfig) -> Path:

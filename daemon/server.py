@@ -95,9 +95,13 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
     if uds is not None:
         # Before anything else (the release store's recovery included): a second instance
         # must not touch a running one's state.
+        if len(os.fsencode(uds)) > 107:  # sun_path holds 108 bytes with the final NUL
+            raise EdgedError(f"server.socket {uds}: the path is longer than a Unix socket's 107 bytes")
         _check_socket_dir(uds.parent)
         _claim_socket_path(uds)
     token = read_token(config.server.token_file)  # a bad token file stops the daemon here
+    # Before the models load (minutes for a large one), so that a typo fails at once.
+    tcp = parse_host_port(config.server.http) if config.server.http else None
     # Read before the loop is placed: threads without a policy go back to these CPUs.
     host_policies = HostPolicies.from_config(config)
     if config.server.host_policy:
@@ -115,16 +119,30 @@ async def serve(config: DaemonConfig, *, stop: asyncio.Event | None = None) -> N
         await front.pool.start()
     factory = front.factory
     servers: list[asyncio.Server] = []
-    for sock, name in passed:
-        servers.append(await loop.create_server(factory, sock=sock))
-        log.info("listening on systemd socket %s (%s)", name or "unnamed", sock.getsockname())
-    if uds is not None:
-        servers.append(await _listen_unix(factory, uds, int(config.server.socket_mode, 8)))
-        log.info("listening on unix:%s  (try: curl --unix-socket %s http://localhost/v2/models/simple)", uds, uds)
-    if config.server.http:
-        host, port = parse_host_port(config.server.http)
-        servers.append(await loop.create_server(factory, host, port, reuse_address=True))
-        log.info("listening on http://%s:%d", host, port)
+    where = "a systemd socket"
+    try:
+        for sock, name in passed:
+            servers.append(await loop.create_server(factory, sock=sock))
+            log.info("listening on systemd socket %s (%s)", name or "unnamed", sock.getsockname())
+        if uds is not None:
+            where = f"server.socket {uds}"
+            servers.append(await _listen_unix(factory, uds, int(config.server.socket_mode, 8)))
+            log.info("listening on unix:%s  (try: curl --unix-socket %s http://localhost/v2/models/simple)", uds, uds)
+        if tcp is not None:
+            where = f"server.http {config.server.http}"
+            servers.append(await loop.create_server(factory, *tcp, reuse_address=True))
+            log.info("listening on http://%s:%d", *tcp)
+    except OSError as exc:
+        # A port in use or a host that does not resolve: the models and workers started above
+        # are stopped as at shutdown, and the reason is one line, not a traceback.
+        for server in servers:
+            server.close()
+        if front.pool is not None:
+            await front.pool.stop(0.0)
+        await service.stop()
+        if uds is not None and servers:
+            uds.unlink(missing_ok=True)
+        raise EdgedError(f"{where}: cannot listen: {exc.strerror or exc}") from None
 
     stop = stop or asyncio.Event()
     reloading = asyncio.Lock()

@@ -76,3 +76,12 @@ def test_parse_host_port() -> None:
     assert parse_host_port("[::1]:9") == ("::1", 9)
     with pytest.raises(ConfigError, match="HOST:PORT"):
         parse_host_port("localhost")
+    assert parse_host_port("[fe80::1%eth0]:80") == ("fe80::1%eth0", 80)
+    # Each of these the socket layer took as something else (port 99999 as another port,
+    # "[::1:80" as ::1) or failed on with a traceback (a non-ASCII digit).
+    for bad in ("[::1:80", "::1:80", "a:²", "a: 80", "a:-1", "[]:80", "a:800000"):
+        with pytest.raises(ConfigError, match=r"must be HOST:PORT \(an IPv6 address in brackets"):
+            parse_host_port(bad)
+    for port in ("0", "65536", "99999"):
+        with pytest.raises(ConfigError, match=f"the port must be 1 to 65535, got {int(port)}"):
+            parse_host_port(f"127.0.0.1:{port}")

@@ -277,6 +277,36 @@ def test_a_second_instance_refuses_the_live_socket(start_daemon, tmp_path: Path)
     assert not (tmp_path / "state2").exists()  # it touched nothing
 
 
+def test_a_port_in_use_is_one_line_and_a_clean_stop(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_model(repo, "m", "y = x")
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    address = f"127.0.0.1:{taken.getsockname()[1]}"
+    sock = tmp_path / "run" / "edged.sock"
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "daemon", "serve", "--socket", str(sock), "--http", address,
+             "--workers", "1", "--state-dir", str(tmp_path / "state"), "--model-repository", str(repo)],
+            capture_output=True, text=True, timeout=60,
+        )
+    finally:
+        taken.close()
+    assert result.returncode == 2
+    assert f"edged: error: server.http {address}: cannot listen: " in result.stderr
+    assert "address already in use" in result.stderr and "Traceback" not in result.stderr
+    assert not sock.exists()  # the Unix socket bound before it is gone again
+    long = tmp_path / ("d" * (108 - len(str(tmp_path)))) / "edged.sock"
+    result = subprocess.run(
+        [sys.executable, "-m", "daemon", "serve", "--socket", str(long), "--state-dir", str(tmp_path / "state"),
+         "--model-repository", str(repo)], capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert f"server.socket {long}: the path is longer than a Unix socket's 107 bytes" in result.stderr
+    assert "model m: ready" not in result.stderr  # refused before any model loads
+
+
 def test_sighup_during_the_shutdown_drain_is_ignored(start_daemon, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     marker = tmp_path / "executing"
