@@ -28,6 +28,8 @@ from daemon.config import DaemonConfig
 from daemon.errors import ConfigError
 from daemon.model_config import InstanceGroup
 
+# Linux numbers CPUs below NR_CPUS, at most 8192 in its configuration.
+MAX_CPU_ID = 8191
 _RANGE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
 
 
@@ -42,6 +44,10 @@ def parse_cpu_cores(value: str, where: str) -> frozenset[int]:
         first, last = int(found[1]), int(found[2] or found[1])
         if first > last:
             raise ConfigError(f"{where}: cpu-cores range {part.strip()!r} ends before it starts")
+        if last > MAX_CPU_ID:
+            # Refused before the set is built: "0-99999999" took seconds and gigabytes to
+            # become a set, only to be refused as CPUs the process may not use.
+            raise ConfigError(f"{where}: cpu-cores names CPU {last}, above the highest id Linux gives a CPU ({MAX_CPU_ID})")
         cpus.update(range(first, last + 1))
     return frozenset(cpus)
 

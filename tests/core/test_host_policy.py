@@ -34,6 +34,11 @@ def test_cpu_cores_read_as_triton_writes_them() -> None:
     for bad in ("", "a-b", "1-", "-1", "0-1;2", "3-1"):
         with pytest.raises(ConfigError, match="host policy 'p'"):
             parse_cpu_cores(bad, "host policy 'p'")
+    assert parse_cpu_cores("8191", "p") == {8191}
+    # Refused before a set of every id in the range is built (10**12 of them would not fit).
+    for bad in ("8192", "0-999999999999"):
+        with pytest.raises(ConfigError, match=r"host policy 'p': cpu-cores names CPU \d+, above the highest id Linux gives a CPU \(8191\)"):
+            parse_cpu_cores(bad, "host policy 'p'")
 
 
 def test_default_policy_names_are_tritons() -> None:
