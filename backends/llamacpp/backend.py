@@ -96,14 +96,21 @@ from .outbox import Outbox
 T = TypeVar("T")
 
 
+INT32_MAX = 2**31 - 1
+
+
 class LlamaCppOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """The model's `parameters`, validated (strings are converted: "8" -> 8, "true" -> True)."""
 
-    n_ctx: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # Upper bounds are what llama.cpp's C types hold (positions are int32; GGML_MAX_N_THREADS
+    # is 512): ctypes keeps only the low bits of a larger value, so n_ctx 2**40 loaded with
+    # the model's default and n_batch 2**32+1 became 1 and tripped a GGML_ASSERT that ended
+    # the process.
+    n_ctx: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)] = 0
     n_parallel: Annotated[int, msgspec.Meta(ge=1, le=256)] = 4
-    n_batch: Annotated[int, msgspec.Meta(ge=1)] = 512
-    n_threads: Annotated[int, msgspec.Meta(ge=0)] = 0
-    n_gpu_layers: int | None = None
+    n_batch: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 512
+    n_threads: Annotated[int, msgspec.Meta(ge=0, le=512)] = 0
+    n_gpu_layers: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] | None = None
     chat_template: str = ""
     embedding: bool = False
     pooling: Literal["", "mean", "cls", "last"] = ""

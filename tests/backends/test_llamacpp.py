@@ -576,6 +576,13 @@ async def test_invalid_parameters_name_the_field(load: Loader, model_path: Path)
         await load(model_path, n_parallel="many")
     with pytest.raises(ConfigError, match="flash_attn"):
         await load(model_path, flash_attn="maybe")
+    # Beyond what llama.cpp's C fields hold: ctypes would keep the low bits (n_batch 2**32+1
+    # became 1 and a GGML_ASSERT ended the process; n_ctx 2**40 became 0, the default).
+    for name, value, bound in (("n_ctx", 2**40, "<= 2147483647"), ("n_batch", 2**32 + 1, "<= 2147483647"),
+                               ("n_threads", 513, "<= 512"), ("n_gpu_layers", 2**32, "<= 2147483647"),
+                               ("n_gpu_layers", -2, ">= -1")):
+        with pytest.raises(ConfigError, match=rf"invalid llamacpp parameters: Expected `int` {bound} - at `\$\.{name}`"):
+            await load(model_path, **{name: str(value)})
 
 
 async def test_unreadable_gguf_fails_load(load: Loader, tmp_path: Path) -> None:
