@@ -346,8 +346,11 @@ class ModelConfig(_Strict):
             if tensor.label_filename:
                 raise ValueError(f"input {tensor.name!r}: label_filename applies to outputs only")
 
-    def int_parameter(self, key: str, default: int, *, minimum: int = 0) -> int:
-        """`parameters[key]` as an integer >= minimum; ConfigError naming model and key."""
+    def int_parameter(self, key: str, default: int, *, minimum: int = 0, maximum: int | None = None) -> int:
+        """`parameters[key]` as an integer in [minimum, maximum]; ConfigError naming model and key.
+
+        A runtime's thread or stream count needs a maximum: ONNX Runtime given 100 000 intra-op
+        threads crashed the process (SIGSEGV) creating them."""
         raw = self.parameters.get(key, "").strip()
         if not raw:
             return default
@@ -355,10 +358,9 @@ class ModelConfig(_Strict):
             value = int(raw)
         except ValueError:
             value = minimum - 1
-        if value < minimum:
-            raise ConfigError(
-                f"model {self.name!r}: parameter {key}={raw!r} must be an integer >= {minimum}"
-            )
+        if value < minimum or (maximum is not None and value > maximum):
+            bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+            raise ConfigError(f"model {self.name!r}: parameter {key}={raw!r} must be an integer {bounds}")
         return value
 
     def bool_parameter(self, key: str, default: bool) -> bool:

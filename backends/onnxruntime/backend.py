@@ -59,6 +59,9 @@ KSERVE_TYPES: dict[str, str] = {
 # own; 8 matches Triton's `simple` example and the OpenVINO backend, so one model autocompletes
 # the same on either backend.
 AUTO_MAX_BATCH_SIZE = 8
+# The most threads a pool may be given (ggml's limit too): ONNX Runtime asked for 100 000
+# crashed the process creating them.
+MAX_THREADS = 512
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
@@ -134,8 +137,8 @@ class OnnxRuntimeBackend(TensorBackend):
         path = _artifact_file(artifact, config)
         options = ort.SessionOptions()
         # 0 lets ONNX Runtime choose, as in Triton.
-        options.intra_op_num_threads = config.int_parameter("intra_op_thread_count", self.context.threads)
-        options.inter_op_num_threads = config.int_parameter("inter_op_thread_count", 1)
+        options.intra_op_num_threads = config.int_parameter("intra_op_thread_count", self.context.threads, maximum=MAX_THREADS)
+        options.inter_op_num_threads = config.int_parameter("inter_op_thread_count", 1, maximum=MAX_THREADS)
         options.enable_mem_pattern = config.bool_parameter("enable_mem_pattern", True)
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # Parallel execution only helps graphs with independent branches and needs the inter-op

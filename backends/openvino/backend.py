@@ -68,6 +68,9 @@ KSERVE_TYPES: dict[str, str] = {
     "string": "BYTES",
 }
 
+# OpenVINO takes at most one stream per CPU core; the bound only keeps an absurd value from
+# reaching the plugin.
+MAX_STREAMS = 512
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 
 # `inference_precision` values -> the CPU plugin's OPTIMIZATION_CAPABILITIES entry that says the
@@ -158,7 +161,7 @@ class OpenVinoBackend(TensorBackend):
         # One stream per instance by default: an instance runs one synchronous request at a
         # time, so more streams would only split its threads (the daemon's instance count is the
         # parallelism knob).
-        streams = config.int_parameter("num_streams", 1, minimum=1)
+        streams = config.int_parameter("num_streams", 1, minimum=1, maximum=MAX_STREAMS)
         precision = _precision_parameter(config, model_name)
 
         core = ov.Core()

@@ -177,6 +177,11 @@ async def test_bad_thread_parameter_is_config_error(
     backend = backend_class("onnxruntime")(InstanceContext("simple", 1))
     with pytest.raises(ConfigError, match="intra_op_thread_count"):
         await backend.load(config, simple_onnx, Device("cpu"))
+    # Refused before ONNX Runtime sees it: 100 000 threads crashed the process (SIGSEGV).
+    for key in ("intra_op_thread_count", "inter_op_thread_count"):
+        config = msgspec.structs.replace(simple_config(), parameters={key: "100000"})
+        with pytest.raises(ConfigError, match=f"parameter {key}='100000' must be an integer from 0 to 512"):
+            await backend.load(config, simple_onnx, Device("cpu"))
 
 
 async def test_gpu_without_cuda_provider_fails_to_load(

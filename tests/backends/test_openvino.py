@@ -420,6 +420,8 @@ async def test_config_naming_an_unknown_tensor_fails_at_load(tmp_path: Path, mak
 async def test_bad_performance_hint_is_a_config_error(tmp_path: Path, make_backend: Any) -> None:
     with pytest.raises(ConfigError, match="performance_hint"):
         await make_backend(build_ir(tmp_path), config(performance_hint="FASTEST"))
+    with pytest.raises(ConfigError, match="parameter num_streams='1099511627776' must be an integer from 1 to 512"):
+        await make_backend(build_ir(tmp_path), config(num_streams=str(2**40)))
 
 
 # ---------------------------------------------------------------------------- precision
