@@ -86,7 +86,7 @@ def parse_unload(body: bytes) -> bool:
 def _relative_path(key: str) -> str:
     raw = key[len(_FILE_PREFIX):]
     path = PurePosixPath(raw)
-    if not raw or path.is_absolute() or ".." in path.parts or raw.startswith("/"):
+    if not raw or path.is_absolute() or ".." in path.parts or raw.startswith("/") or not path.parts or "\0" in raw:
         raise InvalidArgument(
             f"load parameter '{key}': the file path must be relative to the model directory, "
             "like 'file:1/model.onnx'"

@@ -15,7 +15,7 @@ from typing import Final
 
 import msgspec
 
-from daemon.errors import ConfigError, NotFound
+from daemon.errors import ConfigError, InvalidArgument, NotFound
 from daemon.model_config import ModelConfig, VersionPolicy, config_from_mapping
 
 PBTXT: Final = "config.pbtxt"
@@ -34,6 +34,8 @@ def parse_model_toml(text: str, *, source: str) -> ModelConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    except RecursionError:  # tomllib recurses once per nested array or table
+        raise ConfigError(f"{source}: nested too deeply to be read") from None
     # TOML table keys are always strings; priority levels are integers.
     batching = data.get("dynamic_batching")
     if isinstance(batching, dict) and isinstance(batching.get("priority_queue_policy"), dict):
@@ -127,6 +129,17 @@ def select_versions(available: list[int], policy: VersionPolicy, *, model: str =
             f"{who}: version_policy specific version(s) {missing} not found (available: {present})"
         )
     return wanted
+
+
+def check_model_name(name: str) -> None:
+    """A model name must be one directory's name: it names the model's directories under the
+    state directory (uploads, a backend's state), so "..", "a/b" or an absolute name would
+    write outside it. At most 240 bytes, so that an upload's directory ("<name>-" and 8
+    random characters) stays within a file name's 255."""
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise InvalidArgument(f"model name {name!r} is not a directory name (no '/', NUL, '.' or '..')")
+    if len(name.encode("utf-8", "surrogateescape")) > 240:
+        raise InvalidArgument(f"model name {name[:40]!r}... is longer than 240 bytes")
 
 
 def scan_repository(repo: Path) -> dict[str, Path]:

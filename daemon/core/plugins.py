@@ -201,8 +201,10 @@ class PluginRegistry:
         try:
             raw = tomllib.loads(manifest_path.read_text(encoding="utf-8"))
             manifest = msgspec.convert(raw, PluginManifest)
-        except (OSError, tomllib.TOMLDecodeError, msgspec.ValidationError) as exc:
+        except (OSError, tomllib.TOMLDecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             return _Plugin(path, None, fingerprint, error=f"invalid {manifest_path}: {exc}")
+        except RecursionError:  # tomllib recurses once per nested array or table
+            return _Plugin(path, None, fingerprint, error=f"invalid {manifest_path}: nested too deeply to be read")
         if manifest.name != path.name:
             return _Plugin(
                 path, None, fingerprint,

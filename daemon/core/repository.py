@@ -138,6 +138,7 @@ class RepositoryManager:
         fresh directory under the state dir, which then replaces the repository's directory;
         it is removed again if the load fails, and older uploads of the model are pruned."""
         self._check_explicit("load / unload")
+        layout.check_model_name(name)
         if not files:
             models = await asyncio.to_thread(self.scan)
             path = models.get(name)

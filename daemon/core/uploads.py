@@ -7,15 +7,19 @@ call these on a worker thread."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import shutil
 import tempfile
 from pathlib import Path
 
+from daemon.errors import InvalidArgument
+
 log = logging.getLogger(__name__)
 
 UPLOADS = "uploaded-models"
 INCOMING_SUFFIX = ".edgebundle.part"
+_PATH_ERRNOS = frozenset({errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG})
 
 
 def incoming_dir(state_dir: Path) -> Path:
@@ -30,8 +34,17 @@ def write(state_dir: Path, name: str, files: dict[str, bytes]) -> Path:
     model_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
     for relative, data in files.items():
         target = model_dir / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        except (OSError, ValueError) as exc:
+            remove(model_dir)
+            if isinstance(exc, OSError) and exc.errno not in _PATH_ERRNOS:
+                raise  # the disk's problem (full, read-only), not the request's
+            # Paths that pass the request's checks and still cannot be written: a file and a
+            # directory of one name ("1/a" and "1/a/b"), a name too long, a NUL (ValueError).
+            problem = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise InvalidArgument(f"load parameter 'file:{relative}' cannot be written: {problem}") from None
     return model_dir
 
 
@@ -44,7 +57,10 @@ def prune(state_dir: Path, name: str, keep: Path | None) -> None:
     root = state_dir / UPLOADS
     if not root.is_dir():
         return
-    for path in root.glob(f"{name}-*"):
+    # Compared as text, not globbed: a model named "???" matched every other model's uploads.
+    for path in root.iterdir():
+        if not path.name.startswith(f"{name}-"):
+            continue
         suffix = path.name[len(name) + 1 :]
         # mkdtemp's suffix has no '-': "a-x1y2z3w4" is model a's, not model "a-x"'s.
         if path != keep and path.is_dir() and "-" not in suffix:

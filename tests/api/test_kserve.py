@@ -18,6 +18,8 @@ pytest.importorskip("onnxruntime")
 
 from model_builders import write_simple_repository
 
+from support import Reply
+
 
 @pytest.fixture
 def daemon(start_daemon: Callable[..., object], simple_repo: Path) -> object:
@@ -444,6 +446,52 @@ def test_repository_load_parameters(start_daemon, simple_repo: Path, tmp_path: P
     _assert_error(daemon.request("GET", "/v2/models/uploaded/stats"), 400, "requested model 'uploaded' is not available")
     # As in Triton, unloading a model that is not loaded succeeds.
     assert daemon.post_json("/v2/repository/models/nope/unload", {}).status == 200
+
+
+def test_uploaded_models_stay_inside_the_state_directory(start_daemon, simple_repo: Path, tmp_path: Path) -> None:
+    """A load's model name and `file:` paths name directories under the state directory:
+    nothing may land outside it, a failed write leaves nothing behind, and one model's load
+    never prunes another's files."""
+    import base64
+    import urllib.parse
+
+    from model_builders import SIMPLE_PYTHON_MODEL
+
+    daemon = start_daemon("--model-repository", str(simple_repo), "--model-control-mode", "explicit",
+                          "--load-model", "simple")
+    code = base64.b64encode(SIMPLE_PYTHON_MODEL.encode()).decode()
+
+    def config(name: str) -> str:
+        return json.dumps({
+            "name": name, "backend": "python", "max_batch_size": 8,
+            "input": [{"name": f"INPUT{i}", "data_type": "TYPE_INT32", "dims": [16]} for i in (0, 1)],
+            "output": [{"name": f"OUTPUT{i}", "data_type": "TYPE_INT32", "dims": [16]} for i in (0, 1)],
+        })
+
+    def load(name: str, files: dict[str, str]) -> Reply:
+        path = "/v2/repository/models/" + urllib.parse.quote(name, safe="") + "/load"
+        return daemon.post_json(path, {"parameters": {"config": config(name), **files}})
+
+    outside = tmp_path / "escaped"
+    for name in ("..", ".", f"../../../../../../../..{outside}", str(outside), "a/b", "a\0b"):
+        _assert_error(load(name, {"file:1/model.py": code}), 400, "is not a directory name (no '/', NUL, '.' or '..')")
+    _assert_error(load("x" * 241, {"file:1/model.py": code}), 400, "is longer than 240 bytes")
+    for key in ("file:.", "file:1/a\0b"):
+        _assert_error(load("m", {key: code}), 400, "relative to the model directory")
+    # Paths that pass and still cannot be written: a file and a directory of one name.
+    _assert_error(load("m", {"file:1/model.py": code, "file:1/model.py/x": code}), 400,
+                  "load parameter 'file:1/model.py/x' cannot be written: ")
+    uploads = daemon.state_dir / "uploaded-models"
+    assert not outside.exists() and not list(tmp_path.glob("escaped*"))
+    assert not uploads.exists() or list(uploads.iterdir()) == []  # nothing left of the failures
+    # A name that is a glob pattern matched every model's uploads when the earlier ones were pruned.
+    assert load("mm", {"file:1/model.py": code}).status == 200
+    assert load("??", {"file:1/model.py": code}).status == 200
+    assert load("??", {"file:1/model.py": code}).status == 200  # prunes its own first upload only
+    assert sorted(p.name[:3] for p in uploads.iterdir()) == ["??-", "mm-"]
+    a, b = _simple_inputs()
+    body = daemon.post_json("/v2/models/mm/infer", _json_infer(a, b)).json()
+    assert body["outputs"][0]["data"] == (a + b).ravel().tolist()
 
 
 def test_unload_dependents_unloads_the_ensemble_steps(start_daemon, tmp_path: Path) -> None:

@@ -70,10 +70,15 @@ def test_two_plugins_with_same_module_names_do_not_collide(tmp_path: Path) -> No
         ('name = "other"\nversion = "1"\napi-version = 1\nentrypoint = "impl:Impl"\n', "directory name"),
         ('name = "bad"\nversion = "1"\napi-version = 1\nentrypoint = "impl:Impl"\ncolour = "red"\n', "colour"),
         ("name = [", "invalid"),
+        # Each of these two ended the daemon's start (a RecursionError, a UnicodeDecodeError).
+        ("x = " + "[" * 100_000 + "]" * 100_000, "nested too deeply to be read"),
+        (b'name = "\xff\xfe"\n', "can't decode byte 0xff"),
     ],
 )
-def test_broken_manifests_are_reported_and_skipped(tmp_path: Path, manifest: str, needle: str) -> None:
-    write_plugin(tmp_path, "bad", manifest=manifest)
+def test_broken_manifests_are_reported_and_skipped(tmp_path: Path, manifest: str | bytes, needle: str) -> None:
+    folder = write_plugin(tmp_path, "bad", manifest=manifest if isinstance(manifest, str) else "")
+    if isinstance(manifest, bytes):
+        (folder / "manifest.toml").write_bytes(manifest)
     write_plugin(tmp_path, "good")
     registry = PluginRegistry([tmp_path])
     result = registry.scan()
