@@ -43,6 +43,9 @@ class ModelEntry:
     reason: str = ""
     versions: dict[int, LoadedVersion] = field(default_factory=dict)
     fingerprint: str = ""
+    # The directory the versions serving now were loaded from (`path` is where the repository
+    # has the model now: in explicit mode it moves ahead of what is loaded).
+    loaded_from: Path | None = None
     # Every version a load has tried (loaded or not): like Triton, a request naming one of
     # them that is not loaded is "not at ready state" (503), any other is "not found" (404).
     tried: set[int] = field(default_factory=set)
@@ -201,6 +204,7 @@ class ModelRegistry:
             entry.state = "READY"
             entry.reason = ""
             entry.fingerprint = fingerprint
+            entry.loaded_from = model_dir
             log.info(
                 "model %s: ready (versions %s)",
                 name,
@@ -219,6 +223,7 @@ class ModelRegistry:
             await self._retire(old.values())
             entry.state = "UNAVAILABLE"
             entry.reason = "unloaded"
+            entry.loaded_from = None
         log.info("model %s: unloaded", name)
 
     def forget(self, name: str) -> None:

@@ -122,13 +122,18 @@ class ReleaseManager:
         await self.reload(release)
         models = release / "models"
         names = sorted(scan_repository(models)) if models.is_dir() else []
-        for name in names:
+        # In explicit mode a model neither loaded nor in the startup set stays unloaded (and
+        # unchecked) until someone loads it.
+        checked = [name for name in names if self.repository.follows(name)]
+        for name in checked:
             entry = self.registry.entry(name)
-            if entry is None or entry.state != "READY" or entry.reason or entry.path != models / name:
-                reason = entry.reason if entry is not None else "not found"
+            # loaded_from, not path: the versions serving may still be the old release's.
+            if entry is None or entry.state != "READY" or entry.reason or entry.loaded_from != models / name:
+                reason = (entry.reason if entry is not None else "") or "it was not loaded"
                 raise HealthCheckFailed(f"model '{name}' did not load from the new release: {reason}")
             await self._warm_up(name)
-        log.info("release %s: %d model(s) loaded and answered a warm-up request", release.name, len(names))
+        log.info("release %s: %d model(s) loaded and answered a warm-up request%s", release.name, len(checked),
+                 f" ({len(names) - len(checked)} not loaded: explicit mode)" if len(checked) < len(names) else "")
 
     async def _warm_up(self, name: str) -> None:
         model = self.registry.get(name)

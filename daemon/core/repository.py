@@ -97,7 +97,7 @@ class RepositoryManager:
             entry = self.registry.entry(name)
             if entry is None or entry.path != path:
                 self.registry.note_unknown(name, path)
-                if self.mode != "explicit" and not await self._on_demand(name, path):
+                if self.follows(name) and not await self._on_demand(name, path):
                     to_load[name] = path
                 continue
             if not entry.versions and (self.mode == "explicit" or await self._on_demand(name, path)):
@@ -113,6 +113,17 @@ class RepositoryManager:
                 if entry is not None and entry.versions:
                     await self.registry.unload(name)
                 self.registry.forget(name)
+
+    def follows(self, name: str) -> bool:
+        """Whether the model loads from wherever the repository has it now: every model,
+        except in explicit mode, where only those loaded now (an update moves them to the new
+        release, as a change of their files reloads them) and the startup set (a restart
+        would load them from the new release)."""
+        if self.mode != "explicit":
+            return True
+        entry = self.registry.entry(name)
+        loaded = entry is not None and entry.loaded_from is not None
+        return loaded or "*" in self.startup_models or name in self.startup_models
 
     async def poll_forever(self, interval: float) -> None:
         while True:

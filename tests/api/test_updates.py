@@ -107,6 +107,35 @@ def test_update_lifecycle_over_the_socket(start_daemon, tmp_path: Path) -> None:
     assert _value(again) == 2.0
 
 
+def test_explicit_mode_updates_the_loaded_models_and_checks_them(start_daemon, tmp_path: Path) -> None:
+    """In explicit mode the models loaded now and the startup set follow the new release and
+    are health-checked; the others stay unloaded. Once, the old versions kept serving under the
+    new release's path: a model that could not load passed the check and was committed."""
+    config, key = _setup(tmp_path)
+    daemon = start_daemon("--config", str(config), "--model-control-mode", "explicit", "--load-model", "m")
+    src = tmp_path / "src-1.0.0"
+    python_model(src / "models", "m", "y = x + 1")
+    python_model(src / "models", "extra", "y = x + 5")
+    create_bundle(src, tmp_path / "1.edgebundle", key, 1, "1.0.0")
+    reply = _post(daemon, tmp_path / "1.edgebundle")
+    assert reply.status == 200, reply.body
+    assert _value(daemon) == 2.0
+    assert daemon.request("GET", "/v2/models/extra/ready").status == 400  # not asked for: not loaded
+    assert daemon.post_json("/v2/repository/models/extra/load", {}).status == 200
+
+    assert _post(daemon, _bundle(tmp_path, key, "1.1.0", 2, "y = x + 100")).status == 200
+    assert _value(daemon) == 101.0
+    broken = _post(daemon, _bundle(tmp_path, key, "1.2.0", 3, "raise RuntimeError('corrupt weights')\ny = x"))
+    assert broken.status == 422, broken.body
+    assert "model 'm' failed its warm-up request" in broken.json()["error"]  # the new code's, not the old
+    assert "corrupt weights" in broken.json()["error"]
+    assert _value(daemon) == 101.0
+    assert daemon.request("GET", "/v1/updates").json()["current"].startswith("2-")
+    assert daemon.stop() == 0
+    again = start_daemon("--config", str(config), "--model-control-mode", "explicit", "--load-model", "m")
+    assert _value(again) == 101.0
+
+
 def test_inbox_applies_bundles_dropped_in(start_daemon, tmp_path: Path) -> None:
     inbox = tmp_path / "usb"
     inbox.mkdir()
