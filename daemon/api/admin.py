@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 _json = msgspec.json.Encoder()
 _CHUNK = 1 << 20
+INFLATE_PIECE = 1 << 20
 
 
 def _json_response(payload: object, status: int = 200) -> web.Response:
@@ -88,10 +89,14 @@ class _Sink:
     def write(self, chunk: bytes) -> None:
         """Runs on a worker thread: inflating and writing never block the event loop."""
         if self._inflater is None:
-            data = chunk
-        else:
+            self._put(chunk)
+            return
+        # Inflated a piece at a time: a 1 MiB chunk of a gzip bomb is up to ~1 GiB of output,
+        # which one decompress() call held in memory at once.
+        pending = chunk
+        while pending:
             try:
-                data = self._inflater.decompress(chunk, self.limit - self.size + 1)
+                data = self._inflater.decompress(pending, min(INFLATE_PIECE, self.limit - self.size + 1))
             except zlib.error as exc:
                 # HTTP clients send "deflate" zlib-wrapped or raw: retry raw once, at the start.
                 if self.encoding == "deflate" and self.size == 0 and not self._raw_deflate_tried:
@@ -100,8 +105,10 @@ class _Sink:
                     self.write(chunk)
                     return
                 raise InvalidArgument(f"body is not valid {self.encoding} data: {exc}") from None
-            if self._inflater.unconsumed_tail:
-                raise self._too_large()
+            self._put(data)
+            pending = self._inflater.unconsumed_tail
+
+    def _put(self, data: bytes) -> None:
         self.size += len(data)
         if self.size > self.limit:
             raise self._too_large()

@@ -329,6 +329,27 @@ def test_bundle_size_caps_and_partial_uploads(start_daemon, tmp_path: Path) -> N
     assert daemon.alive()
 
 
+def test_a_gzip_body_is_inflated_a_piece_at_a_time() -> None:
+    """The update body's sink holds at most INFLATE_PIECE inflated bytes at once: one 1 MiB
+    chunk of a gzip bomb was inflated whole (the daemon's memory grew by ~1.2 GB)."""
+    import io
+
+    from daemon.api.admin import INFLATE_PIECE, _Sink
+
+    class Recording(io.BytesIO):
+        largest = 0
+
+        def write(self, data) -> int:  # type: ignore[no-untyped-def, override]
+            self.largest = max(self.largest, len(data))
+            return len(data)
+
+    for encoding, compress in (("gzip", gzip.compress), ("deflate", zlib.compress)):
+        out = Recording()
+        sink = _Sink(out, encoding, 64 << 20)
+        sink.write(compress(b"\0" * (24 << 20)))
+        assert sink.size == 24 << 20 and out.largest == INFLATE_PIECE
+
+
 def test_client_hanging_up_does_not_cancel_the_update(start_daemon, tmp_path: Path) -> None:
     config, key = _setup(tmp_path)
     daemon = start_daemon("--config", str(config))
