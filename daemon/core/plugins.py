@@ -84,6 +84,9 @@ class _Plugin:
     error: str = ""
     backend_class: type[Backend] | None = None
     probe: Probe | None = None
+    # Held while the plugin's code is imported: one import per plugin, and a plugin whose
+    # import never returns holds up only the loads that need it.
+    importing: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass
@@ -146,8 +149,8 @@ class PluginRegistry:
     def __init__(self, directories: list[Path], *, check_ownership: bool = True) -> None:
         self.directories = directories
         self.check_ownership = check_ownership
-        # Plugins are imported on worker threads (never on the event loop); two loads that
-        # need the same plugin at once must import it once.
+        # Guards the plugin table. Plugins are imported on worker threads (never on the event
+        # loop), each under its own lock (_Plugin.importing), not this one.
         self._lock = threading.RLock()
         self._plugins: dict[str, _Plugin] = {}
         # Directories that failed to parse, keyed by path (no name to key them by).
@@ -241,15 +244,16 @@ class PluginRegistry:
 
         Imports run plugin code: call this on a worker thread, never on the event loop."""
         with self._lock:
-            return self._resolve(name)
+            plugin = self._plugins.get(name)
+            if plugin is None or plugin.manifest is None:
+                raise NotFound(f"unknown backend {name!r}; known backends: {self.names()}")
+        with plugin.importing:
+            return self._resolve(name, plugin, plugin.manifest)
 
-    def _resolve(self, name: str) -> type[Backend]:
-        plugin = self._plugins.get(name)
-        if plugin is None or plugin.manifest is None:
-            raise NotFound(f"unknown backend {name!r}; known backends: {self.names()}")
+    def _resolve(self, name: str, plugin: _Plugin, manifest: PluginManifest) -> type[Backend]:
         if plugin.backend_class is not None:
             return plugin.backend_class
-        missing = [m for m in plugin.manifest.requires if importlib.util.find_spec(m) is None]
+        missing = [m for m in manifest.requires if importlib.util.find_spec(m) is None]
         if missing:
             # The runtime is simply not installed here: "unavailable", not "broken".
             reason = (
@@ -260,7 +264,7 @@ class PluginRegistry:
             plugin.error = f"backend plugin {name!r}: {reason}"
             raise PluginError(plugin.error)
         try:
-            cls = self._import(plugin.path, plugin.manifest)
+            cls = self._import(plugin.path, manifest)
             probe = cls.probe()
         except PluginError as exc:
             plugin.error = exc.message
@@ -287,6 +291,14 @@ class PluginRegistry:
             manifest = plugin.manifest
             assert manifest is not None
             state: PluginState = "ready"
+            if plugin.backend_class is None and plugin.importing.locked():
+                # Another thread is importing it: reported as it stands, not waited for (an
+                # import that never returns would hold up the whole report).
+                infos.append(PluginInfo(name=name, path=str(plugin.path), state="discovered",
+                                        version=manifest.version, api_version=manifest.api_version,
+                                        artifacts=manifest.artifacts, platforms=manifest.platforms,
+                                        reason="its import has not finished"))
+                continue
             try:
                 self.resolve(name)
             except PluginError:

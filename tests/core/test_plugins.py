@@ -4,6 +4,7 @@ not cached, changes detected."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -98,6 +99,38 @@ def test_import_error_names_plugin_and_is_not_cached(tmp_path: Path) -> None:
     (folder / "impl.py").write_text(GOOD.format(name="flaky", factor=3.0))
     registry.scan()
     assert registry.resolve("flaky").factor == 3.0  # type: ignore[attr-defined]
+
+
+def test_a_plugin_whose_import_hangs_holds_up_only_itself(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    write_plugin(tmp_path / "plugins", "good")
+    write_plugin(tmp_path / "plugins", "stuck", code=(
+        f"import pathlib, time\nwhile not pathlib.Path({str(gate)!r}).exists():\n    time.sleep(0.01)\n"
+        + GOOD.format(name="stuck", factor=3.0)
+    ))
+    registry = PluginRegistry([tmp_path / "plugins"])
+    registry.scan()
+    stuck = threading.Thread(target=registry.resolve, args=("stuck",), daemon=True)
+    stuck.start()
+    try:
+        for _ in range(500):
+            if f"{NAMESPACE}.stuck.impl" in sys.modules:
+                break
+            time.sleep(0.01)
+        # One lock for every import made these wait for the stuck one: run aside, with a limit.
+        done: dict[str, object] = {}
+        aside = threading.Thread(target=lambda: done.update(good=registry.resolve("good"), infos=registry.info()),
+                                 daemon=True)
+        aside.start()
+        aside.join(30)
+        assert done.get("good") is not None and done["good"].factor == 2.0  # type: ignore[attr-defined]
+        infos = {i.name: i for i in done["infos"]}  # type: ignore[attr-defined]
+        assert (infos["stuck"].state, infos["stuck"].reason) == ("discovered", "its import has not finished")
+        assert infos["good"].state == "ready"
+    finally:
+        gate.touch()
+    stuck.join(10)
+    assert registry.resolve("stuck").factor == 3.0  # type: ignore[attr-defined]
 
 
 def test_missing_runtime_is_unavailable(tmp_path: Path) -> None:
