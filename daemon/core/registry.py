@@ -217,6 +217,10 @@ class ModelRegistry:
         if entry is None:
             raise NotFound(f"Request for unknown model: '{name}' is not found")
         async with entry.lock:
+            if not entry.versions and entry.state == "UNAVAILABLE":
+                # Nothing loaded (a failed load, or already unloaded): Triton leaves the model's
+                # state and reason as they are, a failure's included.
+                return
             old = entry.versions
             entry.state = "UNLOADING"
             entry.versions = {}

@@ -192,5 +192,13 @@ async def test_a_model_that_failed_to_load_answers_as_triton(tmp_path: Path) -> 
         with pytest.raises(NotFound, match="'m' version 4 is not found"):
             registry.get("m", 4)
         assert [(r.version, r.state) for r in registry.index()] == [("3", "UNAVAILABLE")]
+        # Unloading it changes nothing, as in Triton 2.51 (checked side by side): the failure
+        # stays its state and reason, and the server stays not ready (strict readiness).
+        await registry.unload("m")
+        rows = registry.index()
+        assert [(r.version, r.state) for r in rows] == [("3", "UNAVAILABLE")] and "bad weights" in rows[0].reason
+        with pytest.raises(NotFound, match="'m' has no available versions"):
+            registry.get("m")
+        assert not registry.all_ready()
     finally:
         await registry.close()
