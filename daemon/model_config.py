@@ -160,7 +160,9 @@ InstanceKind = Literal["KIND_AUTO", "KIND_CPU", "KIND_GPU", "KIND_MODEL"]
 
 
 class InstanceGroup(_Strict):
-    count: Annotated[int, msgspec.Meta(ge=1)] = 1
+    # Each instance is a thread (and a runtime session) of this process: 100 000 kept a load
+    # creating them for minutes, holding the model's lock. Triton sets no bound.
+    count: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 1
     kind: InstanceKind = "KIND_AUTO"
     gpus: list[int] = []
     name: str = ""

@@ -426,6 +426,9 @@ def test_values_rejected_by_model_config_name_the_field(parser: PbtxtParser) -> 
     # TYPE_INVALID is proto3's default, so the field is simply missing.
     with pytest.raises(ConfigError, match=r"data_type.*\$\.input\[0\]"):
         parser.parse('input { name: "x" dims: 1 }', source="c")
+    # 100 000 instances kept a load creating threads for minutes.
+    with pytest.raises(ConfigError, match=r"Expected `int` <= 1024 - at `\$\.instance_group\[0\]\.count`"):
+        parser.parse("instance_group { count: 100000 }", source="c")
 
 
 def test_parsers_are_independent_of_the_global_pool() -> None:
