@@ -446,8 +446,14 @@ class Backend:
                 return
             try:
                 result = fn(*args, **kwargs)
-            except BaseException as exc:  # re-raised in the caller, as run_in_executor does
+            except Exception as exc:  # re-raised in the caller, as run_in_executor does
                 _settle_threadsafe(loop, future, None, exc)
+            except BaseException as exc:
+                # Re-raised on the event loop, a KeyboardInterrupt or SystemExit from the
+                # instance's code would end the daemon: the caller gets an error instead.
+                error = BackendError(f"backend {self.name!r}: {getattr(fn, '__name__', 'a call')} raised "
+                                     f"{type(exc).__name__}: {exc}")
+                _settle_threadsafe(loop, future, None, error)
             else:
                 _settle_threadsafe(loop, future, result, None)
 

@@ -15,6 +15,7 @@ import pytest
 import daemon.backend
 from daemon.backend import (
     Backend,
+    BackendError,
     InferRequest,
     InferResponse,
     InstanceContext,
@@ -68,11 +69,17 @@ async def test_errors_reach_the_caller() -> None:
     def leave() -> None:
         raise SystemExit(3)
 
+    def interrupt() -> None:
+        raise KeyboardInterrupt("from a plugin")
+
     try:
         with pytest.raises(ValueError, match="bad input"):
             await backend.run_blocking(fail)
-        with pytest.raises(SystemExit):
+        # Re-raised on the event loop these would end the daemon: the caller gets an error.
+        with pytest.raises(BackendError, match="leave raised SystemExit: 3"):
             await backend.run_blocking(leave)
+        with pytest.raises(BackendError, match="interrupt raised KeyboardInterrupt: from a plugin"):
+            await backend.run_blocking(interrupt)
         assert await backend.run_blocking(lambda: 7) == 7  # the thread lives on
     finally:
         await backend.unload()

@@ -140,7 +140,7 @@ class PythonBackend(Backend):
             given = pb_utils.ModelConfig(msgspec.json.encode(layout).decode())
             try:
                 result = complete(given)
-            except (Exception, SystemExit) as exc:
+            except BaseException as exc:
                 raise BackendError(
                     f"{where}: auto_complete_config raised {type(exc).__name__}: {exc}"
                 ) from exc
@@ -184,7 +184,7 @@ class PythonBackend(Backend):
             initialize = getattr(model, "initialize", None)
             if callable(initialize):
                 initialize(triton_args(config, self.context, path, device))
-        except (Exception, SystemExit) as exc:
+        except BaseException as exc:
             sys.modules.pop(module_name, None)
             log.error("%s: initialize failed", where, exc_info=True)
             raise BackendError(f"{where}: initialize raised {type(exc).__name__}: {exc}") from exc
@@ -221,7 +221,7 @@ class PythonBackend(Backend):
             finalize = getattr(model, "finalize", None)
             if callable(finalize):
                 finalize()
-        except (Exception, SystemExit):
+        except BaseException:
             # Unload must finish whatever the user's cleanup does; say what failed.
             log.exception("python: model %r: finalize failed", self._model_name)
         finally:
@@ -371,7 +371,7 @@ class PythonBackend(Backend):
                 # Triton allows `async def execute`; give it an event loop on this thread so the
                 # daemon's loop is never blocked by the model's code.
                 result = asyncio.run(_wait(result))
-        except (Exception, SystemExit) as exc:
+        except BaseException as exc:
             log.warning("python: model %r: execute raised", self._model_name, exc_info=True)
             # Triton's words (without the traceback, which goes to the log).
             raise BackendError(
@@ -471,7 +471,7 @@ class PythonBackend(Backend):
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
-        except (Exception, SystemExit) as exc:
+        except BaseException as exc:
             sys.modules.pop(module_name, None)
             log.error("%s: import failed", where, exc_info=True)
             raise BackendError(f"{where}: importing it raised {type(exc).__name__}: {exc}") from exc

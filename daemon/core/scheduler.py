@@ -641,7 +641,11 @@ class _QueueScheduler:
                 )
         except EdgedError as exc:
             results = [exc] * len(items)
-        except Exception as exc:  # a broken backend fails this batch, never the scheduler
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            # A broken backend fails this batch, never the scheduler: a KeyboardInterrupt or
+            # a custom BaseException from a model's code ended this worker task for good.
             log.warning("model %s: backend %s raised while executing %d request(s): %r",
                         self.model, instance.name, len(items), exc)
             error = BackendError(

@@ -432,3 +432,62 @@ def test_client_disconnect_cancels_the_request_in_the_model(
     assert text.startswith("cancelled after "), text
     # The daemon is fine and the model still serves.
     assert daemon.request("GET", "/v2/models/slow_stream/ready").status == 200
+
+
+_LIFECYCLE_MODEL = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class Custom(BaseException):
+    pass
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if {initialize!r}:
+            raise KeyboardInterrupt("initialize")
+
+    def execute(self, requests):
+        kind = requests[0].parameters()
+        if "keyboard" in kind:
+            raise KeyboardInterrupt("execute")
+        if "custom" in kind:
+            raise Custom("execute")
+        x = pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", x)])]
+
+    def finalize(self):
+        if {finalize!r}:
+            raise GeneratorExit("finalize")
+"""
+
+
+def test_base_exceptions_from_a_model_never_end_the_daemon(start_daemon, tmp_path: Path) -> None:
+    """A model's KeyboardInterrupt ended the daemon (from execute, initialize or finalize), a
+    custom BaseException ended the model's scheduler for good, and a GeneratorExit in
+    finalize left the model UNLOADING: each is now that model's error."""
+    repo = tmp_path / "repo"
+    for name, initialize, finalize in (("m", False, True), ("init", True, False)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(
+            'backend: "python"\ninput [{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+            'output [{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+        )
+        (repo / name / "1" / "model.py").write_text(_LIFECYCLE_MODEL.format(initialize=initialize, finalize=finalize))
+    daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit", "--load-model", "m")
+
+    def infer(kind: str) -> Reply:
+        body = {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [3]}], "parameters": {kind: True}}
+        return daemon.post_json("/v2/models/m/infer", body)
+
+    for kind, raised in (("keyboard", "KeyboardInterrupt: execute"), ("custom", "Custom: execute")):
+        reply = infer(kind)
+        assert reply.status == 500 and raised in reply.json()["error"], reply.body
+        assert infer("plain").json()["outputs"][0]["data"] == [3.0]  # the model still serves
+    reply = daemon.post_json("/v2/repository/models/init/load", {})
+    assert reply.status == 400 and "initialize raised KeyboardInterrupt: initialize" in reply.json()["error"]
+    assert daemon.post_json("/v2/repository/models/m/unload", {}).status == 200
+    assert daemon.request("GET", "/v2/models/m/ready").status == 400
+    states = {row["name"]: row.get("state") for row in daemon.post_json("/v2/repository/index", {}).json()}
+    assert states["m"] == "UNAVAILABLE"
+    assert daemon.proc.poll() is None and daemon.request("GET", "/v2/health/live").status == 200
+    assert "finalize failed" in daemon.log()

@@ -89,6 +89,16 @@ class Exploding(Linear):
         return await super().execute(batch)
 
 
+class Interrupting(Linear):
+    """execute() raises a BaseException that is no Exception (a model's KeyboardInterrupt or
+    its own subclass): once, it ended the scheduler's worker task for good."""
+
+    async def execute(self, batch: Sequence[InferRequest]) -> list[ExecuteResult]:
+        if any(np.isnan(r.inputs["x"]).any() for r in batch):
+            raise KeyboardInterrupt("boom")
+        return await super().execute(batch)
+
+
 class NoMerge(Linear):
     capabilities = Capabilities(dynamic_batching=False)
 
@@ -486,8 +496,9 @@ async def test_preserve_ordering_with_uneven_instances(harness: Harness, preserv
     np.testing.assert_array_equal(second.result().outputs["y"], fast.expected(rows(2)))
 
 
-async def test_execute_raising_fails_exactly_its_batch(harness: Harness) -> None:
-    scheduler, (inst,), stats = await harness(make_config(4), cls=Exploding)
+@pytest.mark.parametrize("cls", [Exploding, Interrupting])
+async def test_execute_raising_fails_exactly_its_batch(harness: Harness, cls: type[Linear]) -> None:
+    scheduler, (inst,), stats = await harness(make_config(4), cls=cls)
     first = await occupy(scheduler, inst)
     poison = rows(1)
     poison[0, 1] = np.nan
