@@ -35,6 +35,7 @@ class EnsembleRunner:
         assert config.ensemble_scheduling is not None
         self.steps = config.ensemble_scheduling.step
         self._check_graph()
+        self._check_cycle()
         self._stopped = False
         self._running = 0
         self._idle = asyncio.Event()
@@ -61,6 +62,26 @@ class EnsembleRunner:
         missing_outputs = sorted({t.name for t in self.config.output} - available)
         if missing_outputs:
             raise ConfigError(f"ensemble '{self.name}': outputs {missing_outputs} are produced by no step")
+
+    def _check_cycle(self) -> None:
+        """Refuse an ensemble that its own steps lead back to: each request would nest another
+        without end (one request grew the daemon by gigabytes). Models not loaded yet are
+        skipped: whichever of the two loads last sees the way back."""
+        seen: set[str] = set()
+        pending = [step.model_name for step in self.steps]
+        while pending:
+            name = pending.pop()
+            if name == self.name:
+                raise ConfigError(f"ensemble '{self.name}' contains a cycle: its steps lead back to '{self.name}'")
+            if name in seen:
+                continue
+            seen.add(name)
+            try:
+                config = self.resolve(name, None).config
+            except EdgedError:
+                continue
+            if config.ensemble_scheduling is not None:
+                pending.extend(step.model_name for step in config.ensemble_scheduling.step)
 
     async def _run_step(self, index: int, step: EnsembleStep, tensors: dict[str, object], parent: InferRequest) -> dict[str, object]:
         inputs = {inner: tensors[outer] for inner, outer in step.input_map.items()}

@@ -173,6 +173,26 @@ async def test_unsatisfiable_graph_is_refused_at_load(tmp_path: Path) -> None:
         await registry.close()
 
 
+async def test_an_ensemble_its_steps_lead_back_to_is_refused_at_load(tmp_path: Path) -> None:
+    """Loaded, such an ensemble nested one request inside another without end (gigabytes in
+    seconds, the event loop blocked): refused whichever of the ensembles loads last."""
+    repo = tmp_path / "repo"
+    python_step(repo, "ok", ["X"], {"Y": "X"})
+    ensemble(repo, "itself", step("itself", {"X": "X"}, {"Y": "Y"}), ["X"], ["Y"])
+    ensemble(repo, "a", step("b", {"X": "X"}, {"Y": "Y"}), ["X"], ["Y"])
+    ensemble(repo, "b", step("ok", {"X": "X"}, {"Y": "T"}) + ", " + step("a", {"X": "T"}, {"Y": "Y"}), ["X"], ["Y"])
+    registry = await make_registry(tmp_path)
+    try:
+        with pytest.raises(ConfigError, match="ensemble 'itself' contains a cycle: its steps lead back to 'itself'"):
+            await registry.load("itself", repo / "itself")
+        await registry.load("ok", repo / "ok")
+        await registry.load("a", repo / "a")  # b is not loaded yet: nothing leads back so far
+        with pytest.raises(ConfigError, match="ensemble 'b' contains a cycle: its steps lead back to 'b'"):
+            await registry.load("b", repo / "b")
+    finally:
+        await registry.close()
+
+
 async def test_request_parameters_reach_every_step(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     # Each step adds the request's integer parameter "k" to its input.
