@@ -183,7 +183,10 @@ class DynamicBatching(_Strict):
     preferred_batch_size: list[int] = []
     max_queue_delay_microseconds: Annotated[int, msgspec.Meta(ge=0)] = 0
     preserve_ordering: bool = False
-    priority_levels: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # The batcher keeps a queue per level and walks them to form each batch: 2**64-1 levels
+    # blocked the event loop for 35 s building them, then a MemoryError. Triton bounds it
+    # only by uint64.
+    priority_levels: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 0
     default_priority_level: Annotated[int, msgspec.Meta(ge=0)] = 0
     default_queue_policy: QueuePolicy | None = None
     priority_queue_policy: dict[int, QueuePolicy] = {}

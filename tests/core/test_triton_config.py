@@ -429,6 +429,9 @@ def test_values_rejected_by_model_config_name_the_field(parser: PbtxtParser) -> 
     # 100 000 instances kept a load creating threads for minutes.
     with pytest.raises(ConfigError, match=r"Expected `int` <= 1024 - at `\$\.instance_group\[0\]\.count`"):
         parser.parse("instance_group { count: 100000 }", source="c")
+    # A queue per level: 2**64-1 levels blocked the event loop for 35 s, then a MemoryError.
+    with pytest.raises(ConfigError, match=r"Expected `int` <= 1024 - at `\$\.dynamic_batching\.priority_levels`"):
+        parser.parse("dynamic_batching { priority_levels: 18446744073709551615 }", source="c")
 
 
 def test_parsers_are_independent_of_the_global_pool() -> None:
