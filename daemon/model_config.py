@@ -257,7 +257,9 @@ class SequenceStrategyDirect(_Strict):
 
 
 class SequenceStrategyOldest(_Strict):
-    max_candidate_sequences: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # A slot each, all listed (on the event loop) when the batcher starts: 2**31-1 would
+    # take the loop minutes and more memory than the box has.
+    max_candidate_sequences: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 0
     preferred_batch_size: list[int] = []
     max_queue_delay_microseconds: Annotated[int, msgspec.Meta(ge=0)] = 0
     preserve_ordering: bool = False

@@ -432,6 +432,8 @@ def test_values_rejected_by_model_config_name_the_field(parser: PbtxtParser) -> 
     # A queue per level: 2**64-1 levels blocked the event loop for 35 s, then a MemoryError.
     with pytest.raises(ConfigError, match=r"Expected `int` <= 1024 - at `\$\.dynamic_batching\.priority_levels`"):
         parser.parse("dynamic_batching { priority_levels: 18446744073709551615 }", source="c")
+    with pytest.raises(ConfigError, match=r"Expected `int` <= 4096 - at `\$\.sequence_batching\.oldest\.max_candidate_sequences`"):
+        parser.parse("sequence_batching { oldest { max_candidate_sequences: 2147483647 } }", source="c")
 
 
 def test_parsers_are_independent_of_the_global_pool() -> None:
