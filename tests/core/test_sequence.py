@@ -242,6 +242,12 @@ def test_bad_sequence_config_is_refused_with_tritons_message(
     assert message in caught.value.message
 
 
+async def test_more_sequence_slots_than_the_batcher_lists_are_refused() -> None:
+    # max_batch_size gives the direct strategy a slot each, listed on the event loop.
+    with pytest.raises(ConfigError, match=r"model 'rows': sequence_batching gives each instance 2147483647 sequence slots \(max_batch_size\); at most 4096"):
+        await _scheduler(RowMemory, ROW_CONFIG, max_batch_size=2**31 - 1)
+
+
 # ---------------------------------------------------------------------------- direct
 
 
