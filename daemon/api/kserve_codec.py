@@ -16,7 +16,9 @@ Triton's binary tensor data extension:
   (all of them when `outputs` is absent). A raw request (header length 0) is answered in binary.
 
 We are a superset of Triton in one respect: FP16 and BF16 travel in JSON too (Triton accepts
-them only as binary). BF16 has no numpy dtype; it lives as uint16 bit patterns.
+them only as binary); a number beyond the type's finite range is refused, not made infinite
+(for FP32 too, which Triton makes infinite).
+BF16 has no numpy dtype; it lives as uint16 bit patterns.
 
 Every decode error is `InvalidArgument` whose message names the offending field.
 """
@@ -106,6 +108,14 @@ _TRITON_PREFIX_MESSAGE = (
     "specified."
 )
 _U32 = struct.Struct("<I")
+# Triton holds sequence_id, priority, timeout and classification as uint64 and refuses a larger
+# JSON integer (with a 500); edged refuses it too (400) rather than carry a Python int along.
+_UINT64_MAX = 2**64 - 1
+# The largest finite FP16 and BF16 (0x7F7F) values: JSON numbers beyond them would round to
+# infinity.
+_FLOAT_MAX: Mapping[str, float] = MappingProxyType(
+    {"FP16": 65504.0, "BF16": 3.3895313892515355e38, "FP32": 3.4028234663852886e38}
+)
 # Codec._plans: how many distinct binary headers are kept, and the longest header kept.
 _PLANS = 256
 _PLAN_HEADER_BYTES = 4096
@@ -273,6 +283,9 @@ class Codec:
             key = json_part if isinstance(json_part, bytes) else bytes(json_part)
             plan = self._plans.get(key)
             if plan is not None and plan.end == len(body):
+                # Plans are shared by every model: the datatypes are checked against this one.
+                for tensor in plan.inputs:
+                    _check_datatype(tensor.name, tensor.datatype, config)
                 return plan.decode(body)
         try:
             header = self._request_decoder.decode(json_part)
@@ -283,7 +296,7 @@ class Codec:
 
         decoded = DecodedInfer(InferRequest(inputs={}))
         try:
-            self._decode_header(header, body, header_length, has_header, shm, decoded)
+            self._decode_header(header, body, header_length, has_header, shm, config, decoded)
         except BaseException:
             decoded.release()  # a rejected request keeps no region leased
             raise
@@ -324,6 +337,7 @@ class Codec:
         header_length: int,
         has_header: bool,
         shm: SharedMemoryLookup | None,
+        config: ModelConfig | None,
         decoded: DecodedInfer,
     ) -> None:
         inputs: dict[str, np.ndarray] = {}
@@ -333,6 +347,8 @@ class Codec:
             if tensor.name in inputs:
                 raise InvalidArgument(f"input {tensor.name!r} appears more than once")
             decoded_bytes += self._check_limits(tensor, decoded_bytes)
+            if tensor.datatype in NUMPY_DTYPES:  # an unknown one has its own error, below
+                _check_datatype(tensor.name, tensor.datatype, config)
             if tensor.parameters and "shared_memory_region" in tensor.parameters:
                 inputs[tensor.name] = _decode_shm_input(tensor, shm, decoded.leases)
                 continue
@@ -488,8 +504,15 @@ def parse_header_length(value: str | None, body_size: int | None = None) -> int 
     """
     if value is None:
         return None
+    # Digits only, around HTTP's optional whitespace: int() would also take "1_0", "+10",
+    # other whitespace and non-ASCII digits, reading a value the client did not send. A minus
+    # is kept so that a negative length gets Triton's range error (tests/compat).
+    text = value.strip(" \t")
+    digits = text[1:] if text.startswith("-") else text
     try:
-        length = int(value.strip())
+        if not (digits.isascii() and digits.isdigit()):
+            raise ValueError
+        length = int(text)  # ValueError past 4300 digits
     except ValueError:
         raise InvalidArgument(
             f"Unable to parse Inference-Header-Content-Length, got: {value}"
@@ -785,9 +808,33 @@ def _convert_json_numbers(name: str, datatype: str, data: Any, values: np.ndarra
         if kind not in "iuf":  # a float datatype: JSON integers are numbers too
             raise InvalidArgument(f"input {name!r}: {datatype} data must be JSON numbers")
 
-    if datatype == "BF16":
-        return _float32_to_bf16(values.astype(np.float32))
+    if datatype == "FP16" or datatype == "BF16" or datatype == "FP32":
+        return _narrow_float(name, datatype, values)
     return values.astype(NUMPY_DTYPES[datatype], copy=False)
+
+
+def _narrow_float(name: str, datatype: str, values: np.ndarray) -> np.ndarray:
+    """JSON numbers as FP32 or FP16, or as BF16 bit patterns. A finite number past the type's
+    largest would round to infinity, a silent change of value: it is refused. (Triton refuses
+    FP16 and BF16 JSON data altogether and makes 1e300 an FP32 infinity; JSON itself has no
+    infinities, msgspec refuses 1e400.)"""
+    narrowed: np.ndarray
+    infinite: np.ndarray
+    with np.errstate(over="ignore"):  # overflow is found below, from the result
+        if datatype != "BF16":
+            narrowed = values.astype(np.float16 if datatype == "FP16" else np.float32, copy=False)
+            infinite = np.isinf(narrowed)
+        else:
+            narrowed = _float32_to_bf16(values.astype(np.float32))
+            infinite = (narrowed & np.uint16(0x7FFF)) == np.uint16(0x7F80)
+    if infinite.any():
+        index = int(np.flatnonzero(infinite)[0])
+        largest = _FLOAT_MAX[datatype]
+        raise InvalidArgument(
+            f"input {name!r}: {datatype} data element {index} ({values.ravel()[index].item()!r}) "
+            f"is outside the {datatype} range [{-largest:g}, {largest:g}]"
+        )
+    return narrowed
 
 
 def _float32_to_bf16(values: np.ndarray) -> np.ndarray:
@@ -816,9 +863,23 @@ def _uint_parameter(params: Mapping[str, Any], key: str) -> int:
     value = params.get(key, 0)
     if type(value) is not int or value < 0:
         raise InvalidArgument(
-            f"Unable to parse '{key}': expected a non-negative integer, got {value!r}"
+            f"Unable to parse '{key}': expected a non-negative integer, got {_shown(value)}"
         )
+    if value > _UINT64_MAX:
+        raise InvalidArgument(f"Unable to parse '{key}': {_too_large(value)}")
     return value
+
+
+def _too_large(value: int) -> str:
+    return f"expected at most {_UINT64_MAX} (uint64), got {_shown(value)}"
+
+
+def _shown(value: Any) -> str:
+    """`value` for an error message. A JSON integer may have thousands of digits (repr refuses
+    past 4300), which would bury the message."""
+    if type(value) is int and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)
 
 
 def _request_parameters(raw: Mapping[str, Any]) -> dict[str, Parameter]:
@@ -830,8 +891,10 @@ def _request_parameters(raw: Mapping[str, Any]) -> dict[str, Parameter]:
             if not (type(value) is str or (type(value) is int and value >= 0)):
                 raise InvalidArgument(
                     "Unable to parse 'sequence_id': expected a non-negative integer or a "
-                    f"string, got {value!r}"
+                    f"string, got {_shown(value)}"
                 )
+            if type(value) is int and value > _UINT64_MAX:
+                raise InvalidArgument(f"Unable to parse 'sequence_id': {_too_large(value)}")
         elif key in ("sequence_start", "sequence_end"):
             _bool_parameter(raw, key)
         elif key.startswith("triton_"):
@@ -893,6 +956,20 @@ def _decode_raw(
         array = _fixed_from_binary(name, datatype, body, 0, len(body), shape, math.prod(shape))
     # Triton answers a raw request in binary: its client has no JSON header to read.
     return DecodedInfer(InferRequest(inputs={name: array}), binary_default=True)
+
+
+def _check_datatype(name: str, datatype: str, config: ModelConfig | None) -> None:
+    """Refuse an input whose datatype is not the model's, naming the datatype the client sent
+    (Triton's wording). daemon.core.validate checks decoded arrays, which cannot tell BF16 from
+    UINT16 (both uint16): it would call a BF16 input "UINT16", and pass one either way."""
+    if config is None:
+        return
+    tensor = config.input_by_name(name)
+    if tensor is not None and tensor.data_type != datatype:
+        raise InvalidArgument(
+            f"inference input {name!r} data-type is {datatype!r}, but model {config.name!r} "
+            f"expects {tensor.data_type!r}"
+        )
 
 
 # --------------------------------------------------------------------------- response helpers
@@ -1067,8 +1144,11 @@ def _decode_output_extensions(
         count = params["classification"]
         if type(count) is not int or count < 0:
             raise InvalidArgument(
-                f"output {name!r}: 'classification' must be a non-negative integer, got {count!r}"
+                f"output {name!r}: 'classification' must be a non-negative integer, got "
+                f"{_shown(count)}"
             )
+        if count > _UINT64_MAX:
+            raise InvalidArgument(f"output {name!r}: 'classification' {_too_large(count)}")
         if count:
             decoded.classification[name] = count
     if "shared_memory_region" not in params:
@@ -1100,6 +1180,7 @@ def _write_shm(name: str, array: np.ndarray, datatype: str, lease: Lease) -> Non
             f"({lease.byte_size} bytes) should be at least {size} bytes to hold the results"
         )
     if size:
+        lease.check_size()  # the object may have shrunk while the model ran
         target = np.frombuffer(lease.buffer, dtype=np.uint8, count=size, offset=lease.start)
         np.copyto(target, np.frombuffer(raw, dtype=np.uint8))
 

@@ -77,10 +77,25 @@ class Lease:
         """Where the leased bytes start in `buffer`."""
         return self.region.delta + self.offset
 
+    def check_size(self) -> None:
+        """Check again, right before the outputs are written, that the object still holds
+        the region: the lease's check was made before the model ran, and a python model may
+        run for seconds, during which a client could shrink its object."""
+        _check_object_size(self.region)
+
     def release(self) -> None:
         if not self.released:
             self.released = True
             self.registry._release(self.region)
+
+
+def _check_object_size(region: Region) -> None:
+    size = os.fstat(region.fd).st_size
+    if region.offset + region.byte_size > size:
+        raise InvalidArgument(
+            f"shared memory region '{region.name}': its object '{region.key}' shrank to {size} bytes, "
+            f"below the registered offset {region.offset} + byte_size {region.byte_size}"
+        )
 
 
 def _object_path(root: Path, name: str, key: str) -> Path:
@@ -198,12 +213,7 @@ class SharedMemoryRegistry:
                 f"Invalid offset + byte size for shared memory region: '{name}' (offset {offset} "
                 f"+ byte size {byte_size} exceeds its {region.byte_size} bytes)"
             )
-        size = os.fstat(region.fd).st_size
-        if region.offset + region.byte_size > size:
-            raise InvalidArgument(
-                f"shared memory region '{name}': its object '{region.key}' shrank to {size} bytes, "
-                f"below the registered offset {region.offset} + byte_size {region.byte_size}"
-            )
+        _check_object_size(region)
         region.leases += 1
         return Lease(region, offset, byte_size, self)
 

@@ -1126,3 +1126,146 @@ def test_remembered_headers_answer_random_bodies_as_a_fresh_codec() -> None:
         seen.append((body, length))
         assert _outcome(warm, body, length) == _outcome(Codec(), body, length)
     assert len(warm._plans) > 10  # the warm codec did take the remembered path
+
+
+# --------------------------------------------------------------------------- unrepresentable values
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "message"),
+    [
+        ("FP16", [1e6, 1], "input 'X': FP16 data element 0 (1000000.0) is outside the FP16 range "
+                           "[-65504, 65504]"),
+        ("FP16", [1, -65520], "input 'X': FP16 data element 1 (-65520) is outside"),
+        ("FP16", [1, 100000], "input 'X': FP16 data element 1 (100000) is outside"),
+        # Past float32 too, and past bfloat16 only (float32 holds it, rounding it overflows).
+        ("BF16", [1e39, 1], "input 'X': BF16 data element 0 (1e+39) is outside the BF16 range "
+                            "[-3.38953e+38, 3.38953e+38]"),
+        ("BF16", [1, -3.4e38], "input 'X': BF16 data element 1 (-3.4e+38) is outside"),
+        # Triton makes this FP32 an infinity; edged never changes a value silently.
+        ("FP32", [1e300, 1], "input 'X': FP32 data element 0 (1e+300) is outside the FP32 range "
+                             "[-3.40282e+38, 3.40282e+38]"),
+    ],
+)
+def test_json_half_floats_past_their_range_are_refused(
+    codec: Codec, datatype: str, data: list[Any], message: str
+) -> None:
+    """JSON FP16 and BF16 are edged's extension; a finite number must not become infinity."""
+    body = json_body({"inputs": [{"name": "X", "shape": [2], "datatype": datatype, "data": data}]})
+    assert decode_error(codec, body).startswith(message)
+
+
+def test_json_half_floats_at_their_range_are_kept(codec: Codec) -> None:
+    # 65519 rounds down to 65504, the largest FP16; 3.3895e38 rounds to the largest BF16.
+    body = json_body({"inputs": [
+        {"name": "H", "shape": [3], "datatype": "FP16", "data": [65504, -65519, 1]},
+        {"name": "B", "shape": [2], "datatype": "BF16", "data": [3.3895e38, -3.3895e38]},
+        {"name": "F", "shape": [2], "datatype": "FP32", "data": [3.4028234e38, -1e-50]},
+    ]})
+    inputs = codec.decode_infer_request(body, None).request.inputs
+    assert inputs["H"].tolist() == [65504.0, -65504.0, 1.0]
+    assert inputs["B"].tolist() == [0x7F7F, 0xFF7F]
+    assert inputs["F"].dtype == np.float32 and inputs["F"][0] == np.float32(3.4028234e38)
+
+
+UINT64_MAX = 2**64 - 1
+
+
+@pytest.mark.parametrize(
+    ("parameters", "outputs", "message"),
+    [
+        ({"sequence_id": 2**64}, None,
+         f"Unable to parse 'sequence_id': expected at most {UINT64_MAX} (uint64), got {2**64}"),
+        ({"sequence_id": 10**400, "sequence_start": True}, None,
+         f"Unable to parse 'sequence_id': expected at most {UINT64_MAX} (uint64), got an "
+         "integer of 1329 bits"),
+        ({"sequence_id": -(10**400)}, None,
+         "Unable to parse 'sequence_id': expected a non-negative integer or a string, got an "
+         "integer of 1329 bits"),
+        ({"priority": 2**70}, None,
+         f"Unable to parse 'priority': expected at most {UINT64_MAX} (uint64), got {2**70}"),
+        ({"timeout": 2**70}, None,
+         f"Unable to parse 'timeout': expected at most {UINT64_MAX} (uint64), got {2**70}"),
+        (None, [{"name": "Y", "parameters": {"classification": 2**64}}],
+         f"output 'Y': 'classification' expected at most {UINT64_MAX} (uint64), got {2**64}"),
+    ],
+    ids=["sequence_id", "sequence_id-huge", "sequence_id-huge-negative", "priority", "timeout",
+         "classification"],
+)
+def test_uint64_fields_past_uint64_are_refused(
+    codec: Codec, parameters: dict[str, Any] | None, outputs: list[Any] | None, message: str
+) -> None:
+    """Triton holds these as uint64 and refuses larger JSON integers."""
+    header: dict[str, Any] = one_input(shape=[0], data=[])
+    if parameters is not None:
+        header["parameters"] = parameters
+    if outputs is not None:
+        header["outputs"] = outputs
+    assert decode_error(codec, json_body(header)) == message
+
+
+def test_uint64_fields_at_uint64_max_are_kept(codec: Codec) -> None:
+    header = {
+        **one_input(shape=[0], data=[]),
+        "parameters": {"sequence_id": UINT64_MAX, "priority": UINT64_MAX, "timeout": UINT64_MAX},
+        "outputs": [{"name": "Y", "parameters": {"classification": UINT64_MAX}}],
+    }
+    decoded = codec.decode_infer_request(json_body(header), None)
+    request = decoded.request
+    assert (request.correlation_id, request.priority, request.timeout_us) == (UINT64_MAX,) * 3
+    assert decoded.classification == {"Y": UINT64_MAX}
+
+
+@pytest.mark.parametrize(
+    "value", ["1_0", "+10", "-1_0", "--1", "1 0", "\x0c10", "\u0661\u0660", "0x10", "", "-"]
+)
+def test_header_length_is_ascii_digits_only(value: str) -> None:
+    """int() reads all of these (but "1 0", "0x10" and ""); none is what the client meant."""
+    with pytest.raises(InvalidArgument) as info:
+        parse_header_length(value)
+    assert info.value.message == f"Unable to parse Inference-Header-Content-Length, got: {value}"
+
+
+def test_header_length_around_http_whitespace() -> None:
+    assert parse_header_length("\t10 ") == 10
+    assert parse_header_length("0010") == 10
+    # Negative: refused by the decoder with Triton's range error, which names the body's size.
+    assert parse_header_length("-5") == -5
+
+
+def _bf16_header(name: str = "INPUT0") -> tuple[bytes, int]:
+    return binary_body(
+        {"inputs": [{"name": name, "shape": [2], "datatype": "BF16",
+                     "parameters": {"binary_data_size": 4}}]},
+        b"\x80\x3f\x00\x40",
+    )
+
+
+def _one_input_config(model: str, datatype: str) -> ModelConfig:
+    return ModelConfig(name=model, input=[TensorConfig(name="INPUT0", data_type=datatype, dims=[-1])])
+
+
+def test_input_datatype_mismatch_names_the_datatype_sent(codec: Codec) -> None:
+    """BF16 decodes to uint16: checked after decoding, it would be called UINT16."""
+    body, length = _bf16_header()
+    fp32 = _one_input_config("mlp", "FP32")
+    assert decode_error(codec, body, length, config=fp32) == (
+        "inference input 'INPUT0' data-type is 'BF16', but model 'mlp' expects 'FP32'"
+    )
+    # The same bytes as UINT16 would pass a check of the decoded array against a BF16 model.
+    uint16 = body.replace(b'"BF16"', b'"UINT16"')
+    assert decode_error(codec, uint16, length + 2, config=_one_input_config("b", "BF16")) == (
+        "inference input 'INPUT0' data-type is 'UINT16', but model 'b' expects 'BF16'"
+    )
+    json_bf16 = json_body({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BF16", "data": [1]}]})
+    assert "data-type is 'BF16'" in decode_error(codec, json_bf16, config=fp32)
+
+
+def test_remembered_header_is_checked_against_each_model(codec: Codec) -> None:
+    body, length = _bf16_header()
+    decoded = codec.decode_infer_request(body, length, config=_one_input_config("b", "BF16"))
+    assert decoded.request.inputs["INPUT0"].tolist() == [0x3F80, 0x4000]
+    assert codec._plans  # the header is remembered: the next request takes the plan's path
+    assert decode_error(codec, body, length, config=_one_input_config("mlp", "FP32")) == (
+        "inference input 'INPUT0' data-type is 'BF16', but model 'mlp' expects 'FP32'"
+    )

@@ -67,6 +67,20 @@ class TritonPythonModel:
             pb_utils.Tensor('FINITE', np.array([0.5, 1.0, -2.0, 3.25], dtype=np.float32)),
         ]) for _ in requests]
 """
+# FP16 and BF16 X[-1] -> Y[-1], unchanged.
+HALF_MODEL = """\
+backend: "python"
+input [{{ name: "X" data_type: TYPE_{0} dims: [ -1 ] }}]
+output [{{ name: "Y" data_type: TYPE_{0} dims: [ -1 ] }}]
+"""
+IDENTITY_CODE = """\
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            'Y', pb_utils.get_input_tensor_by_name(r, 'X').as_numpy())]) for r in requests]
+"""
 BROKEN_CODE = """\
 class TritonPythonModel:
     def initialize(self, args):
@@ -91,6 +105,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     _write_model(repo, "nonfinite", NONFINITE_MODEL, NONFINITE_CODE)
     # generate answers FP16 outputs with an error: a model with the FP32 one only.
     python_model(repo, "nonfinite32", "y = [float('nan'), float('inf'), -float('inf'), 1.5]")
+    _write_model(repo, "half", HALF_MODEL.format("FP16"), IDENTITY_CODE)
+    _write_model(repo, "bhalf", HALF_MODEL.format("BF16"), IDENTITY_CODE)
     _write_model(repo, "broken", 'backend: "python"\n' + NONFINITE_MODEL.split("\n", 1)[1],
                  BROKEN_CODE)
     base = tmp_path_factory.mktemp("edged")
@@ -102,7 +118,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         base, "--config", str(config), "--model-repository", str(repo),
         "--model-control-mode", "explicit", "--load-model", "ident",
         "--load-model", "strings", "--load-model", "nonfinite",
-        "--load-model", "nonfinite32", http=True,
+        "--load-model", "nonfinite32", "--load-model", "half", "--load-model", "bhalf",
+        http=True,
     )
     yield process
     process.stop()
@@ -276,6 +293,94 @@ def test_header_length_that_is_not_a_number(daemon: DaemonProcess) -> None:
                            {"Inference-Header-Content-Length": "ten"})
     assert reply.status == 400
     assert reply.json()["error"] == "Unable to parse Inference-Header-Content-Length, got: ten"
+    _assert_serving(daemon)
+
+
+@pytest.mark.parametrize("value", ["1_0", "+10"])
+def test_header_length_with_more_than_digits(daemon: DaemonProcess, value: str) -> None:
+    """int() reads "1_0" as 10: the header must be plain digits."""
+    head = json.dumps({"inputs": [_fp32()]}).encode()
+    body = head.ljust(10) if value == "1_0" else head
+    reply = daemon.request("POST", "/v2/models/ident/infer", body,
+                           {"Inference-Header-Content-Length": value})
+    assert reply.status == 400, reply.body
+    assert reply.json()["error"] == f"Unable to parse Inference-Header-Content-Length, got: {value}"
+    _assert_serving(daemon)
+
+
+# --------------------------------------------------------------------------- unrepresentable values
+
+
+@pytest.mark.parametrize(
+    ("model", "datatype", "data", "largest"),
+    [("half", "FP16", [1e6, 1], "65504"), ("bhalf", "BF16", [-1e39, 1], "3.38953e+38")],
+)
+def test_json_half_float_past_its_range_is_a_400(
+    daemon: DaemonProcess, model: str, datatype: str, data: list[float], largest: str
+) -> None:
+    """edged takes FP16 and BF16 as JSON (Triton does not), but never makes a number infinite."""
+    tensor = {"name": "X", "shape": [2], "datatype": datatype, "data": data}
+    reply = daemon.post_json(f"/v2/models/{model}/infer", {"inputs": [tensor]})
+    assert reply.status == 400, reply.body
+    assert reply.json()["error"] == (
+        f"input 'X': {datatype} data element 0 ({data[0]!r}) is outside the {datatype} range "
+        f"[-{largest}, {largest}]"
+    )
+    # In range, the same request is served.
+    reply = daemon.post_json(f"/v2/models/{model}/infer", {"inputs": [{**tensor, "data": [2, 1]}]})
+    assert reply.status == 200, reply.body
+    assert reply.json()["outputs"][0]["data"] == [2.0, 1.0]
+
+
+def test_binary_bf16_to_an_fp32_model_names_bf16(daemon: DaemonProcess) -> None:
+    body, length = _binary(
+        {"inputs": [{"name": "X", "shape": [2], "datatype": "BF16",
+                     "parameters": {"binary_data_size": 4}}]},
+        b"\x80\x3f\x00\x40",
+    )
+    # First to the BF16 model, so that the header is remembered: then to the FP32 one.
+    reply = _infer(daemon, "bhalf", body, length)
+    assert reply.status == 200, reply.body
+    for _ in range(2):
+        reply = _infer(daemon, "ident", body, length)
+        assert reply.status == 400, reply.body
+        assert reply.json()["error"] == (
+            "inference input 'X' data-type is 'BF16', but model 'ident' expects 'FP32'"
+        )
+    _assert_serving(daemon)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "outputs", "field"),
+    [
+        ({"sequence_id": 10**400, "sequence_start": True}, None, "Unable to parse 'sequence_id'"),
+        ({"sequence_id": 2**64, "sequence_start": True}, None, "Unable to parse 'sequence_id'"),
+        ({"priority": 2**70}, None, "Unable to parse 'priority'"),
+        ({"timeout": 2**70}, None, "Unable to parse 'timeout'"),
+        ({}, [{"name": "Y", "parameters": {"classification": 2**64}}],
+         "output 'Y': 'classification'"),
+    ],
+    ids=["sequence_id-huge", "sequence_id", "priority", "timeout", "classification"],
+)
+def test_uint64_field_past_uint64_is_a_400(
+    daemon: DaemonProcess, parameters: dict[str, Any], outputs: list[Any] | None, field: str
+) -> None:
+    """Triton holds these as uint64; a larger integer is refused, not carried along."""
+    request: dict[str, Any] = {"inputs": [_fp32()], "parameters": parameters}
+    if outputs is not None:
+        request["outputs"] = outputs
+    reply = daemon.post_json("/v2/models/ident/infer", request)
+    assert reply.status == 400, reply.body
+    error = reply.json()["error"]
+    assert error.startswith(field) and "expected at most 18446744073709551615 (uint64)" in error
+    # uint64's largest is accepted.
+    for key in parameters:
+        if key != "sequence_start":
+            parameters[key] = 2**64 - 1
+    for output in outputs or ():
+        output["parameters"]["classification"] = 2**64 - 1
+    reply = daemon.post_json("/v2/models/ident/infer", request)
+    assert reply.status == 200, reply.body
     _assert_serving(daemon)
 
 

@@ -5,6 +5,7 @@ protocol over the Unix socket, regions made with `tritonclient.utils.shared_memo
 from __future__ import annotations
 
 import json
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -439,6 +440,42 @@ def test_unregister_while_a_request_uses_the_region(
     np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, [4], offset=16), x * 2)
     wait_until(lambda: not _daemon_maps(daemon, _key(handle)))
     assert daemon.alive()
+
+
+def test_an_output_region_shrunk_while_the_model_runs_is_a_400(
+    client: Any, daemon: DaemonProcess, regions: Callable[[str, int], Any], gate: Path
+) -> None:
+    """The object's size was checked only when the request began: writing the output into an
+    object the client shrank meanwhile killed the daemon (SIGBUS)."""
+    source, target = regions("in", 16), regions("out", 16)
+    shm.set_shared_memory_region(source, [np.array([1, 2, 3, 4], dtype=np.float32)])
+    client.register_system_shared_memory("in", _key(source), 16)
+    client.register_system_shared_memory("out", _key(target), 16)
+    inp = httpclient.InferInput("X", [4], "FP32").set_shared_memory("in", 16)
+    out = httpclient.InferRequestedOutput("Y")
+    out.set_shared_memory("out", 16)
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        own = httpclient.InferenceServerClient(url=f"127.0.0.1:{daemon.http_port}")
+        try:
+            own.infer("gated", [inp], outputs=[out])
+        except InferenceServerException as exc:
+            result["error"] = str(exc)
+        finally:
+            own.close()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        wait_until(lambda: Path(str(gate) + ".started").exists())
+        os.truncate(Path("/dev/shm") / _key(target).lstrip("/"), 0)
+    finally:
+        gate.touch()
+        worker.join(60)
+    assert "shared memory region 'out': its object" in result["error"] and "shrank to 0 bytes" in result["error"]
+    assert daemon.alive() and client.is_server_live()
+    client.unregister_system_shared_memory()
 
 
 def test_tcp_callers_refused_by_default(start_daemon: Callable[..., DaemonProcess], repo: Path,
