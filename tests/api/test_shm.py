@@ -404,6 +404,31 @@ def test_cuda_shared_memory_answers_as_triton_without_gpus(client: Any, daemon: 
     assert (reply.status, _error(reply)) == (404, "Unable to find cuda shared memory region: 'c'")
 
 
+def _gated_infer(daemon: DaemonProcess, gate: Path, inp: Any, out: Any, during: Callable[[], object]) -> dict[str, Any]:
+    """Infer on the gated model from a thread; run `during` while the model holds the request.
+    Returns {"r": result} or {"error": message}."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:  # gevent clients are per thread: this one has its own
+        own = httpclient.InferenceServerClient(url=f"127.0.0.1:{daemon.http_port}")
+        try:
+            result["r"] = own.infer("gated", [inp], outputs=[out])
+        except InferenceServerException as exc:
+            result["error"] = str(exc)
+        finally:
+            own.close()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        wait_until(lambda: Path(str(gate) + ".started").exists())
+        during()
+    finally:
+        gate.touch()
+        worker.join(60)
+    return result
+
+
 def test_unregister_while_a_request_uses_the_region(
     client: Any, daemon: DaemonProcess, regions: Callable[[str, int], Any], gate: Path
 ) -> None:
@@ -414,28 +439,16 @@ def test_unregister_while_a_request_uses_the_region(
     inp = httpclient.InferInput("X", [4], "FP32").set_shared_memory("busy", 16)
     out = httpclient.InferRequestedOutput("Y")
     out.set_shared_memory("busy", 16, offset=16)
-    result: dict[str, Any] = {}
 
-    def run() -> None:  # gevent clients are per thread: this one has its own
-        own = httpclient.InferenceServerClient(url=f"127.0.0.1:{daemon.http_port}")
-        try:
-            result["r"] = own.infer("gated", [inp], outputs=[out])
-        finally:
-            own.close()
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    try:
-        wait_until(lambda: Path(str(gate) + ".started").exists())
+    def during() -> None:
         client.unregister_system_shared_memory("busy")
         assert client.get_system_shared_memory_status() == []
         assert _daemon_maps(daemon, _key(handle))  # still mapped: a request is using it
         with pytest.raises(InferenceServerException, match="Unable to find shared memory region: 'busy'"):
             client.infer("simple", [httpclient.InferInput("INPUT0", [1, 16], "INT32").set_shared_memory("busy", 64),
                                     httpclient.InferInput("INPUT1", [1, 16], "INT32").set_shared_memory("busy", 64)])
-    finally:
-        gate.touch()
-        worker.join(60)
+
+    result = _gated_infer(daemon, gate, inp, out, during)
     assert result["r"].get_output("Y")["shape"] == [4]
     np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, [4], offset=16), x * 2)
     wait_until(lambda: not _daemon_maps(daemon, _key(handle)))
@@ -454,25 +467,7 @@ def test_an_output_region_shrunk_while_the_model_runs_is_a_400(
     inp = httpclient.InferInput("X", [4], "FP32").set_shared_memory("in", 16)
     out = httpclient.InferRequestedOutput("Y")
     out.set_shared_memory("out", 16)
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        own = httpclient.InferenceServerClient(url=f"127.0.0.1:{daemon.http_port}")
-        try:
-            own.infer("gated", [inp], outputs=[out])
-        except InferenceServerException as exc:
-            result["error"] = str(exc)
-        finally:
-            own.close()
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    try:
-        wait_until(lambda: Path(str(gate) + ".started").exists())
-        os.truncate(Path("/dev/shm") / _key(target).lstrip("/"), 0)
-    finally:
-        gate.touch()
-        worker.join(60)
+    result = _gated_infer(daemon, gate, inp, out, lambda: os.truncate(Path("/dev/shm") / _key(target).lstrip("/"), 0))
     assert "shared memory region 'out': its object" in result["error"] and "shrank to 0 bytes" in result["error"]
     assert daemon.alive() and client.is_server_live()
     client.unregister_system_shared_memory()
