@@ -29,8 +29,12 @@ would relay, hands the connection back to the daemon with what it read and did n
 (`_Connection.unanswered`).
 
 Connection limits live here, for both paths: `server.max-connections` (503 and close),
-`server.header-timeout` (a new connection's first request, and any request whose headers
-arrive in pieces), `server.keepalive-timeout` (idle between requests). Each limit logs one line per minute with a count.
+`server.header-timeout` (a new connection's first request, any request whose headers
+arrive in pieces, and each stretch of a body: see `_body_deadline`), `server.keepalive-timeout`
+(idle between requests). Each limit logs one line per minute with a count.
+
+An `Upgrade` header is ignored, as Triton (evhtp) ignores it: nothing here switches protocols,
+so `curl --http2` (h2c) is answered in HTTP/1.1 and the header is not passed on to aiohttp.
 """
 
 from __future__ import annotations
@@ -79,6 +83,10 @@ _MAX_WAITING = 16
 _MAX_WAITING_BYTES = 4 * 1024 * 1024
 # A request's line and headers together, at most (llhttp itself has no limit).
 MAX_HEAD_BYTES = 64 * 1024
+# A body must arrive at this many bytes per `server.header-timeout` at least (or be complete):
+# a real client on a slow link sends far more; one that stalls or trickles a byte a second
+# would hold a connection (and its `server.max-connections` slot) for as long as it likes.
+_MIN_BODY_BYTES = 1024
 # Larger bodies are written as header + body (no concatenation copy).
 _JOIN_BELOW = 16 * 1024
 # aiohttp's own keep-alive timer must never close a connection the front still serves; the
@@ -146,6 +154,10 @@ class Front:
         # line a minute per kind, with the count held back.
         self.throttled = Throttled(log)
         self._status_lines = {status: _status_line(status) for status in (200, 400, 404, 503)}
+        self.body_timeout_message = (
+            f"request body not received in time: less than {_MIN_BODY_BYTES} bytes of it arrived"
+            f" within server.header-timeout ({server.header_timeout:g} s)"
+        )
 
     def attach(self, endpoint: InferEndpoint, relay: Callable[[], asyncio.Protocol]) -> None:
         self.endpoint = endpoint
@@ -301,7 +313,7 @@ class _Request:
     __slots__ = (
         "accept_encoding", "body", "chunked", "complete", "filled", "head_bytes", "header_length",
         "headers", "http_version", "keep_alive", "kind", "length", "method", "model", "not_plain", "parts",
-        "parts_bytes", "responded", "url", "version",
+        "parts_bytes", "relay_wrote", "responded", "url", "version",
     )
 
     def __init__(self) -> None:
@@ -327,6 +339,7 @@ class _Request:
         self.parts_bytes = 0
         self.complete = False  # the whole request has been received
         self.responded = False  # a relayed request's response has been written completely
+        self.relay_wrote = False  # aiohttp has written some of its response (even a 100 Continue)
 
 
 class _Connection(asyncio.Protocol):
@@ -359,11 +372,23 @@ class _Connection(asyncio.Protocol):
         # fires early (`idle_since` moved): no timer handle per request.
         self.header_timer: asyncio.TimerHandle | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
+        # The body deadline (`_body_deadline`): body bytes received on this connection, and
+        # their count when the current stretch began.
+        self.body_timer: asyncio.TimerHandle | None = None
+        self.body_bytes = 0
+        self.body_mark = 0
         self.idle_since = 0.0
         self.seen_request = False
         self.paused_by_relay = False
         self.paused_by_front = False
+        # The client reads its answers slower than they are written: no further request is read
+        # or served until the transport's buffer drains (pipelined infer answers would pile up).
+        self.paused_by_writing = False
         self.reading_paused = False
+        # A request with Upgrade and a body: llhttp ends it at its head (its body would be the
+        # new protocol's); the body is parsed after that, by a fresh parser (`data_received`).
+        self.upgrade_body: _Request | None = None
+        self.upgrade_resumed = False
         # A framing error's answer (status, message), once one has been seen: nothing after it
         # on this connection is read.
         self.failure: tuple[int, str] | None = None
@@ -399,14 +424,23 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.front.closed(self)
-        for timer in (self.header_timer, self.idle_timer):
+        for timer in (self.header_timer, self.idle_timer, self.body_timer):
             if timer is not None:
                 timer.cancel()
+        self.header_timer = self.idle_timer = self.body_timer = None
         if self.task is not None:
             self.task.cancel()  # the client is gone: nobody reads the answer
         if self.handler is not None:
             self.handler.connection_lost(exc)
         self.transport = None
+        # The parser refers back to this connection (a cycle only a full garbage collection
+        # frees): drop it and the requests now, or an upload the client abandoned keeps its
+        # body (up to server.max-request-bytes) in memory long after the connection is gone.
+        self.parser = httptools.HttpRequestParser(_NO_CALLBACKS)
+        self.current = self.active = self.relaying = None
+        self.waiting.clear()
+        self.handler = self.relay = None
+        self.tracker = None
 
     def close(self) -> None:
         if self.transport is not None:
@@ -417,12 +451,18 @@ class _Connection(asyncio.Protocol):
             self.close()
 
     def pause_writing(self) -> None:
+        self.paused_by_writing = True
+        self.update_reading()
         if self.handler is not None:
             self.handler.pause_writing()
 
     def resume_writing(self) -> None:
+        self.paused_by_writing = False
+        self.update_reading()
         if self.handler is not None:
             self.handler.resume_writing()
+        if self.active is None and self.waiting:
+            self._start_next()  # held back by `_finish` while the buffer was full
 
     def _header_deadline(self) -> None:
         self.header_timer = None
@@ -430,6 +470,31 @@ class _Connection(asyncio.Protocol):
         if not self.seen_request or (request is not None and not request.method):
             self.front.throttled.warning("silent", "connection closed: no request headers within server.header-timeout")
             self.close()
+
+    def _start_body_timer(self) -> None:
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+        self.body_mark = self.body_bytes
+        self.body_timer = self.loop.call_later(self.front.server.header_timeout, self._body_deadline)
+
+    def _body_deadline(self) -> None:
+        """A body must keep coming: at least `_MIN_BODY_BYTES` per `server.header-timeout`, or
+        its end. Not a deadline for the whole body (a large upload on a slow link takes what it
+        takes), and no stretch counts while this side holds the reading back. Answered 408."""
+        self.body_timer = None
+        request = self.current
+        if request is None or not request.method or self.transport is None:
+            return  # between requests, or in a next request's head (header-timeout's)
+        if (
+            self.reading_paused or self.body_bytes - self.body_mark >= _MIN_BODY_BYTES
+            # A client that asked for 100 Continue waits for it (sent once the request's turn
+            # comes, behind those pipelined before it): its body has not been asked for yet.
+            or (not request.relay_wrote and any(name.lower() == b"expect" for name, _ in request.headers))
+        ):
+            self._start_body_timer()
+            return
+        self.front.throttled.warning("slow-body", "request body stalled: %s", self.front.body_timeout_message)
+        self._fail_parse(408, self.front.body_timeout_message)
 
     def _idle_deadline(self) -> None:
         self.idle_timer = None
@@ -444,34 +509,56 @@ class _Connection(asyncio.Protocol):
     def update_reading(self) -> None:
         if self.transport is None:
             return
-        pause = self.paused_by_relay or self.paused_by_front or self.failure is not None
+        pause = self.paused_by_relay or self.paused_by_front or self.paused_by_writing or self.failure is not None
         if pause != self.reading_paused:
             self.reading_paused = pause
             if pause:
                 self.transport.pause_reading()
             else:
                 self.transport.resume_reading()
+                if self.body_timer is not None:
+                    self._start_body_timer()  # the client was not the one holding the body back
 
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
             request = self.current
-            if request is not None and not request.method and self.header_timer is None:
-                # A request's headers are arriving in pieces: they get header-timeout too (a
-                # keep-alive connection must not trickle headers forever).
-                self.header_timer = self.loop.call_later(self.front.server.header_timeout, self._header_deadline)
+            if request is not None:
+                if not request.method:
+                    if self.header_timer is None:
+                        # A request's headers are arriving in pieces: they get header-timeout too
+                        # (a keep-alive connection must not trickle headers forever).
+                        self.header_timer = self.loop.call_later(
+                            self.front.server.header_timeout, self._header_deadline
+                        )
+                elif self.body_timer is None and self.failure is None:
+                    # A body arriving in pieces must keep coming (`_body_deadline`); one that
+                    # came whole with its head never needed a timer.
+                    self._start_body_timer()
         except httptools.HttpParserUpgrade as exc:
             # Nothing here switches protocols (h2c from `curl --http2`, websockets): the request
-            # was relayed like any other and aiohttp answers it in HTTP/1.1; what follows it is
-            # parsed as the next request, by a fresh parser (llhttp stops at an upgrade).
+            # was relayed like any other, without its Upgrade (`_relay_head`), and aiohttp
+            # answers it in HTTP/1.1; what follows it is parsed as the next request, by a fresh
+            # parser (llhttp stops at an upgrade).
             offset = int(exc.args[0]) if exc.args and isinstance(exc.args[0], int) else len(data)
             self.parser = httptools.HttpRequestParser(self)
+            request = self.upgrade_body
+            if request is not None and not self.upgrade_resumed:
+                # Its body follows: a head framed as it is, fed first, lets llhttp find the
+                # body's end (and check a chunked one) for the request being parsed.
+                self.upgrade_resumed = True
+                if request.chunked:
+                    self.parser.feed_data(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+                else:
+                    self.parser.feed_data(b"POST / HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (request.length or 0))
             if offset < len(data):
                 self.data_received(data[offset:])
         except httptools.HttpParserError as exc:
             reason = exc.__context__
             if isinstance(reason, _Reject):
                 self._fail_parse(reason.status, reason.message)
+            elif isinstance(reason, MemoryError):  # a callback's, not the client's fault
+                self._fail_parse(503, "not enough memory to receive this request")
             else:
                 self._fail_parse(400, f"malformed HTTP request: {exc}")
 
@@ -482,12 +569,24 @@ class _Connection(asyncio.Protocol):
         if self.transport is None or self.failure is not None:
             return
         request, self.current = self.current, None
+        self.upgrade_body, self.upgrade_resumed = None, False
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
         if request is not None and request in self.waiting:
-            # Its headers were read, its body broke.
+            # Its headers were read, its body broke (or stalled).
             if request is self.active:
-                # Being relayed: aiohttp has part of it and may answer at any moment.
-                self.close()
-                return
+                if request.relay_wrote:
+                    # aiohttp has begun its answer: another one cannot follow it.
+                    self.close()
+                    return
+                # Nobody has answered it yet (being relayed, aiohttp waits for the rest of the
+                # body; or a worker waits for its end to hand the connection back): the error
+                # is its answer, and aiohttp writes nothing more here.
+                self.active = self.relaying = None
+                self.tracker = None
+                if self.relay is not None:
+                    self.relay.closing = True
             self.waiting.remove(request)
         self.failure = (status, message)
         self.update_reading()
@@ -535,6 +634,9 @@ class _Connection(asyncio.Protocol):
                 request.chunked = True
 
     def on_headers_complete(self) -> None:
+        if self.upgrade_resumed and self.upgrade_body is not None:
+            self.current = self.upgrade_body  # the head framing an upgrade request's body
+            return
         request = self.current
         assert request is not None
         parser = self.parser
@@ -550,15 +652,24 @@ class _Connection(asyncio.Protocol):
             # A request line without a version: an HTTP/0.9 client reads a bare body, which
             # none of the routes can answer with (aiohttp would send "HTTP/0.9 200" + headers).
             raise _Reject(400, "HTTP/0.9 requests are not supported: send HTTP/1.0 or HTTP/1.1")
+        if version not in ("1.0", "1.1"):
+            # "HTTP/2.0" on a request line is not HTTP/2 (that starts with its preface, which
+            # does not parse here): aiohttp would answer it in HTTP/1.1 framing labelled 2.0.
+            raise _Reject(505, f"HTTP/{version} is not supported: send HTTP/1.0 or HTTP/1.1")
         if not self.relay_only and not request.not_plain and version == "1.1":
             self._classify(request)
+        if (request.length or request.chunked) and parser.should_upgrade():
+            self.upgrade_body = request
         if request.kind == _RELAY:
             request.parts.append(self._relay_head(request, version))
         elif request.kind == _INFER and request.length:
             offset = binary_offset(request.header_length)
             if direct_read(request.length, offset):
                 assert offset is not None
-                request.body = aligned_buffer(request.length, offset)
+                try:
+                    request.body = aligned_buffer(request.length, offset)
+                except MemoryError:  # this side's condition, not the client's mistake
+                    raise _Reject(503, f"not enough memory to receive a body of {request.length} bytes") from None
         self.waiting.append(request)
         if self.hand_back_pending:
             self.front.hand_back(self)
@@ -603,8 +714,18 @@ class _Connection(asyncio.Protocol):
         lines = [request.method, b" ", request.url, b" HTTP/", version.encode(), b"\r\n"]
         host = False
         for name, value in request.headers:
+            lowered = name.lower()
+            if lowered == b"upgrade":
+                # Not passed on: aiohttp would take the request for a protocol switch and read
+                # its body, and what follows it, as the new protocol's (never answering it).
+                continue
+            if lowered == b"connection" and b"upgrade" in value.lower():
+                tokens = [t for t in value.split(b",") if t.strip().lower() != b"upgrade"]
+                if not tokens:
+                    continue
+                value = b",".join(tokens)
             lines += (name, b": ", value, b"\r\n")
-            host = host or name.lower() == b"host"
+            host = host or lowered == b"host"
         if not host and version == "1.1":
             # aiohttp refuses an HTTP/1.1 request without Host (a 400 and a logged traceback);
             # Triton answers it, and so do the routes served here. No route reads Host.
@@ -619,13 +740,18 @@ class _Connection(asyncio.Protocol):
             if request.chunked:
                 data = b"%x\r\n%s\r\n" % (len(data), data)
             if request is self.relaying:
+                self.body_bytes += len(data)
                 self._feed_relay(data)
                 return
         elif request.body is not None:
             end = request.filled + len(data)
             request.body[request.filled : end] = data  # llhttp never passes Content-Length
             request.filled = end
+            self.body_bytes += len(data)
+            if request is not self.active:
+                self._check_backlog()
             return
+        self.body_bytes += len(data)
         request.parts.append(data)
         request.parts_bytes += len(data)
         if request is not self.active:
@@ -634,8 +760,15 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         request = self.current
         assert request is not None
+        if request is self.upgrade_body:
+            if not self.upgrade_resumed:
+                return  # llhttp's end of an upgrade request at its head: its body follows
+            self.upgrade_body, self.upgrade_resumed = None, False
         self.current = None
         request.complete = True
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
         if request.kind == _RELAY and request.chunked:
             if request is self.relaying:
                 self._feed_relay(b"0\r\n\r\n")
@@ -653,13 +786,14 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ answering in order
 
     def _check_backlog(self) -> None:
-        waiting_bytes = sum(r.parts_bytes for r in self.waiting if r is not self.active)
+        # A body read in place (`_Request.body`) counts as far as it has come.
+        waiting_bytes = sum(r.parts_bytes + r.filled for r in self.waiting if r is not self.active)
         self.paused_by_front = len(self.waiting) > _MAX_WAITING or waiting_bytes > _MAX_WAITING_BYTES
         self.update_reading()
 
     def _start_next(self) -> None:
-        if not self.waiting or self.transport is None:
-            return
+        if not self.waiting or self.transport is None or self.paused_by_writing:
+            return  # (`resume_writing` starts it)
         request = self.active = self.waiting[0]
         if request.kind == _RELAY:
             self._start_relay(request)
@@ -823,6 +957,8 @@ class _Connection(asyncio.Protocol):
         """What aiohttp writes: to the client, and through the tracker that finds its end."""
         if self.transport is None:
             return
+        if self.active is not None:
+            self.active.relay_wrote = True
         self.transport.write(data)
         if self.tracker is not None:
             try:
@@ -854,6 +990,8 @@ class _Connection(asyncio.Protocol):
         self.update_reading()
 
 
+# What a closed connection's parser calls back: nothing (`_Connection.connection_lost`).
+_NO_CALLBACKS = object()
 # Loop turns an idle connection waits for aiohttp's handler to finish a response's bookkeeping.
 _RETURN_TRIES = 20
 # Connections remembered as returned to a worker once.
@@ -961,7 +1099,9 @@ def binary_offset(value: str | None) -> int | None:
     a frame's body."""
     if value is None:
         return None
-    try:
-        return int(value.strip())
-    except ValueError:
+    # Digits only, as daemon.api.kserve_codec.parse_header_length reads it (int() would also
+    # take "1_0", "+10" and non-ASCII digits).
+    digits = value.strip(" \t")
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
         return None
+    return int(digits)

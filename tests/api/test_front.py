@@ -4,6 +4,7 @@ and one connection's answers come back in request order whichever path served th
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import socket
@@ -14,7 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from support import RawResponse, json_outputs, raw_request, simple_binary_body, simple_json_body
+from support import (
+    RawResponse,
+    json_outputs,
+    python_model,
+    raw_request,
+    simple_binary_body,
+    simple_json_body,
+    wait_until,
+)
 
 pytest.importorskip("onnxruntime")
 
@@ -24,11 +33,13 @@ def daemon(start_daemon: Callable[..., object], simple_repo: Path) -> object:
     return start_daemon("--model-repository", str(simple_repo))
 
 
-def _exchange(path: Path, raw: bytes, heads: frozenset[int] = frozenset()) -> list[RawResponse]:
+def _exchange(
+    path: Path, raw: bytes, heads: frozenset[int] = frozenset(), timeout: float = 30
+) -> list[RawResponse]:
     """Send `raw` at once (pipelined); every response, read until the server closes.
     `heads`: the indexes of HEAD requests (their responses have no body)."""
     with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(30)
+        sock.settimeout(timeout)
         sock.connect(str(path))
         sock.sendall(raw)
         data = b""
@@ -266,3 +277,208 @@ def test_idle_connections_close_after_keepalive_timeout_busy_ones_stay(
         # (counted from the last answer, so time this process spent descheduled counts too).
         assert sock.recv(4096) == b""
         assert time.monotonic() - answered >= 1.0
+
+
+_H2C = ("Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA")
+
+
+def _open_fds(daemon) -> int:
+    return len(list(Path(f"/proc/{daemon.proc.pid}/fd").iterdir()))
+
+
+def test_an_upgrade_request_with_a_body_is_answered_and_its_body_is_not_the_next_request(daemon) -> None:
+    """`curl --http2 -d ...` sends Upgrade: h2c with a body. llhttp ends such a request at its
+    head (the rest would be the new protocol's); here its body is read as its body, on both
+    paths, and a client that leaves without reading frees its connection."""
+    body, total, _ = simple_json_body()
+    raw = b"".join([
+        raw_request("POST", "/v2/models/simple/infer", body, _H2C),
+        raw_request("POST", "/v2/models/simple/infer", _chunked(body), (*_H2C, "Transfer-Encoding: chunked")),
+        raw_request("GET", "/v2", b"GET /v2/health/live HTTP/1.1\r\n\r\n", ("Connection: Upgrade", "Upgrade: websocket")),
+        raw_request("GET", "/v2/health/live", headers=("Connection: close",)),
+    ])
+    responses = _exchange(daemon.socket, raw, timeout=10)
+    assert [status for status, _, _ in responses] == [200, 200, 200, 200]
+    assert json_outputs(responses[0][2])["OUTPUT0"] == total.ravel().tolist()
+    assert json_outputs(responses[1][2])["OUTPUT0"] == total.ravel().tolist()
+    assert json.loads(responses[2][2])["name"] == "edged"
+    assert json.loads(responses[3][2]) == {"live": True}
+    before = _open_fds(daemon)
+    for _ in range(5):
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(daemon.socket))
+            sock.sendall(raw_request("POST", "/v2/models/simple/infer", body, ("Connection: Upgrade", "Upgrade: foo")))
+    wait_until(lambda: _open_fds(daemon) <= before, timeout=10)
+
+
+def test_a_stalled_or_trickled_body_is_a_408_on_both_paths(
+    start_daemon: Callable[..., object], simple_repo: Path, tmp_path: Path
+) -> None:
+    """A body must keep coming (at least 1 KiB per server.header-timeout): a client that stops
+    or trickles must not hold a connection, and its server.max-connections slot, forever."""
+    config = tmp_path / "edged.toml"
+    config.write_text("[server]\nheader-timeout = 1.0\n")
+    daemon = start_daemon("--config", str(config), "--model-repository", str(simple_repo))
+    stalled = [
+        raw_request("POST", "/v2/models/simple/infer", headers=("Content-Length: 1000",)) + b"{",  # front
+        raw_request("POST", "/v2/repository/index", headers=("Content-Length: 1000",)) + b"{",  # relayed
+        raw_request("POST", "/v2/models/simple/infer", headers=("Transfer-Encoding: chunked",)) + b"400\r\n{",
+    ]
+    socks = []
+    for raw in stalled:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.settimeout(30)
+        sock.connect(str(daemon.socket))
+        sock.sendall(raw)
+        socks.append(sock)
+    trickled = socket.socket(socket.AF_UNIX)
+    trickled.settimeout(0.2)
+    trickled.connect(str(daemon.socket))
+    trickled.sendall(raw_request("POST", "/v2/models/simple/infer", headers=("Content-Length: 100000",)))
+    answer = b""
+    deadline = time.monotonic() + 30
+    while not answer and time.monotonic() < deadline:
+        trickled.sendall(b" ")  # one byte every 0.2 s
+        with contextlib.suppress(TimeoutError):
+            answer = trickled.recv(65536)
+    socks.append(trickled)
+    for index, sock in enumerate(socks):
+        with sock:
+            sock.settimeout(30)
+            data = answer if sock is trickled else b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        head, _, payload = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), (index, data)
+        assert b"Connection: close" in head
+        assert "server.header-timeout" in json.loads(payload)["error"]
+    assert daemon.request("GET", "/v2/health/live").status == 200
+
+
+def test_a_malformed_chunk_of_a_relayed_request_is_a_400(daemon) -> None:
+    """The bad chunk arrives while aiohttp already has the request's head (it is the first on
+    its connection): nothing has answered it yet, so the 400 does."""
+    for path in ("/v2/models/simple/infer", "/v2/repository/index"):
+        raw = raw_request("POST", path, headers=("Transfer-Encoding: chunked",)) + b"zz\r\n{}\r\n0\r\n\r\n"
+        responses = _exchange(daemon.socket, raw, timeout=10)
+        assert [status for status, _, _ in responses] == [400], path
+        assert json.loads(responses[0][2])["error"].startswith("malformed HTTP request"), path
+        assert responses[0][1]["connection"] == "close"
+
+
+def test_pipelined_infer_stops_being_read_while_its_answers_are_not(
+    start_daemon: Callable[..., object], tmp_path: Path
+) -> None:
+    """A client that pipelines large infer requests and reads nothing: once the answers wait in
+    the daemon's write buffer, it reads no more of its requests (it would hold them all, and
+    their answers, in memory); the client's sends block instead."""
+    repo = tmp_path / "repo"
+    python_model(repo, "echo", "y = x")
+    daemon = start_daemon("--model-repository", str(repo))
+    values = 1 << 20  # 4 MiB in, 4 MiB out
+    header = json.dumps({
+        "inputs": [{"name": "X", "shape": [values], "datatype": "FP32", "parameters": {"binary_data_size": 4 * values}}],
+        "outputs": [{"name": "Y", "parameters": {"binary_data": True}}],
+    }).encode()
+    body = header + np.ones(values, dtype=np.float32).tobytes()
+    request = raw_request("POST", "/v2/models/echo/infer", body, (f"Inference-Header-Content-Length: {len(header)}",))
+    count = 16
+    data = memoryview(request * count)
+    sent = 0
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(str(daemon.socket))
+        sock.settimeout(10)  # the daemon reads nothing more: sending stops here
+        with contextlib.suppress(TimeoutError):
+            while sent < len(data):
+                sent += sock.send(data[sent : sent + (1 << 20)])
+        assert sent < len(request) * 8, f"{sent} bytes read by the daemon, its answers unread"
+    assert daemon.request("GET", "/v2/health/live").status == 200
+
+
+def test_a_body_larger_than_memory_is_a_503_naming_it(
+    start_daemon: Callable[..., object], simple_repo: Path, tmp_path: Path
+) -> None:
+    """The front reserves an infer body's buffer when its head arrives; when memory cannot hold
+    it the answer is the server's condition (503), not a malformed request (400)."""
+    config = tmp_path / "edged.toml"
+    config.write_text(f"[server]\nmax-request-bytes = {1 << 60}\n")
+    daemon = start_daemon("--config", str(config), "--model-repository", str(simple_repo))
+    length = 1 << 50  # a pebibyte: no machine has that much to allocate
+    raw = raw_request(
+        "POST", "/v2/models/simple/infer", headers=(f"Content-Length: {length}", "Inference-Header-Content-Length: 10")
+    )
+    responses = _exchange(daemon.socket, raw, timeout=10)
+    assert [status for status, _, _ in responses] == [503]
+    assert json.loads(responses[0][2]) == {"error": f"not enough memory to receive a body of {length} bytes"}
+    assert daemon.request("GET", "/v2/health/live").status == 200
+
+
+def test_an_abandoned_upload_is_freed_when_its_connection_goes(daemon) -> None:
+    """An infer body read in place (binary, Content-Length) that the client abandons half-way
+    is freed with its connection, not at the next full garbage collection."""
+
+    def rss_mib() -> int:
+        status = Path(f"/proc/{daemon.proc.pid}/status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) >> 10
+
+    length, sent = 48 << 20, 40 << 20
+    head = raw_request(
+        "POST", "/v2/models/simple/infer", headers=(f"Content-Length: {length}", "Inference-Header-Content-Length: 10")
+    )
+    assert daemon.request("GET", "/v2/health/live").status == 200
+    baseline = rss_mib()
+    for _ in range(3):
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(30)
+            sock.connect(str(daemon.socket))
+            sock.sendall(head + bytes(sent))
+            wait_until(lambda: rss_mib() >= baseline + 30, timeout=30)
+    # 3 x 40 MiB held until a garbage collection without the fix; freed at once with it.
+    wait_until(lambda: rss_mib() < baseline + 30, timeout=20)
+
+
+def test_http_2_0_on_a_request_line_is_a_505(daemon) -> None:
+    responses = _exchange(daemon.socket, b"GET /v2/health/live HTTP/2.0\r\nHost: x\r\n\r\n", timeout=10)
+    assert [status for status, _, _ in responses] == [505]
+    assert json.loads(responses[0][2]) == {"error": "HTTP/2.0 is not supported: send HTTP/1.0 or HTTP/1.1"}
+    assert responses[0][1]["connection"] == "close"
+
+
+def test_binary_offset_reads_ascii_digits_only() -> None:
+    from daemon.api.front import binary_offset
+
+    assert binary_offset("10") == 10 and binary_offset(" 10\t") == 10 and binary_offset(None) is None
+    for value in ("1_0", "+10", "-1", "\uff11\uff10", "", "10 0", "0x10"):
+        assert binary_offset(value) is None, value
+
+
+def test_a_body_waiting_for_100_continue_behind_a_slow_request_is_not_timed_out(
+    start_daemon: Callable[..., object], tmp_path: Path
+) -> None:
+    """`Expect: 100-continue` pipelined behind a request that takes longer than the body's
+    timeout: its client rightly sends nothing until its 100 Continue, which comes in turn."""
+    config = tmp_path / "edged.toml"
+    config.write_text("[server]\nheader-timeout = 1.0\n")
+    repo = tmp_path / "repo"
+    python_model(repo, "slow", "import time\ntime.sleep(2.5)\ny = x")
+    daemon = start_daemon("--config", str(config), "--model-repository", str(repo))
+    body = json.dumps({"inputs": [{"name": "X", "shape": [2], "datatype": "FP32", "data": [1.0, 2.0]}]}).encode()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)
+        sock.connect(str(daemon.socket))
+        sock.sendall(
+            raw_request("POST", "/v2/models/slow/infer", body)
+            + raw_request("POST", "/v2/models/slow/infer", headers=(f"Content-Length: {len(body)}", "Expect: 100-continue"))
+        )
+        data = b""
+        while b"100 Continue" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+        sock.sendall(body)
+        while data.count(b"HTTP/1.1 200 OK") < 2 or not data.endswith(b"}"):
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk

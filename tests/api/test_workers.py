@@ -468,3 +468,41 @@ def test_a_client_leaving_a_workers_connection_cancels_its_request_as_on_the_dae
         through_worker = leave(sock, 2)
     assert own["fail"]["count"] == 1 and own["success"]["count"] == 0, own
     assert through_worker["fail"]["count"] == 2 and through_worker["success"]["count"] == 0, through_worker
+
+
+def _until_closed(sock: socket.socket) -> RawResponse:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split(" ")[1]), headers, body
+
+
+def test_a_bad_or_stalled_body_on_a_workers_connection_is_answered(
+    start_daemon: Callable[..., object], simple_repo: Path, tmp_path: Path
+) -> None:
+    """A relayed request whose chunk does not parse, a body that stops coming, a request with
+    Upgrade and a body: answered on a worker's connection as on the daemon's, then closed."""
+    config = tmp_path / "edged.toml"
+    config.write_text("[server]\nheader-timeout = 1.0\n")
+    daemon = start_daemon("--config", str(config), "--model-repository", str(simple_repo), "--workers", "1")
+    body, total, _ = simple_json_body()
+    with _kept(daemon):
+        with _connect(daemon) as sock:  # relayed: handed back to the daemon, which answers
+            sock.sendall(raw_request("POST", "/v2/repository/index", headers=("Transfer-Encoding: chunked",)) + b"zz\r\n")
+            status, headers, payload = _until_closed(sock)
+            assert status == 400 and json.loads(payload)["error"].startswith("malformed HTTP request")
+        for path in ("/v2/models/simple/infer", "/v2/repository/index"):
+            with _connect(daemon) as sock:
+                sock.sendall(raw_request("POST", path, headers=("Content-Length: 1000",)) + b"{")
+                status, headers, payload = _until_closed(sock)
+                assert status == 408 and "server.header-timeout" in json.loads(payload)["error"], path
+                assert headers["connection"] == "close"
+        with _connect(daemon) as sock:
+            raw = raw_request("POST", "/v2/models/simple/infer", body, ("Connection: Upgrade", "Upgrade: h2c"))
+            assert _exchange(sock, raw, 1)[0][0] == 200
+            raw = raw_request("POST", "/v2/models/simple/infer", body, ("Connection: close",))
+            (status, _, payload), = _exchange(sock, raw, 1)
+            assert status == 200 and json_outputs(payload)["OUTPUT0"] == total.ravel().tolist()
