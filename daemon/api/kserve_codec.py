@@ -176,6 +176,9 @@ class _HeaderPlan:
     request: InferRequest
     binary_outputs: dict[str, bool]
     binary_default: bool
+    # The model config the inputs' datatypes were last checked against (plans are shared by
+    # every model): the same config again needs no check (a lookup per input, per request).
+    checked: ModelConfig | None
 
     def decode(self, body: bytes | memoryview) -> DecodedInfer:
         inputs: dict[str, np.ndarray] = {}
@@ -283,9 +286,12 @@ class Codec:
             key = json_part if isinstance(json_part, bytes) else bytes(json_part)
             plan = self._plans.get(key)
             if plan is not None and plan.end == len(body):
-                # Plans are shared by every model: the datatypes are checked against this one.
-                for tensor in plan.inputs:
-                    _check_datatype(tensor.name, tensor.datatype, config)
+                if plan.checked is not config:
+                    for tensor in plan.inputs:
+                        _check_datatype(tensor.name, tensor.datatype, config)
+                    plan = replace(plan, checked=config)
+                    with self._plans_lock:
+                        self._plans[key] = plan
                 return plan.decode(body)
         try:
             header = self._request_decoder.decode(json_part)
@@ -301,11 +307,12 @@ class Codec:
             decoded.release()  # a rejected request keeps no region leased
             raise
         if key is not None:
-            self._remember(key, header, decoded, header_length, len(body))
+            self._remember(key, header, decoded, header_length, len(body), config)
         return decoded
 
     def _remember(
-        self, key: bytes, header: InferRequestBody, decoded: DecodedInfer, offset: int, end: int
+        self, key: bytes, header: InferRequestBody, decoded: DecodedInfer, offset: int, end: int,
+        config: ModelConfig | None,
     ) -> None:
         """Keep the plan of a header that decoded without error, if it depends on nothing but
         its bytes: every input in the body (no JSON data, no shared memory), no shared memory
@@ -324,7 +331,7 @@ class Codec:
             offset += size
         # Copies: the caller's request and flags go on to a backend, which may change them.
         request = replace(decoded.request, inputs={}, parameters=dict(decoded.request.parameters))
-        plan = _HeaderPlan(tuple(inputs), end, request, dict(decoded.binary_outputs), decoded.binary_default)
+        plan = _HeaderPlan(tuple(inputs), end, request, dict(decoded.binary_outputs), decoded.binary_default, config)
         with self._plans_lock:
             if len(self._plans) >= _PLANS:
                 del self._plans[next(iter(self._plans))]
