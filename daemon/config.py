@@ -53,7 +53,8 @@ class ServerConfig(_Section):
     tcp_auth: Literal["admin", "all"] = "admin"
     # Connections served at once (Unix socket and TCP together); more are answered 503 and closed.
     max_connections: Annotated[int, msgspec.Meta(ge=1)] = 512
-    # A new connection must deliver its first request's headers within this many seconds.
+    # A new connection must deliver its first request's headers within this many seconds, as
+    # must headers arriving in pieces; a body must bring 1 KiB per this many seconds (408).
     header_timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0
     # Idle keep-alive connections are closed after this many seconds.
     keepalive_timeout: Annotated[float, msgspec.Meta(gt=0)] = 15.0
