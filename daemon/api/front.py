@@ -377,6 +377,10 @@ class _Connection(asyncio.Protocol):
         self.body_timer: asyncio.TimerHandle | None = None
         self.body_bytes = 0
         self.body_mark = 0
+        # While the client reads none of its answers (`_write_deadline`): the timer, and the
+        # transport's buffered bytes when it was set.
+        self.write_timer: asyncio.TimerHandle | None = None
+        self.write_mark = 0
         self.idle_since = 0.0
         self.seen_request = False
         self.paused_by_relay = False
@@ -424,10 +428,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.front.closed(self)
-        for timer in (self.header_timer, self.idle_timer, self.body_timer):
+        for timer in (self.header_timer, self.idle_timer, self.body_timer, self.write_timer):
             if timer is not None:
                 timer.cancel()
-        self.header_timer = self.idle_timer = self.body_timer = None
+        self.header_timer = self.idle_timer = self.body_timer = self.write_timer = None
         if self.task is not None:
             self.task.cancel()  # the client is gone: nobody reads the answer
         if self.handler is not None:
@@ -453,11 +457,15 @@ class _Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         self.paused_by_writing = True
         self.update_reading()
+        self._start_write_timer()
         if self.handler is not None:
             self.handler.pause_writing()
 
     def resume_writing(self) -> None:
         self.paused_by_writing = False
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
         self.update_reading()
         if self.handler is not None:
             self.handler.resume_writing()
@@ -495,6 +503,30 @@ class _Connection(asyncio.Protocol):
             return
         self.front.throttled.warning("slow-body", "request body stalled: %s", self.front.body_timeout_message)
         self._fail_parse(408, self.front.body_timeout_message)
+
+    def _start_write_timer(self) -> None:
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+        if self.transport is None:
+            return
+        self.write_mark = self.transport.get_write_buffer_size()
+        self.write_timer = self.loop.call_later(self.front.server.keepalive_timeout, self._write_deadline)
+
+    def _write_deadline(self) -> None:
+        """A client that reads none of its answers for `server.keepalive-timeout` is dropped:
+        reading its requests stopped (`pause_writing`), but it would hold its connection, and a
+        `server.max-connections` slot, for as long as it likes. One that reads, however slowly,
+        keeps it."""
+        self.write_timer = None
+        if self.transport is None or not self.paused_by_writing:
+            return
+        if self.transport.get_write_buffer_size() < self.write_mark:
+            self._start_write_timer()
+            return
+        self.front.throttled.warning(
+            "unread", "connection dropped: the client read none of its answers within server.keepalive-timeout"
+        )
+        self.transport.abort()  # close() would wait for the buffer to drain, which it does not
 
     def _idle_deadline(self) -> None:
         self.idle_timer = None

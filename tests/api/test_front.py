@@ -396,6 +396,43 @@ def test_pipelined_infer_stops_being_read_while_its_answers_are_not(
     assert daemon.request("GET", "/v2/health/live").status == 200
 
 
+def test_a_client_that_reads_none_of_its_answers_is_dropped(
+    start_daemon: Callable[..., object], tmp_path: Path
+) -> None:
+    """Reading stops while the answers wait (above); after server.keepalive-timeout without
+    the client reading any, the connection is dropped rather than held for good."""
+    repo = tmp_path / "repo"
+    python_model(repo, "echo", "y = x")
+    config = tmp_path / "edged.toml"
+    config.write_text("[server]\nkeepalive-timeout = 1\n")
+    daemon = start_daemon("--config", str(config), "--model-repository", str(repo))
+    values = 1 << 20  # 4 MiB in, 4 MiB out
+    header = json.dumps({
+        "inputs": [{"name": "X", "shape": [values], "datatype": "FP32", "parameters": {"binary_data_size": 4 * values}}],
+        "outputs": [{"name": "Y", "parameters": {"binary_data": True}}],
+    }).encode()
+    body = header + np.ones(values, dtype=np.float32).tobytes()
+    request = raw_request("POST", "/v2/models/echo/infer", body, (f"Inference-Header-Content-Length: {len(header)}",))
+    data = memoryview(request * 16)
+    sent = received = 0
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(str(daemon.socket))
+        sock.settimeout(3)  # the daemon reads nothing more: sending stops here (or breaks)
+        with contextlib.suppress(TimeoutError, BrokenPipeError, ConnectionResetError):
+            while sent < len(data):
+                sent += sock.send(data[sent : sent + (1 << 20)])
+        time.sleep(2)  # over keepalive-timeout (1 s) without reading a byte
+        sock.settimeout(30)
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(1 << 20):
+                received += len(chunk)
+    # Served whole, each request fully sent would have its answer (then the idle close).
+    answered = sent // len(request)
+    assert received < answered * 4 * values, (received, answered)
+    assert daemon.request("GET", "/v2/health/live").status == 200
+
+
 def test_a_body_larger_than_memory_is_a_503_naming_it(
     start_daemon: Callable[..., object], simple_repo: Path, tmp_path: Path
 ) -> None:
