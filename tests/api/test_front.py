@@ -366,6 +366,20 @@ def test_a_malformed_chunk_of_a_relayed_request_is_a_400(daemon) -> None:
         assert responses[0][1]["connection"] == "close"
 
 
+ECHO_VALUES = 1 << 20  # 4 MiB in, 4 MiB out
+
+
+def _echo_request(values: int) -> bytes:
+    """A binary infer request to the `echo` python model (y = x) of `values` FP32 ones,
+    answered in binary."""
+    header = json.dumps({
+        "inputs": [{"name": "X", "shape": [values], "datatype": "FP32", "parameters": {"binary_data_size": 4 * values}}],
+        "outputs": [{"name": "Y", "parameters": {"binary_data": True}}],
+    }).encode()
+    body = header + np.ones(values, dtype=np.float32).tobytes()
+    return raw_request("POST", "/v2/models/echo/infer", body, (f"Inference-Header-Content-Length: {len(header)}",))
+
+
 def test_pipelined_infer_stops_being_read_while_its_answers_are_not(
     start_daemon: Callable[..., object], tmp_path: Path
 ) -> None:
@@ -375,13 +389,7 @@ def test_pipelined_infer_stops_being_read_while_its_answers_are_not(
     repo = tmp_path / "repo"
     python_model(repo, "echo", "y = x")
     daemon = start_daemon("--model-repository", str(repo))
-    values = 1 << 20  # 4 MiB in, 4 MiB out
-    header = json.dumps({
-        "inputs": [{"name": "X", "shape": [values], "datatype": "FP32", "parameters": {"binary_data_size": 4 * values}}],
-        "outputs": [{"name": "Y", "parameters": {"binary_data": True}}],
-    }).encode()
-    body = header + np.ones(values, dtype=np.float32).tobytes()
-    request = raw_request("POST", "/v2/models/echo/infer", body, (f"Inference-Header-Content-Length: {len(header)}",))
+    request = _echo_request(ECHO_VALUES)
     count = 16
     data = memoryview(request * count)
     sent = 0
@@ -406,13 +414,7 @@ def test_a_client_that_reads_none_of_its_answers_is_dropped(
     config = tmp_path / "edged.toml"
     config.write_text("[server]\nkeepalive-timeout = 1\n")
     daemon = start_daemon("--config", str(config), "--model-repository", str(repo))
-    values = 1 << 20  # 4 MiB in, 4 MiB out
-    header = json.dumps({
-        "inputs": [{"name": "X", "shape": [values], "datatype": "FP32", "parameters": {"binary_data_size": 4 * values}}],
-        "outputs": [{"name": "Y", "parameters": {"binary_data": True}}],
-    }).encode()
-    body = header + np.ones(values, dtype=np.float32).tobytes()
-    request = raw_request("POST", "/v2/models/echo/infer", body, (f"Inference-Header-Content-Length: {len(header)}",))
+    request = _echo_request(ECHO_VALUES)
     data = memoryview(request * 16)
     sent = received = 0
     with socket.socket(socket.AF_UNIX) as sock:
@@ -429,7 +431,7 @@ def test_a_client_that_reads_none_of_its_answers_is_dropped(
                 received += len(chunk)
     # Served whole, each request fully sent would have its answer (then the idle close).
     answered = sent // len(request)
-    assert received < answered * 4 * values, (received, answered)
+    assert received < answered * 4 * ECHO_VALUES, (received, answered)
     assert daemon.request("GET", "/v2/health/live").status == 200
 
 
