@@ -40,6 +40,9 @@ DATATYPES: frozenset[str] = frozenset(
 PREFERENCE_PARAMETER = "backend_preference"
 # Nor for residency (`load`, `keep_alive`): in config.pbtxt they are parameters of these names.
 RESIDENCY_PARAMETERS = ("load", "keep_alive")
+# Sequence slots per instance (max_candidate_sequences, or a direct batcher's max_batch_size):
+# the sequence batcher lists a slot each on the event loop when it starts.
+MAX_SEQUENCE_SLOTS = 4096
 
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|ms|s|m|h)")
@@ -257,9 +260,8 @@ class SequenceStrategyDirect(_Strict):
 
 
 class SequenceStrategyOldest(_Strict):
-    # A slot each, all listed (on the event loop) when the batcher starts: 2**31-1 would
-    # take the loop minutes and more memory than the box has.
-    max_candidate_sequences: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 0
+    # 2**31-1 slots would take the loop minutes and more memory than the box has.
+    max_candidate_sequences: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQUENCE_SLOTS)] = 0
     preferred_batch_size: list[int] = []
     max_queue_delay_microseconds: Annotated[int, msgspec.Meta(ge=0)] = 0
     preserve_ordering: bool = False

@@ -56,7 +56,7 @@ from daemon.api.encoding import compress, response_encoding
 from daemon.api.kserve_codec import parse_header_length
 from daemon.api.peers import peer_uid, uid_allowed, unix_socket
 from daemon.config import ServerConfig
-from daemon.errors import EdgedError
+from daemon.errors import EdgedError, InvalidArgument
 from daemon.logs import Throttled
 
 if TYPE_CHECKING:
@@ -1129,11 +1129,8 @@ def binary_offset(value: str | None) -> int | None:
     """`Inference-Header-Content-Length` as a number, for placing the body; None when absent or
     invalid (the codec then reports it with Triton's wording). Also daemon.api.workers's, for
     a frame's body."""
-    if value is None:
+    try:
+        offset = parse_header_length(value)
+    except InvalidArgument:
         return None
-    # Digits only, as daemon.api.kserve_codec.parse_header_length reads it (int() would also
-    # take "1_0", "+10" and non-ASCII digits).
-    digits = value.strip(" \t")
-    if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
-        return None
-    return int(digits)
+    return offset if offset is not None and offset >= 0 else None

@@ -291,20 +291,18 @@ class PluginRegistry:
             manifest = plugin.manifest
             assert manifest is not None
             state: PluginState = "ready"
-            if plugin.backend_class is None and plugin.importing.locked():
-                # Another thread is importing it: reported as it stands, not waited for (an
-                # import that never returns would hold up the whole report).
-                infos.append(PluginInfo(name=name, path=str(plugin.path), state="discovered",
-                                        version=manifest.version, api_version=manifest.api_version,
-                                        artifacts=manifest.artifacts, platforms=manifest.platforms,
-                                        reason="its import has not finished"))
-                continue
-            try:
-                self.resolve(name)
-            except PluginError:
-                probe = plugin.probe
-                state = "unavailable" if probe is not None and not probe.available else "broken"
-            probe = plugin.probe
+            # Another thread importing it: reported as it stands, not waited for (an import
+            # that never returns would hold up the whole report).
+            importing = plugin.backend_class is None and plugin.importing.locked()
+            if importing:
+                state = "discovered"
+            else:
+                try:
+                    self.resolve(name)
+                except PluginError:
+                    probe = plugin.probe
+                    state = "unavailable" if probe is not None and not probe.available else "broken"
+            probe = None if importing else plugin.probe
             infos.append(
                 PluginInfo(
                     name=name,
@@ -314,7 +312,7 @@ class PluginRegistry:
                     api_version=manifest.api_version,
                     artifacts=manifest.artifacts,
                     platforms=manifest.platforms,
-                    reason=plugin.error,
+                    reason="its import has not finished" if importing else plugin.error,
                     devices=list(probe.devices) if probe else [],
                     runtime_version=probe.runtime_version if probe else "",
                 )

@@ -122,7 +122,7 @@ class RepositoryManager:
         if self.mode != "explicit":
             return True
         entry = self.registry.entry(name)
-        loaded = entry is not None and entry.loaded_from is not None
+        loaded = entry is not None and bool(entry.versions)
         return loaded or "*" in self.startup_models or name in self.startup_models
 
     async def poll_forever(self, interval: float) -> None:

@@ -54,14 +54,12 @@ from daemon.backend import (
 )
 from daemon.core.stats import ComputePhases, FailureReason, ModelStats, compute_phases
 from daemon.errors import BackendError, ConfigError, EdgedError, InvalidArgument, Unavailable
-from daemon.model_config import ModelConfig, SequenceBatching, TensorConfig
+from daemon.model_config import MAX_SEQUENCE_SLOTS, ModelConfig, SequenceBatching, TensorConfig
 
 log = logging.getLogger(__name__)
 
 # Triton's SEQUENCE_IDLE_DEFAULT_MICROSECONDS.
 DEFAULT_IDLE_US = 1_000_000
-# Sequence slots per instance: what the config bounds max_candidate_sequences by.
-MAX_SLOTS = 4096
 # Request parameters the sequence batcher consumes (Triton's HTTP layer turns them into the
 # request's correlation ID and flags; a backend never sees them as parameters).
 SEQUENCE_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end"})
@@ -514,12 +512,12 @@ class SequenceBatcher:
             direct = sb.direct
             self.delay_ns = direct.max_queue_delay_microseconds * 1000 if direct else 0
             self.utilization = direct.minimum_slot_utilization if direct else 0.0
-        if slot_count > MAX_SLOTS:
-            # A slot each is listed here, on the event loop (model_config bounds
-            # max_candidate_sequences the same way; max_batch_size also sizes other batchers).
+        if slot_count > MAX_SEQUENCE_SLOTS:
+            # A slot each is listed here, on the event loop (the config bounds
+            # max_candidate_sequences itself; max_batch_size also sizes other batchers).
             raise ConfigError(
                 f"model '{config.name}': sequence_batching gives each instance {slot_count} sequence slots "
-                f"(max_batch_size); at most {MAX_SLOTS}"
+                f"(max_batch_size); at most {MAX_SEQUENCE_SLOTS}"
             )
         self.lanes = [_Lane(i, instance, [None] * slot_count) for i, instance in enumerate(instances)]
         # Free slots as (slot, lane): slot 0 of every instance first, so sequences spread over
