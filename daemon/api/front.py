@@ -89,6 +89,12 @@ MAX_HEAD_BYTES = 64 * 1024
 _MIN_BODY_BYTES = 1024
 # Larger bodies are written as header + body (no concatenation copy).
 _JOIN_BELOW = 16 * 1024
+# After an error answer to a request whose body was not read (408, 413, a framing error), the
+# client may still be sending: closing with its bytes unread makes the kernel reset the
+# connection, and over TCP the reset can destroy the answer before the client reads it. So the
+# answer is followed by a half-close, and what the client still sends is read and dropped for
+# this long at most (Go's net/http waits 0.5 s, nginx's lingering_time is 30 s).
+_LINGER_S = 2.0
 # aiohttp's own keep-alive timer must never close a connection the front still serves; the
 # front closes idle connections itself.
 RELAY_KEEPALIVE_S = 10 * 365 * 24 * 3600.0
@@ -396,6 +402,8 @@ class _Connection(asyncio.Protocol):
         # A framing error's answer (status, message), once one has been seen: nothing after it
         # on this connection is read.
         self.failure: tuple[int, str] | None = None
+        # After that answer (`_linger`): reading only to drop what the client still sends.
+        self.linger_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ connection
 
@@ -428,10 +436,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.front.closed(self)
-        for timer in (self.header_timer, self.idle_timer, self.body_timer, self.write_timer):
+        for timer in (self.header_timer, self.idle_timer, self.body_timer, self.write_timer, self.linger_timer):
             if timer is not None:
                 timer.cancel()
-        self.header_timer = self.idle_timer = self.body_timer = self.write_timer = None
+        self.header_timer = self.idle_timer = self.body_timer = self.write_timer = self.linger_timer = None
         if self.task is not None:
             self.task.cancel()  # the client is gone: nobody reads the answer
         if self.handler is not None:
@@ -541,7 +549,9 @@ class _Connection(asyncio.Protocol):
     def update_reading(self) -> None:
         if self.transport is None:
             return
-        pause = self.paused_by_relay or self.paused_by_front or self.paused_by_writing or self.failure is not None
+        pause = self.linger_timer is None and (
+            self.paused_by_relay or self.paused_by_front or self.paused_by_writing or self.failure is not None
+        )
         if pause != self.reading_paused:
             self.reading_paused = pause
             if pause:
@@ -552,6 +562,8 @@ class _Connection(asyncio.Protocol):
                     self._start_body_timer()  # the client was not the one holding the body back
 
     def data_received(self, data: bytes) -> None:
+        if self.linger_timer is not None:
+            return  # the last answer is written (`_linger`): the rest is dropped unread
         try:
             self.parser.feed_data(data)
             request = self.current
@@ -958,7 +970,18 @@ class _Connection(asyncio.Protocol):
         else:
             transport.writelines([b"".join(head), body])
         if close:
-            transport.close()
+            if self.failure is not None and transport.can_write_eof():
+                self._linger(transport)
+            else:
+                transport.close()
+
+    def _linger(self, transport: asyncio.Transport) -> None:
+        """The answer to a framing or body error is written, but the client may still be
+        sending (`_LINGER_S`): shut this side's writing once the answer is out, read and drop
+        what arrives until the client closes or the time is up, then close."""
+        transport.write_eof()
+        self.linger_timer = self.loop.call_later(_LINGER_S, self.close)
+        self.update_reading()
 
     # ------------------------------------------------------------------ relaying to aiohttp
 

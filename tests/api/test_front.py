@@ -8,6 +8,7 @@ import contextlib
 import gzip
 import json
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -352,6 +353,44 @@ def test_a_stalled_or_trickled_body_is_a_408_on_both_paths(
         assert head.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), (index, data)
         assert b"Connection: close" in head
         assert "server.header-timeout" in json.loads(payload)["error"]
+    assert daemon.request("GET", "/v2/health/live").status == 200
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_an_error_answer_reaches_a_client_still_sending_its_body(
+    start_daemon: Callable[..., object], simple_repo: Path, transport: str
+) -> None:
+    """After a framing error the server stops reading the request, but the client does not know
+    yet and goes on sending its body. Closing with its bytes unread resets the connection (over
+    TCP the reset can destroy the answer unread); the server half-closes and drops what comes."""
+    daemon = start_daemon("--model-repository", str(simple_repo), http=transport == "tcp")
+    if transport == "tcp":
+        sock = socket.create_connection(("127.0.0.1", daemon.http_port))
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(str(daemon.socket))
+
+    def upload() -> None:
+        # A good first chunk, then a bad one: the server finds it while the client is still
+        # streaming what follows.
+        with contextlib.suppress(OSError):  # the old server's reset
+            sock.sendall(b"100000\r\n" + b"x" * 0x100000 + b"\r\nzz\r\n" + b"x" * (4 << 20))
+
+    with sock:
+        sock.settimeout(10)
+        sock.sendall(raw_request("POST", "/v2/models/simple/infer", headers=("Transfer-Encoding: chunked",)))
+        uploader = threading.Thread(target=upload)
+        uploader.start()
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):  # the answer, then the server's end of the stream
+                answer += chunk
+        finally:
+            uploader.join()
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
+    assert b"Connection: close" in head
+    assert json.loads(payload)["error"].startswith("malformed HTTP request")
     assert daemon.request("GET", "/v2/health/live").status == 200
 
 
