@@ -812,12 +812,32 @@ def _convert_json_numbers(name: str, datatype: str, data: Any, values: np.ndarra
             raise InvalidArgument(
                 f"input {name!r}: {datatype} data must be JSON integers in [{low}, {high}]"
             )
-        if kind not in "iuf":  # a float datatype: JSON integers are numbers too
+        if kind == "O":
+            # numpy keeps integers past 64 bits as Python objects: as a float datatype's data
+            # they are numbers like any other (Triton reads them as doubles).
+            values = _big_integers_as_floats(name, datatype, few if few is not None else _flatten(data), values)
+        elif kind not in "iuf":  # a float datatype: JSON integers are numbers too
             raise InvalidArgument(f"input {name!r}: {datatype} data must be JSON numbers")
 
     if datatype == "FP16" or datatype == "BF16" or datatype == "FP32":
         return _narrow_float(name, datatype, values)
     return values.astype(NUMPY_DTYPES[datatype], copy=False)
+
+
+def _big_integers_as_floats(name: str, datatype: str, flat: list[Any], values: np.ndarray) -> np.ndarray:
+    if not all(type(item) is int or type(item) is float for item in flat):
+        raise InvalidArgument(f"input {name!r}: {datatype} data must be JSON numbers")
+    floats: list[float] = []
+    for index, item in enumerate(flat):
+        try:
+            floats.append(float(item))
+        except OverflowError:
+            largest = _FLOAT_MAX.get(datatype, sys.float_info.max)
+            raise InvalidArgument(
+                f"input {name!r}: {datatype} data element {index} (an integer of {int(item).bit_length()} bits) "
+                f"is outside the {datatype} range [{-largest:g}, {largest:g}]"
+            ) from None
+    return np.array(floats, dtype=np.float64).reshape(values.shape)
 
 
 def _narrow_float(name: str, datatype: str, values: np.ndarray) -> np.ndarray:

@@ -1168,6 +1168,25 @@ def test_json_half_floats_at_their_range_are_kept(codec: Codec) -> None:
     assert inputs["F"].dtype == np.float32 and inputs["F"][0] == np.float32(3.4028234e38)
 
 
+def test_json_integers_past_64_bits_are_numbers_for_float_datatypes(codec: Codec) -> None:
+    """numpy holds them as Python objects; Triton reads any JSON number as a double."""
+    body = json_body({"inputs": [
+        {"name": "F", "shape": [2], "datatype": "FP32", "data": [2**70, -1]},
+        {"name": "D", "shape": [1, 2], "datatype": "FP64", "data": [[2**64, 3]]},
+    ]})
+    inputs = codec.decode_infer_request(body, None).request.inputs
+    assert inputs["F"].dtype == np.float32 and inputs["F"].tolist() == [2.0**70, -1.0]
+    assert inputs["D"].dtype == np.float64 and inputs["D"].tolist() == [[2.0**64, 3.0]]
+    for datatype, data, message in [
+        ("FP32", [1, 2**200], "input 'X': FP32 data element 1 (1.6069380442589903e+60) is outside the FP32 range"),
+        ("FP64", [1, 10**400], "input 'X': FP64 data element 1 (an integer of 1329 bits) is outside the FP64 "
+                               "range [-1.79769e+308, 1.79769e+308]"),
+        ("FP32", [2**70, "a"], "input 'X': FP32 data must be JSON numbers"),
+    ]:
+        body = json_body({"inputs": [{"name": "X", "shape": [2], "datatype": datatype, "data": data}]})
+        assert decode_error(codec, body).startswith(message), datatype
+
+
 UINT64_MAX = 2**64 - 1
 
 
