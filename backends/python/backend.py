@@ -449,7 +449,9 @@ class PythonBackend(Backend):
                 return BackendError(f"python: model {name!r}: output {tensor.name()!r}: {exc}")
         parameters = getattr(response, "_parameters", None)
         return InferResponse(
-            select_outputs(outputs, request.requested_outputs),
+            # A request that names no output gets the config's, not whatever else the model
+            # returns (Triton 2.51 drops the rest, checked side by side).
+            select_outputs(outputs, request.requested_outputs or self._output_names),
             dict(parameters) if isinstance(parameters, dict) else {},
         )
 

@@ -311,6 +311,38 @@ async def test_requested_output_names_default_to_all_outputs(
     assert set(outputs_of(chosen)) == {"NAMES", "OUTPUT0"}
 
 
+UNDECLARED_OUTPUT_MODEL = """
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                responses.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("OUTPUT0", x), pb_utils.Tensor("UNDECLARED", x)
+                ]))
+            return responses
+    """
+
+
+async def test_an_output_the_config_does_not_declare_is_sent_only_when_asked_for(
+    backend_class: ClassOf, tmp_path: Path
+) -> None:
+    """As Triton 2.51: a request naming no output gets the config's outputs, not every tensor
+    the model returns; one that names the undeclared output gets it."""
+    backend = await load(
+        backend_class("python"), modes_config(), write_model(tmp_path, "modes", UNDECLARED_OUTPUT_MODEL)
+    )
+    default, named = await backend.execute(
+        [modes_request("ok"), InferRequest(modes_request("ok").inputs, requested_outputs=("UNDECLARED",))]
+    )
+    await backend.unload()
+    assert set(outputs_of(default)) == {"OUTPUT0"}
+    assert set(outputs_of(named)) == {"UNDECLARED"}
+
+
 async def test_unload_then_execute_fails_cleanly(backend_class: ClassOf, tmp_path: Path) -> None:
     backend = await load(
         backend_class("python"), modes_config(), write_model(tmp_path, "modes", MODES_MODEL)
