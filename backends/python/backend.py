@@ -607,14 +607,18 @@ def _large_bytes_outputs(responses: Sequence[Any]) -> bool:
 
 
 def _output_array(value: Any) -> np.ndarray:
-    """A model output as the daemon carries it: BYTES as an object array of bytes."""
+    """A model output as the daemon carries it: BYTES as an object array of bytes. Any other
+    object becomes its text, as Triton's python backend serializes it (`1` is "1"; `bytes(1)`
+    would be a zero byte)."""
     array = value if isinstance(value, np.ndarray) else np.asarray(value)
     if array.dtype.kind in ("O", "S", "U"):
         out = np.empty(array.size, dtype=np.object_)
         # tolist() and an exact type test: a BYTES output may have a million elements (4.6x
         # faster than iterating the array itself; smaller outputs are read on the event loop).
         out[:] = [
-            v if type(v) is bytes else v.encode("utf-8") if isinstance(v, str) else bytes(v)
+            v if type(v) is bytes
+            else bytes(v) if isinstance(v, (bytes, bytearray, memoryview))
+            else str(v).encode("utf-8")
             for v in array.reshape(-1).tolist()
         ]
         return out.reshape(array.shape)

@@ -343,6 +343,29 @@ async def test_an_output_the_config_does_not_declare_is_sent_only_when_asked_for
     assert set(outputs_of(named)) == {"UNDECLARED"}
 
 
+OBJECT_OUTPUT_MODEL = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            texts = np.array([1, 2.5, None, np.float32(0.5), b"x", bytearray(b"y"), "\u00e9"], dtype=np.object_)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("NAMES", texts)]) for _ in requests]
+    """
+
+
+async def test_objects_in_a_bytes_output_are_sent_as_their_text(backend_class: ClassOf, tmp_path: Path) -> None:
+    """Triton's python backend writes an object that is not bytes as str(object) in UTF-8:
+    models rely on it (an int label in a BYTES output), and bytes(1) would be a zero byte."""
+    backend = await load(
+        backend_class("python"), modes_config(), write_model(tmp_path, "modes", OBJECT_OUTPUT_MODEL)
+    )
+    [result] = await backend.execute([InferRequest(modes_request("ok").inputs, requested_outputs=("NAMES",))])
+    await backend.unload()
+    assert outputs_of(result)["NAMES"].tolist() == [b"1", b"2.5", b"None", b"0.5", b"x", b"y", "\u00e9".encode()]
+
+
 async def test_unload_then_execute_fails_cleanly(backend_class: ClassOf, tmp_path: Path) -> None:
     backend = await load(
         backend_class("python"), modes_config(), write_model(tmp_path, "modes", MODES_MODEL)
