@@ -9,6 +9,7 @@ config.pbtxt is stripped on the way in (see `normalize_datatype`).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -407,11 +408,24 @@ def config_from_mapping(data: object, *, source: str) -> ModelConfig:
         raise ConfigError(f"{source}: {exc}") from exc
 
 
-def to_triton_json(config: ModelConfig) -> dict[str, Any]:
+def to_triton_json(
+    config: ModelConfig, *, model_name: str = "", kind: str = "KIND_CPU", count: int = 1, gpus: Sequence[int] = ()
+) -> dict[str, Any]:
     """The config in Triton's JSON layout (what `/v2/models/{m}/config` serves and a Python
     model's `initialize` gets): `data_type` spelled `TYPE_*`, `version_policy` as a oneof,
-    parameters as `{"key": {"string_value": "..."}}`, unset messages left out."""
+    parameters as `{"key": {"string_value": "..."}}`, unset messages left out.
+
+    With `model_name`, the instance groups as Triton serves them once it has made them: an
+    unnamed group is `<model>_<index>`, and a config without any has one group named after the
+    model, of `count` instances of `kind` (Triton 2.51, checked side by side)."""
     data: dict[str, Any] = msgspec.to_builtins(config)
+    if model_name:
+        groups = data["instance_group"]
+        if not groups:
+            groups.append({"count": count, "kind": kind, "gpus": list(gpus), "name": model_name, "host_policy": ""})
+        for index, group in enumerate(groups):
+            if not group["name"]:
+                group["name"] = f"{model_name}_{index}"
     for kind in ("input", "output"):
         for tensor in data[kind]:
             datatype = tensor["data_type"]

@@ -628,12 +628,14 @@ def _output_array(value: Any) -> np.ndarray:
 
 def instance_name(config: ModelConfig, model_name: str, index: int) -> str:
     """Triton's name of the model's `index`-th instance: its group's name (`<model>_<group
-    index>` when the config names none) and its place in the group, e.g. `simple_0_1`."""
+    index>` when the config names none) and its place in the group, e.g. `simple_0_1`; without
+    any group, `<model>_<index>`."""
     for number, group in enumerate(config.instance_group):
         if index < group.count:
             return f"{group.name or f'{model_name}_{number}'}_{index}"
         index -= group.count
-    return f"{model_name}_0_{index}"  # no instance_group: Triton fills in one group
+    # No instance_group: Triton makes one group named after the model (2.51, checked side by side).
+    return f"{model_name}_{index}"
 
 
 def triton_args(
@@ -643,7 +645,12 @@ def triton_args(
     model_name = config.name or context.model_name
     gpu = device.kind.startswith("gpu")
     return {
-        "model_config": msgspec.json.encode(to_triton_json(config)).decode(),
+        "model_config": msgspec.json.encode(
+            to_triton_json(
+                config, model_name=model_name, kind="KIND_GPU" if gpu else "KIND_CPU",
+                count=context.instance_count, gpus=[device.index] if gpu else [],
+            )
+        ).decode(),
         "model_instance_kind": "GPU" if gpu else "CPU",
         "model_instance_name": instance_name(config, model_name, context.instance_index),
         "model_instance_device_id": str(device.index) if gpu else "0",

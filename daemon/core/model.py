@@ -111,12 +111,16 @@ class LoadedVersion:
 
     def triton_config(self) -> dict[str, Any]:
         """The config in Triton's JSON layout (`GET .../config`), backend filled in as Triton does."""
-        data = to_triton_json(self.config)
-        if not data.get("backend") and self.backend != "ensemble":
+        if self.backend == "ensemble":  # no instances: Triton serves no group for it
+            return to_triton_json(self.config)
+        device = str(self.selection.get("device", "cpu"))
+        gpu = device.startswith("gpu")
+        data = to_triton_json(
+            self.config, model_name=self.name, kind="KIND_GPU" if gpu else "KIND_CPU", count=len(self.instances),
+            gpus=[int(device.rpartition(":")[2])] if gpu and device[-1:].isdigit() else [],
+        )
+        if not data.get("backend"):
             data["backend"] = self.backend
-        for index, group in enumerate(data.get("instance_group", [])):
-            if not group.get("name"):
-                group["name"] = f"{self.name}_{index}"  # Triton's name for an unnamed group
         return data
 
     # ------------------------------------------------------------------ running requests

@@ -193,7 +193,7 @@ async def test_execute_raising_fails_that_batch_and_the_next_call_works(
         assert isinstance(error, BackendError)
         # Triton's words, naming the model instance (its group's name, its place in it).
         assert error.message == (
-            "Failed to process the request(s) for model 'modes_0_0', message: "
+            "Failed to process the request(s) for model 'modes_0', message: "
             "ValueError: boom from model.py"
         )
     request = modes_request("ok", rows=3)
@@ -501,7 +501,8 @@ def test_instance_names_are_tritons(backend_class: ClassOf) -> None:
     config = modes_config("names")
     config.instance_group = [InstanceGroup(count=2), InstanceGroup(count=1, name="extra")]
     assert [instance_name(config, "names", i) for i in range(3)] == ["names_0_0", "names_0_1", "extra_0"]
-    assert instance_name(modes_config(), "modes", 1) == "modes_0_1"  # no groups: Triton's one
+    # No groups: Triton 2.51 makes one named after the model ('modes', served in its config).
+    assert instance_name(modes_config(), "modes", 1) == "modes_1"
 
 
 async def test_initialize_gets_triton_args(backend_class: ClassOf, tmp_path: Path) -> None:
@@ -516,7 +517,7 @@ async def test_initialize_gets_triton_args(backend_class: ClassOf, tmp_path: Pat
     assert args["model_name"] == "modes"
     assert args["model_version"] == "1"
     assert args["model_instance_kind"] == "CPU"
-    assert args["model_instance_name"] == "modes_0_1"
+    assert args["model_instance_name"] == "modes_1"  # no instance_group: one group named after the model
     assert args["model_instance_device_id"] == "0"
     assert Path(args["model_repository"]) == tmp_path / "modes"
     model_config = json.loads(args["model_config"])

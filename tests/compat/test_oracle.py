@@ -427,3 +427,62 @@ def test_host_policy_cpu_cores_as_tritons(compat_repo: object, tmp_path_factory:
             edged.stop()
     finally:
         triton.stop()
+
+
+_GROUPS_MODEL = '''
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        groups = json.loads(args["model_config"])["instance_group"]
+        self.seen = json.dumps([args["model_instance_name"], [[g["name"], g["kind"], g["count"]] for g in groups]])
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([self.seen], dtype=np.object_))])
+                for _ in requests]
+'''
+
+
+def test_instance_groups_a_python_model_sees_as_tritons(
+    compat_repo: object, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Without instance_group Triton makes one group named after the model (its instance is
+    `<model>_0`); an unnamed group is `<model>_<index>`. Both servers serve the same groups and
+    give `initialize` the same instance name and groups."""
+    from compat.servers import ORACLE_ENV, start_edged, start_triton
+
+    repo = tmp_path_factory.mktemp("groups-repo")
+    for name, group in (("no_group", ""), ("unnamed", "instance_group [{ kind: KIND_CPU }]\n")):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(_GROUPS_MODEL)
+        (repo / name / "config.pbtxt").write_text(
+            'backend: "python"\n'
+            'input [{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+            'output [{ name: "Y" data_type: TYPE_STRING dims: [ 1 ] }]\n' + group
+        )
+    models = ["no_group", "unnamed"]
+    body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [0.0]}]}).encode()
+    answers = []
+    for start in (start_triton, start_edged):
+        args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
+        server = start(*args, repo, tmp_path_factory.mktemp("groups"), models)
+        try:
+            answers.append({
+                model: (
+                    [(g["name"], g["kind"], g["count"])
+                     for g in json.loads(server.request("GET", f"/v2/models/{model}/config").body)["instance_group"]],
+                    json.loads(json.loads(server.request(
+                        "POST", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"}
+                    ).body)["outputs"][0]["data"][0]),
+                )
+                for model in models
+            })
+        finally:
+            server.stop()
+    theirs, ours = answers
+    assert theirs["no_group"] == ([("no_group", "KIND_CPU", 1)], ["no_group_0", [["no_group", "KIND_CPU", 1]]])
+    assert ours == theirs
