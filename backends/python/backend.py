@@ -348,7 +348,9 @@ class PythonBackend(Backend):
             inputs=[pb_utils.Tensor(name, array) for name, array in request.inputs.items()],
             request_id=request.id,
             requested_output_names=request.requested_outputs or self._output_names,
-            parameters=json.dumps(request.parameters) if request.parameters else "{}",
+            # Triton's spelling: compact, UTF-8 unescaped (a model may compare the text).
+            parameters=json.dumps(request.parameters, separators=(",", ":"), ensure_ascii=False)
+            if request.parameters else "{}",
             model_name=self._model_name,
             model_version=self.context.model_version,
             correlation_id=request.correlation_id,
@@ -403,7 +405,7 @@ class PythonBackend(Backend):
         request = InferRequest(
             inputs,
             id=pb_request.request_id(),
-            requested_outputs=tuple(pb_request.requested_output_names()),
+            requested_outputs=tuple(pb_request._requested),  # in the model's order
             parameters=parameters,
             timeout_us=pb_request.timeout(),
         )

@@ -162,8 +162,8 @@ class InferenceRequest:
     def inputs(self) -> list[Tensor]:
         return self._inputs
 
-    def requested_output_names(self) -> list[str]:
-        return self._requested
+    def requested_output_names(self) -> set[str]:
+        return set(self._requested)  # a set in Triton too (its C++ std::set)
 
     def request_id(self) -> str:
         return self._request_id

@@ -110,12 +110,15 @@ def test_parameters_and_requested_outputs_reach_the_model(client: Any) -> None:
         "params_echo",
         [inp],
         outputs=[httpclient.InferRequestedOutput("PARAMS")],
-        parameters={"temperature": 0.5, "tag": "t", "n": 3, "flag": True},
+        parameters={"temperature": 0.5, "tag": "t\u00e9", "n": 3, "flag": True},
     )
-    # request.parameters() is Triton's JSON string; requested_output_names() what was asked.
+    # request.parameters() is Triton's JSON string, spelled as Triton 2.51 spells it (compact,
+    # UTF-8 unescaped); requested_output_names() what was asked, a set as in Triton.
     assert json.loads(result.as_numpy("PARAMS")[0]) == {
-        "parameters": {"temperature": 0.5, "tag": "t", "n": 3, "flag": True},
+        "parameters": {"temperature": 0.5, "tag": "t\u00e9", "n": 3, "flag": True},
         "requested": ["PARAMS"],
+        "raw": '{"temperature":0.5,"tag":"t\u00e9","n":3,"flag":true}',
+        "requested_type": "set",
     }
     assert result.as_numpy("OUTPUT0") is None
 
@@ -249,7 +252,8 @@ def test_generate_for_a_non_decoupled_model(daemon: DaemonProcess) -> None:
     )
     body = {"INPUT0": [1.0], "mode": "fast", "parameters": {"n": 3, "flag": True, "t": 0.5}}
     echoed = daemon.post_json("/v2/models/params_echo/generate", body).json()
-    assert json.loads(echoed["PARAMS"]) == {
+    seen = json.loads(echoed["PARAMS"])
+    assert {key: seen[key] for key in ("parameters", "requested")} == {
         "parameters": {"mode": "fast", "n": 3, "flag": True, "t": 0.5},
         "requested": ["OUTPUT0", "PARAMS"],
     }

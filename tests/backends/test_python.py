@@ -98,7 +98,7 @@ MODES_MODEL = """
                 responses.append(pb_utils.InferenceResponse([
                     pb_utils.Tensor("OUTPUT0", x * 2),
                     pb_utils.Tensor("OUTPUT1", np.array([[request.request_id()]], dtype=np.object_)),
-                    pb_utils.Tensor("NAMES", np.array(request.requested_output_names(), dtype=np.str_)),
+                    pb_utils.Tensor("NAMES", np.array(sorted(request.requested_output_names()), dtype=np.str_)),
                 ]))
             return responses
     """
@@ -306,7 +306,7 @@ async def test_requested_output_names_default_to_all_outputs(
     )
     await backend.unload()
     # str outputs come back as BYTES (object arrays of bytes), like every BYTES tensor.
-    assert outputs_of(everything)["NAMES"].tolist() == [b"OUTPUT0", b"OUTPUT1", b"NAMES"]
+    assert outputs_of(everything)["NAMES"].tolist() == [b"NAMES", b"OUTPUT0", b"OUTPUT1"]
     assert outputs_of(chosen)["NAMES"].tolist() == [b"NAMES", b"OUTPUT0"]
     assert set(outputs_of(chosen)) == {"NAMES", "OUTPUT0"}
 

@@ -13,6 +13,8 @@ class TritonPythonModel:
             seen = {
                 "parameters": json.loads(request.parameters()),
                 "requested": sorted(request.requested_output_names()),
+                "raw": request.parameters(),
+                "requested_type": type(request.requested_output_names()).__name__,
             }
             responses.append(
                 pb_utils.InferenceResponse(
