@@ -409,16 +409,26 @@ def config_from_mapping(data: object, *, source: str) -> ModelConfig:
 
 
 def to_triton_json(
-    config: ModelConfig, *, model_name: str = "", kind: str = "KIND_CPU", count: int = 1, gpus: Sequence[int] = ()
+    config: ModelConfig, *, model_name: str = "", kind: str = "KIND_CPU", count: int = 1, gpus: Sequence[int] = (),
+    filename: str = "",
 ) -> dict[str, Any]:
     """The config in Triton's JSON layout (what `/v2/models/{m}/config` serves and a Python
     model's `initialize` gets): `data_type` spelled `TYPE_*`, `version_policy` as a oneof,
     parameters as `{"key": {"string_value": "..."}}`, unset messages left out.
 
-    With `model_name`, the instance groups as Triton serves them once it has made them: an
-    unnamed group is `<model>_<index>`, and a config without any has one group named after the
-    model, of `count` instances of `kind` (Triton 2.51, checked side by side)."""
+    With `model_name`, as Triton 2.51 serves a config once it has completed it (checked side by
+    side): an unnamed instance group is `<model>_<index>`, and a config without any has one
+    group named after the model, of `count` instances of `kind`; `default_model_filename` is
+    the file loaded (`filename`); a dynamic batcher without preferred sizes prefers
+    max_batch_size; empty fields are spelled out. Not Triton's `optimization` block: its
+    defaults (pinned memory) describe what edged does not do."""
     data: dict[str, Any] = msgspec.to_builtins(config)
+    if not config.model_transaction_policy.decoupled:
+        # Our config cannot tell a written `decoupled: false` from none; Triton omits the unset one.
+        del data["model_transaction_policy"]
+    batching = data.get("dynamic_batching")
+    if batching is not None and batching["default_queue_policy"] is None:
+        del batching["default_queue_policy"]
     if model_name:
         groups = data["instance_group"]
         if not groups:
@@ -426,8 +436,18 @@ def to_triton_json(
         for index, group in enumerate(groups):
             if not group["name"]:
                 group["name"] = f"{model_name}_{index}"
-    for kind in ("input", "output"):
-        for tensor in data[kind]:
+            group.update(secondary_devices=[], profile=[], passive=False)
+        if not data["default_model_filename"]:
+            data["default_model_filename"] = filename
+        if batching is not None and not batching["preferred_batch_size"] and config.max_batch_size > 0:
+            batching["preferred_batch_size"] = [config.max_batch_size]
+        for key, empty in (
+            ("runtime", ""), ("batch_input", []), ("batch_output", []), ("cc_model_filenames", {}),
+            ("metric_tags", {}), ("model_warmup", []),
+        ):
+            data.setdefault(key, empty)
+    for side in ("input", "output"):
+        for tensor in data[side]:
             datatype = tensor["data_type"]
             tensor["data_type"] = "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
             if tensor.get("reshape") is None:
@@ -436,7 +456,7 @@ def to_triton_json(
                 tensor["reshape"] = {"shape": tensor["reshape"]}
             # Triton spells out these defaults (the only values edged serves, see triton_config).
             tensor["is_shape_tensor"] = tensor["is_non_linear_format_io"] = False
-            if kind == "output":
+            if side == "output":
                 del tensor["optional"], tensor["format"]  # Triton's ModelOutput has neither
             else:
                 del tensor["label_filename"]  # nor has its ModelInput this one

@@ -132,11 +132,9 @@ class PythonBackend(Backend):
             complete = getattr(model_class, "auto_complete_config", None)
             if not callable(complete):
                 return config
+            # A `decoupled: false` is left out as unset: the model may still declare itself
+            # decoupled (Triton's common case).
             layout = to_triton_json(config)
-            if not config.model_transaction_policy.decoupled:
-                # Our config cannot tell a written `decoupled: false` from none; as unset, the
-                # model may still declare itself decoupled (Triton's common case).
-                layout.pop("model_transaction_policy", None)
             given = pb_utils.ModelConfig(msgspec.json.encode(layout).decode())
             try:
                 result = complete(given)
@@ -650,7 +648,7 @@ def triton_args(
         "model_config": msgspec.json.encode(
             to_triton_json(
                 config, model_name=model_name, kind="KIND_GPU" if gpu else "KIND_CPU",
-                count=context.instance_count, gpus=[device.index] if gpu else [],
+                count=context.instance_count, gpus=[device.index] if gpu else [], filename=path.name,
             )
         ).decode(),
         "model_instance_kind": "GPU" if gpu else "CPU",

@@ -117,7 +117,7 @@ class LoadedVersion:
         gpu = device.startswith("gpu")
         data = to_triton_json(
             self.config, model_name=self.name, kind="KIND_GPU" if gpu else "KIND_CPU", count=len(self.instances),
-            gpus=[int(device.rpartition(":")[2])] if gpu and device[-1:].isdigit() else [],
+            gpus=[int(device.rpartition(":")[2])] if gpu and device[-1:].isdigit() else [], filename=self.artifact.name,
         )
         if not data.get("backend"):
             data["backend"] = self.backend

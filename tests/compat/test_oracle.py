@@ -452,11 +452,15 @@ def test_instance_groups_a_python_model_sees_as_tritons(
 ) -> None:
     """Without instance_group Triton makes one group named after the model (its instance is
     `<model>_0`); an unnamed group is `<model>_<index>`. Both servers serve the same groups and
-    give `initialize` the same instance name and groups."""
+    give `initialize` the same instance name and groups, and serve the same completed config
+    (all but Triton's `optimization` defaults: docs/compatibility.md)."""
     from compat.servers import ORACLE_ENV, start_edged, start_triton
 
     repo = tmp_path_factory.mktemp("groups-repo")
-    for name, group in (("no_group", ""), ("unnamed", "instance_group [{ kind: KIND_CPU }]\n")):
+    for name, group in (
+        ("no_group", ""),
+        ("unnamed", "instance_group [{ kind: KIND_CPU }]\nmax_batch_size: 4\ndynamic_batching { }\n"),
+    ):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.py").write_text(_GROUPS_MODEL)
         (repo / name / "config.pbtxt").write_text(
@@ -465,24 +469,32 @@ def test_instance_groups_a_python_model_sees_as_tritons(
             'output [{ name: "Y" data_type: TYPE_STRING dims: [ 1 ] }]\n' + group
         )
     models = ["no_group", "unnamed"]
-    body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [0.0]}]}).encode()
+    bodies = {
+        model: json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": shape, "data": [0.0]}]}).encode()
+        for model, shape in (("no_group", [1]), ("unnamed", [1, 1]))
+    }
     answers = []
     for start in (start_triton, start_edged):
         args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
         server = start(*args, repo, tmp_path_factory.mktemp("groups"), models)
         try:
+            configs = {model: json.loads(server.request("GET", f"/v2/models/{model}/config").body) for model in models}
+            for config in configs.values():
+                config.pop("optimization", None)
+            answers.append(configs)
             answers.append({
                 model: (
-                    [(g["name"], g["kind"], g["count"])
-                     for g in json.loads(server.request("GET", f"/v2/models/{model}/config").body)["instance_group"]],
+                    [(g["name"], g["kind"], g["count"]) for g in configs[model]["instance_group"]],
                     json.loads(json.loads(server.request(
-                        "POST", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"}
+                        "POST", f"/v2/models/{model}/infer", bodies[model], {"Content-Type": "application/json"}
                     ).body)["outputs"][0]["data"][0]),
                 )
                 for model in models
             })
         finally:
             server.stop()
-    theirs, ours = answers
+    their_configs, theirs, our_configs, ours = answers
     assert theirs["no_group"] == ([("no_group", "KIND_CPU", 1)], ["no_group_0", [["no_group", "KIND_CPU", 1]]])
     assert ours == theirs
+    assert their_configs["unnamed"]["dynamic_batching"]["preferred_batch_size"] == [4]
+    assert our_configs == their_configs
