@@ -72,11 +72,16 @@ SHIM_MODULE = "triton_python_backend_utils"
 MODEL_CLASS = "TritonPythonModel"
 
 # TritonError codes -> the daemon's error classes (and so HTTP statuses); the rest are 500.
+# Triton 2.51 answers UNKNOWN, ALREADY_EXISTS and CANCELLED with 400 too (checked side by side:
+# its HTTP frontend's default), so those are client errors here.
 _ERROR_CLASSES: dict[int, type[EdgedError]] = {
     pb_utils.TritonError.NOT_FOUND: NotFound,
     pb_utils.TritonError.INVALID_ARG: InvalidArgument,
     pb_utils.TritonError.UNAVAILABLE: Unavailable,
     pb_utils.TritonError.UNSUPPORTED: Unsupported,
+    pb_utils.TritonError.UNKNOWN: InvalidArgument,
+    pb_utils.TritonError.ALREADY_EXISTS: InvalidArgument,
+    pb_utils.TritonError.CANCELLED: InvalidArgument,
 }
 
 

@@ -272,6 +272,37 @@ async def test_response_error_fails_only_that_request(
     assert isinstance(invalid, InvalidArgument) and "negative" in invalid.message
 
 
+ERROR_CODE_MODEL = """
+    import json
+
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "no", getattr(pb_utils.TritonError, json.loads(request.parameters())["mode"])
+                ))
+                for request in requests
+            ]
+    """
+
+
+async def test_error_codes_give_tritons_statuses(backend_class: ClassOf, tmp_path: Path) -> None:
+    """The status Triton 2.51 answers each TritonError code with (seen there, one by one)."""
+    expected = {
+        "UNKNOWN": 400, "INTERNAL": 500, "NOT_FOUND": 404, "INVALID_ARG": 400, "UNAVAILABLE": 503,
+        "UNSUPPORTED": 501, "ALREADY_EXISTS": 400, "CANCELLED": 400,
+    }
+    backend = await load(
+        backend_class("python"), modes_config(), write_model(tmp_path, "modes", ERROR_CODE_MODEL)
+    )
+    results = await backend.execute([modes_request(code) for code in expected])
+    await backend.unload()
+    assert {code: getattr(result, "status", None) for code, result in zip(expected, results, strict=True)} == expected
+
+
 async def test_wrong_number_of_responses_fails_the_batch(
     backend_class: ClassOf, tmp_path: Path
 ) -> None:
