@@ -316,3 +316,48 @@ def write_py_counter(repo: Path, name: str = "py_counter") -> Path:
         + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
     )
     return folder
+
+
+PY_BLS_SEQUENCE = '''
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Drives a sequence on another model through BLS: INPUT's values in order, with the
+    correlation ID in the request's parameters and START/END flags on the first and last."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            target = json.loads(request.parameters())
+            values = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy().reshape(-1)
+            outputs = []
+            for index, value in enumerate(values):
+                flags = (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if index == 0 else 0) | (
+                    pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if index == len(values) - 1 else 0)
+                step = pb_utils.InferenceRequest(
+                    model_name=target["model"], requested_output_names=["OUTPUT"],
+                    inputs=[pb_utils.Tensor("INPUT", np.array([[value]], dtype=np.int32))],
+                    correlation_id=target["corrid"], flags=flags,
+                ).exec()
+                if step.has_error():
+                    raise pb_utils.TritonModelException(step.error().message())
+                outputs.append(int(pb_utils.get_output_tensor_by_name(step, "OUTPUT").as_numpy().reshape(-1)[0]))
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.array(outputs, dtype=np.int32))]))
+        return responses
+'''
+
+
+def write_py_bls_sequence(repo: Path, name: str = "py_bls_sequence") -> Path:
+    folder = repo / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "1" / "model.py").write_text(PY_BLS_SEQUENCE)
+    (folder / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+    )
+    return folder

@@ -405,12 +405,24 @@ class PythonBackend(Backend):
             raise pb_utils.TritonModelException(f"BLS request: {exc}") from exc
         if not isinstance(parameters, dict):
             raise pb_utils.TritonModelException("BLS request: parameters must be a JSON object")
+        correlation_id, flags = pb_request.correlation_id(), pb_request.flags()
+        if not (isinstance(correlation_id, str) or (type(correlation_id) is int and 0 <= correlation_id < 2**64)):
+            raise pb_utils.TritonModelException(
+                f"BLS request: correlation_id must be an unsigned 64-bit integer or a string, got {correlation_id!r}"
+            )
+        if type(flags) is not int or not 0 <= flags <= 3:
+            raise pb_utils.TritonModelException(
+                f"BLS request: flags must be TRITONSERVER_REQUEST_FLAG_SEQUENCE_START and/or _END, got {flags!r}"
+            )
         request = InferRequest(
             inputs,
             id=pb_request.request_id(),
             requested_outputs=tuple(pb_request._requested),  # in the model's order
             parameters=parameters,
             timeout_us=pb_request.timeout(),
+            # A model drives a sequence model through BLS as a client would (Triton does too).
+            correlation_id=correlation_id,
+            flags=flags,
         )
         name = pb_request.model_name()
         version = None if pb_request.model_version() < 0 else str(pb_request.model_version())

@@ -23,6 +23,7 @@ from sequence_models import (
     write_accumulator,
     write_accumulator_toml,
     write_py_accumulator,
+    write_py_bls_sequence,
     write_py_counter,
     write_simple_dyna_sequence,
     write_simple_sequence,
@@ -51,6 +52,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         pass
     write_py_accumulator(repo)
     write_py_counter(repo)
+    write_py_bls_sequence(repo)
     # One slot, released after 300 ms idle.
     write_accumulator(repo, "idle_acc", max_batch_size=1, instances=1, idle_us=300_000)
     process = start_daemon_process(base, "--model-repository", str(repo), http=True)
@@ -169,6 +171,26 @@ def test_python_model_sees_correlation_id_and_flags(daemon: DaemonProcess) -> No
         results = list(pool.map(client, range(6)))
     for index, got in enumerate(results):
         assert got == list(range(1, 4 + index))
+
+
+@pytest.mark.parametrize(("model", "corrid"), [("accumulator", 9001), ("py_counter", "bls-text-id")])
+def test_a_python_model_drives_a_sequence_through_bls(daemon: DaemonProcess, model: str, corrid: int | str) -> None:
+    """BLS requests carry their correlation ID and START/END flags to the sequence batcher, as
+    in Triton: the same answers as a client running the sequence itself."""
+    values = [3, 1, 4, 1, 5]
+    reply = daemon.post_json("/v2/models/py_bls_sequence/infer", {
+        "inputs": [{"name": "INPUT", "shape": [5], "datatype": "INT32", "data": values}],
+        "parameters": {"model": model, "corrid": corrid},
+    })
+    assert reply.status == 200, reply.body
+    direct = _run(daemon, model, f"direct-{corrid}" if isinstance(corrid, str) else corrid + 1, values)
+    assert reply.json()["outputs"][0]["data"] == direct
+    reply = daemon.post_json("/v2/models/py_bls_sequence/infer", {
+        "inputs": [{"name": "INPUT", "shape": [1], "datatype": "INT32", "data": [1]}],
+        "parameters": {"model": model, "corrid": -1},
+    })
+    assert reply.status == 500
+    assert "correlation_id must be an unsigned 64-bit integer or a string, got -1" in reply.json()["error"]
 
 
 # ---------------------------------------------------------------------------- lifecycle, errors
