@@ -11,15 +11,19 @@ Decoupled models send through `request.get_response_sender()`; BLS calls
 (`InferenceRequest(...).exec()` / `async_exec()`) reach the daemon's other models through the
 hooks the python backend installs for the thread running `execute`.
 
-Not provided: DLPack, custom metrics, GPU tensors.
+DLPack works for CPU tensors (numpy's own support). Not provided: custom metrics
+(`MetricFamily`), GPU tensors, model control from a model (`load_model`, `unload_model`,
+`is_model_ready`), request rescheduling (`TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import enum
 import json
 import logging
+import struct
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
@@ -55,6 +59,24 @@ _NUMPY_TYPES: dict[str, type[Any]] = {
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+# `request.set_release_flags`: ALL is what every request does; RESCHEDULE is not supported.
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+# Memory types, for `PreferredMemory` (the python backend's own values, not the server API's).
+TRITONSERVER_MEMORY_GPU = 0
+TRITONSERVER_MEMORY_CPU = 1
+
+# Triton's `TYPE_*` names -> numpy, as Triton's module spells the table (TYPE_BOOL is `bool`).
+TRITON_STRING_TO_NUMPY: dict[str, type[Any]] = {
+    **{name: numpy_type for name, numpy_type in _NUMPY_TYPES.items() if name != "TYPE_BF16"},
+    "TYPE_BOOL": bool,
+}
+# TRITONSERVER_DataType codes (what `numpy_to_triton_type` returns, as in Triton) -> numpy.
+_CODES: dict[int, type[Any]] = {
+    1: np.bool_, 2: np.uint8, 3: np.uint16, 4: np.uint32, 5: np.uint64, 6: np.int8, 7: np.int16,
+    8: np.int32, 9: np.int64, 10: np.float16, 11: np.float32, 12: np.float64, 13: np.object_,
+}
+_CODE_OF_DTYPE: dict[np.dtype[Any], int] = {np.dtype(numpy_type): code for code, numpy_type in _CODES.items()}
 
 # The BLS executor of the model instance whose `execute` runs in this context. Set by the python
 # backend around each call on the instance thread (a ContextVar so the event loop an `async def
@@ -121,8 +143,39 @@ class Tensor:
     def is_cpu(self) -> bool:
         return True
 
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule of the array (no copy), e.g. for `torch.utils.dlpack.from_dlpack`.
+        BYTES tensors have no DLPack form, as in Triton."""
+        try:
+            return self._array.__dlpack__()
+        except (BufferError, TypeError) as exc:
+            raise TritonModelException(f"tensor {self._name!r} cannot be shared through DLPack: {exc}") from exc
+
+    @staticmethod
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
+        """A tensor over a CPU DLPack capsule, or any object with `__dlpack__` (no copy)."""
+        source = capsule if hasattr(capsule, "__dlpack__") else _Capsule(capsule)
+        try:
+            array = np.from_dlpack(source)
+        except (BufferError, TypeError, ValueError, RuntimeError) as exc:
+            raise TritonModelException(f"tensor {name!r}: not a CPU DLPack tensor: {exc}") from exc
+        return Tensor(name, array)
+
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, shape={self.shape()}, dtype={self._array.dtype})"
+
+
+class _Capsule:
+    """A bare DLPack capsule (`torch.utils.dlpack.to_dlpack(...)`) as numpy reads one."""
+
+    def __init__(self, capsule: Any) -> None:
+        self._capsule = capsule
+
+    def __dlpack__(self, **_: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU: numpy reads host memory only, and says so if it is not
 
 
 class _Trace:
@@ -143,8 +196,10 @@ class InferenceRequest:
         correlation_id: int | str = 0,
         flags: int = 0,
         timeout: int = 0,
+        preferred_memory: PreferredMemory | None = None,
         trace: _Trace | None = None,
     ) -> None:
+        # preferred_memory is a preference: the outputs are in host memory here (is_cpu()).
         self._inputs = list(inputs)
         self._request_id = request_id
         self._requested = list(requested_output_names)
@@ -185,6 +240,17 @@ class InferenceRequest:
     def flags(self) -> int:
         """TRITONSERVER_REQUEST_FLAG_SEQUENCE_START | _END for sequence requests."""
         return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        """A BLS request's sequence flags."""
+        self._flags = flags
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags != TRITONSERVER_REQUEST_RELEASE_ALL:
+            raise TritonModelException(
+                "request rescheduling (set_release_flags other than TRITONSERVER_REQUEST_RELEASE_ALL) "
+                "is not supported by edged"
+            )
 
     def timeout(self) -> int:
         return self._timeout
@@ -348,9 +414,17 @@ class InferenceResponse:
         return self._error
 
 
+class _LogLevel(enum.IntEnum):
+    INFO = logging.INFO
+    WARNING = logging.WARNING
+    ERROR = logging.ERROR
+    VERBOSE = logging.DEBUG
+
+
 class Logger:
     """`pb_utils.Logger.log_info(...)` etc., forwarded to the daemon's log."""
 
+    LogLevel = _LogLevel
     INFO = logging.INFO
     WARNING = logging.WARNING
     ERROR = logging.ERROR
@@ -404,15 +478,65 @@ def triton_string_to_numpy(type_string: str) -> type[Any]:
         raise TritonModelException(f"unknown Triton data type {type_string!r}") from None
 
 
-def numpy_to_triton_type(dtype: Any) -> str:
-    """numpy dtype -> `"TYPE_*"` name (object/bytes/str arrays are TYPE_STRING)."""
-    kind = np.dtype(dtype)
-    if kind.kind in ("O", "S", "U"):
-        return "TYPE_STRING"
-    for name, numpy_type in _NUMPY_TYPES.items():
-        if name != "TYPE_BF16" and np.dtype(numpy_type) == kind:
-            return name
-    raise TritonModelException(f"numpy dtype {kind} has no Triton data type")
+def numpy_to_triton_type(dtype: Any) -> int | None:
+    """numpy dtype -> its TRITONSERVER_DataType code, as Triton's returns it (`np.float32` ->
+    11; object and bytes arrays 13); None for a dtype Triton has no code for."""
+    try:
+        kind = np.dtype(dtype)
+    except TypeError:
+        return None
+    return 13 if kind.kind == "S" else _CODE_OF_DTYPE.get(kind)
+
+
+def triton_to_numpy_type(data_type: int) -> type[Any] | None:
+    """A TRITONSERVER_DataType code -> numpy (`11` -> `np.float32`); None for any other."""
+    return _CODES.get(data_type)
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | tuple[()] | None:
+    """A BYTES tensor in Triton's wire layout: each element, in C order, as its 4-byte
+    little-endian length and its bytes; an element that is not bytes is written as its text.
+    `()` for an empty tensor and None for one that is not BYTES, as Triton's returns."""
+    if input_tensor.size == 0:
+        return ()
+    if input_tensor.dtype.kind == "S":
+        items = input_tensor.reshape(-1).tolist()  # numpy drops trailing zeros of S elements
+    elif input_tensor.dtype == np.object_:
+        items = [v if type(v) is bytes else str(v).encode("utf-8") for v in input_tensor.reshape(-1).tolist()]
+    else:
+        return None
+    return b"".join(struct.pack("<I", len(item)) + item for item in items)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
+    """The inverse of `serialize_byte_tensor`: a flat object array of bytes."""
+    view = memoryview(encoded_tensor).cast("B")
+    items: list[bytes] = []
+    offset = 0
+    while offset < len(view):
+        if offset + 4 > len(view):
+            raise TritonModelException(f"serialized BYTES tensor ends inside a length prefix at byte {offset}")
+        (length,) = struct.unpack_from("<I", view, offset)
+        offset += 4
+        if offset + length > len(view):
+            raise TritonModelException(f"serialized BYTES element at byte {offset - 4} runs past the end")
+        items.append(bytes(view[offset : offset + length]))
+        offset += length
+    array = np.empty(len(items), dtype=np.object_)
+    array[:] = items
+    return array
+
+
+class PreferredMemory:
+    """Where a BLS request's outputs should live: host memory is the only kind here."""
+
+    def __init__(self, preferred_memory_type: int = TRITONSERVER_MEMORY_CPU, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
 
 
 class ModelConfig:

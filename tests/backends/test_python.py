@@ -634,7 +634,28 @@ async def test_pb_utils_helpers(backend_class: ClassOf, tmp_path: Path) -> None:
     )
     assert pb_utils.get_input_config_by_name(config, "INPUT0")["dims"] == [-1]
     assert pb_utils.get_output_config_by_name(config, "NOPE") is None
-    assert pb_utils.numpy_to_triton_type(np.int16) == "TYPE_INT16"
+    # Triton's TRITONSERVER_DataType codes (tests/compat checks these against Triton's module).
+    assert [pb_utils.numpy_to_triton_type(t) for t in (np.bool_, np.int16, np.float32, np.object_, np.str_)] == [
+        1, 7, 11, 13, None
+    ]
+    assert pb_utils.triton_to_numpy_type(11) is np.float32 and pb_utils.triton_to_numpy_type(14) is None
+    texts = np.array([b"a\x00", "\u00e9", 3], dtype=np.object_)
+    packed = pb_utils.serialize_byte_tensor(texts)
+    assert packed == b"\x02\0\0\0a\x00" + b"\x02\0\0\0\xc3\xa9" + b"\x01\0\0\x003"
+    assert pb_utils.deserialize_bytes_tensor(packed).tolist() == [b"a\x00", "\u00e9".encode(), b"3"]
+    with pytest.raises(pb_utils.TritonModelException, match="runs past the end"):
+        pb_utils.deserialize_bytes_tensor(packed[:-1])
+    numbers = np.arange(6, dtype=np.float32).reshape(2, 3)
+    shared = pb_utils.Tensor.from_dlpack("D", pb_utils.Tensor("N", numbers).to_dlpack()).as_numpy()
+    assert np.shares_memory(shared, numbers) and shared.tolist() == numbers.tolist()
+    with pytest.raises(pb_utils.TritonModelException, match="cannot be shared through DLPack"):
+        pb_utils.Tensor("S", texts).to_dlpack()
+    request = pb_utils.InferenceRequest(model_name="m", preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU))
+    request.set_flags(pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
+    request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL)
+    assert request.flags() == 2
+    with pytest.raises(pb_utils.TritonModelException, match="request rescheduling"):
+        request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
     tensor = pb_utils.Tensor("T", np.arange(3))
     response = pb_utils.InferenceResponse(output_tensors=[tensor])
     assert pb_utils.get_output_tensor_by_name(response, "T") is tensor

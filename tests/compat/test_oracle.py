@@ -498,3 +498,78 @@ def test_instance_groups_a_python_model_sees_as_tritons(
     assert ours == theirs
     assert their_configs["unnamed"]["dynamic_batching"]["preferred_batch_size"] == [4]
     assert our_configs == their_configs
+
+
+_HELPERS_MODEL = '''
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def kind(numpy_type):
+    return None if numpy_type is None else np.dtype(numpy_type).str
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        texts = np.array([b"a\\x00", "\\u00e9", 3, b""], dtype=np.object_)
+        packed = pb_utils.serialize_byte_tensor(texts)
+        numbers = np.arange(6, dtype=np.float32).reshape(2, 3)
+        request = pb_utils.InferenceRequest(
+            model_name="m", inputs=[], requested_output_names=[],
+            preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0),
+        )
+        request.set_flags(pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+        pb_utils.Logger.log("helpers", pb_utils.Logger.LogLevel.INFO)
+        seen = {
+            "codes": [pb_utils.numpy_to_triton_type(t) for t in (
+                np.bool_, np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32, np.int64,
+                np.float16, np.float32, np.float64, np.object_, np.bytes_, np.str_, np.complex64)],
+            "types": [kind(pb_utils.triton_to_numpy_type(code)) for code in range(16)],
+            "table": {name: kind(t) for name, t in pb_utils.TRITON_STRING_TO_NUMPY.items()},
+            "packed": packed.hex(),
+            "unpacked": [item.hex() for item in pb_utils.deserialize_bytes_tensor(packed).tolist()],
+            "empty": repr(pb_utils.serialize_byte_tensor(np.array([], dtype=np.object_))),
+            "not_bytes": repr(pb_utils.serialize_byte_tensor(numbers)),
+            "decoupled": [pb_utils.using_decoupled_model_transaction_policy(c) for c in (
+                {}, {"model_transaction_policy": {"decoupled": True}})],
+            "constants": [int(c) for c in (
+                pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL, pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
+                pb_utils.TRITONSERVER_MEMORY_CPU, pb_utils.TRITONSERVER_MEMORY_GPU)],
+            "flags": request.flags(),
+            "dlpack": pb_utils.Tensor.from_dlpack("D", pb_utils.Tensor("N", numbers).to_dlpack()).as_numpy().tolist(),
+            "levels": [name for name in ("INFO", "WARNING", "ERROR", "VERBOSE") if hasattr(pb_utils.Logger.LogLevel, name)],
+        }
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([json.dumps(seen)], dtype=np.object_))])
+                for _ in requests]
+'''
+
+
+def test_pb_utils_helpers_answer_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The module-level helpers of `triton_python_backend_utils` a model calls (type codes,
+    BYTES serialization, DLPack, constants) give the same answers on both servers."""
+    from compat.servers import ORACLE_ENV, start_edged, start_triton
+
+    repo = tmp_path_factory.mktemp("helpers-repo")
+    (repo / "helpers" / "1").mkdir(parents=True)
+    (repo / "helpers" / "1" / "model.py").write_text(_HELPERS_MODEL)
+    (repo / "helpers" / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+        'output [{ name: "Y" data_type: TYPE_STRING dims: [ 1 ] }]\n'
+    )
+    body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [0.0]}]}).encode()
+    answers = []
+    for start in (start_triton, start_edged):
+        args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
+        server = start(*args, repo, tmp_path_factory.mktemp("helpers"), ["helpers"])
+        try:
+            reply = server.request("POST", "/v2/models/helpers/infer", body, {"Content-Type": "application/json"})
+            assert reply.status == 200, reply.body
+            answers.append(json.loads(json.loads(reply.body)["outputs"][0]["data"][0]))
+        finally:
+            server.stop()
+    theirs, ours = answers
+    assert theirs["codes"][10] == 11 and theirs["unpacked"] == ["6100", "c3a9", "33", ""]
+    assert ours == theirs
