@@ -409,8 +409,8 @@ def config_from_mapping(data: object, *, source: str) -> ModelConfig:
 
 
 def to_triton_json(
-    config: ModelConfig, *, model_name: str = "", kind: str = "KIND_CPU", count: int = 1, gpus: Sequence[int] = (),
-    filename: str = "",
+    config: ModelConfig, *, model_name: str = "", kind: str | None = "KIND_CPU", count: int = 1,
+    gpus: Sequence[int] = (), filename: str = "",
 ) -> dict[str, Any]:
     """The config in Triton's JSON layout (what `/v2/models/{m}/config` serves and a Python
     model's `initialize` gets): `data_type` spelled `TYPE_*`, `version_policy` as a oneof,
@@ -418,10 +418,11 @@ def to_triton_json(
 
     With `model_name`, as Triton 2.51 serves a config once it has completed it (checked side by
     side): an unnamed instance group is `<model>_<index>`, and a config without any has one
-    group named after the model, of `count` instances of `kind`; `default_model_filename` is
-    the file loaded (`filename`); a dynamic batcher without preferred sizes prefers
-    max_batch_size; empty fields are spelled out. Not Triton's `optimization` block: its
-    defaults (pinned memory) describe what edged does not do."""
+    group named after the model, of `count` instances of `kind` (None: a model without
+    instances, an ensemble); `default_model_filename` is the file loaded (`filename`); a
+    dynamic batcher without preferred sizes prefers max_batch_size; empty and unset fields are
+    spelled out as Triton spells them. Not Triton's `optimization` block: its defaults (pinned
+    memory) describe what edged does not do."""
     data: dict[str, Any] = msgspec.to_builtins(config)
     if not config.model_transaction_policy.decoupled:
         # Our config cannot tell a written `decoupled: false` from none; Triton omits the unset one.
@@ -431,7 +432,7 @@ def to_triton_json(
         del batching["default_queue_policy"]
     if model_name:
         groups = data["instance_group"]
-        if not groups:
+        if not groups and kind is not None:
             groups.append({"count": count, "kind": kind, "gpus": list(gpus), "name": model_name, "host_policy": ""})
         for index, group in enumerate(groups):
             if not group["name"]:
@@ -446,6 +447,11 @@ def to_triton_json(
             ("metric_tags", {}), ("model_warmup", []),
         ):
             data.setdefault(key, empty)
+        ensemble = data.get("ensemble_scheduling")
+        if ensemble is not None:
+            data.setdefault("model_transaction_policy", {"decoupled": False})  # Triton serves it for ensembles
+            for step in ensemble["step"]:
+                step.setdefault("model_namespace", "")
     for side in ("input", "output"):
         for tensor in data[side]:
             datatype = tensor["data_type"]
@@ -463,7 +469,7 @@ def to_triton_json(
                 tensor["allow_ragged_batch"] = False
     sequence = data.get("sequence_batching")
     if sequence is not None:
-        _sequence_to_triton_json(sequence)
+        _sequence_to_triton_json(sequence, completed=bool(model_name))
     policy = config.version_policy
     data["version_policy"] = (
         {"latest": {"num_versions": policy.num_versions}} if policy.kind == "latest"
@@ -486,16 +492,21 @@ def _type_name(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
-def _sequence_to_triton_json(data: dict[str, Any]) -> None:
-    """`sequence_batching` in Triton's layout (in place): TYPE_ names, unset strategies and
-    control data types left out."""
+def _sequence_to_triton_json(data: dict[str, Any], *, completed: bool) -> None:
+    """`sequence_batching` in Triton's layout (in place): TYPE_ names, unset strategies left
+    out; unset control data types left out, or `completed` as Triton serves them (TYPE_INVALID,
+    and iterative_sequence false)."""
     for key in ("direct", "oldest"):
         if data.get(key) is None:
             data.pop(key, None)
+    if completed:
+        data["iterative_sequence"] = False
     for control_input in data["control_input"]:
         for control in control_input["control"]:
             if control["data_type"]:
                 control["data_type"] = _type_name(control["data_type"])
+            elif completed:
+                control["data_type"] = "TYPE_INVALID"
             else:
                 del control["data_type"]
     for state in data["state"]:

@@ -112,7 +112,7 @@ class LoadedVersion:
     def triton_config(self) -> dict[str, Any]:
         """The config in Triton's JSON layout (`GET .../config`), backend filled in as Triton does."""
         if self.backend == "ensemble":  # no instances: Triton serves no group for it
-            return to_triton_json(self.config)
+            return to_triton_json(self.config, model_name=self.name, kind=None)
         device = str(self.selection.get("device", "cpu"))
         gpu = device.startswith("gpu")
         data = to_triton_json(

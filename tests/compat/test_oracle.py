@@ -158,6 +158,18 @@ def test_instance_group_names(triton: Server, edged: Server) -> None:
     assert [g["host_policy"] for g in ours] == [g["host_policy"] for g in theirs] == [""]
 
 
+def test_served_configs_are_tritons(triton: Server, edged: Server) -> None:
+    """`GET /v2/models/{m}/config` for every model both servers run (python models, batching
+    and not, a sequence model, versioned ones): the same document as Triton 2.51 serves, once
+    it has completed the config, all but its `optimization` defaults (docs/compatibility.md)."""
+    from compat.models import STARTUP
+
+    for model in STARTUP:
+        theirs, ours = (json.loads(s.request("GET", f"/v2/models/{model}/config").body) for s in (triton, edged))
+        theirs.pop("optimization", None)
+        assert ours == theirs, model
+
+
 def test_system_shared_memory_round_trip(triton: Server, edged: Server) -> None:
     """Inputs read from and outputs written to a registered POSIX region, on both servers:
     the same statuses, the same response header, the same bytes in the region."""
