@@ -122,14 +122,27 @@ class TritonError:
         return f"TritonError({self._message!r}, code={self._code})"
 
 
+# numpy kinds a Tensor may hold: bool, ints, floats (up to 64 bits), bytes objects, bytes, str.
+_TENSOR_KINDS = frozenset("biufOSU")
+
+
 class Tensor:
     """A named numpy array."""
 
     def __init__(self, name: str, array: Any) -> None:
         if not isinstance(name, str):
             raise TritonModelException(f"tensor name must be a str, got {type(name).__name__}")
+        if array is None:
+            raise TypeError(f"tensor {name!r}: the data must be a numpy array, got None")
+        array = array if isinstance(array, np.ndarray) else np.asarray(array)
+        # As Triton's: a dtype no Triton datatype has is refused here, where the model made it
+        # (str arrays are edged's extension: sent as UTF-8 BYTES).
+        if array.dtype.kind not in _TENSOR_KINDS or (array.dtype.kind == "f" and array.dtype.itemsize > 8):
+            raise TritonModelException(f"NumPy dtype is not supported: {array.dtype} (tensor {name!r})")
         self._name = name
-        self._array = array if isinstance(array, np.ndarray) else np.asarray(array)
+        # Triton's tensors are C-ordered (it copies them into shared memory); a view with other
+        # strides is copied once here, an ordinary array is not.
+        self._array = array if array.flags.c_contiguous else array.copy(order="C")
 
     def name(self) -> str:
         return self._name

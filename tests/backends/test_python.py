@@ -656,6 +656,15 @@ async def test_pb_utils_helpers(backend_class: ClassOf, tmp_path: Path) -> None:
     assert request.flags() == 2
     with pytest.raises(pb_utils.TritonModelException, match="request rescheduling"):
         request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+    # Tensors as Triton makes them (checked side by side): C order, and no dtype Triton lacks.
+    strided = pb_utils.Tensor("T", numbers.T).as_numpy()
+    assert strided.flags.c_contiguous and strided.tolist() == numbers.T.tolist()
+    assert np.shares_memory(pb_utils.Tensor("C", numbers).as_numpy(), numbers)
+    for unsupported in (np.zeros(2, np.complex64), np.array(["2020-01-01"], "datetime64[D]")):
+        with pytest.raises(pb_utils.TritonModelException, match="NumPy dtype is not supported"):
+            pb_utils.Tensor("X", unsupported)
+    with pytest.raises(TypeError, match="must be a numpy array, got None"):
+        pb_utils.Tensor("X", None)
     tensor = pb_utils.Tensor("T", np.arange(3))
     response = pb_utils.InferenceResponse(output_tensors=[tensor])
     assert pb_utils.get_output_tensor_by_name(response, "T") is tensor
