@@ -204,13 +204,19 @@ class TritonPythonModel:
 '''
 
 
-def write_py_accumulator(repo: Path, name: str = "py_accumulator", *, strategy: str = "") -> Path:
+def _python_model(repo: Path, name: str, source: str, config: str) -> Path:
     folder = repo / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
-    (folder / "1" / "model.py").write_text(PY_ACCUMULATOR)
+    (folder / "1" / "model.py").write_text(source)
+    (folder / "config.pbtxt").write_text('backend: "python"\n' + config)
+    return folder
+
+
+def write_py_accumulator(repo: Path, name: str = "py_accumulator", *, strategy: str = "") -> Path:
     strategy = strategy or "oldest { max_candidate_sequences: 16 }"
-    (folder / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 4\n'
+    return _python_model(
+        repo, name, PY_ACCUMULATOR,
+        "max_batch_size: 4\n"
         "sequence_batching {\n"
         f"  {strategy}\n"
         "  control_input [\n"
@@ -219,9 +225,8 @@ def write_py_accumulator(repo: Path, name: str = "py_accumulator", *, strategy: 
         '    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },\n'
         '    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] }\n'
         "  ]\n}\n" + _IO
-        + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+        + "instance_group [ { count: 1 kind: KIND_CPU } ]\n",
     )
-    return folder
 
 
 def rnn_cell_onnx(path: Path, width: int, seed: int = 0) -> np.ndarray:
@@ -307,15 +312,12 @@ class TritonPythonModel:
 
 
 def write_py_counter(repo: Path, name: str = "py_counter") -> Path:
-    folder = repo / name
-    (folder / "1").mkdir(parents=True, exist_ok=True)
-    (folder / "1" / "model.py").write_text(PY_COUNTER)
-    (folder / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 4\n' + _IO
+    return _python_model(
+        repo, name, PY_COUNTER,
+        "max_batch_size: 4\n" + _IO
         + "sequence_batching {\n  oldest { max_candidate_sequences: 4 max_queue_delay_microseconds: 1000 }\n}\n"
-        + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+        + "instance_group [ { count: 1 kind: KIND_CPU } ]\n",
     )
-    return folder
 
 
 PY_BLS_SEQUENCE = '''
@@ -352,12 +354,9 @@ class TritonPythonModel:
 
 
 def write_py_bls_sequence(repo: Path, name: str = "py_bls_sequence") -> Path:
-    folder = repo / name
-    (folder / "1").mkdir(parents=True, exist_ok=True)
-    (folder / "1" / "model.py").write_text(PY_BLS_SEQUENCE)
-    (folder / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 0\n'
+    return _python_model(
+        repo, name, PY_BLS_SEQUENCE,
+        "max_batch_size: 0\n"
         'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
-        'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ -1 ] } ]\n',
     )
-    return folder

@@ -95,12 +95,18 @@ class TritonPythonModel:
 def placement_model(repo: Path, name: str, group: str) -> None:
     """A python model (FP32 X[1] -> INT32 Y) whose answer is the CPUs its `execute` thread may
     run on, then those of a thread it starts; `group`: its config's instance_group line."""
+    x_to_y_model(repo, name, _PLACEMENT_MODEL, "TYPE_INT32 dims: [ -1 ]", group)
+
+
+def x_to_y_model(repo: Path, name: str, source: str, y: str, extra: str = "") -> None:
+    """A python model (FP32 X[1] -> Y, `y` its type and dims) written from `source`; `extra`:
+    more config lines."""
     (repo / name / "1").mkdir(parents=True)
-    (repo / name / "1" / "model.py").write_text(_PLACEMENT_MODEL)
+    (repo / name / "1" / "model.py").write_text(source)
     (repo / name / "config.pbtxt").write_text(
         'backend: "python"\n'
         'input [{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
-        'output [{ name: "Y" data_type: TYPE_INT32 dims: [ -1 ] }]\n' + group
+        f'output [{{ name: "Y" data_type: {y} }}]\n' + extra
     )
 
 

@@ -467,19 +467,14 @@ def test_instance_groups_a_python_model_sees_as_tritons(
     give `initialize` the same instance name and groups, and serve the same completed config
     (all but Triton's `optimization` defaults: docs/compatibility.md)."""
     from compat.servers import ORACLE_ENV, start_edged, start_triton
+    from support import x_to_y_model
 
     repo = tmp_path_factory.mktemp("groups-repo")
     for name, group in (
         ("no_group", ""),
         ("unnamed", "instance_group [{ kind: KIND_CPU }]\nmax_batch_size: 4\ndynamic_batching { }\n"),
     ):
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(_GROUPS_MODEL)
-        (repo / name / "config.pbtxt").write_text(
-            'backend: "python"\n'
-            'input [{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
-            'output [{ name: "Y" data_type: TYPE_STRING dims: [ 1 ] }]\n' + group
-        )
+        x_to_y_model(repo, name, _GROUPS_MODEL, "TYPE_STRING dims: [ 1 ]", group)
     models = ["no_group", "unnamed"]
     bodies = {
         model: json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": shape, "data": [0.0]}]}).encode()
@@ -562,15 +557,10 @@ def test_pb_utils_helpers_answer_as_tritons(compat_repo: object, tmp_path_factor
     """The module-level helpers of `triton_python_backend_utils` a model calls (type codes,
     BYTES serialization, DLPack, constants) give the same answers on both servers."""
     from compat.servers import ORACLE_ENV, start_edged, start_triton
+    from support import x_to_y_model
 
     repo = tmp_path_factory.mktemp("helpers-repo")
-    (repo / "helpers" / "1").mkdir(parents=True)
-    (repo / "helpers" / "1" / "model.py").write_text(_HELPERS_MODEL)
-    (repo / "helpers" / "config.pbtxt").write_text(
-        'backend: "python"\n'
-        'input [{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
-        'output [{ name: "Y" data_type: TYPE_STRING dims: [ 1 ] }]\n'
-    )
+    x_to_y_model(repo, "helpers", _HELPERS_MODEL, "TYPE_STRING dims: [ 1 ]")
     body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [0.0]}]}).encode()
     answers = []
     for start in (start_triton, start_edged):
