@@ -102,6 +102,7 @@ class PythonBackend(Backend):
         self._module_name = ""
         # What `requested_output_names()` reports when a client asks for no output: all of them.
         self._output_names: tuple[str, ...] = ()
+        self._output_set: frozenset[str] = frozenset()
         self._decoupled = False
         self._bytes_outputs = True
         # The daemon's event loop: responses and BLS calls cross over to it from model threads.
@@ -198,6 +199,7 @@ class PythonBackend(Backend):
         self.model_path = path
         self._module_name = module_name
         self._output_names = tuple(t.name for t in config.output)
+        self._output_set = frozenset(self._output_names)
         # Whether a response may carry BYTES (an output without a config entry may).
         self._bytes_outputs = not config.output or any(t.data_type == "BYTES" for t in config.output)
         self._decoupled = config.model_transaction_policy.decoupled
@@ -348,7 +350,7 @@ class PythonBackend(Backend):
 
     def _pb_request(self, request: InferRequest, stream: _Stream) -> pb_utils.InferenceRequest:
         pb_request = pb_utils.InferenceRequest(
-            inputs=[pb_utils.Tensor(name, array) for name, array in request.inputs.items()],
+            inputs=[pb_utils.Tensor._trusted(name, array) for name, array in request.inputs.items()],
             request_id=request.id,
             requested_output_names=request.requested_outputs or self._output_names,
             # Triton's spelling: compact, UTF-8 unescaped (a model may compare the text).
@@ -465,10 +467,14 @@ class PythonBackend(Backend):
             except (EdgedError, TypeError, ValueError) as exc:
                 return BackendError(f"python: model {name!r}: output {tensor.name()!r}: {exc}")
         parameters = getattr(response, "_parameters", None)
-        return InferResponse(
+        if request.requested_outputs:
+            outputs = select_outputs(outputs, request.requested_outputs)
+        elif not outputs.keys() <= self._output_set and self._output_set:
             # A request that names no output gets the config's, not whatever else the model
             # returns (Triton 2.51 drops the rest, checked side by side).
-            select_outputs(outputs, request.requested_outputs or self._output_names),
+            outputs = select_outputs(outputs, self._output_names)
+        return InferResponse(
+            outputs,
             dict(parameters) if isinstance(parameters, dict) else {},
         )
 
@@ -564,7 +570,7 @@ def _pb_response(result: ExecuteResult) -> pb_utils.InferenceResponse:
             error=pb_utils.TritonError(result.message, _triton_code(result))
         )
     response = pb_utils.InferenceResponse(
-        [pb_utils.Tensor(name, array) for name, array in result.outputs.items()]
+        [pb_utils.Tensor._trusted(name, array) for name, array in result.outputs.items()]
     )
     # Set directly: another backend's response parameters may hold what a model may not set.
     response._parameters = dict(result.parameters)
