@@ -689,6 +689,31 @@ def test_backend_preference_travels_as_a_parameter(tmp_path: Path) -> None:
     assert again == config
 
 
+def test_a_served_config_loads_back(tmp_path: Path) -> None:
+    """What `/config` serves (the completed document, Triton's fields spelled out) is a config
+    the repository API takes back, and it means the same model."""
+    import json
+
+    from daemon.model_config import to_triton_json
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 4\n'
+        'input [{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+        'output [{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+        "sequence_batching {\n  control_input [\n"
+        '    { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] }\n'
+        "  ]\n}\n"
+    )
+    config, _ = read_model_config(tmp_path / "m")
+    served = to_triton_json(config, model_name="m", filename="model.py")
+    assert served["sequence_batching"]["control_input"][0]["control"][0]["data_type"] == "TYPE_INVALID"
+    again, _ = PbtxtParser().parse_json(json.dumps(served), source="served")
+    assert again.sequence_batching == config.sequence_batching
+    assert (again.input, again.output, again.max_batch_size) == (config.input, config.output, config.max_batch_size)
+    assert [(g.name, g.count, g.kind) for g in again.instance_group] == [("m", 1, "KIND_CPU")]
+
+
 def test_format_is_for_inputs_only() -> None:
     """model.toml shares one tensor table for inputs and outputs: an output's format would be
     taken and dropped, so it is refused (config.pbtxt's schema has no such field)."""
