@@ -9,7 +9,6 @@ config.pbtxt is stripped on the way in (see `normalize_datatype`).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -409,8 +408,7 @@ def config_from_mapping(data: object, *, source: str) -> ModelConfig:
 
 
 def to_triton_json(
-    config: ModelConfig, *, model_name: str = "", kind: str | None = "KIND_CPU", count: int = 1,
-    gpus: Sequence[int] = (), filename: str = "",
+    config: ModelConfig, *, model_name: str = "", count: int = 1, gpu: int | None = None, filename: str = ""
 ) -> dict[str, Any]:
     """The config in Triton's JSON layout (what `/v2/models/{m}/config` serves and a Python
     model's `initialize` gets): `data_type` spelled `TYPE_*`, `version_policy` as a oneof,
@@ -418,8 +416,8 @@ def to_triton_json(
 
     With `model_name`, as Triton 2.51 serves a config once it has completed it (checked side by
     side): an unnamed instance group is `<model>_<index>`, and a config without any has one
-    group named after the model, of `count` instances of `kind` (None: a model without
-    instances, an ensemble); `default_model_filename` is the file loaded (`filename`); a
+    group named after the model, of its `count` instances (none for an ensemble), on GPU `gpu`
+    or the CPU; `default_model_filename` is the file loaded (`filename`); a
     dynamic batcher without preferred sizes prefers max_batch_size; empty and unset fields are
     spelled out as Triton spells them. Not Triton's `optimization` block: its defaults (pinned
     memory) describe what edged does not do."""
@@ -432,8 +430,11 @@ def to_triton_json(
         del batching["default_queue_policy"]
     if model_name:
         groups = data["instance_group"]
-        if not groups and kind is not None:
-            groups.append({"count": count, "kind": kind, "gpus": list(gpus), "name": model_name, "host_policy": ""})
+        if not groups and count:
+            groups.append({
+                "count": count, "kind": "KIND_CPU" if gpu is None else "KIND_GPU", "gpus": [] if gpu is None else [gpu],
+                "name": model_name, "host_policy": "",
+            })
         for index, group in enumerate(groups):
             if not group["name"]:
                 group["name"] = f"{model_name}_{index}"

@@ -670,8 +670,8 @@ def triton_args(
     return {
         "model_config": msgspec.json.encode(
             to_triton_json(
-                config, model_name=model_name, kind="KIND_GPU" if gpu else "KIND_CPU",
-                count=context.instance_count, gpus=[device.index] if gpu else [], filename=path.name,
+                config, model_name=model_name, count=context.instance_count,
+                gpu=device.index if gpu else None, filename=path.name,
             )
         ).decode(),
         "model_instance_kind": "GPU" if gpu else "CPU",

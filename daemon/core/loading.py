@@ -250,7 +250,7 @@ class ModelLoader:
         if pinned:
             explain["host_policies"] = pinned
         explain["load_seconds"] = round(time.monotonic() - started, 3)
-        return LoadedVersion(name, version, config, backend, artifact, instances, stats, scheduler, explain)
+        return LoadedVersion(name, version, config, backend, artifact, instances, stats, scheduler, explain, device)
 
     def _placement(self, name: str, config: ModelConfig, count: int, device: Device) -> list[tuple[str, frozenset[int]]]:
         """Each instance's host policy and CPUs, in instance order (groups' counts laid end

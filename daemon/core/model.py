@@ -20,6 +20,7 @@ from typing import Any
 
 from daemon.backend import (
     Backend,
+    Device,
     GenerateChunk,
     GenerateParams,
     GenerationBackend,
@@ -54,6 +55,8 @@ class LoadedVersion:
     # generation backends, whose own engine loop schedules.
     scheduler: Scheduler | None
     selection: dict[str, object] = field(default_factory=dict)
+    # Where its instances run (None for an ensemble, which has none).
+    device: Device | None = None
     # Generations and embeddings running on this version; retire() waits for them.
     _running: int = field(default=0, init=False, repr=False)
     _idle: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
@@ -111,13 +114,12 @@ class LoadedVersion:
 
     def triton_config(self) -> dict[str, Any]:
         """The config in Triton's JSON layout (`GET .../config`), backend filled in as Triton does."""
-        if self.backend == "ensemble":  # no instances: Triton serves no group for it
-            return to_triton_json(self.config, model_name=self.name, kind=None)
-        device = str(self.selection.get("device", "cpu"))
-        gpu = device.startswith("gpu")
+        if self.backend == "ensemble":  # no instances, so no group; no file of its own
+            return to_triton_json(self.config, model_name=self.name, count=0)
+        device = self.device
         data = to_triton_json(
-            self.config, model_name=self.name, kind="KIND_GPU" if gpu else "KIND_CPU", count=len(self.instances),
-            gpus=[int(device.rpartition(":")[2])] if gpu and device[-1:].isdigit() else [], filename=self.artifact.name,
+            self.config, model_name=self.name, count=len(self.instances), filename=self.artifact.name,
+            gpu=device.index if device is not None and device.kind.startswith("gpu") else None,
         )
         if not data.get("backend"):
             data["backend"] = self.backend
