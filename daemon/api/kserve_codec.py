@@ -111,10 +111,10 @@ _U32 = struct.Struct("<I")
 # Triton holds sequence_id, priority, timeout and classification as uint64 and refuses a larger
 # JSON integer (with a 500); edged refuses it too (400) rather than carry a Python int along.
 _UINT64_MAX = 2**64 - 1
-# The largest finite FP16 and BF16 (0x7F7F) values: JSON numbers beyond them would round to
-# infinity.
+# The largest finite value of each float datatype (BF16's is 0x7F7F): JSON numbers beyond
+# them would round to infinity.
 _FLOAT_MAX: Mapping[str, float] = MappingProxyType(
-    {"FP16": 65504.0, "BF16": 3.3895313892515355e38, "FP32": 3.4028234663852886e38}
+    {"FP16": 65504.0, "BF16": 3.3895313892515355e38, "FP32": 3.4028234663852886e38, "FP64": sys.float_info.max}
 )
 # Codec._plans: how many distinct binary headers are kept, and the longest header kept.
 _PLANS = 256
@@ -832,11 +832,7 @@ def _big_integers_as_floats(name: str, datatype: str, flat: list[Any], values: n
         try:
             floats.append(float(item))
         except OverflowError:
-            largest = _FLOAT_MAX.get(datatype, sys.float_info.max)
-            raise InvalidArgument(
-                f"input {name!r}: {datatype} data element {index} (an integer of {int(item).bit_length()} bits) "
-                f"is outside the {datatype} range [{-largest:g}, {largest:g}]"
-            ) from None
+            raise _out_of_range(name, datatype, index, f"an integer of {int(item).bit_length()} bits") from None
     return np.array(floats, dtype=np.float64).reshape(values.shape)
 
 
@@ -856,12 +852,16 @@ def _narrow_float(name: str, datatype: str, values: np.ndarray) -> np.ndarray:
             infinite = (narrowed & np.uint16(0x7FFF)) == np.uint16(0x7F80)
     if infinite.any():
         index = int(np.flatnonzero(infinite)[0])
-        largest = _FLOAT_MAX[datatype]
-        raise InvalidArgument(
-            f"input {name!r}: {datatype} data element {index} ({values.ravel()[index].item()!r}) "
-            f"is outside the {datatype} range [{-largest:g}, {largest:g}]"
-        )
+        raise _out_of_range(name, datatype, index, repr(values.ravel()[index].item()))
     return narrowed
+
+
+def _out_of_range(name: str, datatype: str, index: int, shown: str) -> InvalidArgument:
+    largest = _FLOAT_MAX[datatype]
+    return InvalidArgument(
+        f"input {name!r}: {datatype} data element {index} ({shown}) is outside the {datatype} range "
+        f"[{-largest:g}, {largest:g}]"
+    )
 
 
 def _float32_to_bf16(values: np.ndarray) -> np.ndarray:
