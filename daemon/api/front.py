@@ -780,22 +780,20 @@ class _Connection(asyncio.Protocol):
     def on_body(self, data: bytes) -> None:
         request = self.current
         assert request is not None
+        self.body_bytes += len(data)
         if request.kind == _RELAY:
             if request.chunked:
                 data = b"%x\r\n%s\r\n" % (len(data), data)
             if request is self.relaying:
-                self.body_bytes += len(data)
                 self._feed_relay(data)
                 return
         elif request.body is not None:
             end = request.filled + len(data)
             request.body[request.filled : end] = data  # llhttp never passes Content-Length
             request.filled = end
-            self.body_bytes += len(data)
             if request is not self.active:
                 self._check_backlog()
             return
-        self.body_bytes += len(data)
         request.parts.append(data)
         request.parts_bytes += len(data)
         if request is not self.active:
