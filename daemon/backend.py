@@ -39,7 +39,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 import msgspec
 import numpy as np
@@ -64,6 +64,7 @@ __all__ = [
     "BackendError",
     "Capabilities",
     "ConfigError",
+    "CustomMetrics",
     "Device",
     "EdgedError",
     "ExecuteResult",
@@ -80,6 +81,9 @@ __all__ = [
     "InstanceContext",
     "InvalidArgument",
     "LoraAdapter",
+    "MetricFamilyHandle",
+    "MetricKind",
+    "MetricSeries",
     "ModelConfig",
     "NotFound",
     "NvidiaGpu",
@@ -182,6 +186,39 @@ InferHook = Callable[[str, "str | None", InferRequest], Awaitable[InferResponse]
 # The same for any number of responses (a decoupled model's, or a plain model's one), each an
 # InferResponse or an EdgedError; closing it early cancels the request.
 StreamHook = Callable[[str, "str | None", InferRequest], AsyncGenerator["InferResponse | EdgedError", None]]
+
+
+# Metrics a model defines itself (Triton's custom metrics), exported at /metrics beside the
+# daemon's own. Families are the daemon's, shared by name across models; a family handle's
+# series stay exported until it is closed. Every call may run on any thread. Failures raise
+# InvalidArgument or Unsupported with the reason.
+MetricKind = Literal["counter", "gauge", "histogram"]
+
+
+class MetricSeries(Protocol):
+    """One labelled series of a family."""
+
+    def increment(self, value: float) -> None: ...  # counter (>= 0) or gauge (any sign)
+    def set(self, value: float) -> None: ...  # gauge
+    def observe(self, value: float) -> None: ...  # histogram
+    def value(self) -> float: ...  # counter or gauge
+
+
+class MetricFamilyHandle(Protocol):
+    def metric(self, labels: Mapping[str, str], buckets: Sequence[float] | None) -> MetricSeries:
+        """The series of these labels (one per label set; `buckets`: histograms only, and
+        ignored when the series exists)."""
+        ...
+
+    def close(self) -> None:
+        """Release this handle's series; idempotent. A series no open handle holds is gone."""
+        ...
+
+
+class CustomMetrics(Protocol):
+    def family(self, name: str, description: str, kind: MetricKind) -> MetricFamilyHandle:
+        """Open the family of this name (created on first use; the same kind or refused)."""
+        ...
 
 
 # --------------------------------------------------------------------------- metadata
@@ -288,6 +325,9 @@ class InstanceContext:
     # runtime's pool, llama.cpp's): its host policy's, else every CPU the daemon may use.
     # Empty: the thread is left where it starts.
     cpus: frozenset[int] = frozenset()
+    # Where the model's own metrics go (python models' pb_utils.MetricFamily). None where no
+    # daemon runs.
+    metrics: CustomMetrics | None = None
 
 
 # --------------------------------------------------------------------------- backends

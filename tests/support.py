@@ -6,6 +6,7 @@ import http.client
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -154,6 +155,25 @@ def simple_binary_body(a: Any, b: Any, outputs: list[dict[str, Any]]) -> tuple[b
 def json_outputs(body: bytes) -> dict[str, list[Any]]:
     """An infer response's outputs by name (JSON data)."""
     return {o["name"]: o["data"] for o in json.loads(body)["outputs"]}
+
+
+_SAMPLE = re.compile(r"(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
+
+
+def metric_samples(text: str, prefixes: tuple[str, ...]) -> Samples:
+    """The samples of a Prometheus text whose names start with one of `prefixes`, by name and
+    sorted labels. By hand: prometheus_client's parser renames counter samples to `_total`,
+    and values written `3` and `3.0` (Triton's and edged's) must compare equal."""
+    samples: Samples = {}
+    for line in text.splitlines():
+        match = _SAMPLE.fullmatch(line)
+        if line.startswith("#") or match is None or not match["name"].startswith(prefixes):
+            continue
+        labels = tuple(sorted(_LABEL.findall(match["labels"] or "")))
+        samples.setdefault(match["name"], {})[labels] = float(match["value"])
+    return samples
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 30.0, interval: float = 0.1) -> None:

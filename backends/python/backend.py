@@ -16,7 +16,9 @@ the model's threads push responses into a per-request queue on the event loop. `
 exactly one response per request; `execute_stream` (generate_stream) yields them all.
 `auto_complete_config` runs in `autocomplete`, before any instance loads, and its result is
 validated like a written config. BLS calls run other models through the registry's hook in the
-instance context, on the daemon's event loop.
+instance context, on the daemon's event loop. Custom metrics (`pb_utils.MetricFamily`) go to the
+daemon's /metrics through the context's metrics hook; an instance's families close when it
+unloads, after `finalize`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import re
 import sys
 import time
 import types
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -115,6 +117,8 @@ class PythonBackend(Backend):
         # models get to send their final flag before the streams are ended for them.
         self.stream_drain_seconds = 10.0
         self.stream_cancel_grace_seconds = 1.0
+        # The model's own metric families (pb_utils.MetricFamily); named on load.
+        self._metrics = pb_utils.MetricsScope(context.metrics, self._instance_name)
 
     @classmethod
     def probe(cls) -> Probe:
@@ -178,23 +182,16 @@ class PythonBackend(Backend):
         # Set on every load (not only the first) so a replaced plugin's module wins.
         sys.modules[SHIM_MODULE] = pb_utils
         module_name = self._unique_module_name(model_name)
-        module = self._import(module_name, path, where)
-        model_class = getattr(module, MODEL_CLASS, None)
-        if not isinstance(model_class, type):
-            sys.modules.pop(module_name, None)
-            raise BackendError(f"{where}: defines no class {MODEL_CLASS}")
+        self._metrics.instance = self._instance_name
+        token = pb_utils.METRICS.set(self._metrics)
         try:
-            model = model_class()
-            initialize = getattr(model, "initialize", None)
-            if callable(initialize):
-                initialize(triton_args(config, self.context, path, device))
-        except BaseException as exc:
+            model = self._create(module_name, path, where, lambda: triton_args(config, self.context, path, device))
+        except BaseException:
             sys.modules.pop(module_name, None)
-            log.error("%s: initialize failed", where, exc_info=True)
-            raise BackendError(f"{where}: initialize raised {type(exc).__name__}: {exc}") from exc
-        if not callable(getattr(model, "execute", None)):
-            sys.modules.pop(module_name, None)
-            raise BackendError(f"{where}: {MODEL_CLASS} has no execute(self, requests) method")
+            self._metrics.close()  # a failed load leaves no series behind
+            raise
+        finally:
+            pb_utils.METRICS.reset(token)
         self.model = model
         self.model_path = path
         self._module_name = module_name
@@ -203,6 +200,24 @@ class PythonBackend(Backend):
         # Whether a response may carry BYTES (an output without a config entry may).
         self._bytes_outputs = not config.output or any(t.data_type == "BYTES" for t in config.output)
         self._decoupled = config.model_transaction_policy.decoupled
+
+    def _create(self, module_name: str, path: Path, where: str, args: Callable[[], dict[str, Any]]) -> Any:
+        """Import the model's file and make its initialized model object."""
+        module = self._import(module_name, path, where)
+        model_class = getattr(module, MODEL_CLASS, None)
+        if not isinstance(model_class, type):
+            raise BackendError(f"{where}: defines no class {MODEL_CLASS}")
+        try:
+            model = model_class()
+            initialize = getattr(model, "initialize", None)
+            if callable(initialize):
+                initialize(args())
+        except BaseException as exc:
+            log.error("%s: initialize failed", where, exc_info=True)
+            raise BackendError(f"{where}: initialize raised {type(exc).__name__}: {exc}") from exc
+        if not callable(getattr(model, "execute", None)):
+            raise BackendError(f"{where}: {MODEL_CLASS} has no execute(self, requests) method")
+        return model
 
     async def unload(self) -> None:
         """Open streams first finish (bounded), then are cancelled (the model sees
@@ -222,6 +237,7 @@ class PythonBackend(Backend):
 
     def unload_sync(self) -> None:
         model, self.model = self.model, None
+        token = pb_utils.METRICS.set(self._metrics)
         try:
             finalize = getattr(model, "finalize", None)
             if callable(finalize):
@@ -230,7 +246,11 @@ class PythonBackend(Backend):
             # Unload must finish whatever the user's cleanup does; say what failed.
             log.exception("python: model %r: finalize failed", self._model_name)
         finally:
+            pb_utils.METRICS.reset(token)
             sys.modules.pop(self._module_name, None)
+            # The instance's series leave /metrics with it (those another instance or a
+            # reload's new version also holds stay).
+            self._metrics.close()
 
     # ------------------------------------------------------------------ inference
 
@@ -372,6 +392,7 @@ class PythonBackend(Backend):
         if model is None:
             raise BackendError(f"python: model {self._model_name!r} is not loaded")
         token = pb_utils.BLS_EXECUTOR.set(self._bls)
+        metrics = pb_utils.METRICS.set(self._metrics)
         try:
             result = model.execute(requests)
             if inspect.isawaitable(result):
@@ -386,6 +407,7 @@ class PythonBackend(Backend):
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         finally:
+            pb_utils.METRICS.reset(metrics)
             pb_utils.BLS_EXECUTOR.reset(token)
         return result
 

@@ -11,9 +11,10 @@ Decoupled models send through `request.get_response_sender()`; BLS calls
 (`InferenceRequest(...).exec()` / `async_exec()`) reach the daemon's other models through the
 hooks the python backend installs for the thread running `execute`.
 
-DLPack works for CPU tensors (numpy's own support). Not provided: custom metrics
-(`MetricFamily`), GPU tensors, model control from a model (`load_model`, `unload_model`,
-`is_model_ready`), request rescheduling (`TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`).
+DLPack works for CPU tensors (numpy's own support). Custom metrics (`MetricFamily`) go to the
+daemon's /metrics through the hook the python backend installs likewise. Not provided: GPU
+tensors, model control from a model (`load_model`, `unload_model`, `is_model_ready`), request
+rescheduling (`TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import json
 import logging
 import struct
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
@@ -471,6 +473,149 @@ class Logger:
     @staticmethod
     def log_verbose(message: str) -> None:
         log.debug("%s", message)
+
+
+class MetricsScope:
+    """The custom metrics of one model instance: the daemon's hook (the backend contract's
+    `CustomMetrics`), the instance's name for error texts, and the family handles the instance
+    opened, which the backend closes when it unloads the instance."""
+
+    def __init__(self, hook: Any, instance: str) -> None:
+        self.hook = hook
+        self.instance = instance
+        # Weak: a model that makes a family per request and drops it piles nothing up here.
+        self.opened: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def close(self) -> None:
+        opened, self.opened = list(self.opened), weakref.WeakSet()
+        for handle in opened:
+            handle.close()
+
+
+# The metrics scope of the model instance whose code runs in this context: set by the python
+# backend around the model's import and `initialize`, each `execute`, and `finalize`.
+METRICS: contextvars.ContextVar[MetricsScope | None] = contextvars.ContextVar("edged_metrics", default=None)
+
+
+class _MetricKind(enum.Enum):
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+    def __int__(self) -> int:
+        return int(self.value)
+
+    def __index__(self) -> int:
+        return int(self.value)
+
+
+# As Triton's module shows it (`MetricKind.GAUGE`), without a `pb_utils.MetricKind` name.
+_MetricKind.__name__ = _MetricKind.__qualname__ = "MetricKind"
+_KIND_NAMES = {_MetricKind.COUNTER: "counter", _MetricKind.GAUGE: "gauge", _MetricKind.HISTOGRAM: "histogram"}
+
+
+def _request_failed(scope_instance: str, exc: BaseException) -> str:
+    return f"Failed to process the request for model '{scope_instance}', message: {exc}"
+
+
+class MetricFamily:
+    """Triton's custom metric family: `MetricFamily(name, description, kind)`, then
+    `family.Metric(labels={...})` (histograms: `buckets=[...]`). Exported at the daemon's
+    /metrics while this object lives (and its instance is loaded); errors are
+    TritonModelException with Triton's texts."""
+
+    COUNTER = _MetricKind.COUNTER
+    GAUGE = _MetricKind.GAUGE
+    HISTOGRAM = _MetricKind.HISTOGRAM
+
+    def __init__(self, name: str, description: str, kind: _MetricKind) -> None:
+        if not isinstance(name, str) or not isinstance(description, str) or not isinstance(kind, _MetricKind):
+            raise TypeError(
+                "MetricFamily(name: str, description: str, kind: MetricFamily.COUNTER, GAUGE or HISTOGRAM)"
+            )
+        scope = METRICS.get()
+        if scope is None or scope.hook is None:
+            raise TritonModelException(
+                "MetricFamily must be created by the model's own code in initialize, execute or "
+                "finalize (edged gives threads a model starts itself no metrics)"
+            )
+        try:
+            handle = scope.hook.family(name, description, _KIND_NAMES[kind])
+        except Exception as exc:
+            raise TritonModelException(f"Error when creating MetricFamily: {_request_failed(scope.instance, exc)}") from None
+        scope.opened.add(handle)
+        self._kind = kind
+        self._handle = handle
+        self._instance = scope.instance
+        # Deleting the family releases its series, as in Triton (where its Metric objects stop
+        # working then too); the backend closes what is left when the instance unloads.
+        weakref.finalize(self, handle.close)
+
+    def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> _Metric:
+        if labels is not None and not isinstance(labels, dict):
+            raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
+        if buckets is not None:
+            if not isinstance(buckets, list):
+                raise TritonModelException("Failed to create metric. Buckets must be a list.")
+            if self._kind is not _MetricKind.HISTOGRAM:
+                raise TritonModelException("Failed to create metric. Unexpected buckets found.")
+            buckets = [_number(b, "Metric") for b in buckets]
+        elif self._kind is _MetricKind.HISTOGRAM:
+            raise TritonModelException("Failed to create metric. Missing required buckets.")
+        try:
+            series = self._handle.metric(labels or {}, buckets)
+        except Exception as exc:
+            raise TritonModelException(f"Error when creating Metric: {_request_failed(self._instance, exc)}") from None
+        return _Metric(self, series)
+
+
+class _Metric:
+    """One labelled series of a `MetricFamily` (made by `family.Metric(...)`; Triton's module
+    has no `Metric` name either)."""
+
+    def __init__(self, family: MetricFamily, series: Any) -> None:
+        # Weak, as in Triton: a Metric does not keep its family alive, and fails once it is gone.
+        self._family = weakref.ref(family)
+        self._series = series
+        self._instance = family._instance
+
+    def increment(self, value: float) -> None:
+        self._call("increment", "increment", _number(value, "increment"))
+
+    def set(self, value: float) -> None:
+        self._call("set", "set", _number(value, "set"))
+
+    def observe(self, value: float) -> None:
+        self._call("observe", "observe", _number(value, "observe"))
+
+    def value(self) -> float:
+        return float(self._call("value", "get", None))
+
+    def _call(self, method: str, verb: str, value: float | None) -> Any:
+        what = f"Failed to {verb} metric value"
+        if self._family() is None:
+            raise TritonModelException(
+                f"{what}: Invalid metric operation as the corresponding 'MetricFamily' has been deleted. "
+                "The 'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have been deleted."
+            )
+        call = getattr(self._series, method)
+        try:
+            return call() if value is None else call(value)
+        except Exception as exc:
+            raise TritonModelException(f"{what}: {_request_failed(self._instance, exc)}") from None
+
+
+_Metric.__name__ = _Metric.__qualname__ = "Metric"
+
+
+def _number(value: Any, method: str) -> float:
+    """A float as Triton's bindings take one: a Python or numpy number, never text."""
+    if isinstance(value, str | bytes | bytearray):
+        raise TypeError(f"{method}(): expected a number, got {type(value).__name__}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{method}(): expected a number, got {type(value).__name__}") from None
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:

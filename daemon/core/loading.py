@@ -217,6 +217,7 @@ class ModelLoader:
                 context = InstanceContext(
                     name, version, index, count, state, min(threads, len(cpus) or threads),
                     infer=self._infer_other, stream=self._stream_other, cpus=cpus,
+                    metrics=self.metrics.custom,
                 )
                 instance = cls(context)
                 instances.append(instance)

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+from daemon.core.custom_metrics import CustomMetricsRegistry
+
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
@@ -399,6 +401,8 @@ class MetricsRegistry:
         # (model, version) -> live objects, oldest first.
         self._stats: dict[tuple[str, str], list[weakref.ref[ModelStats]]] = {}
         host = HostCpu()
+        # Families the models define (python models' pb_utils.MetricFamily).
+        self.custom = CustomMetricsRegistry()
         self._sources: list[Collect] = [lambda: _triton_families(self), host.families]
 
     def register(self, collect: Collect) -> None:
@@ -439,7 +443,8 @@ class MetricsRegistry:
 
     def render(self) -> bytes:
         """Prometheus text exposition format 0.0.4 of everything in the registry."""
-        return "".join(_render_family(metric) for collect in self._sources for metric in collect()).encode()
+        sources = [*self._sources, self.custom.families]  # the models' own families last
+        return "".join(_render_family(metric) for collect in sources for metric in collect()).encode()
 
 
 # Classic text format type names (prometheus_client's data model uses OpenMetrics names).

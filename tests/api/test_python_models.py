@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from support import DaemonProcess, Reply, start_daemon_process, wait_until
+from support import DaemonProcess, Reply, metric_samples, start_daemon_process, wait_until
 
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -495,3 +495,75 @@ def test_base_exceptions_from_a_model_never_end_the_daemon(start_daemon, tmp_pat
     assert states["m"] == "UNAVAILABLE"
     assert daemon.proc.poll() is None and daemon.request("GET", "/v2/health/live").status == 200
     assert "finalize failed" in daemon.log()
+
+
+_COUNTING_MODEL = """\
+import numpy as np
+FACTOR = 1
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.family = pb_utils.MetricFamily("requests_seen", "Requests the model saw", pb_utils.MetricFamily.COUNTER)
+        self.seen = self.family.Metric(labels={"model": args["model_name"]})
+        self.sizes = pb_utils.MetricFamily("request_size", "Elements per request", pb_utils.MetricFamily.HISTOGRAM)
+        self.size = self.sizes.Metric(labels={"model": args["model_name"]}, buckets=[1.0, 4.0])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            self.seen.increment(1)
+            self.size.observe(x.size)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * FACTOR)]))
+        return responses
+"""
+
+
+def test_a_models_own_metrics_are_served_kept_across_a_reload_and_gone_with_it(start_daemon, tmp_path: Path) -> None:
+    """pb_utils.MetricFamily series in the daemon's /metrics: both instances of the model add
+    to one series, a reload (the new version opens the family before the old one closes)
+    keeps the counts, an unload takes them away."""
+    repo = tmp_path / "repo"
+    (repo / "counted" / "1").mkdir(parents=True)
+    (repo / "counted" / "config.pbtxt").write_text(
+        'backend: "python"\ninstance_group [{ count: 2 kind: KIND_CPU }]\n'
+        'input [{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+        'output [{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+    )
+    (repo / "counted" / "1" / "model.py").write_text(_COUNTING_MODEL)
+    daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit", "--load-model", "counted")
+
+    def infer(n: int) -> list[float]:
+        body = {"inputs": [{"name": "X", "shape": [n], "datatype": "FP32", "data": list(range(n))}]}
+        reply = daemon.post_json("/v2/models/counted/infer", body)
+        assert reply.status == 200, reply.body
+        return list(reply.json()["outputs"][0]["data"])
+
+    def samples() -> dict[str, Any]:
+        reply = daemon.request("GET", "/metrics")
+        assert reply.status == 200
+        text = reply.body.decode()
+        if "requests_seen" in text:
+            assert "# HELP requests_seen Requests the model saw\n# TYPE requests_seen counter\n" in text
+            assert "# TYPE request_size histogram\n" in text
+        return metric_samples(text, ("requests_seen", "request_size"))
+
+    model = (("model", "counted"),)
+    for n in (1, 3, 6):
+        infer(n)
+    assert samples() == {
+        "requests_seen": {model: 3.0},
+        "request_size_bucket": {(("le", "1.0"), *model): 1.0, (("le", "4.0"), *model): 2.0, (("le", "+Inf"), *model): 3.0},
+        "request_size_count": {model: 3.0},
+        "request_size_sum": {model: 10.0},
+    }
+    # A new model file, so that the load really replaces the version that serves.
+    (repo / "counted" / "1" / "model.py").write_text(_COUNTING_MODEL.replace("FACTOR = 1", "FACTOR = 2"))
+    assert daemon.post_json("/v2/repository/models/counted/load", {}).status == 200
+    assert infer(2) == [0.0, 2.0]
+    after = samples()
+    assert after["requests_seen"] == {model: 4.0}
+    assert after["request_size_sum"] == {model: 12.0}
+    assert daemon.post_json("/v2/repository/models/counted/unload", {}).status == 200
+    wait_until(lambda: samples() == {})

@@ -20,8 +20,10 @@ from daemon.backend import (
     InferResponse,
     InstanceContext,
 )
+from daemon.core.stats import MetricsRegistry
 from daemon.errors import BackendError, InvalidArgument
 from daemon.model_config import InstanceGroup, ModelConfig, TensorConfig
+from support import metric_samples
 
 ClassOf = Callable[[str], type[Backend]]
 RNG = np.random.default_rng(11)
@@ -674,3 +676,169 @@ async def test_pb_utils_helpers(backend_class: ClassOf, tmp_path: Path) -> None:
     assert failed.has_error() and failed.error().message() == "no"
     with pytest.raises(pb_utils.TritonModelException):
         pb_utils.triton_string_to_numpy("TYPE_COMPLEX")
+
+
+# --------------------------------------------------------------------------- custom metrics
+
+METRICS_MODEL = """
+    import gc
+    import json
+    import threading
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    def attempt(call):
+        try:
+            return ["ok", call()]
+        except Exception as exc:
+            return [type(exc).__name__, str(exc)]
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            kind = pb_utils.MetricFamily
+            self.counters = kind(name="requests_custom", description="Requests seen", kind=kind.COUNTER)
+            self.gauges = kind("last_value", "Last input", kind.GAUGE)
+            self.histograms = kind(name="input_hist", description="Inputs", kind=kind.HISTOGRAM)
+            self.counter = self.counters.Metric(labels={"model": "m", "kind": "a"})
+            self.same = self.counters.Metric(labels={"kind": "a", "model": "m"})
+            self.gauge = self.gauges.Metric()
+            self.hist = self.histograms.Metric(labels={"model": "m"}, buckets=[1, 5.0])
+            if args["model_name"] == "fails":
+                raise RuntimeError("initialize gives up")
+
+        def execute(self, requests):
+            x = float(pb_utils.get_input_tensor_by_name(requests[0], "INPUT0").as_numpy().ravel()[0])
+            self.counter.increment(2)
+            self.same.increment(np.float32(1))
+            self.gauge.set(x)
+            self.hist.observe(x)
+            report = {
+                "values": [self.counter.value(), self.same.value(), self.gauge.value()],
+                "kinds": [int(pb_utils.MetricFamily.COUNTER), repr(pb_utils.MetricFamily.GAUGE),
+                          str(pb_utils.MetricFamily.HISTOGRAM), hasattr(pb_utils, "MetricKind"),
+                          type(self.counter).__name__],
+                "counter_neg": attempt(lambda: self.counter.increment(-1.0)),
+                "counter_set": attempt(lambda: self.counter.set(3.0)),
+                "gauge_observe": attempt(lambda: self.gauge.observe(1.0)),
+                "hist_value": attempt(lambda: self.hist.value()),
+                "no_buckets": attempt(lambda: self.histograms.Metric(labels={"x": "y"})),
+                "tuple_buckets": attempt(lambda: self.histograms.Metric(labels={"x": "y"}, buckets=(1.0,))),
+                "counter_buckets": attempt(lambda: self.counters.Metric(labels={"b": "c"}, buckets=[1.0])),
+                "labels_list": attempt(lambda: self.counters.Metric(labels=[("a", "b")])),
+                "unsorted": attempt(lambda: self.histograms.Metric(labels={"u": "1"}, buckets=[5.0, 1.0])),
+                "label_name": attempt(lambda: self.gauges.Metric(labels={"bad label": "v"})),
+                "kind_clash": attempt(lambda: pb_utils.MetricFamily("requests_custom", "x", pb_utils.MetricFamily.GAUGE)),
+                "bad_name": attempt(lambda: pb_utils.MetricFamily("bad name!", "x", pb_utils.MetricFamily.GAUGE)),
+                "text_value": attempt(lambda: self.gauge.increment("1")),
+                "int_kind": attempt(lambda: pb_utils.MetricFamily(name="k", description="d", kind=1)),
+                # A family the model drops takes its series along; its Metric objects then fail.
+                "dropped": attempt(lambda: pb_utils.MetricFamily("dropped", "", pb_utils.MetricFamily.GAUGE).Metric().value()),
+            }
+            elsewhere = []
+            thread = threading.Thread(target=lambda: elsewhere.append(
+                attempt(lambda: pb_utils.MetricFamily("elsewhere", "", pb_utils.MetricFamily.GAUGE))))
+            thread.start()
+            thread.join()
+            report["thread"] = elsewhere[0]
+            gc.collect()
+            out = np.array([json.dumps(report)], dtype=np.object_)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT1", out)]) for _ in requests]
+
+        def finalize(self):
+            self.gauge.set(-1.0)
+    """
+
+
+async def test_custom_metrics_answer_as_tritons(backend_class: ClassOf, tmp_path: Path) -> None:
+    metrics = MetricsRegistry()
+    config = modes_config("metrics")
+    backend = backend_class("python")(InstanceContext("metrics", 1, metrics=metrics.custom))
+    await backend.load(config, write_model(tmp_path, "metrics", METRICS_MODEL), Device("cpu"))
+    request = InferRequest({"INPUT0": np.array([[0.5]], dtype=np.float32)})
+    report = json.loads(outputs_of((await backend.execute([request]))[0])["OUTPUT1"][0])
+
+    def failed(verb: str, message: str) -> list[str]:
+        return ["TritonModelException", f"{verb}: Failed to process the request for model 'metrics_0', message: {message}"]
+
+    # Texts and values read from Triton 2.51 running the same operations.
+    assert report["values"] == [3.0, 3.0, 0.5]
+    assert report["kinds"] == [0, "<MetricKind.GAUGE: 1>", "MetricKind.HISTOGRAM", False, "Metric"]
+    assert report["counter_neg"] == failed(
+        "Failed to increment metric value",
+        "TRITONSERVER_METRIC_KIND_COUNTER can only be incremented monotonically by non-negative values.",
+    )
+    assert report["counter_set"] == failed("Failed to set metric value", "TRITONSERVER_METRIC_KIND_COUNTER does not support Set")
+    assert report["gauge_observe"] == failed(
+        "Failed to observe metric value", "TRITONSERVER_METRIC_KIND_GAUGE does not support Observe"
+    )
+    assert report["hist_value"] == failed("Failed to get metric value", "TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Value")
+    assert report["no_buckets"] == ["TritonModelException", "Failed to create metric. Missing required buckets."]
+    assert report["tuple_buckets"] == ["TritonModelException", "Failed to create metric. Buckets must be a list."]
+    assert report["counter_buckets"] == ["TritonModelException", "Failed to create metric. Unexpected buckets found."]
+    assert report["labels_list"] == ["TritonModelException", "Failed to create metric. Labels must be a dictionary."]
+    assert report["unsorted"] == failed("Error when creating Metric", "Bucket Boundaries must be strictly sorted")
+    assert report["label_name"] == failed("Error when creating Metric", "Invalid label name")
+    assert report["kind_clash"] == failed("Error when creating MetricFamily", "Family name already exists with different type")
+    assert report["bad_name"] == failed("Error when creating MetricFamily", "Invalid metric name")
+    assert report["text_value"][0] == report["int_kind"][0] == "TypeError"
+    assert report["dropped"] == [
+        "TritonModelException",
+        "Failed to get metric value: Invalid metric operation as the corresponding 'MetricFamily' has been "
+        "deleted. The 'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have been deleted.",
+    ]
+    assert report["thread"][0] == "TritonModelException"
+    assert "initialize, execute or finalize" in report["thread"][1]
+
+    names = ("requests_custom", "last_value", "input_hist", "dropped", "elsewhere")
+    samples = metric_samples(metrics.render().decode(), names)
+    assert samples == {
+        "requests_custom": {(("kind", "a"), ("model", "m")): 3.0},
+        "last_value": {(): 0.5},
+        "input_hist_bucket": {
+            (("le", "1.0"), ("model", "m")): 1.0,
+            (("le", "5.0"), ("model", "m")): 1.0,
+            (("le", "+Inf"), ("model", "m")): 1.0,
+        },
+        "input_hist_count": {(("model", "m"),): 1.0},
+        "input_hist_sum": {(("model", "m"),): 0.5},
+    }
+    await backend.unload()
+    # finalize could still use its metrics; then the instance's series left with it.
+    assert metric_samples(metrics.render().decode(), names) == {}
+
+
+async def test_a_failed_initialize_leaves_no_metrics(backend_class: ClassOf, tmp_path: Path) -> None:
+    metrics = MetricsRegistry()
+    backend = backend_class("python")(InstanceContext("fails", 1, metrics=metrics.custom))
+    with pytest.raises(BackendError, match="initialize gives up"):
+        await backend.load(modes_config("fails"), write_model(tmp_path, "fails", METRICS_MODEL), Device("cpu"))
+    assert "requests_custom" not in metrics.render().decode()
+    # The name is free again, for any kind.
+    metrics.custom.family("requests_custom", "", "gauge")
+
+
+async def test_a_family_made_per_request_piles_nothing_up(backend_class: ClassOf, tmp_path: Path) -> None:
+    source = """
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                family = pb_utils.MetricFamily("per_request", "", pb_utils.MetricFamily.COUNTER)
+                family.Metric(labels={"n": "1"}).increment(1)
+                out = np.array([b"x"], dtype=np.object_)
+                return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT1", out)]) for _ in requests]
+    """
+    metrics = MetricsRegistry()
+    backend = backend_class("python")(InstanceContext("per", 1, metrics=metrics.custom))
+    await backend.load(modes_config("per"), write_model(tmp_path, "per", source), Device("cpu"))
+    for _ in range(50):
+        outputs_of((await backend.execute([modes_request("ok")]))[0])
+    # Each request's family went with it: nothing exported, nothing kept for the unload.
+    assert "per_request" not in metrics.render().decode()
+    assert len(backend._metrics.opened) == 0  # type: ignore[attr-defined]
+    await backend.unload()
