@@ -85,6 +85,7 @@ __all__ = [
     "MetricKind",
     "MetricSeries",
     "ModelConfig",
+    "ModelControl",
     "NotFound",
     "NvidiaGpu",
     "Probe",
@@ -186,6 +187,24 @@ InferHook = Callable[[str, "str | None", InferRequest], Awaitable[InferResponse]
 # The same for any number of responses (a decoupled model's, or a plain model's one), each an
 # InferResponse or an EdgedError; closing it early cancels the request.
 StreamHook = Callable[[str, "str | None", InferRequest], AsyncGenerator["InferResponse | EdgedError", None]]
+
+
+class ModelControl(Protocol):
+    """Triton's model loading API as a model calls it (python models' `pb_utils.load_model`,
+    `unload_model`, `is_model_ready`): the repository's explicit control, with its errors
+    (EdgedError: Conflict outside explicit mode, NotFound, ConfigError, BackendError, ...).
+    Call it on the daemon's event loop."""
+
+    async def load(self, name: str, config_json: str | None, files: Mapping[str, bytes]) -> None:
+        """Load or reload `name`: `config_json` (Triton's JSON config) replaces its config;
+        `files` are Triton's `file:<path>` load parameters (name -> contents)."""
+        ...
+
+    async def unload(self, name: str, dependents: bool) -> None: ...
+
+    def is_ready(self, name: str, version: str) -> bool:
+        """`version` "" is the latest; one that is not a version number is InvalidArgument."""
+        ...
 
 
 # Metrics a model defines itself (Triton's custom metrics), exported at /metrics beside the
@@ -328,6 +347,8 @@ class InstanceContext:
     # Where the model's own metrics go (python models' pb_utils.MetricFamily). None where no
     # daemon runs.
     metrics: CustomMetrics | None = None
+    # The repository's model control, for models that load others (pb_utils.load_model).
+    control: ModelControl | None = None
 
 
 # --------------------------------------------------------------------------- backends

@@ -30,7 +30,7 @@ from daemon.core.host_policy import HostPolicies
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
 from daemon.core.releases import ReleaseManager
-from daemon.core.repository import RepositoryManager
+from daemon.core.repository import ModelControlHook, RepositoryManager
 from daemon.core.residency import Lease, Residency
 from daemon.core.stats import MetricsRegistry
 from daemon.updates.store import ReleaseStore
@@ -100,6 +100,7 @@ class Service:
             registry, repositories, config.models.control_mode, startup_models=config.models.load,
             state_dir=state,
         )
+        registry.loader.control = ModelControlHook(repository)
         residency = Residency(registry, config.residency)
         repository.on_demand = residency.on_demand
         control_lock = asyncio.Lock()

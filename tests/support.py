@@ -117,6 +117,91 @@ def x_to_y_model(repo: Path, name: str, source: str, y: str, extra: str = "") ->
 RawResponse = tuple[int, dict[str, str], bytes]
 
 
+_CONTROLLER_MODEL = '''\
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+CONFIG = json.dumps({"name": "other", "backend": "python", "max_batch_size": 0,
+    "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [-1]}],
+    "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [-1]}]})
+TRIPLE = (
+    "import triton_python_backend_utils as pb_utils\\n"
+    "class TritonPythonModel:\\n"
+    "    def execute(self, requests):\\n"
+    "        return [pb_utils.InferenceResponse([pb_utils.Tensor('Y', pb_utils.get_input_tensor_by_name(r, 'X')"
+    ".as_numpy() * 3)]) for r in requests]\\n"
+).encode()
+
+def attempt(call):
+    try:
+        return ["ok", call()]
+    except Exception as exc:
+        return [type(exc).__name__, str(exc)]
+
+def run_other():
+    x = pb_utils.Tensor("X", np.array([1.5], dtype=np.float32))
+    response = pb_utils.InferenceRequest(model_name="other", requested_output_names=["Y"], inputs=[x]).exec()
+    return "error" if response.has_error() else pb_utils.get_output_tensor_by_name(response, "Y").as_numpy().tolist()
+
+STEPS = {
+    "ready": lambda: pb_utils.is_model_ready("other"),
+    "ready_versions": lambda: [pb_utils.is_model_ready(model_name="other", model_version=v) for v in ("1", "2")],
+    "ready_bad_version": lambda: pb_utils.is_model_ready("other", "abc"),
+    "load": lambda: pb_utils.load_model(model_name="other"),
+    "load_files": lambda: pb_utils.load_model("other", config=CONFIG, files={"file:1/model.py": TRIPLE}),
+    "load_files_without_config": lambda: pb_utils.load_model("other", files={"file:1/model.py": TRIPLE}),
+    "load_file_not_named_file": lambda: pb_utils.load_model("other", config=CONFIG, files={"1/model.py": TRIPLE}),
+    "load_text_file": lambda: pb_utils.load_model("other", config=CONFIG, files={"file:1/model.py": "text"}),
+    "load_unknown": lambda: pb_utils.load_model("nope"),
+    "load_itself": lambda: pb_utils.load_model("controller"),
+    "unload": lambda: pb_utils.unload_model("other"),
+    "unload_unknown": lambda: pb_utils.unload_model("nope", unload_dependents=True),
+    "unload_itself": lambda: pb_utils.unload_model("controller"),
+    "run": run_other,
+}
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.at_start = attempt(lambda: pb_utils.is_model_ready("controller"))
+
+    def execute(self, requests):
+        steps = json.loads(requests[0].parameters())["steps"].split(",")
+        done = [[step, *attempt(STEPS[step])] for step in steps]
+        out = np.array([json.dumps({"at_start": self.at_start, "done": done})], dtype=np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", out)]) for _ in requests]
+
+    def finalize(self):
+        pb_utils.Logger.log_info("finalize: " + json.dumps(attempt(lambda: pb_utils.is_model_ready("other"))))
+'''
+
+_DOUBLING_MODEL = """\
+import triton_python_backend_utils as pb_utils
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor('Y', pb_utils.get_input_tensor_by_name(r, 'X').as_numpy() * 2)])
+                for r in requests]
+"""
+
+
+def controller_repository(repo: Path) -> None:
+    """`controller` runs the model loading API on `other` (FP32 X -> 2X), as its requests say."""
+    x_to_y_model(repo, "controller", _CONTROLLER_MODEL, "TYPE_STRING dims: [ 1 ]")
+    (repo / "other" / "1").mkdir(parents=True)
+    (repo / "other" / "config.pbtxt").write_text(
+        'backend: "python"\ninput [{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+        'output [{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+    )
+    (repo / "other" / "1" / "model.py").write_text(_DOUBLING_MODEL)
+
+
+def run_steps(post: Any, steps: list[str]) -> dict[str, Any]:
+    body = {"parameters": {"steps": ",".join(steps)}, "inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [0]}]}
+    reply = post("/v2/models/controller/infer", body)
+    assert reply.status == 200, reply.body
+    return dict(json.loads(json.loads(reply.body)["outputs"][0]["data"][0]))
+
+
 def raw_request(method: str, target: str, body: bytes = b"", headers: tuple[str, ...] = ()) -> bytes:
     """One HTTP/1.1 request as bytes (Content-Length unless `headers` say it is chunked)."""
     lines = [f"{method} {target} HTTP/1.1", "Host: localhost", *headers]

@@ -18,7 +18,9 @@ exactly one response per request; `execute_stream` (generate_stream) yields them
 validated like a written config. BLS calls run other models through the registry's hook in the
 instance context, on the daemon's event loop. Custom metrics (`pb_utils.MetricFamily`) go to the
 daemon's /metrics through the context's metrics hook; an instance's families close when it
-unloads, after `finalize`.
+unloads, after `finalize`. The model loading API (`pb_utils.load_model`, ...) runs the
+repository's control through the context's control hook, on the loop, while the model's thread
+waits.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from daemon.backend import (
     InstanceContext,
     InvalidArgument,
     ModelConfig,
+    ModelControl,
     NotFound,
     Probe,
     Unavailable,
@@ -119,6 +122,8 @@ class PythonBackend(Backend):
         self.stream_cancel_grace_seconds = 1.0
         # The model's own metric families (pb_utils.MetricFamily); named on load.
         self._metrics = pb_utils.MetricsScope(context.metrics, self._instance_name)
+        # pb_utils.load_model and friends, for this instance's initialize and execute.
+        self._control = _ModelControl(self)
 
     @classmethod
     def probe(cls) -> Probe:
@@ -184,6 +189,7 @@ class PythonBackend(Backend):
         module_name = self._unique_module_name(model_name)
         self._metrics.instance = self._instance_name
         token = pb_utils.METRICS.set(self._metrics)
+        control = pb_utils.MODEL_CONTROL.set(self._control)
         try:
             model = self._create(module_name, path, where, lambda: triton_args(config, self.context, path, device))
         except BaseException:
@@ -191,6 +197,7 @@ class PythonBackend(Backend):
             self._metrics.close()  # a failed load leaves no series behind
             raise
         finally:
+            pb_utils.MODEL_CONTROL.reset(control)
             pb_utils.METRICS.reset(token)
         self.model = model
         self.model_path = path
@@ -393,6 +400,7 @@ class PythonBackend(Backend):
             raise BackendError(f"python: model {self._model_name!r} is not loaded")
         token = pb_utils.BLS_EXECUTOR.set(self._bls)
         metrics = pb_utils.METRICS.set(self._metrics)
+        control = pb_utils.MODEL_CONTROL.set(self._control)
         try:
             result = model.execute(requests)
             if inspect.isawaitable(result):
@@ -407,6 +415,7 @@ class PythonBackend(Backend):
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         finally:
+            pb_utils.MODEL_CONTROL.reset(control)
             pb_utils.METRICS.reset(metrics)
             pb_utils.BLS_EXECUTOR.reset(token)
         return result
@@ -523,6 +532,44 @@ class PythonBackend(Backend):
             log.error("%s: import failed", where, exc_info=True)
             raise BackendError(f"{where}: importing it raised {type(exc).__name__}: {exc}") from exc
         return module
+
+
+class _ModelControl:
+    """What `pb_utils.load_model`, `unload_model` and `is_model_ready` call, on a model's
+    thread: the repository's control (the context's hook) runs on the daemon's loop, and the
+    thread waits for it, as Triton's stub waits for its server."""
+
+    def __init__(self, backend: PythonBackend) -> None:
+        self._backend = backend
+
+    @property
+    def instance(self) -> str:
+        return self._backend._instance_name
+
+    def load(self, name: str, config_json: str | None, files: dict[str, bytes]) -> None:
+        self._not_itself(name, "load")
+        self._run(lambda control: control.load(name, config_json, files))
+
+    def unload(self, name: str, dependents: bool) -> None:
+        self._not_itself(name, "unload")
+        self._run(lambda control: control.unload(name, dependents))
+
+    def is_ready(self, name: str, version: str) -> bool:
+        async def ready(control: ModelControl) -> bool:
+            return control.is_ready(name, version)
+
+        return bool(self._run(ready))
+
+    def _not_itself(self, name: str, verb: str) -> None:
+        # Its own reload or unload would wait for the request that asks for it to finish.
+        if name == self._backend._model_name:
+            raise InvalidArgument(f"model '{name}' cannot {verb} itself")
+
+    def _run(self, call: Callable[[ModelControl], Awaitable[Any]]) -> Any:
+        control, loop = self._backend.context.control, self._backend._loop
+        if control is None or loop is None:
+            raise Unavailable("model control is not available: this instance runs outside the daemon's repository")
+        return asyncio.run_coroutine_threadsafe(_wait(call(control)), loop).result()
 
 
 async def _wait(awaitable: Awaitable[Any]) -> Any:

@@ -12,9 +12,9 @@ Decoupled models send through `request.get_response_sender()`; BLS calls
 hooks the python backend installs for the thread running `execute`.
 
 DLPack works for CPU tensors (numpy's own support). Custom metrics (`MetricFamily`) go to the
-daemon's /metrics through the hook the python backend installs likewise. Not provided: GPU
-tensors, model control from a model (`load_model`, `unload_model`, `is_model_ready`), request
-rescheduling (`TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`).
+daemon's /metrics through the hook the python backend installs likewise, and the model
+loading API (`load_model`, `unload_model`, `is_model_ready`) to the repository's control. Not
+provided: GPU tensors, request rescheduling (`TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`).
 """
 
 from __future__ import annotations
@@ -616,6 +616,57 @@ def _number(value: Any, method: str) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{method}(): expected a number, got {type(value).__name__}") from None
+
+
+# The model loading API's bridge of the model instance whose `initialize` or `execute` runs in
+# this context (the python backend's; its load/unload/is_ready run the repository's control
+# on the daemon's loop). None in `finalize`, `auto_complete_config` and threads a model starts,
+# as Triton supports it in neither of the first two.
+MODEL_CONTROL: contextvars.ContextVar[Any | None] = contextvars.ContextVar("edged_model_control", default=None)
+
+
+def _model_control(verb: str, call: Callable[[Any], Any]) -> Any:
+    control = MODEL_CONTROL.get()
+    if control is None:
+        raise TritonModelException(
+            f"{verb}: the model loading API works in a model's initialize and execute (not in "
+            "finalize, auto_complete_config or a thread the model starts)"
+        )
+    try:
+        return call(control)
+    except Exception as exc:
+        raise TritonModelException(f"{verb}: {_request_failed(control.instance, exc)}") from None
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load (or reload) another model of the repository, as Triton's model loading API:
+    `config` (JSON) replaces its config; `files` ({"file:1/model.onnx": bytes}, with `config`)
+    are the model's files. Explicit model control mode only."""
+    if not isinstance(model_name, str) or not isinstance(config, str) or not isinstance(files, dict | None):
+        raise TypeError("load_model(model_name: str, config: str = '', files: dict[str, bytes] | None = None)")
+    for key, data in (files or {}).items():
+        if not isinstance(key, str):
+            raise TypeError(f"load_model(): a file's name must be a str, got {type(key).__name__}")
+        if not isinstance(data, bytes):
+            raise TypeError(f"Object of type '{type(data).__name__}' is not an instance of 'bytes'")
+    _model_control("Failed to load model", lambda control: control.load(model_name, config or None, dict(files or {})))
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unload a model (with `unload_dependents`, an ensemble's step models too); waits until
+    its running requests finished. A model that is not loaded is already unloaded."""
+    if not isinstance(model_name, str) or not isinstance(unload_dependents, bool):
+        raise TypeError("unload_model(model_name: str, unload_dependents: bool = False)")
+    _model_control("Failed to unload model", lambda control: control.unload(model_name, unload_dependents))
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether the model (that version; "" the latest) is loaded and serving."""
+    if not isinstance(model_name, str) or not isinstance(model_version, str):
+        raise TypeError("is_model_ready(model_name: str, model_version: str = '')")
+    return bool(_model_control(
+        "Failed to check model readiness", lambda control: control.is_ready(model_name, model_version)
+    ))
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:

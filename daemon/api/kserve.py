@@ -22,6 +22,7 @@ from daemon.api.shm import is_unix
 from daemon.api.state import daemon_of
 from daemon.core.model import LoadedVersion
 from daemon.core.registry import IndexEntry
+from daemon.core.repository import load_failure
 from daemon.errors import BackendError, InvalidArgument, Unavailable
 from daemon.service import Service
 
@@ -207,7 +208,7 @@ async def repository_load(request: web.Request) -> web.Response:
     try:
         await daemon.repository.load(name, config_json, files)
     except BackendError as exc:
-        raise load_api.load_failure(name, exc) from None
+        raise load_failure(name, exc) from None
     return _empty(200)
 
 

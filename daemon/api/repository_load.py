@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-from pathlib import PurePosixPath
 
 import msgspec
 
-from daemon.errors import BackendError, InvalidArgument
-
-_FILE_PREFIX = "file:"
+from daemon.core.uploads import FILE_PREFIX, model_files
+from daemon.errors import InvalidArgument
 
 
 class LoadRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -52,19 +50,14 @@ def parse_load(body: bytes) -> tuple[str | None, dict[str, bytes]]:
             raise InvalidArgument(f"load parameter '{key}' must be a string, got {value!r}")
         if key == "config":
             config_json = value
-        elif key.startswith(_FILE_PREFIX):
-            files[_relative_path(key)] = _base64(key, value)
+        elif key.startswith(FILE_PREFIX):
+            files[key] = _base64(key, value)
         else:
             raise InvalidArgument(
                 f"unknown load parameter '{key}': expected 'config' or "
                 "'file:<version>/<file name>'"
             )
-    if files and config_json is None:
-        raise InvalidArgument(
-            "load parameters 'file:...' need the model configuration in the 'config' "
-            "parameter too"
-        )
-    return config_json, files
+    return config_json, model_files(files, config_json)
 
 
 def parse_unload(body: bytes) -> bool:
@@ -83,24 +76,8 @@ def parse_unload(body: bytes) -> bool:
     return dependents
 
 
-def _relative_path(key: str) -> str:
-    raw = key[len(_FILE_PREFIX):]
-    path = PurePosixPath(raw)
-    if not raw or path.is_absolute() or ".." in path.parts or raw.startswith("/") or not path.parts or "\0" in raw:
-        raise InvalidArgument(
-            f"load parameter '{key}': the file path must be relative to the model directory, "
-            "like 'file:1/model.onnx'"
-        )
-    return str(path)
-
-
 def _base64(key: str, value: str) -> bytes:
     try:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidArgument(f"load parameter '{key}' is not valid base64") from None
-
-
-def load_failure(name: str, exc: BackendError) -> InvalidArgument:
-    """Triton answers a model that fails to load with a 400 starting this way."""
-    return InvalidArgument(f"load failed for model '{name}': {exc.message}")

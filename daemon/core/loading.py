@@ -25,6 +25,7 @@ from daemon.backend import (
     InferRequest,
     InferResponse,
     InstanceContext,
+    ModelControl,
 )
 from daemon.core import decoupled, layout, sequence
 from daemon.core.ensemble import EnsembleRunner, Resolver
@@ -79,6 +80,9 @@ class ModelLoader:
         self.overlap = overlap
         # None: instances' threads are left where they start.
         self.host_policies = host_policies
+        # The repository's control, for models that load others; set by the service once the
+        # repository exists (it is built on the registry, which owns this loader).
+        self.control: ModelControl | None = None
 
     async def _infer_other(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
         """A request from inside a model (Triton BLS) to another loaded model."""
@@ -217,7 +221,7 @@ class ModelLoader:
                 context = InstanceContext(
                     name, version, index, count, state, min(threads, len(cpus) or threads),
                     infer=self._infer_other, stream=self._stream_other, cpus=cpus,
-                    metrics=self.metrics.custom,
+                    metrics=self.metrics.custom, control=self.control,
                 )
                 instance = cls(context)
                 instances.append(instance)

@@ -14,13 +14,13 @@ import asyncio
 import contextlib
 import logging
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from daemon.config import ControlMode
 from daemon.core import layout, uploads
 from daemon.core.registry import IndexEntry, ModelRegistry
-from daemon.errors import Conflict, EdgedError, NotFound
+from daemon.errors import BackendError, Conflict, EdgedError, InvalidArgument, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -198,3 +198,33 @@ class RepositoryManager:
             if self.registry.entry(name) is None:
                 self.registry.note_unknown(name, path)
         return self.registry.index(ready_only)
+
+
+def load_failure(name: str, exc: BackendError) -> InvalidArgument:
+    """Triton answers a model that fails to load with a 400 starting this way."""
+    return InvalidArgument(f"load failed for model '{name}': {exc.message}")
+
+
+class ModelControlHook:
+    """The repository's explicit control as a model calls it (the contract's ModelControl):
+    Triton's C API takes the load parameters by name, so `file:` paths are checked here."""
+
+    def __init__(self, repository: RepositoryManager) -> None:
+        self._repository = repository
+
+    async def load(self, name: str, config_json: str | None, files: Mapping[str, bytes]) -> None:
+        try:
+            await self._repository.load(name, config_json, uploads.model_files(files, config_json))
+        except BackendError as exc:
+            raise load_failure(name, exc) from None
+
+    async def unload(self, name: str, dependents: bool) -> None:
+        await self._repository.unload(name, dependents=dependents)
+
+    def is_ready(self, name: str, version: str) -> bool:
+        if version and not (version.isascii() and version.isdigit() and 0 < int(version) < 2**63):
+            raise InvalidArgument(
+                f"failed to get model version from specified version string '{version}': "
+                "version should be an integral value > 0"
+            )
+        return self._repository.registry.is_ready(name, version or None)

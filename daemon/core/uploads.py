@@ -11,7 +11,8 @@ import errno
 import logging
 import shutil
 import tempfile
-from pathlib import Path
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
 
 from daemon.errors import InvalidArgument
 
@@ -25,6 +26,35 @@ _PATH_ERRNOS = frozenset({errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ENAME
 def incoming_dir(state_dir: Path) -> Path:
     """Where update bundles are written while they arrive."""
     return state_dir / "incoming"
+
+
+FILE_PREFIX = "file:"
+
+
+def model_files(parameters: Mapping[str, bytes], config_json: str | None) -> dict[str, bytes]:
+    """The files of Triton's `file:<path>` load parameters (name -> contents), by path
+    relative to the model directory; checked here for every way a load arrives (the
+    repository API, a python model's `pb_utils.load_model`)."""
+    files = {_relative_path(key): data for key, data in parameters.items()}
+    if files and config_json is None:
+        raise InvalidArgument(
+            "load parameters 'file:...' need the model configuration in the 'config' parameter too"
+        )
+    return files
+
+
+def _relative_path(key: str) -> str:
+    raw = key.removeprefix(FILE_PREFIX)
+    path = PurePosixPath(raw)
+    if (
+        not key.startswith(FILE_PREFIX) or not raw or path.is_absolute() or ".." in path.parts
+        or raw.startswith("/") or not path.parts or "\0" in raw
+    ):
+        raise InvalidArgument(
+            f"load parameter '{key}': the file path must be relative to the model directory, "
+            "like 'file:1/model.onnx'"
+        )
+    return str(path)
 
 
 def write(state_dir: Path, name: str, files: dict[str, bytes]) -> Path:

@@ -15,7 +15,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from support import DaemonProcess, Reply, metric_samples, start_daemon_process, wait_until
+from support import (
+    DaemonProcess,
+    Reply,
+    controller_repository,
+    metric_samples,
+    run_steps,
+    start_daemon_process,
+    wait_until,
+)
 
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -567,3 +575,67 @@ def test_a_models_own_metrics_are_served_kept_across_a_reload_and_gone_with_it(s
     assert after["request_size_sum"] == {model: 12.0}
     assert daemon.post_json("/v2/repository/models/counted/unload", {}).status == 200
     wait_until(lambda: samples() == {})
+
+
+def test_a_python_model_loads_and_unloads_other_models(start_daemon, tmp_path: Path) -> None:
+    """pb_utils.load_model / unload_model / is_model_ready from a model's code, explicit mode:
+    what Triton 2.51 answers (tests/compat compares the two), and the refusals that are edged's."""
+    repo = tmp_path / "repo"
+    controller_repository(repo)
+    daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit", "--load-model", "controller")
+
+    def failed(verb: str, message: str) -> list[str]:
+        return ["TritonModelException", f"{verb}: Failed to process the request for model 'controller_0', message: {message}"]
+
+    seen = run_steps(daemon.post_json, ["ready", "run", "load", "ready", "ready_versions", "run"])
+    assert seen["at_start"] == ["ok", False]  # initialize runs before its own model is served
+    assert seen["done"] == [
+        ["ready", "ok", False], ["run", "ok", "error"], ["load", "ok", None], ["ready", "ok", True],
+        ["ready_versions", "ok", [True, False]], ["run", "ok", [3.0]],
+    ]
+    done = run_steps(daemon.post_json, [
+        "load_files", "run", "ready_bad_version", "load_unknown", "load_files_without_config",
+        "load_file_not_named_file", "load_text_file", "load_itself", "unload_itself", "run",
+    ])["done"]
+    assert done == [
+        ["load_files", "ok", None],
+        ["run", "ok", [4.5]],  # the model the request sent, with its config
+        ["ready_bad_version", *failed(
+            "Failed to check model readiness",
+            "failed to get model version from specified version string 'abc': version should be an integral value > 0",
+        )],
+        ["load_unknown", *failed("Failed to load model", "failed to load 'nope', failed to poll from model repository")],
+        ["load_files_without_config", *failed(
+            "Failed to load model",
+            "load parameters 'file:...' need the model configuration in the 'config' parameter too",
+        )],
+        ["load_file_not_named_file", *failed(
+            "Failed to load model",
+            "load parameter '1/model.py': the file path must be relative to the model directory, like 'file:1/model.onnx'",
+        )],
+        ["load_text_file", "TypeError", "Object of type 'str' is not an instance of 'bytes'"],
+        ["load_itself", *failed("Failed to load model", "model 'controller' cannot load itself")],
+        ["unload_itself", *failed("Failed to unload model", "model 'controller' cannot unload itself")],
+        ["run", "ok", [4.5]],  # the failed loads left the loaded model serving
+    ]
+    assert run_steps(daemon.post_json, ["unload", "ready", "run", "unload_unknown"])["done"] == [
+        ["unload", "ok", None], ["ready", "ok", False], ["run", "ok", "error"], ["unload_unknown", "ok", None],
+    ]
+    states = {row["name"]: row.get("state") for row in daemon.post_json("/v2/repository/index", {}).json()}
+    assert states == {"controller": "READY", "other": "UNAVAILABLE"}
+    assert daemon.post_json("/v2/repository/models/controller/unload", {}).status == 200
+    # finalize has no model control, as in Triton.
+    wait_until(lambda: "finalize: [\"TritonModelException\"" in daemon.log())
+    assert "(not in finalize, auto_complete_config or a thread the model starts)" in daemon.log()
+
+
+def test_the_model_loading_api_needs_explicit_model_control(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    controller_repository(repo)
+    daemon = start_daemon("--model-repository", str(repo))
+    done = run_steps(daemon.post_json, ["load", "ready"])["done"]
+    assert done == [
+        ["load", "TritonModelException", "Failed to load model: Failed to process the request for model "
+         "'controller_0', message: explicit model load / unload is not allowed if model control mode is none"],
+        ["ready", "ok", True],  # mode none loads every model of the repository
+    ]
