@@ -117,6 +117,103 @@ def x_to_y_model(repo: Path, name: str, source: str, y: str, extra: str = "") ->
 RawResponse = tuple[int, dict[str, str], bytes]
 
 
+# A python model using pb_utils' custom metrics. Each request reports what the model reads
+# back; with the request parameter `misuse`, also what every misuse raises (Triton 2.51
+# sometimes aborts on a model's second failing metric call, so tests/compat never sets it).
+METRICS_MODEL = '''\
+import gc
+import json
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+def attempt(call):
+    try:
+        return ["ok", call()]
+    except Exception as exc:
+        return [type(exc).__name__, str(exc)]
+
+class TritonPythonModel:
+    def initialize(self, args):
+        kinds = pb_utils.MetricFamily
+        self.counters = kinds(name="model_requests", description="Requests seen", kind=kinds.COUNTER)
+        self.gauges = kinds("model_last", "Last input", kinds.GAUGE)
+        self.histograms = kinds(name="model_sizes", description="Inputs", kind=kinds.HISTOGRAM)
+        self.counter = self.counters.Metric(labels={"model": "metrics", "kind": "a"})
+        self.same = self.counters.Metric(labels={"kind": "a", "model": "metrics"})
+        self.unlabelled = self.counters.Metric()
+        self.gauge = self.gauges.Metric(labels={"model": "metrics"})
+        self.hist = self.histograms.Metric(labels={"model": "metrics"}, buckets=[1, 5.0])
+        self.rebucketed = self.histograms.Metric(labels={"model": "metrics"}, buckets=[2.0])
+        self.empty = self.histograms.Metric(labels={"only": "inf"}, buckets=[])
+        self.shared = kinds("model_requests", "Another description", kinds.COUNTER)
+        self.temporary = kinds("model_temporary", "Dropped", kinds.GAUGE)
+        self.temporary.Metric(labels={"t": "1"}).set(7)
+        self.kept = kinds("model_kept", "Metric dropped, family kept", kinds.GAUGE)
+        self.kept.Metric(labels={"k": "1"}).set(3)
+        if args["model_name"] == "fails":
+            raise RuntimeError("initialize gives up")
+
+    def execute(self, requests):
+        x = float(pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0])
+        self.counter.increment(2)
+        self.same.increment(np.float64(0.5))
+        self.gauge.set(x)
+        self.gauge.increment(-0.25)
+        for value in (x, 1.0, 9.0):
+            self.hist.observe(value)
+        self.rebucketed.observe(1.5)
+        self.empty.observe(x)
+        seen = {
+            "values": [self.counter.value(), self.same.value(), self.unlabelled.value(), self.gauge.value(),
+                       self.shared.Metric(labels={"model": "metrics", "kind": "a"}).value()],
+            "kinds": [int(pb_utils.MetricFamily.COUNTER), int(pb_utils.MetricFamily.GAUGE),
+                      int(pb_utils.MetricFamily.HISTOGRAM), repr(pb_utils.MetricFamily.COUNTER),
+                      str(pb_utils.MetricFamily.GAUGE), type(pb_utils.MetricFamily.HISTOGRAM).__name__,
+                      hasattr(pb_utils, "MetricKind"), type(self.counter).__name__],
+            "family_attrs": sorted(a for a in dir(pb_utils.MetricFamily) if not a.startswith("_")),
+            "metric_attrs": sorted(a for a in dir(self.counter) if not a.startswith("_")),
+        }
+        if json.loads(requests[0].parameters()).get("misuse"):
+            seen["misuse"] = self._misuse()
+        if getattr(self, "temporary", None) is not None:
+            self.temporary = None
+            gc.collect()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([json.dumps(seen)], dtype=np.object_))])
+                for _ in requests]
+
+    def _misuse(self):
+        kinds = pb_utils.MetricFamily
+        found = {
+            "counter_neg": attempt(lambda: self.counter.increment(-1.0)),
+            "counter_set": attempt(lambda: self.counter.set(3.0)),
+            "gauge_observe": attempt(lambda: self.gauge.observe(1.0)),
+            "hist_value": attempt(lambda: self.hist.value()),
+            "no_buckets": attempt(lambda: self.histograms.Metric(labels={"x": "y"})),
+            "tuple_buckets": attempt(lambda: self.histograms.Metric(labels={"x": "y"}, buckets=(1.0,))),
+            "counter_buckets": attempt(lambda: self.counters.Metric(labels={"b": "c"}, buckets=[1.0])),
+            "labels_list": attempt(lambda: self.counters.Metric(labels=[("a", "b")])),
+            "unsorted": attempt(lambda: self.histograms.Metric(labels={"u": "1"}, buckets=[5.0, 1.0])),
+            "label_name": attempt(lambda: self.gauges.Metric(labels={"bad label": "v"})),
+            "kind_clash": attempt(lambda: kinds("model_requests", "x", kinds.GAUGE)),
+            "bad_name": attempt(lambda: kinds("bad name!", "x", kinds.GAUGE)),
+            "text_value": attempt(lambda: self.gauge.increment("1")),
+            "int_kind": attempt(lambda: kinds(name="k", description="d", kind=1)),
+            # A family the model drops takes its series along; its Metric objects then fail.
+            "dropped": attempt(lambda: kinds("dropped", "", kinds.GAUGE).Metric().value()),
+        }
+        elsewhere = []
+        thread = threading.Thread(target=lambda: elsewhere.append(attempt(lambda: kinds("elsewhere", "", kinds.GAUGE))))
+        thread.start()
+        thread.join()
+        found["thread"] = elsewhere[0]
+        return found
+
+    def finalize(self):
+        self.gauge.set(-1.0)
+'''
+
+
 _CONTROLLER_MODEL = '''\
 import json
 import numpy as np

@@ -23,7 +23,7 @@ from daemon.backend import (
 from daemon.core.stats import MetricsRegistry
 from daemon.errors import BackendError, InvalidArgument
 from daemon.model_config import InstanceGroup, ModelConfig, TensorConfig
-from support import metric_samples
+from support import METRICS_MODEL, metric_samples, x_to_y_model
 
 ClassOf = Callable[[str], type[Backend]]
 RNG = np.random.default_rng(11)
@@ -680,144 +680,87 @@ async def test_pb_utils_helpers(backend_class: ClassOf, tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- custom metrics
 
-METRICS_MODEL = """
-    import gc
-    import json
-    import threading
-
-    import numpy as np
-    import triton_python_backend_utils as pb_utils
-
-
-    def attempt(call):
-        try:
-            return ["ok", call()]
-        except Exception as exc:
-            return [type(exc).__name__, str(exc)]
-
-
-    class TritonPythonModel:
-        def initialize(self, args):
-            kind = pb_utils.MetricFamily
-            self.counters = kind(name="requests_custom", description="Requests seen", kind=kind.COUNTER)
-            self.gauges = kind("last_value", "Last input", kind.GAUGE)
-            self.histograms = kind(name="input_hist", description="Inputs", kind=kind.HISTOGRAM)
-            self.counter = self.counters.Metric(labels={"model": "m", "kind": "a"})
-            self.same = self.counters.Metric(labels={"kind": "a", "model": "m"})
-            self.gauge = self.gauges.Metric()
-            self.hist = self.histograms.Metric(labels={"model": "m"}, buckets=[1, 5.0])
-            if args["model_name"] == "fails":
-                raise RuntimeError("initialize gives up")
-
-        def execute(self, requests):
-            x = float(pb_utils.get_input_tensor_by_name(requests[0], "INPUT0").as_numpy().ravel()[0])
-            self.counter.increment(2)
-            self.same.increment(np.float32(1))
-            self.gauge.set(x)
-            self.hist.observe(x)
-            report = {
-                "values": [self.counter.value(), self.same.value(), self.gauge.value()],
-                "kinds": [int(pb_utils.MetricFamily.COUNTER), repr(pb_utils.MetricFamily.GAUGE),
-                          str(pb_utils.MetricFamily.HISTOGRAM), hasattr(pb_utils, "MetricKind"),
-                          type(self.counter).__name__],
-                "counter_neg": attempt(lambda: self.counter.increment(-1.0)),
-                "counter_set": attempt(lambda: self.counter.set(3.0)),
-                "gauge_observe": attempt(lambda: self.gauge.observe(1.0)),
-                "hist_value": attempt(lambda: self.hist.value()),
-                "no_buckets": attempt(lambda: self.histograms.Metric(labels={"x": "y"})),
-                "tuple_buckets": attempt(lambda: self.histograms.Metric(labels={"x": "y"}, buckets=(1.0,))),
-                "counter_buckets": attempt(lambda: self.counters.Metric(labels={"b": "c"}, buckets=[1.0])),
-                "labels_list": attempt(lambda: self.counters.Metric(labels=[("a", "b")])),
-                "unsorted": attempt(lambda: self.histograms.Metric(labels={"u": "1"}, buckets=[5.0, 1.0])),
-                "label_name": attempt(lambda: self.gauges.Metric(labels={"bad label": "v"})),
-                "kind_clash": attempt(lambda: pb_utils.MetricFamily("requests_custom", "x", pb_utils.MetricFamily.GAUGE)),
-                "bad_name": attempt(lambda: pb_utils.MetricFamily("bad name!", "x", pb_utils.MetricFamily.GAUGE)),
-                "text_value": attempt(lambda: self.gauge.increment("1")),
-                "int_kind": attempt(lambda: pb_utils.MetricFamily(name="k", description="d", kind=1)),
-                # A family the model drops takes its series along; its Metric objects then fail.
-                "dropped": attempt(lambda: pb_utils.MetricFamily("dropped", "", pb_utils.MetricFamily.GAUGE).Metric().value()),
-            }
-            elsewhere = []
-            thread = threading.Thread(target=lambda: elsewhere.append(
-                attempt(lambda: pb_utils.MetricFamily("elsewhere", "", pb_utils.MetricFamily.GAUGE))))
-            thread.start()
-            thread.join()
-            report["thread"] = elsewhere[0]
-            gc.collect()
-            out = np.array([json.dumps(report)], dtype=np.object_)
-            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT1", out)]) for _ in requests]
-
-        def finalize(self):
-            self.gauge.set(-1.0)
-    """
+def metrics_config(name: str) -> ModelConfig:
+    """support.x_to_y_model's config."""
+    return ModelConfig(
+        name=name,
+        backend="python",
+        input=[TensorConfig(name="X", data_type="FP32", dims=[1])],
+        output=[TensorConfig(name="Y", data_type="BYTES", dims=[1])],
+    )
 
 
 async def test_custom_metrics_answer_as_tritons(backend_class: ClassOf, tmp_path: Path) -> None:
+    """What support.METRICS_MODEL reads back and its misuse raise, with the texts Triton 2.51
+    gave for the same calls (tests/compat compares the rest live)."""
     metrics = MetricsRegistry()
-    config = modes_config("metrics")
     backend = backend_class("python")(InstanceContext("metrics", 1, metrics=metrics.custom))
-    await backend.load(config, write_model(tmp_path, "metrics", METRICS_MODEL), Device("cpu"))
-    request = InferRequest({"INPUT0": np.array([[0.5]], dtype=np.float32)})
-    report = json.loads(outputs_of((await backend.execute([request]))[0])["OUTPUT1"][0])
+    x_to_y_model(tmp_path, "metrics", METRICS_MODEL, "TYPE_STRING dims: [ 1 ]")
+    await backend.load(metrics_config("metrics"), tmp_path / "metrics" / "1", Device("cpu"))
+    request = InferRequest({"X": np.array([0.5], dtype=np.float32)}, parameters={"misuse": True})
+    report = json.loads(outputs_of((await backend.execute([request]))[0])["Y"][0])
+    misuse = report["misuse"]
 
     def failed(verb: str, message: str) -> list[str]:
         return ["TritonModelException", f"{verb}: Failed to process the request for model 'metrics_0', message: {message}"]
 
-    # Texts and values read from Triton 2.51 running the same operations.
-    assert report["values"] == [3.0, 3.0, 0.5]
-    assert report["kinds"] == [0, "<MetricKind.GAUGE: 1>", "MetricKind.HISTOGRAM", False, "Metric"]
-    assert report["counter_neg"] == failed(
+    assert report["values"] == [2.5, 2.5, 0.0, 0.25, 2.5]
+    assert report["kinds"] == [0, 1, 2, "<MetricKind.COUNTER: 0>", "MetricKind.GAUGE", "MetricKind", False, "Metric"]
+    assert report["family_attrs"] == ["COUNTER", "GAUGE", "HISTOGRAM", "Metric"]
+    assert report["metric_attrs"] == ["increment", "observe", "set", "value"]
+    assert misuse["counter_neg"] == failed(
         "Failed to increment metric value",
         "TRITONSERVER_METRIC_KIND_COUNTER can only be incremented monotonically by non-negative values.",
     )
-    assert report["counter_set"] == failed("Failed to set metric value", "TRITONSERVER_METRIC_KIND_COUNTER does not support Set")
-    assert report["gauge_observe"] == failed(
+    assert misuse["counter_set"] == failed("Failed to set metric value", "TRITONSERVER_METRIC_KIND_COUNTER does not support Set")
+    assert misuse["gauge_observe"] == failed(
         "Failed to observe metric value", "TRITONSERVER_METRIC_KIND_GAUGE does not support Observe"
     )
-    assert report["hist_value"] == failed("Failed to get metric value", "TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Value")
-    assert report["no_buckets"] == ["TritonModelException", "Failed to create metric. Missing required buckets."]
-    assert report["tuple_buckets"] == ["TritonModelException", "Failed to create metric. Buckets must be a list."]
-    assert report["counter_buckets"] == ["TritonModelException", "Failed to create metric. Unexpected buckets found."]
-    assert report["labels_list"] == ["TritonModelException", "Failed to create metric. Labels must be a dictionary."]
-    assert report["unsorted"] == failed("Error when creating Metric", "Bucket Boundaries must be strictly sorted")
-    assert report["label_name"] == failed("Error when creating Metric", "Invalid label name")
-    assert report["kind_clash"] == failed("Error when creating MetricFamily", "Family name already exists with different type")
-    assert report["bad_name"] == failed("Error when creating MetricFamily", "Invalid metric name")
-    assert report["text_value"][0] == report["int_kind"][0] == "TypeError"
-    assert report["dropped"] == [
+    assert misuse["hist_value"] == failed("Failed to get metric value", "TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Value")
+    assert misuse["no_buckets"] == ["TritonModelException", "Failed to create metric. Missing required buckets."]
+    assert misuse["tuple_buckets"] == ["TritonModelException", "Failed to create metric. Buckets must be a list."]
+    assert misuse["counter_buckets"] == ["TritonModelException", "Failed to create metric. Unexpected buckets found."]
+    assert misuse["labels_list"] == ["TritonModelException", "Failed to create metric. Labels must be a dictionary."]
+    assert misuse["unsorted"] == failed("Error when creating Metric", "Bucket Boundaries must be strictly sorted")
+    assert misuse["label_name"] == failed("Error when creating Metric", "Invalid label name")
+    assert misuse["kind_clash"] == failed("Error when creating MetricFamily", "Family name already exists with different type")
+    assert misuse["bad_name"] == failed("Error when creating MetricFamily", "Invalid metric name")
+    assert misuse["text_value"][0] == misuse["int_kind"][0] == "TypeError"
+    assert misuse["dropped"] == [
         "TritonModelException",
         "Failed to get metric value: Invalid metric operation as the corresponding 'MetricFamily' has been "
         "deleted. The 'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have been deleted.",
     ]
-    assert report["thread"][0] == "TritonModelException"
-    assert "initialize, execute or finalize" in report["thread"][1]
+    assert misuse["thread"][0] == "TritonModelException"
+    assert "initialize, execute or finalize" in misuse["thread"][1]
 
-    names = ("requests_custom", "last_value", "input_hist", "dropped", "elsewhere")
-    samples = metric_samples(metrics.render().decode(), names)
+    samples = metric_samples(metrics.render().decode(), ("model_", "dropped", "elsewhere"))
+    model = (("model", "metrics"),)
     assert samples == {
-        "requests_custom": {(("kind", "a"), ("model", "m")): 3.0},
-        "last_value": {(): 0.5},
-        "input_hist_bucket": {
-            (("le", "1.0"), ("model", "m")): 1.0,
-            (("le", "5.0"), ("model", "m")): 1.0,
-            (("le", "+Inf"), ("model", "m")): 1.0,
+        "model_requests": {(("kind", "a"), *model): 2.5, (): 0.0},
+        "model_last": {model: 0.25},
+        "model_kept": {(("k", "1"),): 3.0},
+        "model_sizes_bucket": {
+            (("le", "1.0"), *model): 2.0, (("le", "5.0"), *model): 3.0, (("le", "+Inf"), *model): 4.0,
+            (("le", "+Inf"), ("only", "inf")): 1.0,
         },
-        "input_hist_count": {(("model", "m"),): 1.0},
-        "input_hist_sum": {(("model", "m"),): 0.5},
+        "model_sizes_count": {model: 4.0, (("only", "inf"),): 1.0},
+        "model_sizes_sum": {model: 12.0, (("only", "inf"),): 0.5},
     }
     await backend.unload()
     # finalize could still use its metrics; then the instance's series left with it.
-    assert metric_samples(metrics.render().decode(), names) == {}
+    assert metric_samples(metrics.render().decode(), ("model_",)) == {}
 
 
 async def test_a_failed_initialize_leaves_no_metrics(backend_class: ClassOf, tmp_path: Path) -> None:
     metrics = MetricsRegistry()
     backend = backend_class("python")(InstanceContext("fails", 1, metrics=metrics.custom))
+    x_to_y_model(tmp_path, "fails", METRICS_MODEL, "TYPE_STRING dims: [ 1 ]")
     with pytest.raises(BackendError, match="initialize gives up"):
-        await backend.load(modes_config("fails"), write_model(tmp_path, "fails", METRICS_MODEL), Device("cpu"))
-    assert "requests_custom" not in metrics.render().decode()
+        await backend.load(metrics_config("fails"), tmp_path / "fails" / "1", Device("cpu"))
+    assert "model_requests" not in metrics.render().decode()
     # The name is free again, for any kind.
-    metrics.custom.family("requests_custom", "", "gauge")
+    metrics.custom.family("model_requests", "", "gauge")
 
 
 async def test_a_family_made_per_request_piles_nothing_up(backend_class: ClassOf, tmp_path: Path) -> None:

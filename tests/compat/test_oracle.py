@@ -577,59 +577,6 @@ def test_pb_utils_helpers_answer_as_tritons(compat_repo: object, tmp_path_factor
     assert ours == theirs
 
 
-_METRICS_MODEL = '''
-import gc
-import json
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def initialize(self, args):
-        kinds = pb_utils.MetricFamily
-        self.counters = kinds(name="oracle_requests", description="Requests seen", kind=kinds.COUNTER)
-        self.gauges = kinds("oracle_last", "Last input", kinds.GAUGE)
-        self.histograms = kinds(name="oracle_sizes", description="Inputs", kind=kinds.HISTOGRAM)
-        self.counter = self.counters.Metric(labels={"model": "metrics", "kind": "a"})
-        self.same = self.counters.Metric(labels={"kind": "a", "model": "metrics"})
-        self.unlabelled = self.counters.Metric()
-        self.gauge = self.gauges.Metric(labels={"model": "metrics"})
-        self.hist = self.histograms.Metric(labels={"model": "metrics"}, buckets=[1, 5.0])
-        self.rebucketed = self.histograms.Metric(labels={"model": "metrics"}, buckets=[2.0])
-        self.empty = self.histograms.Metric(labels={"only": "inf"}, buckets=[])
-        self.shared = kinds("oracle_requests", "Another description", kinds.COUNTER)
-        self.temporary = kinds("oracle_temporary", "Dropped", kinds.GAUGE)
-        self.temporary.Metric(labels={"t": "1"}).set(7)
-        self.kept_metric_family = kinds("oracle_kept", "Metric dropped, family kept", kinds.GAUGE)
-        self.kept_metric_family.Metric(labels={"k": "1"}).set(3)
-
-    def execute(self, requests):
-        x = float(pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0])
-        self.counter.increment(2)
-        self.same.increment(np.float64(0.5))
-        self.gauge.set(x)
-        self.gauge.increment(-0.25)
-        for value in (x, 1.0, 9.0):
-            self.hist.observe(value)
-        self.rebucketed.observe(1.5)
-        self.empty.observe(x)
-        seen = {
-            "values": [self.counter.value(), self.same.value(), self.unlabelled.value(), self.gauge.value(),
-                       self.shared.Metric(labels={"model": "metrics", "kind": "a"}).value()],
-            "kinds": [int(pb_utils.MetricFamily.COUNTER), int(pb_utils.MetricFamily.GAUGE),
-                      int(pb_utils.MetricFamily.HISTOGRAM), repr(pb_utils.MetricFamily.COUNTER),
-                      str(pb_utils.MetricFamily.GAUGE), type(pb_utils.MetricFamily.HISTOGRAM).__name__,
-                      hasattr(pb_utils, "MetricKind"), type(self.counter).__name__],
-            "family_attrs": sorted(a for a in dir(pb_utils.MetricFamily) if not a.startswith("_")),
-            "metric_attrs": sorted(a for a in dir(self.counter) if not a.startswith("_")),
-        }
-        if getattr(self, "temporary", None) is not None:
-            self.temporary = None
-            gc.collect()
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([json.dumps(seen)], dtype=np.object_))])
-                for _ in requests]
-'''
-
-
 def test_custom_metrics_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
     """A python model's own metric families (`pb_utils.MetricFamily`): what the model reads
     back, and the samples both servers serve at /metrics after the same requests (shared
@@ -637,10 +584,10 @@ def test_custom_metrics_as_tritons(compat_repo: object, tmp_path_factory: pytest
     operations that succeed: Triton 2.51 sometimes aborts when a model makes two metric calls
     that fail, so the error texts are checked in tests/backends/test_python.py."""
     from compat.servers import ORACLE_ENV, start_edged, start_triton
-    from support import metric_samples, x_to_y_model
+    from support import METRICS_MODEL, metric_samples, x_to_y_model
 
     repo = tmp_path_factory.mktemp("metrics-repo")
-    x_to_y_model(repo, "metrics", _METRICS_MODEL, "TYPE_STRING dims: [ 1 ]")
+    x_to_y_model(repo, "metrics", METRICS_MODEL, "TYPE_STRING dims: [ 1 ]")
     answers = []
     for start in (start_triton, start_edged):
         args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
@@ -655,19 +602,19 @@ def test_custom_metrics_as_tritons(compat_repo: object, tmp_path_factory: pytest
             conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=30)
             conn.request("GET", "/metrics", headers=server.auth)
             text = conn.getresponse().read().decode()
-            helps = sorted(line for line in text.splitlines() if line.startswith(("# HELP oracle_", "# TYPE oracle_")))
+            helps = sorted(line for line in text.splitlines() if line.startswith(("# HELP model_", "# TYPE model_")))
             # Bucket bounds as numbers: Triton writes le="1", edged le="1.0".
             samples = {
                 name: {tuple((k, str(float(v))) if k == "le" else (k, v) for k, v in labels): value
                        for labels, value in rows.items()}
-                for name, rows in metric_samples(text, ("oracle_",)).items()
+                for name, rows in metric_samples(text, ("model_",)).items()
             }
             answers.append((seen, helps, samples))
         finally:
             server.stop()
     theirs, ours = answers
     assert theirs[0][1]["values"] == [5.0, 5.0, 0.0, 2.75, 5.0]
-    assert "oracle_temporary" not in str(theirs[2]) and "oracle_kept" in str(theirs[2])
+    assert "model_temporary" not in str(theirs[2]) and "model_kept" in str(theirs[2])
     assert ours == theirs
 
 
