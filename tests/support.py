@@ -119,7 +119,7 @@ RawResponse = tuple[int, dict[str, str], bytes]
 
 # A python model using pb_utils' custom metrics. Each request reports what the model reads
 # back; with the request parameter `misuse`, also what every misuse raises (Triton 2.51
-# sometimes aborts on a model's second failing metric call, so tests/compat never sets it).
+# sometimes aborts when a model's call to it fails, so tests/compat never sets it).
 METRICS_MODEL = '''\
 import gc
 import json

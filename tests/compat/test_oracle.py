@@ -581,8 +581,9 @@ def test_custom_metrics_as_tritons(compat_repo: object, tmp_path_factory: pytest
     """A python model's own metric families (`pb_utils.MetricFamily`): what the model reads
     back, and the samples both servers serve at /metrics after the same requests (shared
     label sets and families, ignored buckets of an existing series, a dropped family). Only
-    operations that succeed: Triton 2.51 sometimes aborts when a model makes two metric calls
-    that fail, so the error texts are checked in tests/backends/test_python.py."""
+    operations that succeed: Triton 2.51 sometimes aborts when a model's call to it fails (a
+    boost lock_exception in its python backend), so the error texts, read from it by hand, are
+    checked in tests/backends/test_python.py."""
     from compat.servers import ORACLE_ENV, start_edged, start_triton
     from support import METRICS_MODEL, metric_samples, x_to_y_model
 
@@ -621,7 +622,9 @@ def test_custom_metrics_as_tritons(compat_repo: object, tmp_path_factory: pytest
 def test_model_loading_api_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
     """`pb_utils.load_model`, `unload_model` and `is_model_ready` from a model, explicit mode:
     the same steps give the same answers on both servers (a BLS call shows which model serves).
-    One failing call, last: Triton 2.51 sometimes aborts after a model's second failing call."""
+    No failing call: Triton 2.51 sometimes aborts when one fails (a boost lock_exception in its
+    python backend), so the error texts, read from it by hand, are checked in
+    tests/api/test_python_models.py."""
     from compat.servers import ORACLE_ENV, start_edged, start_triton
     from support import controller_repository, run_steps
 
@@ -631,7 +634,7 @@ def test_model_loading_api_as_tritons(compat_repo: object, tmp_path_factory: pyt
     # when the config sent is its own (docs/compatibility.md).
     steps = [
         ["ready", "run", "load", "ready", "ready_versions", "run", "unload", "ready", "run", "unload_unknown"],
-        ["load_files", "run", "unload", "load", "run", "load_unknown"],
+        ["load_files", "run", "unload", "load", "run"],
     ]
     answers = []
     for start in (start_triton, start_edged):
