@@ -49,6 +49,7 @@ from daemon.backend import (
     Backend,
     BackendError,
     Capabilities,
+    ConfigError,
     Device,
     EdgedError,
     ExecuteResult,
@@ -181,6 +182,16 @@ class PythonBackend(Backend):
 
     def load_sync(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         model_name = self._model_name = config.name or self.context.model_name
+        environment = config.parameters.get("EXECUTION_ENV_PATH", "")
+        if environment:
+            # Triton runs such a model's stub in that (conda-pack) Python; here it would run
+            # in the daemon's own, with other packages than the model was packed with.
+            raise ConfigError(
+                f"python: model {model_name!r}: parameters.EXECUTION_ENV_PATH ({environment}) asks "
+                "for a Python environment of its own, which edged does not provide: it runs python "
+                "models in the daemon's interpreter. Install the model's packages there and remove "
+                "the parameter"
+            )
         self._instance_name = instance_name(config, model_name, self.context.instance_index)
         path = _artifact_file(artifact, config, model_name)
         where = f"python: model {model_name!r} ({path})"
