@@ -790,10 +790,16 @@ async def test_a_family_made_per_request_piles_nothing_up(backend_class: ClassOf
 async def test_a_model_packed_with_its_own_python_is_refused(backend_class: ClassOf, tmp_path: Path) -> None:
     """Triton's EXECUTION_ENV_PATH (a conda-pack environment for the model's stub) cannot be
     honoured in-process: the load says so instead of running the model on other packages."""
-    config = metrics_config("packed")
+    source = """
+        class TritonPythonModel:
+            def execute(self, requests):
+                return []
+    """
+    config = modes_config("packed")
+    artifact = write_model(tmp_path, "packed", source)
+    backend = await load(backend_class("python"), config, artifact)  # loads without the parameter
+    await backend.unload()
     config.parameters = {"EXECUTION_ENV_PATH": "$$TRITON_MODEL_DIRECTORY/env.tar.gz"}
-    x_to_y_model(tmp_path, "packed", METRICS_MODEL, "TYPE_STRING dims: [ 1 ]")
-    backend = backend_class("python")(InstanceContext("packed", 1))
     with pytest.raises(ConfigError, match=r"parameters\.EXECUTION_ENV_PATH \(\$\$TRITON_MODEL_DIRECTORY/env\.tar\.gz\) asks "
                        "for a Python environment of its own"):
-        await backend.load(config, tmp_path / "packed" / "1", Device("cpu"))
+        await load(backend_class("python"), config, artifact)
