@@ -100,7 +100,6 @@ class Service:
             registry, repositories, config.models.control_mode, startup_models=config.models.load,
             state_dir=state,
         )
-        registry.loader.control = ModelControlHook(repository)
         residency = Residency(registry, config.residency)
         repository.on_demand = residency.on_demand
         control_lock = asyncio.Lock()
@@ -109,7 +108,7 @@ class Service:
             keep=config.updates.keep_releases,
         )
         releases.point_at(release)
-        return cls(
+        service = cls(
             config=config,
             state_dir=state,
             plugins=plugins,
@@ -121,6 +120,10 @@ class Service:
             control_lock=control_lock,
             residency=residency,
         )
+        # Models that load others (pb_utils.load_model) go through the repository, as long as
+        # the service accepts work.
+        registry.loader.control = ModelControlHook(repository, lambda: service.accepting)
+        return service
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from daemon.config import ControlMode
 from daemon.core import layout, uploads
 from daemon.core.registry import IndexEntry, ModelRegistry
-from daemon.errors import BackendError, Conflict, EdgedError, InvalidArgument, NotFound
+from daemon.errors import BackendError, Conflict, EdgedError, InvalidArgument, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -209,17 +209,26 @@ class ModelControlHook:
     """The repository's explicit control as a model calls it (the contract's ModelControl):
     Triton's C API takes the load parameters by name, so `file:` paths are checked here."""
 
-    def __init__(self, repository: RepositoryManager) -> None:
+    def __init__(self, repository: RepositoryManager, accepting: Callable[[], bool]) -> None:
         self._repository = repository
+        # False once the daemon shuts down: a model still running then loads nothing new,
+        # which the registry's close would not see (as the repository API answers then).
+        self._accepting = accepting
 
     async def load(self, name: str, config_json: str | None, files: Mapping[str, bytes]) -> None:
+        self._check_accepting()
         try:
             await self._repository.load(name, config_json, uploads.model_files(files, config_json))
         except BackendError as exc:
             raise load_failure(name, exc) from None
 
     async def unload(self, name: str, dependents: bool) -> None:
+        self._check_accepting()
         await self._repository.unload(name, dependents=dependents)
+
+    def _check_accepting(self) -> None:
+        if not self._accepting():
+            raise Unavailable("server is shutting down")
 
     def is_ready(self, name: str, version: str) -> bool:
         if version and not (version.isascii() and version.isdigit() and 0 < int(version) < 2**63):
