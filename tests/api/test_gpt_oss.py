@@ -22,6 +22,10 @@ from gguf_builder import _vocab  # noqa: E402
 from support import LIGHT_TOOL, check_light, check_responses_stream, gguf_daemon, streamed_chat  # noqa: E402
 
 TEMPLATE = Path(__file__).parent.parent / "fixtures" / "chat_templates" / "openai-gpt-oss-120b.jinja"
+# The template writes today's date into every prompt ("Current date: ..."), so the sampled
+# replies of these random weights, which the tests below need to take both branches, changed
+# with the day (2026-12-07 lost the answer branch). Pinned to a day they were checked on.
+TEMPLATE_TEXT = TEMPLATE.read_text().replace('strftime_now("%Y-%m-%d")', '"2026-12-06"')
 MARKERS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
 # Tokens of this test's vocabulary only, spelling whole the reasoning's opening and closing and
 # a call's header up to where a lazy grammar starts: a bias on
@@ -41,12 +45,12 @@ ROOM = {"type": "object", "properties": {"room": {"enum": ["hall", "attic"]}}, "
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory):
     process = gguf_daemon(tmp_path_factory, {
-        "gptoss": {"seed": 3, "n_ctx": 4096, "chat_template": TEMPLATE.read_text(),
+        "gptoss": {"seed": 3, "n_ctx": 4096, "chat_template": TEMPLATE_TEXT,
                    "control_tokens": MARKERS, "user_tokens": WHOLE},
         "chatml": {"seed": 3, "n_ctx": 1024},
         # The same template on other weights whose greedy reply with tools and a format is a
         # call (seed 7) or an answer (seed 8): the Responses API takes no logit bias to steer it.
-        **{name: {"seed": seed, "n_ctx": 4096, "chat_template": TEMPLATE.read_text(),
+        **{name: {"seed": seed, "n_ctx": 4096, "chat_template": TEMPLATE_TEXT,
                   "control_tokens": MARKERS, "user_tokens": WHOLE}
            for name, seed in (("gptoss_calls", 7), ("gptoss_answers", 8))},
     })
