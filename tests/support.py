@@ -245,6 +245,7 @@ STEPS = {
     "ready": lambda: pb_utils.is_model_ready("other"),
     "ready_versions": lambda: [pb_utils.is_model_ready(model_name="other", model_version=v) for v in ("1", "2")],
     "ready_bad_version": lambda: pb_utils.is_model_ready("other", "abc"),
+    "ready_version_zero": lambda: pb_utils.is_model_ready("other", "0"),
     "load": lambda: pb_utils.load_model(model_name="other"),
     "load_files": lambda: pb_utils.load_model("other", config=CONFIG, files={"file:1/model.py": TRIPLE}),
     "load_files_without_config": lambda: pb_utils.load_model("other", files={"file:1/model.py": TRIPLE}),

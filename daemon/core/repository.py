@@ -231,7 +231,9 @@ class ModelControlHook:
             raise Unavailable("server is shutting down")
 
     def is_ready(self, name: str, version: str) -> bool:
-        if version and not (version.isascii() and version.isdigit() and 0 < int(version) < 2**63):
+        # Digits only: Triton 2.51 reads the number a text starts with ("1.0" is 1, "-1" is
+        # refused) and answers "0", a version no model has, with not ready.
+        if version and not (version.isascii() and version.isdigit() and int(version) < 2**63):
             raise InvalidArgument(
                 f"failed to get model version from specified version string '{version}': "
                 "version should be an integral value > 0"

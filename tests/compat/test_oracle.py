@@ -633,7 +633,8 @@ def test_model_loading_api_as_tritons(compat_repo: object, tmp_path_factory: pyt
     # Files are sent for a model not loaded: for a loaded one, Triton 2.51 keeps serving it
     # when the config sent is its own (docs/compatibility.md).
     steps = [
-        ["ready", "run", "load", "ready", "ready_versions", "run", "unload", "ready", "run", "unload_unknown"],
+        ["ready", "run", "load", "ready", "ready_versions", "ready_version_zero", "run", "unload", "ready", "run",
+         "unload_unknown"],
         ["load_files", "run", "unload", "load", "run"],
     ]
     answers = []
