@@ -286,6 +286,11 @@ class Device:
     def __str__(self) -> str:
         return self.kind if self.kind in ("auto", "cpu") else f"{self.kind}:{self.index}"
 
+    @property
+    def gpu(self) -> int | None:
+        """The GPU's index for a GPU device, else None."""
+        return self.index if self.kind.startswith("gpu") else None
+
 
 @dataclass(frozen=True, slots=True)
 class FitRequest:

@@ -746,17 +746,14 @@ def triton_args(
 ) -> dict[str, str]:
     """Triton's `initialize(args)` dict; every value is a string, as in Triton."""
     model_name = config.name or context.model_name
-    gpu = device.kind.startswith("gpu")
+    gpu = device.gpu
     return {
         "model_config": msgspec.json.encode(
-            to_triton_json(
-                config, model_name=model_name, count=context.instance_count,
-                gpu=device.index if gpu else None, filename=path.name,
-            )
+            to_triton_json(config, model_name=model_name, count=context.instance_count, gpu=gpu, filename=path.name)
         ).decode(),
-        "model_instance_kind": "GPU" if gpu else "CPU",
+        "model_instance_kind": "CPU" if gpu is None else "GPU",
         "model_instance_name": instance_name(config, model_name, context.instance_index),
-        "model_instance_device_id": str(device.index) if gpu else "0",
+        "model_instance_device_id": "0" if gpu is None else str(gpu),
         # Triton's "repository" entry is the model's own directory (<repo>/<model>).
         "model_repository": str(path.parent.parent),
         "model_version": str(context.model_version),

@@ -116,10 +116,9 @@ class LoadedVersion:
         """The config in Triton's JSON layout (`GET .../config`), backend filled in as Triton does."""
         if self.backend == "ensemble":  # no instances, so no group; no file of its own
             return to_triton_json(self.config, model_name=self.name, count=0)
-        device = self.device
         data = to_triton_json(
             self.config, model_name=self.name, count=len(self.instances), filename=self.artifact.name,
-            gpu=device.index if device is not None and device.kind.startswith("gpu") else None,
+            gpu=self.device.gpu if self.device is not None else None,
         )
         if not data.get("backend"):
             data["backend"] = self.backend

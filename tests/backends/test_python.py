@@ -567,6 +567,25 @@ async def test_initialize_gets_triton_args(backend_class: ClassOf, tmp_path: Pat
     assert "dynamic_batching" not in model_config
 
 
+@pytest.mark.parametrize(("device", "kind", "device_id", "gpus"), [
+    (Device("cpu"), "CPU", "0", []),
+    (Device("gpu:nvidia", 1), "GPU", "1", [1]),
+])
+async def test_triton_args_name_the_instances_device(
+    backend_class: ClassOf, tmp_path: Path, device: Device, kind: str, device_id: str, gpus: list[int]
+) -> None:
+    """What Triton gives an instance placed on a GPU (its kind, device id and the default
+    group of the served config) or on the CPU; the python backend itself runs on the CPU."""
+    backend = backend_class("python")(InstanceContext("modes", 1, instance_count=2))
+    await backend.load(modes_config(), write_model(tmp_path, "modes", MODES_MODEL), device)
+    args = backend.model.args  # type: ignore[attr-defined]
+    await backend.unload()
+    assert (args["model_instance_kind"], args["model_instance_device_id"]) == (kind, device_id)
+    group = json.loads(args["model_config"])["instance_group"]
+    assert group == [{"name": "modes", "kind": f"KIND_{kind}", "count": 2, "gpus": gpus, "host_policy": "",
+                      "secondary_devices": [], "profile": [], "passive": False}]
+
+
 async def test_finalize_is_called_on_unload(backend_class: ClassOf, tmp_path: Path) -> None:
     source = """
         from pathlib import Path
