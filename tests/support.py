@@ -261,7 +261,10 @@ STEPS = {
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.at_start = attempt(lambda: pb_utils.is_model_ready("controller"))
+        # Asked only where the config says so: Triton 2.51, which supports the API once the
+        # server runs, sometimes aborts when a model calls it while it starts.
+        at_start = "at_start" in json.loads(args["model_config"])["parameters"]
+        self.at_start = attempt(lambda: pb_utils.is_model_ready("controller")) if at_start else None
 
     def execute(self, requests):
         steps = json.loads(requests[0].parameters())["steps"].split(",")
@@ -282,9 +285,11 @@ class TritonPythonModel:
 """
 
 
-def controller_repository(repo: Path) -> None:
-    """`controller` runs the model loading API on `other` (FP32 X -> 2X), as its requests say."""
-    x_to_y_model(repo, "controller", _CONTROLLER_MODEL, "TYPE_STRING dims: [ 1 ]")
+def controller_repository(repo: Path, *, at_start: bool = False) -> None:
+    """`controller` runs the model loading API on `other` (FP32 X -> 2X), as its requests say;
+    `at_start`: its initialize asks too (what it saw comes back as "at_start")."""
+    extra = 'parameters { key: "at_start" value { string_value: "yes" } }\n' if at_start else ""
+    x_to_y_model(repo, "controller", _CONTROLLER_MODEL, "TYPE_STRING dims: [ 1 ]", extra)
     (repo / "other" / "1").mkdir(parents=True)
     (repo / "other" / "config.pbtxt").write_text(
         'backend: "python"\ninput [{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }]\n'

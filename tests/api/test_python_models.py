@@ -581,7 +581,7 @@ def test_a_python_model_loads_and_unloads_other_models(start_daemon, tmp_path: P
     """pb_utils.load_model / unload_model / is_model_ready from a model's code, explicit mode:
     what Triton 2.51 answers (tests/compat compares the two), and the refusals that are edged's."""
     repo = tmp_path / "repo"
-    controller_repository(repo)
+    controller_repository(repo, at_start=True)
     daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit", "--load-model", "controller")
 
     def failed(verb: str, message: str) -> list[str]:
