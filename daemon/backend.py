@@ -16,6 +16,8 @@ needs:
     load(config, artifact, device)
     execute(batch)     a batch of requests in, one InferResponse or EdgedError per request out
     execute_stream(request)  decoupled models only: 0..n responses for one request
+    execute_step(batch, sinks)  the sequence batcher's, for decoupled and iterative sequence
+                       models: responses to per-request sinks, or RESCHEDULED to run again
     unload()
 
 Blocking runtime calls must go through `run_blocking`, which uses the instance's own thread:
@@ -60,6 +62,7 @@ from daemon.model_config import ModelConfig, TensorConfig, lora_entries, to_trit
 __all__ = [
     "API_VERSION",
     "NUMPY_DTYPES",
+    "RESCHEDULED",
     "Backend",
     "BackendError",
     "Capabilities",
@@ -89,10 +92,13 @@ __all__ = [
     "NotFound",
     "NvidiaGpu",
     "Probe",
+    "Rescheduled",
+    "ResponseSink",
     "SlotAction",
     "SlotFile",
     "SlotState",
     "SlotTask",
+    "StepResult",
     "TensorBackend",
     "TensorConfig",
     "TokenLogprob",
@@ -101,6 +107,7 @@ __all__ = [
     "Unsupported",
     "backend_failure",
     "datatype_of",
+    "decoupled_infer_error",
     "lora_entries",
     "merge_batch",
     "select_outputs",
@@ -181,6 +188,45 @@ class InferResponse:
 
 
 ExecuteResult = InferResponse | EdgedError
+
+
+class Rescheduled:
+    """A request the model released to run again in a later batch (Triton's request
+    rescheduling, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE): it has no response yet, and the
+    sequence batcher queues it again in its sequence (`sequence_batching.iterative_sequence`)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "RESCHEDULED"
+
+
+RESCHEDULED = Rescheduled()
+
+# What `Backend.execute_step` gives for each request: its one response (or error), RESCHEDULED,
+# or None for a request whose responses go (or went) to its ResponseSink.
+StepResult = InferResponse | EdgedError | Rescheduled | None
+
+
+def decoupled_infer_error(model: str, count: int) -> Unsupported:
+    """A decoupled model's request on `/infer`, which carries one response, got `count`
+    (Triton refuses every decoupled model there with this text; edged serves one)."""
+    return Unsupported(
+        f"HTTP end point doesn't support models with decoupled transaction policy: model "
+        f"{model!r} gave {count} responses to one request; use generate_stream for any number "
+        "of responses"
+    )
+
+
+class ResponseSink(Protocol):
+    """Where the responses of one streamed request go (a decoupled model's): any number of
+    results, the last with `final`. `send` is called on the event loop; `cancelled` (the
+    client went away) may be read from any thread."""
+
+    def send(self, result: ExecuteResult | None, final: bool) -> None: ...
+
+    @property
+    def cancelled(self) -> bool: ...
 
 # (model name, version or None, request) -> the response; raises EdgedError.
 InferHook = Callable[[str, "str | None", InferRequest], Awaitable[InferResponse]]
@@ -266,6 +312,9 @@ class Capabilities(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # `phase_ns`, set right before it returns. The scheduler may then queue the next
     # execution on the thread while one runs (see daemon.core.scheduler).
     queued_execute: bool = False
+    # Can execute_step() hand a request back to run again (Triton's request rescheduling)? A
+    # config with sequence_batching.iterative_sequence on a backend without it does not load.
+    rescheduling: bool = False
 
 
 DeviceKind = Literal["auto", "cpu", "gpu:nvidia", "gpu:intel", "npu"]
@@ -544,7 +593,8 @@ class Backend:
 
     # Decoupled models (`model_transaction_policy { decoupled: true }`): requests the daemon
     # streams (generate_stream) bypass the batcher and pick the instance with the fewest
-    # `streams_active`, which a backend that streams keeps up to date.
+    # `streams_active`, which a backend that streams keeps up to date (except for a model
+    # with `sequence_batching`, whose sequence batcher runs them through `execute_step`).
     streams_active: int = 0
 
     def execute_stream(self, request: InferRequest) -> AsyncGenerator[ExecuteResult, None]:
@@ -553,6 +603,20 @@ class Backend:
         the model's final flag. Closing the iterator early means the client went away: the
         backend marks the request cancelled so the model can stop."""
         raise Unsupported(f"backend {self.name!r} does not run decoupled models")
+
+    async def execute_step(
+        self, batch: Sequence[InferRequest], sinks: Sequence[ResponseSink | None]
+    ) -> list[StepResult]:
+        """One execution for the sequence batcher of a decoupled model, or of one with
+        `sequence_batching.iterative_sequence` (Triton's iterative sequences): like `execute`,
+        but a request with a sink (a decoupled model's) sends its responses there, ending with
+        `final` (perhaps after this call returned), and its result is None; and a request the
+        model released to run again is RESCHEDULED (only when the config asks for iterative
+        sequences; `capabilities.rescheduling`). An EdgedError for a request with a sink is
+        its last response."""
+        if any(sink is not None for sink in sinks):
+            raise Unsupported(f"backend {self.name!r} does not run decoupled models")
+        return list(await self.execute(batch))
 
 
 class TensorBackend(Backend):

@@ -277,6 +277,9 @@ class SequenceBatching(_Strict):
     direct: SequenceStrategyDirect | None = None
     oldest: SequenceStrategyOldest | None = None
     state: list[SequenceState] = []
+    # Triton's iterative sequences: a request without a sequence ID gets one of its own, and
+    # the model may release a request to run again (request rescheduling).
+    iterative_sequence: bool = False
 
     def __post_init__(self) -> None:
         if self.direct is not None and self.oldest is not None:
@@ -496,12 +499,12 @@ def _type_name(datatype: str) -> str:
 def _sequence_to_triton_json(data: dict[str, Any], *, completed: bool) -> None:
     """`sequence_batching` in Triton's layout (in place): TYPE_ names, unset strategies left
     out; unset control data types left out, or `completed` as Triton serves them (TYPE_INVALID,
-    and iterative_sequence false)."""
+    and iterative_sequence false spelled out)."""
     for key in ("direct", "oldest"):
         if data.get(key) is None:
             data.pop(key, None)
-    if completed:
-        data["iterative_sequence"] = False
+    if not completed and not data.get("iterative_sequence"):
+        data.pop("iterative_sequence", None)
     for control_input in data["control_input"]:
         for control in control_input["control"]:
             if control["data_type"]:

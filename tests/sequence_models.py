@@ -360,3 +360,84 @@ def write_py_bls_sequence(repo: Path, name: str = "py_bls_sequence") -> Path:
         'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
         'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ -1 ] } ]\n',
     )
+
+
+PY_ITERATIVE = '''
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Runs each request INPUT times: every run logs what the model saw (correlation ID, flags,
+    batch size, control inputs) and, while runs remain, reschedules the request; a decoupled
+    model sends a response from every run, the last with the final flag. OUTPUT is the runs
+    left, LOG the log so far. With parameter mode "not_none" it returns a response for a
+    request it reschedules (an error in Triton)."""
+
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.batched = config.get("max_batch_size", 0) > 0
+        self.mode = config.get("parameters", {}).get("mode", {}).get("string_value", "")
+        self.logs = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            runs = int(pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy().reshape(-1)[0])
+            seen = {"corrid": request.correlation_id(), "flags": request.flags(), "batch": len(requests)}
+            for name in ("START", "END", "READY", "CORRID"):
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                if tensor is not None:
+                    seen[name] = tensor.as_numpy().reshape(-1).tolist()
+            log = self.logs.setdefault(request.correlation_id(), [])
+            log.append(seen)
+            left = runs - len(log)
+            shape = (1, 1) if self.batched else (1,)
+            response = pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT", np.array([left], np.int32).reshape(shape)),
+                pb_utils.Tensor("LOG", np.array([json.dumps(log).encode()], object).reshape(shape)),
+            ])
+            if left <= 0:
+                del self.logs[request.correlation_id()]
+            else:
+                request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+            if self.decoupled:
+                request.get_response_sender().send(
+                    response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if left <= 0 else 0
+                )
+            else:
+                responses.append(response if left <= 0 or self.mode == "not_none" else None)
+        return None if self.decoupled else responses
+'''
+
+_ITERATIVE_CONTROLS = """  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+"""
+
+
+def write_py_iterative(repo: Path, name: str, *, max_batch_size: int = 0, decoupled: bool = False,
+                       scheduling: str = "iterative", mode: str = "") -> Path:
+    """PY_ITERATIVE with `scheduling` "iterative" (sequence_batching { iterative_sequence:
+    true }), "sequence" (a plain sequence batcher), "dynamic" or "" (none)."""
+    sequencing = {
+        "iterative": "sequence_batching {\n  iterative_sequence: true\n" + _ITERATIVE_CONTROLS + "}\n",
+        "sequence": "sequence_batching {\n" + _ITERATIVE_CONTROLS + "}\n",
+        "dynamic": "dynamic_batching { }\n",
+        "": "",
+    }[scheduling]
+    return _python_model(
+        repo, name, PY_ITERATIVE,
+        f"max_batch_size: {max_batch_size}\n"
+        'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "LOG" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+        f"model_transaction_policy {{ decoupled: {str(decoupled).lower()} }}\n"
+        "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+        f'parameters {{ key: "mode" value: {{ string_value: "{mode}" }} }}\n' + sequencing,
+    )

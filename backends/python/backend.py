@@ -46,6 +46,7 @@ import numpy as np
 
 from daemon.backend import (
     OFF_LOOP_BYTES,
+    RESCHEDULED,
     Backend,
     BackendError,
     Capabilities,
@@ -61,10 +62,13 @@ from daemon.backend import (
     ModelControl,
     NotFound,
     Probe,
+    ResponseSink,
+    StepResult,
     Unavailable,
     Unsupported,
     config_from_triton_json,
     datatype_of,
+    decoupled_infer_error,
     select_outputs,
     to_triton_json,
 )
@@ -96,7 +100,7 @@ class PythonBackend(Backend):
     # dynamic_batching: the scheduler may hand several requests to one execute(); they reach the
     # user's code as a list (Triton's contract), never merged along dim 0.
     capabilities: ClassVar[Capabilities] = Capabilities(
-        dynamic_batching=True, decoupled=True, queued_execute=True
+        dynamic_batching=True, decoupled=True, queued_execute=True, rescheduling=True
     )
 
     def __init__(self, context: InstanceContext) -> None:
@@ -110,6 +114,8 @@ class PythonBackend(Backend):
         self._output_names: tuple[str, ...] = ()
         self._output_set: frozenset[str] = frozenset()
         self._decoupled = False
+        # `sequence_batching { iterative_sequence: true }`: the model may reschedule requests.
+        self._iterative = False
         self._bytes_outputs = True
         # The daemon's event loop: responses and BLS calls cross over to it from model threads.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -218,6 +224,7 @@ class PythonBackend(Backend):
         # Whether a response may carry BYTES (an output without a config entry may).
         self._bytes_outputs = not config.output or any(t.data_type == "BYTES" for t in config.output)
         self._decoupled = config.model_transaction_policy.decoupled
+        self._iterative = config.sequence_batching is not None and config.sequence_batching.iterative_sequence
 
     def _create(self, module_name: str, path: Path, where: str, args: Callable[[], dict[str, Any]]) -> Any:
         """Import the model's file and make its initialized model object."""
@@ -273,8 +280,26 @@ class PythonBackend(Backend):
     # ------------------------------------------------------------------ inference
 
     async def execute(self, batch: Sequence[InferRequest]) -> list[ExecuteResult]:
+        # Without sinks nothing is RESCHEDULED or None: only responses and errors come back.
+        return await self._execute(batch, None)  # type: ignore[return-value]
+
+    async def execute_step(
+        self, batch: Sequence[InferRequest], sinks: Sequence[ResponseSink | None]
+    ) -> list[StepResult]:
+        return await self._execute(batch, sinks)
+
+    async def _execute(
+        self, batch: Sequence[InferRequest], sinks: Sequence[ResponseSink | None] | None
+    ) -> list[StepResult]:
+        """`execute` (sinks None: the one response of each request) and `execute_step`."""
         started = time.perf_counter_ns()
-        streams = [_Stream(self._loop) for _ in batch]
+        if sinks is None:
+            streams = [_Stream(self._loop) for _ in batch]
+        else:
+            streams = [
+                _Stream(self._loop) if sink is None else _SinkStream(self._loop, sink, request, self._result)
+                for request, sink in zip(batch, sinks, strict=True)
+            ]
         requests = [self._pb_request(r, s) for r, s in zip(batch, streams, strict=True)]
         prepared = time.perf_counter_ns()
         try:
@@ -286,23 +311,19 @@ class PythonBackend(Backend):
                 f"python: model {self._model_name!r}: execute failed: {type(exc).__name__}: {exc}"
             )
             return [error for _ in batch]
+        if any(r._release_flags != pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL for r in requests):
+            return await self._released(batch, streams, requests, responses, sinks is not None)
         if responses is None:
             # Answered through response senders (decoupled, or Triton's non-decoupled sender).
-            return [await self._single(request, stream) for request, stream in zip(batch, streams, strict=True)]
+            return [
+                None if isinstance(stream, _SinkStream) else await self._single(request, stream)
+                for request, stream in zip(batch, streams, strict=True)
+            ]
         if self._decoupled:
             error = BackendError(self._decoupled_return_error())
             return [error for _ in batch]
         if not isinstance(responses, list | tuple) or len(responses) != len(batch):
-            got = (
-                f"{len(responses)} item(s)"
-                if isinstance(responses, list | tuple)
-                else type(responses).__name__
-            )
-            error = BackendError(
-                f"python: model {self._model_name!r}: execute returned {got} for {len(batch)} "
-                "request(s); it must return one InferenceResponse per request"
-            )
-            return [error for _ in batch]
+            return [self._count_error(responses, len(batch)) for _ in batch]
         ran = time.perf_counter_ns()
         if self._bytes_outputs and _large_bytes_outputs(responses):
             # Each BYTES element is converted in Python: for a large output, on the instance's
@@ -313,6 +334,56 @@ class PythonBackend(Backend):
         # Triton's python backend splits its compute time so too: the requests handed to the
         # model (compute_input), `execute` (compute_infer), its responses read back (output).
         self.phase_ns = (prepared - started, time.perf_counter_ns() - ran)
+        return list(results)
+
+    def _count_error(self, responses: Any, count: int) -> BackendError:
+        got = f"{len(responses)} item(s)" if isinstance(responses, list | tuple) else type(responses).__name__
+        return BackendError(
+            f"python: model {self._model_name!r}: execute returned {got} for {count} "
+            "request(s); it must return one InferenceResponse per request"
+        )
+
+    async def _released(
+        self,
+        batch: Sequence[InferRequest],
+        streams: Sequence[_Stream],
+        requests: Sequence[pb_utils.InferenceRequest],
+        responses: Any,
+        stepped: bool,
+    ) -> list[StepResult]:
+        """A batch in which the model rescheduled requests (`set_release_flags`), as Triton
+        2.51's python backend: a rescheduled request gets no response now (a non-decoupled
+        model returns None for it) and runs again; only the sequence batcher of an iterative
+        sequence model (`execute_step`) can run it again, so elsewhere it is an error (Triton
+        leaves such a request unanswered: its client waits forever)."""
+        again = [r._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE for r in requests]
+        allowed = self._iterative and stepped
+        refused = self._not_iterative()
+        if responses is not None and not self._decoupled:
+            if not isinstance(responses, list | tuple) or len(responses) != len(batch):
+                return [self._count_error(responses, len(batch)) for _ in batch]
+            for response, rescheduled in zip(responses, again, strict=True):
+                if rescheduled and response is not None and allowed:
+                    # Triton's text (its typo too), for the whole batch as there.
+                    error = BackendError(
+                        f"Failed to process the request(s) for model '{self._instance_name}', message: "
+                        "Expected a None object in the execute function return list for reschduled "
+                        f"request, found type '{type(response)}'."
+                    )
+                    return [error for _ in batch]
+        elif responses is not None:
+            error = BackendError(self._decoupled_return_error())
+            return [error for _ in batch]
+        results: list[StepResult] = []
+        for index, (request, stream) in enumerate(zip(batch, streams, strict=True)):
+            if again[index]:
+                results.append(RESCHEDULED if allowed else refused)
+            elif isinstance(stream, _SinkStream):
+                results.append(None)
+            elif responses is None:
+                results.append(await self._single(request, stream))
+            else:
+                results.append(self._result(request, responses[index]))
         return results
 
     async def _single(self, request: InferRequest, stream: _Stream) -> ExecuteResult:
@@ -325,11 +396,7 @@ class PythonBackend(Backend):
         if self._decoupled:
             # Triton refuses every decoupled model on HTTP infer (501, this text); edged serves
             # the single-response case and refuses the rest as Triton does.
-            return Unsupported(
-                f"HTTP end point doesn't support models with decoupled transaction policy: model "
-                f"{self._model_name!r} gave {len(results)} responses to one request; use "
-                "generate_stream for any number of responses"
-            )
+            return decoupled_infer_error(self._model_name, len(results))
         return BackendError(f"expected a single response, got {len(results)}")
 
     async def execute_stream(self, request: InferRequest) -> AsyncGenerator[ExecuteResult, None]:
@@ -341,7 +408,7 @@ class PythonBackend(Backend):
         finished = False
         try:
             task = asyncio.ensure_future(self.run_blocking(self._call_execute, [pb_request]))
-            task.add_done_callback(lambda done: self._execute_returned(done, stream))
+            task.add_done_callback(lambda done: self._execute_returned(done, stream, pb_request))
             async for response in stream.responses():
                 yield response if isinstance(response, EdgedError) else self._result(request, response)
             finished = True
@@ -354,7 +421,9 @@ class PythonBackend(Backend):
             if not self._streams:
                 self._no_streams.set()
 
-    def _execute_returned(self, done: asyncio.Future[Any], stream: _Stream) -> None:
+    def _execute_returned(
+        self, done: asyncio.Future[Any], stream: _Stream, pb_request: pb_utils.InferenceRequest
+    ) -> None:
         """On the loop, once `execute` returned for a streamed request: a raise or a returned
         response ends the stream; None leaves it to the response sender."""
         if done.cancelled():
@@ -368,6 +437,10 @@ class PythonBackend(Backend):
             stream.end(error)
             return
         responses = done.result()
+        if pb_request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            # Only the sequence batcher runs a request again (`execute_step`).
+            stream.end(self._not_iterative())
+            return
         if responses is None:
             return
         if self._decoupled:
@@ -379,6 +452,14 @@ class PythonBackend(Backend):
                 f"python: model {self._model_name!r}: execute must return one InferenceResponse "
                 "per request"
             ))
+
+    def _not_iterative(self) -> BackendError:
+        # Triton's words, and what the config lacks.
+        return BackendError(
+            "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
+            f"configured to handle such a flag (model '{self._model_name}' needs sequence_batching "
+            "{ iterative_sequence: true })"
+        )
 
     def _decoupled_return_error(self) -> str:
         return (
@@ -641,6 +722,34 @@ class _Stream:
                 yield response
             if final:
                 return
+
+
+class _SinkStream(_Stream):
+    """The responses of a request the sequence batcher runs (`execute_step`), delivered to its
+    sink as they come: they outlive this execution when the request is rescheduled."""
+
+    __slots__ = ("_convert", "_request", "_sink")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop | None,
+        sink: ResponseSink,
+        request: InferRequest,
+        convert: Callable[[InferRequest, Any], ExecuteResult],
+    ) -> None:
+        super().__init__(loop)
+        self._sink = sink
+        self._request = request
+        self._convert = convert
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled or self._sink.cancelled
+
+    def _put(self, item: tuple[Any, bool]) -> None:
+        response, final = item
+        if response is not None and not isinstance(response, EdgedError):
+            response = self._convert(self._request, response)
+        self._sink.send(response, final)
 
 
 def _pb_response(result: ExecuteResult) -> pb_utils.InferenceResponse:

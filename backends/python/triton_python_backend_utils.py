@@ -13,8 +13,9 @@ hooks the python backend installs for the thread running `execute`.
 
 DLPack works for CPU tensors (numpy's own support). Custom metrics (`MetricFamily`) go to the
 daemon's /metrics through the hook the python backend installs likewise, and the model
-loading API (`load_model`, `unload_model`, `is_model_ready`) to the repository's control. Not
-provided: GPU tensors, request rescheduling (`TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`).
+loading API (`load_model`, `unload_model`, `is_model_ready`) to the repository's control.
+Request rescheduling (`request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`) is
+read by the python backend once `execute` returns. Not provided: GPU tensors.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ _NUMPY_TYPES: dict[str, type[Any]] = {
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
-# `request.set_release_flags`: ALL is what every request does; RESCHEDULE is not supported.
+# `request.set_release_flags`: ALL is what every request does; RESCHEDULE runs it again in a
+# later batch (only for a model with `sequence_batching { iterative_sequence: true }`).
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 # Memory types, for `PreferredMemory` (the python backend's own values, not the server API's).
@@ -237,6 +239,8 @@ class InferenceRequest:
         # Set by the python backend on requests it hands to `execute`.
         self._sender: InferenceResponseSender | None = None
         self._is_cancelled: Callable[[], bool] | None = None
+        # Read by the python backend once `execute` returned.
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -270,11 +274,15 @@ class InferenceRequest:
         self._flags = flags
 
     def set_release_flags(self, flags: int) -> None:
-        if flags != TRITONSERVER_REQUEST_RELEASE_ALL:
+        """TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: run this request again in a later batch
+        (a non-decoupled model returns None for it); ALL: release it (the default)."""
+        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+            # Triton passes any number on; its server acts on the RESCHEDULE bit alone.
             raise TritonModelException(
-                "request rescheduling (set_release_flags other than TRITONSERVER_REQUEST_RELEASE_ALL) "
-                "is not supported by edged"
+                f"set_release_flags: unknown flags {flags!r}; expected TRITONSERVER_REQUEST_RELEASE_ALL "
+                "or TRITONSERVER_REQUEST_RELEASE_RESCHEDULE"
             )
+        self._release_flags = flags
 
     def timeout(self) -> int:
         return self._timeout

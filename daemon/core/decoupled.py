@@ -3,7 +3,8 @@
 A decoupled model answers 0..n times per request and says when it is done (the final flag).
 `/infer` still goes through the model's scheduler and takes exactly one response; the generate
 extension streams through here instead, straight to the instance with the fewest open streams
-(decoupled models in Triton are not batched either: each request gets its own sender).
+(decoupled models in Triton are not batched either: each request gets its own sender), except
+for a model with `sequence_batching`, whose sequence batcher runs its streams too.
 Closing the iterator early (the client went away) cancels the request in the backend.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from daemon.backend import ExecuteResult, InferRequest
+from daemon.core.sequence import SequenceBatcher
 from daemon.core.stats import FailureReason
 from daemon.core.validate import validate_request
 from daemon.errors import EdgedError, QueueTimeout, Unavailable, Unsupported
@@ -54,6 +56,13 @@ async def stream(
     """A decoupled model's responses for one request, recorded in the model's statistics as
     Triton records them: one execution of the request's rows, no queue (nothing waits here)."""
     validate_request(request, model.config)  # refused before the model: no statistics
+    if isinstance(model.scheduler, SequenceBatcher):
+        # A stateful model's stream goes through its sequence batcher, as in Triton: the
+        # control inputs and state, and iterative sequences (which it records itself).
+        async with contextlib.aclosing(model.scheduler.submit_stream(request)) as results:
+            async for result in results:
+                yield result
+        return
     if not model.instances:
         raise Unsupported(f"model '{model.name}' has no backend instances to stream from")
     instance = min(model.instances, key=lambda backend: backend.streams_active)

@@ -292,5 +292,10 @@ def check_capabilities(backend: str, cls: type[Backend], config: ModelConfig) ->
             f"model '{config.name}': model_transaction_policy.decoupled is set, but backend "
             f"{backend!r} sends exactly one response per request"
         )
+    if config.sequence_batching is not None and config.sequence_batching.iterative_sequence and not caps.rescheduling:
+        raise ConfigError(
+            f"model '{config.name}': sequence_batching.iterative_sequence is set, but backend "
+            f"{backend!r} cannot reschedule a request"
+        )
 
 

@@ -352,6 +352,7 @@ _CONTRACT_METHODS: tuple[tuple[type[Backend], str], ...] = (
     (Backend, "load_sync"),
     (Backend, "execute"),
     (Backend, "execute_stream"),
+    (Backend, "execute_step"),
     (Backend, "unload"),
     (Backend, "unload_sync"),
     (Backend, "describe"),

@@ -23,6 +23,15 @@ initial state at START), and the output is taken out of the response. Both are o
 to a backend: the loader hands backends `runtime_config(config)`, where they are declared as
 inputs and outputs, so every tensor backend works unchanged.
 
+With `iterative_sequence` (Triton's iterative sequences), a request without a sequence ID gets
+one of its own (a counter per model, from 1) with START, and is its own sequence: the model may
+release it to run again in a later batch (request rescheduling: the backend's RESCHEDULED, the
+request queued again with neither START nor END), and the sequence ends when the model releases
+it for good, whatever its flags said.
+
+A decoupled model's streamed requests (`submit_stream`) run here too, through the backend's
+`execute_step`: their responses go to a sink per request as the model sends them.
+
 Errors carry Triton's texts and codes (core/src/sequence_batch_scheduler, model_config_utils).
 """
 
@@ -36,7 +45,7 @@ import heapq
 import logging
 import time
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -51,6 +60,9 @@ from daemon.backend import (
     ExecuteResult,
     InferRequest,
     InferResponse,
+    Rescheduled,
+    StepResult,
+    decoupled_infer_error,
 )
 from daemon.core.stats import ComputePhases, FailureReason, ModelStats, compute_phases
 from daemon.errors import BackendError, ConfigError, EdgedError, InvalidArgument, Unavailable
@@ -385,12 +397,17 @@ def client_config(config: ModelConfig) -> ModelConfig:
 # ---------------------------------------------------------------------------- requests
 
 
-def sequence_parameters(request: InferRequest, model: str) -> tuple[SequenceId, bool, bool]:
-    """(correlation ID, start, end) from the request parameters; Triton's errors.
+def sequence_parameters(
+    request: InferRequest, model: str, new_id: Callable[[], int] | None = None
+) -> tuple[SequenceId, bool, bool]:
+    """(correlation ID, start, end) from the request parameters; Triton's errors. With
+    `new_id` (iterative sequences), a request without an ID starts a sequence of its own.
 
     A transport that already turned them into `request.correlation_id` / `flags` (as Triton's
     HTTP layer does) is taken at its word."""
     if request.correlation_id not in (0, "") or request.flags:
+        if request.correlation_id in (0, "") and new_id is not None:
+            return new_id(), True, False
         if request.correlation_id in (0, ""):
             raise InvalidArgument(
                 f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID"
@@ -414,6 +431,8 @@ def sequence_parameters(request: InferRequest, model: str) -> tuple[SequenceId, 
         if not isinstance(value, bool):
             raise InvalidArgument(f"Unable to parse '{key}': expected a boolean, got {value!r}")
         flags.append(value)
+    if corrid in (0, "") and new_id is not None:
+        return new_id(), True, False
     if corrid in (0, ""):
         raise InvalidArgument(
             f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID"
@@ -451,6 +470,58 @@ class _Item:
     key: Hashable
     queue_ns: int = 0
     running: bool = False
+    # A streamed request's responses (None: its one response goes to `future`).
+    sink: _Sink | None = None
+    # Answered or failed: it is nobody's to cancel any more.
+    finished: bool = False
+
+    def gone(self) -> bool:
+        """Whoever waits for this request went away (or it was answered)."""
+        return self.sink.cancelled if self.sink is not None else self.future.done()
+
+
+class _Sink:
+    """The responses of one streamed request (`ResponseSink`), on the loop, from the backend to
+    the consumer of `submit_stream`. Implicit state outputs are taken out of them as they pass
+    (`keep`), as the batcher does with a single response."""
+
+    __slots__ = ("_items", "_waiter", "cancelled", "closed", "keep", "on_close")
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[ExecuteResult | None, bool]] = deque()
+        self.keep: Callable[[InferResponse], ExecuteResult] | None = None
+        # Called once the last response is in.
+        self.on_close: Callable[[], None] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        # The consumer went away: the model sees is_cancelled(), and nothing runs again.
+        self.cancelled = False
+        self.closed = False
+
+    def send(self, result: ExecuteResult | None, final: bool) -> None:
+        if self.closed:
+            return  # after the last response (a model sending past an error that ended it)
+        self.closed = final
+        if isinstance(result, InferResponse) and self.keep is not None:
+            result = self.keep(result)
+        self._items.append((result, final))
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        if final and self.on_close is not None:
+            self.on_close()
+
+    async def results(self) -> AsyncIterator[ExecuteResult]:
+        while True:
+            while not self._items:
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            result, final = self._items.popleft()
+            if result is not None:
+                yield result
+            if final:
+                return
 
 
 @dataclass(eq=False, slots=True)
@@ -533,6 +604,15 @@ class SequenceBatcher:
         self._reaper: asyncio.Task[None] | None = None
         self._reaper_wake: asyncio.Future[None] | None = None
         self._state_outputs = tuple(s.output_name for s in self.spec.states)
+        self.iterative = sb.iterative_sequence
+        self.decoupled = config.model_transaction_policy.decoupled
+        # Through the backend's execute_step: requests may stream or be rescheduled.
+        self.stepped = self.iterative or self.decoupled
+        # Triton's IterativeSequencer: IDs for requests that bring none, from 1 per model.
+        self._last_id = 0
+        # Streams of released requests whose model has not sent its final flag yet (it may
+        # send from its own thread): a stop waits for them, then ends them.
+        self._open: set[_Sink] = set()
 
     # ------------------------------------------------------------------ Scheduler
 
@@ -548,8 +628,56 @@ class SequenceBatcher:
         return self._pending
 
     async def submit(self, request: InferRequest) -> InferResponse:
+        if self.decoupled and self.iterative:
+            # Its responses may come from several executions: all of them, then the one
+            # `/infer` can carry.
+            results = []
+            async with contextlib.aclosing(self.submit_stream(request)) as stream:
+                async for result in stream:
+                    results.append(result)
+            if len(results) != 1:
+                raise decoupled_infer_error(self.model, len(results))
+            if isinstance(results[0], EdgedError):
+                raise results[0]
+            return results[0]
+        item = self._accept(request, None)
         try:
-            corrid, start, end = sequence_parameters(request, self.model)
+            return await item.future
+        except asyncio.CancelledError:
+            # (Cancelling this task cancelled the future too.)
+            if not item.running and (item.future.cancelled() or not item.future.done()):
+                # The caller went away: like Triton, a cancelled request ends its sequence.
+                self._cancel_sequence(item)
+            raise
+
+    async def submit_stream(self, request: InferRequest) -> AsyncGenerator[ExecuteResult, None]:
+        """A decoupled model's request: each response as the model sends it, up to its final
+        flag. Raises before the first for a request refused here. Closing early (the client
+        went away) cancels it: the model sees is_cancelled(), and it never runs again."""
+        sink = _Sink()
+        item = self._accept(request, sink)
+        sink.keep = lambda response: self._keep_state(item, response)
+        finished = False
+        try:
+            async for result in sink.results():
+                yield result
+            finished = True
+        finally:
+            if not finished:
+                sink.cancelled = True
+                if not item.running and not item.finished:
+                    self._cancel_sequence(item)
+
+    def _new_id(self) -> int:
+        self._last_id += 1
+        return self._last_id
+
+    def _accept(self, request: InferRequest, sink: _Sink | None) -> _Item:
+        """Check `request` and queue it in its sequence (Triton's errors)."""
+        try:
+            corrid, start, end = sequence_parameters(
+                request, self.model, self._new_id if self.iterative else None
+            )
             if self.config.max_batch_size > 0 and request.batch_size() != 1:
                 raise InvalidArgument(
                     f"inference request to model '{self.model}' must specify batch-size 1 due to "
@@ -607,6 +735,7 @@ class SequenceBatcher:
             end=end,
             arrival_ns=now,
             key=_input_key(request) if self.merges else None,
+            sink=sink,
         )
         sequence.queue.append(item)
         sequence.last_ns = now
@@ -619,14 +748,7 @@ class SequenceBatcher:
             deadline = now + request.timeout_us * 1000
             sequence.expires_ns = min(sequence.expires_ns or deadline, deadline)
             self._wake_reaper()
-        try:
-            return await item.future
-        except asyncio.CancelledError:
-            # (Cancelling this task cancelled the future too.)
-            if not item.running and (item.future.cancelled() or not item.future.done()):
-                # The caller went away: like Triton, a cancelled request ends its sequence.
-                self._cancel_sequence(item)
-            raise
+        return item
 
     async def stop(self, drain_timeout: float) -> None:
         if self._run is _Run.STOPPED:
@@ -652,6 +774,9 @@ class SequenceBatcher:
         self._backlog.clear()
         self._pending = 0
         self.stats.pending = 0
+        for sink in list(self._open):
+            sink.cancelled = True  # the model, still sending, sees is_cancelled()
+            sink.send(Unavailable(f"model '{self.model}' was unloaded before the request finished"), True)
         if leftovers:
             log.warning("model %s: %d request(s) failed: not finished within the drain timeout",
                         self.model, len(leftovers))
@@ -733,6 +858,10 @@ class SequenceBatcher:
                         if item is not None:
                             self._fail(item, BackendError(f"model '{self.model}': {exc!r}"), "OTHER")
                     self._check_drained()
+                if self.iterative:
+                    # A request rescheduled by a backend that answered without suspending would
+                    # otherwise run again and again before anything else on the loop.
+                    await asyncio.sleep(0)
                 continue
             lane.wake = loop.create_future()
             timer = None
@@ -797,9 +926,11 @@ class SequenceBatcher:
         self._running.add(item)
         if item.start or sequence.state is None:
             sequence.state = {s.input_name: s.initial for s in self.spec.states}
-        if item.end:
+        if item.end and not self.iterative:
             # Triton frees the slot as the END request is batched: the next sequence may start
-            # in it with the very next batch.
+            # in it with the very next batch. (An iterative sequence ends when the model
+            # releases its request, which may run again: Triton 2.51 leaves such a request
+            # unanswered.)
             self._release(sequence)
 
     async def _execute(self, lane: _Lane, rows: list[_Item | None], now_ns: int) -> None:
@@ -838,7 +969,8 @@ class SequenceBatcher:
             )
         lane.instance.phase_ns = (0, 0)
         started = time.monotonic_ns()
-        results = await self._run_backend(lane.instance, requests)
+        sinks = [item.sink if item is not None else None for item in rows] if self.stepped else None
+        results = await self._run_backend(lane.instance, requests, sinks)
         phases = compute_phases(time.monotonic_ns() - started, lane.instance.phase_ns)
         # Performed, whatever its outcome.
         self.stats.record_execution(len(rows), phases.infer_ns, phases.input_ns, phases.output_ns)
@@ -847,15 +979,61 @@ class SequenceBatcher:
             if item is None:
                 continue
             self._running.discard(item)
+            item.running = False
             item.sequence.last_ns = finished
-            outcome = result
-            if isinstance(outcome, InferResponse):
-                outcome = self._keep_state(item, outcome)
-            if isinstance(outcome, InferResponse):
-                self._succeed(item, outcome, phases)
+            if isinstance(result, Rescheduled):
+                self._requeue(item)
+                continue
+            if item.sink is not None:
+                # Its responses went to the sink (a response or error here is its last).
+                self._streamed(item, result, phases)
             else:
-                self._fail(item, outcome, "BACKEND")
+                outcome = result
+                if isinstance(outcome, InferResponse):
+                    outcome = self._keep_state(item, outcome)
+                if isinstance(outcome, InferResponse):
+                    self._succeed(item, outcome, phases)
+                else:
+                    self._fail(item, outcome, "BACKEND")
+            if self.iterative:
+                self._end(item.sequence)
         self._check_drained()
+
+    def _requeue(self, item: _Item) -> None:
+        """The model rescheduled `item`: it runs again in its sequence, neither START nor END
+        (Triton's IterativeSequencer); unless nobody waits for it any more."""
+        sequence = item.sequence
+        if item.gone() or sequence.done or sequence.lane is None or self._run is _Run.STOPPED:
+            self._fail(item, Unavailable(f"sequence {sequence.corrid} for model '{self.model}' was cancelled"),
+                       "CANCELED")
+            self._end(sequence)
+            return
+        item.start = item.end = False
+        # First in its sequence: it runs until the model releases it, before what a client
+        # queued under its ID.
+        sequence.queue.appendleft(item)
+        self._pending += 1
+        self.stats.pending = self._pending
+        sequence.lane.kick()
+
+    def _end(self, sequence: _Sequence) -> None:
+        """An iterative sequence's request was released for good: the sequence ends (Triton
+        sends it an END), so requests a client queued behind it under its ID find none;
+        unless the next one starts a sequence under that ID, which goes on in the slot (as a
+        START on a busy ID does)."""
+        if sequence.queue and sequence.queue[0].start and not sequence.done:
+            return
+        if not sequence.done:
+            self._release(sequence)
+        behind = list(sequence.queue)
+        sequence.queue.clear()
+        self._pending -= len(behind)
+        self.stats.pending = self._pending
+        for item in behind:
+            self._fail(item, InvalidArgument(
+                f"inference request for sequence {sequence.corrid} to model '{self.model}' must specify "
+                "the START flag on the first request of the sequence"
+            ), "OTHER")
 
     def _padding(self, representative: _Item) -> InferRequest:
         """Triton's null request: another request's inputs, READY false, CORRID 0, and a copy
@@ -888,9 +1066,14 @@ class SequenceBatcher:
         item.sequence.state = state
         return InferResponse(outputs, response.parameters)
 
-    async def _run_backend(self, instance: Backend, requests: list[InferRequest]) -> list[ExecuteResult]:
+    async def _run_backend(
+        self, instance: Backend, requests: list[InferRequest], sinks: list[_Sink | None] | None
+    ) -> list[StepResult]:
         try:
-            results = list(await instance.execute(requests))
+            if sinks is None:
+                results: list[Any] = list(await instance.execute(requests))
+            else:
+                results = list(await instance.execute_step(requests, sinks))
             if len(results) != len(requests):
                 raise BackendError(
                     f"backend {instance.name!r} returned {len(results)} results for "
@@ -907,11 +1090,14 @@ class SequenceBatcher:
             )
             return [error] * len(requests)
         return [
-            r if isinstance(r, InferResponse | EdgedError) else BackendError(
+            r if isinstance(r, InferResponse | EdgedError)
+            or (r is None and sinks is not None and sinks[i] is not None)
+            or (isinstance(r, Rescheduled) and self.iterative)
+            else BackendError(
                 f"backend {instance.name!r} returned {type(r).__name__} instead of a response "
                 f"for model '{self.model}'"
             )
-            for r in results
+            for i, r in enumerate(results)
         ]
 
     # ------------------------------------------------------------------ idle and timeouts
@@ -967,7 +1153,31 @@ class SequenceBatcher:
 
     # ------------------------------------------------------------------ delivery
 
+    def _streamed(self, item: _Item, last: StepResult, phases: ComputePhases) -> None:
+        """A streamed request the model released: its responses went to its sink, and `last`
+        (a response or an error the backend gave) ends them."""
+        assert item.sink is not None
+        if isinstance(last, EdgedError):
+            self._fail(item, last, "BACKEND")
+            return
+        if isinstance(last, InferResponse):
+            item.sink.send(last, True)
+        elif not item.sink.closed:
+            sink = item.sink
+            self._open.add(sink)
+            sink.on_close = lambda: self._closed(sink)
+        item.finished = True
+        self.stats.record_success(
+            time.monotonic_ns() - item.arrival_ns,
+            1,
+            queue_ns=item.queue_ns,
+            compute_input_ns=phases.input_ns,
+            compute_infer_ns=phases.infer_ns,
+            compute_output_ns=phases.output_ns,
+        )
+
     def _succeed(self, item: _Item, response: InferResponse, phases: ComputePhases) -> None:
+        item.finished = True
         if item.future.done():
             self.stats.record_failure(time.monotonic_ns() - item.arrival_ns, "CANCELED")
             return
@@ -983,12 +1193,21 @@ class SequenceBatcher:
 
     def _fail(self, item: _Item, error: EdgedError | None, reason: FailureReason) -> None:
         self._running.discard(item)
+        item.finished = True
         self.stats.record_failure(time.monotonic_ns() - item.arrival_ns, reason)
-        if error is not None and not item.future.done():
+        if error is None:
+            return
+        if item.sink is not None:
+            item.sink.send(_fresh(error), True)
+        elif not item.future.done():
             item.future.set_exception(_fresh(error))
 
+    def _closed(self, sink: _Sink) -> None:
+        self._open.discard(sink)
+        self._check_drained()
+
     def _check_drained(self) -> None:
-        if self._run is not _Run.RUNNING and self._pending == 0 and not self._running:
+        if self._run is not _Run.RUNNING and self._pending == 0 and not self._running and not self._open:
             self._drained.set()
 
 

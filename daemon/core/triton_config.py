@@ -446,7 +446,7 @@ def _to_edged_shape(data: dict[str, Any]) -> None:
 _REFUSED = frozenset({
     "input.is_shape_tensor", "input.allow_ragged_batch", "input.is_non_linear_format_io",
     "output.is_shape_tensor", "output.is_non_linear_format_io",
-    "batch_input", "batch_output", "sequence_batching.iterative_sequence", "model_repository_agents",
+    "batch_input", "batch_output", "model_repository_agents",
 })
 
 

@@ -4,6 +4,7 @@ release, and Triton's error texts."""
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from sequence_models import (
     write_py_accumulator,
     write_py_bls_sequence,
     write_py_counter,
+    write_py_iterative,
     write_simple_dyna_sequence,
     write_simple_sequence,
 )
@@ -53,6 +55,14 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     write_py_accumulator(repo)
     write_py_counter(repo)
     write_py_bls_sequence(repo)
+    write_py_iterative(repo, "py_iterative", max_batch_size=4)
+    write_py_iterative(repo, "py_iterative_decoupled", decoupled=True)
+    write_py_iterative(repo, "py_iterative_not_none", mode="not_none")
+    for scheduling in ("", "dynamic", "sequence"):
+        write_py_iterative(repo, f"py_reschedule_{scheduling or 'plain'}", scheduling=scheduling,
+                           max_batch_size=4 if scheduling == "dynamic" else 0)
+    write_py_iterative(repo, "py_reschedule_decoupled", decoupled=True, scheduling="")
+    write_py_iterative(repo, "py_decoupled_sequence", decoupled=True, scheduling="sequence")
     # One slot, released after 300 ms idle.
     write_accumulator(repo, "idle_acc", max_batch_size=1, instances=1, idle_us=300_000)
     process = start_daemon_process(base, "--model-repository", str(repo), http=True)
@@ -307,3 +317,125 @@ def test_concurrent_starts_on_many_ids_never_mix(daemon: DaemonProcess) -> None:
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(one, range(9000, 9040)))
     assert errors == []
+
+
+# ---------------------------------------------------------------------------- iterative sequences
+
+
+def _runs(daemon: DaemonProcess, model: str, runs: int, *, batched: bool = False, **params: Any) -> Any:
+    body = {"inputs": [{"name": "INPUT", "shape": [1, 1] if batched else [1], "datatype": "INT32", "data": [runs]}],
+            "parameters": params}
+    return daemon.post_json(f"/v2/models/{model}/infer", body)
+
+
+def _log(body: dict[str, Any]) -> list[dict[str, Any]]:
+    outputs = {o["name"]: o["data"] for o in body["outputs"]}
+    assert outputs["OUTPUT"] == [0]
+    return json.loads(outputs["LOG"][0])
+
+
+def _events(reply: Any) -> list[dict[str, Any]]:
+    assert reply.headers["content-type"].startswith("text/event-stream"), reply.body
+    return [json.loads(c[len("data: "):]) for c in reply.body.decode().split("\n\n") if c.strip()]
+
+
+def _saw(corrid: int, start: bool, batch: int = 1) -> dict[str, Any]:
+    """One run's log entry of a request in an iterative sequence (no END: its release ends it)."""
+    return {"corrid": corrid, "flags": int(start), "batch": batch, "START": [int(start)], "END": [0],
+            "READY": [1], "CORRID": [corrid]}
+
+
+def test_iterative_sequence_runs_a_rescheduled_request_again(daemon: DaemonProcess) -> None:
+    """Triton 2.51's answers (tests/compat checks them side by side): a request without an ID
+    gets its own sequence, IDs counted from 1 per model, START only on its first run."""
+    first = _runs(daemon, "py_iterative", 3, batched=True)
+    assert first.status == 200, first.body
+    assert _log(first.json()) == [_saw(1, True), _saw(1, False), _saw(1, False)]
+    second = _runs(daemon, "py_iterative", 1, batched=True)
+    assert _log(second.json()) == [_saw(2, True)]
+    # A client's own ID: its sequence ends when the model releases the request.
+    own = _runs(daemon, "py_iterative", 2, batched=True, sequence_id=77, sequence_start=True)
+    assert _log(own.json()) == [_saw(77, True), _saw(77, False)]
+    after = _runs(daemon, "py_iterative", 1, batched=True, sequence_id=77)
+    assert after.status == 400 and after.json()["error"] == (
+        "inference request for sequence 77 to model 'py_iterative' must specify the START flag on the "
+        "first request of the sequence")
+    # START and END on a request the model reschedules: it runs to its end (Triton 2.51 never
+    # answers it) and the sequence is over.
+    both = _runs(daemon, "py_iterative", 2, batched=True, sequence_id=78, sequence_start=True, sequence_end=True)
+    assert both.status == 200, both.body
+    assert [e["END"] for e in _log(both.json())] == [[1], [0]]
+    assert _runs(daemon, "py_iterative", 1, batched=True, sequence_id=78).status == 400
+
+
+def test_iterative_requests_share_batches_and_each_gets_its_answer(daemon: DaemonProcess) -> None:
+    counts = [1, 5, 2, 4, 3, 6, 2, 5]
+    with ThreadPoolExecutor(len(counts)) as pool:
+        replies = list(pool.map(lambda n: _runs(daemon, "py_iterative", n, batched=True), counts))
+    ids = set()
+    for runs, reply in zip(counts, replies, strict=True):
+        assert reply.status == 200, reply.body
+        log = _log(reply.json())
+        assert len(log) == runs
+        assert [e["flags"] for e in log] == [1] + [0] * (runs - 1)
+        assert len({e["corrid"] for e in log}) == 1 and log[0]["CORRID"] == [log[0]["corrid"]]
+        ids.add(log[0]["corrid"])
+    assert len(ids) == len(counts)
+
+
+def test_a_decoupled_iterative_model_streams_every_run(daemon: DaemonProcess) -> None:
+    reply = daemon.post_json("/v2/models/py_iterative_decoupled/generate_stream", {"INPUT": 3})
+    assert reply.status == 200
+    got = _events(reply)
+    assert [e["OUTPUT"] for e in got] == [2, 1, 0]
+    assert json.loads(got[-1]["LOG"]) == [_saw(1, True), _saw(1, False), _saw(1, False)]
+    # /infer carries one response: a request that gets one is served, more are refused.
+    assert _runs(daemon, "py_iterative_decoupled", 1).status == 200
+    refused = _runs(daemon, "py_iterative_decoupled", 2)
+    assert refused.status == 501 and refused.json()["error"] == (
+        "HTTP end point doesn't support models with decoupled transaction policy: model "
+        "'py_iterative_decoupled' gave 2 responses to one request; use generate_stream for any number of responses")
+
+
+NOT_ITERATIVE = ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
+                 "configured to handle such a flag (model '{}' needs sequence_batching {{ iterative_sequence: true }})")
+
+
+@pytest.mark.parametrize(("model", "params"), [
+    ("py_reschedule_plain", {}),
+    ("py_reschedule_dynamic", {}),
+    ("py_reschedule_sequence", {"sequence_id": 5, "sequence_start": True}),
+])
+def test_rescheduling_without_iterative_sequences_is_an_error(
+    daemon: DaemonProcess, model: str, params: dict[str, Any]
+) -> None:
+    """Triton 2.51 never answers such a request (its client waits forever)."""
+    reply = _runs(daemon, model, 2, batched=model.endswith("dynamic"), **params)
+    assert reply.status == 500 and reply.json()["error"] == NOT_ITERATIVE.format(model)
+    params = {**params, "sequence_id": 6} if params else {}
+    ok = _runs(daemon, model, 1, batched=model.endswith("dynamic"), **params)
+    assert ok.status == 200, ok.body
+
+
+def test_rescheduling_a_decoupled_request_without_iterative_sequences(daemon: DaemonProcess) -> None:
+    reply = daemon.post_json("/v2/models/py_reschedule_decoupled/generate_stream", {"INPUT": 2})
+    got = _events(reply)
+    assert [e.get("OUTPUT") for e in got] == [1, None]
+    assert got[1] == {"error": NOT_ITERATIVE.format("py_reschedule_decoupled")}
+
+
+def test_a_rescheduled_request_gets_no_response_from_execute(daemon: DaemonProcess) -> None:
+    reply = _runs(daemon, "py_iterative_not_none", 2)
+    assert reply.status == 500
+    assert reply.json()["error"].startswith(
+        "Failed to process the request(s) for model 'py_iterative_not_none_0_0', message: Expected a None object "
+        "in the execute function return list for reschduled request, found type '<class ")
+    assert _runs(daemon, "py_iterative_not_none", 1).status == 200
+
+
+def test_a_decoupled_sequence_models_stream_goes_through_its_sequence_batcher(daemon: DaemonProcess) -> None:
+    """It gets its correlation ID and control inputs (they bypassed the batcher before)."""
+    reply = daemon.post_json("/v2/models/py_decoupled_sequence/generate_stream",
+                             {"INPUT": 1, "sequence_id": 41, "sequence_start": True, "sequence_end": True})
+    got = _events(reply)
+    assert json.loads(got[0]["LOG"]) == [{**_saw(41, True), "flags": 3, "END": [1]}]

@@ -651,3 +651,59 @@ def test_model_loading_api_as_tritons(compat_repo: object, tmp_path_factory: pyt
     theirs, ours = answers
     assert theirs[1][1] == ["run", "ok", [4.5]] and theirs[1][4] == ["run", "ok", [3.0]]
     assert ours == theirs
+
+
+def test_iterative_sequences_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Request rescheduling (`sequence_batching { iterative_sequence: true }`): what the model
+    sees on every run (auto correlation IDs, flags, control inputs), the answers, a decoupled
+    model's stream and the errors, equal on both servers. Not the cases Triton 2.51 never
+    answers (a rescheduled request that also carried END, or one on a model without
+    iterative sequences: tests/api/test_sequence.py) nor requests at once (their batches
+    depend on timing)."""
+    from sequence_models import write_py_iterative
+
+    from compat.servers import ORACLE_ENV, start_edged, start_triton
+
+    repo = tmp_path_factory.mktemp("iterative-repo")
+    write_py_iterative(repo, "iterative", max_batch_size=4)
+    write_py_iterative(repo, "iterative_decoupled", decoupled=True)
+    write_py_iterative(repo, "iterative_not_none", mode="not_none")
+    models = ["iterative", "iterative_decoupled", "iterative_not_none"]
+
+    def infer(server: Server, model: str, runs: int, **params: Any) -> tuple[int, Any]:
+        batched = model == "iterative"
+        body = {"inputs": [{"name": "INPUT", "shape": [1, 1] if batched else [1], "datatype": "INT32", "data": [runs]}]}
+        if params:
+            body["parameters"] = params
+        reply = server.request("POST", f"/v2/models/{model}/infer", json.dumps(body).encode(),
+                               {"Content-Type": "application/json"})
+        answer = json.loads(reply.body)
+        if "error" in answer:
+            # The type of the response object differs (Triton's is its C++ binding's).
+            return reply.status, answer["error"].split("found type")[0]
+        return reply.status, {o["name"]: (o["shape"], o["data"]) for o in answer["outputs"]}
+
+    answers = []
+    for start in (start_triton, start_edged):
+        args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
+        server = start(*args, repo, tmp_path_factory.mktemp("iterative"), models)
+        try:
+            seen: list[Any] = [
+                infer(server, "iterative", 3),
+                infer(server, "iterative", 1),
+                infer(server, "iterative", 2, sequence_id=77, sequence_start=True),
+                infer(server, "iterative", 1, sequence_id=77),
+                infer(server, "iterative", 1, sequence_id=79),
+                infer(server, "iterative_not_none", 2),
+                infer(server, "iterative_not_none", 1),
+            ]
+            stream = server.request("POST", "/v2/models/iterative_decoupled/generate_stream",
+                                    json.dumps({"INPUT": 3}).encode(), {"Content-Type": "application/json"})
+            seen.append((stream.status, [c for c in stream.body.decode().split("\n\n") if c.strip()]))
+            answers.append(seen)
+        finally:
+            server.stop()
+    theirs, ours = answers
+    assert theirs[0][0] == 200 and len(json.loads(theirs[0][1]["LOG"][1][0])) == 3
+    assert theirs[3][0] == 400 and theirs[5][0] == 500 and len(theirs[7][1]) == 3
+    assert ours == theirs

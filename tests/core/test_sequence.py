@@ -17,13 +17,24 @@ from typing import Any
 import numpy as np
 import pytest
 
-from daemon.backend import Device, InferRequest, InstanceContext, TensorBackend
+from daemon.backend import (
+    RESCHEDULED,
+    Capabilities,
+    Device,
+    ExecuteResult,
+    InferRequest,
+    InferResponse,
+    InstanceContext,
+    ResponseSink,
+    StepResult,
+    TensorBackend,
+)
 from daemon.core.layout import parse_model_toml
 from daemon.core.scheduler import make_scheduler
 from daemon.core.sequence import SequenceBatcher, client_config, runtime_config
 from daemon.core.stats import ModelStats
 from daemon.core.triton_config import PbtxtParser
-from daemon.errors import ConfigError, InvalidArgument, Unavailable
+from daemon.errors import BackendError, ConfigError, InvalidArgument, Unavailable
 from daemon.model_config import ModelConfig, config_from_mapping, to_triton_json
 
 
@@ -527,4 +538,145 @@ async def test_correlation_id_and_flags_set_by_the_transport_are_used() -> None:
         with pytest.raises(InvalidArgument, match="must specify the START flag"):
             await scheduler.submit(InferRequest(inputs={"INPUT": np.ones((1, 1), np.int64)}, correlation_id=12))
     finally:
+        await scheduler.stop(5)
+
+
+# ---------------------------------------------------------------------------- iterative sequences
+
+
+class Countdown(TensorBackend):
+    """Runs each request INPUT times, asking to run it again (RESCHEDULED) until then; OUTPUT
+    is the runs left. A request with a sink gets a response from every run, the last final
+    (none with parameter `defer`: as a model that would send it later from its own thread).
+    Records (correlation ID, flags) of every run."""
+
+    name = "test-countdown"
+    capabilities = Capabilities(decoupled=True, rescheduling=True)
+
+    def load_sync(self, config: ModelConfig, artifact: Path, device: Device) -> None:
+        self.runs: list[tuple[Any, int]] = []
+        self.left: dict[Any, int] = {}
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def execute(self, batch: Sequence[InferRequest]) -> list[ExecuteResult]:
+        return await self.execute_step(batch, [None] * len(batch))  # type: ignore[return-value]
+
+    async def execute_step(self, batch: Sequence[InferRequest], sinks: Sequence[ResponseSink | None]) -> list[StepResult]:
+        await self.gate.wait()
+        results: list[StepResult] = []
+        for request, sink in zip(batch, sinks, strict=True):
+            self.runs.append((request.correlation_id, request.flags))
+            if request.flags & 1:  # START: the runs asked for
+                self.left[request.correlation_id] = int(request.inputs["INPUT"].reshape(-1)[0])
+            self.left[request.correlation_id] -= 1
+            left = self.left[request.correlation_id]
+            response = InferResponse({"OUTPUT": np.array([left], np.int64)})
+            if sink is not None and not (left <= 0 and request.parameters.get("defer")):
+                sink.send(response, left <= 0)
+            results.append(RESCHEDULED if left > 0 else None if sink is not None else response)
+        return results
+
+
+COUNTDOWN_CONFIG = {
+    "name": "countdown",
+    "max_batch_size": 0,
+    "input": [{"name": "INPUT", "data_type": "INT64", "dims": [1]}],
+    "output": [{"name": "OUTPUT", "data_type": "INT64", "dims": [1]}],
+    "sequence_batching": {"iterative_sequence": True},
+}
+
+
+def _runs(count: int, **params: Any) -> InferRequest:
+    return InferRequest(inputs={"INPUT": np.array([count], np.int64)}, parameters=params)
+
+
+async def test_a_rescheduled_request_runs_again_in_its_own_sequence() -> None:
+    scheduler, (backend,) = await _scheduler(Countdown, COUNTDOWN_CONFIG)
+    try:
+        assert (await scheduler.submit(_runs(3))).outputs["OUTPUT"].tolist() == [0]
+        assert (await scheduler.submit(_runs(2))).outputs["OUTPUT"].tolist() == [0]
+        assert backend.runs == [(1, 1), (1, 0), (1, 0), (2, 1), (2, 0)]
+        assert scheduler.pending() == 0
+    finally:
+        await scheduler.stop(5)
+
+
+async def test_an_abandoned_iterative_stream_runs_no_more_and_frees_its_slot() -> None:
+    scheduler, (backend,) = await _scheduler(Countdown, COUNTDOWN_CONFIG, model_transaction_policy={"decoupled": True})
+    try:
+        stream = scheduler.submit_stream(_runs(10**9))
+        first = await stream.__anext__()
+        assert isinstance(first, InferResponse)
+        backend.gate.clear()
+        await asyncio.sleep(0.02)  # its next run waits at the gate
+        await stream.aclose()  # the client went away
+        backend.gate.set()  # that run ends, and asks to run again
+        await asyncio.sleep(0.05)
+        ran = len(backend.runs)
+        await asyncio.sleep(0.05)
+        assert len(backend.runs) == ran and scheduler.pending() == 0
+        # The one slot is free again.
+        results = [r async for r in scheduler.submit_stream(_runs(2))]
+        assert [r.outputs["OUTPUT"].tolist() for r in results if isinstance(r, InferResponse)] == [[1], [0]]
+    finally:
+        await scheduler.stop(5)
+
+
+async def test_stop_fails_a_request_still_being_rescheduled() -> None:
+    scheduler, _ = await _scheduler(Countdown, COUNTDOWN_CONFIG)
+    endless = asyncio.create_task(scheduler.submit(_runs(10**9)))
+    await asyncio.sleep(0.05)
+    await scheduler.stop(0.1)
+    with pytest.raises(Unavailable, match="was unloaded before the request finished"):
+        await endless
+
+
+async def test_a_reschedule_outside_iterative_sequences_is_an_error() -> None:
+    config = {**COUNTDOWN_CONFIG, "sequence_batching": {}}
+    scheduler, _ = await _scheduler(Countdown, config)
+    try:
+        with pytest.raises(BackendError, match="returned Rescheduled instead of a response"):
+            await scheduler.submit(_runs(2, sequence_id=1, sequence_start=True))
+    finally:
+        await scheduler.stop(5)
+
+
+async def test_stop_waits_for_a_released_stream_then_ends_it() -> None:
+    scheduler, _ = await _scheduler(Countdown, COUNTDOWN_CONFIG, model_transaction_policy={"decoupled": True})
+    stream = scheduler.submit_stream(_runs(2, defer=True))
+    first = await stream.__anext__()
+    assert isinstance(first, InferResponse) and first.outputs["OUTPUT"].tolist() == [1]
+    stopping = asyncio.create_task(scheduler.stop(0.2))
+    await asyncio.sleep(0.1)
+    assert not stopping.done()  # the drain waits for the model's final flag
+    last = await stream.__anext__()
+    assert isinstance(last, Unavailable) and "was unloaded before the request finished" in last.message
+    await stopping
+
+
+async def test_requests_queued_behind_an_iterative_request_under_its_id() -> None:
+    """The rescheduled request runs until it is released; then a START queued behind it goes on
+    in the slot, and a request without START finds the sequence over."""
+    scheduler, (backend,) = await _scheduler(Countdown, COUNTDOWN_CONFIG)
+    try:
+        for second, fails in (({"sequence_start": True}, False), ({}, True)):
+            backend.gate.clear()
+            first = asyncio.create_task(scheduler.submit(_runs(3, sequence_id=9, sequence_start=True)))
+            await asyncio.sleep(0.02)
+            behind = asyncio.create_task(scheduler.submit(_runs(1, sequence_id=9, **second)))
+            await asyncio.sleep(0.02)
+            backend.runs.clear()
+            backend.gate.set()
+            assert (await first).outputs["OUTPUT"].tolist() == [0]
+            if fails:
+                with pytest.raises(InvalidArgument, match="must specify the START flag"):
+                    await behind
+                assert backend.runs == [(9, 1), (9, 0), (9, 0)]
+            else:
+                assert (await behind).outputs["OUTPUT"].tolist() == [0]
+                assert backend.runs == [(9, 1), (9, 0), (9, 0), (9, 1)]
+            assert scheduler.pending() == 0
+    finally:
+        backend.gate.set()
         await scheduler.stop(5)

@@ -30,6 +30,7 @@ from daemon.model_config import (
     QueuePolicy,
     TensorConfig,
     VersionPolicy,
+    to_triton_json,
 )
 
 # Triton's `simple` example model, served by ONNX Runtime.
@@ -383,7 +384,6 @@ def test_sequence_batching_is_parsed_and_its_unsupported_fields_warned(parser: P
      "output[0].is_non_linear_format_io"),
     ('batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_FP32 source_input: "x" } ]',
      "batch_input"),
-    ("sequence_batching { iterative_sequence: true }", "sequence_batching.iterative_sequence"),
 ])
 def test_fields_that_change_what_a_request_means_are_refused(parser: PbtxtParser, snippet: str, where: str) -> None:
     """Dropping these would serve the model with other semantics than its config asks for."""
@@ -395,6 +395,16 @@ def test_fields_that_change_what_a_request_means_are_refused(parser: PbtxtParser
         '"allow_ragged_batch": false, "is_non_linear_format_io": false, "format": "FORMAT_NONE"}], '
         '"batch_input": [], "batch_output": []}', source="m")
     assert config.input[0].name == "x" and warnings == []
+
+
+def test_iterative_sequence_is_read_and_served(parser: PbtxtParser) -> None:
+    config, warnings = parser.parse("sequence_batching { iterative_sequence: true }", source="m/config.pbtxt")
+    assert config.sequence_batching is not None and config.sequence_batching.iterative_sequence
+    assert warnings == []
+    assert to_triton_json(config)["sequence_batching"]["iterative_sequence"] is True
+    plain, _ = parser.parse("sequence_batching { }", source="m/config.pbtxt")
+    assert "iterative_sequence" not in to_triton_json(plain)["sequence_batching"]
+    assert to_triton_json(plain, model_name="m")["sequence_batching"]["iterative_sequence"] is False
 
 
 def test_syntax_error_names_file_line_and_column(parser: PbtxtParser) -> None:
