@@ -38,7 +38,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
@@ -93,6 +93,7 @@ __all__ = [
     "NvidiaGpu",
     "Probe",
     "Rescheduled",
+    "ResponseQueue",
     "ResponseSink",
     "SlotAction",
     "SlotFile",
@@ -216,6 +217,38 @@ def decoupled_infer_error(model: str, count: int) -> Unsupported:
         f"{model!r} gave {count} responses to one request; use generate_stream for any number "
         "of responses"
     )
+
+
+class ResponseQueue:
+    """The responses of one request on the event loop, in order, up to the one marked final:
+    `put` them (on the loop) and iterate `responses()`; a None item is a final flag without a
+    response. Kept cheap (a deque, and a future only while waiting): one is made per request."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[tuple[Any, bool]] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: Any, final: bool) -> None:
+        self._items.append((item, final))
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def responses(self) -> AsyncIterator[Any]:
+        while True:
+            while not self._items:
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            item, final = self._items.popleft()
+            if item is not None:
+                yield item
+            if final:
+                return
 
 
 class ResponseSink(Protocol):

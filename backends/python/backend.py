@@ -26,7 +26,6 @@ waits.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import importlib.util
 import inspect
@@ -37,7 +36,7 @@ import re
 import sys
 import time
 import types
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -62,6 +61,7 @@ from daemon.backend import (
     ModelControl,
     NotFound,
     Probe,
+    ResponseQueue,
     ResponseSink,
     StepResult,
     Unavailable,
@@ -668,20 +668,19 @@ async def _wait(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
-class _Stream:
-    """The responses of one request, on their way from model threads to the event loop.
+class _Stream(ResponseQueue):
+    """The responses of one request, on their way from model threads to the event loop
+    (pb_utils responses, or EdgedErrors).
 
     Made for every request (a model may ask for its sender from a thread it starts after
-    `execute` returned), so it is kept cheap: a deque and a future made only while waiting,
-    not an asyncio.Queue and a threading.Event (7 us per request measured here)."""
+    `execute` returned), so it is kept cheap: a ResponseQueue, not an asyncio.Queue and a
+    threading.Event (7 us per request measured here)."""
 
-    __slots__ = ("_items", "_loop", "_waiter", "cancelled")
+    __slots__ = ("_loop", "cancelled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        super().__init__()
         self._loop = loop
-        # Items: (response or None or EdgedError, final).
-        self._items: collections.deque[tuple[Any, bool]] = collections.deque()
-        self._waiter: asyncio.Future[None] | None = None
         # Set on the loop when the consumer goes away; read by model threads (a bool is atomic).
         self.cancelled = False
 
@@ -690,38 +689,20 @@ class _Stream:
 
     def push(self, response: Any, flags: int) -> None:
         """The response sender's callback (any thread)."""
-        item = (response, bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+        final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if self._loop is None:
             raise pb_utils.TritonModelException("the model is not loaded")
         try:
-            self._loop.call_soon_threadsafe(self._put, item)
+            self._loop.call_soon_threadsafe(self._put, response, final)
         except RuntimeError:  # the loop is closed: the daemon is stopping
             self.cancelled = True
 
     def end(self, last: Any) -> None:
         """On the loop: a final item (a response or an EdgedError)."""
-        self._put((last, True))
+        self._put(last, True)
 
-    def _put(self, item: tuple[Any, bool]) -> None:
-        self._items.append(item)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def responses(self) -> AsyncIterator[Any]:
-        """Each response (pb_utils response or EdgedError) until the final flag."""
-        while True:
-            while not self._items:
-                self._waiter = asyncio.get_running_loop().create_future()
-                try:
-                    await self._waiter
-                finally:
-                    self._waiter = None
-            response, final = self._items.popleft()
-            if response is not None:
-                yield response
-            if final:
-                return
+    def _put(self, response: Any, final: bool) -> None:
+        self.put(response, final)
 
 
 class _SinkStream(_Stream):
@@ -745,8 +726,7 @@ class _SinkStream(_Stream):
     def is_cancelled(self) -> bool:
         return self.cancelled or self._sink.cancelled
 
-    def _put(self, item: tuple[Any, bool]) -> None:
-        response, final = item
+    def _put(self, response: Any, final: bool) -> None:
         if response is not None and not isinstance(response, EdgedError):
             response = self._convert(self._request, response)
         self._sink.send(response, final)

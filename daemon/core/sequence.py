@@ -45,7 +45,7 @@ import heapq
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Sequence
+from collections.abc import AsyncGenerator, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -61,6 +61,7 @@ from daemon.backend import (
     InferRequest,
     InferResponse,
     Rescheduled,
+    ResponseQueue,
     StepResult,
     decoupled_infer_error,
 )
@@ -480,19 +481,18 @@ class _Item:
         return self.sink.cancelled if self.sink is not None else self.future.done()
 
 
-class _Sink:
+class _Sink(ResponseQueue):
     """The responses of one streamed request (`ResponseSink`), on the loop, from the backend to
     the consumer of `submit_stream`. Implicit state outputs are taken out of them as they pass
     (`keep`), as the batcher does with a single response."""
 
-    __slots__ = ("_items", "_waiter", "cancelled", "closed", "keep", "on_close")
+    __slots__ = ("cancelled", "closed", "keep", "on_close")
 
     def __init__(self) -> None:
-        self._items: deque[tuple[ExecuteResult | None, bool]] = deque()
+        super().__init__()
         self.keep: Callable[[InferResponse], ExecuteResult] | None = None
         # Called once the last response is in.
         self.on_close: Callable[[], None] | None = None
-        self._waiter: asyncio.Future[None] | None = None
         # The consumer went away: the model sees is_cancelled(), and nothing runs again.
         self.cancelled = False
         self.closed = False
@@ -503,25 +503,9 @@ class _Sink:
         self.closed = final
         if isinstance(result, InferResponse) and self.keep is not None:
             result = self.keep(result)
-        self._items.append((result, final))
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self.put(result, final)
         if final and self.on_close is not None:
             self.on_close()
-
-    async def results(self) -> AsyncIterator[ExecuteResult]:
-        while True:
-            while not self._items:
-                self._waiter = asyncio.get_running_loop().create_future()
-                try:
-                    await self._waiter
-                finally:
-                    self._waiter = None
-            result, final = self._items.popleft()
-            if result is not None:
-                yield result
-            if final:
-                return
 
 
 @dataclass(eq=False, slots=True)
@@ -659,7 +643,7 @@ class SequenceBatcher:
         sink.keep = lambda response: self._keep_state(item, response)
         finished = False
         try:
-            async for result in sink.results():
+            async for result in sink.responses():
                 yield result
             finished = True
         finally:
@@ -1166,21 +1150,18 @@ class SequenceBatcher:
             sink = item.sink
             self._open.add(sink)
             sink.on_close = lambda: self._closed(sink)
-        item.finished = True
-        self.stats.record_success(
-            time.monotonic_ns() - item.arrival_ns,
-            1,
-            queue_ns=item.queue_ns,
-            compute_input_ns=phases.input_ns,
-            compute_infer_ns=phases.infer_ns,
-            compute_output_ns=phases.output_ns,
-        )
+        self._record_success(item, phases)
 
     def _succeed(self, item: _Item, response: InferResponse, phases: ComputePhases) -> None:
-        item.finished = True
         if item.future.done():
+            item.finished = True
             self.stats.record_failure(time.monotonic_ns() - item.arrival_ns, "CANCELED")
             return
+        self._record_success(item, phases)
+        item.future.set_result(response)
+
+    def _record_success(self, item: _Item, phases: ComputePhases) -> None:
+        item.finished = True
         self.stats.record_success(
             time.monotonic_ns() - item.arrival_ns,
             1,
@@ -1189,7 +1170,6 @@ class SequenceBatcher:
             compute_infer_ns=phases.infer_ns,
             compute_output_ns=phases.output_ns,
         )
-        item.future.set_result(response)
 
     def _fail(self, item: _Item, error: EdgedError | None, reason: FailureReason) -> None:
         self._running.discard(item)
