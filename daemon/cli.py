@@ -28,6 +28,8 @@ def _serve_flags(parser: argparse.ArgumentParser) -> None:
                         help="the event loop of the daemon and its workers (server.event-loop)")
     parser.add_argument("--host-policy", action="append", metavar="NAME,SETTING=VALUE",
                         help="as Triton's: a host policy setting, e.g. cpu,cpu-cores=0-1 ([host-policy.NAME])")
+    parser.add_argument("--cache-config", action="append", metavar="local,size=BYTES",
+                        help="as Triton's: the response cache's size (server.response-cache-size)")
     parser.add_argument("--server-host-policy", metavar="NAME",
                         help="the host policy whose CPUs the event loop runs on (server.host-policy)")
     parser.add_argument("--model-repository", action="append", metavar="DIR",
@@ -67,6 +69,15 @@ def apply_flags(config: DaemonConfig, args: argparse.Namespace) -> DaemonConfig:
         if not name or not equals:
             raise EdgedError(f"invalid command-line flag: --host-policy must be NAME,SETTING=VALUE, got {flag!r}")
         raw.setdefault("host-policy", {}).setdefault(name, {})[key] = value
+    for flag in args.cache_config or []:
+        # Triton's --cache-config=<cache>,<setting>=<value>; its local cache has one setting.
+        cache, _, setting = flag.partition(",")
+        key, equals, value = setting.partition("=")
+        if cache != "local" or key != "size" or not equals:
+            raise EdgedError(
+                f"invalid command-line flag: --cache-config must be local,size=BYTES (Triton's local cache), got {flag!r}"
+            )
+        server["response-cache-size"] = value
     if args.model_repository:
         models["repository"] = args.model_repository
     if args.model_control_mode:

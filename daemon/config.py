@@ -73,6 +73,16 @@ class ServerConfig(_Section):
     # The event loop of the daemon and its workers (daemon.eventloop): "uvloop" (C, on libuv)
     # or "asyncio" (the standard library's, for a platform without uvloop).
     event_loop: EventLoop = "uvloop"
+    # Triton's response cache (--cache-config local,size=N): bytes ("64MiB", "1048576") of
+    # answers kept for models whose config has response_cache { enable: true }; "" = none.
+    response_cache_size: str = ""
+
+    def __post_init__(self) -> None:
+        if self.response_cache_size:
+            try:
+                parse_memory_size(self.response_cache_size)
+            except ValueError as exc:
+                raise ValueError(f"response-cache-size: {exc}") from None
 
 
 class ModelsConfig(_Section):

@@ -309,6 +309,12 @@ class TransactionPolicy(_Strict):
     decoupled: bool = False
 
 
+class ResponseCache(_Strict):
+    """Triton's `response_cache`: answers kept by the daemon's cache (daemon.core.response_cache)."""
+
+    enable: bool = False
+
+
 class ModelConfig(_Strict):
     name: str = ""
     # "" or "auto" = chosen by hardware-aware selection (daemon.core.selection).
@@ -328,6 +334,7 @@ class ModelConfig(_Strict):
         default_factory=TransactionPolicy
     )
     default_model_filename: str = ""
+    response_cache: ResponseCache | None = None
     # Ours: ordered backend preference for `backend: auto` (e.g. ["openvino", "onnxruntime"]).
     backend_preference: list[str] = []
     # Ours: "on-demand" = loaded by the first request that needs it and unloaded after idling

@@ -32,7 +32,9 @@ from daemon.core.registry import ModelRegistry
 from daemon.core.releases import ReleaseManager
 from daemon.core.repository import ModelControlHook, RepositoryManager
 from daemon.core.residency import Lease, Residency
+from daemon.core.response_cache import ResponseCache
 from daemon.core.stats import MetricsRegistry
+from daemon.model_config import parse_memory_size
 from daemon.updates.store import ReleaseStore
 
 log = logging.getLogger(__name__)
@@ -123,6 +125,10 @@ class Service:
         # Models that load others (pb_utils.load_model) go through the repository, as long as
         # the service accepts work.
         registry.loader.control = ModelControlHook(repository, lambda: service.accepting)
+        if config.server.response_cache_size:
+            cache = ResponseCache(parse_memory_size(config.server.response_cache_size))
+            metrics.register(cache.families)
+            registry.loader.response_cache = cache
         return service
 
     # ------------------------------------------------------------------ lifecycle

@@ -686,3 +686,44 @@ def check_tool_loop(client: Any, port: int, model: str, kwargs: dict[str, Any], 
     response = httpx.post(f"http://127.0.0.1:{port}/api/chat", json=body, timeout=60)
     assert response.status_code == 200, response.text
     assert response.json()["prompt_eval_count"] == after.usage.prompt_tokens
+
+
+# A python model for the response cache: OUT = IN * the request parameter `factor` (2 if
+# none), RUNS = how many requests it has run; a negative first element is an error response.
+CACHED_MODEL = '''\
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.runs = 0
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            self.runs += 1
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if x.reshape(-1)[0] < 0:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("negative input")))
+                continue
+            factor = json.loads(request.parameters()).get("factor", 2)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUT", (x * factor).astype(np.float32)),
+                pb_utils.Tensor("RUNS", np.full(x.shape, self.runs, np.int32)),
+            ]))
+        return responses
+'''
+
+
+def cached_model(repo: Path, name: str, *, max_batch_size: int = 0,
+                 extra: str = "response_cache { enable: true }\n") -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(CACHED_MODEL)
+    (repo / name / "config.pbtxt").write_text(
+        f'backend: "python"\nmax_batch_size: {max_batch_size}\n'
+        'input [{ name: "IN" data_type: TYPE_FP32 dims: [ 2 ] }]\n'
+        'output [{ name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "RUNS" data_type: TYPE_INT32 dims: [ 2 ] }]\n'
+        "instance_group [{ kind: KIND_CPU count: 1 }]\n" + extra
+    )

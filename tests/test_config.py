@@ -14,7 +14,7 @@ from daemon.config import (
     parse_host_port,
     socket_path,
 )
-from daemon.errors import ConfigError
+from daemon.errors import ConfigError, EdgedError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -85,3 +85,16 @@ def test_parse_host_port() -> None:
     for port in ("0", "65536", "99999"):
         with pytest.raises(ConfigError, match=f"the port must be 1 to 65535, got {int(port)}"):
             parse_host_port(f"127.0.0.1:{port}")
+
+
+def test_tritons_cache_config_flag_sets_the_response_cache_size(tmp_path: Path) -> None:
+    def flags(*argv: str) -> DaemonConfig:
+        return apply_flags(load_config(None), build_parser().parse_args(["serve", *argv]))
+
+    assert flags("--cache-config", "local,size=1048576").server.response_cache_size == "1048576"
+    assert flags().server.response_cache_size == ""
+    for bad in ("redis,host=x", "local,capacity=5", "local"):
+        with pytest.raises(EdgedError, match="--cache-config must be local,size=BYTES"):
+            flags("--cache-config", bad)
+    with pytest.raises(EdgedError, match="response-cache-size: 'lots' is not a size"):
+        flags("--cache-config", "local,size=lots")

@@ -33,6 +33,7 @@ from daemon.core.hardware import Hardware
 from daemon.core.host_policy import HostPolicies, format_cpus, process_cpus
 from daemon.core.model import LoadedVersion
 from daemon.core.plugins import PluginRegistry
+from daemon.core.response_cache import ResponseCache
 from daemon.core.scheduler import Scheduler, make_scheduler
 from daemon.core.selection import Selection, choose_backends
 from daemon.core.stats import MetricsRegistry, ModelStats
@@ -83,6 +84,8 @@ class ModelLoader:
         # The repository's control, for models that load others; set by the service once the
         # repository exists (it is built on the registry, which owns this loader).
         self.control: ModelControl | None = None
+        # The daemon's response cache (None: it has none), for models whose config enables it.
+        self.response_cache: ResponseCache | None = None
 
     async def _infer_other(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
         """A request from inside a model (Triton BLS) to another loaded model."""
@@ -109,9 +112,13 @@ class ModelLoader:
         loaded: dict[int, LoadedVersion] = {}
         try:
             for version in plan.versions:
-                loaded[version] = await self._load_version(
+                model = loaded[version] = await self._load_version(
                     plan.name, version, plan.model_dir / str(version), plan.config
                 )
+                enabled = plan.config.response_cache is not None and plan.config.response_cache.enable
+                if enabled and self.response_cache is not None and model.scheduler is not None:
+                    model.cache, model.cache_owner = self.response_cache, self.response_cache.owner()
+                    model.stats.cache_enabled = True
         except BaseException:
             for model in loaded.values():
                 await model.retire(0)
@@ -132,6 +139,19 @@ class ModelLoader:
             config.name = name
         if config.name != name:
             raise ConfigError(f"model directory {name!r} holds a config named {config.name!r}")
+        if config.response_cache is not None and config.response_cache.enable:
+            # Triton's checks and words (model_config_utils), made whether or not the daemon
+            # has a cache, as there.
+            if config.sequence_batching is not None:
+                raise ConfigError(
+                    f"Response Cache does not currently support model {name} with sequence batching "
+                    "scheduler. Please disable the response cache."
+                )
+            if config.model_transaction_policy.decoupled:
+                raise ConfigError(
+                    f"Response Cache does not currently support model {name} with 'decoupled' "
+                    "transaction policy. Please disable the response cache."
+                )
         available = layout.list_versions(model_dir)
         versions = layout.select_versions(available, config.version_policy, model=name)
         if not versions:

@@ -31,6 +31,7 @@ from daemon.backend import (
     SlotFile,
 )
 from daemon.core.plugins import takes_keyword
+from daemon.core.response_cache import ResponseCache
 from daemon.core.scheduler import Scheduler
 from daemon.core.stats import FailureReason, ModelStats
 from daemon.core.validate import validate_request
@@ -57,6 +58,10 @@ class LoadedVersion:
     selection: dict[str, object] = field(default_factory=dict)
     # Where its instances run (None for an ensemble, which has none).
     device: Device | None = None
+    # The daemon's response cache, when the config enables it and the daemon has one; this
+    # version's entries are those of `cache_owner`.
+    cache: ResponseCache | None = None
+    cache_owner: int = 0
     # Generations and embeddings running on this version; retire() waits for them.
     _running: int = field(default=0, init=False, repr=False)
     _idle: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
@@ -135,7 +140,24 @@ class LoadedVersion:
                 f"model '{self.name}' is a generation model; use /v2/models/{self.name}/generate "
                 "or /v1/completions"
             )
-        return await self.scheduler.submit(request)
+        if self.cache is None:
+            return await self.scheduler.submit(request)
+        return await self._through_cache(self.cache, self.scheduler, request)
+
+    async def _through_cache(self, cache: ResponseCache, scheduler: Scheduler, request: InferRequest) -> InferResponse:
+        started = time.monotonic_ns()
+        key = await cache.key(self.cache_owner, request)
+        response = cache.get(key, started)
+        looked = time.monotonic_ns()
+        if response is not None:
+            self.stats.record_cache_hit(looked - started)
+            return response
+        response = await scheduler.submit(request)
+        inserting = time.monotonic_ns()
+        await cache.put(self.cache_owner, key, response)
+        # Triton's "miss" time: the lookup and the insertion.
+        self.stats.cache_miss.add(looked - started + time.monotonic_ns() - inserting)
+        return response
 
     async def generate(
         self, prompt: str | list[int], params: GenerateParams
@@ -277,6 +299,8 @@ class LoadedVersion:
         `drain_timeout`, after which the engine's stop cancels what is left."""
         if self.scheduler is not None:
             await self.scheduler.stop(drain_timeout)
+        if self.cache is not None:
+            self.cache.drop(self.cache_owner)
         if self._running:
             log.info("model %s version %d: waiting for %d running generation(s) before unloading",
                      self.name, self.version, self._running)

@@ -97,6 +97,11 @@ class ModelStats:
         self.compute_infer = Duration()
         self.compute_output = Duration()
         self.failures: dict[FailureReason, int] = dict.fromkeys(FAILURE_REASONS, 0)
+        # The response cache (daemon.core.response_cache): lookups that answered (their
+        # durations), and those that did not and whose answer was then kept (lookup + insert).
+        self.cache_enabled = False
+        self.cache_hit = Duration()
+        self.cache_miss = Duration()
         self.batch_stats: dict[int, BatchStats] = {}
         # Requests waiting in the scheduler queue, set by the scheduler.
         self.pending = 0
@@ -131,6 +136,14 @@ class ModelStats:
         ):
             if ns is not None:
                 stat.add(ns)
+
+    def record_cache_hit(self, duration_ns: int) -> None:
+        """One request answered from the response cache, as Triton counts it: a success with
+        no queue time, and neither an inference nor an execution."""
+        self.success.add(duration_ns)
+        self.queue.add(0)
+        self.cache_hit.add(duration_ns)
+        self.last_inference = time.time_ns() // 1_000_000
 
     def record_failure(self, duration_ns: int, reason: FailureReason = "OTHER") -> None:
         """One request failed; `reason` is Triton's failure label."""
@@ -176,9 +189,8 @@ class ModelStats:
                 "compute_input": self.compute_input.to_json(),
                 "compute_infer": self.compute_infer.to_json(),
                 "compute_output": self.compute_output.to_json(),
-                # No response cache: present so clients that read them find zeros.
-                "cache_hit": Duration().to_json(),
-                "cache_miss": Duration().to_json(),
+                "cache_hit": self.cache_hit.to_json(),
+                "cache_miss": self.cache_miss.to_json(),
             },
             "batch_stats": [
                 {
@@ -227,6 +239,17 @@ _COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
 )
 
 
+_CACHE_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", lambda s: s.cache_hit.count),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
+     lambda s: s.cache_hit.ns // 1000),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", lambda s: s.cache_miss.count),
+    ("nv_cache_miss_duration_per_model",
+     "Total cache miss (insert+lookup) duration per model, in microseconds",
+     lambda s: s.cache_miss.ns // 1000),
+)
+
+
 def _triton_families(owner: MetricsRegistry) -> Iterator[Metric]:
     from prometheus_client.metrics_core import Metric
 
@@ -247,6 +270,13 @@ def _triton_families(owner: MetricsRegistry) -> Iterator[Metric]:
                 sum(s.failures[reason] for s in stats),
             )
     yield failure
+    cached = [(key, stats) for key, stats in rows if any(s.cache_enabled for s in stats)]
+    if cached:  # as Triton: only for models whose config enables the cache
+        for name, doc, value in _CACHE_COUNTERS:
+            family = Metric(name, doc, "counter")
+            for (model, version), stats in cached:
+                family.add_sample(name, {"model": model, "version": version}, sum(value(s) for s in stats))
+            yield family
     pending = Metric(
         "nv_inference_pending_request_count",
         "Instantaneous number of pending requests awaiting execution per-model.",

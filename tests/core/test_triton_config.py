@@ -344,10 +344,11 @@ def test_known_unsupported_fields_parse_with_warnings(parser: PbtxtParser) -> No
     assert ignored == {
         "optimization",
         "model_warmup",
-        "response_cache",
         "instance_group[0].rate_limiter",
     }
     assert all(w.endswith("is not supported by edged and is ignored") for w in warnings)
+    # Served by the daemon's response cache (daemon.core.response_cache).
+    assert config.response_cache is not None and config.response_cache.enable
 
 
 def test_sequence_batching_is_parsed_and_its_unsupported_fields_warned(parser: PbtxtParser) -> None:
