@@ -4,6 +4,7 @@ load) never stalls requests to other models, and a failed load leaves nothing be
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import threading
 import types
@@ -123,3 +124,24 @@ def test_thread_budget_follows_the_cpu_affinity_not_the_machine() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "1", out.stderr
+
+
+def test_a_config_asking_for_rescheduling_needs_a_backend_that_can() -> None:
+    from daemon.backend import Backend, Capabilities
+    from daemon.core.loading import check_capabilities
+    from daemon.errors import ConfigError
+    from daemon.model_config import config_from_mapping
+
+    class Plain(Backend):
+        name = "plain"
+
+    class Rescheduling(Backend):
+        name = "rescheduling"
+        capabilities = Capabilities(rescheduling=True)
+
+    config = config_from_mapping({"name": "m", "sequence_batching": {"iterative_sequence": True}}, source="test")
+    with pytest.raises(ConfigError, match=re.escape(
+        "model 'm': sequence_batching.iterative_sequence is set, but backend 'plain' cannot reschedule a request"
+    )):
+        check_capabilities("plain", Plain, config)
+    check_capabilities("rescheduling", Rescheduling, config)
