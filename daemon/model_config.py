@@ -309,6 +309,31 @@ class TransactionPolicy(_Strict):
     decoupled: bool = False
 
 
+class ModelWarmupInput(_Strict):
+    """One input of a warmup sample: its data is zeros, random bytes, or a file's contents
+    (`<model>/warmup/<input_data_file>`); exactly one of them (Triton's oneof)."""
+
+    data_type: str
+    dims: list[int] = []
+    zero_data: bool = False
+    random_data: bool = False
+    input_data_file: str = ""
+
+    def __post_init__(self) -> None:
+        self.data_type = _field_datatype(self.data_type)
+        if self.zero_data + self.random_data + bool(self.input_data_file) > 1:
+            raise ValueError("set one of zero_data, random_data and input_data_file")
+
+
+class ModelWarmup(_Strict):
+    """Triton's `model_warmup` sample (daemon.core.warmup)."""
+
+    name: str = ""
+    batch_size: Annotated[int, msgspec.Meta(ge=0)] = 0
+    inputs: dict[str, ModelWarmupInput] = {}
+    count: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
 class ResponseCache(_Strict):
     """Triton's `response_cache`: answers kept by the daemon's cache (daemon.core.response_cache)."""
 
@@ -335,6 +360,7 @@ class ModelConfig(_Strict):
     )
     default_model_filename: str = ""
     response_cache: ResponseCache | None = None
+    model_warmup: list[ModelWarmup] = []
     # Ours: ordered backend preference for `backend: auto` (e.g. ["openvino", "onnxruntime"]).
     backend_preference: list[str] = []
     # Ours: "on-demand" = loaded by the first request that needs it and unloaded after idling
@@ -481,6 +507,14 @@ def to_triton_json(
     sequence = data.get("sequence_batching")
     if sequence is not None:
         _sequence_to_triton_json(sequence, completed=bool(model_name))
+    if not data["model_warmup"]:
+        del data["model_warmup"]  # Triton leaves an empty one out
+    for warmup in data.get("model_warmup", []):
+        for spec in warmup["inputs"].values():
+            spec["data_type"] = _type_name(spec["data_type"])
+            for key in ("zero_data", "random_data", "input_data_file"):
+                if not spec[key]:
+                    del spec[key]  # a oneof: only the one set is spelled out
     policy = config.version_policy
     data["version_policy"] = (
         {"latest": {"num_versions": policy.num_versions}} if policy.kind == "latest"

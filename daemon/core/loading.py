@@ -27,7 +27,7 @@ from daemon.backend import (
     InstanceContext,
     ModelControl,
 )
-from daemon.core import decoupled, layout, sequence
+from daemon.core import decoupled, layout, sequence, warmup
 from daemon.core.ensemble import EnsembleRunner, Resolver
 from daemon.core.hardware import Hardware
 from daemon.core.host_policy import HostPolicies, format_cpus, process_cpus
@@ -180,7 +180,8 @@ class ModelLoader:
         for candidate in selection.candidates:
             try:
                 return await self._load_on(name, version, config, candidate.backend,
-                                           candidate.artifact, candidate.device, stats, selection)
+                                           candidate.artifact, candidate.device, stats, selection,
+                                           version_dir.parent)
             except EdgedError as exc:
                 # Backends name themselves in their messages ("python: model ..."); say it once.
                 prefix = f"{candidate.backend}: "
@@ -210,6 +211,7 @@ class ModelLoader:
         device: Device,
         stats: ModelStats,
         selection: Selection,
+        model_dir: Path,
     ) -> LoadedVersion:
         cls = await asyncio.to_thread(self.plugins.resolve, backend)
         try:
@@ -224,6 +226,8 @@ class ModelLoader:
         config = sequence.client_config(config)
         runtime = sequence.runtime_config(config)
         check_capabilities(backend, cls, runtime)
+        # Files under <model>/warmup/ are read here, off the loop; errors fail the load.
+        warmups = await asyncio.to_thread(warmup.samples, config, model_dir)
         manifest = self.plugins.manifest(backend)
         count = sum(g.count for g in config.instance_group) or manifest.default_instances
         if cls.capabilities.kind == "generation":
@@ -246,6 +250,8 @@ class ModelLoader:
                 instance = cls(context)
                 instances.append(instance)
                 await instance.load(runtime, artifact, device)
+                # Each instance warms up before the model is served, as in Triton.
+                await warmup.warm_up(instance, warmups, stats, decoupled=config.model_transaction_policy.decoupled)
         except BaseException as exc:
             for instance in instances:
                 try:
@@ -311,6 +317,11 @@ def check_capabilities(backend: str, cls: type[Backend], config: ModelConfig) ->
         raise ConfigError(
             f"model '{config.name}': model_transaction_policy.decoupled is set, but backend "
             f"{backend!r} sends exactly one response per request"
+        )
+    if config.model_warmup and caps.kind != "tensor":
+        raise ConfigError(
+            f"model '{config.name}': model_warmup is set, but backend {backend!r} is not run by requests "
+            "of tensors (it generates text)"
         )
     if config.sequence_batching is not None and config.sequence_batching.iterative_sequence and not caps.rescheduling:
         raise ConfigError(

@@ -762,3 +762,44 @@ def test_response_cache_as_tritons(compat_repo: object, tmp_path_factory: pytest
     assert theirs[1] == theirs[0] and theirs[3][1]["RUNS"] == [1, 1] and theirs[4][2]["cache_hit"] == 2
     assert theirs[-2:] == [True, 400]
     assert ours == theirs
+
+
+def test_model_warmup_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`model_warmup`: the samples each instance runs before the model is served (zeros on three
+    instances, two groups, three times each; a file's data in a batch of three; a batch-size-0 sample skipped),
+    the statistics they leave, the first request's answer and the served config, equal on
+    both servers."""
+    from compat.servers import ORACLE_ENV, start_edged, start_triton
+    from support import cached_model
+
+    repo = tmp_path_factory.mktemp("warmup-repo")
+    zeros = '{ key: "IN" value: { data_type: TYPE_FP32 dims: [ 2 ] zero_data: true } }'
+    cached_model(repo, "warm", extra="instance_group [{ kind: KIND_CPU count: 2 }]\n"
+                 f'model_warmup [{{ name: "zeros" batch_size: 1 count: 3 inputs {zeros} }}]\n')
+    cached_model(repo, "warm_batch", max_batch_size=4, extra=(
+        'model_warmup [{ name: "file" batch_size: 3 inputs { key: "IN" value: { data_type: TYPE_FP32 dims: [ 2 ] '
+        f'input_data_file: "in.bin" }} }} }}, {{ name: "none" batch_size: 0 inputs {zeros} }}]\n'))
+    (repo / "warm_batch" / "warmup").mkdir()
+    (repo / "warm_batch" / "warmup" / "in.bin").write_bytes(np.array([3, 4], np.float32).tobytes())
+    answers = []
+    for start in (start_triton, start_edged):
+        args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
+        server = start(*args, repo, tmp_path_factory.mktemp("warmup"), ["warm", "warm_batch"])
+        try:
+            seen: list[Any] = []
+            for model, shape in (("warm", [2]), ("warm_batch", [1, 2])):
+                stats = json.loads(server.request("GET", f"/v2/models/{model}/stats").body)["model_stats"][0]
+                seen.append((stats["inference_count"], stats["execution_count"],
+                             {k: v["count"] for k, v in stats["inference_stats"].items()},
+                             [(row["batch_size"], row["compute_infer"]["count"]) for row in stats["batch_stats"]]))
+                body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": shape, "data": [1, 2]}]}
+                reply = server.request("POST", f"/v2/models/{model}/infer", json.dumps(body).encode(),
+                                       {"Content-Type": "application/json"})
+                seen.append({o["name"]: o["data"] for o in json.loads(reply.body)["outputs"]})
+                seen.append(json.loads(server.request("GET", f"/v2/models/{model}/config").body)["model_warmup"])
+            answers.append(seen)
+        finally:
+            server.stop()
+    theirs, ours = answers
+    assert theirs[0][:2] == (9, 9) and theirs[1]["RUNS"] == [4, 4] and theirs[3][3] == [(3, 1)]
+    assert ours == theirs

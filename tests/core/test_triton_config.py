@@ -343,12 +343,13 @@ def test_known_unsupported_fields_parse_with_warnings(parser: PbtxtParser) -> No
     ignored = {w.removeprefix("densenet/config.pbtxt: ").split(" ")[0] for w in warnings}
     assert ignored == {
         "optimization",
-        "model_warmup",
         "instance_group[0].rate_limiter",
     }
     assert all(w.endswith("is not supported by edged and is ignored") for w in warnings)
     # Served by the daemon's response cache (daemon.core.response_cache).
     assert config.response_cache is not None and config.response_cache.enable
+    # Run on every instance before the model is served (daemon.core.warmup).
+    assert config.model_warmup[0].batch_size == 4 and config.model_warmup[0].inputs["data_0"].zero_data
 
 
 def test_sequence_batching_is_parsed_and_its_unsupported_fields_warned(parser: PbtxtParser) -> None:
@@ -753,3 +754,15 @@ def test_a_field_of_the_other_tensor_kind_is_refused(kind: str, field: str, valu
     assert getattr(getattr(config, other)[0], field) == value
     with pytest.raises(ConfigError, match=refused):
         config_from_mapping({kind: [tensor]}, source="m")
+
+
+def test_a_warmup_input_takes_one_kind_of_data_in_any_config_format() -> None:
+    """config.pbtxt gets this from protobuf's oneof; model.toml and JSON from the model."""
+    from daemon.model_config import config_from_mapping
+
+    sample = {"name": "s", "batch_size": 1, "inputs": {"X": {"data_type": "TYPE_FP32", "dims": [2], "zero_data": True}}}
+    config = config_from_mapping({"name": "m", "model_warmup": [sample]}, source="m")
+    assert config.model_warmup[0].inputs["X"].data_type == "FP32"
+    sample["inputs"]["X"]["random_data"] = True  # type: ignore[index]
+    with pytest.raises(ConfigError, match="set one of zero_data, random_data and input_data_file"):
+        config_from_mapping({"name": "m", "model_warmup": [sample]}, source="m")
