@@ -507,8 +507,8 @@ def to_triton_json(
     sequence = data.get("sequence_batching")
     if sequence is not None:
         _sequence_to_triton_json(sequence, completed=bool(model_name))
-    if not data["model_warmup"]:
-        del data["model_warmup"]  # Triton leaves an empty one out
+    if not data["model_warmup"] and not model_name:
+        del data["model_warmup"]  # unset; Triton's completed config spells it out empty
     for warmup in data.get("model_warmup", []):
         for spec in warmup["inputs"].values():
             spec["data_type"] = _type_name(spec["data_type"])
