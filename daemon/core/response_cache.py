@@ -67,6 +67,12 @@ def _key(owner: int, request: InferRequest) -> bytes:
     return digest.digest()
 
 
+def _hashed_bytes(array: np.ndarray) -> int:
+    """About how much hashing `array` reads: a BYTES element's length is not known without
+    visiting it, so each counts as 256 bytes (an input of 1 024 strings goes to a thread)."""
+    return array.size * 256 if array.dtype == np.object_ else array.nbytes
+
+
 def _frozen(response: InferResponse) -> tuple[InferResponse, int]:
     """A read-only copy of `response`, and the bytes it holds."""
     outputs: dict[str, np.ndarray] = {}
@@ -97,7 +103,7 @@ class ResponseCache:
         return next(self._owners)
 
     async def key(self, owner: int, request: InferRequest) -> bytes:
-        if sum(a.nbytes for a in request.inputs.values()) >= OFF_LOOP_BYTES:
+        if sum(_hashed_bytes(a) for a in request.inputs.values()) >= OFF_LOOP_BYTES:
             return await asyncio.to_thread(_key, owner, request)
         return _key(owner, request)
 
@@ -117,7 +123,7 @@ class ResponseCache:
 
     async def put(self, owner: int, key: bytes, response: InferResponse) -> None:
         started = time.monotonic_ns()
-        if sum(a.nbytes for a in response.outputs.values()) >= OFF_LOOP_BYTES:
+        if sum(_hashed_bytes(a) for a in response.outputs.values()) >= OFF_LOOP_BYTES:
             frozen, size = await asyncio.to_thread(_frozen, response)
         else:
             frozen, size = _frozen(response)

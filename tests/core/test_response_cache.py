@@ -39,6 +39,9 @@ async def test_the_key_is_everything_that_decides_the_answer() -> None:
     # Large inputs are hashed off the loop, to the same key.
     big = np.arange(1 << 17, dtype=np.float32)
     assert await cache.key(1, _request(big)) == await cache.key(1, _request(big.copy()))
+    strings = np.array([b"x"] * 2000, dtype=object)  # many strings: off the loop too
+    assert await cache.key(1, _request(strings, dtype=object)) == await cache.key(1, _request(strings.copy(), dtype=object))
+    assert await cache.key(1, _request(strings, dtype=object)) != await cache.key(1, _request(strings[:-1], dtype=object))
 
 
 async def test_least_recently_used_answers_go_first_and_oversized_ones_are_not_kept() -> None:
