@@ -481,7 +481,7 @@ def to_triton_json(
             batching["preferred_batch_size"] = [config.max_batch_size]
         for key, empty in (
             ("runtime", ""), ("batch_input", []), ("batch_output", []), ("cc_model_filenames", {}),
-            ("metric_tags", {}), ("model_warmup", []),
+            ("metric_tags", {}),
         ):
             data.setdefault(key, empty)
         ensemble = data.get("ensemble_scheduling")

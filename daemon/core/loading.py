@@ -227,7 +227,7 @@ class ModelLoader:
         runtime = sequence.runtime_config(config)
         check_capabilities(backend, cls, runtime)
         # Files under <model>/warmup/ are read here, off the loop; errors fail the load.
-        warmups = await asyncio.to_thread(warmup.samples, config, model_dir)
+        warmups = await asyncio.to_thread(warmup.samples, config, model_dir) if config.model_warmup else []
         manifest = self.plugins.manifest(backend)
         count = sum(g.count for g in config.instance_group) or manifest.default_instances
         if cls.capabilities.kind == "generation":

@@ -155,8 +155,7 @@ class LoadedVersion:
         response = await scheduler.submit(request)
         inserting = time.monotonic_ns()
         await cache.put(self.cache_owner, key, response)
-        # Triton's "miss" time: the lookup and the insertion.
-        self.stats.cache_miss.add(looked - started + time.monotonic_ns() - inserting)
+        self.stats.record_cache_miss(looked - started + time.monotonic_ns() - inserting)
         return response
 
     async def generate(

@@ -44,7 +44,7 @@ class _Entry:
     size: int
 
 
-def _update(digest: hashlib.blake2b, data: bytes) -> None:
+def _update(digest: hashlib.blake2b, data: bytes | memoryview) -> None:
     """Length-prefixed, so that no two different sequences of fields hash alike."""
     digest.update(struct.pack("<Q", len(data)))
     digest.update(data)
@@ -61,7 +61,8 @@ def _key(owner: int, request: InferRequest) -> bytes:
             for element in array.flat:
                 _update(digest, element if isinstance(element, bytes) else str(element).encode())
         else:
-            _update(digest, np.ascontiguousarray(array).tobytes())
+            # The array's own bytes (a copy only if it is not contiguous).
+            _update(digest, np.ascontiguousarray(array).data.cast("B"))
     _update(digest, json.dumps([sorted(request.requested_outputs), request.parameters],
                                sort_keys=True, default=repr).encode())
     return digest.digest()
@@ -122,6 +123,8 @@ class ResponseCache:
         return InferResponse(dict(entry.response.outputs), dict(entry.response.parameters))
 
     async def put(self, owner: int, key: bytes, response: InferResponse) -> None:
+        if key in self._entries:
+            return  # the same request answered twice at once: kept already, no copy
         started = time.monotonic_ns()
         if sum(_hashed_bytes(a) for a in response.outputs.values()) >= OFF_LOOP_BYTES:
             frozen, size = await asyncio.to_thread(_frozen, response)

@@ -145,6 +145,11 @@ class ModelStats:
         self.cache_hit.add(duration_ns)
         self.last_inference = time.time_ns() // 1_000_000
 
+    def record_cache_miss(self, duration_ns: int) -> None:
+        """A request the cache could not answer, whose answer it then kept (Triton's miss
+        time: the lookup and the insertion)."""
+        self.cache_miss.add(duration_ns)
+
     def record_failure(self, duration_ns: int, reason: FailureReason = "OTHER") -> None:
         """One request failed; `reason` is Triton's failure label."""
         self.fail.add(duration_ns)
@@ -250,15 +255,25 @@ _CACHE_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
 )
 
 
-def _triton_families(owner: MetricsRegistry) -> Iterator[Metric]:
+def _counters(
+    specs: Iterable[tuple[str, str, Callable[[ModelStats], int]]],
+    rows: list[tuple[tuple[str, str], list[ModelStats]]],
+) -> Iterator[Metric]:
+    """A counter family per spec, a sample per model version (its live objects summed)."""
     from prometheus_client.metrics_core import Metric
 
-    rows = owner.totals()
-    for name, doc, value in _COUNTERS:
+    for name, doc, value in specs:
         family = Metric(name, doc, "counter")
         for (model, version), stats in rows:
             family.add_sample(name, {"model": model, "version": version}, sum(value(s) for s in stats))
         yield family
+
+
+def _triton_families(owner: MetricsRegistry) -> Iterator[Metric]:
+    from prometheus_client.metrics_core import Metric
+
+    rows = owner.totals()
+    yield from _counters(_COUNTERS, rows)
     failure = Metric(
         "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter"
     )
@@ -272,11 +287,7 @@ def _triton_families(owner: MetricsRegistry) -> Iterator[Metric]:
     yield failure
     cached = [(key, stats) for key, stats in rows if any(s.cache_enabled for s in stats)]
     if cached:  # as Triton: only for models whose config enables the cache
-        for name, doc, value in _CACHE_COUNTERS:
-            family = Metric(name, doc, "counter")
-            for (model, version), stats in cached:
-                family.add_sample(name, {"model": model, "version": version}, sum(value(s) for s in stats))
-            yield family
+        yield from _counters(_CACHE_COUNTERS, cached)
     pending = Metric(
         "nv_inference_pending_request_count",
         "Instantaneous number of pending requests awaiting execution per-model.",
