@@ -57,7 +57,7 @@ from daemon.errors import (
     Unavailable,
     Unsupported,
 )
-from daemon.model_config import ModelConfig, TensorConfig, lora_entries, to_triton_json
+from daemon.model_config import BatchInput, ModelConfig, TensorConfig, lora_entries, to_triton_json
 
 __all__ = [
     "API_VERSION",
@@ -348,6 +348,14 @@ class Capabilities(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Can execute_step() hand a request back to run again (Triton's request rescheduling)? A
     # config with sequence_batching.iterative_sequence on a backend without it does not load.
     rescheduling: bool = False
+    # Triton's ragged batching (an input's `allow_ragged_batch`, `batch_input`, `batch_output`).
+    # "none": a config with any of them does not load. "requests": execute() hands the model
+    # each request's tensors as sent (Triton's python backend), so requests whose ragged inputs
+    # differ in shape may share a batch, and batch_input / batch_output, which describe a
+    # merged batch, do not load. "merged": TensorBackend concatenates ragged inputs into one
+    # dimension, feeds the batch inputs and scatters the batch outputs (`RaggedPlan`); the
+    # backend's load checks that the graph takes them.
+    ragged_batching: Literal["none", "requests", "merged"] = "none"
 
 
 DeviceKind = Literal["auto", "cpu", "gpu:nvidia", "gpu:intel", "npu"]
@@ -660,9 +668,13 @@ class TensorBackend(Backend):
     """
 
     config: ModelConfig
+    # How a batch with ragged inputs, batch inputs or batch outputs is merged and split; None
+    # when the config has none of them.
+    ragged: RaggedPlan | None = None
 
     async def load(self, config: ModelConfig, artifact: Path, device: Device) -> None:
         self.config = config
+        self.ragged = RaggedPlan.of(config)
         await self.run_blocking(self.load_sync, config, artifact, device)
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -670,28 +682,30 @@ class TensorBackend(Backend):
         raise NotImplementedError
 
     async def execute(self, batch: Sequence[InferRequest]) -> list[ExecuteResult]:
-        if len(batch) == 1 or self.config.max_batch_size == 0:
+        ragged = self.ragged
+        if ragged is None and (len(batch) == 1 or self.config.max_batch_size == 0):
             return [await self._execute_one(request) for request in batch]
         try:
             if sum(array.nbytes for request in batch for array in request.inputs.values()) < OFF_LOOP_BYTES:
                 # Small: merged here. On the instance's thread the same Python would contend with
                 # the loop for the GIL, which cost 10 % of the throughput at 32 clients.
                 started = time.perf_counter_ns()
-                merged, sizes = merge_batch(batch)
+                merged, sizes = merge_batch(batch) if ragged is None else ragged.merge(batch)
                 merge_ns = time.perf_counter_ns() - started
                 outputs = await self.run_blocking(self.infer, merged)
             else:
                 # Megabytes to copy: the event loop must not wait for that.
                 outputs, sizes, merge_ns = await self.run_blocking(self._merge_and_infer, batch)
+            ran_ns = time.perf_counter_ns()
+            parts = split_batch(outputs, sizes) if ragged is None else ragged.split(outputs, batch, sizes)
         except EdgedError as exc:
             return [exc for _ in batch]
         except Exception as exc:  # the runtime's own error: fail this batch, not the daemon
             error = backend_failure(self.name, self.context.model_name, exc)
             return [error for _ in batch]
-        ran_ns = time.perf_counter_ns()
         results: list[ExecuteResult] = [
             InferResponse(select_outputs(part, request.requested_outputs))
-            for part, request in zip(split_batch(outputs, sizes), batch, strict=True)
+            for part, request in zip(parts, batch, strict=True)
         ]
         self.phase_ns = (merge_ns, time.perf_counter_ns() - ran_ns)
         return results
@@ -699,7 +713,7 @@ class TensorBackend(Backend):
     def _merge_and_infer(self, batch: Sequence[InferRequest]) -> tuple[dict[str, np.ndarray], list[int], int]:
         """On the instance thread: the outputs, each request's rows and the merge's nanoseconds."""
         started = time.perf_counter_ns()
-        merged, sizes = merge_batch(batch)
+        merged, sizes = merge_batch(batch) if self.ragged is None else self.ragged.merge(batch)
         merge_ns = time.perf_counter_ns() - started
         return self.infer(merged), sizes, merge_ns
 
@@ -1340,7 +1354,18 @@ def merge_batch(batch: Sequence[InferRequest]) -> tuple[dict[str, np.ndarray], l
 
 
 def split_batch(outputs: dict[str, np.ndarray], sizes: Sequence[int]) -> list[dict[str, np.ndarray]]:
-    """Inverse of merge_batch: slice each output back into per-request parts (views)."""
+    """Inverse of merge_batch: slice each output back into per-request parts (views).
+
+    An output without a row per merged row would hand requests each other's rows, or none:
+    a BackendError naming it."""
+    if len(sizes) > 1:
+        rows = sum(sizes)
+        for name, array in outputs.items():
+            if array.ndim == 0 or array.shape[0] != rows:
+                raise BackendError(
+                    f"output {name!r} has shape {list(array.shape)}, but the batch it answers has {rows} rows: "
+                    "a batched model must return one row per input row"
+                )
     parts = []
     start = 0
     # Python ints, not np.cumsum: slicing with numpy integers is several times slower.
@@ -1349,6 +1374,96 @@ def split_batch(outputs: dict[str, np.ndarray], sizes: Sequence[int]) -> list[di
         parts.append({name: array[start:end] for name, array in outputs.items()})
         start = end
     return parts
+
+
+@dataclass(frozen=True, slots=True)
+class RaggedPlan:
+    """Triton's ragged batching for a backend that merges requests (`ragged_batching:
+    "merged"`), as its ONNX Runtime backend does it: a ragged input of the batch is every
+    request's elements end to end, in one dimension; each `batch_input` target gets a tensor
+    describing the batch (counts of a source input's elements, their running sums, item
+    shapes); each `batch_output` target is cut, end to end, into one tensor per request shaped
+    like that request's source input where the config's dims are -1. Other inputs merge and
+    other outputs split along dim 0 as without it."""
+
+    ragged: frozenset[str]
+    batch_inputs: tuple[BatchInput, ...]
+    # Output name -> (source input, dims with the batch dimension; -1 = the source's).
+    scatter: Mapping[str, tuple[str, tuple[int, ...]]]
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> RaggedPlan | None:
+        ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
+        if not ragged and not config.batch_input and not config.batch_output:
+            return None
+        scatter = {}
+        for batch_output in config.batch_output:
+            output = config.output_by_name(batch_output.target_name[0]) if batch_output.target_name else None
+            if output is not None:
+                dims = output.reshape if output.reshape is not None else output.dims
+                scatter[output.name] = (batch_output.source_input[0], (-1, *dims))
+        return cls(ragged, tuple(config.batch_input), scatter)
+
+    def merge(self, batch: Sequence[InferRequest]) -> tuple[dict[str, np.ndarray], list[int]]:
+        """The runtime's inputs for `batch` and each request's rows."""
+        sizes = [request.batch_size() for request in batch]
+        merged = {}
+        for name in batch[0].inputs:
+            if name in self.ragged:
+                merged[name] = np.concatenate([request.inputs[name].reshape(-1) for request in batch])
+            else:
+                merged[name] = np.concatenate([request.inputs[name] for request in batch])
+        for batch_input in self.batch_inputs:
+            value = _batch_input_value(batch_input, [request.inputs[batch_input.source_input[0]] for request in batch])
+            for target in batch_input.target_name:
+                merged[target] = value
+        return merged, sizes
+
+    def split(
+        self, outputs: dict[str, np.ndarray], batch: Sequence[InferRequest], sizes: Sequence[int]
+    ) -> list[dict[str, np.ndarray]]:
+        """Each request's outputs (views): scattered ones by their source's shapes, the rest by rows."""
+        parts = split_batch({n: a for n, a in outputs.items() if n not in self.scatter}, sizes)
+        for name, (source, dims) in self.scatter.items():
+            output = outputs.get(name)
+            if output is None:
+                continue
+            flat = output.reshape(-1)
+            offset = 0
+            for part, request in zip(parts, batch, strict=True):
+                shape = request.inputs[source].shape
+                wanted = tuple(shape[i] if d == -1 else d for i, d in enumerate(dims))
+                count = int(np.prod(wanted))
+                if offset + count > flat.size:
+                    raise BackendError(
+                        f"batch output {name!r} has {flat.size} elements, fewer than the batch's shapes of "
+                        f"input {source!r} need"
+                    )
+                part[name] = flat[offset:offset + count].reshape(wanted)
+                offset += count
+        return parts
+
+
+def _batch_input_value(batch_input: BatchInput, sources: list[np.ndarray]) -> np.ndarray:
+    """One batch input's tensor, from the source input of each request of the batch (the
+    values and shapes of Triton's backend input collector)."""
+    dtype = np.int32 if batch_input.data_type == "INT32" else np.float32
+    counts = [source.size for source in sources]
+    kind = batch_input.kind
+    if kind == "BATCH_ELEMENT_COUNT":
+        return np.array(counts, dtype=dtype)
+    if kind == "BATCH_ACCUMULATED_ELEMENT_COUNT":
+        return np.cumsum(counts).astype(dtype)
+    if kind == "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO":
+        return np.concatenate([[0], np.cumsum(counts)]).astype(dtype)
+    if kind == "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE":
+        # Only its shape means anything; Triton leaves the data uninitialized, zeros here.
+        return np.zeros(max(counts), dtype=dtype)
+    # BATCH_ITEM_SHAPE[_FLATTEN]: each row's shape without the batch dimension.
+    rank = sources[0].ndim - 1
+    shapes = [source.shape[1:] for source in sources for _ in range(source.shape[0])]
+    items = np.array(shapes, dtype=dtype).reshape(len(shapes), rank)
+    return items if kind == "BATCH_ITEM_SHAPE" else items.reshape(-1)
 
 
 def select_outputs(outputs: dict[str, np.ndarray], requested: tuple[str, ...]) -> dict[str, np.ndarray]:

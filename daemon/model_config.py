@@ -152,6 +152,9 @@ class TensorConfig(_Strict):
     # Inputs only: the layout the model expects, as Triton keeps it (served in the config for
     # clients such as Triton's image_client; neither server converts the data).
     format: Literal["FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW"] = "FORMAT_NONE"
+    # Inputs only (Triton's ragged batching): requests whose shapes differ in this input may
+    # share a batch; a backend that merges requests concatenates it into one dimension.
+    allow_ragged_batch: bool = False
 
     def __post_init__(self) -> None:
         self.data_type = _field_datatype(self.data_type)
@@ -334,6 +337,37 @@ class ModelWarmup(_Strict):
     count: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
+BatchInputKind = Literal[
+    "BATCH_ELEMENT_COUNT", "BATCH_ACCUMULATED_ELEMENT_COUNT", "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO",
+    "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE", "BATCH_ITEM_SHAPE", "BATCH_ITEM_SHAPE_FLATTEN",
+]
+
+
+class BatchInput(_Strict):
+    """Triton's `batch_input`: a model input the backend makes from the batch it runs (each
+    request's element count of `source_input`, their running sum, ...), fed as `target_name`.
+    Checked by `check_batch_io`; computed in daemon.backend (`ragged_merge`)."""
+
+    kind: BatchInputKind = "BATCH_ELEMENT_COUNT"
+    target_name: list[str] = []
+    # "" when unset (Triton's TYPE_INVALID), which check_batch_io refuses with Triton's text.
+    data_type: str = ""
+    source_input: list[str] = []
+
+    def __post_init__(self) -> None:
+        if self.data_type:
+            self.data_type = _field_datatype(self.data_type)
+
+
+class BatchOutput(_Strict):
+    """Triton's `batch_output`: an output the backend splits by each request's shape of
+    `source_input` rather than by its rows."""
+
+    target_name: list[str] = []
+    kind: Literal["BATCH_SCATTER_WITH_INPUT_SHAPE"] = "BATCH_SCATTER_WITH_INPUT_SHAPE"
+    source_input: list[str] = []
+
+
 class ResponseCache(_Strict):
     """Triton's `response_cache`: answers kept by the daemon's cache (daemon.core.response_cache)."""
 
@@ -359,6 +393,8 @@ class ModelConfig(_Strict):
         default_factory=TransactionPolicy
     )
     default_model_filename: str = ""
+    batch_input: list[BatchInput] = []
+    batch_output: list[BatchOutput] = []
     response_cache: ResponseCache | None = None
     model_warmup: list[ModelWarmup] = []
     # Ours: ordered backend preference for `backend: auto` (e.g. ["openvino", "onnxruntime"]).
@@ -387,6 +423,8 @@ class ModelConfig(_Strict):
                 raise ValueError(f"output {tensor.name!r}: format applies to inputs only")
             if tensor.optional:
                 raise ValueError(f"output {tensor.name!r}: optional applies to inputs only")
+            if tensor.allow_ragged_batch:
+                raise ValueError(f"output {tensor.name!r}: allow_ragged_batch applies to inputs only")
         for tensor in self.input:
             if tensor.label_filename:
                 raise ValueError(f"input {tensor.name!r}: label_filename applies to outputs only")
@@ -479,10 +517,7 @@ def to_triton_json(
             data["default_model_filename"] = filename
         if batching is not None and not batching["preferred_batch_size"] and config.max_batch_size > 0:
             batching["preferred_batch_size"] = [config.max_batch_size]
-        for key, empty in (
-            ("runtime", ""), ("batch_input", []), ("batch_output", []), ("cc_model_filenames", {}),
-            ("metric_tags", {}),
-        ):
+        for key, empty in (("runtime", ""), ("cc_model_filenames", {}), ("metric_tags", {})):
             data.setdefault(key, empty)
         ensemble = data.get("ensemble_scheduling")
         if ensemble is not None:
@@ -500,10 +535,15 @@ def to_triton_json(
             # Triton spells out these defaults (the only values edged serves, see triton_config).
             tensor["is_shape_tensor"] = tensor["is_non_linear_format_io"] = False
             if side == "output":
-                del tensor["optional"], tensor["format"]  # Triton's ModelOutput has neither
+                # Triton's ModelOutput has none of these
+                del tensor["optional"], tensor["format"], tensor["allow_ragged_batch"]
             else:
                 del tensor["label_filename"]  # nor has its ModelInput this one
-                tensor["allow_ragged_batch"] = False
+    for key in ("batch_input", "batch_output"):
+        if not data[key] and not model_name:
+            del data[key]  # unset; Triton's completed config spells them out empty
+    for batch_input in data.get("batch_input", []):
+        batch_input["data_type"] = _type_name(batch_input["data_type"]) if batch_input["data_type"] else "TYPE_INVALID"
     sequence = data.get("sequence_batching")
     if sequence is not None:
         _sequence_to_triton_json(sequence, completed=bool(model_name))
@@ -561,3 +601,44 @@ def _sequence_to_triton_json(data: dict[str, Any], *, completed: bool) -> None:
                 initial["data_type"] = _type_name(initial["data_type"])
             if not initial["data_file"]:
                 del initial["data_file"]
+
+
+def check_batch_io(config: ModelConfig) -> None:
+    """Triton's checks of `batch_input` and `batch_output` (model_config_utils'
+    ValidateBatchIO, with its texts), then edged's: a batch input must not shadow an input a
+    request carries. What a backend can do with them is check_capabilities' business."""
+    inputs = {tensor.name for tensor in config.input}
+    outputs = {tensor.name for tensor in config.output}
+
+    def fail(text: str) -> ConfigError:
+        return ConfigError(f"{text} for {config.name}")
+
+    for batch_input in config.batch_input:
+        if len(batch_input.source_input) != 1:
+            raise fail(f"batch input kind '{batch_input.kind}' expects 1 source input, got "
+                       f"{len(batch_input.source_input)}")
+        if batch_input.data_type not in ("INT32", "FP32"):
+            raise fail("batch input data type must be TYPE_INT32 or TYPE_FP32")
+        for source in batch_input.source_input:
+            if source not in inputs:
+                raise fail(f"unknown source input name '{source}'")
+    for batch_output in config.batch_output:
+        if len(batch_output.source_input) != 1:
+            raise fail(f"batch output kind '{batch_output.kind}' expects 1 source input, got "
+                       f"{len(batch_output.source_input)}")
+        for source in batch_output.source_input:
+            if source not in inputs:
+                raise fail(f"unknown source input name '{source}'")
+        targets: set[str] = set()
+        for target in batch_output.target_name:
+            if target not in outputs:
+                raise fail(f"unknown target output name '{target}'")
+            if target in targets:
+                raise fail(f"target output name '{target}' can only be specified once")
+            targets.add(target)
+    shadowed = [t for b in config.batch_input for t in b.target_name if t in inputs]
+    if shadowed:
+        raise ConfigError(
+            f"model '{config.name}': batch input target {shadowed[0]!r} is also an input of the config; a batch "
+            "input is made by the backend, never sent by a client"
+        )

@@ -212,3 +212,71 @@ def build_dtype_zoo_onnx(path: Path) -> dict[str, tuple[str, str]]:
     )
     _save(_model(graph), path)
     return names
+
+
+# --------------------------------------------------------------------------- ragged batching
+
+RAGGED_CONFIG = """max_batch_size: 8
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+batch_input [
+  { kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "INDEX" data_type: TYPE_INT32 source_input: "INPUT" },
+  { kind: BATCH_ELEMENT_COUNT target_name: "COUNT" data_type: TYPE_FP32 source_input: "INPUT" },
+  { kind: BATCH_ITEM_SHAPE target_name: "ITEM" data_type: TYPE_INT32 source_input: "INPUT" }
+]
+output [
+  { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "DOUBLE" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "N" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "SHAPE" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+batch_output [ { kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "DOUBLE" source_input: "INPUT" } ]
+"""
+
+
+def build_ragged_onnx(path: Path) -> None:
+    """A model written for Triton's ragged batching (`RAGGED_CONFIG`): INPUT is every request's
+    elements end to end, INDEX where each request starts and ends (accumulated counts with a
+    leading 0), COUNT each request's element count, ITEM each row's shape. Per request: SUM of
+    its elements (from INPUT's running sum at INDEX), N its count, SHAPE its row's shape, and
+    DOUBLE = 2 * INPUT scattered back by each request's INPUT shape."""
+    onnx = _onnx()
+    helper, tp = onnx.helper, onnx.TensorProto
+    const = helper.make_tensor
+    nodes = [
+        helper.make_node("Constant", [], ["zero"], value=const("zero", tp.FLOAT, [1], [0.0])),
+        helper.make_node("Constant", [], ["two"], value=const("two", tp.FLOAT, [], [2.0])),
+        helper.make_node("Constant", [], ["axis0"], value=const("axis0", tp.INT64, [], [0])),
+        helper.make_node("Constant", [], ["axes1"], value=const("axes1", tp.INT64, [1], [1])),
+        helper.make_node("Constant", [], ["first"], value=const("first", tp.INT64, [1], [0])),
+        helper.make_node("Constant", [], ["second"], value=const("second", tp.INT64, [1], [1])),
+        helper.make_node("Constant", [], ["last"], value=const("last", tp.INT64, [1], [-1])),
+        helper.make_node("Constant", [], ["end"], value=const("end", tp.INT64, [1], [2**62])),
+        helper.make_node("Concat", ["zero", "INPUT"], ["padded"], axis=0),
+        helper.make_node("CumSum", ["padded", "axis0"], ["running"]),
+        helper.make_node("Cast", ["INDEX"], ["index64"], to=tp.INT64),
+        helper.make_node("Gather", ["running", "index64"], ["at"], axis=0),
+        helper.make_node("Slice", ["at", "second", "end"], ["hi"]),
+        helper.make_node("Slice", ["at", "first", "last"], ["lo"]),
+        helper.make_node("Sub", ["hi", "lo"], ["sums"]),
+        helper.make_node("Unsqueeze", ["sums", "axes1"], ["SUM"]),
+        helper.make_node("Mul", ["INPUT", "two"], ["DOUBLE"]),
+        helper.make_node("Unsqueeze", ["COUNT", "axes1"], ["N"]),
+        helper.make_node("Identity", ["ITEM"], ["SHAPE"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ragged",
+        [
+            helper.make_tensor_value_info("INPUT", tp.FLOAT, ["total"]),
+            helper.make_tensor_value_info("INDEX", tp.INT32, ["requests_plus_one"]),
+            helper.make_tensor_value_info("COUNT", tp.FLOAT, ["requests"]),
+            helper.make_tensor_value_info("ITEM", tp.INT32, ["rows", 1]),
+        ],
+        [
+            helper.make_tensor_value_info("SUM", tp.FLOAT, ["requests", 1]),
+            helper.make_tensor_value_info("DOUBLE", tp.FLOAT, ["total"]),
+            helper.make_tensor_value_info("N", tp.FLOAT, ["requests", 1]),
+            helper.make_tensor_value_info("SHAPE", tp.INT32, ["rows", 1]),
+        ],
+    )
+    _save(_model(graph), path)

@@ -9,6 +9,7 @@ import threading
 import time
 import weakref
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -19,6 +20,7 @@ from daemon.backend import (
     InferRequest,
     InferResponse,
     InstanceContext,
+    RaggedPlan,
     TensorBackend,
     _InstanceThread,
 )
@@ -223,3 +225,90 @@ async def test_a_large_batch_is_merged_on_the_instance_thread(monkeypatch: pytes
     assert set(third) == {"rows"} and third["rows"].tolist() == [4, 5]
     input_ns, output_ns = backend.phase_ns
     assert input_ns > 0 and output_ns > 0
+
+
+# ---------------------------------------------------------------------------- ragged batching
+
+
+def _ragged_config(kind: str, data_type: str = "INT32") -> ModelConfig:
+    return msgspec.convert({
+        "name": "m", "max_batch_size": 8,
+        "input": [{"name": "x", "data_type": "FP32", "dims": [-1, -1], "allow_ragged_batch": True},
+                  {"name": "w", "data_type": "FP32", "dims": [2]}],
+        "output": [{"name": "y", "data_type": "FP32", "dims": [-1, -1]},
+                   {"name": "z", "data_type": "FP32", "dims": [2]}],
+        "batch_input": [{"kind": kind, "target_name": ["b", "b2"], "data_type": data_type, "source_input": ["x"]}],
+        "batch_output": [{"target_name": ["y"], "source_input": ["x"]}],
+    }, ModelConfig)
+
+
+# Triton's example (model_config.proto): a request of two rows of shape [3, 1] and one of one
+# row of shape [2, 2]: 6 and 4 elements.
+RAGGED_BATCH = [
+    InferRequest({"x": np.arange(6, dtype=np.float32).reshape(2, 3, 1), "w": np.ones((2, 2), np.float32)}),
+    InferRequest({"x": np.arange(4, dtype=np.float32).reshape(1, 2, 2), "w": np.zeros((1, 2), np.float32)}),
+]
+
+
+@pytest.mark.parametrize(("kind", "data_type", "value"), [
+    ("BATCH_ELEMENT_COUNT", "INT32", np.array([6, 4], np.int32)),
+    ("BATCH_ELEMENT_COUNT", "FP32", np.array([6, 4], np.float32)),
+    ("BATCH_ACCUMULATED_ELEMENT_COUNT", "INT32", np.array([6, 10], np.int32)),
+    ("BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO", "INT32", np.array([0, 6, 10], np.int32)),
+    ("BATCH_MAX_ELEMENT_COUNT_AS_SHAPE", "FP32", np.zeros(6, np.float32)),
+    ("BATCH_ITEM_SHAPE", "INT32", np.array([[3, 1], [3, 1], [2, 2]], np.int32)),
+    ("BATCH_ITEM_SHAPE_FLATTEN", "FP32", np.array([3, 1, 3, 1, 2, 2], np.float32)),
+])
+def test_ragged_merge_makes_tritons_batch_inputs(kind: str, data_type: str, value: np.ndarray) -> None:
+    plan = RaggedPlan.of(_ragged_config(kind, data_type))
+    assert plan is not None
+    merged, sizes = plan.merge(RAGGED_BATCH)
+    assert sizes == [2, 1]
+    # The ragged input end to end in one dimension; the other along its batch dimension.
+    np.testing.assert_array_equal(merged["x"], np.concatenate([np.arange(6), np.arange(4)]).astype(np.float32))
+    assert merged["w"].shape == (3, 2)
+    for target in ("b", "b2"):  # every target name gets it
+        assert merged[target].dtype == value.dtype and merged[target].shape == value.shape
+        np.testing.assert_array_equal(merged[target], value)
+
+
+def test_ragged_split_scatters_by_the_source_shape_and_checks_sizes() -> None:
+    plan = RaggedPlan.of(_ragged_config("BATCH_ELEMENT_COUNT"))
+    assert plan is not None
+    flat = np.arange(10, dtype=np.float32)
+    first, second = plan.split({"y": flat * 3, "z": np.arange(6, dtype=np.float32).reshape(3, 2)}, RAGGED_BATCH, [2, 1])
+    assert first["y"].shape == (2, 3, 1) and first["y"].ravel().tolist() == (flat[:6] * 3).tolist()
+    assert second["y"].shape == (1, 2, 2) and second["y"].ravel().tolist() == (flat[6:] * 3).tolist()
+    assert first["z"].tolist() == [[0, 1], [2, 3]] and second["z"].tolist() == [[4, 5]]
+    with pytest.raises(BackendError, match="batch output 'y' has 9 elements, fewer than the batch's shapes of input 'x' need"):
+        plan.split({"y": flat[:9], "z": np.zeros((3, 2), np.float32)}, RAGGED_BATCH, [2, 1])
+    # Rows, not requests: an output of one row per request would hand them each other's.
+    with pytest.raises(BackendError, match=r"output 'z' has shape \[2, 2\], but the batch it answers has 3 rows"):
+        plan.split({"y": flat, "z": np.zeros((2, 2), np.float32)}, RAGGED_BATCH, [2, 1])
+
+
+def test_a_config_without_ragged_batching_has_no_plan() -> None:
+    assert RaggedPlan.of(ModelConfig(name="m", max_batch_size=4, input=[TensorConfig("x", "FP32", [2])])) is None
+
+
+class Summing(TensorBackend):
+    """A broken batched model: one row for the whole batch."""
+
+    name = "summing"
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"y": inputs["x"].sum(axis=0, keepdims=True)}
+
+
+async def test_a_merged_batch_answered_with_other_rows_fails_every_request() -> None:
+    backend = Summing(InstanceContext("m", 1))
+    backend.config = ModelConfig(name="m", max_batch_size=8, input=[TensorConfig("x", "FP32", [2])],
+                                 output=[TensorConfig("y", "FP32", [2])])
+    batch = [InferRequest({"x": np.ones((rows, 2), np.float32)}) for rows in (1, 2)]
+    try:
+        results = await backend.execute(batch)
+    finally:
+        await backend.unload()
+    assert [str(r) for r in results] == [
+        "output 'y' has shape [1, 2], but the batch it answers has 3 rows: a batched model must return one row "
+        "per input row"] * 2

@@ -80,7 +80,7 @@ class _Port(msgspec.Struct, frozen=True):
 class OnnxRuntimeBackend(TensorBackend):
     name: ClassVar[str] = "onnxruntime"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        datatypes=frozenset(KSERVE_TYPES.values()), queued_execute=True
+        datatypes=frozenset(KSERVE_TYPES.values()), queued_execute=True, ragged_batching="merged"
     )
 
     def __init__(self, context: InstanceContext) -> None:
@@ -115,7 +115,10 @@ class OnnxRuntimeBackend(TensorBackend):
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.intra_op_num_threads = 1
         session = _open_session(path, model_name, options, [CPU_PROVIDER])
-        inputs = [_describe(arg) for arg in session.get_inputs()]
+        made = {target for b in config.batch_input for target in b.target_name}
+        ports = [_describe(arg) for arg in session.get_inputs()]
+        # A batch input is the daemon's to feed, not a request's.
+        inputs = [p for p in ports if p.name not in made]
         outputs = [_describe(arg) for arg in session.get_outputs()]
         batch = config.max_batch_size
         if batch == 0 and not config.input and all(_batchable(p) for p in inputs + outputs):
@@ -126,7 +129,7 @@ class OnnxRuntimeBackend(TensorBackend):
             input=config.input or [_tensor_config(p, batch > 0) for p in inputs],
             output=config.output or [_tensor_config(p, batch > 0) for p in outputs],
         )
-        _check_config(completed, inputs, outputs, model_name, path)
+        _check_config(completed, ports, outputs, model_name, path)
         return completed
 
     # ------------------------------------------------------------------ lifecycle
@@ -272,6 +275,9 @@ def _check_config(
 ) -> None:
     """Fail at load, naming the tensor, when the config disagrees with the graph."""
     batched = config.max_batch_size > 0
+    # Made by the daemon from the batch, or cut by the source input's shapes: not [batch, dims].
+    batch_inputs = {target: b for b in config.batch_input for target in b.target_name}
+    scattered = {target for b in config.batch_output for target in b.target_name}
     for kind, ports, wanted in (
         ("input", inputs, config.input),
         ("output", outputs, config.output),
@@ -289,6 +295,11 @@ def _check_config(
                 raise ConfigError(
                     f"{where}: config data_type {tensor.data_type} but {path.name} has {port.datatype}"
                 )
+            if tensor.allow_ragged_batch:
+                _check_flat(where, port, path)
+                continue
+            if tensor.name in scattered:
+                continue
             if batched and not _batchable(port):
                 raise ConfigError(
                     f"{where}: max_batch_size is {config.max_batch_size} but the first dimension in "
@@ -301,14 +312,37 @@ def _check_config(
                     f"{where}: config dims {tensor.dims} do not match {path.name}'s shape "
                     f"{shown}{list(model_dims)}"
                 )
+    by_name = {p.name: p for p in inputs}
+    for target, batch_input in batch_inputs.items():
+        where = f"model {model_name!r}: batch input {target!r}"
+        port = by_name.get(target)
+        if port is None:
+            raise ConfigError(f"{where} is not an input of {path.name} (inputs: {sorted(by_name)})")
+        if port.datatype != batch_input.data_type:
+            raise ConfigError(f"{where}: config data_type {batch_input.data_type} but {path.name} has {port.datatype}")
+        rank = 2 if batch_input.kind == "BATCH_ITEM_SHAPE" else 1
+        if len(port.dims) != rank:
+            raise ConfigError(
+                f"{where} ({batch_input.kind}) is a tensor of {rank} dimension(s), but {path.name} takes one of "
+                f"shape {list(port.dims)}"
+            )
     if config.input:
         # A required graph input the config leaves out could never be fed by any request.
-        declared = {t.name for t in config.input}
+        declared = {t.name for t in config.input} | batch_inputs.keys()
         missing = [p.name for p in inputs if p.name not in declared]
         if missing:
             raise ConfigError(
                 f"model {model_name!r}: {path.name} has input(s) {missing} that the config does not declare"
             )
+
+
+def _check_flat(where: str, port: _Port, path: Path) -> None:
+    """A ragged input reaches the graph in one dimension, the batch's elements end to end."""
+    if port.dims != (-1,):
+        raise ConfigError(
+            f"{where} sets allow_ragged_batch, so {path.name} must take it with shape [-1], one dimension of any "
+            f"length; it has shape {list(port.dims)}"
+        )
 
 
 def _dims_agree(config_dims: list[int], model_dims: tuple[int, ...]) -> bool:

@@ -24,7 +24,7 @@ The precision actually compiled is read back from the compiled model and reporte
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -100,7 +100,7 @@ class OpenVinoBackend(TensorBackend):
     name: ClassVar[str] = "openvino"
     # queued_execute: `infer` copies its outputs out of the request's reused buffers.
     capabilities: ClassVar[Capabilities] = Capabilities(
-        datatypes=frozenset(KSERVE_TYPES.values()), queued_execute=True
+        datatypes=frozenset(KSERVE_TYPES.values()), queued_execute=True, ragged_batching="merged"
     )
 
     def __init__(self, context: InstanceContext) -> None:
@@ -135,7 +135,9 @@ class OpenVinoBackend(TensorBackend):
         path = _artifact_file(artifact, config)
         model_name = config.name or path.parent.parent.name  # <model>/<version>/<file>
         model = _read_model(ov.Core(), path, model_name, device="")
-        inputs = _describe_all(model.inputs, model_name)
+        made = {target for b in config.batch_input for target in b.target_name}
+        # A batch input is the daemon's to feed, not a request's.
+        inputs = [p for p in _describe_all(model.inputs, model_name) if not p.aliases & made]
         outputs = _describe_all(model.outputs, model_name)
         batch = config.max_batch_size
         if batch == 0 and not config.input and all(_batchable(p) for p in inputs + outputs):
@@ -188,13 +190,22 @@ class OpenVinoBackend(TensorBackend):
                 _check_cpu_precision(core, precision, model_name)
 
         model = _read_model(core, path, model_name, self.device)
+        # Ragged inputs reach the model in one dimension (the batch's elements end to end),
+        # batch inputs in one or two (BATCH_ITEM_SHAPE); neither has a batch dimension.
+        ranks = {t.name: ("sets allow_ragged_batch", 1) for t in config.input if t.allow_ragged_batch}
+        ranks |= {
+            target: (f"is a batch input ({b.kind})", 2 if b.kind == "BATCH_ITEM_SHAPE" else 1)
+            for b in config.batch_input for target in b.target_name
+        }
         if config.max_batch_size > 0:
-            _make_batch_dynamic(model, config.max_batch_size, model_name, path)
-        inputs = _describe_all(model.inputs, model_name, [t.name for t in config.input])
+            _make_batch_dynamic(model, config.max_batch_size, model_name, path, ranks)
+        made = [target for b in config.batch_input for target in b.target_name]
+        inputs = _describe_all(model.inputs, model_name, [t.name for t in config.input] + made)
         outputs = _describe_all(model.outputs, model_name, [t.name for t in config.output])
         # Fail at load, not at the first request, when the config names tensors the model lacks.
         _check_config_names("input", inputs, config.input, model_name, path)
         _check_config_names("output", outputs, config.output, model_name, path)
+        _check_batch_inputs(config, inputs, model_name, path)
         compile_config: dict[str, Any] = {"PERFORMANCE_HINT": hint}
         if precision is not None or self.device == "CPU":
             # Also in the compile config (not only on the CPU plugin): it is then part of the
@@ -373,14 +384,27 @@ def _choose_device(requested: str, config: ModelConfig, available: list[str]) ->
     return "AUTO" if len(available) > 1 else "CPU"
 
 
-def _make_batch_dynamic(model: ov.Model, max_batch_size: int, model_name: str, path: Path) -> None:
-    """Give every input a first dimension of 1..max_batch_size so merged batches fit.
+def _make_batch_dynamic(
+    model: ov.Model, max_batch_size: int, model_name: str, path: Path, ranks: Mapping[str, tuple[str, int]]
+) -> None:
+    """Give every input a first dimension of 1..max_batch_size so merged batches fit, and
+    those in `ranks` (name -> why, rank) dimensions of any length and no batch dimension.
 
     A bounded dimension (not just -1) lets GPU/NPU plugins plan memory for the largest batch.
     """
     shapes: dict[int, ov.PartialShape] = {}
     for i, port in enumerate(model.inputs):
         shape = port.get_partial_shape()
+        flat = next((ranks[name] for name in port.get_names() if name in ranks), None)
+        if flat is not None:
+            why, rank = flat
+            if shape.rank.is_static and len(shape) != rank:
+                raise ConfigError(
+                    f"model {model_name!r}: input {port.get_any_name()!r} {why}, so {path.name} must take "
+                    f"it with {rank} dimension(s) of any length; it has shape {shape}"
+                )
+            shapes[i] = ov.PartialShape([-1] * rank)
+            continue
         if shape.rank.is_dynamic or len(shape) == 0:
             raise BackendError(
                 f"model {model_name!r} ({path.name}): input {port.get_names() or i} "
@@ -395,6 +419,21 @@ def _make_batch_dynamic(model: ov.Model, max_batch_size: int, model_name: str, p
             f"model {model_name!r} ({path.name}) cannot take a dynamic batch dimension "
             f"(max_batch_size={max_batch_size}); set max_batch_size to 0: {exc}"
         ) from exc
+
+
+def _check_batch_inputs(config: ModelConfig, inputs: list[_Port], model_name: str, path: Path) -> None:
+    """Each batch input target is an input of the model, of the config's data type."""
+    by_alias = {alias: port for port in inputs for alias in port.aliases}
+    for batch_input in config.batch_input:
+        for target in batch_input.target_name:
+            port = by_alias.get(target)
+            where = f"model {model_name!r}: batch input {target!r}"
+            if port is None:
+                raise ConfigError(f"{where} is not an input of {path.name} (inputs: {[p.name for p in inputs]})")
+            if port.datatype != batch_input.data_type:
+                raise ConfigError(
+                    f"{where}: config data_type {batch_input.data_type} but {path.name} has {port.datatype}"
+                )
 
 
 def _describe_all(ports: list[Any], model_name: str, preferred: Collection[str] = ()) -> list[_Port]:

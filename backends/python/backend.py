@@ -98,9 +98,10 @@ _ERROR_CLASSES: dict[int, type[EdgedError]] = {
 class PythonBackend(Backend):
     name: ClassVar[str] = "python"
     # dynamic_batching: the scheduler may hand several requests to one execute(); they reach the
-    # user's code as a list (Triton's contract), never merged along dim 0.
+    # user's code as a list (Triton's contract), never merged along dim 0; so requests whose
+    # ragged inputs differ in shape may share one (ragged_batching "requests").
     capabilities: ClassVar[Capabilities] = Capabilities(
-        dynamic_batching=True, decoupled=True, queued_execute=True, rescheduling=True
+        dynamic_batching=True, decoupled=True, queued_execute=True, rescheduling=True, ragged_batching="requests"
     )
 
     def __init__(self, context: InstanceContext) -> None:

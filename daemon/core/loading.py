@@ -38,7 +38,7 @@ from daemon.core.scheduler import Scheduler, make_scheduler
 from daemon.core.selection import Selection, choose_backends
 from daemon.core.stats import MetricsRegistry, ModelStats
 from daemon.errors import BackendError, ConfigError, EdgedError, NotFound, PluginError
-from daemon.model_config import InstanceGroup, ModelConfig
+from daemon.model_config import InstanceGroup, ModelConfig, check_batch_io
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +224,7 @@ class ModelLoader:
         # Sequence models: clients see Triton's config (control and state tensors only under
         # sequence_batching); backends load one where they are ordinary inputs and outputs.
         config = sequence.client_config(config)
+        check_batch_io(config)  # on the completed config, as Triton checks it
         runtime = sequence.runtime_config(config)
         check_capabilities(backend, cls, runtime)
         # Files under <model>/warmup/ are read here, off the loop; errors fail the load.
@@ -322,6 +323,22 @@ def check_capabilities(backend: str, cls: type[Backend], config: ModelConfig) ->
         raise ConfigError(
             f"model '{config.name}': model_warmup is set, but backend {backend!r} is not run by requests "
             "of tensors (it generates text)"
+        )
+    ragged = [t.name for t in config.input if t.allow_ragged_batch]
+    batch_io = "batch_input" if config.batch_input else "batch_output" if config.batch_output else ""
+    if (ragged or batch_io) and caps.ragged_batching == "none":
+        what = f"input '{ragged[0]}' sets allow_ragged_batch" if ragged else f"{batch_io} is set"
+        raise ConfigError(f"model '{config.name}': {what}, but backend {backend!r} cannot batch ragged inputs")
+    if batch_io and caps.ragged_batching == "requests":
+        raise ConfigError(
+            f"model '{config.name}': {batch_io} is set, but backend {backend!r} hands the model each request "
+            "as sent, so there is no merged batch to describe (Triton's python backend ignores it)"
+        )
+    if (ragged or batch_io) and caps.ragged_batching == "merged" and config.max_batch_size == 0:
+        what = f"input '{ragged[0]}' sets allow_ragged_batch" if ragged else f"{batch_io} is set"
+        raise ConfigError(
+            f"model '{config.name}': {what}, which needs max_batch_size > 0 on backend {backend!r}: ragged "
+            "inputs are concatenated across the requests of a batch"
         )
     if config.sequence_batching is not None and config.sequence_batching.iterative_sequence and not caps.rescheduling:
         raise ConfigError(

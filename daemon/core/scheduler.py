@@ -766,6 +766,8 @@ class DynamicBatcher(_QueueScheduler):
         # `_plan` sends before the delay only at a preferred size or at max_batch_size, and
         # a batch has at most as many rows as are queued: below this, waking it is useless.
         self._wake_rows = min(self.preferred, default=self.max_rows)
+        # Inputs whose shapes may differ within a batch (Triton's allow_ragged_batch).
+        self._ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
 
     def _rows(self, request: InferRequest) -> int:
         rows = request.batch_size()
@@ -786,7 +788,7 @@ class DynamicBatcher(_QueueScheduler):
                 # Can't be merged safely; a key equal only to itself makes it run alone.
                 return object()
             rows = array.shape[0]
-            parts.append((name, array.dtype.str, array.shape[1:]))
+            parts.append((name, array.dtype.str, array.shape[1:] if name not in self._ragged else None))
         return tuple(parts)
 
     def _sends_at_once(self) -> bool:

@@ -441,10 +441,12 @@ def sequence_parameters(
     return corrid, flags[0], flags[1]
 
 
-def _input_key(request: InferRequest) -> Hashable:
-    """Requests that can share a batch have equal keys (names, dtypes, non-batch dims)."""
+def _input_key(request: InferRequest, ragged: frozenset[str]) -> Hashable:
+    """Requests that can share a batch have equal keys (names, dtypes, non-batch dims but
+    those of `ragged` inputs)."""
     return tuple(
-        (name, array.dtype.str, array.shape[1:]) for name, array in sorted(request.inputs.items())
+        (name, array.dtype.str, array.shape[1:] if name not in ragged else None)
+        for name, array in sorted(request.inputs.items())
     )
 
 
@@ -555,6 +557,8 @@ class SequenceBatcher:
             type(i).capabilities.dynamic_batching for i in instances
         )
         self.max_rows = config.max_batch_size if self.merges else 1
+        # Inputs whose shapes may differ within a batch (Triton's allow_ragged_batch).
+        self._ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
         slot_count = max(1, config.max_batch_size)
         self.preferred: frozenset[int] = frozenset()
         if sb.oldest is not None:
@@ -718,7 +722,7 @@ class SequenceBatcher:
             start=start,
             end=end,
             arrival_ns=now,
-            key=_input_key(request) if self.merges else None,
+            key=_input_key(request, self._ragged) if self.merges else None,
             sink=sink,
         )
         sequence.queue.append(item)

@@ -444,9 +444,8 @@ def _to_edged_shape(data: dict[str, Any]) -> None:
 # defaults out), they are refused, never dropped. Other unsupported fields are tuning hints
 # (optimization, model_warmup, response_cache, rate_limiter, ...): dropped with a warning.
 _REFUSED = frozenset({
-    "input.is_shape_tensor", "input.allow_ragged_batch", "input.is_non_linear_format_io",
-    "output.is_shape_tensor", "output.is_non_linear_format_io",
-    "batch_input", "batch_output", "model_repository_agents",
+    "input.is_shape_tensor", "input.is_non_linear_format_io",
+    "output.is_shape_tensor", "output.is_non_linear_format_io", "model_repository_agents",
 })
 
 

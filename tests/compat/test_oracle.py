@@ -803,3 +803,67 @@ def test_model_warmup_as_tritons(compat_repo: object, tmp_path_factory: pytest.T
     theirs, ours = answers
     assert theirs[0][:2] == (9, 9) and theirs[1]["RUNS"] == [4, 4] and theirs[3][3] == [(3, 1)]
     assert ours == theirs
+
+
+# Each request learns how many requests its execution held and how many inputs it carried.
+_BATCH_SEEN = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", np.array([[len(requests), len(r.inputs())]],
+                                                                             dtype=np.int32))])
+                for r in requests]
+"""
+
+
+def test_ragged_batching_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`allow_ragged_batch` on a python model: requests of different shapes share a batch with
+    it and not without it, the served config spells it out, on both servers. And what edged
+    refuses on purpose: Triton's python backend loads a `batch_input` and never feeds it."""
+    from compat.servers import ORACLE_ENV, start_edged, start_triton
+
+    repo = tmp_path_factory.mktemp("ragged-repo")
+    for name, ragged, extra in (
+        ("rag", True, ""), ("flat", False, ""),
+        ("bio", True, 'batch_input [{ kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_INT32 '
+                      'source_input: "x" }]\n'),
+    ):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(_BATCH_SEEN)
+        (repo / name / "config.pbtxt").write_text(
+            'backend: "python"\nmax_batch_size: 8\n'
+            f'input [ {{ name: "x" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: {str(ragged).lower()} }} ]\n'
+            'output [ { name: "y" data_type: TYPE_INT32 dims: [ 2 ] } ]\n'
+            "instance_group [{ count: 1 kind: KIND_CPU }]\n"
+            "dynamic_batching { max_queue_delay_microseconds: 600000 }\n" + extra
+        )
+    lengths = [2, 3, 2, 5]
+    answers = []
+    for start in (start_triton, start_edged):
+        args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
+        models = ["rag", "flat", "bio"] if start is start_triton else ["rag", "flat"]
+        server = start(*args, repo, tmp_path_factory.mktemp("ragged"), models)
+        try:
+            seen: list[Any] = []
+            for model in models:
+                def call(n: int, model: str = model, server: Server = server) -> list[int]:
+                    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, n], "data": [0.5] * n}]}
+                    reply = server.request("POST", f"/v2/models/{model}/infer", json.dumps(body).encode(),
+                                           {"Content-Type": "application/json"})
+                    assert reply.status == 200, reply.body
+                    return json.loads(reply.body)["outputs"][0]["data"]
+
+                with ThreadPoolExecutor(len(lengths)) as pool:
+                    seen.append(list(pool.map(call, lengths)))
+                config = json.loads(server.request("GET", f"/v2/models/{model}/config").body)
+                seen.append((config["input"], config["batch_input"], config["batch_output"]))
+            answers.append(seen)
+        finally:
+            server.stop()
+    theirs, ours = answers
+    assert theirs[0] == [[4, 1]] * 4  # one execution of all four
+    assert theirs[2] == [[2, 1], [1, 1], [2, 1], [1, 1]]  # the two of length 2 together
+    assert theirs[4] == [[4, 1]] * 4  # Triton loads the batch input, and its model never sees it
+    assert ours == theirs[:4]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import os
 import re
 from pathlib import Path
@@ -30,6 +31,7 @@ from daemon.model_config import (
     QueuePolicy,
     TensorConfig,
     VersionPolicy,
+    config_from_mapping,
     to_triton_json,
 )
 
@@ -380,12 +382,10 @@ def test_sequence_batching_is_parsed_and_its_unsupported_fields_warned(parser: P
 
 
 @pytest.mark.parametrize(("snippet", "where"), [
-    ('input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] allow_ragged_batch: true } ]', "input[0].allow_ragged_batch"),
     ('input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] is_shape_tensor: true } ]', "input[0].is_shape_tensor"),
     ('output [ { name: "y" data_type: TYPE_INT32 dims: [ 1 ] is_non_linear_format_io: true } ]',
      "output[0].is_non_linear_format_io"),
-    ('batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_FP32 source_input: "x" } ]',
-     "batch_input"),
+    ('model_repository_agents { agents [ { name: "checksum" } ] }', "model_repository_agents"),
 ])
 def test_fields_that_change_what_a_request_means_are_refused(parser: PbtxtParser, snippet: str, where: str) -> None:
     """Dropping these would serve the model with other semantics than its config asks for."""
@@ -766,3 +766,33 @@ def test_a_warmup_input_takes_one_kind_of_data_in_any_config_format() -> None:
     sample["inputs"]["X"]["random_data"] = True  # type: ignore[index]
     with pytest.raises(ConfigError, match="set one of zero_data, random_data and input_data_file"):
         config_from_mapping({"name": "m", "model_warmup": [sample]}, source="m")
+
+
+def test_ragged_batching_fields_parse_and_serve_as_triton_spells_them(parser: PbtxtParser) -> None:
+    config, warnings = parser.parse(
+        'max_batch_size: 4\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'batch_input [ { kind: BATCH_ITEM_SHAPE_FLATTEN target_name: "s" data_type: TYPE_INT32 source_input: "x" },\n'
+        '              { target_name: "n" data_type: TYPE_FP32 source_input: "x" } ]\n'
+        'batch_output [ { target_name: "y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "x" } ]\n',
+        source="m/config.pbtxt")
+    assert warnings == []
+    assert config.input[0].allow_ragged_batch
+    assert [(b.kind, b.target_name, b.data_type, b.source_input) for b in config.batch_input] == [
+        ("BATCH_ITEM_SHAPE_FLATTEN", ["s"], "INT32", ["x"]), ("BATCH_ELEMENT_COUNT", ["n"], "FP32", ["x"])]
+    served = to_triton_json(config, model_name="m")
+    assert served["input"][0]["allow_ragged_batch"] is True and "allow_ragged_batch" not in served["output"][0]
+    assert served["batch_input"][1] == {"kind": "BATCH_ELEMENT_COUNT", "target_name": ["n"], "data_type": "TYPE_FP32",
+                                        "source_input": ["x"]}
+    assert served["batch_output"] == [{"target_name": ["y"], "kind": "BATCH_SCATTER_WITH_INPUT_SHAPE",
+                                       "source_input": ["x"]}]
+    # What Triton's own /config JSON says reads back the same.
+    again, _ = parser.parse_json(json.dumps(served), source="m")
+    assert again.batch_input == config.batch_input and again.batch_output == config.batch_output
+    # An output has no such field: config.pbtxt's schema says so, and a TOML or JSON config too.
+    with pytest.raises(ConfigError, match='has no field named "allow_ragged_batch"'):
+        parser.parse('output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] allow_ragged_batch: true } ]', source="m")
+    with pytest.raises(ConfigError, match="output 'y': allow_ragged_batch applies to inputs only"):
+        config_from_mapping({"output": [{"name": "y", "data_type": "FP32", "dims": [1], "allow_ragged_batch": True}]},
+                            source="m/model.toml")
