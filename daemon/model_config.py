@@ -368,6 +368,18 @@ class BatchOutput(_Strict):
     source_input: list[str] = []
 
 
+class RepositoryAgent(_Strict):
+    """One of Triton's `model_repository_agents`: code run on the model's files before each
+    load (edged has the `checksum` agent, daemon.core.checksum)."""
+
+    name: str = ""
+    parameters: dict[str, str] = {}
+
+
+class RepositoryAgents(_Strict):
+    agents: list[RepositoryAgent] = []
+
+
 class ResponseCache(_Strict):
     """Triton's `response_cache`: answers kept by the daemon's cache (daemon.core.response_cache)."""
 
@@ -395,6 +407,7 @@ class ModelConfig(_Strict):
     default_model_filename: str = ""
     batch_input: list[BatchInput] = []
     batch_output: list[BatchOutput] = []
+    model_repository_agents: RepositoryAgents | None = None
     response_cache: ResponseCache | None = None
     model_warmup: list[ModelWarmup] = []
     # Ours: ordered backend preference for `backend: auto` (e.g. ["openvino", "onnxruntime"]).

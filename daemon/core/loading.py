@@ -27,7 +27,7 @@ from daemon.backend import (
     InstanceContext,
     ModelControl,
 )
-from daemon.core import decoupled, layout, sequence, warmup
+from daemon.core import checksum, decoupled, layout, sequence, warmup
 from daemon.core.ensemble import EnsembleRunner, Resolver
 from daemon.core.hardware import Hardware
 from daemon.core.host_policy import HostPolicies, format_cpus, process_cpus
@@ -152,6 +152,7 @@ class ModelLoader:
                     f"Response Cache does not currently support model {name} with 'decoupled' "
                     "transaction policy. Please disable the response cache."
                 )
+        checksum.verify(config, model_dir)
         available = layout.list_versions(model_dir)
         versions = layout.select_versions(available, config.version_policy, model=name)
         if not versions:

@@ -440,12 +440,12 @@ def _to_edged_shape(data: dict[str, Any]) -> None:
     # serves a version 0) stays absent, so EnsembleStep's default -1, "latest", applies.
 
 
-# Triton fields that change what a request means or how it is batched: set (protobuf leaves
-# defaults out), they are refused, never dropped. Other unsupported fields are tuning hints
-# (optimization, model_warmup, response_cache, rate_limiter, ...): dropped with a warning.
+# Triton fields that change what a request means (TensorRT's shape tensors and non-linear
+# formats): set (protobuf leaves defaults out), they are refused, never dropped. Other
+# unsupported fields are tuning hints (optimization, rate_limiter, ...): dropped with a warning.
 _REFUSED = frozenset({
     "input.is_shape_tensor", "input.is_non_linear_format_io",
-    "output.is_shape_tensor", "output.is_non_linear_format_io", "model_repository_agents",
+    "output.is_shape_tensor", "output.is_non_linear_format_io",
 })
 
 

@@ -385,7 +385,7 @@ def test_sequence_batching_is_parsed_and_its_unsupported_fields_warned(parser: P
     ('input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] is_shape_tensor: true } ]', "input[0].is_shape_tensor"),
     ('output [ { name: "y" data_type: TYPE_INT32 dims: [ 1 ] is_non_linear_format_io: true } ]',
      "output[0].is_non_linear_format_io"),
-    ('model_repository_agents { agents [ { name: "checksum" } ] }', "model_repository_agents"),
+    ('output [ { name: "y" data_type: TYPE_INT32 dims: [ 1 ] is_shape_tensor: true } ]', "output[0].is_shape_tensor"),
 ])
 def test_fields_that_change_what_a_request_means_are_refused(parser: PbtxtParser, snippet: str, where: str) -> None:
     """Dropping these would serve the model with other semantics than its config asks for."""
