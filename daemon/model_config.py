@@ -368,6 +368,19 @@ class BatchOutput(_Strict):
     source_input: list[str] = []
 
 
+class GraphOptimization(_Strict):
+    # Triton's ONNX Runtime backend: -1 basic, 1 extended, 2 none; anything else all.
+    level: int = 0
+
+
+class Optimization(_Strict):
+    """Triton's `optimization`: edged reads `graph.level` (ONNX Runtime's graph optimization
+    level, which can change a model's numbers); the rest tunes Triton and is dropped with a
+    warning (triton_config)."""
+
+    graph: GraphOptimization | None = None
+
+
 class RepositoryAgent(_Strict):
     """One of Triton's `model_repository_agents`: code run on the model's files before each
     load (edged has the `checksum` agent, daemon.core.checksum)."""
@@ -408,6 +421,7 @@ class ModelConfig(_Strict):
     batch_input: list[BatchInput] = []
     batch_output: list[BatchOutput] = []
     model_repository_agents: RepositoryAgents | None = None
+    optimization: Optimization | None = None
     response_cache: ResponseCache | None = None
     model_warmup: list[ModelWarmup] = []
     # Ours: ordered backend preference for `backend: auto` (e.g. ["openvino", "onnxruntime"]).
@@ -506,8 +520,8 @@ def to_triton_json(
     group named after the model, of its `count` instances (none for an ensemble), on GPU `gpu`
     or the CPU; `default_model_filename` is the file loaded (`filename`); a
     dynamic batcher without preferred sizes prefers max_batch_size; empty and unset fields are
-    spelled out as Triton spells them. Not Triton's `optimization` block: its defaults (pinned
-    memory) describe what edged does not do."""
+    spelled out as Triton spells them. Triton's `optimization` block only as far as a config set
+    what edged reads (`graph`): its defaults (pinned memory) describe what edged does not do."""
     data: dict[str, Any] = msgspec.to_builtins(config)
     if not config.model_transaction_policy.decoupled:
         # Our config cannot tell a written `decoupled: false` from none; Triton omits the unset one.

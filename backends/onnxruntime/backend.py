@@ -143,7 +143,7 @@ class OnnxRuntimeBackend(TensorBackend):
         options.intra_op_num_threads = config.int_parameter("intra_op_thread_count", self.context.threads, maximum=MAX_THREADS)
         options.inter_op_num_threads = config.int_parameter("inter_op_thread_count", 1, maximum=MAX_THREADS)
         options.enable_mem_pattern = config.bool_parameter("enable_mem_pattern", True)
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.graph_optimization_level = _graph_level(config)
         # Parallel execution only helps graphs with independent branches and needs the inter-op
         # pool; the instance count already parallelizes requests.
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -196,6 +196,19 @@ class OnnxRuntimeBackend(TensorBackend):
 
 
 # ---------------------------------------------------------------------- module helpers
+
+
+def _graph_level(config: ModelConfig) -> ort.GraphOptimizationLevel:
+    """`optimization { graph { level } }` as Triton's ONNX Runtime backend reads it: -1 basic,
+    1 extended, 2 none, anything else (unset) all. Fusions may round differently, so a config
+    asking for fewer is honoured, never overridden."""
+    level = config.optimization.graph.level if config.optimization and config.optimization.graph else 0
+    levels = {
+        -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        2: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    }
+    return levels.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
 
 
 def _artifact_file(artifact: Path, config: ModelConfig) -> Path:

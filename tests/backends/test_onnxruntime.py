@@ -21,10 +21,10 @@ from daemon.backend import (
     TensorBackend,
 )
 from daemon.errors import BackendError, ConfigError, InvalidArgument
-from daemon.model_config import ModelConfig, TensorConfig
+from daemon.model_config import GraphOptimization, ModelConfig, Optimization, TensorConfig
 from support import wait_until
 
-pytest.importorskip("onnxruntime")
+ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 ClassOf = Callable[[str], type[Backend]]
@@ -402,3 +402,26 @@ def test_failed_load_names_the_backend_once(start_daemon: Callable[..., Any], tm
     reason = reasons["broken"]
     assert "onnxruntime: cannot load model 'broken'" in reason, reason
     assert reason.count("onnxruntime:") == 1, reason
+
+
+@pytest.mark.parametrize(("level", "expected"), [
+    (None, "ORT_ENABLE_ALL"), (-1, "ORT_ENABLE_BASIC"), (1, "ORT_ENABLE_EXTENDED"), (2, "ORT_DISABLE_ALL"),
+    (0, "ORT_ENABLE_ALL"), (7, "ORT_ENABLE_ALL"),
+])
+async def test_graph_optimization_level_is_tritons(
+    backend_class: ClassOf, simple_onnx: Path, level: int | None, expected: str
+) -> None:
+    """`optimization { graph { level } }` as Triton's ONNX Runtime backend maps it: fusions may
+    round differently, so a model that asks for fewer gets fewer."""
+    optimization = None if level is None else Optimization(graph=GraphOptimization(level=level))
+    config = msgspec.structs.replace(simple_config(), optimization=optimization)
+    backend = backend_class("onnxruntime")(InstanceContext("simple", 1))
+    await backend.load(config, simple_onnx, Device("cpu"))
+    try:
+        options = backend.session.get_session_options()  # type: ignore[attr-defined]
+        assert options.graph_optimization_level == getattr(ort.GraphOptimizationLevel, expected)
+        inputs = simple_inputs(2)
+        outputs = outputs_of((await backend.execute([InferRequest(inputs)]))[0])
+        np.testing.assert_array_equal(outputs["OUTPUT0"], inputs["INPUT0"] + inputs["INPUT1"])
+    finally:
+        await backend.unload()

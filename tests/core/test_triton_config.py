@@ -343,8 +343,13 @@ def test_known_unsupported_fields_parse_with_warnings(parser: PbtxtParser) -> No
     # Honoured (daemon.core.host_policy), so kept.
     assert config.instance_group == [InstanceGroup(count=1, kind="KIND_GPU", host_policy="numa0")]
     ignored = {w.removeprefix("densenet/config.pbtxt: ").split(" ")[0] for w in warnings}
+    # The ONNX Runtime graph level is honoured; the rest of the block is Triton's tuning.
+    assert config.optimization is not None and config.optimization.graph is not None
+    assert config.optimization.graph.level == 1
     assert ignored == {
-        "optimization",
+        "optimization.execution_accelerators",
+        "optimization.cuda",
+        "optimization.input_pinned_memory",
         "instance_group[0].rate_limiter",
     }
     assert all(w.endswith("is not supported by edged and is ignored") for w in warnings)
@@ -796,3 +801,16 @@ def test_ragged_batching_fields_parse_and_serve_as_triton_spells_them(parser: Pb
     with pytest.raises(ConfigError, match="output 'y': allow_ragged_batch applies to inputs only"):
         config_from_mapping({"output": [{"name": "y", "data_type": "FP32", "dims": [1], "allow_ragged_batch": True}]},
                             source="m/model.toml")
+
+
+def test_the_onnx_runtime_graph_level_is_read_and_the_rest_of_optimization_dropped(parser: PbtxtParser) -> None:
+    config, warnings = parser.parse(
+        "optimization { graph { level: -1 } priority: PRIORITY_MAX input_pinned_memory { enable: false } }\n",
+        source="m/config.pbtxt")
+    assert config.optimization is not None and config.optimization.graph is not None
+    assert config.optimization.graph.level == -1
+    assert sorted(warnings) == [
+        "m/config.pbtxt: optimization.input_pinned_memory is not supported by edged and is ignored",
+        "m/config.pbtxt: optimization.priority is not supported by edged and is ignored",
+    ]
+    assert to_triton_json(config)["optimization"] == {"graph": {"level": -1}}
