@@ -30,6 +30,9 @@ def _serve_flags(parser: argparse.ArgumentParser) -> None:
                         help="as Triton's: a host policy setting, e.g. cpu,cpu-cores=0-1 ([host-policy.NAME])")
     parser.add_argument("--cache-config", action="append", metavar="local,size=BYTES",
                         help="as Triton's: the response cache's size (server.response-cache-size)")
+    parser.add_argument("--metrics-config", action="append", metavar="SETTING=VALUE",
+                        help="as Triton's: counter_latencies, summary_latencies (true/false), "
+                             "summary_quantiles (Q:ERROR,...) ([metrics])")
     parser.add_argument("--server-host-policy", metavar="NAME",
                         help="the host policy whose CPUs the event loop runs on (server.host-policy)")
     parser.add_argument("--model-repository", action="append", metavar="DIR",
@@ -78,6 +81,19 @@ def apply_flags(config: DaemonConfig, args: argparse.Namespace) -> DaemonConfig:
                 f"invalid command-line flag: --cache-config must be local,size=BYTES (Triton's local cache), got {flag!r}"
             )
         server["response-cache-size"] = value
+    for flag in args.metrics_config or []:
+        key, equals, value = flag.partition("=")
+        if key in ("counter_latencies", "summary_latencies") and value in ("true", "false"):
+            raw.setdefault("metrics", {})[key.replace("_", "-")] = value == "true"
+        elif key == "summary_quantiles" and equals:
+            raw.setdefault("metrics", {})["summary-quantiles"] = value
+        else:
+            # Triton 2.51 ignores what it does not know (histogram_latencies included: it
+            # exports no latency histogram); a flag that does nothing is refused here.
+            raise EdgedError(
+                "invalid command-line flag: --metrics-config must be counter_latencies=true|false, "
+                f"summary_latencies=true|false or summary_quantiles=Q:ERROR,..., got {flag!r}"
+            )
     if args.model_repository:
         models["repository"] = args.model_repository
     if args.model_control_mode:

@@ -6,6 +6,7 @@ default Unix socket. Unknown keys are errors that name the key and the file.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import stat
@@ -161,6 +162,40 @@ class HostPolicy(_Section):
     numa_node: int | str | None = None
 
 
+# Triton's default summary quantiles (quantile:error, its --metrics-config summary_quantiles).
+DEFAULT_QUANTILES = "0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.001"
+
+
+def parse_quantiles(text: str) -> tuple[float, ...]:
+    """Triton's `summary_quantiles` ("0.5:0.05,0.9:0.01"): the quantiles, each in (0, 1]. The
+    error each pair gives is read but not needed: every quantile is estimated within 0.5 %
+    (daemon.core.summary)."""
+    found = []
+    for pair in text.split(","):
+        quantile, colon, error = pair.strip().partition(":")
+        try:
+            value, _ = float(quantile), float(error)
+        except ValueError:
+            value = math.nan
+        if not colon or not 0 < value <= 1:
+            raise ValueError(f"summary-quantiles: {pair.strip()!r} is not <quantile>:<error> with a quantile in (0, 1]")
+        found.append(value)
+    return tuple(found)
+
+
+class MetricsConfig(_Section):
+    """Which latency metrics each model exports (Triton's --metrics-config)."""
+
+    # nv_inference_*_duration_us counters, and the response cache's per-model counters.
+    counter_latencies: bool = True
+    # nv_inference_*_summary_us summaries: count and sum since load, quantiles of the last minute.
+    summary_latencies: bool = False
+    summary_quantiles: str = DEFAULT_QUANTILES
+
+    def __post_init__(self) -> None:
+        parse_quantiles(self.summary_quantiles)  # ValueError: msgspec names the key
+
+
 class DaemonConfig(_Section):
     # Writable state (demo repo, caches); "" = $STATE_DIRECTORY, /var/lib/edged as root, else
     # ~/.local/state/edged.
@@ -172,6 +207,7 @@ class DaemonConfig(_Section):
     residency: ResidencyConfig = msgspec.field(default_factory=ResidencyConfig)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     trace: TraceConfig = msgspec.field(default_factory=TraceConfig)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     # Named CPU sets for model instances (instance_group.host_policy) and the event loop.
     host_policy: dict[str, HostPolicy] = {}
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from daemon.config import DaemonConfig, state_dir, trusted_keys_dir, updates_root
+from daemon.config import DaemonConfig, parse_quantiles, state_dir, trusted_keys_dir, updates_root
 from daemon.core import uploads
 from daemon.core.hardware import Hardware
 from daemon.core.host_policy import HostPolicies
@@ -33,7 +33,7 @@ from daemon.core.releases import ReleaseManager
 from daemon.core.repository import ModelControlHook, RepositoryManager
 from daemon.core.residency import Lease, Residency
 from daemon.core.response_cache import ResponseCache
-from daemon.core.stats import MetricsRegistry
+from daemon.core.stats import LatencyMetrics, MetricsRegistry
 from daemon.model_config import parse_memory_size
 from daemon.updates.store import ReleaseStore
 
@@ -86,7 +86,10 @@ class Service:
         if not repositories and not (release is not None and (release / "models").is_dir()):
             repositories = [demo_repository()]
             log.info("no model repository configured: serving the demo models from %s", repositories[0])
-        metrics = MetricsRegistry()
+        metrics = MetricsRegistry(LatencyMetrics(
+            config.metrics.counter_latencies, config.metrics.summary_latencies,
+            parse_quantiles(config.metrics.summary_quantiles),
+        ))
         hardware = Hardware()
         # Checked here, so that a policy this box cannot honour stops the daemon at start.
         host_policies = host_policies or HostPolicies.from_config(config)

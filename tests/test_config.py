@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from daemon.config import (
     default_socket_path,
     load_config,
     parse_host_port,
+    parse_quantiles,
     socket_path,
 )
 from daemon.errors import ConfigError, EdgedError
@@ -98,3 +100,24 @@ def test_tritons_cache_config_flag_sets_the_response_cache_size(tmp_path: Path) 
             flags("--cache-config", bad)
     with pytest.raises(EdgedError, match="response-cache-size: 'lots' is not a size"):
         flags("--cache-config", "local,size=lots")
+
+
+def test_tritons_metrics_config_flag_sets_the_latency_metrics() -> None:
+    def flags(*argv: str) -> DaemonConfig:
+        return apply_flags(load_config(None), build_parser().parse_args(["serve", *argv]))
+
+    metrics = flags("--metrics-config", "summary_latencies=true", "--metrics-config", "counter_latencies=false",
+                    "--metrics-config", "summary_quantiles=0.5:0.05,0.75:0.01").metrics
+    assert (metrics.summary_latencies, metrics.counter_latencies) == (True, False)
+    assert parse_quantiles(metrics.summary_quantiles) == (0.5, 0.75)
+    default = flags().metrics
+    assert (default.summary_latencies, default.counter_latencies) == (False, True)
+    assert parse_quantiles(default.summary_quantiles) == (0.5, 0.9, 0.95, 0.99, 0.999)
+    # Triton 2.51 takes these and does nothing (it has no latency histogram); edged refuses.
+    for bad in ("histogram_latencies=true", "summary_latencies=yes", "color=blue", "summary_latencies"):
+        with pytest.raises(EdgedError, match=re.escape("--metrics-config must be counter_latencies=true|false, ")
+                           + ".*" + re.escape(f"got {bad!r}")):
+            flags("--metrics-config", bad)
+    for bad in ("0.5", "1.5:0.01", "x:y", "0.5:0.05,"):
+        with pytest.raises(EdgedError, match=r"summary-quantiles: .* is not <quantile>:<error> with a quantile in"):
+            flags("--metrics-config", f"summary_quantiles={bad}")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from daemon.core.custom_metrics import CustomMetricsRegistry
+from daemon.core.summary import Summary, quantiles
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -74,6 +75,21 @@ class BatchStats:
     compute_output: Duration = field(default_factory=Duration)
 
 
+@dataclass(frozen=True)
+class LatencyMetrics:
+    """Which latency metrics models export (Triton's --metrics-config; daemon.config.MetricsConfig)."""
+
+    # nv_inference_*_duration_us and the response cache's per-model counters.
+    counters: bool = True
+    # nv_inference_*_summary_us (and the cache's) summaries, with these quantiles.
+    summaries: bool = False
+    quantiles: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99, 0.999)
+
+
+# What a summary observes (ModelStats.summaries keys): the request, its phases, the cache's.
+SUMMARIZED = ("request", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
+
+
 class ModelStats:
     """Cumulative statistics of one model version since it was loaded.
 
@@ -108,6 +124,10 @@ class ModelStats:
         # Generation models: the engine's own counters (slots, cache, KV cells), set by the
         # loader and exported as edged_llm_* gauges.
         self.engine_stats: Callable[[], Mapping[str, object]] | None = None
+        # Latency summaries in microseconds (SUMMARIZED), when the daemon exports them.
+        self.summaries: dict[str, Summary] | None = None
+        if metrics is not None and metrics.latency.summaries:
+            self.summaries = {name: Summary() for name in SUMMARIZED}
         self._metrics = metrics
         if metrics is not None:
             metrics.add(self)
@@ -136,6 +156,18 @@ class ModelStats:
         ):
             if ns is not None:
                 stat.add(ns)
+        summaries = self.summaries
+        if summaries is not None:
+            now = time.monotonic()
+            summaries["request"].observe(duration_ns // 1000, now)
+            for name, ns in (
+                ("queue", queue_ns),
+                ("compute_input", compute_input_ns),
+                ("compute_infer", compute_infer_ns),
+                ("compute_output", compute_output_ns),
+            ):
+                if ns is not None:
+                    summaries[name].observe(ns // 1000, now)
 
     def record_cache_hit(self, duration_ns: int) -> None:
         """One request answered from the response cache, as Triton counts it: a success with
@@ -144,11 +176,18 @@ class ModelStats:
         self.queue.add(0)
         self.cache_hit.add(duration_ns)
         self.last_inference = time.time_ns() // 1_000_000
+        summaries = self.summaries
+        if summaries is not None:
+            summaries["request"].observe(duration_ns // 1000)
+            summaries["queue"].observe(0)
+            summaries["cache_hit"].observe(duration_ns // 1000)
 
     def record_cache_miss(self, duration_ns: int) -> None:
         """A request the cache could not answer, whose answer it then kept (Triton's miss
         time: the lookup and the insertion)."""
         self.cache_miss.add(duration_ns)
+        if self.summaries is not None:
+            self.summaries["cache_miss"].observe(duration_ns // 1000)
 
     def record_failure(self, duration_ns: int, reason: FailureReason = "OTHER") -> None:
         """One request failed; `reason` is Triton's failure label."""
@@ -269,11 +308,53 @@ def _counters(
         yield family
 
 
+# (ModelStats.summaries key, metric name, help): Triton's summary families.
+_SUMMARIES: tuple[tuple[str, str, str], ...] = (
+    ("request", "nv_inference_request_summary_us",
+     "Summary of inference request duration in microseconds (includes cached requests)"),
+    ("queue", "nv_inference_queue_summary_us",
+     "Summary of inference queuing duration in microseconds (includes cached requests)"),
+    ("compute_input", "nv_inference_compute_input_summary_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)"),
+    ("compute_infer", "nv_inference_compute_infer_summary_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)"),
+    ("compute_output", "nv_inference_compute_output_summary_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
+)
+_CACHE_SUMMARIES: tuple[tuple[str, str, str], ...] = (
+    ("cache_hit", "nv_cache_hit_summary_per_model", "Summary of cache hit counts/durations per model, in microseconds."),
+    ("cache_miss", "nv_cache_miss_summary_per_model",
+     "Summary of cache miss counts/durations per model, in microseconds."),
+)
+
+
+def _summaries(
+    specs: Iterable[tuple[str, str, str]], rows: list[tuple[tuple[str, str], list[ModelStats]]],
+    wanted: tuple[float, ...],
+) -> Iterator[Metric]:
+    """A summary family per spec: per model version its count, sum and quantiles."""
+    from prometheus_client.metrics_core import Metric
+
+    for key, name, doc in specs:
+        family = Metric(name, doc, "summary")
+        for (model, version), stats in rows:
+            parts = [s.summaries[key] for s in stats if s.summaries is not None]
+            labels = {"model": model, "version": version}
+            family.add_sample(f"{name}_count", labels, sum(p.count for p in parts))
+            family.add_sample(f"{name}_sum", labels, sum(p.sum for p in parts))
+            for q, value in zip(wanted, quantiles(parts, wanted), strict=True):
+                family.add_sample(name, {**labels, "quantile": f"{q:g}"}, value)
+        yield family
+
+
 def _triton_families(owner: MetricsRegistry) -> Iterator[Metric]:
     from prometheus_client.metrics_core import Metric
 
     rows = owner.totals()
-    yield from _counters(_COUNTERS, rows)
+    latency = owner.latency
+    # Without latency counters Triton 2.51 also stops counting successes and executions (its
+    # counters all go through one switch); here they go on.
+    yield from _counters(_COUNTERS if latency.counters else _COUNTERS[:3], rows)
     failure = Metric(
         "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter"
     )
@@ -286,7 +367,7 @@ def _triton_families(owner: MetricsRegistry) -> Iterator[Metric]:
             )
     yield failure
     cached = [(key, stats) for key, stats in rows if any(s.cache_enabled for s in stats)]
-    if cached:  # as Triton: only for models whose config enables the cache
+    if cached and latency.counters:  # as Triton: only for models whose config enables the cache
         yield from _counters(_CACHE_COUNTERS, cached)
     pending = Metric(
         "nv_inference_pending_request_count",
@@ -296,6 +377,12 @@ def _triton_families(owner: MetricsRegistry) -> Iterator[Metric]:
     for (model, version), stats in rows:
         pending.add_sample(pending.name, {"model": model, "version": version}, sum(s.pending for s in stats))
     yield pending
+    if latency.summaries:
+        summarized = [(key, stats) for key, stats in rows if any(s.summaries is not None for s in stats)]
+        yield from _summaries(_SUMMARIES, summarized, latency.quantiles)
+        cached = [(key, stats) for key, stats in summarized if any(s.cache_enabled for s in stats)]
+        if cached:
+            yield from _summaries(_CACHE_SUMMARIES, cached, latency.quantiles)
     yield from _engine_families(rows)
 
 
@@ -438,7 +525,8 @@ class MetricsRegistry:
     their numbers are summed into one series.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, latency: LatencyMetrics = LatencyMetrics()) -> None:
+        self.latency = latency
         # (model, version) -> live objects, oldest first.
         self._stats: dict[tuple[str, str], list[weakref.ref[ModelStats]]] = {}
         host = HostCpu()

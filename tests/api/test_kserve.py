@@ -136,6 +136,22 @@ def test_repository_index_and_stats(daemon) -> None:
     assert "nv_inference_queue_duration_us" in metrics
 
 
+def test_latency_summaries_over_the_socket(start_daemon, simple_repo: Path) -> None:
+    """Triton's --metrics-config: summaries of each request's latencies, no duration counters."""
+    daemon = start_daemon("--model-repository", str(simple_repo), "--metrics-config", "summary_latencies=true",
+                          "--metrics-config", "counter_latencies=false")
+    a, b = _simple_inputs()
+    for _ in range(3):
+        assert daemon.post_json("/v2/models/simple/infer", _json_infer(a, b)).status == 200
+    metrics = daemon.request("GET", "/metrics").body.decode()
+    labels = 'model="simple",version="1"'
+    for name in ("request", "queue", "compute_input", "compute_infer", "compute_output"):
+        assert f"nv_inference_{name}_summary_us_count{{{labels}}} 3" in metrics
+        assert f'nv_inference_{name}_summary_us{{model="simple",quantile="0.999",version="1"}}' in metrics
+    assert f"nv_inference_request_success{{{labels}}} 3" in metrics
+    assert "nv_inference_request_duration_us" not in metrics
+
+
 def test_curl_over_unix_socket(daemon) -> None:
     curl = shutil.which("curl")
     if curl is None:

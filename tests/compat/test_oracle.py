@@ -867,3 +867,71 @@ def test_ragged_batching_as_tritons(compat_repo: object, tmp_path_factory: pytes
     assert theirs[2] == [[2, 1], [1, 1], [2, 1], [1, 1]]  # the two of length 2 together
     assert theirs[4] == [[4, 1]] * 4  # Triton loads the batch input, and its model never sees it
     assert ours == theirs[:4]
+
+
+def test_latency_metrics_config_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`--metrics-config summary_latencies=true` with quantiles of one's own, and
+    `counter_latencies=false`: the same families, samples and labels on both servers, with the
+    same counts (durations differ by server). And where edged differs on purpose: Triton 2.51
+    leaves out the request summary of a model with the response cache, and without latency
+    counters stops counting successes and executions too."""
+    from compat.servers import ORACLE_ENV, _triton_root, start_edged, start_triton
+    from support import cached_model, metric_samples
+
+    repo = tmp_path_factory.mktemp("latency-repo")
+    cached_model(repo, "m", max_batch_size=4, extra="dynamic_batching { }\n")
+    cached_model(repo, "c")
+    venv = Path(os.environ[ORACLE_ENV])
+    root = _triton_root(venv)
+    assert root is not None
+    flags = ["--cache-config", "local,size=1048576", "--metrics-config", "summary_latencies=true",
+             "--metrics-config", "summary_quantiles=0.5:0.05,0.75:0.01", "--metrics-config", "counter_latencies=false"]
+    prefixes = ("nv_inference_", "nv_cache_hit", "nv_cache_miss", "nv_cache_num_hits_per", "nv_cache_num_misses_per")
+    answers = []
+    for start in (start_triton, start_edged):
+        if start is start_triton:
+            server = start(venv, repo, tmp_path_factory.mktemp("latency"), ["m", "c"],
+                           [*flags, "--cache-directory", str(root / "caches")])
+        else:
+            server = start(repo, tmp_path_factory.mktemp("latency"), ["m", "c"], flags)
+        try:
+            for model, shape in (("m", [1, 2]), ("m", [1, 2]), ("m", [1, 2]), ("c", [2]), ("c", [2])):
+                body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": shape, "data": [1, 2]}]}
+                reply = server.request("POST", f"/v2/models/{model}/infer", json.dumps(body).encode(),
+                                       {"Content-Type": "application/json"})
+                assert reply.status == 200, reply.body
+            conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=30)
+            conn.request("GET", "/metrics", headers=server.auth)
+            text = conn.getresponse().read().decode()
+            samples = metric_samples(text, prefixes)
+            types = {line.split()[2]: line.split()[3] for line in text.splitlines()
+                     if line.startswith("# TYPE ") and line.split()[2].startswith(prefixes)}
+            answers.append((samples, types))
+        finally:
+            server.stop()
+    (theirs, their_types), (ours, our_types) = answers
+    # What differs on purpose, checked, then set aside.
+    c = (("model", "c"), ("version", "1"))
+    m = (("model", "m"), ("version", "1"))
+    assert theirs["nv_inference_request_success"] == {c: 0, m: 0}
+    assert ours["nv_inference_request_success"] == {c: 2, m: 3}
+    assert ours["nv_inference_count"] == {c: 1, m: 3} and ours["nv_inference_exec_count"] == {c: 1, m: 3}
+    for name in ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count"):
+        theirs.pop(name), ours.pop(name)
+    assert c not in theirs["nv_inference_request_summary_us_count"]
+    assert ours["nv_inference_request_summary_us_count"][c] == 2
+    for name in ("nv_inference_request_summary_us_count", "nv_inference_request_summary_us_sum",
+                 "nv_inference_request_summary_us"):
+        ours[name] = {labels: v for labels, v in ours[name].items() if ("model", "c") not in labels}
+    assert our_types == their_types
+    assert {name: sorted(samples) for name, samples in ours.items()} == {
+        name: sorted(samples) for name, samples in theirs.items()}
+    counts = {name: samples for name, samples in theirs.items() if name.endswith("_count")}
+    assert counts["nv_inference_queue_summary_us_count"] == {c: 2, m: 3}
+    assert counts["nv_cache_hit_summary_per_model_count"] == {c: 1}
+    assert {name: samples for name, samples in ours.items() if name.endswith("_count")} == counts
+    # One value observed once: its quantiles are that value, on both servers.
+    for samples in (theirs, ours):
+        quantile = samples["nv_cache_hit_summary_per_model"]
+        assert quantile[(("model", "c"), ("quantile", "0.5"), ("version", "1"))] == samples[
+            "nv_cache_hit_summary_per_model_sum"][c]

@@ -9,7 +9,7 @@ import msgspec
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.core.stats import MetricsRegistry, ModelStats, compute_phases
+from daemon.core.stats import LatencyMetrics, MetricsRegistry, ModelStats, compute_phases
 
 DURATION_KEYS = {"count", "ns"}
 
@@ -198,3 +198,39 @@ def test_engine_families_during_a_reload_swap_are_one_series() -> None:
     assert got[("llamacpp:requests_processing", key)] == 3 and got[("edged_llm_slots_busy", key)] == 3
     assert got[("llamacpp:tokens_predicted_total", key)] == 15 and got[("llamacpp:n_tokens_max_total", key)] == 90  # the parser names counters _total
     assert got[("llamacpp:n_busy_slots_per_decode", key)] == 14 / 10
+
+
+def test_latency_summaries_and_counters_follow_the_metrics_config() -> None:
+    """Triton's --metrics-config: summary_latencies adds its summary families (count, sum,
+    quantiles of the last minute), counter_latencies=false removes the duration counters."""
+    metrics = MetricsRegistry(LatencyMetrics(counters=False, summaries=True, quantiles=(0.5, 0.75)))
+    stats = ModelStats("m", "1", metrics)
+    cached = ModelStats("c", "1", metrics)
+    cached.cache_enabled = True
+    for duration in (1_000_000, 3_000_000, 2_000_000):
+        stats.record_success(duration, 1, queue_ns=10_000, compute_input_ns=5_000, compute_infer_ns=duration // 2,
+                             compute_output_ns=7_000)
+    cached.record_cache_miss(40_000)
+    cached.record_cache_hit(12_000)
+    text = metrics.render().decode()
+    assert "# TYPE nv_inference_request_summary_us summary" in text
+    assert 'nv_inference_request_summary_us_count{model="m",version="1"} 3' in text
+    assert 'nv_inference_request_summary_us_sum{model="m",version="1"} 6000' in text
+    assert 'nv_inference_request_summary_us{model="m",quantile="0.5",version="1"} 2000' in text
+    assert 'nv_inference_request_summary_us{model="m",quantile="0.75",version="1"} 3000' in text
+    assert 'nv_inference_compute_infer_summary_us_sum{model="m",version="1"} 3000' in text
+    # A cache hit is a request with no queue time; the cache's summaries only for its models.
+    assert 'nv_inference_queue_summary_us{model="c",quantile="0.5",version="1"} 0' in text
+    assert 'nv_cache_hit_summary_per_model_sum{model="c",version="1"} 12' in text
+    assert 'nv_cache_miss_summary_per_model_count{model="c",version="1"} 1' in text
+    assert 'nv_cache_hit_summary_per_model_count{model="m"' not in text
+    # No duration counters; what counts requests and executions still counts.
+    assert "nv_inference_request_duration_us" not in text and "nv_cache_num_hits_per_model" not in text
+    assert 'nv_inference_request_success{model="m",version="1"} 3' in text
+    parsed = samples(metrics)  # valid exposition format
+    assert parsed[("nv_inference_compute_output_summary_us_count", (("model", "m"), ("version", "1")))] == 3
+    # The default: counters, no summaries.
+    plain = MetricsRegistry()
+    ModelStats("m", "1", plain).record_success(1_000, 1, queue_ns=0)
+    text = plain.render().decode()
+    assert "nv_inference_request_duration_us" in text and "summary" not in text
