@@ -418,6 +418,8 @@ class ModelConfig(_Strict):
         default_factory=TransactionPolicy
     )
     default_model_filename: str = ""
+    # Triton's `metric_tags`: each becomes a label `_<key>` of the model's /metrics samples.
+    metric_tags: dict[str, str] = {}
     batch_input: list[BatchInput] = []
     batch_output: list[BatchOutput] = []
     model_repository_agents: RepositoryAgents | None = None
@@ -455,6 +457,11 @@ class ModelConfig(_Strict):
         for tensor in self.input:
             if tensor.label_filename:
                 raise ValueError(f"input {tensor.name!r}: label_filename applies to outputs only")
+        for key in self.metric_tags:
+            # Prometheus label names are [a-zA-Z_][a-zA-Z0-9_]* and those starting "__" are
+            # reserved: the label `_<key>` must be neither invalid nor reserved.
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_]*", key):
+                raise ValueError(f"metric_tags key {key!r}: use letters, digits and '_', not first")
 
     def int_parameter(self, key: str, default: int, *, minimum: int = 0, maximum: int | None = None) -> int:
         """`parameters[key]` as an integer in [minimum, maximum]; ConfigError naming model and key.
@@ -544,7 +551,7 @@ def to_triton_json(
             data["default_model_filename"] = filename
         if batching is not None and not batching["preferred_batch_size"] and config.max_batch_size > 0:
             batching["preferred_batch_size"] = [config.max_batch_size]
-        for key, empty in (("runtime", ""), ("cc_model_filenames", {}), ("metric_tags", {})):
+        for key, empty in (("runtime", ""), ("cc_model_filenames", {})):
             data.setdefault(key, empty)
         ensemble = data.get("ensemble_scheduling")
         if ensemble is not None:
@@ -566,7 +573,7 @@ def to_triton_json(
                 del tensor["optional"], tensor["format"], tensor["allow_ragged_batch"]
             else:
                 del tensor["label_filename"]  # nor has its ModelInput this one
-    for key in ("batch_input", "batch_output"):
+    for key in ("batch_input", "batch_output", "metric_tags"):
         if not data[key] and not model_name:
             del data[key]  # unset; Triton's completed config spells them out empty
     for batch_input in data.get("batch_input", []):

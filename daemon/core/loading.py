@@ -162,7 +162,7 @@ class ModelLoader:
     async def _load_version(
         self, name: str, version: int, version_dir: Path, config: ModelConfig
     ) -> LoadedVersion:
-        stats = ModelStats(name, str(version), self.metrics)
+        stats = ModelStats(name, str(version), self.metrics, tags=config.metric_tags)
         if config.platform == "ensemble" or config.ensemble_scheduling is not None:
             runner = EnsembleRunner(self.resolve_model, name, config, stats)
             return LoadedVersion(

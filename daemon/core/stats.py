@@ -98,9 +98,15 @@ class ModelStats:
     so `inference_count / execution_count` is the average batch size.
     """
 
-    def __init__(self, name: str = "", version: str = "", metrics: MetricsRegistry | None = None) -> None:
+    def __init__(
+        self, name: str = "", version: str = "", metrics: MetricsRegistry | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.version = version
+        # The labels of this version's /metrics samples: Triton's `_<tag>` for each of the
+        # config's metric_tags, then model and version.
+        self.labels = {**{f"_{k}": v for k, v in (tags or {}).items()}, "model": name, "version": version}
         # Rows inferred successfully (a request of batch size 8 counts 8).
         self.inference_count = 0
         self.execution_count = 0
@@ -303,8 +309,8 @@ def _counters(
 
     for name, doc, value in specs:
         family = Metric(name, doc, "counter")
-        for (model, version), stats in rows:
-            family.add_sample(name, {"model": model, "version": version}, sum(value(s) for s in stats))
+        for _key, stats in rows:
+            family.add_sample(name, stats[-1].labels, sum(value(s) for s in stats))
         yield family
 
 
@@ -337,9 +343,9 @@ def _summaries(
 
     for key, name, doc in specs:
         family = Metric(name, doc, "summary")
-        for (model, version), stats in rows:
+        for _key, stats in rows:
             parts = [s.summaries[key] for s in stats if s.summaries is not None]
-            labels = {"model": model, "version": version}
+            labels = stats[-1].labels
             family.add_sample(f"{name}_count", labels, sum(p.count for p in parts))
             family.add_sample(f"{name}_sum", labels, sum(p.sum for p in parts))
             for q, value in zip(wanted, quantiles(parts, wanted), strict=True):
@@ -358,12 +364,10 @@ def _triton_families(owner: MetricsRegistry) -> Iterator[Metric]:
     failure = Metric(
         "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter"
     )
-    for (model, version), stats in rows:
+    for _key, stats in rows:
         for reason in FAILURE_REASONS:
             failure.add_sample(
-                failure.name,
-                {"model": model, "reason": reason, "version": version},
-                sum(s.failures[reason] for s in stats),
+                failure.name, {**stats[-1].labels, "reason": reason}, sum(s.failures[reason] for s in stats)
             )
     yield failure
     cached = [(key, stats) for key, stats in rows if any(s.cache_enabled for s in stats)]
@@ -374,8 +378,8 @@ def _triton_families(owner: MetricsRegistry) -> Iterator[Metric]:
         "Instantaneous number of pending requests awaiting execution per-model.",
         "gauge",
     )
-    for (model, version), stats in rows:
-        pending.add_sample(pending.name, {"model": model, "version": version}, sum(s.pending for s in stats))
+    for _key, stats in rows:
+        pending.add_sample(pending.name, stats[-1].labels, sum(s.pending for s in stats))
     yield pending
     if latency.summaries:
         summarized = [(key, stats) for key, stats in rows if any(s.summaries is not None for s in stats)]

@@ -821,7 +821,9 @@ class TritonPythonModel:
 def test_ragged_batching_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
     """`allow_ragged_batch` on a python model: requests of different shapes share a batch with
     it and not without it, the served config spells it out, on both servers. And what edged
-    refuses on purpose: Triton's python backend loads a `batch_input` and never feeds it."""
+    does differently on purpose: without it, a batch takes the queued requests of the head's
+    shape past one of another shape (Triton's batch ends there); and Triton's python backend
+    loads a `batch_input` and never feeds it, where edged refuses it."""
     from compat.servers import ORACLE_ENV, start_edged, start_triton
 
     repo = tmp_path_factory.mktemp("ragged-repo")
@@ -837,37 +839,49 @@ def test_ragged_batching_as_tritons(compat_repo: object, tmp_path_factory: pytes
             f'input [ {{ name: "x" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: {str(ragged).lower()} }} ]\n'
             'output [ { name: "y" data_type: TYPE_INT32 dims: [ 2 ] } ]\n'
             "instance_group [{ count: 1 kind: KIND_CPU }]\n"
-            "dynamic_batching { max_queue_delay_microseconds: 600000 }\n" + extra
+            "dynamic_batching { max_queue_delay_microseconds: 800000 }\n" + extra
         )
-    lengths = [2, 3, 2, 5]
+
+    def send(server: Server, model: str, lengths: list[int]) -> list[list[int]]:
+        """The requests queued in this order (40 ms apart, well inside the batch's delay)."""
+        def call(n: int) -> list[int]:
+            body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, n], "data": [0.5] * n}]}
+            reply = server.request("POST", f"/v2/models/{model}/infer", json.dumps(body).encode(),
+                                   {"Content-Type": "application/json"})
+            assert reply.status == 200, reply.body
+            return json.loads(reply.body)["outputs"][0]["data"]
+
+        with ThreadPoolExecutor(len(lengths)) as pool:
+            futures = []
+            for n in lengths:
+                futures.append(pool.submit(call, n))
+                time.sleep(0.04)
+            return [future.result() for future in futures]
+
+    mixed, sorted_ = [2, 3, 2, 5], [2, 2, 3, 5]
     answers = []
     for start in (start_triton, start_edged):
         args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
         models = ["rag", "flat", "bio"] if start is start_triton else ["rag", "flat"]
         server = start(*args, repo, tmp_path_factory.mktemp("ragged"), models)
         try:
-            seen: list[Any] = []
-            for model in models:
-                def call(n: int, model: str = model, server: Server = server) -> list[int]:
-                    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, n], "data": [0.5] * n}]}
-                    reply = server.request("POST", f"/v2/models/{model}/infer", json.dumps(body).encode(),
-                                           {"Content-Type": "application/json"})
-                    assert reply.status == 200, reply.body
-                    return json.loads(reply.body)["outputs"][0]["data"]
-
-                with ThreadPoolExecutor(len(lengths)) as pool:
-                    seen.append(list(pool.map(call, lengths)))
+            seen: list[Any] = [send(server, "rag", mixed), send(server, "flat", sorted_),
+                               send(server, "flat", mixed)]
+            for model in ("rag", "flat"):
                 config = json.loads(server.request("GET", f"/v2/models/{model}/config").body)
                 seen.append((config["input"], config["batch_input"], config["batch_output"]))
+            if start is start_triton:
+                seen.append(send(server, "bio", mixed))
             answers.append(seen)
         finally:
             server.stop()
     theirs, ours = answers
     assert theirs[0] == [[4, 1]] * 4  # one execution of all four
-    assert theirs[2] == [[2, 1], [1, 1], [2, 1], [1, 1]]  # the two of length 2 together
-    assert theirs[4] == [[4, 1]] * 4  # Triton loads the batch input, and its model never sees it
-    assert ours == theirs[:4]
-
+    assert theirs[1] == [[2, 1], [2, 1], [1, 1], [1, 1]]  # equal shapes together
+    assert theirs[2] == [[1, 1]] * 4  # Triton: the 3 ends the first batch, and so on
+    assert ours[2] == [[2, 1], [1, 1], [2, 1], [1, 1]]  # edged: both 2s in the first
+    assert theirs[5] == [[4, 1]] * 4  # Triton loads the batch input, and its model never sees it
+    assert ours[:2] + ours[3:] == theirs[:2] + theirs[3:5]
 
 def test_latency_metrics_config_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
     """`--metrics-config summary_latencies=true` with quantiles of one's own, and
@@ -935,3 +949,34 @@ def test_latency_metrics_config_as_tritons(compat_repo: object, tmp_path_factory
         quantile = samples["nv_cache_hit_summary_per_model"]
         assert quantile[(("model", "c"), ("quantile", "0.5"), ("version", "1"))] == samples[
             "nv_cache_hit_summary_per_model_sum"][c]
+
+
+def test_metric_tags_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`metric_tags`: the same `_<key>` labels on the model's samples, and the served config, on
+    both servers."""
+    from compat.servers import ORACLE_ENV, start_edged, start_triton
+    from support import cached_model, metric_samples
+
+    repo = tmp_path_factory.mktemp("tags-repo")
+    cached_model(repo, "t", extra='metric_tags { key: "team" value: "vision" }\nmetric_tags { key: "tier" value: "gold" }\n')
+    answers = []
+    for start in (start_triton, start_edged):
+        args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
+        server = start(*args, repo, tmp_path_factory.mktemp("tags"), ["t"])
+        try:
+            body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [2], "data": [1, 2]}]}
+            reply = server.request("POST", "/v2/models/t/infer", json.dumps(body).encode(),
+                                   {"Content-Type": "application/json"})
+            assert reply.status == 200, reply.body
+            conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=30)
+            conn.request("GET", "/metrics", headers=server.auth)
+            samples = metric_samples(conn.getresponse().read().decode(), ("nv_inference_",))
+            config = json.loads(server.request("GET", "/v2/models/t/config").body)
+            answers.append(({name: sorted(labels) for name, labels in samples.items()},
+                            samples["nv_inference_count"], config["metric_tags"]))
+        finally:
+            server.stop()
+    theirs, ours = answers
+    labels = (("_team", "vision"), ("_tier", "gold"), ("model", "t"), ("version", "1"))
+    assert theirs[1] == {labels: 1} and theirs[2] == {"team": "vision", "tier": "gold"}
+    assert ours == theirs

@@ -234,3 +234,21 @@ def test_latency_summaries_and_counters_follow_the_metrics_config() -> None:
     ModelStats("m", "1", plain).record_success(1_000, 1, queue_ns=0)
     text = plain.render().decode()
     assert "nv_inference_request_duration_us" in text and "summary" not in text
+
+
+def test_metric_tags_label_every_sample_of_the_model() -> None:
+    """Triton's metric_tags: `_<key>` labels on each of the model's samples (checked side by
+    side in tests/compat)."""
+    metrics = MetricsRegistry(LatencyMetrics(summaries=True))
+    stats = ModelStats("m", "1", metrics, tags={"team": "vision", "tier": "gold"})
+    stats.cache_enabled = True
+    stats.record_success(1_000, 1, queue_ns=0)
+    stats.record_failure(10, "BACKEND")
+    ModelStats("plain", "1", metrics).record_success(1_000, 1)
+    parsed = samples(metrics)
+    tagged = {name for name, labels in parsed if ("_team", "vision") in labels and ("_tier", "gold") in labels}
+    mine = {name for name, labels in parsed if ("model", "m") in labels}
+    assert mine and tagged == mine
+    assert ("nv_inference_request_failure_total", (("_team", "vision"), ("_tier", "gold"), ("model", "m"),
+                                                   ("reason", "BACKEND"), ("version", "1"))) in parsed
+    assert not any(label == "_team" for name, labels in parsed if ("model", "plain") in labels for label, _ in labels)

@@ -814,3 +814,15 @@ def test_the_onnx_runtime_graph_level_is_read_and_the_rest_of_optimization_dropp
         "m/config.pbtxt: optimization.priority is not supported by edged and is ignored",
     ]
     assert to_triton_json(config)["optimization"] == {"graph": {"level": -1}}
+
+
+def test_metric_tags_are_kept_and_their_keys_checked(parser: PbtxtParser) -> None:
+    config, warnings = parser.parse('metric_tags { key: "team" value: "vision" }\n', source="m/config.pbtxt")
+    assert config.metric_tags == {"team": "vision"} and warnings == []
+    assert to_triton_json(config)["metric_tags"] == {"team": "vision"}
+    assert "metric_tags" not in to_triton_json(ModelConfig())
+    assert to_triton_json(ModelConfig(), model_name="m")["metric_tags"] == {}
+    # The label is `_<key>`: a key Prometheus cannot carry there is refused at load.
+    for key in ("a-b", "_x", "", "tier 2"):
+        with pytest.raises(ConfigError, match=r"metric_tags key .*: use letters, digits and '_', not first"):
+            parser.parse(f'metric_tags {{ key: "{key}" value: "v" }}\n', source="m/config.pbtxt")
