@@ -231,11 +231,28 @@ def test_statistics_have_tritons_layout(triton: Server, edged: Server) -> None:
     assert ours == theirs
 
 
-def _families(server: Server) -> dict[str, tuple[str, set[tuple[str, ...]]]]:
-    """Prometheus family -> (type, label-name sets of its samples)."""
+def _metrics(server: Server) -> str:
+    """The server's /metrics text (Triton's metrics port; edged's TCP listener, with its token)."""
     conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=30)
     conn.request("GET", "/metrics", headers=server.auth)
-    text = conn.getresponse().read().decode()
+    return conn.getresponse().read().decode()
+
+
+def _start_with_cache(start: Any, repo: Path, workdir: Path, models: list[str], flags: list[str]) -> Server:
+    """`start_triton` or `start_edged` with `flags`; Triton also needs its cache library's directory."""
+    from compat.servers import ORACLE_ENV, _triton_root, start_triton
+
+    if start is not start_triton:
+        return start(repo, workdir, models, flags)  # type: ignore[no-any-return]
+    venv = Path(os.environ[ORACLE_ENV])
+    root = _triton_root(venv)
+    assert root is not None
+    return start_triton(venv, repo, workdir, models, [*flags, "--cache-directory", str(root / "caches")])
+
+
+def _families(server: Server) -> dict[str, tuple[str, set[tuple[str, ...]]]]:
+    """Prometheus family -> (type, label-name sets of its samples)."""
+    text = _metrics(server)
     found: dict[str, tuple[str, set[tuple[str, ...]]]] = {}
     for line in text.splitlines():
         if line.startswith("# TYPE "):
@@ -260,10 +277,8 @@ def test_metrics_have_tritons_families(triton: Server, edged: Server) -> None:
 
 
 def _samples(server: Server, model: str) -> dict[str, float]:
-    conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=30)
-    conn.request("GET", "/metrics", headers=server.auth)
     out = {}
-    for line in conn.getresponse().read().decode().splitlines():
+    for line in _metrics(server).splitlines():
         match = re.match(r'(nv_inference_\w+)\{(.*)\} (\S+)$', line)
         if match and f'model="{model}"' in match.group(2):
             reason = re.search(r'reason="(\w+)"', match.group(2))
@@ -600,9 +615,7 @@ def test_custom_metrics_as_tritons(compat_repo: object, tmp_path_factory: pytest
                 reply = server.request("POST", "/v2/models/metrics/infer", body, {"Content-Type": "application/json"})
                 assert reply.status == 200, reply.body
                 seen.append(json.loads(json.loads(reply.body)["outputs"][0]["data"][0]))
-            conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=30)
-            conn.request("GET", "/metrics", headers=server.auth)
-            text = conn.getresponse().read().decode()
+            text = _metrics(server)
             helps = sorted(line for line in text.splitlines() if line.startswith(("# HELP model_", "# TYPE model_")))
             # Bucket bounds as numbers: Triton writes le="1", edged le="1.0".
             samples = {
@@ -715,24 +728,17 @@ def test_response_cache_as_tritons(compat_repo: object, tmp_path_factory: pytest
     per-model and cache metrics, and the configs refused, equal on both servers. Not what
     Triton 2.51 gets wrong (other outputs asked for, error responses: it answers them from the
     first request's entry; tests/api/test_response_cache.py)."""
-    from compat.servers import ORACLE_ENV, _triton_root, start_edged, start_triton
+    from compat.servers import start_edged, start_triton
     from support import cached_model, metric_samples
 
     repo = tmp_path_factory.mktemp("cache-repo")
     cached_model(repo, "cached")
     cached_model(repo, "uncached", extra="")
     cached_model(repo, "refused", extra="sequence_batching { }\nresponse_cache { enable: true }\n")
-    venv = Path(os.environ[ORACLE_ENV])
-    root = _triton_root(venv)
-    assert root is not None
     answers = []
     for start in (start_triton, start_edged):
-        flags = ["--cache-config", "local,size=1048576"]
-        if start is start_triton:
-            server = start(venv, repo, tmp_path_factory.mktemp("cache"), ["cached", "uncached"],
-                           [*flags, "--cache-directory", str(root / "caches")])
-        else:
-            server = start(repo, tmp_path_factory.mktemp("cache"), ["cached", "uncached"], flags)
+        server = _start_with_cache(start, repo, tmp_path_factory.mktemp("cache"), ["cached", "uncached"],
+                                   ["--cache-config", "local,size=1048576"])
         try:
             seen: list[Any] = []
             for model in ("cached", "uncached"):
@@ -744,9 +750,7 @@ def test_response_cache_as_tritons(compat_repo: object, tmp_path_factory: pytest
                 stats = json.loads(server.request("GET", f"/v2/models/{model}/stats").body)["model_stats"][0]
                 seen.append((stats["inference_count"], stats["execution_count"],
                              {k: v["count"] for k, v in stats["inference_stats"].items()}))
-            conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=30)
-            conn.request("GET", "/metrics", headers=server.auth)
-            text = conn.getresponse().read().decode()
+            text = _metrics(server)
             per_model = metric_samples(text, ("nv_cache_num_hits_per_model", "nv_cache_num_misses_per_model"))
             gauges = sorted(line.split()[2] for line in text.splitlines()
                             if line.startswith("# TYPE nv_cache_") and line.endswith(" gauge"))
@@ -889,34 +893,25 @@ def test_latency_metrics_config_as_tritons(compat_repo: object, tmp_path_factory
     same counts (durations differ by server). And where edged differs on purpose: Triton 2.51
     leaves out the request summary of a model with the response cache, and without latency
     counters stops counting successes and executions too."""
-    from compat.servers import ORACLE_ENV, _triton_root, start_edged, start_triton
+    from compat.servers import start_edged, start_triton
     from support import cached_model, metric_samples
 
     repo = tmp_path_factory.mktemp("latency-repo")
     cached_model(repo, "m", max_batch_size=4, extra="dynamic_batching { }\n")
     cached_model(repo, "c")
-    venv = Path(os.environ[ORACLE_ENV])
-    root = _triton_root(venv)
-    assert root is not None
     flags = ["--cache-config", "local,size=1048576", "--metrics-config", "summary_latencies=true",
              "--metrics-config", "summary_quantiles=0.5:0.05,0.75:0.01", "--metrics-config", "counter_latencies=false"]
     prefixes = ("nv_inference_", "nv_cache_hit", "nv_cache_miss", "nv_cache_num_hits_per", "nv_cache_num_misses_per")
     answers = []
     for start in (start_triton, start_edged):
-        if start is start_triton:
-            server = start(venv, repo, tmp_path_factory.mktemp("latency"), ["m", "c"],
-                           [*flags, "--cache-directory", str(root / "caches")])
-        else:
-            server = start(repo, tmp_path_factory.mktemp("latency"), ["m", "c"], flags)
+        server = _start_with_cache(start, repo, tmp_path_factory.mktemp("latency"), ["m", "c"], flags)
         try:
             for model, shape in (("m", [1, 2]), ("m", [1, 2]), ("m", [1, 2]), ("c", [2]), ("c", [2])):
                 body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": shape, "data": [1, 2]}]}
                 reply = server.request("POST", f"/v2/models/{model}/infer", json.dumps(body).encode(),
                                        {"Content-Type": "application/json"})
                 assert reply.status == 200, reply.body
-            conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=30)
-            conn.request("GET", "/metrics", headers=server.auth)
-            text = conn.getresponse().read().decode()
+            text = _metrics(server)
             samples = metric_samples(text, prefixes)
             types = {line.split()[2]: line.split()[3] for line in text.splitlines()
                      if line.startswith("# TYPE ") and line.split()[2].startswith(prefixes)}
@@ -968,9 +963,7 @@ def test_metric_tags_as_tritons(compat_repo: object, tmp_path_factory: pytest.Te
             reply = server.request("POST", "/v2/models/t/infer", json.dumps(body).encode(),
                                    {"Content-Type": "application/json"})
             assert reply.status == 200, reply.body
-            conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=30)
-            conn.request("GET", "/metrics", headers=server.auth)
-            samples = metric_samples(conn.getresponse().read().decode(), ("nv_inference_",))
+            samples = metric_samples(_metrics(server), ("nv_inference_",))
             config = json.loads(server.request("GET", "/v2/models/t/config").body)
             answers.append(({name: sorted(labels) for name, labels in samples.items()},
                             samples["nv_inference_count"], config["metric_tags"]))
