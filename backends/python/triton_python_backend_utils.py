@@ -204,8 +204,13 @@ class _Capsule:
         return (1, 0)  # kDLCPU: numpy reads host memory only, and says so if it is not
 
 
-class _Trace:
-    """What `request.trace()` returns; edged does not trace, so BLS requests carry it inertly."""
+class InferenceTrace:
+    """What `request.trace()` returns. Triton's carries an OpenTelemetry context, which edged,
+    tracing in Triton's own mode only, never has: `get_context()` is None, as Triton's is
+    without one. BLS requests carry it inertly."""
+
+    def get_context(self) -> str | None:
+        return None
 
 
 class InferenceRequest:
@@ -223,7 +228,7 @@ class InferenceRequest:
         flags: int = 0,
         timeout: int = 0,
         preferred_memory: PreferredMemory | None = None,
-        trace: _Trace | None = None,
+        trace: InferenceTrace | None = None,
     ) -> None:
         # preferred_memory is a preference: the outputs are in host memory here (is_cpu()).
         self._inputs = list(inputs)
@@ -287,8 +292,8 @@ class InferenceRequest:
     def timeout(self) -> int:
         return self._timeout
 
-    def trace(self) -> _Trace:
-        return _Trace()
+    def trace(self) -> InferenceTrace:
+        return InferenceTrace()
 
     def is_cancelled(self) -> bool:
         """True once the client that sent this request went away (or the daemon dropped it)."""

@@ -676,6 +676,9 @@ async def test_pb_utils_helpers(backend_class: ClassOf, tmp_path: Path) -> None:
     request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL)
     assert request.flags() == 2
     request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+    # No OpenTelemetry context to hand on (Triton's answer without one).
+    assert request.trace().get_context() is None
+    assert isinstance(request.trace(), pb_utils.InferenceTrace)
     with pytest.raises(pb_utils.TritonModelException, match="set_release_flags: unknown flags 3"):
         request.set_release_flags(3)
     # Tensors as Triton makes them (checked side by side): C order, and no dtype Triton lacks.

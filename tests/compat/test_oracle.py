@@ -973,3 +973,40 @@ def test_metric_tags_as_tritons(compat_repo: object, tmp_path_factory: pytest.Te
     labels = (("_team", "vision"), ("_tier", "gold"), ("model", "t"), ("version", "1"))
     assert theirs[1] == {labels: 1} and theirs[2] == {"team": "vision", "tier": "gold"}
     assert ours == theirs
+
+
+_TRACE_CONTEXT = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", np.array(
+            [repr(r.trace().get_context()), type(r.trace()).__name__], dtype=np.object_))]) for r in requests]
+"""
+
+
+def test_a_requests_trace_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`request.trace()` is a `pb_utils.InferenceTrace` whose `get_context()` is None without
+    an OpenTelemetry trace, on both servers."""
+    from compat.servers import ORACLE_ENV, start_edged, start_triton
+
+    repo = tmp_path_factory.mktemp("trace-repo")
+    (repo / "tr" / "1").mkdir(parents=True)
+    (repo / "tr" / "1" / "model.py").write_text(_TRACE_CONTEXT)
+    (repo / "tr" / "config.pbtxt").write_text(
+        'backend: "python"\ninput [{ name: "x" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+        'output [{ name: "y" data_type: TYPE_STRING dims: [ 2 ] }]\n')
+    answers = []
+    for start in (start_triton, start_edged):
+        args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
+        server = start(*args, repo, tmp_path_factory.mktemp("trace"), ["tr"])
+        try:
+            body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}
+            reply = server.request("POST", "/v2/models/tr/infer", json.dumps(body).encode(),
+                                   {"Content-Type": "application/json"})
+            answers.append((reply.status, json.loads(reply.body)["outputs"][0]["data"]))
+        finally:
+            server.stop()
+    assert answers[0] == (200, ["None", "InferenceTrace"])
+    assert answers[1] == answers[0]
