@@ -108,6 +108,8 @@ class PythonBackend(Backend):
         super().__init__(context)
         self.model: Any = None
         self.model_path: Path | None = None
+        # The model file's directory (pb_utils.get_model_dir), set by load_sync.
+        self._model_dir = ""
         self._model_name = context.model_name
         self._instance_name = f"{context.model_name}_0_{context.instance_index}"  # set on load
         self._module_name = ""
@@ -159,12 +161,15 @@ class PythonBackend(Backend):
             # decoupled (Triton's common case).
             layout = to_triton_json(config)
             given = pb_utils.ModelConfig(msgspec.json.encode(layout).decode())
+            directory = pb_utils.MODEL_DIR.set(str(path.parent))
             try:
                 result = complete(given)
             except BaseException as exc:
                 raise BackendError(
                     f"{where}: auto_complete_config raised {type(exc).__name__}: {exc}"
                 ) from exc
+            finally:
+                pb_utils.MODEL_DIR.reset(directory)
             if not callable(getattr(result, "as_dict", None)):
                 raise BackendError(
                     f"{where}: auto_complete_config function in model '{model_name}' must return "
@@ -208,6 +213,8 @@ class PythonBackend(Backend):
         self._metrics.instance = self._instance_name
         token = pb_utils.METRICS.set(self._metrics)
         control = pb_utils.MODEL_CONTROL.set(self._control)
+        self._model_dir = str(path.parent)
+        directory = pb_utils.MODEL_DIR.set(self._model_dir)
         try:
             model = self._create(module_name, path, where, lambda: triton_args(config, self.context, path, device))
         except BaseException:
@@ -215,6 +222,7 @@ class PythonBackend(Backend):
             self._metrics.close()  # a failed load leaves no series behind
             raise
         finally:
+            pb_utils.MODEL_DIR.reset(directory)
             pb_utils.MODEL_CONTROL.reset(control)
             pb_utils.METRICS.reset(token)
         self.model = model
@@ -264,6 +272,7 @@ class PythonBackend(Backend):
     def unload_sync(self) -> None:
         model, self.model = self.model, None
         token = pb_utils.METRICS.set(self._metrics)
+        directory = pb_utils.MODEL_DIR.set(self._model_dir)
         try:
             finalize = getattr(model, "finalize", None)
             if callable(finalize):
@@ -272,6 +281,7 @@ class PythonBackend(Backend):
             # Unload must finish whatever the user's cleanup does; say what failed.
             log.exception("python: model %r: finalize failed", self._model_name)
         finally:
+            pb_utils.MODEL_DIR.reset(directory)
             pb_utils.METRICS.reset(token)
             sys.modules.pop(self._module_name, None)
             # The instance's series leave /metrics with it (those another instance or a
@@ -494,6 +504,7 @@ class PythonBackend(Backend):
         token = pb_utils.BLS_EXECUTOR.set(self._bls)
         metrics = pb_utils.METRICS.set(self._metrics)
         control = pb_utils.MODEL_CONTROL.set(self._control)
+        directory = pb_utils.MODEL_DIR.set(self._model_dir)
         try:
             result = model.execute(requests)
             if inspect.isawaitable(result):
@@ -508,6 +519,7 @@ class PythonBackend(Backend):
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         finally:
+            pb_utils.MODEL_DIR.reset(directory)
             pb_utils.MODEL_CONTROL.reset(control)
             pb_utils.METRICS.reset(metrics)
             pb_utils.BLS_EXECUTOR.reset(token)

@@ -682,6 +682,24 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
     ))
 
 
+# The directory of the model file whose code runs in this context (Triton's get_model_dir: its
+# version directory), set by the python backend around auto_complete_config, initialize,
+# execute and finalize. Triton's stub serves one model, so any thread of it may ask; here
+# models share the process, and a thread a model starts has no context to say which.
+MODEL_DIR: contextvars.ContextVar[str] = contextvars.ContextVar("edged_model_dir", default="")
+
+
+def get_model_dir() -> str:
+    """The directory of the running model's file, `<repository>/<model>/<version>`."""
+    directory = MODEL_DIR.get()
+    if not directory:
+        raise TritonModelException(
+            "get_model_dir: works in a model's auto_complete_config, initialize, execute and finalize "
+            "(not in a thread the model starts, whose model edged cannot tell)"
+        )
+    return directory
+
+
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
     return next((t for t in request.inputs() if t.name() == name), None)
 

@@ -826,3 +826,52 @@ async def test_a_model_packed_with_its_own_python_is_refused(backend_class: Clas
     with pytest.raises(ConfigError, match=r"parameters\.EXECUTION_ENV_PATH \(\$\$TRITON_MODEL_DIRECTORY/env\.tar\.gz\) asks "
                        "for a Python environment of its own"):
         await load(backend_class("python"), config, artifact)
+
+
+MODEL_DIR_MODEL = """
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.at_init = pb_utils.get_model_dir()
+
+    def execute(self, requests):
+        seen = []
+        def elsewhere():
+            try:
+                seen.append(pb_utils.get_model_dir())
+            except pb_utils.TritonModelException as exc:
+                seen.append(str(exc))
+        thread = threading.Thread(target=elsewhere)
+        thread.start(); thread.join()
+        dirs = np.array([self.at_init, pb_utils.get_model_dir(), seen[0]], dtype=np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", dirs)]) for _ in requests]
+
+    def finalize(self):
+        with open(pb_utils.get_model_dir() + "/finalized", "w") as f:
+            f.write("yes")
+"""
+
+
+async def test_get_model_dir_is_the_model_files_directory(backend_class: ClassOf, tmp_path: Path) -> None:
+    """Triton's pb_utils.get_model_dir(): `<repository>/<model>/<version>` (side by side in
+    tests/compat), in initialize, execute and finalize; not in a thread the model starts."""
+    version_dir = write_model(tmp_path, "dirs", MODEL_DIR_MODEL)
+    config = ModelConfig(name="dirs", backend="python", input=[TensorConfig("X", "FP32", [1])],
+                         output=[TensorConfig("Y", "BYTES", [3])])
+    other = write_model(tmp_path, "other", MODEL_DIR_MODEL)
+    backend = await load(backend_class("python"), config, version_dir)
+    second = await load(backend_class("python"), ModelConfig(name="other", backend="python", input=config.input,
+                                                             output=config.output), other)
+    try:
+        for instance, where in ((backend, version_dir), (second, other)):
+            result = (await instance.execute([InferRequest({"X": np.ones(1, np.float32)})]))[0]
+            first, during, thread = outputs_of(result)["Y"].tolist()
+            assert first == during == str(where).encode()
+            assert b"not in a thread the model starts" in thread
+    finally:
+        await backend.unload()
+        await second.unload()
+    assert (version_dir / "finalized").read_text() == "yes" and (other / "finalized").exists()

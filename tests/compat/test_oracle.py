@@ -986,6 +986,47 @@ class TritonPythonModel:
 """
 
 
+_MODEL_DIR = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.at_init = pb_utils.get_model_dir()
+        self.repository = args["model_repository"]
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", np.array(
+            [self.at_init, pb_utils.get_model_dir(), self.repository], dtype=np.object_))]) for r in requests]
+"""
+
+
+def test_get_model_dir_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`pb_utils.get_model_dir()` in initialize and execute: the model file's directory (its
+    version's), beside `args["model_repository"]` (the model's), on both servers."""
+    from compat.servers import ORACLE_ENV, start_edged, start_triton
+
+    repo = tmp_path_factory.mktemp("dir-repo")
+    (repo / "gd" / "1").mkdir(parents=True)
+    (repo / "gd" / "1" / "model.py").write_text(_MODEL_DIR)
+    (repo / "gd" / "config.pbtxt").write_text(
+        'backend: "python"\ninput [{ name: "x" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+        'output [{ name: "y" data_type: TYPE_STRING dims: [ 3 ] }]\n')
+    answers = []
+    for start in (start_triton, start_edged):
+        args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
+        server = start(*args, repo, tmp_path_factory.mktemp("dir"), ["gd"])
+        try:
+            body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}
+            reply = server.request("POST", "/v2/models/gd/infer", json.dumps(body).encode(),
+                                   {"Content-Type": "application/json"})
+            answers.append((reply.status, json.loads(reply.body)["outputs"][0]["data"]))
+        finally:
+            server.stop()
+    assert answers[0] == (200, [str(repo / "gd" / "1"), str(repo / "gd" / "1"), str(repo / "gd")])
+    assert answers[1] == answers[0]
+
+
 def test_a_requests_trace_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
     """`request.trace()` is a `pb_utils.InferenceTrace` whose `get_context()` is None without
     an OpenTelemetry trace, on both servers."""
