@@ -1001,53 +1001,42 @@ class TritonPythonModel:
 """
 
 
-def test_get_model_dir_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """`pb_utils.get_model_dir()` in initialize and execute: the model file's directory (its
-    version's), beside `args["model_repository"]` (the model's), on both servers."""
+def _strings_on_both(tmp_path_factory: pytest.TempPathFactory, source: str, count: int) -> tuple[Path, list[Any]]:
+    """A python model `m` (source) answering one FP32 request with `count` strings, on Triton
+    then edged: the repository and each server's (status, strings)."""
     from compat.servers import ORACLE_ENV, start_edged, start_triton
 
-    repo = tmp_path_factory.mktemp("dir-repo")
-    (repo / "gd" / "1").mkdir(parents=True)
-    (repo / "gd" / "1" / "model.py").write_text(_MODEL_DIR)
-    (repo / "gd" / "config.pbtxt").write_text(
+    repo = tmp_path_factory.mktemp("strings-repo")
+    (repo / "m" / "1").mkdir(parents=True)
+    (repo / "m" / "1" / "model.py").write_text(source)
+    (repo / "m" / "config.pbtxt").write_text(
         'backend: "python"\ninput [{ name: "x" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
-        'output [{ name: "y" data_type: TYPE_STRING dims: [ 3 ] }]\n')
+        f'output [{{ name: "y" data_type: TYPE_STRING dims: [ {count} ] }}]\n')
     answers = []
     for start in (start_triton, start_edged):
         args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
-        server = start(*args, repo, tmp_path_factory.mktemp("dir"), ["gd"])
+        server = start(*args, repo, tmp_path_factory.mktemp("strings"), ["m"])
         try:
             body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}
-            reply = server.request("POST", "/v2/models/gd/infer", json.dumps(body).encode(),
+            reply = server.request("POST", "/v2/models/m/infer", json.dumps(body).encode(),
                                    {"Content-Type": "application/json"})
             answers.append((reply.status, json.loads(reply.body)["outputs"][0]["data"]))
         finally:
             server.stop()
-    assert answers[0] == (200, [str(repo / "gd" / "1"), str(repo / "gd" / "1"), str(repo / "gd")])
-    assert answers[1] == answers[0]
+    return repo, answers
+
+
+def test_get_model_dir_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`pb_utils.get_model_dir()` in initialize and execute: the model file's directory (its
+    version's), beside `args["model_repository"]` (the model's), on both servers."""
+    repo, (theirs, ours) = _strings_on_both(tmp_path_factory, _MODEL_DIR, 3)
+    assert theirs == (200, [str(repo / "m" / "1"), str(repo / "m" / "1"), str(repo / "m")])
+    assert ours == theirs
 
 
 def test_a_requests_trace_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
     """`request.trace()` is a `pb_utils.InferenceTrace` whose `get_context()` is None without
     an OpenTelemetry trace, on both servers."""
-    from compat.servers import ORACLE_ENV, start_edged, start_triton
-
-    repo = tmp_path_factory.mktemp("trace-repo")
-    (repo / "tr" / "1").mkdir(parents=True)
-    (repo / "tr" / "1" / "model.py").write_text(_TRACE_CONTEXT)
-    (repo / "tr" / "config.pbtxt").write_text(
-        'backend: "python"\ninput [{ name: "x" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
-        'output [{ name: "y" data_type: TYPE_STRING dims: [ 2 ] }]\n')
-    answers = []
-    for start in (start_triton, start_edged):
-        args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
-        server = start(*args, repo, tmp_path_factory.mktemp("trace"), ["tr"])
-        try:
-            body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}
-            reply = server.request("POST", "/v2/models/tr/infer", json.dumps(body).encode(),
-                                   {"Content-Type": "application/json"})
-            answers.append((reply.status, json.loads(reply.body)["outputs"][0]["data"]))
-        finally:
-            server.stop()
-    assert answers[0] == (200, ["None", "InferenceTrace"])
-    assert answers[1] == answers[0]
+    _, (theirs, ours) = _strings_on_both(tmp_path_factory, _TRACE_CONTEXT, 2)
+    assert theirs == (200, ["None", "InferenceTrace"])
+    assert ours == theirs
