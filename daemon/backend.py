@@ -1393,7 +1393,7 @@ class RaggedPlan:
 
     @classmethod
     def of(cls, config: ModelConfig) -> RaggedPlan | None:
-        ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
+        ragged = frozenset(config.ragged_inputs())
         if not ragged and not config.batch_input and not config.batch_output:
             return None
         scatter = {}

@@ -346,7 +346,7 @@ BatchInputKind = Literal[
 class BatchInput(_Strict):
     """Triton's `batch_input`: a model input the backend makes from the batch it runs (each
     request's element count of `source_input`, their running sum, ...), fed as `target_name`.
-    Checked by `check_batch_io`; computed in daemon.backend (`ragged_merge`)."""
+    Checked by `check_batch_io`; computed in daemon.backend (`RaggedPlan.merge`)."""
 
     kind: BatchInputKind = "BATCH_ELEMENT_COUNT"
     target_name: list[str] = []
@@ -357,6 +357,11 @@ class BatchInput(_Strict):
     def __post_init__(self) -> None:
         if self.data_type:
             self.data_type = _field_datatype(self.data_type)
+
+    @property
+    def rank(self) -> int:
+        """Dimensions of the tensor the model gets: [rows, item rank] for BATCH_ITEM_SHAPE, one otherwise."""
+        return 2 if self.kind == "BATCH_ITEM_SHAPE" else 1
 
 
 class BatchOutput(_Strict):
@@ -502,6 +507,14 @@ class ModelConfig(_Strict):
             if tensor.name == name:
                 return tensor
         return None
+
+    def ragged_inputs(self) -> tuple[str, ...]:
+        """Inputs with `allow_ragged_batch`, in config order."""
+        return tuple(tensor.name for tensor in self.input if tensor.allow_ragged_batch)
+
+    def batch_input_targets(self) -> dict[str, BatchInput]:
+        """Each model input a `batch_input` makes (not sent by clients) -> that batch input."""
+        return {target: batch_input for batch_input in self.batch_input for target in batch_input.target_name}
 
 
 def config_from_mapping(data: object, *, source: str) -> ModelConfig:
@@ -670,7 +683,7 @@ def check_batch_io(config: ModelConfig) -> None:
             if target in targets:
                 raise fail(f"target output name '{target}' can only be specified once")
             targets.add(target)
-    shadowed = [t for b in config.batch_input for t in b.target_name if t in inputs]
+    shadowed = [target for target in config.batch_input_targets() if target in inputs]
     if shadowed:
         raise ConfigError(
             f"model '{config.name}': batch input target {shadowed[0]!r} is also an input of the config; a batch "

@@ -115,7 +115,7 @@ class OnnxRuntimeBackend(TensorBackend):
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.intra_op_num_threads = 1
         session = _open_session(path, model_name, options, [CPU_PROVIDER])
-        made = {target for b in config.batch_input for target in b.target_name}
+        made = config.batch_input_targets()
         ports = [_describe(arg) for arg in session.get_inputs()]
         # A batch input is the daemon's to feed, not a request's.
         inputs = [p for p in ports if p.name not in made]
@@ -289,7 +289,7 @@ def _check_config(
     """Fail at load, naming the tensor, when the config disagrees with the graph."""
     batched = config.max_batch_size > 0
     # Made by the daemon from the batch, or cut by the source input's shapes: not [batch, dims].
-    batch_inputs = {target: b for b in config.batch_input for target in b.target_name}
+    batch_inputs = config.batch_input_targets()
     scattered = {target for b in config.batch_output for target in b.target_name}
     for kind, ports, wanted in (
         ("input", inputs, config.input),
@@ -333,10 +333,9 @@ def _check_config(
             raise ConfigError(f"{where} is not an input of {path.name} (inputs: {sorted(by_name)})")
         if port.datatype != batch_input.data_type:
             raise ConfigError(f"{where}: config data_type {batch_input.data_type} but {path.name} has {port.datatype}")
-        rank = 2 if batch_input.kind == "BATCH_ITEM_SHAPE" else 1
-        if len(port.dims) != rank:
+        if len(port.dims) != batch_input.rank:
             raise ConfigError(
-                f"{where} ({batch_input.kind}) is a tensor of {rank} dimension(s), but {path.name} takes one of "
+                f"{where} ({batch_input.kind}) is a tensor of {batch_input.rank} dimension(s), but {path.name} takes one of "
                 f"shape {list(port.dims)}"
             )
     if config.input:

@@ -135,9 +135,9 @@ class OpenVinoBackend(TensorBackend):
         path = _artifact_file(artifact, config)
         model_name = config.name or path.parent.parent.name  # <model>/<version>/<file>
         model = _read_model(ov.Core(), path, model_name, device="")
-        made = {target for b in config.batch_input for target in b.target_name}
+        made = config.batch_input_targets()
         # A batch input is the daemon's to feed, not a request's.
-        inputs = [p for p in _describe_all(model.inputs, model_name) if not p.aliases & made]
+        inputs = [p for p in _describe_all(model.inputs, model_name) if not p.aliases & made.keys()]
         outputs = _describe_all(model.outputs, model_name)
         batch = config.max_batch_size
         if batch == 0 and not config.input and all(_batchable(p) for p in inputs + outputs):
@@ -192,15 +192,12 @@ class OpenVinoBackend(TensorBackend):
         model = _read_model(core, path, model_name, self.device)
         # Ragged inputs reach the model in one dimension (the batch's elements end to end),
         # batch inputs in one or two (BATCH_ITEM_SHAPE); neither has a batch dimension.
-        ranks = {t.name: ("sets allow_ragged_batch", 1) for t in config.input if t.allow_ragged_batch}
-        ranks |= {
-            target: (f"is a batch input ({b.kind})", 2 if b.kind == "BATCH_ITEM_SHAPE" else 1)
-            for b in config.batch_input for target in b.target_name
-        }
+        made = config.batch_input_targets()
+        ranks = {name: ("sets allow_ragged_batch", 1) for name in config.ragged_inputs()}
+        ranks |= {target: (f"is a batch input ({b.kind})", b.rank) for target, b in made.items()}
         if config.max_batch_size > 0:
             _make_batch_dynamic(model, config.max_batch_size, model_name, path, ranks)
-        made = [target for b in config.batch_input for target in b.target_name]
-        inputs = _describe_all(model.inputs, model_name, [t.name for t in config.input] + made)
+        inputs = _describe_all(model.inputs, model_name, [*(t.name for t in config.input), *made])
         outputs = _describe_all(model.outputs, model_name, [t.name for t in config.output])
         # Fail at load, not at the first request, when the config names tensors the model lacks.
         _check_config_names("input", inputs, config.input, model_name, path)

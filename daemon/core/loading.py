@@ -325,10 +325,10 @@ def check_capabilities(backend: str, cls: type[Backend], config: ModelConfig) ->
             f"model '{config.name}': model_warmup is set, but backend {backend!r} is not run by requests "
             "of tensors (it generates text)"
         )
-    ragged = [t.name for t in config.input if t.allow_ragged_batch]
+    ragged = config.ragged_inputs()
     batch_io = "batch_input" if config.batch_input else "batch_output" if config.batch_output else ""
+    what = f"input '{ragged[0]}' sets allow_ragged_batch" if ragged else f"{batch_io} is set"
     if (ragged or batch_io) and caps.ragged_batching == "none":
-        what = f"input '{ragged[0]}' sets allow_ragged_batch" if ragged else f"{batch_io} is set"
         raise ConfigError(f"model '{config.name}': {what}, but backend {backend!r} cannot batch ragged inputs")
     if batch_io and caps.ragged_batching == "requests":
         raise ConfigError(
@@ -336,7 +336,6 @@ def check_capabilities(backend: str, cls: type[Backend], config: ModelConfig) ->
             "as sent, so there is no merged batch to describe (Triton's python backend ignores it)"
         )
     if (ragged or batch_io) and caps.ragged_batching == "merged" and config.max_batch_size == 0:
-        what = f"input '{ragged[0]}' sets allow_ragged_batch" if ragged else f"{batch_io} is set"
         raise ConfigError(
             f"model '{config.name}': {what}, which needs max_batch_size > 0 on backend {backend!r}: ragged "
             "inputs are concatenated across the requests of a batch"

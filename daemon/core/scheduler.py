@@ -767,7 +767,7 @@ class DynamicBatcher(_QueueScheduler):
         # a batch has at most as many rows as are queued: below this, waking it is useless.
         self._wake_rows = min(self.preferred, default=self.max_rows)
         # Inputs whose shapes may differ within a batch (Triton's allow_ragged_batch).
-        self._ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
+        self._ragged = frozenset(config.ragged_inputs())
 
     def _rows(self, request: InferRequest) -> int:
         rows = request.batch_size()

@@ -558,7 +558,7 @@ class SequenceBatcher:
         )
         self.max_rows = config.max_batch_size if self.merges else 1
         # Inputs whose shapes may differ within a batch (Triton's allow_ragged_batch).
-        self._ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
+        self._ragged = frozenset(config.ragged_inputs())
         slot_count = max(1, config.max_batch_size)
         self.preferred: frozenset[int] = frozenset()
         if sb.oldest is not None:

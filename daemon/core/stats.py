@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+from daemon.config import DEFAULT_QUANTILES, parse_quantiles
 from daemon.core.custom_metrics import CustomMetricsRegistry
 from daemon.core.summary import Summary, quantiles
 
@@ -83,7 +84,7 @@ class LatencyMetrics:
     counters: bool = True
     # nv_inference_*_summary_us (and the cache's) summaries, with these quantiles.
     summaries: bool = False
-    quantiles: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99, 0.999)
+    quantiles: tuple[float, ...] = parse_quantiles(DEFAULT_QUANTILES)
 
 
 # What a summary observes (ModelStats.summaries keys): the request, its phases, the cache's.
@@ -184,9 +185,10 @@ class ModelStats:
         self.last_inference = time.time_ns() // 1_000_000
         summaries = self.summaries
         if summaries is not None:
-            summaries["request"].observe(duration_ns // 1000)
-            summaries["queue"].observe(0)
-            summaries["cache_hit"].observe(duration_ns // 1000)
+            now = time.monotonic()
+            summaries["request"].observe(duration_ns // 1000, now)
+            summaries["queue"].observe(0, now)
+            summaries["cache_hit"].observe(duration_ns // 1000, now)
 
     def record_cache_miss(self, duration_ns: int) -> None:
         """A request the cache could not answer, whose answer it then kept (Triton's miss
@@ -271,6 +273,9 @@ _COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
     ("nv_inference_exec_count",
      "Number of model executions performed (does not include cached requests)",
      lambda s: s.execution_count),
+)
+# Left out with Triton's --metrics-config counter_latencies=false.
+_LATENCY_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
     ("nv_inference_request_duration_us",
      "Cumulative inference request duration in microseconds (includes cached requests)",
      lambda s: s.success.ns // 1000),
@@ -360,7 +365,7 @@ def _triton_families(owner: MetricsRegistry) -> Iterator[Metric]:
     latency = owner.latency
     # Without latency counters Triton 2.51 also stops counting successes and executions (its
     # counters all go through one switch); here they go on.
-    yield from _counters(_COUNTERS if latency.counters else _COUNTERS[:3], rows)
+    yield from _counters(_COUNTERS + _LATENCY_COUNTERS if latency.counters else _COUNTERS, rows)
     failure = Metric(
         "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter"
     )
