@@ -58,8 +58,14 @@ def test_requests_of_different_lengths_share_a_batch(start_daemon, tmp_path: Pat
         return _outputs(daemon.request("POST", "/v2/models/ragged/infer", _body(x),
                                        {"Content-Type": "application/json"}))
 
+    barrier = threading.Barrier(len(xs))
+
+    def at_once(x: np.ndarray) -> dict[str, np.ndarray]:
+        barrier.wait()  # all sent together, well inside the batch's delay on a slow machine too
+        return call(x)
+
     with ThreadPoolExecutor(len(xs)) as pool:
-        together = list(pool.map(call, xs))
+        together = list(pool.map(at_once, xs))
     for x, got in zip(xs, together, strict=True):
         assert got["SUM"].tolist() == [[x.sum()]]
         assert got["N"].tolist() == [[x.size]]
