@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 from collections.abc import Callable
@@ -36,8 +37,15 @@ def load_script(path: Path, name: str) -> types.ModuleType:
 def child_pids(pid: int) -> list[int]:
     """The processes started by any thread of `pid` (the kernel lists them per thread): the
     daemon's HTTP workers, whichever thread started them."""
-    tasks = Path(f"/proc/{pid}/task")
-    return sorted(int(child) for task in tasks.iterdir() for child in (task / "children").read_text().split())
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children += (int(child) for child in (task / "children").read_text().split())
+        except FileNotFoundError:
+            # The thread ended between the listing and the read (an executor's idle thread);
+            # the kernel gives any children it had to another thread of the process.
+            continue
+    return sorted(children)
 
 
 def llamacpp_models(repo: Path, models: dict[str, tuple[dict[str, Any], dict[str, str]]]) -> None:
@@ -727,3 +735,75 @@ def cached_model(repo: Path, name: str, *, max_batch_size: int = 0,
         'output [{ name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "RUNS" data_type: TYPE_INT32 dims: [ 2 ] }]\n'
         "instance_group [{ kind: KIND_CPU count: 1 }]\n" + extra
     )
+
+
+# ---------------------------------------------------------------------------- timed executions (the rate limiter)
+
+# Sleeps X seconds; answers when its execution began and ended.
+TIMED = """\
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        began = time.monotonic()
+        time.sleep(float(pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0]))
+        times = np.array([began, time.monotonic()], dtype=np.float64)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", times)]) for _ in requests]
+"""
+
+# The same, as a decoupled model: one response, then the final flag.
+TIMED_DECOUPLED = """\
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            began = time.monotonic()
+            time.sleep(float(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0]))
+            times = np.array([began, time.monotonic()], dtype=np.float64)
+            sender = request.get_response_sender()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", times)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def timed_model(repo: Path, name: str, limiter: str, extra: str = "", source: str = TIMED) -> None:
+    """A python model that sleeps X seconds and answers [began, ended]; `limiter`: its instance
+    group's rate_limiter block."""
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(source)
+    (repo / name / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+        'output [{ name: "Y" data_type: TYPE_FP64 dims: [ 2 ] }]\n'
+        f"instance_group [{{ kind: KIND_CPU count: 1 {limiter} }}]\n" + extra
+    )
+
+
+def run_together(post: Callable[[str, dict[str, Any]], Any], models: list[str], seconds: float) -> list[tuple[float, float]]:
+    """One request to each model at once; each execution's (began, ended)."""
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [seconds]}]}
+    times: list[tuple[float, float]] = [(0.0, 0.0)] * len(models)
+    barrier = threading.Barrier(len(models))
+
+    def one(index: int) -> None:
+        barrier.wait()
+        data = post(models[index], body)["outputs"][0]["data"]
+        times[index] = (data[0], data[1])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(models))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return times
+
+
+def most_at_once(times: list[tuple[float, float]]) -> int:
+    """The most executions that ran at the same moment."""
+    return max(sum(began <= start < ended for began, ended in times) for start, _ in times)
