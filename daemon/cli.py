@@ -33,6 +33,12 @@ def _serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-config", action="append", metavar="SETTING=VALUE",
                         help="as Triton's: counter_latencies, summary_latencies (true/false), "
                              "summary_quantiles (Q:ERROR,...) ([metrics])")
+    parser.add_argument("--rate-limit", type=str.lower, choices=("off", "execution_count"),
+                        help="as Triton's: execution_count makes executions wait for the resources "
+                             "of their instance group's rate_limiter (rate-limit.mode)")
+    parser.add_argument("--rate-limit-resource", action="append", metavar="NAME:COUNT[:DEVICE]",
+                        help="as Triton's: copies of a rate limiter resource, on one device or every "
+                             "one; repeatable (rate-limit.resources)")
     parser.add_argument("--server-host-policy", metavar="NAME",
                         help="the host policy whose CPUs the event loop runs on (server.host-policy)")
     parser.add_argument("--model-repository", action="append", metavar="DIR",
@@ -94,6 +100,25 @@ def apply_flags(config: DaemonConfig, args: argparse.Namespace) -> DaemonConfig:
                 "invalid command-line flag: --metrics-config must be counter_latencies=true|false, "
                 f"summary_latencies=true|false or summary_quantiles=Q:ERROR,..., got {flag!r}"
             )
+    if args.rate_limit is not None:
+        raw.setdefault("rate-limit", {})["mode"] = args.rate_limit
+    for flag in args.rate_limit_resource or []:
+        parts = flag.split(":")
+        try:
+            # Triton's --rate-limit-resource=<name>:<count>[:<device>]
+            if len(parts) not in (2, 3) or not parts[0]:
+                raise ValueError
+            numbers = [int(part) for part in parts[1:]]
+            if min(numbers) < 0:
+                raise ValueError
+            resource: dict[str, object] = {"name": parts[0], "count": numbers[0]}
+            if len(numbers) == 2:
+                resource["device"] = numbers[1]
+        except ValueError:
+            raise EdgedError(
+                f"invalid command-line flag: --rate-limit-resource must be NAME:COUNT or NAME:COUNT:DEVICE, got {flag!r}"
+            ) from None
+        raw.setdefault("rate-limit", {}).setdefault("resources", []).append(resource)
     if args.model_repository:
         models["repository"] = args.model_repository
     if args.model_control_mode:

@@ -196,6 +196,23 @@ class MetricsConfig(_Section):
         parse_quantiles(self.summary_quantiles)  # ValueError: msgspec names the key
 
 
+class RateLimitResource(_Section):
+    """Copies of a rate limiter resource (Triton's --rate-limit-resource NAME:COUNT[:DEVICE])."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    count: Annotated[int, msgspec.Meta(ge=0)]
+    # None: every device (a global resource ignores it).
+    device: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class RateLimitConfig(_Section):
+    """Triton's rate limiter: "off" ignores every instance group's rate_limiter."""
+
+    mode: Literal["off", "execution_count"] = "off"
+    # Default copies of a resource: the most any loaded instance asks for.
+    resources: list[RateLimitResource] = []
+
+
 class DaemonConfig(_Section):
     # Writable state (demo repo, caches); "" = $STATE_DIRECTORY, /var/lib/edged as root, else
     # ~/.local/state/edged.
@@ -208,6 +225,7 @@ class DaemonConfig(_Section):
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     trace: TraceConfig = msgspec.field(default_factory=TraceConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    rate_limit: RateLimitConfig = msgspec.field(default_factory=RateLimitConfig)
     # Named CPU sets for model instances (instance_group.host_policy) and the event loop.
     host_policy: dict[str, HostPolicy] = {}
 

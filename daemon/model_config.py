@@ -165,6 +165,21 @@ class TensorConfig(_Strict):
 InstanceKind = Literal["KIND_AUTO", "KIND_CPU", "KIND_GPU", "KIND_MODEL"]
 
 
+class RateLimiterResource(_Strict):
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    # Per device (the instance's) unless global: one pool for the whole daemon.
+    global_: bool = msgspec.field(default=False, name="global")
+    count: Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)] = 0
+
+
+class ModelRateLimiter(_Strict):
+    """What one execution on an instance of the group holds under `--rate-limit=execution_count`
+    (daemon.core.rate_limiter); ignored with the rate limiter off, as in Triton."""
+
+    resources: list[RateLimiterResource] = []
+    priority: Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)] = 0
+
+
 class InstanceGroup(_Strict):
     # Each instance is a thread (and a runtime session) of this process: 100 000 kept a load
     # creating them for minutes, holding the model's lock. Triton sets no bound.
@@ -175,6 +190,7 @@ class InstanceGroup(_Strict):
     # The daemon's host policy its instances' threads run under (daemon.core.host_policy);
     # "" = Triton's default name for the kind ("cpu", "gpu_<n>", "model").
     host_policy: str = ""
+    rate_limiter: ModelRateLimiter | None = None
 
 
 class QueuePolicy(_Strict):
@@ -546,6 +562,9 @@ def to_triton_json(
     if not config.model_transaction_policy.decoupled:
         # Our config cannot tell a written `decoupled: false` from none; Triton omits the unset one.
         del data["model_transaction_policy"]
+    for group in data["instance_group"]:
+        if group["rate_limiter"] is None:
+            del group["rate_limiter"]  # an unset message: Triton leaves it out
     batching = data.get("dynamic_batching")
     if batching is not None and batching["default_queue_policy"] is None:
         del batching["default_queue_policy"]

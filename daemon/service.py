@@ -28,6 +28,7 @@ from daemon.core import uploads
 from daemon.core.hardware import Hardware
 from daemon.core.host_policy import HostPolicies
 from daemon.core.plugins import PluginRegistry
+from daemon.core.rate_limiter import RateLimiter
 from daemon.core.registry import ModelRegistry
 from daemon.core.releases import ReleaseManager
 from daemon.core.repository import ModelControlHook, RepositoryManager
@@ -132,6 +133,9 @@ class Service:
             cache = ResponseCache(parse_memory_size(config.server.response_cache_size))
             metrics.register(cache.families)
             registry.loader.response_cache = cache
+        if config.rate_limit.mode == "execution_count":
+            # Off (Triton's default), every instance group's rate_limiter is ignored.
+            registry.loader.rate_limiter = RateLimiter(config.rate_limit.resources)
         return service
 
     # ------------------------------------------------------------------ lifecycle

@@ -66,6 +66,11 @@ async def stream(
     if not model.instances:
         raise Unsupported(f"model '{model.name}' has no backend instances to stream from")
     instance = min(model.instances, key=lambda backend: backend.streams_active)
+    ticket = model.limits.tickets.get(instance) if model.limits is not None else None
+    if ticket is not None:
+        assert model.limits is not None
+        # The stream holds its instance's resources until its last response: it is one execution.
+        await model.limits.limiter.acquire(ticket)
     started = time.monotonic_ns()
     outcome: FailureReason | None = "CANCELED"
     failed = False
@@ -76,6 +81,9 @@ async def stream(
                 yield result
         outcome = "OTHER" if failed else None
     finally:
+        if ticket is not None:
+            assert model.limits is not None
+            model.limits.limiter.release(ticket)
         elapsed = time.monotonic_ns() - started
         rows = request.batch_size() if model.config.max_batch_size > 0 else 1
         model.stats.record_execution(rows, elapsed)  # performed, whatever its outcome

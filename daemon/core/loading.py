@@ -33,6 +33,7 @@ from daemon.core.hardware import Hardware
 from daemon.core.host_policy import HostPolicies, format_cpus, process_cpus
 from daemon.core.model import LoadedVersion
 from daemon.core.plugins import PluginRegistry
+from daemon.core.rate_limiter import InstanceLimits, RateLimiter, Ticket
 from daemon.core.response_cache import ResponseCache
 from daemon.core.scheduler import Scheduler, make_scheduler
 from daemon.core.selection import Selection, choose_backends
@@ -86,6 +87,8 @@ class ModelLoader:
         self.control: ModelControl | None = None
         # The daemon's response cache (None: it has none), for models whose config enables it.
         self.response_cache: ResponseCache | None = None
+        # Triton's rate limiter (None: --rate-limit off), for instance groups with a rate_limiter.
+        self.rate_limiter: RateLimiter | None = None
 
     async def _infer_other(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
         """A request from inside a model (Triton BLS) to another loaded model."""
@@ -238,6 +241,7 @@ class ModelLoader:
         placement = self._placement(name, config, count, device)
         state = self.state_dir / "models" / name / str(version)
         await asyncio.to_thread(state.mkdir, parents=True, exist_ok=True)
+        tickets = self._register_limits(name, config, cls, count, device)
         instances: list[Backend] = []
         started = time.monotonic()
         try:
@@ -255,6 +259,8 @@ class ModelLoader:
                 # Each instance warms up before the model is served, as in Triton.
                 await warmup.warm_up(instance, warmups, stats, decoupled=config.model_transaction_policy.decoupled)
         except BaseException as exc:
+            if self.rate_limiter is not None:
+                self.rate_limiter.unregister(tickets)
             for instance in instances:
                 try:
                     await instance.unload()
@@ -270,9 +276,14 @@ class ModelLoader:
             raise
         if isinstance(instances[0], GenerationBackend):
             stats.engine_stats = instances[0].engine_stats
+        limits: InstanceLimits | None = None
+        if self.rate_limiter is not None and any(tickets):
+            limits = InstanceLimits(
+                self.rate_limiter, {i: t for i, t in zip(instances, tickets, strict=True) if t is not None}
+            )
         scheduler: Scheduler | None = None
         if cls.capabilities.kind == "tensor":
-            scheduler = make_scheduler(config, instances, stats, overlap=self.overlap)
+            scheduler = make_scheduler(config, instances, stats, overlap=self.overlap, limits=limits)
             await scheduler.start()
         explain = selection.explain()
         explain["backend"] = backend
@@ -283,7 +294,34 @@ class ModelLoader:
         if pinned:
             explain["host_policies"] = pinned
         explain["load_seconds"] = round(time.monotonic() - started, 3)
-        return LoadedVersion(name, version, config, backend, artifact, instances, stats, scheduler, explain, device)
+        return LoadedVersion(
+            name, version, config, backend, artifact, instances, stats, scheduler, explain, device, limits=limits
+        )
+
+    def _register_limits(
+        self, name: str, config: ModelConfig, cls: type[Backend], count: int, device: Device
+    ) -> list[Ticket | None]:
+        """Each instance's rate limiter ticket (None: not limited), in instance order."""
+        limited = [g for g in config.instance_group if g.rate_limiter is not None]
+        if self.rate_limiter is None:
+            if limited:
+                log.info("model %s: instance_group rate_limiter is ignored: the rate limiter is off "
+                         "(--rate-limit=execution_count turns it on)", name)
+            return [None] * count
+        if any(g.rate_limiter is not None and g.rate_limiter.resources for g in limited) and (
+            cls.capabilities.kind != "tensor"
+        ):
+            # One engine decodes every slot's tokens together: there is no execution to hold.
+            raise ConfigError(
+                f"model '{name}': instance_group rate_limiter resources are not supported by the "
+                f"{cls.capabilities.kind} backend (its engine schedules its own work)"
+            )
+        groups = [g for g in config.instance_group for _ in range(g.count)] or [InstanceGroup()]
+        # Triton keeps CPU instances' resources on device 0.
+        index = device.index if device.kind not in ("auto", "cpu") else 0
+        return self.rate_limiter.register(
+            (groups[min(i, len(groups) - 1)], index) for i in range(count)
+        )
 
     def _placement(self, name: str, config: ModelConfig, count: int, device: Device) -> list[tuple[str, frozenset[int]]]:
         """Each instance's host policy and CPUs, in instance order (groups' counts laid end

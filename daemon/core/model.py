@@ -31,6 +31,7 @@ from daemon.backend import (
     SlotFile,
 )
 from daemon.core.plugins import takes_keyword
+from daemon.core.rate_limiter import InstanceLimits
 from daemon.core.response_cache import ResponseCache
 from daemon.core.scheduler import Scheduler
 from daemon.core.stats import FailureReason, ModelStats
@@ -58,6 +59,8 @@ class LoadedVersion:
     selection: dict[str, object] = field(default_factory=dict)
     # Where its instances run (None for an ensemble, which has none).
     device: Device | None = None
+    # The rate limiter's tickets for its instances (None: not limited).
+    limits: InstanceLimits | None = None
     # The daemon's response cache, when the config enables it and the daemon has one; this
     # version's entries are those of `cache_owner`.
     cache: ResponseCache | None = None
@@ -310,4 +313,6 @@ class LoadedVersion:
                 await instance.unload()
             except Exception:  # a plugin failing to unload must not stop the others
                 log.exception("model %s: backend %s failed to unload", self.name, self.backend)
+        if self.limits is not None:
+            self.limits.limiter.unregister(self.limits.tickets.values())
         self.stats.close()

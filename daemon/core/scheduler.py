@@ -36,6 +36,7 @@ from typing import Protocol
 from mypy_extensions import mypyc_attr
 
 from daemon.backend import Backend, ExecuteResult, InferRequest, InferResponse
+from daemon.core.rate_limiter import InstanceLimits, RateLimiter, Ticket
 from daemon.core.sequence import SequenceBatcher
 from daemon.core.stats import ComputePhases, FailureReason, ModelStats, compute_phases
 from daemon.errors import (
@@ -71,7 +72,12 @@ class Scheduler(Protocol):
 
 
 def make_scheduler(
-    config: ModelConfig, instances: Sequence[Backend], stats: ModelStats, *, overlap: bool = False
+    config: ModelConfig,
+    instances: Sequence[Backend],
+    stats: ModelStats,
+    *,
+    overlap: bool = False,
+    limits: InstanceLimits | None = None,
 ) -> Scheduler:
     """Pick the scheduler for a loaded tensor model.
 
@@ -86,15 +92,18 @@ def make_scheduler(
     sends every request alone), this costs no latency: a request never waits for company, it
     is sent as soon as an instance is free; requests only merge when they arrive while every
     instance is busy, which is exactly when merging raises throughput.
+
+    `limits`: the rate limiter's tickets of the instances it limits; each execution on one
+    holds its resources while it runs.
     """
     if not instances:
         raise ConfigError(f"model '{config.name or stats.name}' has no backend instances")
     if config.sequence_batching is not None:
-        return SequenceBatcher(config, instances, stats)
+        return SequenceBatcher(config, instances, stats, limits=limits)
     merges = all(type(instance).capabilities.dynamic_batching for instance in instances)
     if config.max_batch_size > 0 and merges:
-        return DynamicBatcher(config, instances, stats, overlap=overlap)
-    return InstanceScheduler(config, instances, stats, overlap=overlap)
+        return DynamicBatcher(config, instances, stats, overlap=overlap, limits=limits)
+    return InstanceScheduler(config, instances, stats, overlap=overlap, limits=limits)
 
 
 # ---------------------------------------------------------------------------- the queue
@@ -161,11 +170,18 @@ class _QueueScheduler:
     which queued requests form the next execution (`_plan`)."""
 
     def __init__(
-        self, config: ModelConfig, instances: Sequence[Backend], stats: ModelStats, *, overlap: bool = False
+        self,
+        config: ModelConfig,
+        instances: Sequence[Backend],
+        stats: ModelStats,
+        *,
+        overlap: bool = False,
+        limits: InstanceLimits | None = None,
     ) -> None:
         if not instances:
             raise ConfigError(f"model '{config.name or stats.name}' has no backend instances")
         self.config = config
+        self.limits = limits
         self.model = config.name or stats.name
         self.instances = list(instances)
         self.stats = stats
@@ -629,6 +645,18 @@ class _QueueScheduler:
 
     async def _execute(self, instance: Backend, items: list[_Pending]) -> None:
         requests = [item.request for item in items]
+        limiter: RateLimiter | None = None
+        ticket: Ticket | None = None
+        if self.limits is not None:
+            ticket = self.limits.tickets.get(instance)
+            if ticket is not None:
+                limiter = self.limits.limiter
+                asked = time.monotonic_ns()
+                await limiter.acquire(ticket)
+                # Waiting for the resources is waiting in the queue (as in Triton).
+                waited = time.monotonic_ns() - asked
+                for item in items:
+                    item.queue_ns += waited
         instance.phase_ns = (0, 0)
         started = time.monotonic_ns()
         results: list[ExecuteResult]
@@ -653,6 +681,9 @@ class _QueueScheduler:
                 f"{type(exc).__name__}: {exc}"
             )
             results = [error] * len(items)
+        finally:
+            if limiter is not None and ticket is not None:
+                limiter.release(ticket)
         returned = time.monotonic_ns()
         # Behind another execution on the instance's thread, this one began when that returned.
         began = max(started, self._returned_ns.get(instance, 0))
@@ -753,13 +784,19 @@ class DynamicBatcher(_QueueScheduler):
     """
 
     def __init__(
-        self, config: ModelConfig, instances: Sequence[Backend], stats: ModelStats, *, overlap: bool = False
+        self,
+        config: ModelConfig,
+        instances: Sequence[Backend],
+        stats: ModelStats,
+        *,
+        overlap: bool = False,
+        limits: InstanceLimits | None = None,
     ) -> None:
         if config.max_batch_size <= 0:
             raise ConfigError(
                 f"model '{config.name or stats.name}': dynamic batching needs max_batch_size > 0"
             )
-        super().__init__(config, instances, stats, overlap=overlap)
+        super().__init__(config, instances, stats, overlap=overlap, limits=limits)
         self.max_rows = config.max_batch_size
         self.preferred = frozenset(s for s in self.batching.preferred_batch_size if 0 < s <= self.max_rows)
         self.delay_ns = self.batching.max_queue_delay_microseconds * 1000

@@ -65,6 +65,7 @@ from daemon.backend import (
     StepResult,
     decoupled_infer_error,
 )
+from daemon.core.rate_limiter import InstanceLimits
 from daemon.core.stats import ComputePhases, FailureReason, ModelStats, compute_phases
 from daemon.errors import BackendError, ConfigError, EdgedError, InvalidArgument, Unavailable
 from daemon.model_config import MAX_SEQUENCE_SLOTS, ModelConfig, SequenceBatching, TensorConfig
@@ -543,7 +544,14 @@ class _Lane:
 class SequenceBatcher:
     """The `Scheduler` for models with `sequence_batching` (see the module docstring)."""
 
-    def __init__(self, config: ModelConfig, instances: Sequence[Backend], stats: ModelStats) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        instances: Sequence[Backend],
+        stats: ModelStats,
+        *,
+        limits: InstanceLimits | None = None,
+    ) -> None:
         if not instances:
             raise ConfigError(f"model '{config.name or stats.name}' has no backend instances")
         sb = config.sequence_batching
@@ -552,6 +560,7 @@ class SequenceBatcher:
         self.config = config
         self.model = config.name or stats.name
         self.stats = stats
+        self.limits = limits
         self.spec = SequenceSpec.from_config(config)
         self.merges = config.max_batch_size > 0 and all(
             type(i).capabilities.dynamic_batching for i in instances
@@ -955,10 +964,25 @@ class SequenceBatcher:
                     | (REQUEST_FLAG_SEQUENCE_END if item.end else 0),
                 )
             )
+        ticket = self.limits.tickets.get(lane.instance) if self.limits is not None else None
+        if ticket is not None:
+            assert self.limits is not None
+            asked = time.monotonic_ns()
+            await self.limits.limiter.acquire(ticket)
+            # Waiting for the resources is waiting in the queue (as in Triton).
+            waited = time.monotonic_ns() - asked
+            for item in rows:
+                if item is not None:
+                    item.queue_ns += waited
         lane.instance.phase_ns = (0, 0)
         started = time.monotonic_ns()
         sinks = [item.sink if item is not None else None for item in rows] if self.stepped else None
-        results = await self._run_backend(lane.instance, requests, sinks)
+        try:
+            results = await self._run_backend(lane.instance, requests, sinks)
+        finally:
+            if ticket is not None:
+                assert self.limits is not None
+                self.limits.limiter.release(ticket)
         phases = compute_phases(time.monotonic_ns() - started, lane.instance.phase_ns)
         # Performed, whatever its outcome.
         self.stats.record_execution(len(rows), phases.infer_ns, phases.input_ns, phases.output_ns)

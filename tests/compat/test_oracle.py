@@ -1040,3 +1040,66 @@ def test_a_requests_trace_as_tritons(compat_repo: object, tmp_path_factory: pyte
     _, (theirs, ours) = _strings_on_both(tmp_path_factory, _TRACE_CONTEXT, 2)
     assert theirs == (200, ["None", "InferenceTrace"])
     assert ours == theirs
+
+
+def _poster(server: Server) -> Any:
+    """POST an infer body to a model of `server`; its JSON answer (a 200)."""
+    def post(model: str, body: dict[str, Any]) -> Any:
+        reply = server.request("POST", f"/v2/models/{model}/infer", json.dumps(body).encode(),
+                               {"Content-Type": "application/json"})
+        assert reply.status == 200, reply.body
+        return json.loads(reply.body)
+    return post
+
+
+def _load(server: Server, model: str) -> tuple[int, str]:
+    reply = server.request("POST", f"/v2/repository/models/{model}/load", b"{}")
+    return reply.status, json.loads(reply.body or b"{}").get("error", "")
+
+
+def test_rate_limiter_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`--rate-limit=execution_count`: two models that each hold the one copy of R run one at a
+    time; loading a model that needs two copies makes two (the most any instance asks for), so
+    they run together, and unloading it takes it back; the load errors of too few copies given by
+    `--rate-limit-resource` and of a resource both global and per device. The same on both."""
+    from compat.servers import ORACLE_ENV, start_edged, start_triton
+    from support import most_at_once, run_together, timed_model
+
+    repo = tmp_path_factory.mktemp("rate-repo")
+    for name in ("a", "b"):
+        timed_model(repo, name, 'rate_limiter { resources [{ name: "R" count: 1 }] }')
+    timed_model(repo, "two", 'rate_limiter { resources [{ name: "R" count: 2 }] }')
+    timed_model(repo, "global", 'rate_limiter { resources [{ name: "G" global: true count: 1 }] }')
+    timed_model(repo, "local", 'rate_limiter { resources [{ name: "G" count: 1 }] }')
+    answers = []
+    for start in (start_triton, start_edged):
+        args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
+        seen: list[Any] = []
+        server = start(*args, repo, tmp_path_factory.mktemp("rate"), ["a", "b"], ["--rate-limit=execution_count"])
+        try:
+            seen.append(most_at_once(run_together(_poster(server), ["a", "b"], 0.4)))
+            config = json.loads(server.request("GET", "/v2/models/a/config").body)
+            seen.append(config["instance_group"][0]["rate_limiter"])
+            seen.append(_load(server, "two"))
+            seen.append(most_at_once(run_together(_poster(server), ["a", "b"], 0.4)))
+            seen.append(server.request("POST", "/v2/repository/models/two/unload", b"{}").status)
+            time.sleep(1)  # the unload finishes after its answer on Triton
+            seen.append(most_at_once(run_together(_poster(server), ["a", "b"], 0.4)))
+            seen.append(_load(server, "global"))
+            status, error = _load(server, "local")
+            seen.append((status, 'Resource "G" is present as both global and device-specific resource' in error))
+        finally:
+            server.stop()
+        server = start(*args, repo, tmp_path_factory.mktemp("rate"), ["a"],
+                       ["--rate-limit=execution_count", "--rate-limit-resource=R:1"])
+        try:
+            status, error = _load(server, "two")
+            seen.append((status, 'Resource count for "R" is limited to 1 which will prevent scheduling of '
+                                 "one or more model instances, the minimum required count is 2" in error))
+        finally:
+            server.stop()
+        answers.append(seen)
+    theirs, ours = answers
+    served = {"resources": [{"name": "R", "global": False, "count": 1}], "priority": 0}
+    assert theirs == [1, served, (200, ""), 2, 200, 1, (200, ""), (400, True), (400, True)]
+    assert ours == theirs

@@ -28,7 +28,9 @@ from daemon.model_config import (
     EnsembleStep,
     InstanceGroup,
     ModelConfig,
+    ModelRateLimiter,
     QueuePolicy,
+    RateLimiterResource,
     TensorConfig,
     VersionPolicy,
     config_from_mapping,
@@ -340,8 +342,11 @@ def test_known_unsupported_fields_parse_with_warnings(parser: PbtxtParser) -> No
     assert to_triton_json(config)["input"][0]["format"] == "FORMAT_NCHW"
     assert config.output[0].dims == [1000]
     assert config.output[0].label_filename == "labels.txt"  # used by classification
-    # Honoured (daemon.core.host_policy), so kept.
-    assert config.instance_group == [InstanceGroup(count=1, kind="KIND_GPU", host_policy="numa0")]
+    # Honoured (daemon.core.host_policy, daemon.core.rate_limiter), so kept.
+    assert config.instance_group == [InstanceGroup(
+        count=1, kind="KIND_GPU", host_policy="numa0",
+        rate_limiter=ModelRateLimiter([RateLimiterResource("R1", count=2)]),
+    )]
     ignored = {w.removeprefix("densenet/config.pbtxt: ").split(" ")[0] for w in warnings}
     # The ONNX Runtime graph level is honoured; the rest of the block is Triton's tuning.
     assert config.optimization is not None and config.optimization.graph is not None
@@ -350,7 +355,6 @@ def test_known_unsupported_fields_parse_with_warnings(parser: PbtxtParser) -> No
         "optimization.execution_accelerators",
         "optimization.cuda",
         "optimization.input_pinned_memory",
-        "instance_group[0].rate_limiter",
     }
     assert all(w.endswith("is not supported by edged and is ignored") for w in warnings)
     # Served by the daemon's response cache (daemon.core.response_cache).
