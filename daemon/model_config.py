@@ -394,12 +394,28 @@ class GraphOptimization(_Strict):
     level: int = 0
 
 
+class ExecutionAccelerator(_Strict):
+    name: str = ""
+    parameters: dict[str, str] = {}
+
+
+class ExecutionAccelerators(_Strict):
+    # CPU accelerators of Triton's ONNX Runtime backend ("openvino"): the plugin whose manifest
+    # lists the name serves the model first (daemon.core.selection). The GPU ones are dropped.
+    cpu_execution_accelerator: list[ExecutionAccelerator] = []
+
+
 class Optimization(_Strict):
     """Triton's `optimization`: edged reads `graph.level` (ONNX Runtime's graph optimization
-    level, which can change a model's numbers); the rest tunes Triton and is dropped with a
-    warning (triton_config)."""
+    level, which can change a model's numbers) and the CPU execution accelerators; the rest
+    tunes Triton and is dropped with a warning (triton_config)."""
 
     graph: GraphOptimization | None = None
+    execution_accelerators: ExecutionAccelerators | None = None
+
+    def cpu_accelerators(self) -> list[str]:
+        accelerators = self.execution_accelerators
+        return [a.name for a in accelerators.cpu_execution_accelerator] if accelerators else []
 
 
 class RepositoryAgent(_Strict):
@@ -565,6 +581,12 @@ def to_triton_json(
     for group in data["instance_group"]:
         if group["rate_limiter"] is None:
             del group["rate_limiter"]  # an unset message: Triton leaves it out
+    optimization = data.get("optimization")
+    if optimization is not None:
+        for key in [key for key, value in optimization.items() if value is None]:
+            del optimization[key]
+        if "execution_accelerators" in optimization:
+            optimization["execution_accelerators"]["gpu_execution_accelerator"] = []
     batching = data.get("dynamic_batching")
     if batching is not None and batching["default_queue_policy"] is None:
         del batching["default_queue_policy"]

@@ -11,6 +11,7 @@ existing configs keep their tuning.
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,6 +36,8 @@ from daemon.backend import (
 )
 
 ARTIFACT = "model.onnx"
+
+log = logging.getLogger(__name__)
 
 # ONNX Runtime's NodeArg.type strings -> KServe datatype. BF16 is left out: numpy has no bfloat16,
 # so ORT's Python API can neither take nor return it.
@@ -144,6 +147,12 @@ class OnnxRuntimeBackend(TensorBackend):
         options.inter_op_num_threads = config.int_parameter("inter_op_thread_count", 1, maximum=MAX_THREADS)
         options.enable_mem_pattern = config.bool_parameter("enable_mem_pattern", True)
         options.graph_optimization_level = _graph_level(config)
+        if config.optimization is not None and config.optimization.cpu_accelerators():
+            # Asked for OpenVINO, which Triton's build runs inside ONNX Runtime: here the openvino
+            # plugin serves such a model and this one is its fallback, on the CPU provider.
+            log.warning("model %s: cpu_execution_accelerator %s: served by ONNX Runtime's CPU "
+                        "provider (the plugin standing in for it could not serve it)",
+                        model_name, config.optimization.cpu_accelerators())
         # Parallel execution only helps graphs with independent branches and needs the inter-op
         # pool; the instance count already parallelizes requests.
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

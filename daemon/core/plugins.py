@@ -56,6 +56,10 @@ class PluginManifest(msgspec.Struct, forbid_unknown_fields=True, rename="kebab")
     devices: list[DeviceKind] = msgspec.field(default_factory=lambda: ["cpu"])
     # Instances per model when the config's instance_group gives no count.
     default_instances: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    # Triton's CPU execution accelerators this plugin stands in for (optimization
+    # execution_accelerators cpu_execution_accelerator name): a model asking for one is offered
+    # to this plugin before the backend its config names.
+    accelerators: list[str] = []
 
 
 PluginState = Literal["discovered", "ready", "unavailable", "broken"]

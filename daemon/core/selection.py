@@ -13,6 +13,8 @@ Policy (docs/selection.md has the whole story):
     config.platform set                   -> the plugins whose manifest lists the platform
     otherwise (auto), every plugin with one of its artifacts in the version directory, by
         config.backend_preference (in its order), then manifest `rank` (highest first), then name
+    a CPU execution accelerator in `optimization` (Triton's ONNX Runtime "openvino") puts the
+        plugins whose manifest lists it before those; an unknown one fails the load
     each must then pass, in order of cost:
         its manifest's device kinds  (a GPU-only plugin is skipped without such a GPU)
         its probe                    (runtime importable and usable here)
@@ -29,6 +31,7 @@ from typing import Any
 from daemon.backend import Backend, Device, FitRequest
 from daemon.core.hardware import Hardware, NvidiaGpu
 from daemon.core.plugins import PluginManifest
+from daemon.errors import ConfigError
 from daemon.model_config import ModelConfig
 
 # Backend name -> its class, or the reason it cannot run here.
@@ -191,6 +194,28 @@ def choose_backends(
     def by_rank(name: str) -> tuple[int, str]:
         return (-by_name[name].rank, name)
 
+    accelerators = config.optimization.cpu_accelerators() if config.optimization else []
+    for accelerator in accelerators:
+        if not any(accelerator in m.accelerators for m in manifests):
+            # Triton's ONNX Runtime backend's text: it fails the load.
+            raise ConfigError(f"unknown Execution Accelerator '{accelerator}' is requested")
+
+    def accelerated(selection: Selection) -> Selection:
+        """The plugins standing in for the config's accelerators go first (Triton's ONNX
+        Runtime runs such a model through that runtime); the rest follow as chosen."""
+        if accelerators:
+            rest = list(selection.candidates)
+            selection.candidates.clear()
+            skipped = {backend for backend, _ in selection.skipped}
+            for manifest in sorted(manifests, key=lambda m: by_rank(m.name)):
+                asked = [a for a in accelerators if a in manifest.accelerators]
+                if asked and manifest.name not in skipped:
+                    _consider(manifest, config, artifacts, hardware, resolve, requested=True,
+                              why=f"cpu_execution_accelerator {asked[0]!r}", selection=selection)
+            chosen = {c.backend for c in selection.candidates}
+            selection.candidates.extend(c for c in rest if c.backend not in chosen)
+        return selection
+
     explicit = config.backend.strip().lower()
     if explicit not in ("", "auto"):
         selection = Selection(mode="explicit")
@@ -199,7 +224,7 @@ def choose_backends(
         else:
             _consider(by_name[explicit], config, artifacts, hardware, resolve, requested=True,
                       why=f"config.backend = {explicit!r}", selection=selection)
-        return selection
+        return accelerated(selection)
     if config.platform:
         selection = Selection(mode="platform")
         names = sorted((m.name for m in manifests if config.platform in m.platforms), key=by_rank)
@@ -211,7 +236,7 @@ def choose_backends(
         for name in names:
             _consider(by_name[name], config, artifacts, hardware, resolve, requested=True,
                       why=f"config.platform = {config.platform!r}", selection=selection)
-        return selection
+        return accelerated(selection)
 
     selection = Selection(mode="auto")
     preference = [name.strip().lower() for name in config.backend_preference]
@@ -221,4 +246,4 @@ def choose_backends(
         why = f"backend_preference #{preferred[name] + 1}" if name in preferred else ""
         _consider(by_name[name], config, artifacts, hardware, resolve, requested=name in preferred,
                   why=why, selection=selection)
-    return selection
+    return accelerated(selection)

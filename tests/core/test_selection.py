@@ -7,7 +7,7 @@ import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 import pytest
@@ -470,3 +470,69 @@ def test_shipped_manifests_state_rank_devices_and_instances(manifests: list[Plug
     assert by_name["tensorrt"].devices == ["gpu:nvidia"]
     assert by_name["onnxruntime"].default_instances == 2
     assert {by_name[n].default_instances for n in PLUGINS if n != "onnxruntime"} == {1}
+
+
+def _accelerated(*names: str, **fields: object) -> ModelConfig:
+    from daemon.model_config import ExecutionAccelerator, ExecutionAccelerators, Optimization
+
+    accelerators = ExecutionAccelerators([ExecutionAccelerator(name) for name in names])
+    return ModelConfig(name="m", optimization=Optimization(execution_accelerators=accelerators), **fields)
+
+
+@pytest.mark.parametrize("fields", [{"backend": "onnxruntime"}, {"platform": "onnxruntime_onnx"}, {}])
+def test_the_openvino_accelerator_puts_the_openvino_plugin_first(
+    tmp_path: Path, manifests: list[PluginManifest], everything_available: Resolve, fields: dict[str, str]
+) -> None:
+    files = version_dir(tmp_path, "model.onnx")
+    selection = choose_backends(_accelerated("openvino", **fields), files, manifests, CPU_ONLY, everything_available)
+    # ONNX Runtime stays as the fallback, as Triton's falls back to its CPU provider.
+    assert order(selection) == ["openvino", "onnxruntime"]
+    assert selection.candidates[0].artifact.name == "model.onnx"
+    assert selection.candidates[0].reason.endswith("(cpu_execution_accelerator 'openvino')")
+    unavailable_here = unavailable(everything_available, openvino="runtime not installed")
+    selection = choose_backends(_accelerated("openvino", **fields), files, manifests, CPU_ONLY, unavailable_here)
+    assert order(selection) == ["onnxruntime"]
+
+
+def test_an_unknown_accelerator_fails_as_in_triton(
+    tmp_path: Path, manifests: list[PluginManifest], everything_available: Resolve
+) -> None:
+    from daemon.errors import ConfigError
+
+    files = version_dir(tmp_path, "model.onnx")
+    with pytest.raises(ConfigError, match=r"^unknown Execution Accelerator 'tensorrt' is requested$"):
+        choose_backends(_accelerated("openvino", "tensorrt", backend="onnxruntime"), files, manifests, CPU_ONLY,
+                        everything_available)
+
+
+def test_a_model_asking_for_openvino_is_served_by_it(tmp_path: Path, start_daemon: Callable[..., Any]) -> None:
+    """Over the socket: the ONNX model of a Triton ONNX Runtime config with the openvino CPU
+    accelerator runs on the openvino plugin, answers as numpy does and serves its config as
+    Triton; an unknown accelerator fails the load with Triton's text."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("onnx")
+    import numpy as np
+    from model_builders import _simple_tensors, build_simple_onnx
+
+    repo = tmp_path / "repo"
+    accelerators = "optimization { execution_accelerators { cpu_execution_accelerator : [ { name : \"%s\" } ] } }\n"
+    for name, accelerator in (("fast", "openvino"), ("odd", "tensorrt")):
+        build_simple_onnx(repo / name / "1" / "model.onnx")
+        (repo / name / "config.pbtxt").write_text(
+            'backend: "onnxruntime"\n' + _simple_tensors(8) + accelerators % accelerator
+        )
+    daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit", "--load-model", "fast")
+    selection = daemon.get_json("/v2/models/fast")["selection"]
+    assert selection["backend"] == "openvino"
+    assert selection["candidates"][0]["reason"].endswith("(cpu_execution_accelerator 'openvino')")
+    assert [c["backend"] for c in selection["candidates"]] == ["openvino", "onnxruntime"]
+    a, b = np.arange(16, dtype=np.int32), np.full(16, 3, dtype=np.int32)
+    body = {"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": v.tolist()}
+                       for n, v in (("INPUT0", a), ("INPUT1", b))]}
+    outputs = {o["name"]: o["data"] for o in daemon.post_ok("/v2/models/fast/infer", body)["outputs"]}
+    assert outputs == {"OUTPUT0": (a + b).tolist(), "OUTPUT1": (a - b).tolist()}
+    assert daemon.get_json("/v2/models/fast/config")["optimization"] == {"execution_accelerators": {
+        "gpu_execution_accelerator": [], "cpu_execution_accelerator": [{"name": "openvino", "parameters": {}}]}}
+    reply = daemon.request("POST", "/v2/repository/models/odd/load", "{}")
+    assert reply.status == 400
+    assert "unknown Execution Accelerator 'tensorrt' is requested" in reply.json()["error"]

@@ -348,11 +348,13 @@ def test_known_unsupported_fields_parse_with_warnings(parser: PbtxtParser) -> No
         rate_limiter=ModelRateLimiter([RateLimiterResource("R1", count=2)]),
     )]
     ignored = {w.removeprefix("densenet/config.pbtxt: ").split(" ")[0] for w in warnings}
-    # The ONNX Runtime graph level is honoured; the rest of the block is Triton's tuning.
+    # The ONNX Runtime graph level and CPU accelerators are honoured (daemon.core.selection);
+    # the rest of the block is Triton's tuning.
     assert config.optimization is not None and config.optimization.graph is not None
     assert config.optimization.graph.level == 1
+    assert config.optimization.cpu_accelerators() == ["openvino"]
     assert ignored == {
-        "optimization.execution_accelerators",
+        "optimization.execution_accelerators.gpu_execution_accelerator",
         "optimization.cuda",
         "optimization.input_pinned_memory",
     }
