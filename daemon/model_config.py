@@ -540,6 +540,10 @@ class ModelConfig(_Strict):
                 return tensor
         return None
 
+    def caches_responses(self) -> bool:
+        """Whether the config turns Triton's response cache on for this model."""
+        return self.response_cache is not None and self.response_cache.enable
+
     def ragged_inputs(self) -> tuple[str, ...]:
         """Inputs with `allow_ragged_batch`, in config order."""
         return tuple(tensor.name for tensor in self.input if tensor.allow_ragged_batch)

@@ -118,8 +118,7 @@ class ModelLoader:
                 model = loaded[version] = await self._load_version(
                     plan.name, version, plan.model_dir / str(version), plan.config
                 )
-                enabled = plan.config.response_cache is not None and plan.config.response_cache.enable
-                if enabled and self.response_cache is not None and model.scheduler is not None:
+                if plan.config.caches_responses() and self.response_cache is not None and model.scheduler is not None:
                     model.cache, model.cache_owner = self.response_cache, self.response_cache.owner()
                     model.stats.cache_enabled = True
         except BaseException:
@@ -142,7 +141,7 @@ class ModelLoader:
             config.name = name
         if config.name != name:
             raise ConfigError(f"model directory {name!r} holds a config named {config.name!r}")
-        if config.response_cache is not None and config.response_cache.enable:
+        if config.caches_responses():
             # Triton's checks and words (model_config_utils), made whether or not the daemon
             # has a cache, as there.
             if config.sequence_batching is not None:
