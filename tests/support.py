@@ -807,3 +807,26 @@ def run_together(post: Callable[[str, dict[str, Any]], Any], models: list[str], 
 def most_at_once(times: list[tuple[float, float]]) -> int:
     """The most executions that ran at the same moment."""
     return max(sum(began <= start < ended for began, ended in times) for start, _ in times)
+
+
+def priority_order(post: Callable[[str, dict[str, Any]], Any]) -> list[str]:
+    """Models `p1` and `p2` (rate limiter priorities 1 and 2) have run once each; while `holder`
+    holds the one copy of their resource, `p2` asks, then `p1`: the order they then run in."""
+    def body(seconds: float) -> dict[str, Any]:
+        return {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [seconds]}]}
+
+    for model in ("p1", "p2"):
+        post(model, body(0.0))
+    began: dict[str, float] = {}
+
+    def run(model: str, seconds: float) -> None:
+        began[model] = post(model, body(seconds))["outputs"][0]["data"][0]
+
+    threads = []
+    for model, seconds, pause in (("holder", 1.0, 0.3), ("p2", 0.0, 0.3), ("p1", 0.0, 0.0)):
+        threads.append(threading.Thread(target=run, args=(model, seconds)))
+        threads[-1].start()
+        time.sleep(pause)
+    for thread in threads:
+        thread.join()
+    return sorted(("p1", "p2"), key=began.__getitem__)

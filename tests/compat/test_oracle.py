@@ -1059,11 +1059,11 @@ def _load(server: Server, model: str) -> tuple[int, str]:
 
 def test_rate_limiter_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
     """`--rate-limit=execution_count`: two models that each hold the one copy of R run one at a
-    time; loading a model that needs two copies makes two (the most any instance asks for), so
+    time; of two waiting for it, the one with the lower executions x priority runs first; loading a model that needs two copies makes two (the most any instance asks for), so
     they run together, and unloading it takes it back; the load errors of too few copies given by
     `--rate-limit-resource` and of a resource both global and per device. The same on both."""
     from compat.servers import ORACLE_ENV, start_edged, start_triton
-    from support import most_at_once, run_together, timed_model
+    from support import most_at_once, priority_order, run_together, timed_model
 
     repo = tmp_path_factory.mktemp("rate-repo")
     for name in ("a", "b"):
@@ -1071,13 +1071,18 @@ def test_rate_limiter_as_tritons(compat_repo: object, tmp_path_factory: pytest.T
     timed_model(repo, "two", 'rate_limiter { resources [{ name: "R" count: 2 }] }')
     timed_model(repo, "global", 'rate_limiter { resources [{ name: "G" global: true count: 1 }] }')
     timed_model(repo, "local", 'rate_limiter { resources [{ name: "G" count: 1 }] }')
+    timed_model(repo, "holder", 'rate_limiter { resources [{ name: "R" count: 1 }] }')
+    for priority in (1, 2):
+        timed_model(repo, f"p{priority}", f'rate_limiter {{ resources [{{ name: "R" count: 1 }}] priority: {priority} }}')
     answers = []
     for start in (start_triton, start_edged):
         args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
         seen: list[Any] = []
-        server = start(*args, repo, tmp_path_factory.mktemp("rate"), ["a", "b"], ["--rate-limit=execution_count"])
+        models = ["a", "b", "holder", "p1", "p2"]
+        server = start(*args, repo, tmp_path_factory.mktemp("rate"), models, ["--rate-limit=execution_count"])
         try:
             seen.append(most_at_once(run_together(_poster(server), ["a", "b"], 0.4)))
+            seen.append(priority_order(_poster(server)))
             config = json.loads(server.request("GET", "/v2/models/a/config").body)
             seen.append(config["instance_group"][0]["rate_limiter"])
             seen.append(_load(server, "two"))
@@ -1101,5 +1106,5 @@ def test_rate_limiter_as_tritons(compat_repo: object, tmp_path_factory: pytest.T
         answers.append(seen)
     theirs, ours = answers
     served = {"resources": [{"name": "R", "global": False, "count": 1}], "priority": 0}
-    assert theirs == [1, served, (200, ""), 2, 200, 1, (200, ""), (400, True), (400, True)]
+    assert theirs == [1, ["p1", "p2"], served, (200, ""), 2, 200, 1, (200, ""), (400, True), (400, True)]
     assert ours == theirs

@@ -17,7 +17,14 @@ from daemon.config import DaemonConfig, RateLimitResource
 from daemon.core.rate_limiter import GLOBAL, RateLimiter, Ticket
 from daemon.errors import ConfigError, EdgedError
 from daemon.model_config import InstanceGroup, ModelRateLimiter, RateLimiterResource
-from support import TIMED_DECOUPLED, DaemonProcess, most_at_once, run_together, timed_model
+from support import (
+    TIMED_DECOUPLED,
+    DaemonProcess,
+    most_at_once,
+    priority_order,
+    run_together,
+    timed_model,
+)
 
 # ---------------------------------------------------------------------------- the pools
 
@@ -186,6 +193,16 @@ def test_more_copies_or_the_limiter_off_let_them_run_together(
     daemon = start_daemon("--model-repository", str(repo))  # off: Triton's default
     assert most_at_once(run_together(_post(daemon), ["a", "b"], 0.3)) == 2
     assert "rate_limiter is ignored: the rate limiter is off" in daemon.log()
+
+
+def test_a_lower_priority_waits_more(tmp_path: Path, start_daemon: Callable[..., DaemonProcess]) -> None:
+    repo = tmp_path / "repo"
+    timed_model(repo, "holder", _ONE_R)
+    for priority in (1, 2):
+        timed_model(repo, f"p{priority}", f'rate_limiter {{ resources [{{ name: "R" count: 1 }}] priority: {priority} }}')
+    daemon = start_daemon("--model-repository", str(repo), "--rate-limit", "execution_count")
+    # p2 asked first, but has run once at priority 2 against p1's once at priority 1.
+    assert priority_order(_post(daemon)) == ["p1", "p2"]
 
 
 def test_sequence_and_decoupled_models_wait_too(tmp_path: Path, start_daemon: Callable[..., DaemonProcess]) -> None:
