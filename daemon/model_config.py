@@ -577,7 +577,8 @@ def to_triton_json(
     or the CPU; `default_model_filename` is the file loaded (`filename`); a
     dynamic batcher without preferred sizes prefers max_batch_size; empty and unset fields are
     spelled out as Triton spells them. Triton's `optimization` block only as far as a config set
-    what edged reads (`graph`): its defaults (pinned memory) describe what edged does not do."""
+    what edged reads (`graph`, the CPU execution accelerators): its defaults (pinned memory)
+    describe what edged does not do."""
     data: dict[str, Any] = msgspec.to_builtins(config)
     if not config.model_transaction_policy.decoupled:
         # Our config cannot tell a written `decoupled: false` from none; Triton omits the unset one.

@@ -147,12 +147,12 @@ class OnnxRuntimeBackend(TensorBackend):
         options.inter_op_num_threads = config.int_parameter("inter_op_thread_count", 1, maximum=MAX_THREADS)
         options.enable_mem_pattern = config.bool_parameter("enable_mem_pattern", True)
         options.graph_optimization_level = _graph_level(config)
-        if config.optimization is not None and config.optimization.cpu_accelerators():
+        accelerators = config.optimization.cpu_accelerators() if config.optimization is not None else []
+        if accelerators:
             # Asked for OpenVINO, which Triton's build runs inside ONNX Runtime: here the openvino
             # plugin serves such a model and this one is its fallback, on the CPU provider.
             log.warning("model %s: cpu_execution_accelerator %s: served by ONNX Runtime's CPU "
-                        "provider (the plugin standing in for it could not serve it)",
-                        model_name, config.optimization.cpu_accelerators())
+                        "provider (the plugin standing in for it could not serve it)", model_name, accelerators)
         # Parallel execution only helps graphs with independent branches and needs the inter-op
         # pool; the instance count already parallelizes requests.
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

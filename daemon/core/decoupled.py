@@ -66,11 +66,9 @@ async def stream(
     if not model.instances:
         raise Unsupported(f"model '{model.name}' has no backend instances to stream from")
     instance = min(model.instances, key=lambda backend: backend.streams_active)
-    ticket = model.limits.tickets.get(instance) if model.limits is not None else None
-    if ticket is not None:
-        assert model.limits is not None
-        # The stream holds its instance's resources until its last response: it is one execution.
-        await model.limits.limiter.acquire(ticket)
+    limits = model.limits
+    # The stream holds its instance's resources until its last response: it is one execution.
+    ticket = (await limits.hold(instance))[0] if limits is not None else None
     started = time.monotonic_ns()
     outcome: FailureReason | None = "CANCELED"
     failed = False
@@ -81,9 +79,8 @@ async def stream(
                 yield result
         outcome = "OTHER" if failed else None
     finally:
-        if ticket is not None:
-            assert model.limits is not None
-            model.limits.limiter.release(ticket)
+        if limits is not None:
+            limits.release(ticket)
         elapsed = time.monotonic_ns() - started
         rows = request.batch_size() if model.config.max_batch_size > 0 else 1
         model.stats.record_execution(rows, elapsed)  # performed, whatever its outcome

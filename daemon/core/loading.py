@@ -315,12 +315,9 @@ class ModelLoader:
                 f"model '{name}': instance_group rate_limiter resources are not supported by the "
                 f"{cls.capabilities.kind} backend (its engine schedules its own work)"
             )
-        groups = [g for g in config.instance_group for _ in range(g.count)] or [InstanceGroup()]
         # Triton keeps CPU instances' resources on device 0.
         index = device.index if device.kind not in ("auto", "cpu") else 0
-        return self.rate_limiter.register(
-            (groups[min(i, len(groups) - 1)], index) for i in range(count)
-        )
+        return self.rate_limiter.register((group, index) for group in instance_groups(config, count))
 
     def _placement(self, name: str, config: ModelConfig, count: int, device: Device) -> list[tuple[str, frozenset[int]]]:
         """Each instance's host policy and CPUs, in instance order (groups' counts laid end
@@ -330,11 +327,17 @@ class ModelLoader:
         for undefined in self.host_policies.undefined(config.instance_group):
             log.warning("model %s: instance_group host_policy %r is not defined; its instances run without one "
                         "(as in Triton)", name, undefined)
-        groups: list[InstanceGroup | None] = [g for g in config.instance_group for _ in range(g.count)] or [None]
         return [
-            self.host_policies.for_instance(groups[min(index, len(groups) - 1)], device.kind, device.index)
-            for index in range(count)
+            self.host_policies.for_instance(group, device.kind, device.index)
+            for group in instance_groups(config, count)
         ]
+
+
+def instance_groups(config: ModelConfig, count: int) -> list[InstanceGroup | None]:
+    """Each of `count` instances' group, in instance order: the groups' counts laid end to end,
+    past them the last group's; None for a config without groups."""
+    groups: list[InstanceGroup | None] = [g for g in config.instance_group for _ in range(g.count)] or [None]
+    return [groups[min(index, len(groups) - 1)] for index in range(count)]
 
 
 def usable_cpus() -> int:

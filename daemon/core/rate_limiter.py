@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -46,10 +47,26 @@ class Ticket:
 
 @dataclass(eq=False)
 class InstanceLimits:
-    """A loaded model's instances that the rate limiter limits, and their tickets."""
+    """A loaded model's instances that the rate limiter limits, and their tickets: what its
+    schedulers call around each execution."""
 
     limiter: RateLimiter
     tickets: dict[Backend, Ticket]
+
+    async def hold(self, instance: Backend) -> tuple[Ticket | None, int]:
+        """Wait for `instance`'s resources and take them: its ticket (for `release`; None, and
+        nothing taken, when the instance is not limited) and the nanoseconds waited, which
+        count as queue time (as in Triton)."""
+        ticket = self.tickets.get(instance)
+        if ticket is None:
+            return None, 0
+        asked = time.monotonic_ns()
+        await self.limiter.acquire(ticket)
+        return ticket, time.monotonic_ns() - asked
+
+    def release(self, ticket: Ticket | None) -> None:
+        if ticket is not None:
+            self.limiter.release(ticket)
 
 
 @dataclass(order=True)
@@ -76,12 +93,12 @@ class RateLimiter:
 
     # ------------------------------------------------------------------ registration
 
-    def register(self, groups: Iterable[tuple[InstanceGroup, int]]) -> list[Ticket | None]:
-        """A ticket per instance, given each one's group and device (None: not limited).
-        Raises ConfigError, registering nothing, when the pools cannot serve them."""
+    def register(self, groups: Iterable[tuple[InstanceGroup | None, int]]) -> list[Ticket | None]:
+        """A ticket per instance, given each one's group (None: it has none) and device (None:
+        not limited). Raises ConfigError, registering nothing, when the pools cannot serve them."""
         tickets: list[Ticket | None] = []
         for group, device in groups:
-            limiter = group.rate_limiter
+            limiter = group.rate_limiter if group is not None else None
             if limiter is None or not limiter.resources:
                 tickets.append(None)
                 continue

@@ -36,7 +36,7 @@ from typing import Protocol
 from mypy_extensions import mypyc_attr
 
 from daemon.backend import Backend, ExecuteResult, InferRequest, InferResponse
-from daemon.core.rate_limiter import InstanceLimits, RateLimiter, Ticket
+from daemon.core.rate_limiter import InstanceLimits, Ticket
 from daemon.core.sequence import SequenceBatcher
 from daemon.core.stats import ComputePhases, FailureReason, ModelStats, compute_phases
 from daemon.errors import (
@@ -645,18 +645,12 @@ class _QueueScheduler:
 
     async def _execute(self, instance: Backend, items: list[_Pending]) -> None:
         requests = [item.request for item in items]
-        limiter: RateLimiter | None = None
+        limits = self.limits
         ticket: Ticket | None = None
-        if self.limits is not None:
-            ticket = self.limits.tickets.get(instance)
-            if ticket is not None:
-                limiter = self.limits.limiter
-                asked = time.monotonic_ns()
-                await limiter.acquire(ticket)
-                # Waiting for the resources is waiting in the queue (as in Triton).
-                waited = time.monotonic_ns() - asked
-                for item in items:
-                    item.queue_ns += waited
+        if limits is not None:
+            ticket, waited = await limits.hold(instance)
+            for item in items:
+                item.queue_ns += waited
         instance.phase_ns = (0, 0)
         started = time.monotonic_ns()
         results: list[ExecuteResult]
@@ -682,8 +676,8 @@ class _QueueScheduler:
             )
             results = [error] * len(items)
         finally:
-            if limiter is not None and ticket is not None:
-                limiter.release(ticket)
+            if limits is not None:
+                limits.release(ticket)
         returned = time.monotonic_ns()
         # Behind another execution on the instance's thread, this one began when that returned.
         began = max(started, self._returned_ns.get(instance, 0))

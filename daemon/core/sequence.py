@@ -65,7 +65,7 @@ from daemon.backend import (
     StepResult,
     decoupled_infer_error,
 )
-from daemon.core.rate_limiter import InstanceLimits
+from daemon.core.rate_limiter import InstanceLimits, Ticket
 from daemon.core.stats import ComputePhases, FailureReason, ModelStats, compute_phases
 from daemon.errors import BackendError, ConfigError, EdgedError, InvalidArgument, Unavailable
 from daemon.model_config import MAX_SEQUENCE_SLOTS, ModelConfig, SequenceBatching, TensorConfig
@@ -964,13 +964,10 @@ class SequenceBatcher:
                     | (REQUEST_FLAG_SEQUENCE_END if item.end else 0),
                 )
             )
-        ticket = self.limits.tickets.get(lane.instance) if self.limits is not None else None
-        if ticket is not None:
-            assert self.limits is not None
-            asked = time.monotonic_ns()
-            await self.limits.limiter.acquire(ticket)
-            # Waiting for the resources is waiting in the queue (as in Triton).
-            waited = time.monotonic_ns() - asked
+        limits = self.limits
+        ticket: Ticket | None = None
+        if limits is not None:
+            ticket, waited = await limits.hold(lane.instance)
             for item in rows:
                 if item is not None:
                     item.queue_ns += waited
@@ -980,9 +977,8 @@ class SequenceBatcher:
         try:
             results = await self._run_backend(lane.instance, requests, sinks)
         finally:
-            if ticket is not None:
-                assert self.limits is not None
-                self.limits.limiter.release(ticket)
+            if limits is not None:
+                limits.release(ticket)
         phases = compute_phases(time.monotonic_ns() - started, lane.instance.phase_ns)
         # Performed, whatever its outcome.
         self.stats.record_execution(len(rows), phases.infer_ns, phases.input_ns, phases.output_ns)
