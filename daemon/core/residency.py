@@ -292,6 +292,9 @@ class Residency:
         self._rss = rss
         self._residents: dict[str, Resident] = {}
         self._loads: dict[str, asyncio.Task[None]] = {}
+        # Requests waiting in `acquire` for each model's load: it is theirs to lease next, so
+        # neither its idle time nor an eviction starts until they have (or have gone).
+        self._waiting: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         # Cost estimates running in worker threads; a budget decision waits for them.
         self._estimates: set[asyncio.Task[None]] = set()
@@ -353,17 +356,33 @@ class Residency:
         if lease is not None:
             return lease
         load_ns = 0
-        for _attempt in range(3):
-            resident = self._ready(name)
-            if resident is not None:
-                return self._lease(resident, keep_alive, load_ns)
-            entry = self.registry.entry(name)
-            if entry is None or entry.path is None or not await self.on_demand(name, entry.path):
-                return Lease(None, None)
-            started = time.monotonic_ns()
-            await self._ensure_loaded(name)
-            load_ns += time.monotonic_ns() - started
-        raise Unavailable(f"model '{name}' was unloaded again before it could serve; retry")
+        self._waiting[name] = self._waiting.get(name, 0) + 1
+        try:
+            for _attempt in range(3):
+                resident = self._ready(name)
+                if resident is not None:
+                    return self._lease(resident, keep_alive, load_ns)
+                entry = self.registry.entry(name)
+                if entry is None or entry.path is None or not await self.on_demand(name, entry.path):
+                    return Lease(None, None)
+                started = time.monotonic_ns()
+                await self._ensure_loaded(name)
+                load_ns += time.monotonic_ns() - started
+            raise Unavailable(f"model '{name}' was unloaded again before it could serve; retry")
+        finally:
+            self._done_waiting(name)
+
+    def _done_waiting(self, name: str) -> None:
+        """A request left `acquire` (with a lease, or without: an error, a cancellation). The
+        last one to go without a lease leaves the model idle: its idle time starts now."""
+        left = self._waiting[name] - 1
+        if left:
+            self._waiting[name] = left
+            return
+        del self._waiting[name]
+        resident = self._residents.get(name)
+        if resident is not None and resident.state == "ready" and not resident.in_flight and resident.timer is None:
+            self._schedule_expiry(resident)
 
     def try_acquire(self, name: str, keep_alive: float | Literal["default"] | None = "default") -> Lease | None:
         """`acquire` without waiting: a lease if `name` is loaded and servable, else None.
@@ -487,8 +506,13 @@ class Residency:
                 resident.load_seconds, "measured" if resident.measured else "estimated",
                 resident.cost // MiB, "forever" if keep is None else f"{keep:g} s",
             )
-            # Nobody may be waiting (all waiters left): then it idles from now.
-            self._schedule_expiry(resident)
+            # Its waiters lease it next, and its idle time starts when the last lease ends. Not
+            # before: with keep_alive 0 the idle unload is due at once, and under uvloop its
+            # timer ran before the waiters resumed, so that a request for a model with
+            # keep_alive 0 unloaded it three times over and failed. With no waiter left (all
+            # went away), it idles from now.
+            if not self._waiting.get(name):
+                self._schedule_expiry(resident)
 
     def _used(self, besides: str) -> int:
         self._sync()
@@ -506,7 +530,8 @@ class Residency:
             return
         idle = sorted(
             (r for r in self._residents.values()
-             if r.on_demand and r.state == "ready" and r.in_flight == 0 and r.name != name),
+             if r.on_demand and r.state == "ready" and r.in_flight == 0 and r.name != name
+             and not self._waiting.get(r.name)),
             key=lambda r: r.last_used,
         )
         victims: list[Resident] = []

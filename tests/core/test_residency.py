@@ -35,7 +35,7 @@ pytest.importorskip("onnxruntime")
 
 from model_builders import build_mlp_onnx, mlp_reference
 
-from support import REPO_BACKENDS, python_model
+from support import REPO_BACKENDS, DaemonProcess, python_model
 
 ON_DEMAND = 'parameters { key: "load" value { string_value: "on-demand" } }\n'
 
@@ -262,6 +262,33 @@ async def test_in_flight_requests_are_never_cut(tmp_path: Path) -> None:
     finally:
         gate.touch()
         await world.close()
+
+
+def test_a_daemon_answers_each_request_to_a_keep_alive_0_model_then_unloads_it(
+    start_daemon: Callable[..., DaemonProcess], tmp_path: Path
+) -> None:
+    # The real daemon (uvloop): the model's idle unload, due at once with keep_alive 0, waits
+    # for the request that loaded it. It once ran first, and every such request failed with
+    # "was unloaded again before it could serve; retry".
+    repo = tmp_path / "repo"
+    weights = mlp(repo, "lazy", ON_DEMAND + keep("0s"))
+    daemon = start_daemon("--model-repository", str(repo))
+    body = {"inputs": [{"name": "INPUT0", "shape": [2, 8], "datatype": "FP32", "data": X.ravel().tolist()}]}
+
+    def lazy_state() -> str:
+        (entry,) = [e for e in daemon.post_ok("/v2/repository/index", {}) if e["name"] == "lazy"]
+        return str(entry.get("state", ""))
+
+    for _ in range(3):
+        reply = daemon.post_ok("/v2/models/lazy/infer", body)
+        (output,) = reply["outputs"]
+        np.testing.assert_allclose(
+            np.array(output["data"], np.float32).reshape(output["shape"]), mlp_reference(X, weights), rtol=1e-5
+        )
+        deadline = time.monotonic() + 60
+        while lazy_state() == "READY":
+            assert time.monotonic() < deadline, "a keep_alive 0 model stayed loaded"
+            time.sleep(0.02)
 
 
 async def test_measured_rss_replaces_the_estimate(tmp_path: Path) -> None:
