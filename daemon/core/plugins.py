@@ -444,7 +444,11 @@ def _ensure_package(name: str, path: Path) -> types.ModuleType:
     full = f"{NAMESPACE}.{name}"
     existing = sys.modules.get(full)
     if existing is not None:
-        return existing
+        if list(getattr(existing, "__path__", ())) == [str(path)]:
+            return existing
+        # Another registry in this process imported a plugin of this name from elsewhere: its
+        # modules are not this directory's.
+        _purge_modules(name)
     init = path / "__init__.py"
     if init.exists():
         spec = importlib.util.spec_from_file_location(

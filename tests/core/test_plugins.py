@@ -63,6 +63,19 @@ def test_two_plugins_with_same_module_names_do_not_collide(tmp_path: Path) -> No
     assert registry.resolve("two").factor == 2.0  # type: ignore[attr-defined]
 
 
+def test_a_second_registry_imports_its_own_directorys_plugin_of_the_same_name(tmp_path: Path) -> None:
+    # The modules of a plugin are kept by name for the process; another registry's plugin of
+    # that name from another directory must not be taken for this one's.
+    write_plugin(tmp_path / "a", "same", factor=3.0)
+    write_plugin(tmp_path / "b", "same", factor=5.0)
+    first = PluginRegistry([tmp_path / "a"])
+    first.scan()
+    assert first.resolve("same").factor == 3.0  # type: ignore[attr-defined]
+    second = PluginRegistry([tmp_path / "b"])
+    second.scan()
+    assert second.resolve("same").factor == 5.0  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("manifest", "needle"),
     [
