@@ -241,8 +241,8 @@ class _QueueScheduler:
         self._deadlines: list[tuple[int, int, _Pending]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_ns = 0
-        # The loop that runs `submit` and its queue of callbacks due (`ready_queue`).
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # The queue of callbacks due on the loop the workers run on (`ready_queue`), read at
+        # `start`: a request runs directly only once the scheduler runs.
         self._ready: Sized | None = None
 
     # ------------------------------------------------------------------ public API
@@ -251,6 +251,7 @@ class _QueueScheduler:
         if self._state is not _State.NEW:
             return
         self._state = _State.RUNNING
+        self._ready = ready_queue(asyncio.get_running_loop())
         self._workers = [
             asyncio.create_task(self._worker(instance), name=f"scheduler-{self.model}-{index}.{lane}")
             for index, instance in enumerate(self.instances)
@@ -279,8 +280,6 @@ class _QueueScheduler:
                 f"{policy.max_queue_size})"
             )
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            self._loop, self._ready = loop, ready_queue(loop)
         item = _Pending(
             request=request,
             future=loop.create_future(),
@@ -755,7 +754,7 @@ def ready_queue(loop: asyncio.AbstractEventLoop) -> Sized | None:
     Neither loop has a public accessor. asyncio's loop keeps the queue in `_ready`. uvloop's
     (the daemon's default) keeps it in an attribute of its compiled class that Python cannot
     name, and `getattr` found nothing there, so every request took the worker hop under it
-    (measured: 7 % of one client's p50). The garbage collector's view of the loop shows the
+    (measured: 5-8 % of one client's p50). The garbage collector's view of the loop shows the
     attribute's value: the one deque a uvloop 0.23 loop refers to (tests/core/test_scheduler.py
     checks that it is the queue). A loop that refers to no deque or to several: None."""
     ready = getattr(loop, "_ready", None)
