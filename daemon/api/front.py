@@ -226,12 +226,19 @@ class Front:
             lease = await service.hold(model_name)
             try:
                 model = endpoint.resolve(model_name, version)
-                trace = endpoint.trace(model)
-                if trace is not None:  # the body is in before the route is known
-                    trace.record("HTTP_RECV_START")
-                    trace.record("HTTP_RECV_END")
-                shm = endpoint.caller_shm(unix)
-                payload, json_length = await endpoint.run(model, body, parse_header_length(header_length), shm, trace)
+                # A large body is decoded off the loop: a reload meanwhile lets it finish here.
+                model.enter()
+                try:
+                    trace = endpoint.trace(model)
+                    if trace is not None:  # the body is in before the route is known
+                        trace.record("HTTP_RECV_START")
+                        trace.record("HTTP_RECV_END")
+                    shm = endpoint.caller_shm(unix)
+                    payload, json_length = await endpoint.run(
+                        model, body, parse_header_length(header_length), shm, trace
+                    )
+                finally:
+                    model.leave()
             finally:
                 lease.release()
         except EdgedError as exc:

@@ -24,6 +24,7 @@ from aiohttp import web
 from daemon.api.body import read_body
 from daemon.api.infer import large_outputs
 from daemon.api.kserve_codec import float_list
+from daemon.api.leases import use
 from daemon.api.state import daemon_of
 from daemon.backend import NUMPY_DTYPES, OFF_LOOP_BYTES, ExecuteResult, InferRequest, InferResponse
 from daemon.core import decoupled
@@ -37,11 +38,12 @@ _NOT_IN_JSON = ("FP16", "BF16")
 
 
 def tensor_model(request: web.Request) -> LoadedVersion | None:
-    """The addressed model when it is a tensor model (None for generation backends)."""
+    """The addressed model when it is a tensor model (None for generation backends), entered
+    for the request (its body is read after)."""
     model = daemon_of(request).registry.get(
         request.match_info["model"], request.match_info.get("version")
     )
-    return None if model.generator is not None else model
+    return None if model.generator is not None else use(request, model)
 
 
 async def handle(request: web.Request, model: LoadedVersion, stream: bool) -> web.StreamResponse:

@@ -17,7 +17,7 @@ from daemon.api.encoding import compress, response_encoding
 from daemon.api.front import LIVE_BODY, READY_BODY
 from daemon.api.infer import InferEndpoint
 from daemon.api.kserve_codec import parse_header_length
-from daemon.api.leases import hold
+from daemon.api.leases import hold, use
 from daemon.api.shm import is_unix
 from daemon.api.state import daemon_of
 from daemon.core.model import LoadedVersion
@@ -123,7 +123,8 @@ async def infer(request: web.Request) -> web.Response:
     endpoint = request.app[INFER]
     # Loads an on-demand model, held until the response is done.
     await hold(request, request.match_info["model"])
-    model = endpoint.resolve(request.match_info["model"], _version(request))
+    # Entered before the body is read: a reload meanwhile lets this request finish on it.
+    model = use(request, endpoint.resolve(request.match_info["model"], _version(request)))
     trace = endpoint.trace(model)
     if trace is not None:
         trace.record("HTTP_RECV_START")

@@ -43,7 +43,7 @@ from aiohttp import web
 
 from daemon.api import dimensions, openai_tools, reasoning, sampling
 from daemon.api.body import read_body
-from daemon.api.leases import hold
+from daemon.api.leases import hold, use
 from daemon.api.llama_native import joined_text
 from daemon.api.state import daemon_of
 from daemon.api.tool_syntax import Syntax, syntax_named
@@ -300,8 +300,8 @@ def _keep_alive(value: KeepAlive) -> float | Literal["default"] | None:
         raise InvalidArgument(f"keep_alive: {exc}") from None
 
 
-def _generation_model(daemon: Service, name: str, version: int | None, raw: str) -> LoadedVersion:
-    model = daemon.registry.get(name, version)
+def _generation_model(request: web.Request, name: str, version: int | None, raw: str) -> LoadedVersion:
+    model = use(request, daemon_of(request).registry.get(name, version))
     if model.generator is None:
         raise InvalidArgument(f'"{raw}" does not support generate: it runs on backend '
                               f"'{model.backend}', which does not generate text")
@@ -854,7 +854,7 @@ async def _load_or_unload(
         await daemon.residency.unload(name)
         return _json_response({**base, "done_reason": "unload"})
     lease = await hold(request, name, keep)
-    model = _generation_model(daemon, name, version, raw)
+    model = _generation_model(request, name, version, raw)
     _params(opts, model, _engine(model))  # num_ctx vs the model
     _Thinking(model, think, raw)  # Ollama's 400 for thinking asked of a model without it
     return _json_response({**base, "done_reason": "load", "total_duration": time.monotonic_ns() - started,
@@ -881,7 +881,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
         raise InvalidArgument("logprobs: not supported together with tools")
     _check_messages(req.messages, req.model)
     lease = await hold(request, name, keep)
-    model = _generation_model(daemon, name, version, req.model)
+    model = _generation_model(request, name, version, req.model)
     thinking = _Thinking(model, req.think, req.model)
     syntax = model.tool_syntax()
     # The engine's own facts (its context per sequence, whether it can shift), read once.
@@ -1054,7 +1054,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if req.raw and (req.template or req.system or req.context):
         raise InvalidArgument("raw mode does not support template, system, or context")  # Ollama's words
     lease = await hold(request, name, keep)
-    model = _generation_model(daemon, name, version, req.model)
+    model = _generation_model(request, name, version, req.model)
     thinking = _Thinking(model, req.think, req.model)
     engine = _engine(model)
     params, num_ctx = _params(opts, model, engine)
@@ -1155,7 +1155,7 @@ async def _embed(
     daemon = _accepting(request)
     name, version = _resolve(daemon, raw)
     lease = await hold(request, name, _keep_alive(keep))
-    model = daemon.registry.get(name, version)
+    model = use(request, daemon.registry.get(name, version))
     if model.generator is None:
         raise InvalidArgument(f'"{raw}" does not support embeddings')
     if not texts:

@@ -41,7 +41,7 @@ from daemon.api import dimensions, openai_tools, reasoning, sampling
 from daemon.api import generate as generate_tensor
 from daemon.api.body import read_body
 from daemon.api.errors import error_body
-from daemon.api.leases import hold
+from daemon.api.leases import hold, use
 from daemon.api.state import daemon_of
 from daemon.api.timings import Clock, progress_json, timings
 from daemon.api.tool_syntax import syntax_named
@@ -566,7 +566,7 @@ async def generation_model(request: web.Request, name: str, version: str | None 
     if not name:
         name = sole_generation_model(request)
     await hold(request, name)  # loads an on-demand model; held until the response is done
-    model = daemon.registry.get(name, version)
+    model = use(request, daemon.registry.get(name, version))
     model.require_generator()
     return model
 

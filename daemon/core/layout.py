@@ -161,7 +161,9 @@ def scan_repository(repo: Path) -> dict[str, Path]:
 def fingerprint(model_dir: Path) -> str:
     """A digest of every path, mtime_ns and size under `model_dir`, for poll-mode change
     detection (cheap: stat only, no reads). Symlinks are followed, since repositories often
-    link artifacts from elsewhere; a directory reached twice is walked once."""
+    link artifacts from elsewhere; a directory reached twice is walked once. `__pycache__`
+    is left out: the bytecode Python writes when it imports a python model's code is no
+    change of the model (counted, it made every first load look torn, see registry.load)."""
     digest = hashlib.blake2b(digest_size=16)
     visited: set[tuple[int, int]] = set()
     for root, dirs, files in os.walk(model_dir, followlinks=True):
@@ -174,7 +176,7 @@ def fingerprint(model_dir: Path) -> str:
             dirs.clear()
             continue
         visited.add((st.st_dev, st.st_ino))
-        dirs.sort()
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         rel = os.fsencode(os.path.relpath(root, model_dir))
         # Directory names count too: a new, still-empty version directory is a change.
         digest.update(b"d\0%s\0" % rel)

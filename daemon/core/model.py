@@ -65,20 +65,21 @@ class LoadedVersion:
     # version's entries are those of `cache_owner`.
     cache: ResponseCache | None = None
     cache_owner: int = 0
-    # Generations and embeddings running on this version; retire() waits for them.
+    # Requests using this version (entered, not yet left): retire() waits for them, on an
+    # event it makes only then (every small request enters and leaves: two integer steps).
     _running: int = field(default=0, init=False, repr=False)
-    _idle: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _idle: asyncio.Event | None = field(default=None, init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self._idle.set()
-
-    def _enter(self) -> None:
+    def enter(self) -> None:
+        """A request uses this version from now until `leave`: a reload that swaps in another
+        version retires this one only after (or after the drain timeout). A route enters the
+        version it resolved before anything it awaits (a body still arriving, a decode off the
+        loop), so that the request still runs on it."""
         self._running += 1
-        self._idle.clear()
 
-    def _leave(self) -> None:
+    def leave(self) -> None:
         self._running -= 1
-        if not self._running:
+        if not self._running and self._idle is not None:
             self._idle.set()
 
     # ------------------------------------------------------------------ what it is
@@ -169,7 +170,7 @@ class LoadedVersion:
         generator = self.require_generator()
         started = time.monotonic_ns()
         outcome: FailureReason | None = "CANCELED"
-        self._enter()
+        self.enter()
         try:
             async with contextlib.aclosing(generator.generate(prompt, params)) as chunks:
                 async for chunk in chunks:
@@ -179,7 +180,7 @@ class LoadedVersion:
             outcome = "OTHER"
             raise
         finally:
-            self._leave()
+            self.leave()
             elapsed = time.monotonic_ns() - started
             if outcome is None:
                 self.stats.record_success(elapsed)
@@ -191,7 +192,7 @@ class LoadedVersion:
     ) -> tuple[list[list[float]], int]:
         generator = self.require_generator()
         started = time.monotonic_ns()
-        self._enter()
+        self.enter()
         try:
             # A plugin written before `truncate` cannot truncate: its own limit answers.
             if truncate and takes_keyword(generator.embed, "truncate"):
@@ -202,7 +203,7 @@ class LoadedVersion:
             self.stats.record_failure(time.monotonic_ns() - started)
             raise
         finally:
-            self._leave()
+            self.leave()
         self.stats.record_success(time.monotonic_ns() - started, len(texts))
         return result
 
@@ -210,14 +211,14 @@ class LoadedVersion:
         """Each document's relevance score for `query` (see GenerationBackend.rerank)."""
         generator = self.require_generator()
         started = time.monotonic_ns()
-        self._enter()
+        self.enter()
         try:
             result = await generator.rerank(query, documents)
         except EdgedError:
             self.stats.record_failure(time.monotonic_ns() - started)
             raise
         finally:
-            self._leave()
+            self.leave()
         self.stats.record_success(time.monotonic_ns() - started, len(documents))
         return result
 
@@ -245,38 +246,38 @@ class LoadedVersion:
     async def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         """The model's token ids for `text` (see GenerationBackend.tokenize)."""
         generator = self.require_generator()
-        self._enter()  # a drain before unloading waits for it
+        self.enter()  # a drain before unloading waits for it
         try:
             return await generator.tokenize(text, add_special=add_special, parse_special=parse_special)
         finally:
-            self._leave()
+            self.leave()
 
     async def token_pieces(self, tokens: Sequence[int]) -> list[bytes]:
         """Each token's bytes (see GenerationBackend.token_pieces)."""
         generator = self.require_generator()
-        self._enter()
+        self.enter()
         try:
             return await generator.token_pieces(tokens)
         finally:
-            self._leave()
+            self.leave()
 
     async def slot_action(self, action: SlotAction, slot: int, filename: str = "") -> SlotFile:
         """Save, restore or erase one slot's cache (see GenerationBackend.slot_action)."""
         generator = self.require_generator()
-        self._enter()  # a drain before unloading waits for it: it may be writing a file
+        self.enter()  # a drain before unloading waits for it: it may be writing a file
         try:
             return await generator.slot_action(action, slot, filename)
         finally:
-            self._leave()
+            self.leave()
 
     async def infill_tokens(self, infill: InfillInput) -> list[int]:
         """llama-server's /infill prompt (see GenerationBackend.infill_tokens)."""
         generator = self.require_generator()
-        self._enter()
+        self.enter()
         try:
             return await generator.infill_tokens(infill)
         finally:
-            self._leave()
+            self.leave()
 
     def thinking_tags(self) -> tuple[str, str]:
         """The tags the model reasons between (("", "") for none; see GenerationBackend.thinking_tags)."""
@@ -296,18 +297,22 @@ class LoadedVersion:
     async def retire(self, drain_timeout: float) -> None:
         """Drain, then unload every instance (after a swap or an unload).
 
-        Tensor models drain their scheduler; generation models let the generations running on
-        this version finish (new ones already go to the version swapped in), up to
-        `drain_timeout`, after which the engine's stop cancels what is left."""
+        First the requests that entered this version finish (new ones already go to the
+        version swapped in): a tensor request whose body was still arriving at the swap is
+        still taken by this version's scheduler, and generations run to their end. Then the
+        scheduler drains. All within `drain_timeout`, after which the scheduler fails what is
+        left and the engine's stop cancels it."""
+        deadline = time.monotonic() + drain_timeout
+        if self._running:
+            log.info("model %s version %d: waiting for %d request(s) using it before unloading",
+                     self.name, self.version, self._running)
+            idle = self._idle = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(idle.wait(), drain_timeout)
         if self.scheduler is not None:
-            await self.scheduler.stop(drain_timeout)
+            await self.scheduler.stop(max(0.0, deadline - time.monotonic()))
         if self.cache is not None:
             self.cache.drop(self.cache_owner)
-        if self._running:
-            log.info("model %s version %d: waiting for %d running generation(s) before unloading",
-                     self.name, self.version, self._running)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), drain_timeout)
         for instance in self.instances:
             try:
                 await instance.unload()

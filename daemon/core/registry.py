@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 ModelState = Literal["UNKNOWN", "READY", "UNAVAILABLE", "LOADING", "UNLOADING"]
 
+# Loads of a model whose files change while it loads, before the load fails.
+TORN_LOAD_ATTEMPTS = 3
+
 __all__ = ["IndexEntry", "LoadedVersion", "ModelEntry", "ModelRegistry", "ModelState"]
 
 
@@ -186,9 +189,25 @@ class ModelRegistry:
                 entry.state = "LOADING"
             fingerprint = await self.loader.fingerprint(model_dir)
             try:
-                plan = await self.loader.plan(name, model_dir, override)
-                entry.tried.update(plan.versions)
-                new_versions = await self.loader.load(plan)
+                for attempt in range(1, TORN_LOAD_ATTEMPTS + 1):
+                    plan = await self.loader.plan(name, model_dir, override)
+                    entry.tried.update(plan.versions)
+                    new_versions = await self.loader.load(plan)
+                    # Each instance reads the files itself: if they changed meanwhile (a deploy
+                    # replacing them), instances of one version may hold different copies and
+                    # answer differently. Such a load is thrown away and done again.
+                    after = await self.loader.fingerprint(model_dir)
+                    if after == fingerprint:
+                        break
+                    await self._retire(new_versions.values())
+                    fingerprint = after
+                    if attempt == TORN_LOAD_ATTEMPTS:
+                        fingerprint = ""  # not seen: the poller tries again at its next look
+                        raise Unavailable(
+                            f"model '{name}': its files changed during each of {TORN_LOAD_ATTEMPTS} "
+                            "loads (its instances could hold different copies); not loaded"
+                        )
+                    log.warning("model %s: its files changed while it loaded; loading it again", name)
             except EdgedError as exc:
                 entry.reason = exc.message
                 # Seen: a poller retries only once the directory changes again.

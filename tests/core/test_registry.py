@@ -131,6 +131,104 @@ async def test_reload_swaps_without_failed_requests(tmp_path: Path) -> None:
     assert set(results) == {2.0, 101.0}
 
 
+async def test_a_request_that_entered_a_version_runs_on_it_after_a_reload(tmp_path: Path) -> None:
+    """A route resolves and enters the version before it awaits the body; a reload that swaps
+    in another version meanwhile retires the old one only after the request has run on it."""
+    repo = tmp_path / "repo"
+    python_model(repo, "m", "y = x + 1")
+    registry = registry_for(tmp_path)
+    try:
+        await registry.load("m", repo / "m")
+        old = registry.get("m")
+        old.enter()  # the request's body is still arriving
+        python_model(repo, "m", "y = x + 100")
+        reload = asyncio.create_task(registry.load("m", repo / "m"))
+        async with asyncio.timeout(30):
+            while registry.get("m") is old:  # noqa: ASYNC110 (on observable state)
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # the retirement has begun and waits
+        assert not reload.done()
+        try:
+            response = await old.infer(InferRequest({"X": np.array([1], np.float32)}))
+        finally:
+            old.leave()
+        assert response.outputs["Y"].tolist() == [2.0]  # the version it resolved, not refused
+        await asyncio.wait_for(reload, 30)
+        new = await registry.get("m").infer(InferRequest({"X": np.array([1], np.float32)}))
+        assert new.outputs["Y"].tolist() == [101.0]
+        with pytest.raises(Unavailable, match="unloading"):  # retired now: it takes no more
+            await old.infer(InferRequest({"X": np.array([1], np.float32)}))
+    finally:
+        await registry.close()
+
+
+def k_model(repo: Path, marker: Path, *, rewrite: str) -> Path:
+    """Two instances that each read K from k.txt at initialize. `rewrite` "once": the first
+    initialize ever replaces k.txt with 2 (a deploy landing between the two instances' reads);
+    "always": every initialize does (files that never stop changing); "never"."""
+    folder = repo / "k"
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "config.pbtxt").write_text(
+        'backend: "python"\ninstance_group [{ kind: KIND_CPU count: 2 }]\n'
+        'input [{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+        'output [{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+    )
+    (folder / "1" / "k.txt").write_text("1")
+    (folder / "1" / "model.py").write_text(f"""\
+import os
+import pathlib
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        here = pathlib.Path(__file__).parent
+        self.k = float((here / "k.txt").read_text())
+        marker = pathlib.Path({str(marker)!r})
+        if {rewrite!r} == "always" or ({rewrite!r} == "once" and not marker.exists()):
+            marker.write_text("")
+            (here / "k.new").write_text(str(self.k + 1))
+            os.replace(here / "k.new", here / "k.txt")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.full(1, self.k, np.float32))])
+                for _ in requests]
+""")
+    return folder
+
+
+async def test_a_model_whose_files_change_while_it_loads_is_loaded_again(tmp_path: Path) -> None:
+    """Each instance reads the files itself: a file replaced between two instances' reads
+    would leave one version answering with two copies. The load is done again instead."""
+    marker = tmp_path / "rewritten"
+    folder = k_model(tmp_path / "repo", marker, rewrite="once")
+    registry = registry_for(tmp_path)
+    try:
+        await registry.load("k", folder)
+        assert marker.exists()  # the file did change during the first load
+        assert [instance.model.k for instance in registry.get("k").instances] == [2.0, 2.0]  # type: ignore[attr-defined]
+    finally:
+        await registry.close()
+
+
+async def test_files_that_keep_changing_fail_the_load_and_keep_the_old_version(tmp_path: Path) -> None:
+    folder = k_model(tmp_path / "repo", tmp_path / "rewritten", rewrite="never")
+    registry = registry_for(tmp_path)
+    try:
+        await registry.load("k", folder)
+        k_model(tmp_path / "repo", tmp_path / "rewritten", rewrite="always")
+        with pytest.raises(Unavailable, match="files changed during each of 3 loads"):
+            await registry.load("k", folder)
+        entry = registry.entry("k")
+        assert entry is not None and entry.state == "READY" and entry.fingerprint == ""
+        response = await registry.get("k").infer(InferRequest({"X": np.zeros(1, np.float32)}))
+        assert response.outputs["Y"].tolist() == [1.0]  # the old version still serves
+    finally:
+        await registry.close()
+
+
 async def test_failed_reload_keeps_serving_old_version(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     python_model(repo, "m", "y = x * 2")

@@ -681,6 +681,17 @@ def test_fingerprint_tracks_files_and_version_dirs(tmp_path: Path) -> None:
     assert fingerprint(directory) == resized
 
 
+def test_fingerprint_leaves_out_pythons_bytecode_cache(tmp_path: Path) -> None:
+    """Importing a python model's code may write __pycache__ beside it: no change of the model."""
+    directory = model_dir(tmp_path, "m", {"config.pbtxt": SIMPLE_PBTXT}, versions=(1,))
+    before = fingerprint(directory)
+    (directory / "1" / "__pycache__").mkdir()
+    (directory / "1" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"bytecode")
+    assert fingerprint(directory) == before
+    (directory / "1" / "pycache").mkdir()  # any other directory is
+    assert fingerprint(directory) != before
+
+
 def test_fingerprint_follows_symlinks_without_looping(tmp_path: Path) -> None:
     store = tmp_path / "store"
     store.mkdir()
