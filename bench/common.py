@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -215,6 +215,19 @@ def running_daemon(
         yield endpoint
     finally:
         stop_process(proc)
+
+
+def log_errors(log_text: str) -> list[str]:
+    """A daemon log's error lines and tracebacks (the soak scripts allow none)."""
+    return [line for line in log_text.splitlines() if "level=error" in line or "Traceback" in line]
+
+
+def print_failures(failures: Mapping[str, int], errors: Sequence[str], first: Mapping[str, str] | None = None) -> None:
+    """The soak scripts' report of what failed, most frequent first, then the log's errors."""
+    for kind, count in sorted(failures.items(), key=lambda item: -item[1])[:20]:
+        print(f"FAILED {count} x {kind}" + (f" (first at {first[kind]})" if first and kind in first else ""))
+    for line in errors[:10]:
+        print(f"LOG {line}")
 
 
 def free_port() -> int:
