@@ -28,6 +28,7 @@ from daemon.core.layout import scan_repository
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
 from daemon.core.repository import RepositoryManager
+from daemon.core.residency import Lease, Residency
 from daemon.errors import EdgedError
 from daemon.model_config import ModelConfig
 from daemon.updates.errors import HealthCheckFailed, StoreBusy
@@ -66,8 +67,10 @@ class ReleaseManager:
         lock: asyncio.Lock,
         *,
         keep: int = 3,
+        residency: Residency | None = None,
     ) -> None:
         self.store = store
+        self.residency = residency
         self.trusted_keys = trusted_keys
         self.registry = registry
         self.repository = repository
@@ -126,14 +129,38 @@ class ReleaseManager:
         # unchecked) until someone loads it.
         checked = [name for name in names if self.repository.follows(name)]
         for name in checked:
-            entry = self.registry.entry(name)
-            # loaded_from, not path: the versions serving may still be the old release's.
-            if entry is None or entry.state != "READY" or entry.reason or entry.loaded_from != models / name:
-                reason = (entry.reason if entry is not None else "") or "it was not loaded"
-                raise HealthCheckFailed(f"model '{name}' did not load from the new release: {reason}")
-            await self._warm_up(name)
+            lease = await self._load_on_demand(name, models / name)
+            try:
+                entry = self.registry.entry(name)
+                # loaded_from, not path: the versions serving may still be the old release's.
+                if entry is None or entry.state != "READY" or entry.reason or entry.loaded_from != models / name:
+                    reason = (entry.reason if entry is not None else "") or "it was not loaded"
+                    raise HealthCheckFailed(f"model '{name}' did not load from the new release: {reason}")
+                await self._warm_up(name)
+            finally:
+                if lease is not None:
+                    lease.release()  # it idles out by its keep_alive, as after any request
         log.info("release %s: %d model(s) loaded and answered a warm-up request%s", release.name, len(checked),
                  f" ({len(names) - len(checked)} not loaded: explicit mode)" if len(checked) < len(names) else "")
+
+    async def _load_on_demand(self, name: str, path: Path) -> Lease | None:
+        """An on-demand model is loaded by the request that needs it, not by the rescan: the
+        check is such a request (None for other models)."""
+        if self.residency is None or not await self.residency.on_demand(name, path):
+            return None
+        try:
+            lease = await self.residency.acquire(name)
+        except EdgedError as exc:
+            raise HealthCheckFailed(f"model '{name}' did not load from the new release: {exc.message}") from exc
+        entry = self.registry.entry(name)
+        if entry is not None and entry.loaded_from != path:
+            # A request that began before the switch loaded it from the old release meanwhile.
+            try:
+                await self.registry.load(name, path)
+            except EdgedError as exc:
+                lease.release()
+                raise HealthCheckFailed(f"model '{name}' did not load from the new release: {exc.message}") from exc
+        return lease
 
     async def _warm_up(self, name: str) -> None:
         model = self.registry.get(name)

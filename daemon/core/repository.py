@@ -96,8 +96,11 @@ class RepositoryManager:
         for name, path in models.items():
             entry = self.registry.entry(name)
             if entry is None or entry.path != path:
+                loaded = entry is not None and bool(entry.versions)
                 self.registry.note_unknown(name, path)
-                if self.follows(name) and not await self._on_demand(name, path):
+                # An on-demand model loads when a request needs it, but one loaded now (from
+                # the release an update replaces) moves to the new directory at once.
+                if self.follows(name) and (loaded or not await self._on_demand(name, path)):
                     to_load[name] = path
                 continue
             if not entry.versions and (self.mode == "explicit" or await self._on_demand(name, path)):

@@ -107,6 +107,31 @@ def test_update_lifecycle_over_the_socket(start_daemon, tmp_path: Path) -> None:
     assert _value(again) == 2.0
 
 
+def test_updates_of_an_on_demand_model_load_it_from_the_new_release(start_daemon, tmp_path: Path) -> None:
+    """An on-demand model is loaded by the request that needs it, not by the reload: the
+    health check loads it as such a request would (before, every update of a release with
+    one failed its check: "did not load from the new release"). One loaded from the previous
+    release moves to the new one."""
+    config, key = _setup(tmp_path)
+    daemon = start_daemon("--config", str(config))
+
+    def on_demand_bundle(name: str, sequence: int, body: str) -> Path:
+        src = tmp_path / f"src-{name}"
+        python_model(src / "models", "m", body)
+        with (src / "models" / "m" / "config.pbtxt").open("a") as config_file:
+            config_file.write('parameters { key: "load" value { string_value: "on-demand" } }\n')
+        out = tmp_path / f"{name}.edgebundle"
+        create_bundle(src, out, key, sequence, name)
+        return out
+
+    reply = _post(daemon, on_demand_bundle("1.0.0", 1, "y = x + 1"))
+    assert reply.status == 200, reply.body
+    assert _value(daemon) == 2.0  # loaded by this request, or still loaded since the check
+    reply = _post(daemon, on_demand_bundle("1.1.0", 2, "y = x + 100"))
+    assert reply.status == 200, reply.body
+    assert _value(daemon) == 101.0
+
+
 def test_explicit_mode_updates_the_loaded_models_and_checks_them(start_daemon, tmp_path: Path) -> None:
     """In explicit mode the models loaded now and the startup set follow the new release and
     are health-checked; the others stay unloaded. Once, the old versions kept serving under the
