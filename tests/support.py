@@ -125,6 +125,26 @@ def x_to_y_model(repo: Path, name: str, source: str, y: str, extra: str = "") ->
 RawResponse = tuple[int, dict[str, str], bytes]
 
 
+def read_response(sock: socket.socket, buffered: bytearray) -> RawResponse:
+    """One Content-Length response off `sock`; `buffered` holds what was read past it."""
+    while b"\r\n\r\n" not in buffered:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before a response")
+        buffered += chunk
+    head, _, rest = bytes(buffered).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    length = int(headers.get("content-length", "0"))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed inside a response")
+        rest += chunk
+    buffered[:] = rest[length:]
+    return int(lines[0].split(" ")[1]), headers, rest[:length]
+
+
 # A python model using pb_utils' custom metrics. Each request reports what the model reads
 # back; with the request parameter `misuse`, also what every misuse raises (Triton 2.51
 # sometimes aborts when a model's call to it fails, so tests/compat never sets it).

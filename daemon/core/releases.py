@@ -56,6 +56,10 @@ def warmup_request(config: ModelConfig) -> InferRequest:
     return InferRequest(inputs, id="warmup")
 
 
+def _not_loaded(name: str, reason: str) -> HealthCheckFailed:
+    return HealthCheckFailed(f"model '{name}' did not load from the new release: {reason}")
+
+
 class ReleaseManager:
     def __init__(
         self,
@@ -135,7 +139,7 @@ class ReleaseManager:
                 # loaded_from, not path: the versions serving may still be the old release's.
                 if entry is None or entry.state != "READY" or entry.reason or entry.loaded_from != models / name:
                     reason = (entry.reason if entry is not None else "") or "it was not loaded"
-                    raise HealthCheckFailed(f"model '{name}' did not load from the new release: {reason}")
+                    raise _not_loaded(name, reason)
                 await self._warm_up(name)
             finally:
                 if lease is not None:
@@ -151,7 +155,7 @@ class ReleaseManager:
         try:
             lease = await self.residency.acquire(name)
         except EdgedError as exc:
-            raise HealthCheckFailed(f"model '{name}' did not load from the new release: {exc.message}") from exc
+            raise _not_loaded(name, exc.message) from exc
         entry = self.registry.entry(name)
         if entry is not None and entry.loaded_from != path:
             # A request that began before the switch loaded it from the old release meanwhile.
@@ -159,7 +163,7 @@ class ReleaseManager:
                 await self.registry.load(name, path)
             except EdgedError as exc:
                 lease.release()
-                raise HealthCheckFailed(f"model '{name}' did not load from the new release: {exc.message}") from exc
+                raise _not_loaded(name, exc.message) from exc
         return lease
 
     async def _warm_up(self, name: str) -> None:

@@ -20,7 +20,7 @@ pytest.importorskip("onnxruntime")
 
 from model_builders import write_simple_repository
 
-from support import Reply, python_model, raw_request, wait_until
+from support import Reply, python_model, raw_request, read_response, wait_until
 
 
 @pytest.fixture
@@ -132,27 +132,14 @@ def test_a_body_arriving_across_a_reload_runs_on_the_version_it_addressed(start_
         wait_until(lambda: infer_y(daemon) == 101.0)  # swapped: other requests get the new one
         rest = body[half:]
         sock.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest))
-        reply = b""
-        while b"\r\n\r\n" not in reply or len(reply.split(b"\r\n\r\n", 1)[1]) < _content_length(reply):
-            chunk = sock.recv(65536)
-            assert chunk, reply
-            reply += chunk
-    status = int(reply.split(b" ", 2)[1])
-    answer = json.loads(reply.split(b"\r\n\r\n", 1)[1])
+        status, _, payload = read_response(sock, bytearray())
+    answer = json.loads(payload)
     assert status == 200, answer
     y = answer["outputs"][0]["data"][0]
     if y == 101.0:
         pytest.skip("the route resolved the model after the swap (a slow machine): nothing to check")
     assert y == 2.0
     assert "waiting for 1 request(s) using it before unloading" in daemon.log()
-
-
-def _content_length(reply: bytes) -> int:
-    head = reply.split(b"\r\n\r\n", 1)[0].decode("latin-1").lower()
-    for line in head.split("\r\n"):
-        if line.startswith("content-length:"):
-            return int(line.split(":", 1)[1])
-    return 0
 
 
 def test_model_metadata_ready_config(daemon) -> None:

@@ -24,6 +24,7 @@ from support import (
     child_pids,
     json_outputs,
     raw_request,
+    read_response,
     simple_binary_body,
     simple_json_body,
     wait_until,
@@ -79,25 +80,6 @@ def _slow_repo(tmp_path: Path) -> Path:
     return _echo_repo(tmp_path, "slow", SLOW_MODEL, "[2]")
 
 
-def _read_response(sock: socket.socket, buffered: bytearray) -> RawResponse:
-    while b"\r\n\r\n" not in buffered:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed before a response")
-        buffered += chunk
-    head, _, rest = bytes(buffered).partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    length = int(headers.get("content-length", "0"))
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed inside a response")
-        rest += chunk
-    buffered[:] = rest[length:]
-    return int(lines[0].split(" ")[1]), headers, rest[:length]
-
-
 def _exchange(sock: socket.socket, raw: bytes, count: int) -> list[RawResponse]:
     """Send `raw` at once (pipelined) and read `count` responses. A connection over
     `max-connections` is answered 503 and closed at once, unread: sending to it may find it
@@ -105,7 +87,7 @@ def _exchange(sock: socket.socket, raw: bytes, count: int) -> list[RawResponse]:
     with contextlib.suppress(BrokenPipeError):
         sock.sendall(raw)
     buffered = bytearray()
-    return [_read_response(sock, buffered) for _ in range(count)]
+    return [read_response(sock, buffered) for _ in range(count)]
 
 
 def _connect(daemon) -> socket.socket:
@@ -346,7 +328,7 @@ def test_stop_lets_a_workers_request_finish_and_the_workers_exit(
         sock.sendall(raw_request("POST", "/v2/models/slow/infer", body))
         time.sleep(0.5)  # the request is running
         daemon.proc.send_signal(signal.SIGTERM)
-        status, headers, payload = _read_response(sock, bytearray())
+        status, headers, payload = read_response(sock, bytearray())
     assert status == 200 and headers["connection"] == "close"
     assert json.loads(payload)["outputs"][0]["data"] == [1.5, 2.5]
     assert daemon.proc.wait(30) == 0
