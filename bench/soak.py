@@ -15,7 +15,9 @@ answer, one in four a chunked body.
 `--versions` adds a version directory K instead (renamed in whole; the default version policy
 serves the latest) and deletes the one before last. `--updates` posts each K as a signed update
 bundle to `/v1/updates` instead (the daemon switches releases), one in five tampered with after
-signing, which must be refused (400) with nothing of it served. `--on-demand` makes every
+signing, which must be refused (400), and another one in five broken (a model that cannot
+load, the last the check reaches), which must fail its health check (422): nothing of either
+may be served. `--on-demand` makes every
 model on-demand with `keep_alive` 0 (loaded by the request that needs it, unloaded when the
 last one ends); `--workers` hands connections to HTTP workers.
 
@@ -56,6 +58,9 @@ from common import (
 )
 
 MODELS = ("python", "python_batched", "onnx_batched")
+# Broken in a broken bundle (--updates): the last model the health check reaches (it goes by
+# name), so that the others were loaded and checked before it fails.
+BROKEN = "python_batched"
 # How each client frames its requests, in turn.
 FRAMINGS = ("plain", "gzip", "plain", "chunked")
 WIDTH = 4
@@ -276,19 +281,23 @@ class Updates:
         self.sequence = 0
         self.answers: collections.Counter[int] = collections.Counter()
 
-    def apply(self, soak: Soak, k: int, *, tampered: bool) -> None:
-        """Post the bundle of K; `tampered`: one byte of it changed after signing, which the
-        daemon must refuse (400) before anything of it is served."""
+    def apply(self, soak: Soak, k: int, fault: str = "") -> None:
+        """Post the bundle of K; `fault` "tampered": one byte of it changed after signing, which
+        the daemon must refuse (400); "broken": its last model raises on import, which fails
+        the health check (422). Nothing of either may be served."""
         from daemon.updates.bundle import create_bundle
 
         source = self.tmp / f"bundle-{k}"
         write_models(source / "models", k, self.on_demand)
+        if fault == "broken":
+            code = source / "models" / BROKEN / "1" / "model.py"
+            code.write_text("raise RuntimeError('a broken release')\n" + code.read_text())
         bundle = self.tmp / f"{k}.edgebundle"
         create_bundle(source, bundle, self.key, self.sequence + 1, f"1.0.{k}")
         shutil.rmtree(source)
         data = bytearray(bundle.read_bytes())
         bundle.unlink()
-        if tampered:
+        if fault == "tampered":
             at = data.find(b"K = ")
             data[at + 4] = ord("9") if data[at + 4] != ord("9") else ord("8")
         conn = self.unix.connection(timeout=300)  # admin routes: over the socket
@@ -299,14 +308,30 @@ class Updates:
         finally:
             conn.close()
         self.answers[response.status] += 1
-        if tampered:
+        if fault:
             soak.failed.add(k)
-            if response.status != 400:
-                soak.fail(f"update {k} (tampered): {response.status} {body[:200]!r}, not 400")
+            expected = 400 if fault == "tampered" else 422
+            if response.status != expected:
+                soak.fail(f"update {k} ({fault}): {response.status} {body[:200]!r}, not {expected}")
         elif response.status != 200:
             soak.fail(f"update {k}: {response.status} {body[:200]!r}")
         else:
             self.sequence += 1
+
+
+def _without_broken(log_text: str) -> str:
+    """The log less what broken bundles are expected to leave: their model's import error and
+    its traceback, which ends in the error the broken model raises."""
+    kept: list[str] = []
+    skipping = False
+    for line in log_text.splitlines():
+        if "level=error" in line and f"model '{BROKEN}'" in line and "import failed" in line:
+            skipping = True
+        elif skipping and "a broken release" in line:
+            skipping = False
+        elif not skipping:
+            kept.append(line)
+    return "\n".join(kept)
 
 
 def main() -> int:
@@ -346,7 +371,7 @@ def main() -> int:
             wait_until_ready(tcp, "/v2/health/ready", proc, what="daemon")
             soak = Soak(tcp, Endpoint(unix=str(sock)))
             if updates is not None:
-                updates.apply(soak, 1, tampered=False)
+                updates.apply(soak, 1)
             clients = [threading.Thread(target=soak.client, args=(i,), daemon=True) for i in range(args.clients)]
             for thread in clients:
                 thread.start()
@@ -358,14 +383,14 @@ def main() -> int:
                 if updates is None:
                     write_models(repo, soak.written, args.on_demand, args.versions)
                 else:
-                    # One bundle in five is tampered with: refused, nothing of it served.
-                    updates.apply(soak, soak.written, tampered=soak.written % 5 == 0)
+                    # One bundle in five is tampered with, another broken: nothing of them served.
+                    updates.apply(soak, soak.written, {0: "tampered", 3: "broken"}.get(soak.written % 5, ""))
             soak.stop.set()
             for thread in clients:
                 thread.join(120)
             if updates is not None and soak.written in soak.failed:
                 soak.written += 1  # end on a good release
-                updates.apply(soak, soak.written, tampered=False)
+                updates.apply(soak, soak.written)
             # The last rewrite has landed once every model answers with its K.
             settle = time.monotonic() + 60
             last: dict[str, int | None] = {}
@@ -387,7 +412,7 @@ def main() -> int:
             shutil.copyfile(log_path, args.log)
 
     reloads = {m: log_text.count(f"model {m}: ready (versions") - (0 if args.on_demand else 1) for m in MODELS}
-    errors = log_errors(log_text)
+    errors = log_errors(_without_broken(log_text) if args.updates else log_text)
     if not alive:
         soak.fail("the daemon exited")
     total = sum(soak.answered.values())

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -35,7 +36,7 @@ ModelState = Literal["UNKNOWN", "READY", "UNAVAILABLE", "LOADING", "UNLOADING"]
 # Loads of a model whose files change while it loads, before the load fails.
 TORN_LOAD_ATTEMPTS = 3
 
-__all__ = ["IndexEntry", "LoadedVersion", "ModelEntry", "ModelRegistry", "ModelState"]
+__all__ = ["IndexEntry", "LoadedVersion", "ModelEntry", "ModelRegistry", "ModelState", "Staged"]
 
 
 @dataclass
@@ -58,6 +59,17 @@ class ModelEntry:
     def unloaded(self) -> bool:
         """Unloaded on request (not a failed load): Triton then answers as for an unknown model."""
         return self.state == "UNAVAILABLE" and self.reason == "unloaded"
+
+
+@dataclass
+class Staged:
+    """A model's versions loaded from `path` beside the ones serving (see `ModelRegistry.stage`)."""
+
+    name: str
+    path: Path
+    versions: dict[int, LoadedVersion] = field(default_factory=dict)
+    fingerprint: str = ""
+    tried: set[int] = field(default_factory=set)
 
 
 class IndexEntry(msgspec.Struct, omit_defaults=True):
@@ -92,12 +104,22 @@ class ModelRegistry:
         self.metrics = metrics
         self.drain_timeout = drain_timeout
         self._models: dict[str, ModelEntry] = {}
+        # Set only while an update's check warms up staged models (`resolving_staged`).
+        self._staged_steps: contextvars.ContextVar[Mapping[str, Staged] | None] = contextvars.ContextVar(
+            "staged_steps", default=None
+        )
         self.loader = ModelLoader(
             plugins, hardware, metrics, state_dir, self._step_model, cpu_count=cpu_count,
             overlap=overlap_executions, host_policies=host_policies,
         )
 
     def _step_model(self, name: str, version: str | None) -> LoadedVersion:
+        view = self._staged_steps.get()
+        staged = view.get(name) if view is not None else None
+        if staged is not None and version in (None, "", "-1") and staged.versions:
+            return staged.versions[max(staged.versions)]
+        if staged is not None and version is not None and version.isdigit() and int(version) in staged.versions:
+            return staged.versions[int(version)]
         return self.get(name, version)
 
     # ------------------------------------------------------------------ queries
@@ -187,49 +209,97 @@ class ModelRegistry:
             previous_state = entry.state
             if not entry.versions:
                 entry.state = "LOADING"
-            fingerprint = await self.loader.fingerprint(model_dir)
+            # The entry's own `tried`: the index lists the versions while they load.
+            staged = Staged(name, model_dir, tried=entry.tried)
             try:
-                for attempt in range(1, TORN_LOAD_ATTEMPTS + 1):
-                    plan = await self.loader.plan(name, model_dir, override)
-                    entry.tried.update(plan.versions)
-                    new_versions = await self.loader.load(plan)
-                    # Each instance reads the files itself: if they changed meanwhile (a deploy
-                    # replacing them), instances of one version may hold different copies and
-                    # answer differently. Such a load is thrown away and done again.
-                    after = await self.loader.fingerprint(model_dir)
-                    if after == fingerprint:
-                        break
-                    await self._retire(new_versions.values())
-                    fingerprint = after
-                    if attempt == TORN_LOAD_ATTEMPTS:
-                        fingerprint = ""  # not seen: the poller tries again at its next look
-                        raise Unavailable(
-                            f"model '{name}': its files changed during each of {TORN_LOAD_ATTEMPTS} "
-                            "loads (its instances could hold different copies); not loaded"
-                        )
-                    log.warning("model %s: its files changed while it loaded; loading it again", name)
+                await self._build(staged, override)
             except EdgedError as exc:
                 entry.reason = exc.message
                 # Seen: a poller retries only once the directory changes again.
-                entry.fingerprint = fingerprint
+                entry.fingerprint = staged.fingerprint
                 # A failed reload keeps the old versions serving.
                 entry.state = "READY" if entry.versions else "UNAVAILABLE"
                 log.error("model %s: load failed: %s", name, exc.message)
                 if previous_state == "READY" and entry.versions:
                     log.warning("model %s: keeping the previously loaded versions", name)
                 raise
-            old = entry.versions
-            entry.versions = new_versions
-            entry.state = "READY"
-            entry.reason = ""
-            entry.fingerprint = fingerprint
-            entry.loaded_from = model_dir
-            log.info(
-                "model %s: ready (versions %s)",
-                name,
-                ", ".join(f"{v}:{m.backend}" for v, m in sorted(new_versions.items())),
-            )
-        await self._retire(old.values())
+            old = self._swap(entry, staged)
+        await self._retire(old)
+
+    async def stage(self, name: str, model_dir: Path) -> Staged:
+        """Load `model_dir` beside the versions serving `name`, without serving it: `publish`
+        swaps staged models in, `discard` drops them. Nothing about `name` changes here."""
+        staged = Staged(name, model_dir)
+        await self._build(staged, None)
+        return staged
+
+    async def publish(self, staged: Sequence[Staged]) -> None:
+        """Swap every staged model in at once (no await between the swaps: no request sees some
+        of them new and some old), then drain and unload the versions they replace."""
+        entries = [self.note_unknown(s.name, s.path) for s in staged]
+        old: list[LoadedVersion] = []
+        async with contextlib.AsyncExitStack() as held:
+            # Each entry's lock, in one order: a load of one of them waits for the swap.
+            for entry in sorted({id(e): e for e in entries}.values(), key=lambda e: e.name):
+                await held.enter_async_context(entry.lock)
+            for entry, one in zip(entries, staged, strict=True):
+                old += self._swap(entry, one)
+        await self._retire(old)
+
+    async def discard(self, staged: Iterable[Staged]) -> None:
+        await self._retire(v for one in list(staged) for v in one.versions.values())
+
+    @contextlib.contextmanager
+    def resolving_staged(self, staged: Mapping[str, Staged]) -> Iterator[None]:
+        """Within this block (this task and those it starts), an ensemble finds its step models
+        among `staged` first: a release's ensemble is checked with the release's steps."""
+        token = self._staged_steps.set(staged)
+        try:
+            yield
+        finally:
+            self._staged_steps.reset(token)
+
+    async def _build(self, staged: Staged, override: ModelConfig | None) -> None:
+        """Load `staged`'s versions into it; on an error `staged.fingerprint` is what was seen."""
+        name, model_dir = staged.name, staged.path
+        staged.fingerprint = await self.loader.fingerprint(model_dir)
+        for attempt in range(1, TORN_LOAD_ATTEMPTS + 1):
+            plan = await self.loader.plan(name, model_dir, override)
+            staged.tried.update(plan.versions)
+            versions = await self.loader.load(plan)
+            # Each instance reads the files itself: if they changed meanwhile (a deploy
+            # replacing them), instances of one version may hold different copies and
+            # answer differently. Such a load is thrown away and done again.
+            after = await self.loader.fingerprint(model_dir)
+            if after == staged.fingerprint:
+                staged.versions = versions
+                return
+            await self._retire(versions.values())
+            staged.fingerprint = after
+            if attempt == TORN_LOAD_ATTEMPTS:
+                staged.fingerprint = ""  # not seen: the poller tries again at its next look
+                raise Unavailable(
+                    f"model '{name}': its files changed during each of {TORN_LOAD_ATTEMPTS} "
+                    "loads (its instances could hold different copies); not loaded"
+                )
+            log.warning("model %s: its files changed while it loaded; loading it again", name)
+
+    @staticmethod
+    def _swap(entry: ModelEntry, staged: Staged) -> list[LoadedVersion]:
+        """Make `staged` the entry's serving versions; returns the versions it replaced."""
+        old = list(entry.versions.values())
+        entry.versions = staged.versions
+        entry.state = "READY"
+        entry.reason = ""
+        entry.fingerprint = staged.fingerprint
+        entry.loaded_from = staged.path
+        entry.tried |= staged.tried
+        log.info(
+            "model %s: ready (versions %s)",
+            entry.name,
+            ", ".join(f"{v}:{m.backend}" for v, m in sorted(staged.versions.items())),
+        )
+        return old
 
     async def unload(self, name: str) -> None:
         entry = self._models.get(name)
@@ -277,13 +347,17 @@ class ModelRegistry:
             log.info("backend plugin %s changed; reloading its models", name)
             await self.reload_backend(name)
 
-    async def reload_backend(self, backend: str) -> list[str]:
-        """Reload every model running on a plugin that changed on disk; returns their names."""
-        names = [
+    def running_on(self, backend: str) -> list[str]:
+        """The models with a version loaded on `backend` (a plugin's name)."""
+        return [
             e.name
             for e in self._models.values()
             if e.path is not None and any(v.backend == backend for v in e.versions.values())
         ]
+
+    async def reload_backend(self, backend: str) -> list[str]:
+        """Reload every model running on a plugin that changed on disk; returns their names."""
+        names = self.running_on(backend)
         for name in names:
             entry = self._models[name]
             assert entry.path is not None

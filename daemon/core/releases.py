@@ -3,9 +3,11 @@
 A release (from a signed bundle) holds `models/` (a model repository) and `plugins/` (backend
 plugins). The live release's directories come *first* among the repositories (its models win
 a name) and *last* among the plugin directories (its plugins override shipped ones). Applying
-an update switches the release store, points the daemon at the new directories, reloads, and
-health-checks every model of the release with a warm-up request; on failure the store switches
-back and the daemon reloads the old release.
+an update switches the release store, points the daemon at the new directories, loads the
+release's models beside the ones serving, health-checks each with a warm-up request, and only
+then swaps them all in at once; on failure nothing of the release was served, the staged
+models are dropped, and the store switches back. (A rollback or SIGHUP reloads model by model,
+as a rescan does.)
 
 The store, not this object, says what is served: every reload (SIGHUP, an update, a rollback,
 the `edged update` command asking over the socket) re-reads `current`, so a release switched by
@@ -26,9 +28,8 @@ import numpy as np
 from daemon.backend import NUMPY_DTYPES, GenerateParams, InferRequest
 from daemon.core.layout import scan_repository
 from daemon.core.plugins import PluginRegistry
-from daemon.core.registry import ModelRegistry
+from daemon.core.registry import LoadedVersion, ModelRegistry, Staged
 from daemon.core.repository import RepositoryManager
-from daemon.core.residency import Lease, Residency
 from daemon.errors import EdgedError
 from daemon.model_config import ModelConfig
 from daemon.updates.errors import HealthCheckFailed, StoreBusy
@@ -71,10 +72,8 @@ class ReleaseManager:
         lock: asyncio.Lock,
         *,
         keep: int = 3,
-        residency: Residency | None = None,
     ) -> None:
         self.store = store
-        self.residency = residency
         self.trusted_keys = trusted_keys
         self.registry = registry
         self.repository = repository
@@ -126,48 +125,64 @@ class ReleaseManager:
         return sorted(scan_repository(models)) if models.is_dir() else []
 
     async def health_check(self, release: Path) -> None:
-        await self.reload(release)
+        """Load the release's models beside those serving, warm each up, then swap them all in
+        at once: no request sees part of a release, and none a model of a release that fails
+        its check (the old versions serve throughout; the caller switches the store back)."""
         models = release / "models"
-        names = sorted(scan_repository(models)) if models.is_dir() else []
-        # In explicit mode a model neither loaded nor in the startup set stays unloaded (and
-        # unchecked) until someone loads it.
-        checked = [name for name in names if self.repository.follows(name)]
-        for name in checked:
-            lease = await self._load_on_demand(name, models / name)
+        async with self.lock:
+            self.point_at(release)
+            scanned = await asyncio.to_thread(self.plugins.scan)
+            plan = await self.repository.plan()
+            ours = {name: path for name, path in plan.found.items() if path.parent == models}
+            # In explicit mode a model neither loaded nor in the startup set stays unloaded (and
+            # unchecked) until someone loads it.
+            checked = [name for name in sorted(ours) if self.repository.follows(name)]
+            targets = dict(plan.to_load)
+            for plugin in scanned.added + scanned.changed:  # their models reload, as on a plugin scan
+                targets.update((n, plan.found[n]) for n in self.registry.running_on(plugin) if n in plan.found)
+            staged: dict[str, Staged] = {}
             try:
-                entry = self.registry.entry(name)
-                # loaded_from, not path: the versions serving may still be the old release's.
-                if entry is None or entry.state != "READY" or entry.reason or entry.loaded_from != models / name:
-                    reason = (entry.reason if entry is not None else "") or "it was not loaded"
-                    raise _not_loaded(name, reason)
-                await self._warm_up(name)
-            finally:
-                if lease is not None:
-                    lease.release()  # it idles out by its keep_alive, as after any request
+                for name, path in sorted(targets.items()):
+                    try:
+                        staged[name] = await self.registry.stage(name, path)
+                    except EdgedError as exc:
+                        if name in ours:
+                            raise _not_loaded(name, exc.message) from exc
+                        # Not the release's (a base repository's model changed meanwhile): as a
+                        # rescan, it keeps its old versions, and a later rescan tries again.
+                        log.error("model %s: load failed: %s", name, exc.message)
+                with self.registry.resolving_staged(staged):
+                    for name in checked:
+                        await self._check(name, ours[name], staged.get(name))
+            except BaseException:
+                await self.registry.discard(staged.values())
+                raise
+            await self.registry.publish(list(staged.values()))
+            await self.repository.settle(plan)
         log.info("release %s: %d model(s) loaded and answered a warm-up request%s", release.name, len(checked),
-                 f" ({len(names) - len(checked)} not loaded: explicit mode)" if len(checked) < len(names) else "")
+                 f" ({len(ours) - len(checked)} not loaded: explicit mode)" if len(checked) < len(ours) else "")
 
-    async def _load_on_demand(self, name: str, path: Path) -> Lease | None:
-        """An on-demand model is loaded by the request that needs it, not by the rescan: the
-        check is such a request (None for other models)."""
-        if self.residency is None or not await self.residency.on_demand(name, path):
-            return None
+    async def _check(self, name: str, path: Path, staged: Staged | None) -> None:
+        """Warm up the release's model `name` as loaded from `path`."""
+        if staged is not None:
+            await self._warm_up(name, staged.versions[max(staged.versions)])
+            return
+        entry = self.registry.entry(name)
+        if entry is not None and entry.versions and entry.loaded_from == path:
+            await self._warm_up(name, self.registry.get(name))
+            return
+        # Not loaded, and left to the request that needs it (load: on-demand): loaded here as
+        # that request would, one at a time, and dropped again after its warm-up.
         try:
-            lease = await self.residency.acquire(name)
+            probe = await self.registry.stage(name, path)
         except EdgedError as exc:
             raise _not_loaded(name, exc.message) from exc
-        entry = self.registry.entry(name)
-        if entry is not None and entry.loaded_from != path:
-            # A request that began before the switch loaded it from the old release meanwhile.
-            try:
-                await self.registry.load(name, path)
-            except EdgedError as exc:
-                lease.release()
-                raise _not_loaded(name, exc.message) from exc
-        return lease
+        try:
+            await self._warm_up(name, probe.versions[max(probe.versions)])
+        finally:
+            await self.registry.discard([probe])
 
-    async def _warm_up(self, name: str) -> None:
-        model = self.registry.get(name)
+    async def _warm_up(self, name: str, model: LoadedVersion) -> None:
         try:
             generator = model.generator
             if generator is not None:
@@ -179,7 +194,7 @@ class ReleaseManager:
                     async for _ in generator.generate("Hello", GenerateParams(max_tokens=1, greedy=True)):
                         pass
                 return
-            await self.registry.get(name).infer(warmup_request(model.config))
+            await model.infer(warmup_request(model.config))
         except EdgedError as exc:
             raise HealthCheckFailed(f"model '{name}' failed its warm-up request: {exc.message}") from exc
 

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from daemon.config import ControlMode
@@ -23,6 +24,14 @@ from daemon.core.registry import IndexEntry, ModelRegistry
 from daemon.errors import BackendError, Conflict, EdgedError, InvalidArgument, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Rescan:
+    """What a rescan found: every model the repositories hold, and those to load from there."""
+
+    found: dict[str, Path]
+    to_load: dict[str, Path]
 
 
 class RepositoryManager:
@@ -91,13 +100,20 @@ class RepositoryManager:
 
     async def rescan(self) -> None:
         """Bring loaded models in line with the repository (poll mode, SIGHUP, updates)."""
+        plan = await self.plan()
+        for name, path in plan.found.items():
+            self.registry.note_unknown(name, path)
+        await self._load_many(plan.to_load)
+        await self.drop_removed(plan)
+
+    async def plan(self) -> Rescan:
+        """What a rescan would do now; changes nothing."""
         models = await asyncio.to_thread(self.scan)
         to_load: dict[str, Path] = {}
         for name, path in models.items():
             entry = self.registry.entry(name)
             if entry is None or entry.path != path:
                 loaded = entry is not None and bool(entry.versions)
-                self.registry.note_unknown(name, path)
                 # An on-demand model loads when a request needs it, but one loaded now (from
                 # the release an update replaces) moves to the new directory at once.
                 if self.follows(name) and (loaded or not await self._on_demand(name, path)):
@@ -109,9 +125,25 @@ class RepositoryManager:
                 continue
             if await asyncio.to_thread(layout.fingerprint, path) != entry.fingerprint:
                 to_load[name] = path
-        await self._load_many(to_load)
+        return Rescan(models, to_load)
+
+    async def settle(self, plan: Rescan) -> None:
+        """After an update published a release's models (loaded per `plan`): every model's
+        directory is the new one; one loaded from an old one meanwhile (a request loading an
+        on-demand model while the release was checked) moves at once; models no repository
+        holds go."""
+        moved: dict[str, Path] = {}
+        for name, path in plan.found.items():
+            entry = self.registry.note_unknown(name, path)
+            if entry.versions and entry.loaded_from not in (None, path) and self.follows(name):
+                moved[name] = path
+        await self._load_many(moved)
+        await self.drop_removed(plan)
+
+    async def drop_removed(self, plan: Rescan) -> None:
+        """Unload and forget the models no repository holds any more."""
         for name in self.registry.names():
-            if name not in models:
+            if name not in plan.found:
                 entry = self.registry.entry(name)
                 if entry is not None and entry.versions:
                     await self.registry.unload(name)

@@ -11,7 +11,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 from daemon.updates.bundle import create_bundle
@@ -130,6 +132,116 @@ def test_updates_of_an_on_demand_model_load_it_from_the_new_release(start_daemon
     reply = _post(daemon, on_demand_bundle("1.1.0", 2, "y = x + 100"))
     assert reply.status == 200, reply.body
     assert _value(daemon) == 101.0
+
+
+def _release_of(tmp: Path, key: Path, name: str, sequence: int, bodies: dict[str, str], *, slow: str = "",
+                fails: str = "") -> Path:
+    """A bundle of python models (name -> body); `slow` takes a second to load, then raises
+    if it is also `fails`."""
+    src = tmp / f"src-{name}"
+    for model, body in bodies.items():
+        python_model(src / "models", model, body)
+    if slow:
+        raising = "    raise RuntimeError('bad weights')\n" if fails == slow else ""
+        with (src / "models" / slow / "1" / "model.py").open("a") as code:
+            code.write(f"\ndef _load(self, args):\n    import time\n    time.sleep(1.0)\n{raising}"
+                       "TritonPythonModel.initialize = _load\n")
+    out = tmp / f"{name}.edgebundle"
+    create_bundle(src, out, key, sequence, name)
+    return out
+
+
+def _during(daemon, post: Callable[[], object]) -> tuple[object, list[tuple[float, float]]]:
+    """Run `post` while a client reads models a then b again and again; the (a, b) pairs read."""
+    def value(model: str) -> float:
+        reply = daemon.post_json(f"/v2/models/{model}/infer", json.loads(_x()))
+        assert reply.status == 200, reply.body
+        return float(reply.json()["outputs"][0]["data"][0])
+
+    pairs: list[tuple[float, float]] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            pairs.append((value("a"), value("b")))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        reply = post()
+    finally:
+        done.set()
+        reader.join()
+    return reply, pairs
+
+
+def test_a_release_that_fails_its_check_is_never_served(start_daemon, tmp_path: Path) -> None:
+    """The release's models load beside the ones serving and swap in only once all passed:
+    before, model a served the failed release's answers while b still loaded."""
+    config, key = _setup(tmp_path)
+    daemon = start_daemon("--config", str(config))
+    assert _post(daemon, _release_of(tmp_path, key, "1", 1, {"a": "y = x + 1", "b": "y = x + 1"})).status == 200
+
+    bad = _release_of(tmp_path, key, "2", 2, {"a": "y = x + 100", "b": "y = x + 100"}, slow="b", fails="b")
+    reply, pairs = _during(daemon, lambda: _post(daemon, bad))
+    assert reply.status == 422, reply.body
+    assert "model 'b' did not load from the new release" in reply.json()["error"]
+    assert "bad weights" in reply.json()["error"]
+    assert len(pairs) >= 5  # read throughout the second b took to fail
+    assert set(pairs) == {(2.0, 2.0)}
+    assert daemon.request("GET", "/v1/updates").json()["current"].startswith("1-")
+
+
+def test_a_release_swaps_in_all_its_models_at_once(start_daemon, tmp_path: Path) -> None:
+    """No request sees part of a release: a reads new only once b does (b read after a)."""
+    config, key = _setup(tmp_path)
+    daemon = start_daemon("--config", str(config))
+    assert _post(daemon, _release_of(tmp_path, key, "1", 1, {"a": "y = x + 1", "b": "y = x + 1"})).status == 200
+
+    good = _release_of(tmp_path, key, "2", 2, {"a": "y = x + 100", "b": "y = x + 100"}, slow="b")
+    reply, pairs = _during(daemon, lambda: _post(daemon, good))
+    assert reply.status == 200, reply.body
+    assert len(pairs) >= 5
+    assert (101.0, 2.0) not in pairs
+    assert set(pairs) <= {(2.0, 2.0), (2.0, 101.0), (101.0, 101.0)}
+    assert pairs[0] == (2.0, 2.0)
+    assert (daemon.post_ok("/v2/models/a/infer", json.loads(_x()))["outputs"][0]["data"],
+            daemon.post_ok("/v2/models/b/infer", json.loads(_x()))["outputs"][0]["data"]) == ([101.0], [101.0])
+
+
+def test_an_ensemble_is_checked_with_the_steps_of_its_release(start_daemon, tmp_path: Path) -> None:
+    """Release 2 renames the step's input and maps the ensemble's input to the new name: the
+    check runs the new ensemble on the new step (staged, not serving yet), not the old one."""
+    config, key = _setup(tmp_path)
+    daemon = start_daemon("--config", str(config))
+
+    def release(name: str, sequence: int, step_input: str, body: str) -> Path:
+        src = tmp_path / f"src-{name}"
+        step = python_model(src / "models", "step", body)
+        for file in (step / "config.pbtxt", step / "1" / "model.py"):
+            file.write_text(file.read_text().replace('name: "X"', f'name: "{step_input}"')
+                            .replace("request, 'X'", f"request, '{step_input}'"))
+        (src / "models" / "pipe" / "1").mkdir(parents=True)
+        (src / "models" / "pipe" / "1" / "README").write_text("a bundle ships files, not empty directories\n")
+        (src / "models" / "pipe" / "config.pbtxt").write_text(
+            'platform: "ensemble"\n'
+            'input [{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+            'output [{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+            f'ensemble_scheduling {{ step [ {{ model_name: "step" model_version: -1 '
+            f'input_map {{ key: "{step_input}" value: "X" }} output_map {{ key: "Y" value: "Y" }} }} ] }}\n'
+        )
+        out = tmp_path / f"{name}.edgebundle"
+        create_bundle(src, out, key, sequence, name)
+        return out
+
+    def pipe() -> float:
+        return float(daemon.post_ok("/v2/models/pipe/infer", json.loads(_x()))["outputs"][0]["data"][0])
+
+    assert _post(daemon, release("1", 1, "X", "y = x + 1")).status == 200
+    assert pipe() == 2.0
+    reply = _post(daemon, release("2", 2, "X2", "y = x + 100"))
+    assert reply.status == 200, reply.body
+    assert pipe() == 101.0
 
 
 def test_explicit_mode_updates_the_loaded_models_and_checks_them(start_daemon, tmp_path: Path) -> None:

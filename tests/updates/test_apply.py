@@ -394,7 +394,6 @@ async def test_warm_up_ranks_on_a_reranker_and_embeds_on_an_embedder() -> None:
     config = SimpleNamespace(parameters={"embedding": "true"})
     models = {name: SimpleNamespace(generator=Generator(name == "ranker"), config=config) for name in ("ranker", "embedder")}
     manager = ReleaseManager.__new__(ReleaseManager)
-    manager.registry = SimpleNamespace(get=models.__getitem__)  # type: ignore[assignment]
-    await manager._warm_up("ranker")
-    await manager._warm_up("embedder")
+    await manager._warm_up("ranker", models["ranker"])  # type: ignore[arg-type]
+    await manager._warm_up("embedder", models["embedder"])  # type: ignore[arg-type]
     assert calls == ["rerank Hello ['Hello']", "embed ['Hello']"]
