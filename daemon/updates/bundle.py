@@ -49,6 +49,19 @@ def _hash_stream(stream: IO[bytes]) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+def _empty_directories(src_dir: Path) -> list[str]:
+    """The payload paths of the directories under src_dir/{models,configs,plugins}/<entry> that
+    hold nothing (an ensemble's version directory); call after `_source_files` checked the tree."""
+    found: list[str] = []
+    for category in sorted(p for p in src_dir.iterdir() if p.is_dir()):
+        for dirpath, dirnames, filenames in os.walk(category):
+            dirnames.sort()
+            path = Path(dirpath)
+            if path != category and not dirnames and not filenames:
+                found.append(path.relative_to(src_dir).as_posix())
+    return found
+
+
 def _source_files(src_dir: Path) -> list[tuple[str, Path]]:
     """(payload path, file) for every file under src_dir/{models,configs,plugins}."""
     found: list[tuple[str, Path]] = []
@@ -125,6 +138,10 @@ def create_bundle(
         with path.open("rb") as f:
             sha, size = _hash_stream(f)
         files.append(BundleFile(path=rel, sha256=sha, size=size, kind=KIND_OF_CATEGORY[category]))
+    directories = _empty_directories(src_dir)
+    for directory in directories:
+        category, name = split_path(directory)
+        replaces[category].add(name)
     for item in remove:
         try:
             category, name = split_path(item.rstrip("/") + "/x")
@@ -140,6 +157,7 @@ def create_bundle(
             targets=list(targets),
             files=files,
             replaces=Replaces(**{c: sorted(replaces[c]) for c in CATEGORIES}),
+            directories=directories,
         )
         # Struct() does not run Meta constraints; a round trip through the decoder does.
         data = encode_manifest(manifest)
@@ -267,6 +285,11 @@ def extract_payload(path: Path, manifest: Manifest, dest: Path) -> None:
             tar.extractall(dest, members=wanted, filter=_payload_filter)
     except (OSError, EOFError, tarfile.TarError) as exc:
         raise UpdateError(f"bundle {path}: extraction failed: {exc}") from None
+    try:
+        for directory in manifest.directories:  # safe paths: the manifest checked each
+            (dest / directory).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a signed manifest naming a directory below a file
+        raise UpdateError(f"bundle {path}: cannot make a directory it lists: {exc}") from None
     for entry in manifest.files:
         target = dest / entry.path
         with target.open("rb") as f:

@@ -43,7 +43,9 @@ class Replaces(msgspec.Struct, forbid_unknown_fields=True):
         return names
 
 
-class Manifest(msgspec.Struct, forbid_unknown_fields=True):
+# omit_defaults: `directories` is left out when there are none, so that a daemon from before it
+# (which refuses unknown fields) still reads every bundle that needs no empty directory.
+class Manifest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     format: Literal[1]
     bundle_version: Annotated[str, msgspec.Meta(pattern=VERSION_PATTERN, max_length=64)]
     # Monotonic per fleet: a store refuses any sequence <= the last one it committed.
@@ -53,6 +55,9 @@ class Manifest(msgspec.Struct, forbid_unknown_fields=True):
     targets: list[str]
     files: list[BundleFile]
     replaces: Replaces
+    # Empty directories the release holds (an ensemble's version directory has no file). The
+    # payload has regular files only; these are made on extraction.
+    directories: list[Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]] = []
 
     def __post_init__(self) -> None:
         for spec in self.targets:
@@ -67,6 +72,12 @@ class Manifest(msgspec.Struct, forbid_unknown_fields=True):
             if entry.path in seen:
                 raise ValueError(f"file {entry.path!r} is listed twice")
             seen.add(entry.path)
+            shipped[category].add(name)
+        for directory in self.directories:
+            category, name = split_path(directory)
+            if directory in seen:
+                raise ValueError(f"{directory!r} is listed twice, or as a file and a directory")
+            seen.add(directory)
             shipped[category].add(name)
         for category in CATEGORIES:
             listed = self.replaces.of(category)

@@ -211,7 +211,8 @@ def test_a_release_swaps_in_all_its_models_at_once(start_daemon, tmp_path: Path)
 
 def test_an_ensemble_is_checked_with_the_steps_of_its_release(start_daemon, tmp_path: Path) -> None:
     """Release 2 renames the step's input and maps the ensemble's input to the new name: the
-    check runs the new ensemble on the new step (staged, not serving yet), not the old one."""
+    check runs the new ensemble on the new step (staged, not serving yet), not the old one.
+    The ensemble's version directory is empty (a bundle lists it in its manifest)."""
     config, key = _setup(tmp_path)
     daemon = start_daemon("--config", str(config))
 
@@ -221,8 +222,7 @@ def test_an_ensemble_is_checked_with_the_steps_of_its_release(start_daemon, tmp_
         for file in (step / "config.pbtxt", step / "1" / "model.py"):
             file.write_text(file.read_text().replace('name: "X"', f'name: "{step_input}"')
                             .replace("request, 'X'", f"request, '{step_input}'"))
-        (src / "models" / "pipe" / "1").mkdir(parents=True)
-        (src / "models" / "pipe" / "1" / "README").write_text("a bundle ships files, not empty directories\n")
+        (src / "models" / "pipe" / "1").mkdir(parents=True)  # empty, as Triton's ensembles have it
         (src / "models" / "pipe" / "config.pbtxt").write_text(
             'platform: "ensemble"\n'
             'input [{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
@@ -242,6 +242,15 @@ def test_an_ensemble_is_checked_with_the_steps_of_its_release(start_daemon, tmp_
     reply = _post(daemon, release("2", 2, "X2", "y = x + 100"))
     assert reply.status == 200, reply.body
     assert pipe() == 101.0
+    # A bundle of the step alone: the ensemble, its empty version directory with it, is carried over.
+    src = tmp_path / "src-3"
+    step = python_model(src / "models", "step", "y = x + 1000")
+    for file in (step / "config.pbtxt", step / "1" / "model.py"):
+        file.write_text(file.read_text().replace('name: "X"', 'name: "X2"').replace("request, 'X'", "request, 'X2'"))
+    create_bundle(src, tmp_path / "3.edgebundle", key, 3, "3")
+    reply = _post(daemon, tmp_path / "3.edgebundle")
+    assert reply.status == 200, reply.body
+    assert pipe() == 1001.0
 
 
 def test_explicit_mode_updates_the_loaded_models_and_checks_them(start_daemon, tmp_path: Path) -> None:

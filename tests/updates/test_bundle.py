@@ -309,3 +309,60 @@ def test_keys(signing_key: Path, trusted_keys: Path, tmp_path: Path,
     empty.mkdir()
     with pytest.raises(UpdateError, match=r"no trusted keys"):
         verify_bundle(bundle, empty)
+
+
+def test_empty_directories_travel_in_the_manifest(signing_key: Path, trusted_keys: Path, tmp_path: Path) -> None:
+    """An ensemble's version directory holds no file, and Triton's layout needs it: the
+    manifest lists it (the payload holds regular files only) and extraction makes it."""
+    src = tmp_path / "src"
+    (src / "models" / "pipe" / "1").mkdir(parents=True)
+    (src / "models" / "pipe" / "config.pbtxt").write_bytes(b'platform: "ensemble"\n')
+    (src / "models" / "blank" / "2" / "empty").mkdir(parents=True)
+    bundle = tmp_path / "b.edgebundle"
+    created = create_bundle(src, bundle, signing_key, 1, "1.0.0")
+    manifest = verify_bundle(bundle, trusted_keys)
+    assert manifest == created
+    assert manifest.directories == ["models/blank/2/empty", "models/pipe/1"]
+    assert manifest.replaces.models == ["blank", "pipe"]
+    dest = tmp_path / "out"
+    dest.mkdir()
+    extract_payload(bundle, manifest, dest)
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")) == [
+        "models", "models/blank", "models/blank/2", "models/blank/2/empty",
+        "models/pipe", "models/pipe/1", "models/pipe/config.pbtxt",
+    ]
+
+
+def test_a_manifest_with_no_empty_directory_leaves_the_field_out(
+    make_bundle: BundleMaker, base_tree: Tree
+) -> None:
+    # Daemons from before `directories` refuse unknown fields: they still read such bundles.
+    bundle, _ = make_bundle(base_tree, sequence=1)
+    with tarfile.open(bundle) as tar:
+        member = tar.extractfile("manifest.json")
+        assert member is not None
+        data = member.read()
+    assert b'"files"' in data and b"directories" not in data
+
+
+@pytest.mark.parametrize(("directories", "error"), [
+    (["models/../../evil"], "unsafe"),
+    (["/models/m/evil"], "unsafe"),
+    (["evil"], "must be under"),
+    (["models/m/1", "models/m/1"], "listed twice"),
+    (["models/m/1/model.onnx"], "listed twice, or as a file and a directory"),
+    (["models/other/1"], r"replaces.models must list \['other'\]"),
+    (["models/m/1/model.onnx/below"], "cannot make a directory"),
+])
+def test_a_signed_manifest_with_a_bad_directory_is_refused(
+    signing_key: Path, trusted_keys: Path, tmp_path: Path, directories: list[str], error: str
+) -> None:
+    data = b"weights"
+    bundle = _signed_tar(tmp_path / "d.edgebundle", signing_key,
+                         _raw_manifest("models/m/1/model.onnx", data, directories=directories),
+                         [(tarfile.TarInfo("payload/models/m/1/model.onnx"), data)])
+    with pytest.raises(UpdateError, match=error):
+        manifest = verify_bundle(bundle, trusted_keys)
+        dest = tmp_path / "out"
+        dest.mkdir()
+        extract_payload(bundle, manifest, dest)
