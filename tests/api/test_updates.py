@@ -18,7 +18,7 @@ from pathlib import Path
 
 from daemon.updates.bundle import create_bundle
 from daemon.updates.keys import keygen
-from support import python_model, wait_until
+from support import UnixHTTPConnection, python_model, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -510,3 +510,60 @@ def test_client_hanging_up_does_not_cancel_the_update(start_daemon, tmp_path: Pa
                and daemon.request("GET", "/v1/updates").json()["pending"] is None, timeout=60)
     assert _value(daemon) == 2.0
     assert list((daemon.state_dir / "incoming").iterdir()) == []
+
+
+def test_a_generation_model_is_checked_staged_and_swapped(start_daemon, tmp_path: Path) -> None:
+    """A llama.cpp model in a release: the check generates with the new copy before it serves;
+    a generation running across the swap finishes on the copy it began on; a release whose
+    GGUF does not load is refused and the old one generates on."""
+    from gguf_builder import write_tiny_llama
+
+    config, key = _setup(tmp_path)
+    daemon = start_daemon("--config", str(config))
+
+    def release(name: str, sequence: int, seed: int, *, broken: bool = False) -> Path:
+        model = tmp_path / f"src-{name}" / "models" / "tiny"
+        (model / "1").mkdir(parents=True)
+        write_tiny_llama(model / "1" / "model.gguf", seed=seed, n_ctx=4096)
+        if broken:
+            gguf = model / "1" / "model.gguf"
+            gguf.write_bytes(gguf.read_bytes()[: gguf.stat().st_size // 2])
+        (model / "config.pbtxt").write_text('backend: "llamacpp"\n')
+        out = tmp_path / f"{name}.edgebundle"
+        create_bundle(model.parents[1], out, key, sequence, name)
+        return out
+
+    def complete(max_tokens: int = 8) -> str:
+        reply = daemon.post_json("/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": max_tokens,
+                                                     "temperature": 0, "ignore_eos": True})
+        assert reply.status == 200, reply.body
+        return str(reply.json()["choices"][0]["text"])
+
+    assert _post(daemon, release("1", 1, seed=1)).status == 200
+    first, long_first = complete(), complete(2000)
+    # Streamed: its first piece is read before the update is posted, the rest after it landed.
+    conn = UnixHTTPConnection(daemon.socket)
+    conn.request("POST", "/v1/completions", json.dumps({
+        "model": "tiny", "prompt": "hello", "max_tokens": 2000, "temperature": 0, "ignore_eos": True, "stream": True,
+    }), {"Content-Type": "application/json"})
+    stream = conn.getresponse()
+    lines = [stream.readline()]
+    while not lines[-1].startswith(b"data: {"):
+        lines.append(stream.readline())
+    # Read on while the update runs: its swap waits for this generation to end.
+    reader = threading.Thread(target=lambda: lines.extend(stream.read().splitlines()))
+    reader.start()
+    reply = _post(daemon, release("2", 2, seed=2))
+    reader.join()
+    conn.close()
+    assert reply.status == 200, reply.body
+    events = [json.loads(line[6:]) for line in lines if line.startswith(b"data: {")]
+    # Begun before the swap: it finished on release 1's weights.
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == long_first
+    second = complete()
+    assert second != first
+
+    reply = _post(daemon, release("3", 3, seed=3, broken=True))
+    assert reply.status == 422, reply.body
+    assert "model 'tiny' did not load from the new release" in reply.json()["error"]
+    assert complete() == second
