@@ -214,24 +214,36 @@ class ModelRegistry:
             try:
                 await self._build(staged, override)
             except EdgedError as exc:
-                entry.reason = exc.message
-                # Seen: a poller retries only once the directory changes again.
-                entry.fingerprint = staged.fingerprint
-                # A failed reload keeps the old versions serving.
-                entry.state = "READY" if entry.versions else "UNAVAILABLE"
-                log.error("model %s: load failed: %s", name, exc.message)
-                if previous_state == "READY" and entry.versions:
-                    log.warning("model %s: keeping the previously loaded versions", name)
+                self._failed(entry, staged, exc, previous_state)
                 raise
             old = self._swap(entry, staged)
         await self._retire(old)
 
-    async def stage(self, name: str, model_dir: Path) -> Staged:
+    async def stage(self, name: str, model_dir: Path, *, record_failure: bool = False) -> Staged:
         """Load `model_dir` beside the versions serving `name`, without serving it: `publish`
-        swaps staged models in, `discard` drops them. Nothing about `name` changes here."""
+        swaps staged models in, `discard` drops them. Nothing about `name` changes here,
+        except with `record_failure` a failure, as `load` records it (the old versions serve on)."""
         staged = Staged(name, model_dir)
-        await self._build(staged, None)
+        try:
+            await self._build(staged, None)
+        except EdgedError as exc:
+            if record_failure:
+                entry = self.note_unknown(name, model_dir)
+                self._failed(entry, staged, exc, entry.state)
+            raise
         return staged
+
+    @staticmethod
+    def _failed(entry: ModelEntry, staged: Staged, exc: EdgedError, previous_state: ModelState) -> None:
+        entry.reason = exc.message
+        entry.tried |= staged.tried
+        # Seen: a poller retries only once the directory changes again.
+        entry.fingerprint = staged.fingerprint
+        # A failed reload keeps the old versions serving.
+        entry.state = "READY" if entry.versions else "UNAVAILABLE"
+        log.error("model %s: load failed: %s", entry.name, exc.message)
+        if previous_state == "READY" and entry.versions:
+            log.warning("model %s: keeping the previously loaded versions", entry.name)
 
     async def publish(self, staged: Sequence[Staged]) -> None:
         """Swap every staged model in at once (no await between the swaps: no request sees some

@@ -6,8 +6,8 @@ a name) and *last* among the plugin directories (its plugins override shipped on
 an update switches the release store, points the daemon at the new directories, loads the
 release's models beside the ones serving, health-checks each with a warm-up request, and only
 then swaps them all in at once; on failure nothing of the release was served, the staged
-models are dropped, and the store switches back. (A rollback or SIGHUP reloads model by model,
-as a rescan does.)
+models are dropped, and the store switches back. A rollback or SIGHUP swaps the same way,
+without the warm-ups.
 
 The store, not this object, says what is served: every reload (SIGHUP, an update, a rollback,
 the `edged update` command asking over the socket) re-reads `current`, so a release switched by
@@ -97,11 +97,11 @@ class ReleaseManager:
         )
 
     async def reload(self, release: Path | None) -> None:
-        """Point at `release` and bring plugins and models in line with it."""
+        """Point at `release` and bring plugins and models in line with it, every changed model
+        swapped in at once (a rollback, SIGHUP). A model that fails to load keeps its old
+        versions and its failure in the index, as after a rescan."""
         async with self.lock:
-            self.point_at(release)
-            await self.registry.sync_plugins()
-            await self.repository.rescan()
+            await self._switch(release, check=False)
 
     async def reload_current(self) -> Path | None:
         """SIGHUP: finish or undo an update another process left interrupted (unless one holds
@@ -128,39 +128,49 @@ class ReleaseManager:
         """Load the release's models beside those serving, warm each up, then swap them all in
         at once: no request sees part of a release, and none a model of a release that fails
         its check (the old versions serve throughout; the caller switches the store back)."""
-        models = release / "models"
         async with self.lock:
-            self.point_at(release)
-            scanned = await asyncio.to_thread(self.plugins.scan)
-            plan = await self.repository.plan()
-            ours = {name: path for name, path in plan.found.items() if path.parent == models}
-            # In explicit mode a model neither loaded nor in the startup set stays unloaded (and
-            # unchecked) until someone loads it.
-            checked = [name for name in sorted(ours) if self.repository.follows(name)]
-            targets = dict(plan.to_load)
-            for plugin in scanned.added + scanned.changed:  # their models reload, as on a plugin scan
-                targets.update((n, plan.found[n]) for n in self.registry.running_on(plugin) if n in plan.found)
-            staged: dict[str, Staged] = {}
-            try:
-                for name, path in sorted(targets.items()):
-                    try:
-                        staged[name] = await self.registry.stage(name, path)
-                    except EdgedError as exc:
-                        if name in ours:
-                            raise _not_loaded(name, exc.message) from exc
-                        # Not the release's (a base repository's model changed meanwhile): as a
-                        # rescan, it keeps its old versions, and a later rescan tries again.
-                        log.error("model %s: load failed: %s", name, exc.message)
-                with self.registry.resolving_staged(staged):
-                    for name in checked:
-                        await self._check(name, ours[name], staged.get(name))
-            except BaseException:
-                await self.registry.discard(staged.values())
-                raise
-            await self.registry.publish(list(staged.values()))
-            await self.repository.settle(plan)
+            ours, checked = await self._switch(release, check=True)
         log.info("release %s: %d model(s) loaded and answered a warm-up request%s", release.name, len(checked),
-                 f" ({len(ours) - len(checked)} not loaded: explicit mode)" if len(checked) < len(ours) else "")
+                 f" ({ours - len(checked)} not loaded: explicit mode)" if len(checked) < ours else "")
+
+    async def _switch(self, release: Path | None, *, check: bool) -> tuple[int, list[str]]:
+        """Point at `release`, load what changed beside what serves, then swap it all in at
+        once. With `check`, the release's models must load and answer a warm-up request
+        first (HealthCheckFailed, nothing swapped, otherwise). Returns how many models the
+        release has, and the names of those checked."""
+        self.point_at(release)
+        scanned = await asyncio.to_thread(self.plugins.scan)
+        plan = await self.repository.plan()
+        models = release / "models" if release is not None else None
+        ours = {name: path for name, path in plan.found.items() if path.parent == models}
+        # In explicit mode a model neither loaded nor in the startup set stays unloaded (and
+        # unchecked) until someone loads it.
+        checked = [name for name in sorted(ours) if self.repository.follows(name)] if check else []
+        targets = dict(plan.to_load)
+        for plugin in scanned.added + scanned.changed:  # their models reload, as on a plugin scan
+            log.info("backend plugin %s %s; reloading its models", plugin,
+                     "discovered" if plugin in scanned.added else "changed")
+            targets.update((n, plan.found[n]) for n in self.registry.running_on(plugin) if n in plan.found)
+        staged: dict[str, Staged] = {}
+        try:
+            for name, path in sorted(targets.items()):
+                refusing = check and name in ours
+                try:
+                    # A failure is recorded (old versions kept, the reason in the index, as a
+                    # rescan does) unless it refuses the release, which then changes nothing.
+                    staged[name] = await self.registry.stage(name, path, record_failure=not refusing)
+                except EdgedError as exc:
+                    if refusing:
+                        raise _not_loaded(name, exc.message) from exc
+            with self.registry.resolving_staged(staged):
+                for name in checked:
+                    await self._check(name, ours[name], staged.get(name))
+        except BaseException:
+            await self.registry.discard(staged.values())
+            raise
+        await self.registry.publish(list(staged.values()))
+        await self.repository.settle(plan)
+        return len(ours), checked
 
     async def _check(self, name: str, path: Path, staged: Staged | None) -> None:
         """Warm up the release's model `name` as loaded from `path`."""

@@ -151,19 +151,20 @@ def _release_of(tmp: Path, key: Path, name: str, sequence: int, bodies: dict[str
     return out
 
 
+def _value_of(daemon, model: str) -> float:
+    reply = daemon.post_json(f"/v2/models/{model}/infer", json.loads(_x()))
+    assert reply.status == 200, reply.body
+    return float(reply.json()["outputs"][0]["data"][0])
+
+
 def _during(daemon, post: Callable[[], object]) -> tuple[object, list[tuple[float, float]]]:
     """Run `post` while a client reads models a then b again and again; the (a, b) pairs read."""
-    def value(model: str) -> float:
-        reply = daemon.post_json(f"/v2/models/{model}/infer", json.loads(_x()))
-        assert reply.status == 200, reply.body
-        return float(reply.json()["outputs"][0]["data"][0])
-
     pairs: list[tuple[float, float]] = []
     done = threading.Event()
 
     def read() -> None:
         while not done.is_set():
-            pairs.append((value("a"), value("b")))
+            pairs.append((_value_of(daemon, "a"), _value_of(daemon, "b")))
 
     reader = threading.Thread(target=read)
     reader.start()
@@ -205,8 +206,24 @@ def test_a_release_swaps_in_all_its_models_at_once(start_daemon, tmp_path: Path)
     assert (101.0, 2.0) not in pairs
     assert set(pairs) <= {(2.0, 2.0), (2.0, 101.0), (101.0, 101.0)}
     assert pairs[0] == (2.0, 2.0)
-    assert (daemon.post_ok("/v2/models/a/infer", json.loads(_x()))["outputs"][0]["data"],
-            daemon.post_ok("/v2/models/b/infer", json.loads(_x()))["outputs"][0]["data"]) == ([101.0], [101.0])
+    assert (_value_of(daemon, "a"), _value_of(daemon, "b")) == (101.0, 101.0)
+
+
+def test_a_rollback_swaps_the_previous_release_in_at_once(start_daemon, tmp_path: Path) -> None:
+    """A rollback loads the previous release's models beside the serving ones too: a reads old
+    only once b does (release 1's b takes a second to load)."""
+    config, key = _setup(tmp_path)
+    daemon = start_daemon("--config", str(config))
+    first = _release_of(tmp_path, key, "1", 1, {"a": "y = x + 1", "b": "y = x + 1"}, slow="b")
+    assert _post(daemon, first).status == 200
+    assert _post(daemon, _release_of(tmp_path, key, "2", 2, {"a": "y = x + 100", "b": "y = x + 100"})).status == 200
+
+    reply, pairs = _during(daemon, lambda: daemon.request("POST", "/v1/updates/rollback"))
+    assert reply.status == 200, reply.body  # type: ignore[attr-defined]
+    assert len(pairs) >= 5
+    assert (2.0, 101.0) not in pairs
+    assert pairs[0] == (101.0, 101.0)  # read while release 1's b loaded (a second)
+    assert (_value_of(daemon, "a"), _value_of(daemon, "b")) == (2.0, 2.0)
 
 
 def test_an_ensemble_is_checked_with_the_steps_of_its_release(start_daemon, tmp_path: Path) -> None:

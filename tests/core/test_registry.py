@@ -246,6 +246,49 @@ async def test_failed_reload_keeps_serving_old_version(tmp_path: Path) -> None:
         await registry.close()
 
 
+async def test_staged_models_serve_only_once_published_and_all_together(tmp_path: Path) -> None:
+    python_model(tmp_path / "old", "a", "y = x + 1")
+    python_model(tmp_path / "old", "b", "y = x + 1")
+    python_model(tmp_path / "new", "a", "y = x + 100")
+    python_model(tmp_path / "new", "b", "y = x + 100")
+    python_model(tmp_path / "new", "c", "y = x + 100")
+    registry = registry_for(tmp_path)
+
+    async def value(name: str) -> float:
+        response = await registry.get(name).infer(InferRequest({"X": np.zeros(1, np.float32)}))
+        return float(response.outputs["Y"][0])
+
+    try:
+        for name in ("a", "b"):
+            await registry.load(name, tmp_path / "old" / name)
+        staged = [await registry.stage(name, tmp_path / "new" / name) for name in ("a", "b", "c")]
+        assert [await value("a"), await value("b")] == [1.0, 1.0]  # staged: not serving
+        assert registry.entry("c") is None
+        old = registry.get("a")
+        await registry.publish(staged)
+        assert [await value(name) for name in ("a", "b", "c")] == [100.0, 100.0, 100.0]
+        entry = registry.entry("a")
+        assert entry is not None and entry.loaded_from == entry.path == tmp_path / "new" / "a"
+        with pytest.raises(Unavailable):  # the replaced version was retired
+            await old.infer(InferRequest({"X": np.zeros(1, np.float32)}))
+
+        (tmp_path / "new" / "a" / "1" / "model.py").write_text("raise RuntimeError('bad weights')\n")
+        with pytest.raises(BackendError, match="bad weights"):
+            await registry.stage("a", tmp_path / "new" / "a")
+        assert entry.reason == ""  # a refused release records nothing
+        with pytest.raises(BackendError, match="bad weights"):
+            await registry.stage("a", tmp_path / "new" / "a", record_failure=True)
+        assert entry.state == "READY" and "bad weights" in entry.reason and await value("a") == 100.0
+
+        kept = await registry.stage("b", tmp_path / "old" / "b")
+        await registry.discard([kept])
+        assert await value("b") == 100.0
+        with pytest.raises(Unavailable):
+            await kept.versions[1].infer(InferRequest({"X": np.zeros(1, np.float32)}))
+    finally:
+        await registry.close()
+
+
 async def test_versions_and_unload(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     python_model(repo, "m", "y = x + 1", version=1)
