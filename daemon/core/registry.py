@@ -70,6 +70,8 @@ class Staged:
     versions: dict[int, LoadedVersion] = field(default_factory=dict)
     fingerprint: str = ""
     tried: set[int] = field(default_factory=set)
+    # Whether versions of the model served when it was staged (see `publish`).
+    replacing: bool = False
 
 
 class IndexEntry(msgspec.Struct, omit_defaults=True):
@@ -223,7 +225,8 @@ class ModelRegistry:
         """Load `model_dir` beside the versions serving `name`, without serving it: `publish`
         swaps staged models in, `discard` drops them. Nothing about `name` changes here,
         except with `record_failure` a failure, as `load` records it (the old versions serve on)."""
-        staged = Staged(name, model_dir)
+        entry = self._models.get(name)
+        staged = Staged(name, model_dir, replacing=entry is not None and bool(entry.versions))
         try:
             await self._build(staged, None)
         except EdgedError as exc:
@@ -255,6 +258,11 @@ class ModelRegistry:
             for entry in sorted({id(e): e for e in entries}.values(), key=lambda e: e.name):
                 await held.enter_async_context(entry.lock)
             for entry, one in zip(entries, staged, strict=True):
+                if one.replacing and not entry.versions:
+                    # Unloaded since it was staged (an idle on-demand model, an explicit
+                    # unload): it stays unloaded, as it would have after a reload.
+                    old += one.versions.values()
+                    continue
                 old += self._swap(entry, one)
         await self._retire(old)
 

@@ -280,6 +280,15 @@ async def test_staged_models_serve_only_once_published_and_all_together(tmp_path
             await registry.stage("a", tmp_path / "new" / "a", record_failure=True)
         assert entry.state == "READY" and "bad weights" in entry.reason and await value("a") == 100.0
 
+        # Unloaded while staged (an on-demand model idling out): publishing leaves it unloaded.
+        restaged = await registry.stage("b", tmp_path / "old" / "b")
+        await registry.unload("b")
+        await registry.publish([restaged])
+        assert not registry.is_ready("b")
+        with pytest.raises(Unavailable):  # the staged copy was dropped
+            await restaged.versions[1].infer(InferRequest({"X": np.zeros(1, np.float32)}))
+        await registry.load("b", tmp_path / "new" / "b")
+
         kept = await registry.stage("b", tmp_path / "old" / "b")
         await registry.discard([kept])
         assert await value("b") == 100.0
