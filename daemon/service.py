@@ -111,7 +111,7 @@ class Service:
         control_lock = asyncio.Lock()
         releases = ReleaseManager(
             store, trusted_keys_dir(config), registry, repository, plugins, control_lock,
-            keep=config.updates.keep_releases,
+            keep=config.updates.keep_releases, residency=residency,
         )
         releases.point_at(release)
         service = cls(

@@ -54,6 +54,9 @@ class ModelEntry:
     # them that is not loaded is "not at ready state" (503), any other is "not found" (404).
     tried: set[int] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Counts the changes of `versions` (loads, unloads, swaps): an update's staged copy, planned
+    # at one count, is swapped in only if it is still the count (see `publish`).
+    generation: int = 0
 
     @property
     def unloaded(self) -> bool:
@@ -70,8 +73,8 @@ class Staged:
     versions: dict[int, LoadedVersion] = field(default_factory=dict)
     fingerprint: str = ""
     tried: set[int] = field(default_factory=set)
-    # Whether versions of the model served when it was staged (see `publish`).
-    replacing: bool = False
+    # The entry's generation when the switch was planned (see `publish`).
+    generation: int = 0
 
 
 class IndexEntry(msgspec.Struct, omit_defaults=True):
@@ -118,11 +121,14 @@ class ModelRegistry:
     def _step_model(self, name: str, version: str | None) -> LoadedVersion:
         view = self._staged_steps.get()
         staged = view.get(name) if view is not None else None
-        if staged is not None and version in (None, "", "-1") and staged.versions:
+        if staged is None:
+            return self.get(name, version)
+        # A staged model answers alone for its name: a version the release lacks is missing.
+        if version in (None, "", "-1"):
             return staged.versions[max(staged.versions)]
-        if staged is not None and version is not None and version.isdigit() and int(version) in staged.versions:
+        if version is not None and version.isdigit() and int(version) in staged.versions:
             return staged.versions[int(version)]
-        return self.get(name, version)
+        raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
 
     # ------------------------------------------------------------------ queries
     def entry(self, name: str) -> ModelEntry | None:
@@ -221,12 +227,18 @@ class ModelRegistry:
             old = self._swap(entry, staged)
         await self._retire(old)
 
-    async def stage(self, name: str, model_dir: Path, *, record_failure: bool = False) -> Staged:
-        """Load `model_dir` beside the versions serving `name`, without serving it: `publish`
-        swaps staged models in, `discard` drops them. Nothing about `name` changes here,
-        except with `record_failure` a failure, as `load` records it (the old versions serve on)."""
+    def generation(self, name: str) -> int:
         entry = self._models.get(name)
-        staged = Staged(name, model_dir, replacing=entry is not None and bool(entry.versions))
+        return entry.generation if entry is not None else 0
+
+    async def stage(
+        self, name: str, model_dir: Path, generation: int, *, record_failure: bool = False
+    ) -> Staged:
+        """Load `model_dir` beside the versions serving `name`, without serving it: `publish`
+        swaps staged models in, `discard` drops them. `generation`: `self.generation(name)`
+        when the caller decided to load it. Nothing about `name` changes here, except with
+        `record_failure` a failure, as `load` records it (the old versions serve on)."""
+        staged = Staged(name, model_dir, generation=generation)
         try:
             await self._build(staged, None)
         except EdgedError as exc:
@@ -252,19 +264,26 @@ class ModelRegistry:
         """Swap every staged model in at once (no await between the swaps: no request sees some
         of them new and some old), then drain and unload the versions they replace."""
         entries = [self.note_unknown(s.name, s.path) for s in staged]
+        try:
+            # No load or unload of them half-way: wait until none holds its entry's lock (one
+            # at a time, never holding one while waiting for another: a model's initialize
+            # may load another). From the check to the swaps nothing awaits.
+            while busy := next((e.lock for e in entries if e.lock.locked()), None):
+                async with busy:
+                    pass
+        except BaseException:  # cancelled: nothing swapped, nothing may stay loaded
+            await self.discard(staged)
+            raise
         old: list[LoadedVersion] = []
-        async with contextlib.AsyncExitStack() as held:
-            # Each entry's lock, in one order: a load of one of them waits for the swap.
-            for entry in sorted({id(e): e for e in entries}.values(), key=lambda e: e.name):
-                await held.enter_async_context(entry.lock)
-            for entry, one in zip(entries, staged, strict=True):
-                if one.replacing and not entry.versions:
-                    # Unloaded since it was staged (an idle on-demand model, an explicit
-                    # unload): it stays unloaded, as it would have after a reload.
-                    old += one.versions.values()
-                    continue
-                old += self._swap(entry, one)
-        await self._retire(old)
+        for entry, one in zip(entries, staged, strict=True):
+            if entry.generation != one.generation:
+                # Loaded or unloaded since the switch was planned (a request loading an
+                # on-demand model, an idle unload, an explicit load or unload): that stands.
+                old += one.versions.values()
+                continue
+            old += self._swap(entry, one)
+        # Together: each waits for its own requests, within the one drain timeout.
+        await asyncio.gather(*(version.retire(self.drain_timeout) for version in old))
 
     async def discard(self, staged: Iterable[Staged]) -> None:
         await self._retire(v for one in list(staged) for v in one.versions.values())
@@ -309,6 +328,7 @@ class ModelRegistry:
         """Make `staged` the entry's serving versions; returns the versions it replaced."""
         old = list(entry.versions.values())
         entry.versions = staged.versions
+        entry.generation += 1
         entry.state = "READY"
         entry.reason = ""
         entry.fingerprint = staged.fingerprint
@@ -333,6 +353,7 @@ class ModelRegistry:
             old = entry.versions
             entry.state = "UNLOADING"
             entry.versions = {}
+            entry.generation += 1
             await self._retire(old.values())
             entry.state = "UNAVAILABLE"
             entry.reason = "unloaded"

@@ -30,6 +30,7 @@ from daemon.core.layout import scan_repository
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import LoadedVersion, ModelRegistry, Staged
 from daemon.core.repository import RepositoryManager
+from daemon.core.residency import Residency
 from daemon.errors import EdgedError
 from daemon.model_config import ModelConfig
 from daemon.updates.errors import HealthCheckFailed, StoreBusy
@@ -72,8 +73,11 @@ class ReleaseManager:
         lock: asyncio.Lock,
         *,
         keep: int = 3,
+        residency: Residency | None = None,
     ) -> None:
         self.store = store
+        # Makes room in the memory budget for an on-demand model the check loads.
+        self.residency = residency
         self.trusted_keys = trusted_keys
         self.registry = registry
         self.repository = repository
@@ -138,9 +142,14 @@ class ReleaseManager:
         once. With `check`, the release's models must load and answer a warm-up request
         first (HealthCheckFailed, nothing swapped, otherwise). Returns how many models the
         release has, and the names of those checked."""
+        searched = list(self.repository.repositories), list(self.plugins.directories)
         self.point_at(release)
-        scanned = await asyncio.to_thread(self.plugins.scan)
-        plan = await self.repository.plan()
+        try:
+            scanned = await asyncio.to_thread(self.plugins.scan)
+            plan = await self.repository.plan()
+        except BaseException:
+            await self._search_again(*searched)
+            raise
         models = release / "models" if release is not None else None
         ours = {name: path for name, path in plan.found.items() if path.parent == models}
         # In explicit mode a model neither loaded nor in the startup set stays unloaded (and
@@ -151,26 +160,47 @@ class ReleaseManager:
             log.info("backend plugin %s %s; reloading its models", plugin,
                      "discovered" if plugin in scanned.added else "changed")
             targets.update((n, plan.found[n]) for n in self.registry.running_on(plugin) if n in plan.found)
+        # What each target's entry held when it was chosen: a load or unload since stands.
+        generations = {name: self.registry.generation(name) for name in targets}
         staged: dict[str, Staged] = {}
         try:
-            for name, path in sorted(targets.items()):
-                refusing = check and name in ours
-                try:
-                    # A failure is recorded (old versions kept, the reason in the index, as a
-                    # rescan does) unless it refuses the release, which then changes nothing.
-                    staged[name] = await self.registry.stage(name, path, record_failure=not refusing)
-                except EdgedError as exc:
-                    if refusing:
-                        raise _not_loaded(name, exc.message) from exc
+            # Staged within the view of each other: an ensemble's cycle check at its load and
+            # its warm-up see the release's own steps.
             with self.registry.resolving_staged(staged):
+                # One at a time: a small box holds the old release and one more load, and an
+                # ensemble's cycle check sees the steps staged before it.
+                for name, path in sorted(targets.items()):
+                    refusing = check and name in ours
+                    try:
+                        # A failure is recorded (old versions kept, the reason in the index, as
+                        # a rescan does) unless it refuses the release, which changes nothing.
+                        staged[name] = await self.registry.stage(
+                            name, path, generations[name], record_failure=not refusing
+                        )
+                    except EdgedError as exc:
+                        if refusing:
+                            raise _not_loaded(name, exc.message) from exc
+                    except Exception:
+                        if refusing:
+                            raise
+                        log.exception("model %s: unexpected load failure", name)
                 for name in checked:
                     await self._check(name, ours[name], staged.get(name))
         except BaseException:
             await self.registry.discard(staged.values())
+            # Until the caller switches back, the poller and explicit loads find the release
+            # they were at, not the refused one.
+            await self._search_again(*searched)
             raise
         await self.registry.publish(list(staged.values()))
-        await self.repository.settle(plan)
+        # A target that failed to load keeps its old versions: not loaded again there.
+        await self.repository.settle(plan, skip=set(targets))
         return len(ours), checked
+
+    async def _search_again(self, repositories: list[Path], plugin_dirs: list[Path]) -> None:
+        self.repository.repositories = repositories
+        self.plugins.directories = plugin_dirs
+        await asyncio.to_thread(self.plugins.scan)
 
     async def _check(self, name: str, path: Path, staged: Staged | None) -> None:
         """Warm up the release's model `name` as loaded from `path`."""
@@ -182,15 +212,17 @@ class ReleaseManager:
             await self._warm_up(name, self.registry.get(name))
             return
         # Not loaded, and left to the request that needs it (load: on-demand): loaded here as
-        # that request would, one at a time, and dropped again after its warm-up.
-        try:
-            probe = await self.registry.stage(name, path)
-        except EdgedError as exc:
-            raise _not_loaded(name, exc.message) from exc
-        try:
-            await self._warm_up(name, probe.versions[max(probe.versions)])
-        finally:
-            await self.registry.discard([probe])
+        # that request would (room made in the memory budget), and dropped after its warm-up.
+        room = self.residency.room_for(name, path) if self.residency is not None else contextlib.nullcontext()
+        async with room:
+            try:
+                probe = await self.registry.stage(name, path, self.registry.generation(name))
+            except EdgedError as exc:
+                raise _not_loaded(name, exc.message) from exc
+            try:
+                await self._warm_up(name, probe.versions[max(probe.versions)])
+            finally:
+                await self.registry.discard([probe])
 
     async def _warm_up(self, name: str, model: LoadedVersion) -> None:
         try:

@@ -127,15 +127,15 @@ class RepositoryManager:
                 to_load[name] = path
         return Rescan(models, to_load)
 
-    async def settle(self, plan: Rescan) -> None:
-        """After an update published a release's models (loaded per `plan`): every model's
-        directory is the new one; one loaded from an old one meanwhile (a request loading an
-        on-demand model while the release was checked) moves at once; models no repository
-        holds go."""
+    async def settle(self, plan: Rescan, skip: set[str]) -> None:
+        """After an update published a release's models (loaded per `plan`; `skip`: the names
+        it tried): every model's directory is the new one; one loaded from an old one
+        meanwhile (a request loading an on-demand model while the release was checked) moves
+        at once; models no repository holds go."""
         moved: dict[str, Path] = {}
         for name, path in plan.found.items():
             entry = self.registry.note_unknown(name, path)
-            if entry.versions and entry.loaded_from not in (None, path) and self.follows(name):
+            if entry.versions and entry.loaded_from not in (None, path) and self.follows(name) and name not in skip:
                 moved[name] = path
         await self._load_many(moved)
         await self.drop_removed(plan)

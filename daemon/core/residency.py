@@ -30,7 +30,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
@@ -454,6 +454,15 @@ class Residency:
                     resident.state = "unloading"
                     await self._unload(resident, "keep_alive 0")
         return True
+
+    @contextlib.asynccontextmanager
+    async def room_for(self, name: str, path: Path) -> AsyncIterator[None]:
+        """Room in the budget for a copy of `name` loaded from `path` that residency does not
+        keep (an update's check of an on-demand model): idle models are evicted as for a load,
+        and no load runs meanwhile (the RSS it measures would count the copy)."""
+        async with self._lock:
+            await self._make_room(name, await asyncio.to_thread(_estimate, path, None, self.factors))
+            yield
 
     # ------------------------------------------------------------------ loading
 

@@ -50,14 +50,15 @@ def _hash_stream(stream: IO[bytes]) -> tuple[str, int]:
 
 
 def _empty_directories(src_dir: Path) -> list[str]:
-    """The payload paths of the directories under src_dir/{models,configs,plugins}/<entry> that
-    hold nothing (an ensemble's version directory); call after `_source_files` checked the tree."""
+    """The payload paths of the directories inside src_dir/{models,configs,plugins}/<entry>
+    that hold nothing (an ensemble's version directory); call after `_source_files` checked
+    the tree. An empty <entry> itself ships nothing, as before: it would delete the live one."""
     found: list[str] = []
     for category in sorted(p for p in src_dir.iterdir() if p.is_dir()):
         for dirpath, dirnames, filenames in os.walk(category):
             dirnames.sort()
             path = Path(dirpath)
-            if path != category and not dirnames and not filenames:
+            if path.parent != category and path != category and not dirnames and not filenames:
                 found.append(path.relative_to(src_dir).as_posix())
     return found
 

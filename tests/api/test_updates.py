@@ -160,11 +160,15 @@ def _value_of(daemon, model: str) -> float:
 def _during(daemon, post: Callable[[], object]) -> tuple[object, list[tuple[float, float]]]:
     """Run `post` while a client reads models a then b again and again; the (a, b) pairs read."""
     pairs: list[tuple[float, float]] = []
+    failed: list[BaseException] = []
     done = threading.Event()
 
     def read() -> None:
-        while not done.is_set():
-            pairs.append((_value_of(daemon, "a"), _value_of(daemon, "b")))
+        try:
+            while not done.is_set():
+                pairs.append((_value_of(daemon, "a"), _value_of(daemon, "b")))
+        except BaseException as exc:  # a request that failed across the swap fails the test
+            failed.append(exc)
 
     reader = threading.Thread(target=read)
     reader.start()
@@ -173,6 +177,8 @@ def _during(daemon, post: Callable[[], object]) -> tuple[object, list[tuple[floa
     finally:
         done.set()
         reader.join()
+    if failed:
+        raise failed[0]
     return reply, pairs
 
 
@@ -567,7 +573,7 @@ def test_a_generation_model_is_checked_staged_and_swapped(start_daemon, tmp_path
     lines = [stream.readline()]
     while not lines[-1].startswith(b"data: {"):
         lines.append(stream.readline())
-    # Read on while the update runs: its swap waits for this generation to end.
+    # Read on while the update runs: the swap's retire of release 1 waits for this generation.
     reader = threading.Thread(target=lambda: lines.extend(stream.read().splitlines()))
     reader.start()
     reply = _post(daemon, release("2", 2, seed=2))

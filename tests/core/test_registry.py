@@ -261,7 +261,7 @@ async def test_staged_models_serve_only_once_published_and_all_together(tmp_path
     try:
         for name in ("a", "b"):
             await registry.load(name, tmp_path / "old" / name)
-        staged = [await registry.stage(name, tmp_path / "new" / name) for name in ("a", "b", "c")]
+        staged = [await registry.stage(name, tmp_path / "new" / name, registry.generation(name)) for name in ("a", "b", "c")]
         assert [await value("a"), await value("b")] == [1.0, 1.0]  # staged: not serving
         assert registry.entry("c") is None
         old = registry.get("a")
@@ -274,26 +274,64 @@ async def test_staged_models_serve_only_once_published_and_all_together(tmp_path
 
         (tmp_path / "new" / "a" / "1" / "model.py").write_text("raise RuntimeError('bad weights')\n")
         with pytest.raises(BackendError, match="bad weights"):
-            await registry.stage("a", tmp_path / "new" / "a")
+            await registry.stage("a", tmp_path / "new" / "a", registry.generation("a"))
         assert entry.reason == ""  # a refused release records nothing
         with pytest.raises(BackendError, match="bad weights"):
-            await registry.stage("a", tmp_path / "new" / "a", record_failure=True)
+            await registry.stage("a", tmp_path / "new" / "a", registry.generation("a"), record_failure=True)
         assert entry.state == "READY" and "bad weights" in entry.reason and await value("a") == 100.0
 
-        # Unloaded while staged (an on-demand model idling out): publishing leaves it unloaded.
-        restaged = await registry.stage("b", tmp_path / "old" / "b")
+        # Unloaded after the switch chose it (an on-demand model idling out): it stays so.
+        chosen = registry.generation("b")
         await registry.unload("b")
+        restaged = await registry.stage("b", tmp_path / "old" / "b", chosen)
         await registry.publish([restaged])
         assert not registry.is_ready("b")
         with pytest.raises(Unavailable):  # the staged copy was dropped
             await restaged.versions[1].infer(InferRequest({"X": np.zeros(1, np.float32)}))
+        # Loaded after it was chosen (a request loading an on-demand model): that load stands.
+        chosen = registry.generation("b")
+        restaged = await registry.stage("b", tmp_path / "old" / "b", chosen)
         await registry.load("b", tmp_path / "new" / "b")
+        await registry.publish([restaged])
+        assert await value("b") == 100.0
 
-        kept = await registry.stage("b", tmp_path / "old" / "b")
+        kept = await registry.stage("b", tmp_path / "old" / "b", registry.generation("b"))
         await registry.discard([kept])
         assert await value("b") == 100.0
         with pytest.raises(Unavailable):
             await kept.versions[1].infer(InferRequest({"X": np.zeros(1, np.float32)}))
+    finally:
+        await registry.close()
+
+
+async def test_a_publish_waits_for_a_load_under_way_and_a_cancelled_one_drops_its_copies(tmp_path: Path) -> None:
+    python_model(tmp_path / "old", "a", "y = x + 1")
+    python_model(tmp_path / "new", "a", "y = x + 100")
+    registry = registry_for(tmp_path)
+    x = InferRequest({"X": np.zeros(1, np.float32)})
+    try:
+        await registry.load("a", tmp_path / "old" / "a")
+        entry = registry.entry("a")
+        assert entry is not None
+        staged = await registry.stage("a", tmp_path / "new" / "a", registry.generation("a"))
+        async with entry.lock:  # a load of "a" under way
+            publishing = asyncio.create_task(registry.publish([staged]))
+            await asyncio.sleep(0.05)
+            assert not publishing.done()
+            publishing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await publishing
+        assert (await registry.get("a").infer(x)).outputs["Y"].tolist() == [1.0]
+        with pytest.raises(Unavailable):  # the staged copy was dropped, not left loaded
+            await staged.versions[1].infer(x)
+
+        staged = await registry.stage("a", tmp_path / "new" / "a", registry.generation("a"))
+        async with entry.lock:
+            publishing = asyncio.create_task(registry.publish([staged]))
+            await asyncio.sleep(0.05)
+            assert (await registry.get("a").infer(x)).outputs["Y"].tolist() == [1.0]
+        await publishing  # swapped once the lock was let go
+        assert (await registry.get("a").infer(x)).outputs["Y"].tolist() == [100.0]
     finally:
         await registry.close()
 

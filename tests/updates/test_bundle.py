@@ -318,6 +318,7 @@ def test_empty_directories_travel_in_the_manifest(signing_key: Path, trusted_key
     (src / "models" / "pipe" / "1").mkdir(parents=True)
     (src / "models" / "pipe" / "config.pbtxt").write_bytes(b'platform: "ensemble"\n')
     (src / "models" / "blank" / "2" / "empty").mkdir(parents=True)
+    (src / "models" / "nothing").mkdir()  # an empty entry ships nothing (it would delete the live one)
     bundle = tmp_path / "b.edgebundle"
     created = create_bundle(src, bundle, signing_key, 1, "1.0.0")
     manifest = verify_bundle(bundle, trusted_keys)
