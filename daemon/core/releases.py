@@ -161,7 +161,7 @@ class ReleaseManager:
                      "discovered" if plugin in scanned.added else "changed")
             targets.update((n, plan.found[n]) for n in self.registry.running_on(plugin) if n in plan.found)
         # What each target's entry held when it was chosen: a load or unload since stands.
-        generations = {name: self.registry.generation(name) for name in targets}
+        generations = {name: plan.generations.get(name, self.registry.generation(name)) for name in targets}
         staged: dict[str, Staged] = {}
         try:
             # Staged within the view of each other: an ensemble's cycle check at its load and
@@ -194,7 +194,7 @@ class ReleaseManager:
             raise
         await self.registry.publish(list(staged.values()))
         # A target that failed to load keeps its old versions: not loaded again there.
-        await self.repository.settle(plan, skip=set(targets))
+        await self.repository.settle(plan, skip=set(targets) - set(staged))
         return len(ours), checked
 
     async def _search_again(self, repositories: list[Path], plugin_dirs: list[Path]) -> None:

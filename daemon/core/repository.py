@@ -15,7 +15,7 @@ import contextlib
 import logging
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from daemon.config import ControlMode
@@ -32,6 +32,8 @@ class Rescan:
 
     found: dict[str, Path]
     to_load: dict[str, Path]
+    # Each entry's generation when it was chosen to load (ModelRegistry.generation).
+    generations: dict[str, int] = field(default_factory=dict)
 
 
 class RepositoryManager:
@@ -110,26 +112,29 @@ class RepositoryManager:
         """What a rescan would do now; changes nothing."""
         models = await asyncio.to_thread(self.scan)
         to_load: dict[str, Path] = {}
+        generations: dict[str, int] = {}
         for name, path in models.items():
             entry = self.registry.entry(name)
+            # Read with what decides (before any await): see ModelRegistry.publish.
+            generation = entry.generation if entry is not None else 0
             if entry is None or entry.path != path:
                 loaded = entry is not None and bool(entry.versions)
                 # An on-demand model loads when a request needs it, but one loaded now (from
                 # the release an update replaces) moves to the new directory at once.
                 if self.follows(name) and (loaded or not await self._on_demand(name, path)):
-                    to_load[name] = path
+                    to_load[name], generations[name] = path, generation
                 continue
             if not entry.versions and (self.mode == "explicit" or await self._on_demand(name, path)):
                 continue
             if entry.unloaded:
                 continue
             if await asyncio.to_thread(layout.fingerprint, path) != entry.fingerprint:
-                to_load[name] = path
-        return Rescan(models, to_load)
+                to_load[name], generations[name] = path, generation
+        return Rescan(models, to_load, generations)
 
     async def settle(self, plan: Rescan, skip: set[str]) -> None:
-        """After an update published a release's models (loaded per `plan`; `skip`: the names
-        it tried): every model's directory is the new one; one loaded from an old one
+        """After an update published a release's models (loaded per `plan`; `skip`: those
+        that failed to load, which keep their old versions): every model's directory is the new one; one loaded from an old one
         meanwhile (a request loading an on-demand model while the release was checked) moves
         at once; models no repository holds go."""
         moved: dict[str, Path] = {}
