@@ -134,9 +134,9 @@ class RepositoryManager:
 
     async def settle(self, plan: Rescan, skip: set[str]) -> None:
         """After an update published a release's models (loaded per `plan`; `skip`: those
-        that failed to load, which keep their old versions): every model's directory is the new one; one loaded from an old one
-        meanwhile (a request loading an on-demand model while the release was checked) moves
-        at once; models no repository holds go."""
+        that failed to load, which keep their old versions): every model's directory is the
+        new one; one loaded from an old one meanwhile (a request loading an on-demand model
+        while the release was checked) moves at once; models no repository holds go."""
         moved: dict[str, Path] = {}
         for name, path in plan.found.items():
             entry = self.registry.note_unknown(name, path)

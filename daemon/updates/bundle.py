@@ -49,23 +49,12 @@ def _hash_stream(stream: IO[bytes]) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def _empty_directories(src_dir: Path) -> list[str]:
-    """The payload paths of the directories inside src_dir/{models,configs,plugins}/<entry>
-    that hold nothing (an ensemble's version directory); call after `_source_files` checked
-    the tree. An empty <entry> itself ships nothing, as before: it would delete the live one."""
-    found: list[str] = []
-    for category in sorted(p for p in src_dir.iterdir() if p.is_dir()):
-        for dirpath, dirnames, filenames in os.walk(category):
-            dirnames.sort()
-            path = Path(dirpath)
-            if path.parent != category and path != category and not dirnames and not filenames:
-                found.append(path.relative_to(src_dir).as_posix())
-    return found
-
-
-def _source_files(src_dir: Path) -> list[tuple[str, Path]]:
-    """(payload path, file) for every file under src_dir/{models,configs,plugins}."""
+def _source_files(src_dir: Path) -> tuple[list[tuple[str, Path]], list[str]]:
+    """(payload path, file) for every file under src_dir/{models,configs,plugins}, and the
+    payload paths of the directories inside an entry there that hold nothing (an ensemble's
+    version directory). An empty entry itself ships nothing: it would delete the live one."""
     found: list[tuple[str, Path]] = []
+    empty: list[str] = []
     for entry in sorted(src_dir.iterdir()):
         if entry.name not in CATEGORIES:
             raise UpdateError(f"{entry} is not models/, configs/ or plugins/; a bundle holds "
@@ -74,6 +63,8 @@ def _source_files(src_dir: Path) -> list[tuple[str, Path]]:
             raise UpdateError(f"{entry} must be a directory")
         for dirpath, dirnames, filenames in os.walk(entry):
             dirnames.sort()
+            if not dirnames and not filenames and Path(dirpath).parent not in (src_dir, entry):
+                empty.append(Path(dirpath).relative_to(src_dir).as_posix())
             for name in [*dirnames, *sorted(filenames)]:
                 path = Path(dirpath, name)
                 if path.is_symlink():
@@ -82,7 +73,7 @@ def _source_files(src_dir: Path) -> list[tuple[str, Path]]:
                     if not path.is_file():
                         raise UpdateError(f"{path} is not a regular file")
                     found.append((path.relative_to(src_dir).as_posix(), path))
-    return found
+    return found, empty
 
 
 class _Hashing(io.RawIOBase):
@@ -130,7 +121,7 @@ def create_bundle(
     """
     src_dir, out_path = Path(src_dir), Path(out_path)
     key = load_private_key(private_key_path)
-    sources = _source_files(src_dir)
+    sources, directories = _source_files(src_dir)
     replaces: dict[str, set[str]] = {c: set() for c in CATEGORIES}
     files: list[BundleFile] = []
     for rel, path in sources:
@@ -139,7 +130,6 @@ def create_bundle(
         with path.open("rb") as f:
             sha, size = _hash_stream(f)
         files.append(BundleFile(path=rel, sha256=sha, size=size, kind=KIND_OF_CATEGORY[category]))
-    directories = _empty_directories(src_dir)
     for directory in directories:
         category, name = split_path(directory)
         replaces[category].add(name)

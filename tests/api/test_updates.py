@@ -51,8 +51,8 @@ def _setup(tmp_path: Path, inbox: Path | None = None) -> tuple[Path, Path]:
     return config, private
 
 
-def _value(daemon) -> float:
-    reply = daemon.post_json("/v2/models/m/infer", json.loads(_x()))
+def _value(daemon, model: str = "m") -> float:
+    reply = daemon.post_json(f"/v2/models/{model}/infer", json.loads(_x()))
     assert reply.status == 200, reply.body
     return float(reply.json()["outputs"][0]["data"][0])
 
@@ -151,12 +151,6 @@ def _release_of(tmp: Path, key: Path, name: str, sequence: int, bodies: dict[str
     return out
 
 
-def _value_of(daemon, model: str) -> float:
-    reply = daemon.post_json(f"/v2/models/{model}/infer", json.loads(_x()))
-    assert reply.status == 200, reply.body
-    return float(reply.json()["outputs"][0]["data"][0])
-
-
 def _during(daemon, post: Callable[[], object]) -> tuple[object, list[tuple[float, float]]]:
     """Run `post` while a client reads models a then b again and again; the (a, b) pairs read."""
     pairs: list[tuple[float, float]] = []
@@ -166,7 +160,7 @@ def _during(daemon, post: Callable[[], object]) -> tuple[object, list[tuple[floa
     def read() -> None:
         try:
             while not done.is_set():
-                pairs.append((_value_of(daemon, "a"), _value_of(daemon, "b")))
+                pairs.append((_value(daemon, "a"), _value(daemon, "b")))
         except BaseException as exc:  # a request that failed across the swap fails the test
             failed.append(exc)
 
@@ -212,7 +206,7 @@ def test_a_release_swaps_in_all_its_models_at_once(start_daemon, tmp_path: Path)
     assert (101.0, 2.0) not in pairs
     assert set(pairs) <= {(2.0, 2.0), (2.0, 101.0), (101.0, 101.0)}
     assert pairs[0] == (2.0, 2.0)
-    assert (_value_of(daemon, "a"), _value_of(daemon, "b")) == (101.0, 101.0)
+    assert (_value(daemon, "a"), _value(daemon, "b")) == (101.0, 101.0)
 
 
 def test_a_rollback_swaps_the_previous_release_in_at_once(start_daemon, tmp_path: Path) -> None:
@@ -229,7 +223,7 @@ def test_a_rollback_swaps_the_previous_release_in_at_once(start_daemon, tmp_path
     assert len(pairs) >= 5
     assert (2.0, 101.0) not in pairs
     assert pairs[0] == (101.0, 101.0)  # read while release 1's b loaded (a second)
-    assert (_value_of(daemon, "a"), _value_of(daemon, "b")) == (2.0, 2.0)
+    assert (_value(daemon, "a"), _value(daemon, "b")) == (2.0, 2.0)
 
 
 def test_an_ensemble_is_checked_with_the_steps_of_its_release(start_daemon, tmp_path: Path) -> None:
@@ -257,14 +251,11 @@ def test_an_ensemble_is_checked_with_the_steps_of_its_release(start_daemon, tmp_
         create_bundle(src, out, key, sequence, name)
         return out
 
-    def pipe() -> float:
-        return float(daemon.post_ok("/v2/models/pipe/infer", json.loads(_x()))["outputs"][0]["data"][0])
-
     assert _post(daemon, release("1", 1, "X", "y = x + 1")).status == 200
-    assert pipe() == 2.0
+    assert _value(daemon, "pipe") == 2.0
     reply = _post(daemon, release("2", 2, "X2", "y = x + 100"))
     assert reply.status == 200, reply.body
-    assert pipe() == 101.0
+    assert _value(daemon, "pipe") == 101.0
     # A bundle of the step alone: the ensemble, its empty version directory with it, is carried over.
     src = tmp_path / "src-3"
     step = python_model(src / "models", "step", "y = x + 1000")
@@ -273,7 +264,7 @@ def test_an_ensemble_is_checked_with_the_steps_of_its_release(start_daemon, tmp_
     create_bundle(src, tmp_path / "3.edgebundle", key, 3, "3")
     reply = _post(daemon, tmp_path / "3.edgebundle")
     assert reply.status == 200, reply.body
-    assert pipe() == 1001.0
+    assert _value(daemon, "pipe") == 1001.0
 
 
 def test_explicit_mode_updates_the_loaded_models_and_checks_them(start_daemon, tmp_path: Path) -> None:
