@@ -129,6 +129,8 @@ class Service:
         # Models that load others (pb_utils.load_model) go through the repository, as long as
         # the service accepts work.
         registry.loader.control = ModelControlHook(repository, lambda: service.accepting)
+        # Ensembles hold their step models for each request, loading on-demand ones.
+        registry.lease = service.hold
         if config.server.response_cache_size:
             cache = ResponseCache(parse_memory_size(config.server.response_cache_size))
             metrics.register(cache.families)

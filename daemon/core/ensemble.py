@@ -5,6 +5,10 @@ name) and its outputs back (`output_map`: step name -> ensemble name). Steps who
 available run concurrently, wave by wave; every step goes through the step model's own
 scheduler, so batching still happens per model. Errors name the failing step.
 
+As in Triton, a request takes its step models when it starts and holds them until it ends
+(on-demand ones loaded first): a swap meanwhile changes no step of it, and retires the versions
+it replaced only after it.
+
 The runner is the ensemble's scheduler: the ensemble's loaded version submits to it like any
 tensor model submits to its dynamic batcher.
 """
@@ -14,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from daemon.backend import InferRequest, InferResponse
 from daemon.core.model import LoadedVersion
@@ -26,14 +31,30 @@ from daemon.model_config import EnsembleStep, ModelConfig
 Resolver = Callable[[str, "str | None"], LoadedVersion]
 
 
+class Releasable(Protocol):
+    """A hold on a model (daemon.core.residency's Lease) that its holder lets go."""
+
+    def release(self) -> None: ...
+
+
+# Model name -> a hold on it for one request, loading it first if it is on-demand (None:
+# nothing to hold); see ModelRegistry.lease_step.
+Leaser = Callable[[str], Awaitable["Releasable | None"]]
+
+
 class EnsembleRunner:
-    def __init__(self, resolve: Resolver, name: str, config: ModelConfig, stats: ModelStats) -> None:
+    def __init__(self, resolve: Resolver, lease: Leaser, name: str, config: ModelConfig, stats: ModelStats) -> None:
         self.resolve = resolve
+        self.lease = lease
         self.name = name
         self.config = config
         self.stats = stats
         assert config.ensemble_scheduling is not None
         self.steps = config.ensemble_scheduling.step
+        # Each step model once, with the first step that uses it (errors name that step).
+        self._models: dict[str, tuple[int, EnsembleStep]] = {}
+        for index, step in enumerate(self.steps):
+            self._models.setdefault(step.model_name, (index, step))
         self._check_graph()
         self._check_cycle()
         self._stopped = False
@@ -83,7 +104,31 @@ class EnsembleRunner:
             if config.ensemble_scheduling is not None:
                 pending.extend(step.model_name for step in config.ensemble_scheduling.step)
 
-    async def _run_step(self, index: int, step: EnsembleStep, tensors: dict[str, object], parent: InferRequest) -> dict[str, object]:
+    def _named(self, index: int, step: EnsembleStep, exc: EdgedError) -> EdgedError:
+        return type(exc)(f"ensemble '{self.name}' step {index} (model '{step.model_name}'): {exc.message}")
+
+    async def _hold(self, held: list[Releasable]) -> list[LoadedVersion]:
+        """Lease every step model into `held`, then resolve each step's version (see the module)."""
+        for index, step in self._models.values():
+            try:
+                lease = await self.lease(step.model_name)
+            except EdgedError as exc:
+                raise self._named(index, step, exc) from exc
+            if lease is not None:
+                held.append(lease)
+        # One step with no await from the first to the last: no swap between them.
+        models: list[LoadedVersion] = []
+        for index, step in enumerate(self.steps):
+            version = None if step.model_version < 0 else str(step.model_version)
+            try:
+                models.append(self.resolve(step.model_name, version))
+            except EdgedError as exc:
+                raise self._named(index, step, exc) from exc
+        return models
+
+    async def _run_step(
+        self, index: int, step: EnsembleStep, model: LoadedVersion, tensors: dict[str, object], parent: InferRequest
+    ) -> dict[str, object]:
         inputs = {inner: tensors[outer] for inner, outer in step.input_map.items()}
         request = InferRequest(
             inputs=inputs,  # type: ignore[arg-type]
@@ -94,14 +139,10 @@ class EnsembleRunner:
             priority=parent.priority,
             timeout_us=parent.timeout_us,
         )
-        version = None if step.model_version < 0 else str(step.model_version)
         try:
-            response = await self.resolve(step.model_name, version).infer(request)
+            response = await model.infer(request)
         except EdgedError as exc:
-            error = type(exc)(
-                f"ensemble '{self.name}' step {index} (model '{step.model_name}'): {exc.message}"
-            )
-            raise error from exc
+            raise self._named(index, step, exc) from exc
         produced: dict[str, object] = {}
         for inner, outer in step.output_map.items():
             if inner not in response.outputs:
@@ -142,16 +183,28 @@ class EnsembleRunner:
         started = time.monotonic_ns()
         tensors: dict[str, object] = dict(request.inputs)
         remaining = list(enumerate(self.steps))
+        held: list[Releasable] = []
+        models: list[LoadedVersion] = []
         try:
+            models = await self._hold(held)
+            for model in models:
+                model.enter()
             while remaining:
                 ready = [(i, s) for i, s in remaining if set(s.input_map.values()) <= tensors.keys()]
-                results = await asyncio.gather(*(self._run_step(i, s, tensors, request) for i, s in ready))
+                results = await asyncio.gather(
+                    *(self._run_step(i, s, models[i], tensors, request) for i, s in ready)
+                )
                 for produced in results:
                     tensors.update(produced)
                 remaining = [(i, s) for i, s in remaining if (i, s) not in ready]
         except EdgedError:
             self.stats.record_failure(time.monotonic_ns() - started)
             raise
+        finally:
+            for model in models:
+                model.leave()
+            for lease in held:
+                lease.release()
         wanted = request.requested_outputs or tuple(t.name for t in self.config.output)
         outputs = {name: tensors[name] for name in wanted if name in tensors}
         self.stats.record_success(time.monotonic_ns() - started, request.batch_size())

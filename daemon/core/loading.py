@@ -28,7 +28,7 @@ from daemon.backend import (
     ModelControl,
 )
 from daemon.core import checksum, decoupled, layout, sequence, warmup
-from daemon.core.ensemble import EnsembleRunner, Resolver
+from daemon.core.ensemble import EnsembleRunner, Leaser, Resolver
 from daemon.core.hardware import Hardware
 from daemon.core.host_policy import HostPolicies, format_cpus, process_cpus
 from daemon.core.model import LoadedVersion
@@ -63,6 +63,7 @@ class ModelLoader:
         metrics: MetricsRegistry,
         state_dir: Path,
         resolve_model: Resolver,
+        lease_model: Leaser,
         *,
         cpu_count: int | None = None,
         overlap: bool = True,
@@ -74,6 +75,8 @@ class ModelLoader:
         self.state_dir = state_dir
         # Ensembles find their step models through this (the registry's `get`).
         self.resolve_model = resolve_model
+        # ... and hold them for a request through this (the registry's `lease_step`).
+        self.lease_model = lease_model
         # The process's CPUs as read before the event loop was placed (a host policy): read
         # now, from the loop's thread, they would be the loop's.
         self._allowed = host_policies.allowed if host_policies is not None else frozenset()
@@ -166,7 +169,7 @@ class ModelLoader:
     ) -> LoadedVersion:
         stats = ModelStats(name, str(version), self.metrics, tags=config.metric_tags)
         if config.platform == "ensemble" or config.ensemble_scheduling is not None:
-            runner = EnsembleRunner(self.resolve_model, name, config, stats)
+            runner = EnsembleRunner(self.resolve_model, self.lease_model, name, config, stats)
             return LoadedVersion(
                 name, version, config, "ensemble", version_dir, [], stats, runner,
                 selection={"backend": "ensemble", "reason": "ensemble_scheduling"},

@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import msgspec
 
+from daemon.core.ensemble import Releasable
 from daemon.core.hardware import Hardware
 from daemon.core.host_policy import HostPolicies
 from daemon.core.loading import ModelLoader
@@ -36,7 +37,7 @@ ModelState = Literal["UNKNOWN", "READY", "UNAVAILABLE", "LOADING", "UNLOADING"]
 # Loads of a model whose files change while it loads, before the load fails.
 TORN_LOAD_ATTEMPTS = 3
 
-__all__ = ["IndexEntry", "LoadedVersion", "ModelEntry", "ModelRegistry", "ModelState", "Staged"]
+__all__ = ["IndexEntry", "LoadedVersion", "ModelEntry", "ModelRegistry", "ModelState", "Releasable", "Staged"]
 
 
 @dataclass
@@ -113,8 +114,12 @@ class ModelRegistry:
         self._staged_steps: contextvars.ContextVar[Mapping[str, Staged] | None] = contextvars.ContextVar(
             "staged_steps", default=None
         )
+        # Loads an on-demand model if needed and holds it for one request (the service's
+        # `hold`, set once residency exists: it is built on this registry). None: every model
+        # is loaded at start or on request, and a step not loaded is an error.
+        self.lease: Callable[[str], Awaitable[Releasable]] | None = None
         self.loader = ModelLoader(
-            plugins, hardware, metrics, state_dir, self._step_model, cpu_count=cpu_count,
+            plugins, hardware, metrics, state_dir, self._step_model, self.lease_step, cpu_count=cpu_count,
             overlap=overlap_executions, host_policies=host_policies,
         )
 
@@ -129,6 +134,16 @@ class ModelRegistry:
         if version is not None and version.isdigit() and int(version) in staged.versions:
             return staged.versions[int(version)]
         raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
+
+    async def lease_step(self, name: str) -> Releasable | None:
+        """Hold step model `name` for one ensemble request (daemon.core.ensemble): an
+        on-demand model is loaded first, and neither an idle unload nor an eviction takes it
+        until the lease is released. None where there is nothing to hold: no residency, or an
+        update's check resolving staged models (the check may hold residency's lock for an
+        on-demand probe, which a load from here would wait for without end)."""
+        if self.lease is None or self._staged_steps.get() is not None:
+            return None
+        return await self.lease(name)
 
     # ------------------------------------------------------------------ queries
     def entry(self, name: str) -> ModelEntry | None:

@@ -583,6 +583,42 @@ def test_unload_dependents_unloads_the_ensemble_steps(start_daemon, tmp_path: Pa
     assert daemon.request("GET", "/v2/models/step/ready").status == 400
 
 
+def test_an_ensemble_loads_its_on_demand_steps(start_daemon, tmp_path: Path) -> None:
+    """An ensemble request loads the step models that load on demand, as a request to them
+    would (before, it failed while they were unloaded: 404 "ensemble 'pipe' step 0 (model
+    'step'): Request for unknown model: 'step' is not found"), also after an explicit unload."""
+    repo = tmp_path / "repo"
+    tensor = 'data_type: TYPE_FP32 dims: [ 2 ]'
+    (repo / "step" / "1").mkdir(parents=True)
+    (repo / "step" / "config.pbtxt").write_text(
+        f'backend: "python"\ninput [{{ name: "X" {tensor} }}]\noutput [{{ name: "Y" {tensor} }}]\n'
+        'parameters { key: "load" value { string_value: "on-demand" } }\n'
+    )
+    (repo / "step" / "1" / "model.py").write_text(
+        "import triton_python_backend_utils as pb_utils\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        return [pb_utils.InferenceResponse([pb_utils.Tensor('Y', pb_utils.get_input_tensor_by_name(r, 'X').as_numpy() * 3)]) for r in requests]\n"
+    )
+    (repo / "pipe" / "1").mkdir(parents=True)
+    (repo / "pipe" / "config.pbtxt").write_text(
+        f'platform: "ensemble"\ninput [{{ name: "IN" {tensor} }}]\noutput [{{ name: "OUT" {tensor} }}]\n'
+        'ensemble_scheduling { step [ { model_name: "step" model_version: -1 '
+        'input_map { key: "X" value: "IN" } output_map { key: "Y" value: "OUT" } } ] }\n'
+    )
+    daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit", "--load-model", "*")
+    x = {"inputs": [{"name": "IN", "shape": [2], "datatype": "FP32", "data": [1, 2]}]}
+    assert daemon.request("GET", "/v2/models/step/ready").status == 400  # not loaded at start
+    for _ in range(2):
+        reply = daemon.post_json("/v2/models/pipe/infer", x)
+        assert reply.status == 200, reply.body
+        assert reply.json()["outputs"][0]["data"] == [3.0, 6.0]
+        assert daemon.request("GET", "/v2/models/step/ready").status == 200
+        assert daemon.post_json("/v2/repository/models/step/unload", {}).status == 200
+    metrics = daemon.request("GET", "/metrics").body.decode()
+    assert "edged_on_demand_loads_total 2.0" in metrics.splitlines()
+
+
 def test_repeated_server_faults_are_one_log_line_a_minute(start_daemon, tmp_path: Path) -> None:
     """A client retrying a failing model in a loop must not fill the journal: the 5xx answers
     of one status are one warning line a minute, on the lean path as on aiohttp's."""

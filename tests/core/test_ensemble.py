@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
@@ -209,4 +212,92 @@ async def test_request_parameters_reach_every_step(tmp_path: Path) -> None:
         response = await registry.get("twice").infer(InferRequest({"IN": raw}, parameters={"k": 5}))
         np.testing.assert_array_equal(response.outputs["OUT"], raw + 10)
     finally:
+        await registry.close()
+
+
+def held_first_step(repo: Path, key: str) -> None:
+    """An ensemble `chain` (first -> second): `first` tells the test it runs (event `entered`
+    of module `key`), then waits for its `go`; `second` adds 1."""
+    prelude = (
+        "import sys, threading, types\n"
+        f"shared = sys.modules.setdefault({key!r}, types.ModuleType({key!r}))\n"
+        "if not hasattr(shared, 'go'):\n"
+        "    shared.entered, shared.go = threading.Event(), threading.Event()\n"
+        "def hold(x):\n"
+        "    shared.entered.set()\n"
+        "    shared.go.wait(timeout=30)\n"
+        "    return x\n"
+    )
+    python_step(repo, "first", ["X"], {"Y": "hold(X)"}, prelude=prelude)
+    python_step(repo, "second", ["X"], {"Y": "X + 1"})
+    ensemble(repo, "chain", step("first", {"X": "IN"}, {"Y": "MID"}) + ", "
+             + step("second", {"X": "MID"}, {"Y": "OUT"}), ["IN"], ["OUT"])
+
+
+async def _while_first_step_runs(
+    registry: ModelRegistry, key: str, change: Awaitable[None], done: Callable[[], bool]
+) -> np.ndarray:
+    """Start a `chain` request, run `change` as a task once its first step runs, wait until
+    `done()` holds, let the first step finish; the request's OUT (the change is awaited)."""
+    x = np.arange(16, dtype=np.int32).reshape(1, 16)
+    running = asyncio.create_task(registry.get("chain").infer(InferRequest({"IN": x})))
+    shared = sys.modules[key]
+    assert await asyncio.to_thread(shared.entered.wait, 30)  # type: ignore[attr-defined]
+    changing = asyncio.ensure_future(change)
+    async with asyncio.timeout(30):
+        while not done():  # noqa: ASYNC110 (on observable state)
+            await asyncio.sleep(0.01)
+    shared.go.set()  # type: ignore[attr-defined]
+    response = await running
+    await changing
+    return response.outputs["OUT"] - x  # type: ignore[no-any-return]
+
+
+async def test_a_request_runs_every_step_on_the_versions_it_started_with(tmp_path: Path) -> None:
+    """As in Triton, an ensemble request takes its step models when it starts: a step model
+    swapped while an earlier step runs answers this request from its old version (and is
+    retired only after it). Resolved wave by wave, as before, the request's second step ran on
+    the new version (an answer from two releases at once)."""
+    key = f"edged_test_swap_{id(tmp_path)}"
+    repo = tmp_path / "repo"
+    held_first_step(repo, key)
+    newer = tmp_path / "newer"
+    python_step(newer, "second", ["X"], {"Y": "X + 100"})
+    registry = await make_registry(tmp_path)
+    try:
+        for name in ("first", "second", "chain"):
+            await registry.load(name, repo / name)
+        old = registry.get("second")
+        added = await _while_first_step_runs(
+            registry, key, registry.load("second", newer / "second"), lambda: registry.get("second") is not old
+        )
+        assert added.tolist() == [[1] * 16]
+        # The next request takes the new version.
+        x = np.zeros((1, 16), dtype=np.int32)
+        response = await registry.get("chain").infer(InferRequest({"IN": x}))
+        assert response.outputs["OUT"].tolist() == [[100] * 16]  # type: ignore[attr-defined]
+    finally:
+        sys.modules[key].go.set()  # type: ignore[attr-defined]
+        await registry.close()
+
+
+async def test_a_step_unloaded_during_a_request_still_answers_it(tmp_path: Path) -> None:
+    """Unloading a step model waits for the ensemble requests that took it (within the drain
+    timeout), as for a request to the model itself. Before, the request failed at that step:
+    "ensemble 'chain' step 1 (model 'second'): Request for unknown model: 'second' ..."."""
+    key = f"edged_test_unload_{id(tmp_path)}"
+    repo = tmp_path / "repo"
+    held_first_step(repo, key)
+    registry = await make_registry(tmp_path)
+    try:
+        for name in ("first", "second", "chain"):
+            await registry.load(name, repo / name)
+        added = await _while_first_step_runs(
+            registry, key, registry.unload("second"), lambda: not registry.is_ready("second")
+        )
+        assert added.tolist() == [[1] * 16]
+        with pytest.raises(EdgedError, match="ensemble 'chain' step 1 \\(model 'second'\\): Request for unknown model"):
+            await registry.get("chain").infer(InferRequest({"IN": np.zeros((1, 16), dtype=np.int32)}))
+    finally:
+        sys.modules[key].go.set()  # type: ignore[attr-defined]
         await registry.close()
