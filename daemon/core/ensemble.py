@@ -3,7 +3,8 @@
 Each step maps ensemble tensors to a step model's inputs (`input_map`: step name -> ensemble
 name) and its outputs back (`output_map`: step name -> ensemble name). Steps whose inputs are all
 available run concurrently, wave by wave; every step goes through the step model's own
-scheduler, so batching still happens per model. Errors name the failing step.
+scheduler, so batching still happens per model. Errors name the failing step. A request for
+some of the outputs runs only the steps that lead to them (Triton prunes the rest too).
 
 As in Triton, a request takes its step models when it starts and holds them until it ends
 (on-demand ones loaded first): a swap meanwhile changes no step of it, and retires the versions
@@ -51,10 +52,10 @@ class EnsembleRunner:
         self.stats = stats
         assert config.ensemble_scheduling is not None
         self.steps = config.ensemble_scheduling.step
-        # Each step model once, with the first step that uses it (errors name that step).
-        self._models: dict[str, tuple[int, EnsembleStep]] = {}
-        for index, step in enumerate(self.steps):
-            self._models.setdefault(step.model_name, (index, step))
+        self._outputs = tuple(t.name for t in config.output)
+        # Tensors a step produces that nothing reads: a step making one always runs (Triton).
+        read = {t for step in self.steps for t in step.input_map.values()} | set(self._outputs)
+        self._unread = {t for step in self.steps for t in step.output_map.values()} - read
         self._check_graph()
         self._check_cycle()
         self._stopped = False
@@ -107,9 +108,31 @@ class EnsembleRunner:
     def _named(self, index: int, step: EnsembleStep, exc: EdgedError) -> EdgedError:
         return type(exc)(f"ensemble '{self.name}' step {index} (model '{step.model_name}'): {exc.message}")
 
-    async def _hold(self, held: list[Releasable]) -> list[LoadedVersion]:
-        """Lease every step model into `held`, then resolve each step's version (see the module)."""
-        for index, step in self._models.values():
+    def _steps_for(self, wanted: tuple[str, ...]) -> list[tuple[int, EnsembleStep]]:
+        """The steps a request for the outputs `wanted` runs: as Triton does, those that lead to
+        them (a step none of whose outputs is wanted, directly or through later steps, is left
+        out: a request for one branch's output does not run, nor wait for, the others)."""
+        if len(set(wanted)) == len(self._outputs):  # all (the codec checked the names)
+            return list(enumerate(self.steps))
+        needed = set(wanted) | self._unread
+        chosen: set[int] = set()
+        grew = True
+        while grew:
+            grew = False
+            for index, step in enumerate(self.steps):
+                if index not in chosen and not needed.isdisjoint(step.output_map.values()):
+                    chosen.add(index)
+                    needed.update(step.input_map.values())
+                    grew = True
+        return [(index, step) for index, step in enumerate(self.steps) if index in chosen]
+
+    async def _hold(self, steps: list[tuple[int, EnsembleStep]], held: list[Releasable]) -> dict[int, LoadedVersion]:
+        """Lease the models of `steps` into `held`, then resolve each step's version (see the
+        module); errors name the first step using the model."""
+        first: dict[str, tuple[int, EnsembleStep]] = {}
+        for index, step in steps:
+            first.setdefault(step.model_name, (index, step))
+        for index, step in first.values():
             try:
                 lease = await self.lease(step.model_name)
             except EdgedError as exc:
@@ -117,11 +140,11 @@ class EnsembleRunner:
             if lease is not None:
                 held.append(lease)
         # One step with no await from the first to the last: no swap between them.
-        models: list[LoadedVersion] = []
-        for index, step in enumerate(self.steps):
+        models: dict[int, LoadedVersion] = {}
+        for index, step in steps:
             version = None if step.model_version < 0 else str(step.model_version)
             try:
-                models.append(self.resolve(step.model_name, version))
+                models[index] = self.resolve(step.model_name, version)
             except EdgedError as exc:
                 raise self._named(index, step, exc) from exc
         return models
@@ -182,12 +205,13 @@ class EnsembleRunner:
     async def _run(self, request: InferRequest) -> InferResponse:
         started = time.monotonic_ns()
         tensors: dict[str, object] = dict(request.inputs)
-        remaining = list(enumerate(self.steps))
+        wanted = request.requested_outputs or self._outputs
+        remaining = self._steps_for(wanted)
         held: list[Releasable] = []
-        models: list[LoadedVersion] = []
+        models: dict[int, LoadedVersion] = {}
         try:
-            models = await self._hold(held)
-            for model in models:
+            models = await self._hold(remaining, held)
+            for model in models.values():
                 model.enter()
             while remaining:
                 ready = [(i, s) for i, s in remaining if set(s.input_map.values()) <= tensors.keys()]
@@ -201,12 +225,10 @@ class EnsembleRunner:
             self.stats.record_failure(time.monotonic_ns() - started)
             raise
         finally:
-            for model in models:
+            for model in models.values():
                 model.leave()
             for lease in held:
                 lease.release()
-        wanted = request.requested_outputs or tuple(t.name for t in self.config.output)
         outputs = {name: tensors[name] for name in wanted if name in tensors}
         self.stats.record_success(time.monotonic_ns() - started, request.batch_size())
         return InferResponse(outputs)  # type: ignore[arg-type]
-

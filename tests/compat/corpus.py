@@ -447,6 +447,13 @@ def cases() -> list[Case]:
     post("ensemble-wrong-shape", pair((1, 2, 3), (1, 2, 3), shape=(1, 3)), path=ens)
     post("ensemble-unknown-output", pair(outputs=[{"name": "sum"}]), path=ens)
     post("ensemble-classification", pair(outputs=[{"name": "OUT", "parameters": {"classification": 2}}]), path=ens)
+    # Pruning: only the steps leading to the requested outputs run (a zero fails `faulty`).
+    fork = "/v2/models/fork/infer"
+    for values, tag in (([1, 2], "ok"), ([0, 2], "zero")):
+        x = [_tensor("X", "FP32", [2], values)]
+        post(f"ensemble-fork-all-{tag}", {"inputs": x}, path=fork)
+        post(f"ensemble-fork-kept-{tag}", {"inputs": x, "outputs": [{"name": "kept"}]}, path=fork)
+        post(f"ensemble-fork-dropped-{tag}", {"inputs": x, "outputs": [{"name": "dropped2"}]}, path=fork)
     out.append(Case("ensemble-metadata", "GET", "/v2/models/twice",
                     keys=("name", "versions", "platform", "inputs", "outputs")))
     out.append(Case("ensemble-config", "GET", "/v2/models/twice/config",

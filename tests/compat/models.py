@@ -236,6 +236,25 @@ ensemble_scheduling { step [
 '''
 STARTUP.append("twice")
 
+# Two branches from X: `kept` through identity_fp32, `dropped2` through faulty twice (refuses a
+# zero). A request for `kept` alone runs neither faulty step: both servers prune them.
+FORK = '''\
+name: "fork"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "kept" data_type: TYPE_FP32 dims: [ -1 ] }, { name: "dropped2" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "identity_fp32" model_version: -1
+    input_map { key: "INPUT0" value: "X" } output_map { key: "OUTPUT0" value: "kept" } },
+  { model_name: "faulty" model_version: -1
+    input_map { key: "INPUT0" value: "X" } output_map { key: "OUTPUT0" value: "dropped" } },
+  { model_name: "faulty" model_version: -1
+    input_map { key: "INPUT0" value: "dropped" } output_map { key: "OUTPUT0" value: "dropped2" } }
+] }
+'''
+STARTUP.append("fork")
+
 
 def write_repository(repo: Path) -> None:
     for name, (code, config) in MODELS.items():
@@ -244,6 +263,8 @@ def write_repository(repo: Path) -> None:
         (repo / name / "config.pbtxt").write_text(config, encoding="utf-8")
     (repo / "twice" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "twice" / "config.pbtxt").write_text(ENSEMBLE, encoding="utf-8")
+    (repo / "fork" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "fork" / "config.pbtxt").write_text(FORK, encoding="utf-8")
     for name, policy in VERSIONED.items():
         for version in (1, 2, 3):
             (repo / name / str(version)).mkdir(parents=True, exist_ok=True)

@@ -301,3 +301,33 @@ async def test_a_step_unloaded_during_a_request_still_answers_it(tmp_path: Path)
     finally:
         sys.modules[key].go.set()  # type: ignore[attr-defined]
         await registry.close()
+
+
+async def test_a_request_for_some_outputs_runs_only_the_steps_leading_to_them(tmp_path: Path) -> None:
+    """Triton prunes the steps that lead to no requested output (tests/compat checks it against
+    Triton 2.51): `mid` feeds only `refuse`, which feeds only R, so a request for K runs `keep`
+    alone. Before, every step ran and the request failed in `refuse`."""
+    repo = tmp_path / "repo"
+    python_step(repo, "keep", ["X"], {"Y": "X + 1"})
+    python_step(repo, "mid", ["X"], {"Y": "X * 2"})
+    python_step(repo, "refuse", ["X"], {"Y": "refuse(X)"},
+                prelude="def refuse(x):\n    raise ValueError('this step must not run')\n")
+    ensemble(repo, "fork", ", ".join([
+        step("keep", {"X": "X"}, {"Y": "K"}),
+        step("mid", {"X": "X"}, {"Y": "M"}),
+        step("refuse", {"X": "M"}, {"Y": "R"}),
+    ]), ["X"], ["K", "R"])
+    registry = await make_registry(tmp_path)
+    try:
+        for name in ("keep", "mid", "refuse", "fork"):
+            await registry.load(name, repo / name)
+        x = np.arange(16, dtype=np.int32).reshape(1, 16)
+        response = await registry.get("fork").infer(InferRequest({"X": x}, requested_outputs=("K",)))
+        assert set(response.outputs) == {"K"}
+        np.testing.assert_array_equal(response.outputs["K"], x + 1)
+        assert registry.get("mid").stats.inference_count == 0
+        with pytest.raises(EdgedError, match="ensemble 'fork' step 2 \\(model 'refuse'\\)"):
+            await registry.get("fork").infer(InferRequest({"X": x}))
+        assert registry.get("mid").stats.inference_count == 1
+    finally:
+        await registry.close()
