@@ -636,7 +636,7 @@ def to_triton_json(
         if not data[key] and not model_name:
             del data[key]  # unset; Triton's completed config spells them out empty
     for batch_input in data.get("batch_input", []):
-        batch_input["data_type"] = _type_name(batch_input["data_type"]) if batch_input["data_type"] else "TYPE_INVALID"
+        batch_input["data_type"] = type_name(batch_input["data_type"]) if batch_input["data_type"] else "TYPE_INVALID"
     sequence = data.get("sequence_batching")
     if sequence is not None:
         _sequence_to_triton_json(sequence, completed=bool(model_name))
@@ -644,7 +644,7 @@ def to_triton_json(
         del data["model_warmup"]  # unset; Triton's completed config spells it out empty
     for warmup in data.get("model_warmup", []):
         for spec in warmup["inputs"].values():
-            spec["data_type"] = _type_name(spec["data_type"])
+            spec["data_type"] = type_name(spec["data_type"])
             for key in ("zero_data", "random_data", "input_data_file"):
                 if not spec[key]:
                     del spec[key]  # a oneof: only the one set is spelled out
@@ -666,7 +666,8 @@ def to_triton_json(
     return {key: value for key, value in data.items() if value is not None}
 
 
-def _type_name(datatype: str) -> str:
+def type_name(datatype: str) -> str:
+    """Triton's name of a data type (`TYPE_FP32`, `TYPE_STRING` for BYTES)."""
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
@@ -682,16 +683,16 @@ def _sequence_to_triton_json(data: dict[str, Any], *, completed: bool) -> None:
     for control_input in data["control_input"]:
         for control in control_input["control"]:
             if control["data_type"]:
-                control["data_type"] = _type_name(control["data_type"])
+                control["data_type"] = type_name(control["data_type"])
             elif completed:
                 control["data_type"] = "TYPE_INVALID"
             else:
                 del control["data_type"]
     for state in data["state"]:
-        state["data_type"] = _type_name(state["data_type"])
+        state["data_type"] = type_name(state["data_type"])
         for initial in state["initial_state"]:
             if initial["data_type"]:
-                initial["data_type"] = _type_name(initial["data_type"])
+                initial["data_type"] = type_name(initial["data_type"])
             if not initial["data_file"]:
                 del initial["data_file"]
 

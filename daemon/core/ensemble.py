@@ -26,7 +26,7 @@ from daemon.backend import InferRequest, InferResponse
 from daemon.core.model import LoadedVersion
 from daemon.core.stats import ModelStats
 from daemon.errors import ConfigError, EdgedError, Unavailable
-from daemon.model_config import EnsembleStep, ModelConfig
+from daemon.model_config import EnsembleStep, ModelConfig, type_name
 
 # (model name, version or None for the served one) -> that model's loaded version.
 Resolver = Callable[[str, "str | None"], LoadedVersion]
@@ -53,15 +53,65 @@ class EnsembleRunner:
         assert config.ensemble_scheduling is not None
         self.steps = config.ensemble_scheduling.step
         self._outputs = tuple(t.name for t in config.output)
-        # Tensors a step produces that nothing reads: a step making one always runs (Triton).
-        read = {t for step in self.steps for t in step.input_map.values()} | set(self._outputs)
-        self._unread = {t for step in self.steps for t in step.output_map.values()} - read
         self._check_graph()
+        self._check_tensors()
+        self._check_steps()
         self._check_cycle()
         self._stopped = False
         self._running = 0
         self._idle = asyncio.Event()
         self._idle.set()
+
+    def _check_tensors(self) -> None:
+        """Refuse what Triton refuses before it looks at the step models: a tensor two steps
+        produce, an ensemble input no step reads, a tensor a step produces that nothing uses."""
+        producer: dict[str, int] = {}
+        for index, step in enumerate(self.steps):
+            for tensor in step.output_map.values():
+                if tensor in producer:
+                    raise ConfigError(
+                        f"ensemble '{self.name}': tensor '{tensor}' is produced by step "
+                        f"{producer[tensor]} and again by step {index}; a tensor has one producer"
+                    )
+                producer[tensor] = index
+        read = {tensor for step in self.steps for tensor in step.input_map.values()}
+        for spec in self.config.input:
+            if spec.name not in read:
+                raise ConfigError(f"ensemble '{self.name}': input '{spec.name}' is read by no step")
+        for tensor, index in producer.items():
+            if tensor not in read and tensor not in self._outputs:
+                raise ConfigError(
+                    f"ensemble '{self.name}': tensor '{tensor}' of step {index} is read by no "
+                    "step and is no output of the ensemble"
+                )
+
+    def _check_steps(self) -> None:
+        """Triton's checks against the step models loaded now (a step loaded later, or on
+        demand, is checked by its requests): every mapped name is one of the step model's
+        inputs or outputs, and every tensor has one data type. Triton's texts."""
+        types = {t.name: (t.data_type, self.name) for t in (*self.config.input, *self.config.output)}
+        for step in self.steps:
+            version = None if step.model_version < 0 else str(step.model_version)
+            try:
+                config = self.resolve(step.model_name, version).config
+            except EdgedError:
+                continue
+            inputs = {t.name: t.data_type for t in config.input}
+            outputs = {t.name: t.data_type for t in config.output}
+            pairs = [(inner, outer, inputs, "is mapping to non-existing input") for inner, outer in step.input_map.items()]
+            pairs += [(inner, outer, outputs, "is mapped from non-existing output") for inner, outer in step.output_map.items()]
+            for inner, outer, tensors, missing in pairs:
+                if inner not in tensors:
+                    raise ConfigError(
+                        f"in ensemble {self.name}, ensemble tensor {outer} {missing} {inner} in model {step.model_name}"
+                    )
+                seen = types.setdefault(outer, (tensors[inner], step.model_name))
+                if seen[0] != tensors[inner]:
+                    raise ConfigError(
+                        f"in ensemble {self.name}, ensemble tensor {outer}: inconsistent data type: "
+                        f"{type_name(seen[0])} is inferred from model {seen[1]} while "
+                        f"{type_name(tensors[inner])} is inferred from model {step.model_name}"
+                    )
 
     def _check_graph(self) -> None:
         """Reject configs whose steps can never all run: every input must be produced somewhere."""
@@ -114,7 +164,7 @@ class EnsembleRunner:
         out: a request for one branch's output does not run, nor wait for, the others)."""
         if len(set(wanted)) == len(self._outputs):  # all (the codec checked the names)
             return list(enumerate(self.steps))
-        needed = set(wanted) | self._unread
+        needed = set(wanted)
         chosen: set[int] = set()
         grew = True
         while grew:

@@ -169,7 +169,9 @@ class ReleaseManager:
             with self.registry.resolving_staged(staged):
                 # One at a time: a small box holds the old release and one more load, and an
                 # ensemble's cycle check sees the steps staged before it.
-                for name, path in sorted(targets.items()):
+                others, ensembles = await self.repository.step_order(targets)
+                for name in [*others, *ensembles]:  # an ensemble after its steps: checked with them
+                    path = targets[name]
                     refusing = check and name in ours
                     try:
                         # A failure is recorded (old versions kept, the reason in the index, as

@@ -22,6 +22,7 @@ from daemon.config import ControlMode
 from daemon.core import layout, uploads
 from daemon.core.registry import IndexEntry, ModelRegistry
 from daemon.errors import BackendError, Conflict, EdgedError, InvalidArgument, NotFound, Unavailable
+from daemon.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,9 @@ class RepositoryManager:
             self.registry.note_unknown(name, path)
         if self.mode == "explicit":
             wanted = list(models) if "*" in self.startup_models else self.startup_models
+            # As in Triton, an ensemble named at start brings its step models (`_load_many`
+            # loads them before it).
+            wanted = list(dict.fromkeys(wanted + await self._steps_of(wanted, models)))
         else:
             wanted = list(models)
         deferred = [n for n in wanted if n in models and await self._on_demand(n, models[n])]
@@ -88,17 +92,52 @@ class RepositoryManager:
         return missing + await self._load_many({n: models[n] for n in wanted if n in models})
 
     async def _load_many(self, models: dict[str, Path]) -> list[str]:
+        # The ensembles after the rest: each is checked against the step models loaded then.
+        others, ensembles = await self.step_order(models)
+        results = list(await asyncio.gather(
+            *(self.registry.load(name, models[name]) for name in others), return_exceptions=True,
+        ))
+        for name in ensembles:  # no backends: quick, and each after the ensembles it leads to
+            try:
+                await self.registry.load(name, models[name])
+            except Exception as exc:  # reported below, as gather's are
+                results.append(exc)
+            else:
+                results.append(None)
         failed: list[str] = []
-        results = await asyncio.gather(
-            *(self.registry.load(name, path) for name, path in models.items()),
-            return_exceptions=True,
-        )
-        for name, result in zip(models, results, strict=True):
+        for name, result in zip([*others, *ensembles], results, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, EdgedError):
                     log.error("model %s: unexpected load failure", name, exc_info=result)
                 failed.append(name)
         return failed
+
+    async def step_order(self, models: Mapping[str, Path]) -> tuple[list[str], list[str]]:
+        """`models` split into those that are not ensembles (by name) and the ensembles, each
+        after the ensembles among `models` it leads to (a cycle in any order: its load refuses
+        it). A config that does not read counts as no ensemble; its load says why."""
+        configs = await asyncio.to_thread(_read_configs, models)
+        steps: dict[str, list[str]] = {}
+        others: list[str] = []
+        for name in sorted(models):
+            config = configs[name]
+            if config is None or config.ensemble_scheduling is None:
+                others.append(name)
+            else:
+                steps[name] = [step.model_name for step in config.ensemble_scheduling.step]
+        ordered: list[str] = []
+
+        def visit(name: str, path: set[str]) -> None:
+            if name in ordered or name in path:
+                return
+            for step in steps[name]:
+                if step in steps:
+                    visit(step, path | {name})
+            ordered.append(name)
+
+        for name in steps:
+            visit(name, set())
+        return others, ordered
 
     async def rescan(self) -> None:
         """Bring loaded models in line with the repository (poll mode, SIGHUP, updates)."""
@@ -215,11 +254,71 @@ class RepositoryManager:
             )
             for warning in warnings:
                 log.warning("model %s: %s", name, warning)
+        await self._load_steps(name, path, override, {name})
         await self.registry.load(name, path, override)
+
+    async def _config_of(self, path: Path) -> ModelConfig | None:
+        """The config on disk, or None where it does not read (its load then says why)."""
+        return (await asyncio.to_thread(_read_configs, {"": path}))[""]
+
+    async def _steps_of(self, names: list[str], models: Mapping[str, Path]) -> list[str]:
+        """The step models that the ensembles among `names` lead to (through nested ensembles),
+        as far as the repositories have them, except those that load on demand."""
+        found: list[str] = []
+        pending = list(names)
+        seen = set(names)
+        while pending:
+            path = models.get(pending.pop())
+            config = await self._config_of(path) if path is not None else None
+            if config is None or config.ensemble_scheduling is None:
+                continue
+            for step in config.ensemble_scheduling.step:
+                step_path = models.get(step.model_name)
+                if step.model_name in seen or step_path is None or await self._on_demand(step.model_name, step_path):
+                    continue
+                seen.add(step.model_name)
+                found.append(step.model_name)
+                pending.append(step.model_name)
+        return found
+
+    async def _load_steps(self, name: str, path: Path, override: ModelConfig | None, loading: set[str]) -> None:
+        """Triton's explicit load of an ensemble loads its step models that are not loaded
+        (and theirs) first, and fails with its texts if one is in no repository or fails to
+        load. On-demand steps load with the requests that need them; a step under way in
+        this same load (`loading`, a cycle) is left to the ensemble's own cycle check."""
+        config = override or await self._config_of(path)
+        if config is None or config.ensemble_scheduling is None:
+            return
+        models: dict[str, Path] | None = None
+        for step in config.ensemble_scheduling.step:
+            entry = self.registry.entry(step.model_name)
+            if step.model_name in loading or (entry is not None and entry.versions):
+                continue
+            if models is None:
+                models = await asyncio.to_thread(self.scan)
+            step_path = models.get(step.model_name)
+            if step_path is None:
+                raise InvalidArgument(
+                    f"load failed for model '{name}': ensemble {name} contains models that are "
+                    f"not available or ambiguous: {step.model_name}"
+                )
+            if await self._on_demand(step.model_name, step_path):
+                continue
+            loading.add(step.model_name)
+            try:
+                await self._load_steps(step.model_name, step_path, None, loading)
+                await self.registry.load(step.model_name, step_path)
+            except EdgedError as exc:
+                raise InvalidArgument(
+                    f"load failed for model '{name}': ensemble '{name}' depends on "
+                    f"'{step.model_name}' which has no loaded version. Model '{step.model_name}' "
+                    f"loading failed with error: {exc.message}"
+                ) from exc
 
     async def unload(self, name: str, *, dependents: bool = False) -> None:
         """Explicit unload. A model that is not loaded is already unloaded (as in Triton).
-        With `dependents` (Triton's `unload_dependents`), an ensemble's step models go too."""
+        With `dependents` (Triton's `unload_dependents`), an ensemble's step models go too;
+        the ensembles over an unloaded model always go (`_unload_dependents`)."""
         self._check_explicit("load / unload")
         steps: list[str] = []
         entry = self.registry.entry(name)
@@ -231,6 +330,31 @@ class RepositoryManager:
         for target in [name, *steps]:
             with contextlib.suppress(NotFound):
                 await self.registry.unload(target)
+        await self._unload_dependents({name, *steps})
+
+    async def _unload_dependents(self, gone: set[str]) -> None:
+        """As in Triton, the loaded ensembles that lead to an unloaded model are unloaded too:
+        they could no longer answer. Not for an on-demand model: a request loads it again."""
+        for name in list(gone):
+            entry = self.registry.entry(name)
+            if entry is not None and entry.path is not None and await self._on_demand(name, entry.path):
+                gone.discard(name)
+        while gone:
+            dependents = [other for other in self.registry.names() if self._leads_to(other, gone)]
+            for other in dependents:
+                log.info("model %s: unloaded with a step model it needs", other)
+                with contextlib.suppress(NotFound):
+                    await self.registry.unload(other)
+            gone = set(dependents)
+
+    def _leads_to(self, name: str, models: set[str]) -> bool:
+        """Is `name` a loaded ensemble with a step model among `models`?"""
+        entry = self.registry.entry(name)
+        for version in entry.versions.values() if entry is not None else ():
+            ensemble = version.config.ensemble_scheduling
+            if ensemble is not None and any(step.model_name in models for step in ensemble.step):
+                return True
+        return False
 
     async def index(self, ready_only: bool = False) -> list[IndexEntry]:
         # Models present on disk but never seen are listed too, like Triton.
@@ -238,6 +362,17 @@ class RepositoryManager:
             if self.registry.entry(name) is None:
                 self.registry.note_unknown(name, path)
         return self.registry.index(ready_only)
+
+
+def _read_configs(models: Mapping[str, Path]) -> dict[str, ModelConfig | None]:
+    """Each model's config on disk, None where it does not read (its load then says why)."""
+    configs: dict[str, ModelConfig | None] = {}
+    for name, path in models.items():
+        try:
+            configs[name] = layout.read_model_config(path)[0]
+        except EdgedError:
+            configs[name] = None
+    return configs
 
 
 def load_failure(name: str, exc: BackendError) -> InvalidArgument:

@@ -36,6 +36,7 @@ DECODED = (200, "edged decodes percent-escapes in the path (tritonclient quotes 
 HEAD_OK = (200, "edged answers HEAD wherever GET is served (RFC 9110); Triton 2.51 answers 405")
 CODING_NAMES = (200, "edged reads content codings as RFC 9110 names them (any case, raw deflate); Triton 2.51 refuses")
 FRAMING = (400, "a body framed two ways, or by a Transfer-Encoding other than chunked, is refused (RFC 9112); Triton 2.51 reads it")
+ENSEMBLE_CONFIG = (400, "Triton 2.51 answers 500 'failed to poll from model repository' to an ensemble config it refuses; edged 400 with the reason")
 HEALTH_BODY = (200, "edged's health answers carry the Open Inference Protocol's JSON (KServe's client reads it); Triton's are empty")
 
 
@@ -518,4 +519,26 @@ def cases() -> list[Case]:
     out.append(Case("stats-versioned", "GET", "/v2/models/add_sub/versions/1/stats", keys=()))  # counts differ
     out.append(Case("stats-unknown-model", "GET", "/v2/models/nope/stats",
                     needles=("requested model 'nope' is not available",)))
+    # Explicit loads of ensembles (last: they change the repository index). Loading one loads
+    # its steps, through nested ensembles; unloading a step unloads the ensembles over it.
+    x = {"inputs": [_tensor("X", "FP32", [2], [1.5, -2.0])]}
+    out.append(Case("ensemble-load-with-steps", "POST", "/v2/repository/models/chain_outer/load", b"", dict(JSON)))
+    for name in ("chain_outer", "chain", "chain_step"):
+        out.append(Case(f"ensemble-load-with-steps-ready-{name}", "GET", f"/v2/models/{name}/ready"))
+    post("ensemble-load-with-steps-infer", x, path="/v2/models/chain_outer/infer")
+    out.append(Case("ensemble-step-unload", "POST", "/v2/repository/models/chain_step/unload", b"", dict(JSON)))
+    for name in ("chain_outer", "chain"):
+        out.append(Case(f"ensemble-step-unload-ready-{name}", "GET", f"/v2/models/{name}/ready"))
+    for name, needle in (
+        ("ens_missing_step", "ensemble ens_missing_step contains models that are not available or ambiguous: no_such_model"),
+        ("ens_broken_step", "ensemble 'ens_broken_step' depends on 'broken' which has no loaded version"),
+        ("ens_bad_input_key", "in ensemble ens_bad_input_key, ensemble tensor X is mapping to non-existing input NOPE in model identity_fp32"),
+        ("ens_bad_output_key", "in ensemble ens_bad_output_key, ensemble tensor Y is mapped from non-existing output NOPE in model identity_fp32"),
+        ("ens_bad_type", "in ensemble ens_bad_type, ensemble tensor X: inconsistent data type: TYPE_INT32 is inferred from model ens_bad_type while TYPE_FP32 is inferred from model identity_fp32"),
+    ):
+        out.append(Case(f"ensemble-load-refused-{name}", "POST", f"/v2/repository/models/{name}/load", b"", dict(JSON),
+                        needles=(needle,)))
+    for name in ("ens_unused_input", "ens_unused_tensor", "ens_produced_twice"):
+        out.append(Case(f"ensemble-load-refused-{name}", "POST", f"/v2/repository/models/{name}/load", b"", dict(JSON),
+                        deviation=ENSEMBLE_CONFIG))
     return out

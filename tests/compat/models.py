@@ -256,6 +256,43 @@ ensemble_scheduling { step [
 STARTUP.append("fork")
 
 
+def _ensemble(name: str, steps: list[tuple[str, dict[str, str], dict[str, str]]],
+              inputs: tuple[str, ...] = ("X",), outputs: tuple[str, ...] = ("Y",), dtype: str = "TYPE_FP32") -> str:
+    """An ensemble over FP32 [-1] tensors (or `dtype` for its inputs), not loaded at start."""
+    def tensors(names: tuple[str, ...], kind: str) -> str:
+        return ", ".join(f'{{ name: "{n}" data_type: {kind} dims: [ -1 ] }}' for n in names)
+
+    body = ", ".join(
+        f'{{ model_name: "{model}" model_version: -1'
+        + "".join(f' input_map {{ key: "{k}" value: "{v}" }}' for k, v in ins.items())
+        + "".join(f' output_map {{ key: "{k}" value: "{v}" }}' for k, v in outs.items()) + " }"
+        for model, ins, outs in steps
+    )
+    return (f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 0\n'
+            f"input [ {tensors(inputs, dtype)} ]\noutput [ {tensors(outputs, 'TYPE_FP32')} ]\n"
+            f"ensemble_scheduling {{ step [ {body} ] }}\n")
+
+
+# Ensembles the load cases load (explicit loads, after every other case): Triton loads an
+# ensemble's steps with it and refuses one whose steps do not fit.
+_IDENTITY_STEP = ("chain_step", {"INPUT0": "X"}, {"OUTPUT0": "Y"})
+ENSEMBLES_TO_LOAD = {
+    "chain": _ensemble("chain", [_IDENTITY_STEP]),
+    "chain_outer": _ensemble("chain_outer", [("chain", {"X": "X"}, {"Y": "Y"})]),
+    "ens_missing_step": _ensemble("ens_missing_step", [("no_such_model", {"INPUT0": "X"}, {"OUTPUT0": "Y"})]),
+    "ens_broken_step": _ensemble("ens_broken_step", [("broken", {"INPUT0": "X"}, {"OUTPUT0": "Y"})]),
+    "ens_bad_input_key": _ensemble("ens_bad_input_key", [("identity_fp32", {"NOPE": "X"}, {"OUTPUT0": "Y"})]),
+    "ens_bad_output_key": _ensemble("ens_bad_output_key", [("identity_fp32", {"INPUT0": "X"}, {"NOPE": "Y"})]),
+    "ens_bad_type": _ensemble("ens_bad_type", [("identity_fp32", {"INPUT0": "X"}, {"OUTPUT0": "Y"})], dtype="TYPE_INT32"),
+    "ens_unused_input": _ensemble("ens_unused_input", [("identity_fp32", {"INPUT0": "X"}, {"OUTPUT0": "Y"})],
+                                  inputs=("X", "Z")),
+    "ens_unused_tensor": _ensemble("ens_unused_tensor", [("identity_fp32", {"INPUT0": "X"}, {"OUTPUT0": "Y"}),
+                                                         ("faulty", {"INPUT0": "X"}, {"OUTPUT0": "unused"})]),
+    "ens_produced_twice": _ensemble("ens_produced_twice", [("identity_fp32", {"INPUT0": "X"}, {"OUTPUT0": "Y"}),
+                                                           ("faulty", {"INPUT0": "X"}, {"OUTPUT0": "Y"})]),
+}
+
+
 def write_repository(repo: Path) -> None:
     for name, (code, config) in MODELS.items():
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
@@ -265,6 +302,13 @@ def write_repository(repo: Path) -> None:
     (repo / "twice" / "config.pbtxt").write_text(ENSEMBLE, encoding="utf-8")
     (repo / "fork" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "fork" / "config.pbtxt").write_text(FORK, encoding="utf-8")
+    for name, config in ENSEMBLES_TO_LOAD.items():
+        (repo / name / "1").mkdir(parents=True, exist_ok=True)
+        (repo / name / "config.pbtxt").write_text(config, encoding="utf-8")
+    (repo / "chain_step" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "chain_step" / "1" / "model.py").write_text(IDENTITY, encoding="utf-8")
+    (repo / "chain_step" / "config.pbtxt").write_text(_config(
+        "chain_step", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")]), encoding="utf-8")
     for name, policy in VERSIONED.items():
         for version in (1, 2, 3):
             (repo / name / str(version)).mkdir(parents=True, exist_ok=True)

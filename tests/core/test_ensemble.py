@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -329,5 +330,53 @@ async def test_a_request_for_some_outputs_runs_only_the_steps_leading_to_them(tm
         with pytest.raises(EdgedError, match="ensemble 'fork' step 2 \\(model 'refuse'\\)"):
             await registry.get("fork").infer(InferRequest({"X": x}))
         assert registry.get("mid").stats.inference_count == 1
+    finally:
+        await registry.close()
+
+
+@pytest.mark.parametrize(("steps", "inputs", "outputs", "refusal"), [
+    pytest.param([("ok", {"X": "X"}, {"Y": "Y"}), ("ok", {"X": "X"}, {"Y": "Y"})], ["X"], ["Y"],
+                 "ensemble 'e': tensor 'Y' is produced by step 0 and again by step 1", id="produced-twice"),
+    pytest.param([("ok", {"X": "X"}, {"Y": "Y"})], ["X", "Z"], ["Y"],
+                 "ensemble 'e': input 'Z' is read by no step", id="unused-input"),
+    pytest.param([("ok", {"X": "X"}, {"Y": "Y"}), ("ok", {"X": "X"}, {"Y": "T"})], ["X"], ["Y"],
+                 "ensemble 'e': tensor 'T' of step 1 is read by no step and is no output", id="unused-tensor"),
+    pytest.param([("ok", {"NOPE": "X"}, {"Y": "Y"})], ["X"], ["Y"],
+                 "in ensemble e, ensemble tensor X is mapping to non-existing input NOPE in model ok", id="input-key"),
+    pytest.param([("ok", {"X": "X"}, {"NOPE": "Y"})], ["X"], ["Y"],
+                 "in ensemble e, ensemble tensor Y is mapped from non-existing output NOPE in model ok", id="output-key"),
+])
+async def test_an_ensemble_its_steps_do_not_fit_is_refused_at_load(
+    tmp_path: Path, steps: list[tuple[str, dict[str, str], dict[str, str]]], inputs: list[str], outputs: list[str],
+    refusal: str,
+) -> None:
+    """What Triton refuses (tests/compat: the texts of the last two are Triton's; the first
+    three Triton answers with a 500 "failed to poll from model repository")."""
+    repo = tmp_path / "repo"
+    python_step(repo, "ok", ["X"], {"Y": "X"})
+    ensemble(repo, "e", ", ".join(step(*s) for s in steps), inputs, outputs)
+    registry = await make_registry(tmp_path)
+    try:
+        await registry.load("ok", repo / "ok")
+        with pytest.raises(ConfigError, match=re.escape(refusal)):
+            await registry.load("e", repo / "e")
+    finally:
+        await registry.close()
+
+
+async def test_an_ensemble_tensor_has_one_data_type(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    python_step(repo, "ok", ["X"], {"Y": "X"})
+    ensemble(repo, "e", step("ok", {"X": "X"}, {"Y": "Y"}), ["X"], ["Y"])
+    config = repo / "e" / "config.pbtxt"
+    config.write_text(config.read_text().replace("TYPE_INT32", "TYPE_FP32", 1))
+    registry = await make_registry(tmp_path)
+    try:
+        await registry.load("ok", repo / "ok")
+        with pytest.raises(ConfigError, match=re.escape(
+            "in ensemble e, ensemble tensor X: inconsistent data type: TYPE_FP32 is inferred from model e "
+            "while TYPE_INT32 is inferred from model ok"
+        )):
+            await registry.load("e", repo / "e")
     finally:
         await registry.close()

@@ -6,8 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from daemon.backend import InferRequest
 from daemon.core.hardware import Hardware
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
@@ -60,3 +62,92 @@ async def test_outside_explicit_mode_the_repository_refuses(tmp_path: Path) -> N
     hook = ModelControlHook(repository_for(tmp_path, "poll"), lambda: True)
     with pytest.raises(Conflict, match="explicit model load / unload is not allowed if polling is enabled"):
         await hook.load("double", None, {})
+
+
+def ensemble_of(repo: Path, name: str, step_model: str, *, input_key: str = "X") -> None:
+    """An ensemble X -> Y over one step model with Triton's python_model tensors."""
+    (repo / name / "1").mkdir(parents=True, exist_ok=True)
+    (repo / name / "config.pbtxt").write_text(
+        'platform: "ensemble"\n'
+        'input [{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+        'output [{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+        f'ensemble_scheduling {{ step [ {{ model_name: "{step_model}" model_version: -1 '
+        f'input_map {{ key: "{input_key}" value: "X" }} output_map {{ key: "Y" value: "Y" }} }} ] }}\n'
+    )
+
+
+async def _answer(registry: ModelRegistry, name: str) -> list[float]:
+    x = np.array([1.5, -2.0], dtype=np.float32)
+    return (await registry.get(name).infer(InferRequest({"X": x}))).outputs["Y"].tolist()  # type: ignore[attr-defined, no-any-return]
+
+
+async def test_an_ensemble_loads_with_its_steps_and_goes_with_them(tmp_path: Path) -> None:
+    """Triton's explicit load of an ensemble loads its steps (through nested ensembles) and
+    refuses one whose step is in no repository or fails to load, with Triton's texts;
+    unloading a step unloads the ensembles over it (tests/compat checks all of it against
+    Triton 2.51). Before, the ensemble loaded alone and its requests failed at the step."""
+    repository = repository_for(tmp_path)
+    repo = tmp_path / "repo"
+    ensemble_of(repo, "inner", "double")
+    ensemble_of(repo, "outer", "inner")
+    ensemble_of(repo, "lost", "nope")
+    python_model(repo, "bad", "y = x")
+    (repo / "bad" / "1" / "model.py").write_text("raise RuntimeError('this model refuses to load')\n")
+    ensemble_of(repo, "uses_bad", "bad")
+    registry = repository.registry
+    try:
+        await repository.load("outer")
+        assert [registry.is_ready(n) for n in ("outer", "inner", "double")] == [True, True, True]
+        assert await _answer(registry, "outer") == [3.0, -4.0]
+        await repository.unload("double")
+        assert [registry.is_ready(n) for n in ("outer", "inner", "double")] == [False, False, False]
+        assert registry.entry("outer").reason == "unloaded"  # type: ignore[union-attr]
+        with pytest.raises(InvalidArgument, match=re.escape(
+            "load failed for model 'lost': ensemble lost contains models that are not available or ambiguous: nope"
+        )):
+            await repository.load("lost")
+        with pytest.raises(InvalidArgument, match=re.escape(
+            "load failed for model 'uses_bad': ensemble 'uses_bad' depends on 'bad' which has no loaded "
+            "version. Model 'bad' loading failed with error: "
+        ) + ".*this model refuses to load"):
+            await repository.load("uses_bad")
+        # As in Triton, the ensemble was never tried (the index lists it by name alone).
+        assert registry.entry("uses_bad") is None and registry.entry("lost") is None
+    finally:
+        await registry.close()
+
+
+async def test_an_ensemble_named_at_start_brings_its_steps(tmp_path: Path) -> None:
+    repository = repository_for(tmp_path)
+    repo = tmp_path / "repo"
+    ensemble_of(repo, "inner", "double")
+    ensemble_of(repo, "outer", "inner")
+    python_model(repo, "other", "y = x")
+    repository.startup_models = ["outer"]
+    try:
+        assert await repository.startup() == []
+        assert await _answer(repository.registry, "outer") == [3.0, -4.0]
+        assert not repository.registry.is_ready("other")
+    finally:
+        await repository.registry.close()
+
+
+async def test_a_rescan_loads_an_ensemble_after_its_steps(tmp_path: Path) -> None:
+    """An ensemble is checked against its step models when it loads: a rescan that finds an
+    ensemble and its step changed together (the step's input renamed, the ensemble's map with
+    it) loads the step first. Loaded together, the ensemble was checked against the old step
+    and refused ("ensemble tensor X is mapping to non-existing input X2")."""
+    repository = repository_for(tmp_path, "poll")
+    repo = tmp_path / "repo"
+    ensemble_of(repo, "pipe", "double")
+    try:
+        assert await repository.startup() == []
+        assert await _answer(repository.registry, "pipe") == [3.0, -4.0]
+        for file in (repo / "double" / "config.pbtxt", repo / "double" / "1" / "model.py"):
+            file.write_text(file.read_text().replace('name: "X"', 'name: "X2"').replace("request, 'X'", "request, 'X2'"))
+        ensemble_of(repo, "pipe", "double", input_key="X2")
+        await repository.rescan()
+        assert repository.registry.entry("pipe").reason == ""  # type: ignore[union-attr]
+        assert await _answer(repository.registry, "pipe") == [3.0, -4.0]
+    finally:
+        await repository.registry.close()
