@@ -4,7 +4,9 @@ Each step maps ensemble tensors to a step model's inputs (`input_map`: step name
 name) and its outputs back (`output_map`: step name -> ensemble name). Steps whose inputs are all
 available run concurrently, wave by wave; every step goes through the step model's own
 scheduler, so batching still happens per model. Errors name the failing step. A request for
-some of the outputs runs only the steps that lead to them (Triton prunes the rest too).
+some of the outputs runs only the steps that lead to them (Triton prunes the rest too), and a
+tensor crossing between a model that batches and one that does not is reshaped as in Triton
+(`fit`).
 
 As in Triton, a request takes its step models when it starts and holds them until it ends
 (on-demand ones loaded first): a swap meanwhile changes no step of it, and retires the versions
@@ -19,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
+
+import numpy as np
 
 from daemon.backend import InferRequest, InferResponse
 from daemon.core.model import LoadedVersion
@@ -53,6 +57,7 @@ class EnsembleRunner:
         assert config.ensemble_scheduling is not None
         self.steps = config.ensemble_scheduling.step
         self._outputs = tuple(t.name for t in config.output)
+        self._output_dims = {t.name: t.reshape if t.reshape is not None else t.dims for t in config.output}
         self._check_graph()
         self._check_tensors()
         self._check_steps()
@@ -200,11 +205,18 @@ class EnsembleRunner:
         return models
 
     async def _run_step(
-        self, index: int, step: EnsembleStep, model: LoadedVersion, tensors: dict[str, object], parent: InferRequest
-    ) -> dict[str, object]:
-        inputs = {inner: tensors[outer] for inner, outer in step.input_map.items()}
+        self, index: int, step: EnsembleStep, model: LoadedVersion, tensors: dict[str, np.ndarray],
+        sizes: dict[str, int], parent: InferRequest,
+    ) -> tuple[dict[str, np.ndarray], int]:
+        """The step's outputs as ensemble tensors, and their batch size (0: not batched)."""
+        batching = model.config.max_batch_size > 0
+        dims = {t.name: t.dims for t in model.config.input}
+        inputs = {
+            inner: fit(tensors[outer], dims[inner], batching, sizes[outer]) if inner in dims else tensors[outer]
+            for inner, outer in step.input_map.items()
+        }
         request = InferRequest(
-            inputs=inputs,  # type: ignore[arg-type]
+            inputs=inputs,
             id=parent.id,
             requested_outputs=tuple(step.output_map),
             # Request parameters reach every step, as in Triton.
@@ -216,7 +228,7 @@ class EnsembleRunner:
             response = await model.infer(request)
         except EdgedError as exc:
             raise self._named(index, step, exc) from exc
-        produced: dict[str, object] = {}
+        produced: dict[str, np.ndarray] = {}
         for inner, outer in step.output_map.items():
             if inner not in response.outputs:
                 raise ConfigError(
@@ -224,7 +236,7 @@ class EnsembleRunner:
                     f"did not produce output '{inner}'"
                 )
             produced[outer] = response.outputs[inner]
-        return produced
+        return produced, request.batch_size() if batching else 0
 
     # ------------------------------------------------------------------ the scheduler interface
 
@@ -254,7 +266,10 @@ class EnsembleRunner:
 
     async def _run(self, request: InferRequest) -> InferResponse:
         started = time.monotonic_ns()
-        tensors: dict[str, object] = dict(request.inputs)
+        tensors = dict(request.inputs)
+        # Each tensor's batch size, 0 where it is not batched (Triton's reshape, see `fit`).
+        batch = request.batch_size() if self.config.max_batch_size > 0 else 0
+        sizes = dict.fromkeys(tensors, batch)
         wanted = request.requested_outputs or self._outputs
         remaining = self._steps_for(wanted)
         held: list[Releasable] = []
@@ -266,10 +281,11 @@ class EnsembleRunner:
             while remaining:
                 ready = [(i, s) for i, s in remaining if set(s.input_map.values()) <= tensors.keys()]
                 results = await asyncio.gather(
-                    *(self._run_step(i, s, models[i], tensors, request) for i, s in ready)
+                    *(self._run_step(i, s, models[i], tensors, sizes, request) for i, s in ready)
                 )
-                for produced in results:
+                for produced, size in results:
                     tensors.update(produced)
+                    sizes.update(dict.fromkeys(produced, size))
                 remaining = [(i, s) for i, s in remaining if (i, s) not in ready]
         except EdgedError:
             self.stats.record_failure(time.monotonic_ns() - started)
@@ -279,6 +295,27 @@ class EnsembleRunner:
                 model.leave()
             for lease in held:
                 lease.release()
-        outputs = {name: tensors[name] for name in wanted if name in tensors}
+        outputs = {
+            name: fit(tensors[name], self._output_dims[name], batch != 0, sizes[name])
+            for name in wanted if name in tensors
+        }
         self.stats.record_success(time.monotonic_ns() - started, request.batch_size())
-        return InferResponse(outputs)  # type: ignore[arg-type]
+        return InferResponse(outputs)
+
+
+def fit(array: np.ndarray, dims: Sequence[int], batching: bool, batch: int) -> np.ndarray:
+    """A tensor made for a model that batches (`batch` rows, 0: it does not), given to one
+    that does not, or the reverse, reshaped as Triton's ensembles do: a batch of one loses its
+    batch dimension where the shape does not match `dims` as it is, and an unbatched tensor
+    that matches `dims` gains one. Anything else is left to the model's own shape check."""
+    if batching == (batch != 0):
+        return array
+    if batching:
+        return array.reshape(1, *array.shape) if _matches(dims, array.shape) else array
+    if batch == 1 and not _matches(dims, array.shape):
+        return array.reshape(array.shape[1:])
+    return array
+
+
+def _matches(dims: Sequence[int], shape: tuple[int, ...]) -> bool:
+    return len(dims) == len(shape) and all(d in (-1, s) for d, s in zip(dims, shape, strict=True))

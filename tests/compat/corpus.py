@@ -455,6 +455,14 @@ def cases() -> list[Case]:
         post(f"ensemble-fork-all-{tag}", {"inputs": x}, path=fork)
         post(f"ensemble-fork-kept-{tag}", {"inputs": x, "outputs": [{"name": "kept"}]}, path=fork)
         post(f"ensemble-fork-dropped-{tag}", {"inputs": x, "outputs": [{"name": "dropped2"}]}, path=fork)
+    # Between batching and non-batching models (a batch of one loses or gains its dimension).
+    bou = "/v2/models/batched_over_unbatched/infer"
+    post("ensemble-batched-over-unbatched-1", {"inputs": [_tensor("X", "FP32", [1, 4], [1, 2, 3, 4])]}, path=bou)
+    post("ensemble-batched-over-unbatched-2", {"inputs": [_tensor("X", "FP32", [2, 4], list(range(8)))]}, path=bou,
+         needles=("unexpected shape for input 'INPUT0' for model 'identity_fp32'",))
+    post("ensemble-unbatched-over-batched", {"inputs": [_tensor("A", "INT32", [4], [1, 2, 3, 4]),
+                                                         _tensor("B", "INT32", [4], [10, 20, 30, 40])]},
+         path="/v2/models/unbatched_over_batched/infer")
     out.append(Case("ensemble-metadata", "GET", "/v2/models/twice",
                     keys=("name", "versions", "platform", "inputs", "outputs")))
     out.append(Case("ensemble-config", "GET", "/v2/models/twice/config",

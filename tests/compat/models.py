@@ -255,6 +255,32 @@ ensemble_scheduling { step [
 '''
 STARTUP.append("fork")
 
+# Batching ensembles over models that do not batch and the reverse: Triton reshapes between them.
+BATCHED_OVER_UNBATCHED = '''\
+name: "batched_over_unbatched"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "identity_fp32" model_version: -1
+    input_map { key: "INPUT0" value: "X" } output_map { key: "OUTPUT0" value: "Y" } }
+] }
+'''
+UNBATCHED_OVER_BATCHED = '''\
+name: "unbatched_over_batched"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "A" data_type: TYPE_INT32 dims: [ 4 ] }, { name: "B" data_type: TYPE_INT32 dims: [ 4 ] } ]
+output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "add_sub" model_version: -1
+    input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+    output_map { key: "OUTPUT0" value: "SUM" } }
+] }
+'''
+STARTUP += ["batched_over_unbatched", "unbatched_over_batched"]
+
 
 def _ensemble(name: str, steps: list[tuple[str, dict[str, str], dict[str, str]]],
               inputs: tuple[str, ...] = ("X",), outputs: tuple[str, ...] = ("Y",), dtype: str = "TYPE_FP32") -> str:
@@ -302,7 +328,8 @@ def write_repository(repo: Path) -> None:
     (repo / "twice" / "config.pbtxt").write_text(ENSEMBLE, encoding="utf-8")
     (repo / "fork" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "fork" / "config.pbtxt").write_text(FORK, encoding="utf-8")
-    for name, config in ENSEMBLES_TO_LOAD.items():
+    for name, config in (("batched_over_unbatched", BATCHED_OVER_UNBATCHED),
+                         ("unbatched_over_batched", UNBATCHED_OVER_BATCHED), *ENSEMBLES_TO_LOAD.items()):
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
         (repo / name / "config.pbtxt").write_text(config, encoding="utf-8")
     (repo / "chain_step" / "1").mkdir(parents=True, exist_ok=True)

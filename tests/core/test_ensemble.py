@@ -380,3 +380,27 @@ async def test_an_ensemble_tensor_has_one_data_type(tmp_path: Path) -> None:
             await registry.load("e", repo / "e")
     finally:
         await registry.close()
+
+
+async def test_a_batch_of_one_crosses_between_batching_and_non_batching_models(tmp_path: Path) -> None:
+    """Triton's reshape (tests/compat checks it against Triton 2.51): a batching ensemble's
+    batch of one loses its batch dimension for a step that does not batch, and the step's
+    answer gains it back as the ensemble's output; a larger batch is the step's shape error.
+    Before, every such request failed the step's shape check."""
+    repo = tmp_path / "repo"
+    python_step(repo, "unbatched", ["X"], {"Y": "X * 3"})
+    config = repo / "unbatched" / "config.pbtxt"
+    config.write_text(config.read_text().replace("max_batch_size: 8", "max_batch_size: 0"))
+    ensemble(repo, "e", step("unbatched", {"X": "X"}, {"Y": "Y"}), ["X"], ["Y"])
+    registry = await make_registry(tmp_path)
+    try:
+        for name in ("unbatched", "e"):
+            await registry.load(name, repo / name)
+        x = np.arange(16, dtype=np.int32).reshape(1, 16)
+        response = await registry.get("e").infer(InferRequest({"X": x}))
+        assert response.outputs["Y"].shape == (1, 16)
+        np.testing.assert_array_equal(response.outputs["Y"], x * 3)
+        with pytest.raises(EdgedError, match=re.escape("unexpected shape for input 'X' for model 'unbatched'. Expected [16], got [2,16]")):
+            await registry.get("e").infer(InferRequest({"X": np.zeros((2, 16), dtype=np.int32)}))
+    finally:
+        await registry.close()
