@@ -219,10 +219,13 @@ class EnsembleRunner:
             inputs=inputs,
             id=parent.id,
             requested_outputs=tuple(step.output_map),
-            # Request parameters reach every step, as in Triton.
+            # Request parameters, and the sequence the request belongs to, reach every step,
+            # as in Triton (a sequence model can be a step).
             parameters=parent.parameters,
             priority=parent.priority,
             timeout_us=parent.timeout_us,
+            correlation_id=parent.correlation_id,
+            flags=parent.flags,
         )
         try:
             response = await model.infer(request)

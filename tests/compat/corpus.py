@@ -498,6 +498,17 @@ def cases() -> list[Case]:
     step("sequence-zero-id", 1, sequence_id=0, sequence_start=True)
     step("sequence-empty-id", 1, sequence_id="", sequence_start=True)
     step("sequence-start-and-end", 4, sequence_id=9, sequence_start=True, sequence_end=True)
+    # Through an ensemble.
+    pipe = "/v2/models/sequence_pipe/infer"
+
+    def through(id_: str, value: int, **parameters: object) -> None:
+        post(id_, {"inputs": [_tensor("IN", "INT32", [1, 1], [value])], "parameters": parameters}, path=pipe)
+
+    through("ensemble-sequence-start", 5, sequence_id=21, sequence_start=True)
+    through("ensemble-sequence-middle", 3, sequence_id=21)
+    through("ensemble-sequence-end", 2, sequence_id=21, sequence_end=True)
+    through("ensemble-sequence-after-end", 1, sequence_id=21)
+    through("ensemble-sequence-no-id", 1)
     step("sequence-other-end", 1, sequence_id=8, sequence_end=True)
     post("sequence-string-id-uint64-corrid", {"inputs": [_tensor("INPUT", "INT32", [1, 1], [1])], "parameters": {
         "sequence_id": "user-a", "sequence_start": True}}, path=acc, needles=("UINT64",), deviation=TYPED_ID)

@@ -279,7 +279,20 @@ ensemble_scheduling { step [
     output_map { key: "OUTPUT0" value: "SUM" } }
 ] }
 '''
-STARTUP += ["batched_over_unbatched", "unbatched_over_batched"]
+# A sequence model inside an ensemble: the request's sequence reaches the step (Triton passes
+# the correlation id and the start and end flags on).
+SEQUENCE_PIPE = '''\
+name: "sequence_pipe"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "TOTAL" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "py_accumulator" model_version: -1
+    input_map { key: "INPUT" value: "IN" } output_map { key: "OUTPUT" value: "TOTAL" } }
+] }
+'''
+STARTUP += ["batched_over_unbatched", "unbatched_over_batched", "sequence_pipe"]
 
 
 def _ensemble(name: str, steps: list[tuple[str, dict[str, str], dict[str, str]]],
@@ -328,7 +341,7 @@ def write_repository(repo: Path) -> None:
     (repo / "twice" / "config.pbtxt").write_text(ENSEMBLE, encoding="utf-8")
     (repo / "fork" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "fork" / "config.pbtxt").write_text(FORK, encoding="utf-8")
-    for name, config in (("batched_over_unbatched", BATCHED_OVER_UNBATCHED),
+    for name, config in (("batched_over_unbatched", BATCHED_OVER_UNBATCHED), ("sequence_pipe", SEQUENCE_PIPE),
                          ("unbatched_over_batched", UNBATCHED_OVER_BATCHED), *ENSEMBLES_TO_LOAD.items()):
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
         (repo / name / "config.pbtxt").write_text(config, encoding="utf-8")

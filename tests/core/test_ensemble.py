@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from daemon.backend import InferRequest
+from daemon.backend import REQUEST_FLAG_SEQUENCE_END, REQUEST_FLAG_SEQUENCE_START, InferRequest
 from daemon.core.hardware import Hardware
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
@@ -21,6 +21,7 @@ from daemon.errors import ConfigError, EdgedError
 pytest.importorskip("onnxruntime")
 
 from model_builders import build_simple_onnx
+from sequence_models import write_accumulator
 
 from support import REPO_BACKENDS
 
@@ -402,5 +403,33 @@ async def test_a_batch_of_one_crosses_between_batching_and_non_batching_models(t
         np.testing.assert_array_equal(response.outputs["Y"], x * 3)
         with pytest.raises(EdgedError, match=re.escape("unexpected shape for input 'X' for model 'unbatched'. Expected [16], got [2,16]")):
             await registry.get("e").infer(InferRequest({"X": np.zeros((2, 16), dtype=np.int32)}))
+    finally:
+        await registry.close()
+
+
+async def test_a_sequence_model_runs_as_a_step(tmp_path: Path) -> None:
+    """The ensemble request's sequence (correlation ID, start and end) reaches its steps, as in
+    Triton (tests/compat checks it against Triton 2.51). Before, a sequence model in an
+    ensemble refused every request: "must specify a non-zero or non-empty correlation ID"."""
+    repo = tmp_path / "repo"
+    write_accumulator(repo, "acc")
+    (repo / "pipe" / "1").mkdir(parents=True)
+    (repo / "pipe" / "config.pbtxt").write_text(
+        'platform: "ensemble"\nmax_batch_size: 4\n'
+        'input [{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }]\n'
+        'output [{ name: "TOTAL" data_type: TYPE_INT32 dims: [ 1 ] }]\n'
+        "ensemble_scheduling { step [ " + step("acc", {"INPUT": "IN"}, {"OUTPUT": "TOTAL"}) + " ] }\n"
+    )
+    registry = await make_registry(tmp_path)
+    try:
+        for name in ("acc", "pipe"):
+            await registry.load(name, repo / name)
+        totals = []
+        for value, flags in ((5, REQUEST_FLAG_SEQUENCE_START), (3, 0), (2, REQUEST_FLAG_SEQUENCE_END)):
+            request = InferRequest({"IN": np.array([[value]], dtype=np.int32)}, correlation_id=42, flags=flags)
+            totals.append(int((await registry.get("pipe").infer(request)).outputs["TOTAL"][0, 0]))
+        assert totals == [5, 8, 10]
+        with pytest.raises(EdgedError, match=r"ensemble 'pipe' step 0 \(model 'acc'\): .*must specify a non-zero"):
+            await registry.get("pipe").infer(InferRequest({"IN": np.array([[1]], dtype=np.int32)}))
     finally:
         await registry.close()
