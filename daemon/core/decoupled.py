@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from daemon.backend import ExecuteResult, InferRequest
+from daemon.core.ensemble import EnsembleRunner
 from daemon.core.sequence import SequenceBatcher
 from daemon.core.stats import FailureReason
 from daemon.core.validate import validate_request
@@ -33,6 +34,14 @@ async def responses(
     Errors the model attaches to a response come as EdgedError items (the stream may go on);
     a request that fails before any response (validation, queue full) raises.
     """
+    if isinstance(model.scheduler, EnsembleRunner):
+        # An ensemble answers once per set of outputs its steps complete (Triton's decoupled
+        # ensembles); a step's failure fails it (raised).
+        validate_request(request, model.config)
+        async with contextlib.aclosing(model.scheduler.stream(request)) as answers:
+            async for answer in answers:
+                yield answer
+        return
     if not model.config.model_transaction_policy.decoupled:
         # As Triton: a request refused before it ran (bad input, queue full or timed out)
         # raises; a failure of the model itself is its one response. Refused by validation,

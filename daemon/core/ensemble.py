@@ -6,7 +6,9 @@ available run concurrently, wave by wave; every step goes through the step model
 scheduler, so batching still happens per model. Errors name the failing step. A request for
 some of the outputs runs only the steps that lead to them (Triton prunes the rest too), and a
 tensor crossing between a model that batches and one that does not is reshaped as in Triton
-(`fit`).
+(`fit`). With a decoupled step, each of its responses runs the steps after it and may complete
+one more answer (`_flow`, Triton's decoupled ensembles); otherwise every step runs once
+(`_waves`).
 
 As in Triton, a request takes its step models when it starts and holds them until it ends
 (on-demand ones loaded first): a swap meanwhile changes no step of it, and retires the versions
@@ -21,12 +23,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-from daemon.backend import InferRequest, InferResponse
+from daemon.backend import (
+    REQUEST_FLAG_SEQUENCE_END,
+    REQUEST_FLAG_SEQUENCE_START,
+    ExecuteResult,
+    InferRequest,
+    InferResponse,
+    decoupled_infer_error,
+)
 from daemon.core.model import LoadedVersion
 from daemon.core.stats import ModelStats
 from daemon.errors import ConfigError, EdgedError, Unavailable
@@ -47,10 +56,18 @@ class Releasable(Protocol):
 Leaser = Callable[[str], Awaitable["Releasable | None"]]
 
 
+# A model's responses to one request (daemon.core.decoupled.responses: a decoupled model's
+# stream, any other model's one response or its error).
+Streamer = Callable[[LoadedVersion, InferRequest], AsyncGenerator[ExecuteResult, None]]
+
+
 class EnsembleRunner:
-    def __init__(self, resolve: Resolver, lease: Leaser, name: str, config: ModelConfig, stats: ModelStats) -> None:
+    def __init__(
+        self, resolve: Resolver, lease: Leaser, streamer: Streamer, name: str, config: ModelConfig, stats: ModelStats
+    ) -> None:
         self.resolve = resolve
         self.lease = lease
+        self.streamer = streamer
         self.name = name
         self.config = config
         self.stats = stats
@@ -204,18 +221,17 @@ class EnsembleRunner:
                 raise self._named(index, step, exc) from exc
         return models
 
-    async def _run_step(
-        self, index: int, step: EnsembleStep, model: LoadedVersion, tensors: dict[str, np.ndarray],
-        sizes: dict[str, int], parent: InferRequest,
-    ) -> tuple[dict[str, np.ndarray], int]:
-        """The step's outputs as ensemble tensors, and their batch size (0: not batched)."""
+    def _step_request(
+        self, step: EnsembleStep, model: LoadedVersion, tensors: dict[str, np.ndarray], sizes: dict[str, int],
+        parent: InferRequest,
+    ) -> InferRequest:
         batching = model.config.max_batch_size > 0
         dims = {t.name: t.dims for t in model.config.input}
         inputs = {
             inner: fit(tensors[outer], dims[inner], batching, sizes[outer]) if inner in dims else tensors[outer]
             for inner, outer in step.input_map.items()
         }
-        request = InferRequest(
+        return InferRequest(
             inputs=inputs,
             id=parent.id,
             requested_outputs=tuple(step.output_map),
@@ -227,6 +243,14 @@ class EnsembleRunner:
             correlation_id=parent.correlation_id,
             flags=parent.flags,
         )
+
+    async def _run_step(
+        self, index: int, step: EnsembleStep, model: LoadedVersion, tensors: dict[str, np.ndarray],
+        sizes: dict[str, int], parent: InferRequest,
+    ) -> tuple[dict[str, np.ndarray], int]:
+        """The step's outputs as ensemble tensors, and their batch size (0: not batched)."""
+        batching = model.config.max_batch_size > 0
+        request = self._step_request(step, model, tensors, sizes, parent)
         try:
             response = await model.infer(request)
         except EdgedError as exc:
@@ -256,40 +280,51 @@ class EnsembleRunner:
             await asyncio.wait_for(self._idle.wait(), drain_timeout)
 
     async def submit(self, request: InferRequest) -> InferResponse:
+        """The request's one response (`/infer`). With a decoupled step the ensemble may answer
+        any number of times: one answer is served, as for a decoupled model, any other count
+        is Triton's refusal (use the generate extension's stream)."""
+        answers: list[InferResponse] = []
+        async with contextlib.aclosing(self.stream(request)) as responses:
+            async for response in responses:
+                if isinstance(response, EdgedError):
+                    raise response
+                answers.append(response)
+        if len(answers) != 1:
+            raise decoupled_infer_error(self.name, len(answers))
+        return answers[0]
+
+    async def stream(self, request: InferRequest) -> AsyncGenerator[ExecuteResult, None]:
+        """Every response of `request`: one, or with decoupled steps one per set of requested
+        outputs that their responses complete (Triton's decoupled ensembles)."""
         if self._stopped:
             raise Unavailable(f"ensemble '{self.name}' is being unloaded")
         self._running += 1
         self._idle.clear()
         try:
-            return await self._run(request)
+            async with contextlib.aclosing(self._responses(request)) as responses:
+                async for response in responses:
+                    yield response
         finally:
             self._running -= 1
             if not self._running:
                 self._idle.set()
 
-    async def _run(self, request: InferRequest) -> InferResponse:
+    async def _responses(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
         started = time.monotonic_ns()
-        tensors = dict(request.inputs)
-        # Each tensor's batch size, 0 where it is not batched (Triton's reshape, see `fit`).
-        batch = request.batch_size() if self.config.max_batch_size > 0 else 0
-        sizes = dict.fromkeys(tensors, batch)
         wanted = request.requested_outputs or self._outputs
-        remaining = self._steps_for(wanted)
+        steps = self._steps_for(wanted)
         held: list[Releasable] = []
         models: dict[int, LoadedVersion] = {}
         try:
-            models = await self._hold(remaining, held)
+            models = await self._hold(steps, held)
             for model in models.values():
                 model.enter()
-            while remaining:
-                ready = [(i, s) for i, s in remaining if set(s.input_map.values()) <= tensors.keys()]
-                results = await asyncio.gather(
-                    *(self._run_step(i, s, models[i], tensors, sizes, request) for i, s in ready)
-                )
-                for produced, size in results:
-                    tensors.update(produced)
-                    sizes.update(dict.fromkeys(produced, size))
-                remaining = [(i, s) for i, s in remaining if (i, s) not in ready]
+            if any(model.config.model_transaction_policy.decoupled for model in models.values()):
+                async with contextlib.aclosing(self._flow(request, wanted, steps, models)) as responses:
+                    async for response in responses:
+                        yield response
+            else:
+                yield await self._waves(request, wanted, steps, models)
         except EdgedError:
             self.stats.record_failure(time.monotonic_ns() - started)
             raise
@@ -298,12 +333,128 @@ class EnsembleRunner:
                 model.leave()
             for lease in held:
                 lease.release()
-        outputs = {
+        self.stats.record_success(time.monotonic_ns() - started, request.batch_size())
+
+    def _batch(self, request: InferRequest) -> int:
+        """The request's batch size for `fit`: 0 where the ensemble does not batch."""
+        return request.batch_size() if self.config.max_batch_size > 0 else 0
+
+    async def _waves(
+        self, request: InferRequest, wanted: tuple[str, ...], steps: list[tuple[int, EnsembleStep]],
+        models: dict[int, LoadedVersion],
+    ) -> InferResponse:
+        """Each step once, all steps whose inputs are there at once (no step is decoupled)."""
+        tensors = dict(request.inputs)
+        # Each tensor's batch size, 0 where it is not batched (Triton's reshape, see `fit`).
+        batch = self._batch(request)
+        sizes = dict.fromkeys(tensors, batch)
+        remaining = steps
+        while remaining:
+            ready = [(i, s) for i, s in remaining if set(s.input_map.values()) <= tensors.keys()]
+            results = await asyncio.gather(
+                *(self._run_step(i, s, models[i], tensors, sizes, request) for i, s in ready)
+            )
+            for produced, size in results:
+                tensors.update(produced)
+                sizes.update(dict.fromkeys(produced, size))
+            remaining = [(i, s) for i, s in remaining if (i, s) not in ready]
+        return InferResponse({
             name: fit(tensors[name], self._output_dims[name], batch != 0, sizes[name])
             for name in wanted if name in tensors
-        }
-        self.stats.record_success(time.monotonic_ns() - started, request.batch_size())
-        return InferResponse(outputs)
+        }, _sequence_of(request))
+
+    async def _flow(
+        self, request: InferRequest, wanted: tuple[str, ...], steps: list[tuple[int, EnsembleStep]],
+        models: dict[int, LoadedVersion],
+    ) -> AsyncGenerator[InferResponse, None]:
+        """Triton's decoupled ensemble: every response of a step adds the next *iteration* of
+        its output tensors (0, 1, ...); a step runs once for each iteration that all its inputs
+        have (an ensemble input has iteration 0 only), and each iteration that all requested
+        outputs have is one response, as soon as it is complete."""
+        batch = self._batch(request)
+        tensors = {name: [array] for name, array in request.inputs.items()}
+        sizes = {name: [batch] for name in request.inputs}
+        consumers: dict[str, list[tuple[int, EnsembleStep]]] = {}
+        for index, step in steps:
+            for tensor in step.input_map.values():
+                consumers.setdefault(tensor, []).append((index, step))
+        fired: set[tuple[int, int]] = set()
+        sent: set[int] = set()
+        # (step index, step, a response | None once the step's run is done | its error, the
+        # batch size of its outputs), in the order each step's run produced them.
+        events: asyncio.Queue[tuple[int, EnsembleStep, InferResponse | Exception | None, int]] = asyncio.Queue()
+        tasks: list[asyncio.Task[None]] = []
+
+        async def feed(index: int, step: EnsembleStep, iteration: int) -> None:
+            model = models[index]
+            step_tensors = {t: tensors[t][iteration] for t in step.input_map.values()}
+            step_sizes = {t: sizes[t][iteration] for t in step.input_map.values()}
+            step_request = self._step_request(step, model, step_tensors, step_sizes, request)
+            size = step_request.batch_size() if model.config.max_batch_size > 0 else 0
+            try:
+                async with contextlib.aclosing(self.streamer(model, step_request)) as results:
+                    async for result in results:
+                        if isinstance(result, EdgedError):  # fails the ensemble, as in Triton
+                            raise result
+                        await events.put((index, step, result, size))
+            except EdgedError as exc:
+                await events.put((index, step, self._named(index, step, exc), size))
+            except Exception as exc:  # a fault of ours: ends the request, raised below
+                await events.put((index, step, exc, size))
+            else:
+                await events.put((index, step, None, size))
+
+        def fire(updated: list[tuple[str, int]]) -> None:
+            for tensor, iteration in updated:
+                for index, step in consumers.get(tensor, ()):
+                    if (index, iteration) not in fired and all(
+                        len(tensors.get(t, ())) > iteration for t in step.input_map.values()
+                    ):
+                        fired.add((index, iteration))
+                        tasks.append(asyncio.create_task(feed(index, step, iteration)))
+
+        fire([(name, 0) for name in tensors])
+        running = len(tasks)
+        try:
+            while running:
+                index, step, item, size = await events.get()
+                if item is None:
+                    running -= 1
+                    continue
+                if isinstance(item, Exception):
+                    raise item
+                updated: list[tuple[str, int]] = []
+                for inner, outer in step.output_map.items():
+                    if inner in item.outputs:  # a decoupled response may carry some
+                        tensors.setdefault(outer, []).append(item.outputs[inner])
+                        sizes.setdefault(outer, []).append(size)
+                        updated.append((outer, len(tensors[outer]) - 1))
+                before = len(tasks)
+                fire(updated)
+                running += len(tasks) - before
+                for outer, iteration in updated:
+                    if outer in wanted and iteration not in sent and all(
+                        len(tensors.get(name, ())) > iteration for name in wanted
+                    ):
+                        sent.add(iteration)
+                        yield InferResponse({
+                            name: fit(tensors[name][iteration], self._output_dims[name], batch != 0,
+                                      sizes[name][iteration])
+                            for name in wanted
+                        }, _sequence_of(request))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _sequence_of(request: InferRequest) -> dict[str, Any]:
+    """The response parameters Triton gives every ensemble answer: the request's sequence."""
+    return {
+        "sequence_id": request.correlation_id,
+        "sequence_start": bool(request.flags & REQUEST_FLAG_SEQUENCE_START),
+        "sequence_end": bool(request.flags & REQUEST_FLAG_SEQUENCE_END),
+    }
 
 
 def fit(array: np.ndarray, dims: Sequence[int], batching: bool, batch: int) -> np.ndarray:

@@ -169,7 +169,7 @@ class ModelLoader:
     ) -> LoadedVersion:
         stats = ModelStats(name, str(version), self.metrics, tags=config.metric_tags)
         if config.platform == "ensemble" or config.ensemble_scheduling is not None:
-            runner = EnsembleRunner(self.resolve_model, self.lease_model, name, config, stats)
+            runner = EnsembleRunner(self.resolve_model, self.lease_model, decoupled.responses, name, config, stats)
             return LoadedVersion(
                 name, version, config, "ensemble", version_dir, [], stats, runner,
                 selection={"backend": "ensemble", "reason": "ensemble_scheduling"},

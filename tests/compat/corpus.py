@@ -432,6 +432,16 @@ def cases() -> list[Case]:
                         deviation=ERROR_STATUS if n != 1 else None))
         post(f"infer-decoupled-{n}", {"inputs": [_tensor("IN", "INT32", [1], [n])]}, path=count + "/infer",
              needles=(decoupled,) if n != 1 else (), deviation=ONE_RESPONSE if n == 1 else None)
+    # An ensemble over the decoupled model, and a step after it: one answer per response.
+    pipe = "/v2/models/count_pipe"
+    for n in (0, 1, 3):
+        out.append(Case(f"ensemble-generate-stream-decoupled-{n}", "POST", pipe + "/generate_stream",
+                        _body({"N": n}), dict(JSON)))
+        out.append(Case(f"ensemble-generate-decoupled-{n}", "POST", pipe + "/generate", _body({"N": n}), dict(JSON),
+                        needles=("generate expects model to produce exactly 1 response",) if n != 1 else (),
+                        deviation=ERROR_STATUS if n != 1 else None))
+    post("ensemble-infer-decoupled-3", {"inputs": [_tensor("N", "INT32", [1], [3])]}, path=pipe + "/infer",
+         needles=(decoupled,))
     # An ensemble (two add_sub steps).
     ens = "/v2/models/twice/infer"
 

@@ -150,6 +150,9 @@ MODELS: dict[str, tuple[str, str]] = {
     "identity_fp32": (IDENTITY, _config(
         "identity_fp32", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")],
     )),
+    "identity_int32": (IDENTITY, _config(
+        "identity_int32", 0, [("INPUT0", "TYPE_INT32", "-1")], [("OUTPUT0", "TYPE_INT32", "-1")],
+    )),
     "identity_bytes": (IDENTITY, _config(
         "identity_bytes", 0, [("INPUT0", "TYPE_STRING", "-1")], [("OUTPUT0", "TYPE_STRING", "-1")],
     )),
@@ -193,7 +196,7 @@ class TritonPythonModel:
 }
 
 # What both servers load at start (explicit control mode).
-STARTUP = ["add_sub", "identity_fp32", "identity_bytes", "identity_mixed", "countdown", "py_accumulator", "faulty", "queued"]
+STARTUP = ["add_sub", "identity_fp32", "identity_int32", "identity_bytes", "identity_mixed", "countdown", "py_accumulator", "faulty", "queued"]
 
 
 # Versioned models: version N adds N (so answers show which version ran), under three policies.
@@ -292,7 +295,22 @@ ensemble_scheduling { step [
     input_map { key: "INPUT" value: "IN" } output_map { key: "OUTPUT" value: "TOTAL" } }
 ] }
 '''
-STARTUP += ["batched_over_unbatched", "unbatched_over_batched", "sequence_pipe"]
+# A decoupled step: the ensemble answers once per response of it (Triton's decoupled ensembles;
+# Triton counts an ensemble with a decoupled step as decoupled whatever its own config says).
+COUNT_PIPE = '''\
+name: "count_pipe"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "TOTAL" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "countdown" model_version: -1
+    input_map { key: "IN" value: "N" } output_map { key: "OUT" value: "I" } },
+  { model_name: "identity_int32" model_version: -1
+    input_map { key: "INPUT0" value: "I" } output_map { key: "OUTPUT0" value: "TOTAL" } }
+] }
+'''
+STARTUP += ["batched_over_unbatched", "unbatched_over_batched", "sequence_pipe", "count_pipe"]
 
 
 def _ensemble(name: str, steps: list[tuple[str, dict[str, str], dict[str, str]]],
@@ -342,6 +360,7 @@ def write_repository(repo: Path) -> None:
     (repo / "fork" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "fork" / "config.pbtxt").write_text(FORK, encoding="utf-8")
     for name, config in (("batched_over_unbatched", BATCHED_OVER_UNBATCHED), ("sequence_pipe", SEQUENCE_PIPE),
+                         ("count_pipe", COUNT_PIPE),
                          ("unbatched_over_batched", UNBATCHED_OVER_BATCHED), *ENSEMBLES_TO_LOAD.items()):
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
         (repo / name / "config.pbtxt").write_text(config, encoding="utf-8")

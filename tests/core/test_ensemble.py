@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from daemon.backend import REQUEST_FLAG_SEQUENCE_END, REQUEST_FLAG_SEQUENCE_START, InferRequest
+from daemon.core import decoupled
 from daemon.core.hardware import Hardware
 from daemon.core.plugins import PluginRegistry
 from daemon.core.registry import ModelRegistry
@@ -431,5 +432,60 @@ async def test_a_sequence_model_runs_as_a_step(tmp_path: Path) -> None:
         assert totals == [5, 8, 10]
         with pytest.raises(EdgedError, match=r"ensemble 'pipe' step 0 \(model 'acc'\): .*must specify a non-zero"):
             await registry.get("pipe").infer(InferRequest({"IN": np.array([[1]], dtype=np.int32)}))
+    finally:
+        await registry.close()
+
+
+COUNTDOWN = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            n = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().reshape(-1)[0])
+            for i in range(n):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.full((1, 16), i, np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+async def test_a_decoupled_step_makes_one_answer_per_response(tmp_path: Path) -> None:
+    """Triton's decoupled ensembles (tests/compat checks them against Triton 2.51): each
+    response of the decoupled step runs the steps after it and is one answer of the ensemble.
+    `/infer` serves exactly one answer, as for a decoupled model. Before, the step's responses
+    were refused ("HTTP end point doesn't support models with decoupled transaction policy")."""
+    repo = tmp_path / "repo"
+    (repo / "countdown" / "1").mkdir(parents=True)
+    (repo / "countdown" / "1" / "model.py").write_text(COUNTDOWN)
+    (repo / "countdown" / "config.pbtxt").write_text(
+        f'backend: "python"\nmax_batch_size: 0\ninput [{{ name: "IN" {TENSOR} }}]\n'
+        f'output [{{ name: "OUT" {TENSOR} }}]\nmodel_transaction_policy {{ decoupled: true }}\n'
+    )
+    python_step(repo, "plus", ["X"], {"Y": "X + 100"})
+    ensemble(repo, "pipe", step("countdown", {"IN": "N"}, {"OUT": "I"}) + ", " + step("plus", {"X": "I"}, {"Y": "Y"}),
+             ["N"], ["Y"])
+    config = repo / "pipe" / "config.pbtxt"
+    config.write_text(config.read_text().replace("max_batch_size: 8", "max_batch_size: 0"))
+    registry = await make_registry(tmp_path)
+    try:
+        for name in ("countdown", "plus", "pipe"):
+            await registry.load(name, repo / name)
+
+        def n(value: int) -> InferRequest:
+            return InferRequest({"N": np.full(16, value, dtype=np.int32)})
+
+        answers = [r async for r in decoupled.responses(registry.get("pipe"), n(3))]
+        # The step's batch of one leaves its batch dimension for the ensemble that does not batch.
+        assert [a.outputs["Y"].tolist() for a in answers] == [[100 + i] * 16 for i in range(3)]  # type: ignore[union-attr]
+        assert [r async for r in decoupled.responses(registry.get("pipe"), n(0))] == []
+        one = await registry.get("pipe").infer(n(1))
+        assert one.outputs["Y"].tolist() == [100] * 16  # type: ignore[attr-defined]
+        assert one.parameters == {"sequence_id": 0, "sequence_start": False, "sequence_end": False}
+        with pytest.raises(EdgedError, match="model 'pipe' gave 3 responses to one request"):
+            await registry.get("pipe").infer(n(3))
     finally:
         await registry.close()
