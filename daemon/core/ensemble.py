@@ -39,7 +39,7 @@ from daemon.backend import (
 from daemon.core.model import LoadedVersion
 from daemon.core.stats import ModelStats
 from daemon.errors import ConfigError, EdgedError, Unavailable
-from daemon.model_config import EnsembleStep, ModelConfig, type_name
+from daemon.model_config import EnsembleStep, ModelConfig, TransactionPolicy, type_name
 
 # (model name, version or None for the served one) -> that model's loaded version.
 Resolver = Callable[[str, "str | None"], LoadedVersion]
@@ -110,7 +110,8 @@ class EnsembleRunner:
     def _check_steps(self) -> None:
         """Triton's checks against the step models loaded now (a step loaded later, or on
         demand, is checked by its requests): every mapped name is one of the step model's
-        inputs or outputs, and every tensor has one data type. Triton's texts."""
+        inputs or outputs, and every tensor has one data type. Triton's texts. As Triton, an
+        ensemble with a decoupled step is decoupled (its served config says so)."""
         types = {t.name: (t.data_type, self.name) for t in (*self.config.input, *self.config.output)}
         for step in self.steps:
             version = None if step.model_version < 0 else str(step.model_version)
@@ -118,6 +119,8 @@ class EnsembleRunner:
                 config = self.resolve(step.model_name, version).config
             except EdgedError:
                 continue
+            if config.model_transaction_policy.decoupled:
+                self.config.model_transaction_policy = TransactionPolicy(decoupled=True)
             inputs = {t.name: t.data_type for t in config.input}
             outputs = {t.name: t.data_type for t in config.output}
             pairs = [(inner, outer, inputs, "is mapping to non-existing input") for inner, outer in step.input_map.items()]
@@ -319,7 +322,9 @@ class EnsembleRunner:
             models = await self._hold(steps, held)
             for model in models.values():
                 model.enter()
-            if any(model.config.model_transaction_policy.decoupled for model in models.values()):
+            if self.config.model_transaction_policy.decoupled or any(
+                model.config.model_transaction_policy.decoupled for model in models.values()
+            ):
                 async with contextlib.aclosing(self._flow(request, wanted, steps, models)) as responses:
                     async for response in responses:
                         yield response
