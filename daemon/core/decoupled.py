@@ -4,7 +4,8 @@ A decoupled model answers 0..n times per request and says when it is done (the f
 `/infer` still goes through the model's scheduler and takes exactly one response; the generate
 extension streams through here instead, straight to the instance with the fewest open streams
 (decoupled models in Triton are not batched either: each request gets its own sender), except
-for a model with `sequence_batching`, whose sequence batcher runs its streams too.
+for a model with `sequence_batching`, whose sequence batcher runs its streams too. An
+ensemble's answers come from its runner (daemon.core.ensemble), one per set of outputs.
 Closing the iterator early (the client went away) cancels the request in the backend.
 """
 
@@ -36,11 +37,16 @@ async def responses(
     """
     if isinstance(model.scheduler, EnsembleRunner):
         # An ensemble answers once per set of outputs its steps complete (Triton's decoupled
-        # ensembles); a step's failure fails it (raised).
+        # ensembles). A step's failure ends it: its last response, as a model's own failure is.
         validate_request(request, model.config)
-        async with contextlib.aclosing(model.scheduler.stream(request)) as answers:
-            async for answer in answers:
-                yield answer
+        try:
+            async with contextlib.aclosing(model.scheduler.stream(request)) as answers:
+                async for answer in answers:
+                    yield answer
+        except (Unavailable, QueueTimeout):
+            raise
+        except EdgedError as exc:
+            yield exc
         return
     if not model.config.model_transaction_policy.decoupled:
         # As Triton: a request refused before it ran (bad input, queue full or timed out)

@@ -38,7 +38,7 @@ from daemon.backend import (
 )
 from daemon.core.model import LoadedVersion
 from daemon.core.stats import ModelStats
-from daemon.errors import ConfigError, EdgedError, Unavailable
+from daemon.errors import ConfigError, EdgedError, InvalidArgument, Unavailable
 from daemon.model_config import EnsembleStep, ModelConfig, TransactionPolicy, type_name
 
 # (model name, version or None for the served one) -> that model's loaded version.
@@ -114,9 +114,8 @@ class EnsembleRunner:
         ensemble with a decoupled step is decoupled (its served config says so)."""
         types = {t.name: (t.data_type, self.name) for t in (*self.config.input, *self.config.output)}
         for step in self.steps:
-            version = None if step.model_version < 0 else str(step.model_version)
             try:
-                config = self.resolve(step.model_name, version).config
+                config = self.resolve(step.model_name, _version(step)).config
             except EdgedError:
                 continue
             if config.model_transaction_policy.decoupled:
@@ -187,7 +186,7 @@ class EnsembleRunner:
         """The steps a request for the outputs `wanted` runs: as Triton does, those that lead to
         them (a step none of whose outputs is wanted, directly or through later steps, is left
         out: a request for one branch's output does not run, nor wait for, the others)."""
-        if len(set(wanted)) == len(self._outputs):  # all (the codec checked the names)
+        if len(set(wanted)) == len(self._outputs):  # all (validate_request checked the names)
             return list(enumerate(self.steps))
         needed = set(wanted)
         chosen: set[int] = set()
@@ -217,9 +216,8 @@ class EnsembleRunner:
         # One step with no await from the first to the last: no swap between them.
         models: dict[int, LoadedVersion] = {}
         for index, step in steps:
-            version = None if step.model_version < 0 else str(step.model_version)
             try:
-                models[index] = self.resolve(step.model_name, version)
+                models[index] = self.resolve(step.model_name, _version(step))
             except EdgedError as exc:
                 raise self._named(index, step, exc) from exc
         return models
@@ -258,15 +256,18 @@ class EnsembleRunner:
             response = await model.infer(request)
         except EdgedError as exc:
             raise self._named(index, step, exc) from exc
-        produced: dict[str, np.ndarray] = {}
-        for inner, outer in step.output_map.items():
+        self._check_outputs(index, step, response)
+        produced = {outer: response.outputs[inner] for inner, outer in step.output_map.items()}
+        return produced, request.batch_size() if batching else 0
+
+    def _check_outputs(self, index: int, step: EnsembleStep, response: InferResponse) -> None:
+        """A step that is not decoupled answers every output it maps."""
+        for inner in step.output_map:
             if inner not in response.outputs:
                 raise ConfigError(
                     f"ensemble '{self.name}' step {index} (model '{step.model_name}') "
                     f"did not produce output '{inner}'"
                 )
-            produced[outer] = response.outputs[inner]
-        return produced, request.batch_size() if batching else 0
 
     # ------------------------------------------------------------------ the scheduler interface
 
@@ -286,17 +287,13 @@ class EnsembleRunner:
         """The request's one response (`/infer`). With a decoupled step the ensemble may answer
         any number of times: one answer is served, as for a decoupled model, any other count
         is Triton's refusal (use the generate extension's stream)."""
-        answers: list[InferResponse] = []
         async with contextlib.aclosing(self.stream(request)) as responses:
-            async for response in responses:
-                if isinstance(response, EdgedError):
-                    raise response
-                answers.append(response)
+            answers = [response async for response in responses]
         if len(answers) != 1:
             raise decoupled_infer_error(self.name, len(answers))
         return answers[0]
 
-    async def stream(self, request: InferRequest) -> AsyncGenerator[ExecuteResult, None]:
+    async def stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
         """Every response of `request`: one, or with decoupled steps one per set of requested
         outputs that their responses complete (Triton's decoupled ensembles)."""
         if self._stopped:
@@ -356,9 +353,22 @@ class EnsembleRunner:
         remaining = steps
         while remaining:
             ready = [(i, s) for i, s in remaining if set(s.input_map.values()) <= tensors.keys()]
-            results = await asyncio.gather(
-                *(self._run_step(i, s, models[i], tensors, sizes, request) for i, s in ready)
-            )
+            if not ready:  # an optional input the request left out: Triton's words
+                raise InvalidArgument(
+                    f"in ensemble '{self.name}', unexpected deadlock, at least one output is not set "
+                    "while no more ensemble steps can be made"
+                )
+            running = [
+                asyncio.create_task(self._run_step(i, s, models[i], tensors, sizes, request)) for i, s in ready
+            ]
+            try:
+                results = await asyncio.gather(*running)
+            except BaseException:
+                # Not one step runs on once the request is over: it lets its models go.
+                for task in running:
+                    task.cancel()
+                await asyncio.gather(*running, return_exceptions=True)
+                raise
             for produced, size in results:
                 tensors.update(produced)
                 sizes.update(dict.fromkeys(produced, size))
@@ -377,7 +387,7 @@ class EnsembleRunner:
         have (an ensemble input has iteration 0 only), and each iteration that all requested
         outputs have is one response, as soon as it is complete."""
         batch = self._batch(request)
-        tensors = {name: [array] for name, array in request.inputs.items()}
+        tensors: dict[str, list[np.ndarray | None]] = {name: [array] for name, array in request.inputs.items()}
         sizes = {name: [batch] for name in request.inputs}
         consumers: dict[str, list[tuple[int, EnsembleStep]]] = {}
         for index, step in steps:
@@ -392,28 +402,31 @@ class EnsembleRunner:
 
         async def feed(index: int, step: EnsembleStep, iteration: int) -> None:
             model = models[index]
-            step_tensors = {t: tensors[t][iteration] for t in step.input_map.values()}
-            step_sizes = {t: sizes[t][iteration] for t in step.input_map.values()}
-            step_request = self._step_request(step, model, step_tensors, step_sizes, request)
-            size = step_request.batch_size() if model.config.max_batch_size > 0 else 0
+            decoupled = model.config.model_transaction_policy.decoupled
             try:
+                step_tensors: dict[str, np.ndarray] = {t: tensors[t][iteration] for t in step.input_map.values()}  # type: ignore[misc]
+                step_sizes = {t: sizes[t][iteration] for t in step.input_map.values()}
+                step_request = self._step_request(step, model, step_tensors, step_sizes, request)
+                size = step_request.batch_size() if model.config.max_batch_size > 0 else 0
                 async with contextlib.aclosing(self.streamer(model, step_request)) as results:
                     async for result in results:
                         if isinstance(result, EdgedError):  # fails the ensemble, as in Triton
                             raise result
+                        if not decoupled:
+                            self._check_outputs(index, step, result)
                         await events.put((index, step, result, size))
             except EdgedError as exc:
-                await events.put((index, step, self._named(index, step, exc), size))
+                await events.put((index, step, self._named(index, step, exc), 0))
             except Exception as exc:  # a fault of ours: ends the request, raised below
-                await events.put((index, step, exc, size))
+                await events.put((index, step, exc, 0))
             else:
-                await events.put((index, step, None, size))
+                await events.put((index, step, None, 0))
 
         def fire(updated: list[tuple[str, int]]) -> None:
             for tensor, iteration in updated:
                 for index, step in consumers.get(tensor, ()):
                     if (index, iteration) not in fired and all(
-                        len(tensors.get(t, ())) > iteration for t in step.input_map.values()
+                        _at(tensors, t, iteration) is not None for t in step.input_map.values()
                     ):
                         fired.add((index, iteration))
                         tasks.append(asyncio.create_task(feed(index, step, iteration)))
@@ -428,22 +441,23 @@ class EnsembleRunner:
                     continue
                 if isinstance(item, Exception):
                     raise item
+                # Every output of the step moves to its next iteration together; one a decoupled
+                # response does not carry is None there (Triton's empty placeholder).
                 updated: list[tuple[str, int]] = []
                 for inner, outer in step.output_map.items():
-                    if inner in item.outputs:  # a decoupled response may carry some
-                        tensors.setdefault(outer, []).append(item.outputs[inner])
-                        sizes.setdefault(outer, []).append(size)
-                        updated.append((outer, len(tensors[outer]) - 1))
+                    tensors.setdefault(outer, []).append(item.outputs.get(inner))
+                    sizes.setdefault(outer, []).append(size)
+                    updated.append((outer, len(tensors[outer]) - 1))
                 before = len(tasks)
                 fire(updated)
                 running += len(tasks) - before
                 for outer, iteration in updated:
                     if outer in wanted and iteration not in sent and all(
-                        len(tensors.get(name, ())) > iteration for name in wanted
+                        _at(tensors, name, iteration) is not None for name in wanted
                     ):
                         sent.add(iteration)
                         yield InferResponse({
-                            name: fit(tensors[name][iteration], self._output_dims[name], batch != 0,
+                            name: fit(tensors[name][iteration], self._output_dims[name], batch != 0,  # type: ignore[arg-type]
                                       sizes[name][iteration])
                             for name in wanted
                         }, _sequence_of(request))
@@ -451,6 +465,17 @@ class EnsembleRunner:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _version(step: EnsembleStep) -> str | None:
+    """The version a step names (None: the one served)."""
+    return None if step.model_version < 0 else str(step.model_version)
+
+
+def _at(tensors: dict[str, list[np.ndarray | None]], name: str, iteration: int) -> np.ndarray | None:
+    """Tensor `name` at `iteration` (None: not there, or a placeholder)."""
+    values = tensors.get(name, ())
+    return values[iteration] if iteration < len(values) else None
 
 
 def _sequence_of(request: InferRequest) -> dict[str, Any]:

@@ -138,9 +138,10 @@ class ModelRegistry:
     async def lease_step(self, name: str) -> Releasable | None:
         """Hold step model `name` for one ensemble request (daemon.core.ensemble): an
         on-demand model is loaded first, and neither an idle unload nor an eviction takes it
-        until the lease is released. None where there is nothing to hold: no residency, or an
-        update's check resolving staged models (the check may hold residency's lock for an
-        on-demand probe, which a load from here would wait for without end)."""
+        until the lease is released (the service's `hold`: an empty lease for a model residency
+        does not manage). None where nothing is held: no hook, or an update's check resolving
+        staged models (the check may hold residency's lock for an on-demand probe, which a load
+        from here would wait for without end)."""
         if self.lease is None or self._staged_steps.get() is not None:
             return None
         return await self.lease(name)

@@ -79,7 +79,8 @@ class RepositoryManager:
             wanted = list(models) if "*" in self.startup_models else self.startup_models
             # As in Triton, an ensemble named at start brings its step models (`_load_many`
             # loads them before it).
-            wanted = list(dict.fromkeys(wanted + await self._steps_of(wanted, models)))
+            if "*" not in self.startup_models:
+                wanted = list(dict.fromkeys(wanted + await self._steps_of(wanted, models)))
         else:
             wanted = list(models)
         deferred = [n for n in wanted if n in models and await self._on_demand(n, models[n])]
@@ -292,8 +293,13 @@ class RepositoryManager:
         models: dict[str, Path] | None = None
         for step in config.ensemble_scheduling.step:
             entry = self.registry.entry(step.model_name)
-            if step.model_name in loading or (entry is not None and entry.versions):
+            if entry is not None and entry.versions:
                 continue
+            if step.model_name in loading:  # not loaded and under way in this load: a cycle
+                raise InvalidArgument(
+                    f"load failed for model '{name}': ensemble '{name}' contains a cycle: its "
+                    f"steps lead back to '{step.model_name}'"
+                )
             if models is None:
                 models = await asyncio.to_thread(self.scan)
             step_path = models.get(step.model_name)
@@ -335,11 +341,11 @@ class RepositoryManager:
     async def _unload_dependents(self, gone: set[str]) -> None:
         """As in Triton, the loaded ensembles that lead to an unloaded model are unloaded too:
         they could no longer answer. Not for an on-demand model: a request loads it again."""
-        for name in list(gone):
-            entry = self.registry.entry(name)
-            if entry is not None and entry.path is not None and await self._on_demand(name, entry.path):
-                gone.discard(name)
         while gone:
+            for name in list(gone):
+                entry = self.registry.entry(name)
+                if entry is not None and entry.path is not None and await self._on_demand(name, entry.path):
+                    gone.discard(name)
             dependents = [other for other in self.registry.names() if self._leads_to(other, gone)]
             for other in dependents:
                 log.info("model %s: unloaded with a step model it needs", other)

@@ -489,3 +489,53 @@ async def test_a_decoupled_step_makes_one_answer_per_response(tmp_path: Path) ->
             await registry.get("pipe").infer(n(3))
     finally:
         await registry.close()
+
+
+async def test_a_step_failing_mid_stream_ends_the_answers_with_its_error(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "countdown" / "1").mkdir(parents=True)
+    (repo / "countdown" / "1" / "model.py").write_text(COUNTDOWN.replace("(1, 16)", "16"))
+    (repo / "countdown" / "config.pbtxt").write_text(
+        f'backend: "python"\nmax_batch_size: 0\ninput [{{ name: "IN" {TENSOR} }}]\n'
+        f'output [{{ name: "OUT" {TENSOR} }}]\nmodel_transaction_policy {{ decoupled: true }}\n'
+    )
+    # Not batching, one instance: the responses' runs go one after the other, in order.
+    python_step(repo, "picky", ["X"], {"Y": "picky(X)"},
+                prelude="def picky(x):\n    if (x == 2).any():\n        raise ValueError('two is refused')\n    return x\n")
+    config = repo / "picky" / "config.pbtxt"
+    config.write_text(config.read_text().replace("max_batch_size: 8", "max_batch_size: 0"))
+    ensemble(repo, "pipe", step("countdown", {"IN": "N"}, {"OUT": "I"}) + ", " + step("picky", {"X": "I"}, {"Y": "Y"}),
+             ["N"], ["Y"])
+    registry = await make_registry(tmp_path)
+    try:
+        for name in ("countdown", "picky", "pipe"):
+            await registry.load(name, repo / name)
+        request = InferRequest({"N": np.full((1, 16), 3, dtype=np.int32)})
+        results = [r async for r in decoupled.responses(registry.get("pipe"), request)]
+        assert len(results) == 3 and isinstance(results[2], EdgedError)
+        assert [r.outputs["Y"].tolist() for r in results[:2]] == [[[0] * 16], [[1] * 16]]  # type: ignore[union-attr]
+        assert "ensemble 'pipe' step 1 (model 'picky')" in results[2].message
+        assert "two is refused" in results[2].message
+        # The request let its step models go.
+        assert [registry.get(n)._running for n in ("countdown", "picky")] == [0, 0]
+    finally:
+        await registry.close()
+
+
+async def test_a_request_without_an_optional_input_a_step_needs_is_refused(tmp_path: Path) -> None:
+    """Triton's words. Before, no step could run and the runner looped without end on the
+    event loop (gather of nothing)."""
+    repo = tmp_path / "repo"
+    python_step(repo, "add", ["X", "Z"], {"Y": "X + Z"})
+    ensemble(repo, "e", step("add", {"X": "X", "Z": "Z"}, {"Y": "Y"}), ["X", "Z"], ["Y"])
+    config = repo / "e" / "config.pbtxt"
+    config.write_text(config.read_text().replace('{ name: "Z" data_type: TYPE_INT32 dims: [ 16 ] }',
+                                                 '{ name: "Z" data_type: TYPE_INT32 dims: [ 16 ] optional: true }'))
+    registry = await make_registry(tmp_path)
+    try:
+        for name in ("add", "e"):
+            await registry.load(name, repo / name)
+        with pytest.raises(EdgedError, match=re.escape("in ensemble 'e', unexpected deadlock, at least one output is not set")):
+            await registry.get("e").infer(InferRequest({"X": np.zeros((1, 16), dtype=np.int32)}))
+    finally:
+        await registry.close()

@@ -151,3 +151,16 @@ async def test_a_rescan_loads_an_ensemble_after_its_steps(tmp_path: Path) -> Non
         assert await _answer(repository.registry, "pipe") == [3.0, -4.0]
     finally:
         await repository.registry.close()
+
+
+async def test_an_explicit_load_of_ensembles_leading_to_each_other_is_refused(tmp_path: Path) -> None:
+    repository = repository_for(tmp_path)
+    repo = tmp_path / "repo"
+    ensemble_of(repo, "a", "b")
+    ensemble_of(repo, "b", "a")
+    try:
+        with pytest.raises(InvalidArgument, match=re.escape("ensemble 'b' contains a cycle: its steps lead back to 'a'")):
+            await repository.load("a")
+        assert not repository.registry.is_ready("a") and not repository.registry.is_ready("b")
+    finally:
+        await repository.registry.close()
