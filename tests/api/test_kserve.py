@@ -551,18 +551,19 @@ def test_uploaded_models_stay_inside_the_state_directory(start_daemon, simple_re
     assert body["outputs"][0]["data"] == (a + b).ravel().tolist()
 
 
-def test_unload_dependents_unloads_the_ensemble_steps(start_daemon, tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
+def _step_and_pipe(repo: Path, factor: int, *, step_config: str = "") -> None:
+    """A python model `step` (FP32 [2] X -> Y = X * factor) and an ensemble `pipe` over it."""
     tensor = 'data_type: TYPE_FP32 dims: [ 2 ]'
     (repo / "step" / "1").mkdir(parents=True)
     (repo / "step" / "config.pbtxt").write_text(
-        f'backend: "python"\ninput [{{ name: "X" {tensor} }}]\noutput [{{ name: "Y" {tensor} }}]\n'
+        f'backend: "python"\ninput [{{ name: "X" {tensor} }}]\noutput [{{ name: "Y" {tensor} }}]\n' + step_config
     )
     (repo / "step" / "1" / "model.py").write_text(
         "import triton_python_backend_utils as pb_utils\n"
         "class TritonPythonModel:\n"
         "    def execute(self, requests):\n"
-        "        return [pb_utils.InferenceResponse([pb_utils.Tensor('Y', pb_utils.get_input_tensor_by_name(r, 'X').as_numpy() * 2)]) for r in requests]\n"
+        "        return [pb_utils.InferenceResponse([pb_utils.Tensor('Y', pb_utils.get_input_tensor_by_name(r, 'X')"
+        f".as_numpy() * {factor})]) for r in requests]\n"
     )
     (repo / "pipe" / "1").mkdir(parents=True)
     (repo / "pipe" / "config.pbtxt").write_text(
@@ -570,6 +571,11 @@ def test_unload_dependents_unloads_the_ensemble_steps(start_daemon, tmp_path: Pa
         'ensemble_scheduling { step [ { model_name: "step" model_version: -1 '
         'input_map { key: "X" value: "IN" } output_map { key: "Y" value: "OUT" } } ] }\n'
     )
+
+
+def test_unload_dependents_unloads_the_ensemble_steps(start_daemon, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _step_and_pipe(repo, 2)
     daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit",
                           "--load-model", "step", "--load-model", "pipe")
     x = {"inputs": [{"name": "IN", "shape": [2], "datatype": "FP32", "data": [1, 2]}]}
@@ -588,24 +594,7 @@ def test_an_ensemble_loads_its_on_demand_steps(start_daemon, tmp_path: Path) -> 
     would (before, it failed while they were unloaded: 404 "ensemble 'pipe' step 0 (model
     'step'): Request for unknown model: 'step' is not found"), also after an explicit unload."""
     repo = tmp_path / "repo"
-    tensor = 'data_type: TYPE_FP32 dims: [ 2 ]'
-    (repo / "step" / "1").mkdir(parents=True)
-    (repo / "step" / "config.pbtxt").write_text(
-        f'backend: "python"\ninput [{{ name: "X" {tensor} }}]\noutput [{{ name: "Y" {tensor} }}]\n'
-        'parameters { key: "load" value { string_value: "on-demand" } }\n'
-    )
-    (repo / "step" / "1" / "model.py").write_text(
-        "import triton_python_backend_utils as pb_utils\n"
-        "class TritonPythonModel:\n"
-        "    def execute(self, requests):\n"
-        "        return [pb_utils.InferenceResponse([pb_utils.Tensor('Y', pb_utils.get_input_tensor_by_name(r, 'X').as_numpy() * 3)]) for r in requests]\n"
-    )
-    (repo / "pipe" / "1").mkdir(parents=True)
-    (repo / "pipe" / "config.pbtxt").write_text(
-        f'platform: "ensemble"\ninput [{{ name: "IN" {tensor} }}]\noutput [{{ name: "OUT" {tensor} }}]\n'
-        'ensemble_scheduling { step [ { model_name: "step" model_version: -1 '
-        'input_map { key: "X" value: "IN" } output_map { key: "Y" value: "OUT" } } ] }\n'
-    )
+    _step_and_pipe(repo, 3, step_config='parameters { key: "load" value { string_value: "on-demand" } }\n')
     daemon = start_daemon("--model-repository", str(repo), "--model-control-mode", "explicit", "--load-model", "*")
     x = {"inputs": [{"name": "IN", "shape": [2], "datatype": "FP32", "data": [1, 2]}]}
     assert daemon.request("GET", "/v2/models/step/ready").status == 400  # not loaded at start

@@ -492,10 +492,9 @@ def cases() -> list[Case]:
                     index_without=("uploaded",)))
     # The sequence batcher: one sequence across cases (the model keeps running sums), and the
     # requests it refuses.
-    acc = "/v2/models/py_accumulator/infer"
-
-    def step(id_: str, value: int, **parameters: object) -> None:
-        post(id_, {"inputs": [_tensor("INPUT", "INT32", [1, 1], [value])], "parameters": parameters}, path=acc)
+    def step(id_: str, value: int, *, model: str = "py_accumulator", input_: str = "INPUT", **parameters: object) -> None:
+        post(id_, {"inputs": [_tensor(input_, "INT32", [1, 1], [value])], "parameters": parameters},
+             path=f"/v2/models/{model}/infer")
 
     step("sequence-start", 5, sequence_id=7, sequence_start=True)
     step("sequence-middle", 3, sequence_id=7)
@@ -509,19 +508,15 @@ def cases() -> list[Case]:
     step("sequence-empty-id", 1, sequence_id="", sequence_start=True)
     step("sequence-start-and-end", 4, sequence_id=9, sequence_start=True, sequence_end=True)
     # Through an ensemble.
-    pipe = "/v2/models/sequence_pipe/infer"
-
-    def through(id_: str, value: int, **parameters: object) -> None:
-        post(id_, {"inputs": [_tensor("IN", "INT32", [1, 1], [value])], "parameters": parameters}, path=pipe)
-
-    through("ensemble-sequence-start", 5, sequence_id=21, sequence_start=True)
-    through("ensemble-sequence-middle", 3, sequence_id=21)
-    through("ensemble-sequence-end", 2, sequence_id=21, sequence_end=True)
-    through("ensemble-sequence-after-end", 1, sequence_id=21)
-    through("ensemble-sequence-no-id", 1)
+    pipe = {"model": "sequence_pipe", "input_": "IN"}
+    step("ensemble-sequence-start", 5, **pipe, sequence_id=21, sequence_start=True)
+    step("ensemble-sequence-middle", 3, **pipe, sequence_id=21)
+    step("ensemble-sequence-end", 2, **pipe, sequence_id=21, sequence_end=True)
+    step("ensemble-sequence-after-end", 1, **pipe, sequence_id=21)
+    step("ensemble-sequence-no-id", 1, **pipe)
     step("sequence-other-end", 1, sequence_id=8, sequence_end=True)
     post("sequence-string-id-uint64-corrid", {"inputs": [_tensor("INPUT", "INT32", [1, 1], [1])], "parameters": {
-        "sequence_id": "user-a", "sequence_start": True}}, path=acc, needles=("UINT64",), deviation=TYPED_ID)
+        "sequence_id": "user-a", "sequence_start": True}}, path="/v2/models/py_accumulator/infer", needles=("UINT64",), deviation=TYPED_ID)
     # Shared memory and logging extensions.
     out.append(Case("shm-status", "GET", "/v2/systemsharedmemory/status", keys=()))
     out.append(Case("shm-region-status-unknown", "GET", "/v2/systemsharedmemory/region/nope/status"))

@@ -239,85 +239,15 @@ ensemble_scheduling { step [
 '''
 STARTUP.append("twice")
 
-# Two branches from X: `kept` through identity_fp32, `dropped2` through faulty twice (refuses a
-# zero). A request for `kept` alone runs neither faulty step: both servers prune them.
-FORK = '''\
-name: "fork"
-platform: "ensemble"
-max_batch_size: 0
-input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "kept" data_type: TYPE_FP32 dims: [ -1 ] }, { name: "dropped2" data_type: TYPE_FP32 dims: [ -1 ] } ]
-ensemble_scheduling { step [
-  { model_name: "identity_fp32" model_version: -1
-    input_map { key: "INPUT0" value: "X" } output_map { key: "OUTPUT0" value: "kept" } },
-  { model_name: "faulty" model_version: -1
-    input_map { key: "INPUT0" value: "X" } output_map { key: "OUTPUT0" value: "dropped" } },
-  { model_name: "faulty" model_version: -1
-    input_map { key: "INPUT0" value: "dropped" } output_map { key: "OUTPUT0" value: "dropped2" } }
-] }
-'''
-STARTUP.append("fork")
-
-# Batching ensembles over models that do not batch and the reverse: Triton reshapes between them.
-BATCHED_OVER_UNBATCHED = '''\
-name: "batched_over_unbatched"
-platform: "ensemble"
-max_batch_size: 8
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
-ensemble_scheduling { step [
-  { model_name: "identity_fp32" model_version: -1
-    input_map { key: "INPUT0" value: "X" } output_map { key: "OUTPUT0" value: "Y" } }
-] }
-'''
-UNBATCHED_OVER_BATCHED = '''\
-name: "unbatched_over_batched"
-platform: "ensemble"
-max_batch_size: 0
-input [ { name: "A" data_type: TYPE_INT32 dims: [ 4 ] }, { name: "B" data_type: TYPE_INT32 dims: [ 4 ] } ]
-output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 4 ] } ]
-ensemble_scheduling { step [
-  { model_name: "add_sub" model_version: -1
-    input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
-    output_map { key: "OUTPUT0" value: "SUM" } }
-] }
-'''
-# A sequence model inside an ensemble: the request's sequence reaches the step (Triton passes
-# the correlation id and the start and end flags on).
-SEQUENCE_PIPE = '''\
-name: "sequence_pipe"
-platform: "ensemble"
-max_batch_size: 4
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "TOTAL" data_type: TYPE_INT32 dims: [ 1 ] } ]
-ensemble_scheduling { step [
-  { model_name: "py_accumulator" model_version: -1
-    input_map { key: "INPUT" value: "IN" } output_map { key: "OUTPUT" value: "TOTAL" } }
-] }
-'''
-# A decoupled step: the ensemble answers once per response of it (Triton's decoupled ensembles;
-# Triton counts an ensemble with a decoupled step as decoupled whatever its own config says).
-COUNT_PIPE = '''\
-name: "count_pipe"
-platform: "ensemble"
-max_batch_size: 0
-input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "TOTAL" data_type: TYPE_INT32 dims: [ 1 ] } ]
-ensemble_scheduling { step [
-  { model_name: "countdown" model_version: -1
-    input_map { key: "IN" value: "N" } output_map { key: "OUT" value: "I" } },
-  { model_name: "identity_int32" model_version: -1
-    input_map { key: "INPUT0" value: "I" } output_map { key: "OUTPUT0" value: "TOTAL" } }
-] }
-'''
-STARTUP += ["batched_over_unbatched", "unbatched_over_batched", "sequence_pipe", "count_pipe"]
+Tensor = tuple[str, str, str]  # name, data type, dims
+Step = tuple[str, dict[str, str], dict[str, str]]  # model, input_map, output_map
 
 
-def _ensemble(name: str, steps: list[tuple[str, dict[str, str], dict[str, str]]],
-              inputs: tuple[str, ...] = ("X",), outputs: tuple[str, ...] = ("Y",), dtype: str = "TYPE_FP32") -> str:
-    """An ensemble over FP32 [-1] tensors (or `dtype` for its inputs), not loaded at start."""
-    def tensors(names: tuple[str, ...], kind: str) -> str:
-        return ", ".join(f'{{ name: "{n}" data_type: {kind} dims: [ -1 ] }}' for n in names)
+def _ensemble(name: str, steps: list[Step], inputs: list[Tensor] | None = None,
+              outputs: list[Tensor] | None = None, max_batch: int = 0) -> str:
+    """An ensemble config; its tensors FP32 [-1] X -> Y unless given."""
+    def block(rows: list[Tensor]) -> str:
+        return ", ".join(_TENSOR.format(name=n, dtype=d, dims=dims).strip() for n, d, dims in rows)
 
     body = ", ".join(
         f'{{ model_name: "{model}" model_version: -1'
@@ -325,28 +255,60 @@ def _ensemble(name: str, steps: list[tuple[str, dict[str, str], dict[str, str]]]
         + "".join(f' output_map {{ key: "{k}" value: "{v}" }}' for k, v in outs.items()) + " }"
         for model, ins, outs in steps
     )
-    return (f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 0\n'
-            f"input [ {tensors(inputs, dtype)} ]\noutput [ {tensors(outputs, 'TYPE_FP32')} ]\n"
+    return (f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {max_batch}\n'
+            f"input [ {block(inputs or [('X', 'TYPE_FP32', '-1')])} ]\n"
+            f"output [ {block(outputs or [('Y', 'TYPE_FP32', '-1')])} ]\n"
             f"ensemble_scheduling {{ step [ {body} ] }}\n")
 
 
+def _fp32(*names: str) -> list[Tensor]:
+    return [(n, "TYPE_FP32", "-1") for n in names]
+
+
+ENSEMBLES = {
+    # Two branches from X: `kept` through identity_fp32, `dropped2` through faulty twice
+    # (refuses a zero). A request for `kept` alone runs neither faulty step: both prune them.
+    "fork": _ensemble("fork", [
+        ("identity_fp32", {"INPUT0": "X"}, {"OUTPUT0": "kept"}),
+        ("faulty", {"INPUT0": "X"}, {"OUTPUT0": "dropped"}),
+        ("faulty", {"INPUT0": "dropped"}, {"OUTPUT0": "dropped2"}),
+    ], outputs=_fp32("kept", "dropped2")),
+    # Batching ensembles over models that do not batch and the reverse: Triton reshapes.
+    "batched_over_unbatched": _ensemble(
+        "batched_over_unbatched", [("identity_fp32", {"INPUT0": "X"}, {"OUTPUT0": "Y"})],
+        [("X", "TYPE_FP32", "4")], [("Y", "TYPE_FP32", "4")], max_batch=8),
+    "unbatched_over_batched": _ensemble(
+        "unbatched_over_batched", [("add_sub", {"INPUT0": "A", "INPUT1": "B"}, {"OUTPUT0": "SUM"})],
+        [("A", "TYPE_INT32", "4"), ("B", "TYPE_INT32", "4")], [("SUM", "TYPE_INT32", "4")]),
+    # A sequence model inside an ensemble: the request's sequence reaches the step (Triton
+    # passes the correlation ID and the start and end flags on).
+    "sequence_pipe": _ensemble(
+        "sequence_pipe", [("py_accumulator", {"INPUT": "IN"}, {"OUTPUT": "TOTAL"})],
+        [("IN", "TYPE_INT32", "1")], [("TOTAL", "TYPE_INT32", "1")], max_batch=4),
+    # A decoupled step: the ensemble answers once per response of it (Triton's decoupled
+    # ensembles; Triton counts an ensemble with a decoupled step as decoupled whatever its own
+    # config says).
+    "count_pipe": _ensemble("count_pipe", [
+        ("countdown", {"IN": "N"}, {"OUT": "I"}),
+        ("identity_int32", {"INPUT0": "I"}, {"OUTPUT0": "TOTAL"}),
+    ], [("N", "TYPE_INT32", "1")], [("TOTAL", "TYPE_INT32", "1")]),
+}
+STARTUP += list(ENSEMBLES)
+
 # Ensembles the load cases load (explicit loads, after every other case): Triton loads an
 # ensemble's steps with it and refuses one whose steps do not fit.
-_IDENTITY_STEP = ("chain_step", {"INPUT0": "X"}, {"OUTPUT0": "Y"})
+_IDENTITY: Step = ("identity_fp32", {"INPUT0": "X"}, {"OUTPUT0": "Y"})
 ENSEMBLES_TO_LOAD = {
-    "chain": _ensemble("chain", [_IDENTITY_STEP]),
+    "chain": _ensemble("chain", [("chain_step", {"INPUT0": "X"}, {"OUTPUT0": "Y"})]),
     "chain_outer": _ensemble("chain_outer", [("chain", {"X": "X"}, {"Y": "Y"})]),
     "ens_missing_step": _ensemble("ens_missing_step", [("no_such_model", {"INPUT0": "X"}, {"OUTPUT0": "Y"})]),
     "ens_broken_step": _ensemble("ens_broken_step", [("broken", {"INPUT0": "X"}, {"OUTPUT0": "Y"})]),
     "ens_bad_input_key": _ensemble("ens_bad_input_key", [("identity_fp32", {"NOPE": "X"}, {"OUTPUT0": "Y"})]),
     "ens_bad_output_key": _ensemble("ens_bad_output_key", [("identity_fp32", {"INPUT0": "X"}, {"NOPE": "Y"})]),
-    "ens_bad_type": _ensemble("ens_bad_type", [("identity_fp32", {"INPUT0": "X"}, {"OUTPUT0": "Y"})], dtype="TYPE_INT32"),
-    "ens_unused_input": _ensemble("ens_unused_input", [("identity_fp32", {"INPUT0": "X"}, {"OUTPUT0": "Y"})],
-                                  inputs=("X", "Z")),
-    "ens_unused_tensor": _ensemble("ens_unused_tensor", [("identity_fp32", {"INPUT0": "X"}, {"OUTPUT0": "Y"}),
-                                                         ("faulty", {"INPUT0": "X"}, {"OUTPUT0": "unused"})]),
-    "ens_produced_twice": _ensemble("ens_produced_twice", [("identity_fp32", {"INPUT0": "X"}, {"OUTPUT0": "Y"}),
-                                                           ("faulty", {"INPUT0": "X"}, {"OUTPUT0": "Y"})]),
+    "ens_bad_type": _ensemble("ens_bad_type", [_IDENTITY], [("X", "TYPE_INT32", "-1")]),
+    "ens_unused_input": _ensemble("ens_unused_input", [_IDENTITY], _fp32("X", "Z")),
+    "ens_unused_tensor": _ensemble("ens_unused_tensor", [_IDENTITY, ("faulty", {"INPUT0": "X"}, {"OUTPUT0": "unused"})]),
+    "ens_produced_twice": _ensemble("ens_produced_twice", [_IDENTITY, ("faulty", {"INPUT0": "X"}, {"OUTPUT0": "Y"})]),
 }
 
 
@@ -357,11 +319,7 @@ def write_repository(repo: Path) -> None:
         (repo / name / "config.pbtxt").write_text(config, encoding="utf-8")
     (repo / "twice" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "twice" / "config.pbtxt").write_text(ENSEMBLE, encoding="utf-8")
-    (repo / "fork" / "1").mkdir(parents=True, exist_ok=True)
-    (repo / "fork" / "config.pbtxt").write_text(FORK, encoding="utf-8")
-    for name, config in (("batched_over_unbatched", BATCHED_OVER_UNBATCHED), ("sequence_pipe", SEQUENCE_PIPE),
-                         ("count_pipe", COUNT_PIPE),
-                         ("unbatched_over_batched", UNBATCHED_OVER_BATCHED), *ENSEMBLES_TO_LOAD.items()):
+    for name, config in (*ENSEMBLES.items(), *ENSEMBLES_TO_LOAD.items()):
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
         (repo / name / "config.pbtxt").write_text(config, encoding="utf-8")
     (repo / "chain_step" / "1").mkdir(parents=True, exist_ok=True)
