@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -40,6 +40,8 @@ from daemon.core.model import LoadedVersion
 from daemon.core.stats import ModelStats
 from daemon.errors import ConfigError, EdgedError, InvalidArgument, Unavailable
 from daemon.model_config import EnsembleStep, ModelConfig, TransactionPolicy, type_name
+
+T = TypeVar("T")
 
 # (model name, version or None for the served one) -> that model's loaded version.
 Resolver = Callable[[str, "str | None"], LoadedVersion]
@@ -287,30 +289,63 @@ class EnsembleRunner:
         """The request's one response (`/infer`). With a decoupled step the ensemble may answer
         any number of times: one answer is served, as for a decoupled model, any other count
         is Triton's refusal (use the generate extension's stream)."""
-        async with contextlib.aclosing(self.stream(request)) as responses:
-            answers = [response async for response in responses]
-        if len(answers) != 1:
-            raise decoupled_infer_error(self.name, len(answers))
-        return answers[0]
+        self._begin()
+        started = time.monotonic_ns()
+        try:
+            async with self._holding(request) as (wanted, steps, models):
+                if not self._decoupled(models):
+                    answer = await self._waves(request, wanted, steps, models)
+                else:
+                    async with contextlib.aclosing(self._flow(request, wanted, steps, models)) as flow:
+                        answers = [response async for response in flow]
+                    if len(answers) != 1:
+                        raise decoupled_infer_error(self.name, len(answers))
+                    answer = answers[0]
+        except EdgedError:
+            self.stats.record_failure(time.monotonic_ns() - started)
+            raise
+        finally:
+            self._end()
+        self.stats.record_success(time.monotonic_ns() - started, request.batch_size())
+        return answer
 
     async def stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
         """Every response of `request`: one, or with decoupled steps one per set of requested
         outputs that their responses complete (Triton's decoupled ensembles)."""
+        self._begin()
+        started = time.monotonic_ns()
+        try:
+            async with self._holding(request) as (wanted, steps, models):
+                if not self._decoupled(models):
+                    yield await self._waves(request, wanted, steps, models)
+                else:
+                    async with contextlib.aclosing(self._flow(request, wanted, steps, models)) as flow:
+                        async for response in flow:
+                            yield response
+        except EdgedError:
+            self.stats.record_failure(time.monotonic_ns() - started)
+            raise
+        finally:
+            self._end()
+        self.stats.record_success(time.monotonic_ns() - started, request.batch_size())
+
+    def _begin(self) -> None:
         if self._stopped:
             raise Unavailable(f"ensemble '{self.name}' is being unloaded")
         self._running += 1
         self._idle.clear()
-        try:
-            async with contextlib.aclosing(self._responses(request)) as responses:
-                async for response in responses:
-                    yield response
-        finally:
-            self._running -= 1
-            if not self._running:
-                self._idle.set()
 
-    async def _responses(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
-        started = time.monotonic_ns()
+    def _end(self) -> None:
+        self._running -= 1
+        if not self._running:
+            self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def _holding(
+        self, request: InferRequest
+    ) -> AsyncIterator[tuple[tuple[str, ...], list[tuple[int, EnsembleStep]], dict[int, LoadedVersion]]]:
+        """The outputs asked for, the steps leading to them, and their models, held (leased and
+        entered) until the block ends."""
         wanted = request.requested_outputs or self._outputs
         steps = self._steps_for(wanted)
         held: list[Releasable] = []
@@ -319,23 +354,17 @@ class EnsembleRunner:
             models = await self._hold(steps, held)
             for model in models.values():
                 model.enter()
-            if self.config.model_transaction_policy.decoupled or any(
-                model.config.model_transaction_policy.decoupled for model in models.values()
-            ):
-                async with contextlib.aclosing(self._flow(request, wanted, steps, models)) as responses:
-                    async for response in responses:
-                        yield response
-            else:
-                yield await self._waves(request, wanted, steps, models)
-        except EdgedError:
-            self.stats.record_failure(time.monotonic_ns() - started)
-            raise
+            yield wanted, steps, models
         finally:
             for model in models.values():
                 model.leave()
             for lease in held:
                 lease.release()
-        self.stats.record_success(time.monotonic_ns() - started, request.batch_size())
+
+    def _decoupled(self, models: dict[int, LoadedVersion]) -> bool:
+        return self.config.model_transaction_policy.decoupled or any(
+            model.config.model_transaction_policy.decoupled for model in models.values()
+        )
 
     def _batch(self, request: InferRequest) -> int:
         """The request's batch size for `fit`: 0 where the ensemble does not batch."""
@@ -358,17 +387,13 @@ class EnsembleRunner:
                     f"in ensemble '{self.name}', unexpected deadlock, at least one output is not set "
                     "while no more ensemble steps can be made"
                 )
-            running = [
-                asyncio.create_task(self._run_step(i, s, models[i], tensors, sizes, request)) for i, s in ready
-            ]
-            try:
-                results = await asyncio.gather(*running)
-            except BaseException:
-                # Not one step runs on once the request is over: it lets its models go.
-                for task in running:
-                    task.cancel()
-                await asyncio.gather(*running, return_exceptions=True)
-                raise
+            if len(ready) == 1:  # a chain: no task of its own
+                (i, s), = ready
+                results = [await self._run_step(i, s, models[i], tensors, sizes, request)]
+            else:
+                results = await self._together(
+                    [self._run_step(i, s, models[i], tensors, sizes, request) for i, s in ready]
+                )
             for produced, size in results:
                 tensors.update(produced)
                 sizes.update(dict.fromkeys(produced, size))
@@ -377,6 +402,19 @@ class EnsembleRunner:
             name: fit(tensors[name], self._output_dims[name], batch != 0, sizes[name])
             for name in wanted if name in tensors
         }, _sequence_of(request))
+
+    @staticmethod
+    async def _together(runs: list[Coroutine[Any, Any, T]]) -> list[T]:
+        """Each run's result, all run at once; if one fails (or the request is cancelled) the
+        others are cancelled and waited for: none runs on once the request lets its models go."""
+        tasks = [asyncio.create_task(run) for run in runs]
+        try:
+            return await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 
     async def _flow(
         self, request: InferRequest, wanted: tuple[str, ...], steps: list[tuple[int, EnsembleStep]],
