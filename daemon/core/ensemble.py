@@ -115,11 +115,14 @@ class EnsembleRunner:
         inputs or outputs, and every tensor has one data type. Triton's texts. As Triton, an
         ensemble with a decoupled step is decoupled (its served config says so)."""
         types = {t.name: (t.data_type, self.name) for t in (*self.config.input, *self.config.output)}
+        decoupled: list[bool | None] = []  # per step; None: its model is not loaded now
         for step in self.steps:
             try:
                 config = self.resolve(step.model_name, _version(step)).config
             except EdgedError:
+                decoupled.append(None)
                 continue
+            decoupled.append(config.model_transaction_policy.decoupled)
             if config.model_transaction_policy.decoupled:
                 self.config.model_transaction_policy = TransactionPolicy(decoupled=True)
             inputs = {t.name: t.data_type for t in config.input}
@@ -138,6 +141,28 @@ class EnsembleRunner:
                         f"{type_name(seen[0])} is inferred from model {seen[1]} while "
                         f"{type_name(tensors[inner])} is inferred from model {step.model_name}"
                     )
+        if None not in decoupled:
+            self._check_origins([bool(d) for d in decoupled])
+
+    def _check_origins(self, decoupled: list[bool]) -> None:
+        """Triton refuses a step whose inputs come from different decoupled steps (or from one
+        and the ensemble's inputs): their responses could not be paired. Each tensor is labelled
+        with the decoupled step it comes from (0: the request), steps in the order they can run
+        (the graph check made sure they all can)."""
+        labels = dict.fromkeys((t.name for t in self.config.input), 0)
+        remaining = list(enumerate(self.steps))
+        while remaining:
+            ready = [(i, s) for i, s in remaining if set(s.input_map.values()) <= labels.keys()]
+            for index, step in ready:
+                origins = {labels[t] for t in step.input_map.values()}
+                if len(origins) > 1:
+                    raise ConfigError(
+                        f"in ensemble {self.name}, step of model '{self.name}' receives inputs originated "
+                        "from different decoupled models"
+                    )
+                label = index + 1 if decoupled[index] else next(iter(origins), 0)
+                labels.update(dict.fromkeys(step.output_map.values(), label))
+            remaining = [(i, s) for i, s in remaining if (i, s) not in ready]
 
     def _check_graph(self) -> None:
         """Reject configs whose steps can never all run: every input must be produced somewhere."""

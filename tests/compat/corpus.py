@@ -558,6 +558,8 @@ def cases() -> list[Case]:
         ("ens_broken_step", "ensemble 'ens_broken_step' depends on 'broken' which has no loaded version"),
         ("ens_bad_input_key", "in ensemble ens_bad_input_key, ensemble tensor X is mapping to non-existing input NOPE in model identity_fp32"),
         ("ens_bad_output_key", "in ensemble ens_bad_output_key, ensemble tensor Y is mapped from non-existing output NOPE in model identity_fp32"),
+        ("ens_mixed_origins", "in ensemble ens_mixed_origins, step of model 'ens_mixed_origins' receives inputs "
+                              "originated from different decoupled models"),
         ("ens_bad_type", "in ensemble ens_bad_type, ensemble tensor X: inconsistent data type: TYPE_INT32 is inferred from model ens_bad_type while TYPE_FP32 is inferred from model identity_fp32"),
     ):
         out.append(Case(f"ensemble-load-refused-{name}", "POST", f"/v2/repository/models/{name}/load", b"", dict(JSON),

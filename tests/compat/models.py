@@ -186,6 +186,17 @@ class TritonPythonModel:
             "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
 ''', _config("queued", 1, [("INPUT0", "TYPE_FP32", "1")], [("OUTPUT0", "TYPE_FP32", "1")])
         + "dynamic_batching { default_queue_policy { max_queue_size: 1 } }\n"),
+    # A step of the load cases' ensembles (A + B); not loaded at start.
+    "pair": ('''\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        get = pb_utils.get_input_tensor_by_name
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("S", get(r, "A").as_numpy() + get(r, "B").as_numpy())])
+                for r in requests]
+''', _config("pair", 0, [("A", "TYPE_INT32", "1"), ("B", "TYPE_INT32", "1")], [("S", "TYPE_INT32", "1")])),
     # Loaded and unloaded by the repository cases; not loaded at start.
     "scratch": (IDENTITY, _config(
         "scratch", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")],
@@ -308,6 +319,11 @@ ENSEMBLES_TO_LOAD = {
     "ens_bad_type": _ensemble("ens_bad_type", [_IDENTITY], [("X", "TYPE_INT32", "-1")]),
     "ens_unused_input": _ensemble("ens_unused_input", [_IDENTITY], _fp32("X", "Z")),
     "ens_unused_tensor": _ensemble("ens_unused_tensor", [_IDENTITY, ("faulty", {"INPUT0": "X"}, {"OUTPUT0": "unused"})]),
+    # `pair` takes the decoupled countdown's responses and the request's input at once.
+    "ens_mixed_origins": _ensemble("ens_mixed_origins", [
+        ("countdown", {"IN": "N"}, {"OUT": "I"}),
+        ("pair", {"A": "I", "B": "N"}, {"S": "TOTAL"}),
+    ], [("N", "TYPE_INT32", "1")], [("TOTAL", "TYPE_INT32", "1")]),
     "ens_produced_twice": _ensemble("ens_produced_twice", [_IDENTITY, ("faulty", {"INPUT0": "X"}, {"OUTPUT0": "Y"})]),
 }
 

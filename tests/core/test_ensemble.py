@@ -539,3 +539,28 @@ async def test_a_request_without_an_optional_input_a_step_needs_is_refused(tmp_p
             await registry.get("e").infer(InferRequest({"X": np.zeros((1, 16), dtype=np.int32)}))
     finally:
         await registry.close()
+
+
+async def test_a_step_taking_a_decoupled_steps_responses_and_the_request_is_refused(tmp_path: Path) -> None:
+    """Triton's check and text (tests/compat: ens_mixed_origins): the responses of the
+    decoupled step could not be paired with the request's one tensor."""
+    repo = tmp_path / "repo"
+    (repo / "countdown" / "1").mkdir(parents=True)
+    (repo / "countdown" / "1" / "model.py").write_text(COUNTDOWN)
+    (repo / "countdown" / "config.pbtxt").write_text(
+        f'backend: "python"\nmax_batch_size: 0\ninput [{{ name: "IN" {TENSOR} }}]\n'
+        f'output [{{ name: "OUT" {TENSOR} }}]\nmodel_transaction_policy {{ decoupled: true }}\n'
+    )
+    python_step(repo, "pair", ["X", "Z"], {"Y": "X + Z"})
+    ensemble(repo, "e", step("countdown", {"IN": "N"}, {"OUT": "I"}) + ", " + step("pair", {"X": "I", "Z": "N"}, {"Y": "Y"}),
+             ["N"], ["Y"])
+    registry = await make_registry(tmp_path)
+    try:
+        for name in ("countdown", "pair"):
+            await registry.load(name, repo / name)
+        with pytest.raises(ConfigError, match=re.escape(
+            "in ensemble e, step of model 'e' receives inputs originated from different decoupled models"
+        )):
+            await registry.load("e", repo / "e")
+    finally:
+        await registry.close()
