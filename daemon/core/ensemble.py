@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -111,10 +112,16 @@ class EnsembleRunner:
 
     def _check_steps(self) -> None:
         """Triton's checks against the step models loaded now (a step loaded later, or on
-        demand, is checked by its requests): every mapped name is one of the step model's
-        inputs or outputs, and every tensor has one data type. Triton's texts. As Triton, an
-        ensemble with a decoupled step is decoupled (its served config says so)."""
-        types = {t.name: (t.data_type, self.name) for t in (*self.config.input, *self.config.output)}
+        demand, is checked by its requests), with Triton's texts: a step model batches at least
+        as much as the ensemble; every mapped name is one of its inputs or outputs and every
+        input it needs is mapped; each ensemble tensor has one data type and one shape (up to
+        -1, and up to the batch dimension between a model that batches and one that does not).
+        As Triton, an ensemble with a decoupled step is decoupled (its served config says so)."""
+        batching = self.config.max_batch_size > 0
+        tensors = {
+            t.name: _Tensor(t.data_type, t.reshape if t.reshape is not None else t.dims, batching, self.name)
+            for t in (*self.config.input, *self.config.output)
+        }
         decoupled: list[bool | None] = []  # per step; None: its model is not loaded now
         for step in self.steps:
             try:
@@ -125,26 +132,43 @@ class EnsembleRunner:
             decoupled.append(config.model_transaction_policy.decoupled)
             if config.model_transaction_policy.decoupled:
                 self.config.model_transaction_policy = TransactionPolicy(decoupled=True)
-            inputs = {t.name: t.data_type for t in config.input}
-            outputs = {t.name: t.data_type for t in config.output}
-            pairs = [(inner, outer, inputs, "is mapping to non-existing input") for inner, outer in step.input_map.items()]
-            pairs += [(inner, outer, outputs, "is mapped from non-existing output") for inner, outer in step.output_map.items()]
-            for inner, outer, tensors, missing in pairs:
-                if inner not in tensors:
+            if 0 < config.max_batch_size < self.config.max_batch_size:
+                raise ConfigError(
+                    f"ensemble {self.name} allows maximum batch size {self.config.max_batch_size}, but it "
+                    f"contains model {step.model_name} which only allows maximum batch size to be "
+                    f"{config.max_batch_size}"
+                )
+            step_batching = config.max_batch_size > 0
+            inputs = {t.name: t for t in config.input}
+            outputs = {t.name: t for t in config.output}
+            for inner, outer in step.input_map.items():
+                if inner not in inputs:
                     raise ConfigError(
-                        f"in ensemble {self.name}, ensemble tensor {outer} {missing} {inner} in model {step.model_name}"
+                        f"in ensemble {self.name}, ensemble tensor {outer} is mapping to non-existing "
+                        f"input {inner} in model {step.model_name}"
                     )
-                seen = types.setdefault(outer, (tensors[inner], step.model_name))
-                if seen[0] != tensors[inner]:
+            for spec in config.input:
+                if spec.name not in step.input_map and not spec.optional:
                     raise ConfigError(
-                        f"in ensemble {self.name}, ensemble tensor {outer}: inconsistent data type: "
-                        f"{type_name(seen[0])} is inferred from model {seen[1]} while "
-                        f"{type_name(tensors[inner])} is inferred from model {step.model_name}"
+                        f"in ensemble {self.name}, input {spec.name} in model {step.model_name} is not "
+                        "mapped to any ensemble tensors"
                     )
+            for inner, outer in step.output_map.items():
+                if inner not in outputs:
+                    raise ConfigError(
+                        f"in ensemble {self.name}, ensemble tensor {outer} is mapped from non-existing "
+                        f"output {inner} in model {step.model_name}"
+                    )
+            for specs, mapping in ((inputs, step.input_map), (outputs, step.output_map)):
+                for inner, outer in mapping.items():
+                    spec = specs[inner]
+                    here = _Tensor(spec.data_type, spec.dims, step_batching, step.model_name)
+                    seen = tensors.setdefault(outer, here)
+                    seen.check(here, f"in ensemble {self.name}, ensemble tensor {outer}: ")
         if None not in decoupled:
-            self._check_origins([bool(d) for d in decoupled])
+            self._check_origins([bool(d) for d in decoupled], tensors)
 
-    def _check_origins(self, decoupled: list[bool]) -> None:
+    def _check_origins(self, decoupled: list[bool], tensors: dict[str, _Tensor]) -> None:
         """Triton refuses a step whose inputs come from different decoupled steps (or from one
         and the ensemble's inputs): their responses could not be paired. Each tensor is labelled
         with the decoupled step it comes from (0: the request), steps in the order they can run
@@ -155,9 +179,10 @@ class EnsembleRunner:
             ready = [(i, s) for i, s in remaining if set(s.input_map.values()) <= labels.keys()]
             for index, step in ready:
                 origins = {labels[t] for t in step.input_map.values()}
-                if len(origins) > 1:
+                if len(origins) > 1:  # named as Triton names it: the model its output came from first
+                    first = tensors[next(iter(step.output_map.values()))].model if step.output_map else self.name
                     raise ConfigError(
-                        f"in ensemble {self.name}, step of model '{self.name}' receives inputs originated "
+                        f"in ensemble {self.name}, step of model '{first}' receives inputs originated "
                         "from different decoupled models"
                     )
                 label = index + 1 if decoupled[index] else next(iter(origins), 0)
@@ -530,6 +555,36 @@ class EnsembleRunner:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@dataclass(frozen=True, slots=True)
+class _Tensor:
+    """An ensemble tensor as a model's config has it (Triton's check of an ensemble at load)."""
+
+    data_type: str
+    dims: list[int]
+    batching: bool
+    model: str  # the model it is seen in
+
+    @property
+    def full(self) -> list[int]:
+        return [-1, *self.dims] if self.batching else list(self.dims)
+
+    def check(self, other: _Tensor, context: str) -> None:
+        if self.data_type != other.data_type:
+            raise ConfigError(
+                f"{context}inconsistent data type: {type_name(self.data_type)} is inferred from model "
+                f"{self.model} while {type_name(other.data_type)} is inferred from model {other.model}"
+            )
+        if not _matches(self.dims, tuple(other.dims)) and not _matches(self.full, tuple(other.full)):
+            raise ConfigError(
+                f"{context}inconsistent shape: {_dims(self.full)} is inferred from model {self.model} "
+                f"while {_dims(other.full)} is inferred from model {other.model}"
+            )
+
+
+def _dims(dims: list[int]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
 def _version(step: EnsembleStep) -> str | None:
     """The version a step names (None: the one served)."""
     return None if step.model_version < 0 else str(step.model_version)
@@ -565,4 +620,5 @@ def fit(array: np.ndarray, dims: Sequence[int], batching: bool, batch: int) -> n
 
 
 def _matches(dims: Sequence[int], shape: tuple[int, ...]) -> bool:
-    return len(dims) == len(shape) and all(d in (-1, s) for d, s in zip(dims, shape, strict=True))
+    """Triton's CompareDimsWithWildcard: the same rank, each dimension equal or -1 on a side."""
+    return len(dims) == len(shape) and all(-1 in (d, s) or d == s for d, s in zip(dims, shape, strict=True))

@@ -560,6 +560,12 @@ def cases() -> list[Case]:
         ("ens_bad_output_key", "in ensemble ens_bad_output_key, ensemble tensor Y is mapped from non-existing output NOPE in model identity_fp32"),
         ("ens_mixed_origins", "in ensemble ens_mixed_origins, step of model 'ens_mixed_origins' receives inputs "
                               "originated from different decoupled models"),
+        ("ens_bad_shape", "in ensemble ens_bad_shape, ensemble tensor A: inconsistent shape: [3] is inferred from "
+                          "model ens_bad_shape while [-1,4] is inferred from model add_sub"),
+        ("ens_unmapped_input", "in ensemble ens_unmapped_input, input INPUT1 in model add_sub is not mapped to any "
+                               "ensemble tensors"),
+        ("ens_batch_too_big", "ensemble ens_batch_too_big allows maximum batch size 16, but it contains model add_sub "
+                              "which only allows maximum batch size to be 8"),
         ("ens_bad_type", "in ensemble ens_bad_type, ensemble tensor X: inconsistent data type: TYPE_INT32 is inferred from model ens_bad_type while TYPE_FP32 is inferred from model identity_fp32"),
     ):
         out.append(Case(f"ensemble-load-refused-{name}", "POST", f"/v2/repository/models/{name}/load", b"", dict(JSON),

@@ -324,6 +324,12 @@ ENSEMBLES_TO_LOAD = {
         ("countdown", {"IN": "N"}, {"OUT": "I"}),
         ("pair", {"A": "I", "B": "N"}, {"S": "TOTAL"}),
     ], [("N", "TYPE_INT32", "1")], [("TOTAL", "TYPE_INT32", "1")]),
+    "ens_bad_shape": _ensemble("ens_bad_shape", [("add_sub", {"INPUT0": "A", "INPUT1": "A"}, {"OUTPUT0": "Y"})],
+                               [("A", "TYPE_INT32", "3")], [("Y", "TYPE_INT32", "4")]),
+    "ens_unmapped_input": _ensemble("ens_unmapped_input", [("add_sub", {"INPUT0": "A"}, {"OUTPUT0": "Y"})],
+                                    [("A", "TYPE_INT32", "4")], [("Y", "TYPE_INT32", "4")]),
+    "ens_batch_too_big": _ensemble("ens_batch_too_big", [("add_sub", {"INPUT0": "A", "INPUT1": "A"}, {"OUTPUT0": "Y"})],
+                                   [("A", "TYPE_INT32", "4")], [("Y", "TYPE_INT32", "4")], max_batch=16),
     "ens_produced_twice": _ensemble("ens_produced_twice", [_IDENTITY, ("faulty", {"INPUT0": "X"}, {"OUTPUT0": "Y"})]),
 }
 

@@ -564,3 +564,39 @@ async def test_a_step_taking_a_decoupled_steps_responses_and_the_request_is_refu
             await registry.load("e", repo / "e")
     finally:
         await registry.close()
+
+
+@pytest.mark.parametrize(("edit", "refusal"), [
+    pytest.param(("dims: [ 16 ] }]\noutput", "dims: [ 15 ] }]\noutput"),
+                 "in ensemble e, ensemble tensor X: inconsistent shape: [-1,15] is inferred from model e while "
+                 "[-1,16] is inferred from model ok", id="shape"),
+    pytest.param(("max_batch_size: 8", "max_batch_size: 16"),
+                 "ensemble e allows maximum batch size 16, but it contains model ok which only allows maximum "
+                 "batch size to be 8", id="max-batch-size"),
+    pytest.param(('key: "X" value: "X"', 'key: "W" value: "X"'),
+                 "in ensemble e, ensemble tensor X is mapping to non-existing input W in model ok", id="unknown-input"),
+])
+async def test_an_ensemble_its_step_models_do_not_fit_is_refused_at_load(
+    tmp_path: Path, edit: tuple[str, str], refusal: str
+) -> None:
+    """Triton's checks and texts (tests/compat checks them against Triton 2.51)."""
+    repo = tmp_path / "repo"
+    python_step(repo, "ok", ["X"], {"Y": "X"})
+    python_step(repo, "two", ["X", "Z"], {"Y": "X + Z"})
+    ensemble(repo, "e", step("ok", {"X": "X"}, {"Y": "Y"}), ["X"], ["Y"])
+    ensemble(repo, "half", step("two", {"X": "X"}, {"Y": "Y"}), ["X"], ["Y"])
+    config = repo / "e" / "config.pbtxt"
+    assert edit[0] in config.read_text()
+    config.write_text(config.read_text().replace(*edit, 1))
+    registry = await make_registry(tmp_path)
+    try:
+        for name in ("ok", "two"):
+            await registry.load(name, repo / name)
+        with pytest.raises(ConfigError, match=re.escape(refusal)):
+            await registry.load("e", repo / "e")
+        with pytest.raises(ConfigError, match=re.escape(
+            "in ensemble half, input Z in model two is not mapped to any ensemble tensors"
+        )):
+            await registry.load("half", repo / "half")
+    finally:
+        await registry.close()
