@@ -366,24 +366,6 @@ async def test_an_ensemble_its_steps_do_not_fit_is_refused_at_load(
         await registry.close()
 
 
-async def test_an_ensemble_tensor_has_one_data_type(tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
-    python_step(repo, "ok", ["X"], {"Y": "X"})
-    ensemble(repo, "e", step("ok", {"X": "X"}, {"Y": "Y"}), ["X"], ["Y"])
-    config = repo / "e" / "config.pbtxt"
-    config.write_text(config.read_text().replace("TYPE_INT32", "TYPE_FP32", 1))
-    registry = await make_registry(tmp_path)
-    try:
-        await registry.load("ok", repo / "ok")
-        with pytest.raises(ConfigError, match=re.escape(
-            "in ensemble e, ensemble tensor X: inconsistent data type: TYPE_FP32 is inferred from model e "
-            "while TYPE_INT32 is inferred from model ok"
-        )):
-            await registry.load("e", repo / "e")
-    finally:
-        await registry.close()
-
-
 async def test_a_batch_of_one_crosses_between_batching_and_non_batching_models(tmp_path: Path) -> None:
     """Triton's reshape (tests/compat checks it against Triton 2.51): a batching ensemble's
     batch of one loses its batch dimension for a step that does not batch, and the step's
@@ -453,18 +435,23 @@ class TritonPythonModel:
 """
 
 
+def countdown(repo: Path, *, shape: str = "(1, 16)") -> None:
+    """The decoupled python model `countdown`: IN = n -> n responses OUT = 0 .. n-1 (`shape`)."""
+    (repo / "countdown" / "1").mkdir(parents=True)
+    (repo / "countdown" / "1" / "model.py").write_text(COUNTDOWN.replace("(1, 16)", shape))
+    (repo / "countdown" / "config.pbtxt").write_text(
+        f'backend: "python"\nmax_batch_size: 0\ninput [{{ name: "IN" {TENSOR} }}]\n'
+        f'output [{{ name: "OUT" {TENSOR} }}]\nmodel_transaction_policy {{ decoupled: true }}\n'
+    )
+
+
 async def test_a_decoupled_step_makes_one_answer_per_response(tmp_path: Path) -> None:
     """Triton's decoupled ensembles (tests/compat checks them against Triton 2.51): each
     response of the decoupled step runs the steps after it and is one answer of the ensemble.
     `/infer` serves exactly one answer, as for a decoupled model. Before, the step's responses
     were refused ("HTTP end point doesn't support models with decoupled transaction policy")."""
     repo = tmp_path / "repo"
-    (repo / "countdown" / "1").mkdir(parents=True)
-    (repo / "countdown" / "1" / "model.py").write_text(COUNTDOWN)
-    (repo / "countdown" / "config.pbtxt").write_text(
-        f'backend: "python"\nmax_batch_size: 0\ninput [{{ name: "IN" {TENSOR} }}]\n'
-        f'output [{{ name: "OUT" {TENSOR} }}]\nmodel_transaction_policy {{ decoupled: true }}\n'
-    )
+    countdown(repo)
     python_step(repo, "plus", ["X"], {"Y": "X + 100"})
     ensemble(repo, "pipe", step("countdown", {"IN": "N"}, {"OUT": "I"}) + ", " + step("plus", {"X": "I"}, {"Y": "Y"}),
              ["N"], ["Y"])
@@ -493,12 +480,7 @@ async def test_a_decoupled_step_makes_one_answer_per_response(tmp_path: Path) ->
 
 async def test_a_step_failing_mid_stream_ends_the_answers_with_its_error(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    (repo / "countdown" / "1").mkdir(parents=True)
-    (repo / "countdown" / "1" / "model.py").write_text(COUNTDOWN.replace("(1, 16)", "16"))
-    (repo / "countdown" / "config.pbtxt").write_text(
-        f'backend: "python"\nmax_batch_size: 0\ninput [{{ name: "IN" {TENSOR} }}]\n'
-        f'output [{{ name: "OUT" {TENSOR} }}]\nmodel_transaction_policy {{ decoupled: true }}\n'
-    )
+    countdown(repo, shape="16")
     # Not batching, one instance: the responses' runs go one after the other, in order.
     python_step(repo, "picky", ["X"], {"Y": "picky(X)"},
                 prelude="def picky(x):\n    if (x == 2).any():\n        raise ValueError('two is refused')\n    return x\n")
@@ -545,12 +527,7 @@ async def test_a_step_taking_a_decoupled_steps_responses_and_the_request_is_refu
     """Triton's check and text (tests/compat: ens_mixed_origins): the responses of the
     decoupled step could not be paired with the request's one tensor."""
     repo = tmp_path / "repo"
-    (repo / "countdown" / "1").mkdir(parents=True)
-    (repo / "countdown" / "1" / "model.py").write_text(COUNTDOWN)
-    (repo / "countdown" / "config.pbtxt").write_text(
-        f'backend: "python"\nmax_batch_size: 0\ninput [{{ name: "IN" {TENSOR} }}]\n'
-        f'output [{{ name: "OUT" {TENSOR} }}]\nmodel_transaction_policy {{ decoupled: true }}\n'
-    )
+    countdown(repo)
     python_step(repo, "pair", ["X", "Z"], {"Y": "X + Z"})
     ensemble(repo, "e", step("countdown", {"IN": "N"}, {"OUT": "I"}) + ", " + step("pair", {"X": "I", "Z": "N"}, {"Y": "Y"}),
              ["N"], ["Y"])
@@ -570,6 +547,9 @@ async def test_a_step_taking_a_decoupled_steps_responses_and_the_request_is_refu
     pytest.param(("dims: [ 16 ] }]\noutput", "dims: [ 15 ] }]\noutput"),
                  "in ensemble e, ensemble tensor X: inconsistent shape: [-1,15] is inferred from model e while "
                  "[-1,16] is inferred from model ok", id="shape"),
+    pytest.param(("TYPE_INT32", "TYPE_FP32"),
+                 "in ensemble e, ensemble tensor X: inconsistent data type: TYPE_FP32 is inferred from model e "
+                 "while TYPE_INT32 is inferred from model ok", id="data-type"),
     pytest.param(("max_batch_size: 8", "max_batch_size: 16"),
                  "ensemble e allows maximum batch size 16, but it contains model ok which only allows maximum "
                  "batch size to be 8", id="max-batch-size"),
