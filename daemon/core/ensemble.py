@@ -78,7 +78,9 @@ class EnsembleRunner:
         self.steps = config.ensemble_scheduling.step
         self._outputs = tuple(t.name for t in config.output)
         self._output_dims = {t.name: t.reshape if t.reshape is not None else t.dims for t in config.output}
-        self._check_graph()
+        # The steps in waves, each wave's inputs all made by the ensemble's inputs or earlier
+        # waves (the order a request with every input runs them in).
+        self._waves_of_steps = self._check_graph()
         self._check_tensors()
         self._check_steps()
         self._check_cycle()
@@ -171,13 +173,10 @@ class EnsembleRunner:
     def _check_origins(self, decoupled: list[bool], tensors: dict[str, _Tensor]) -> None:
         """Triton refuses a step whose inputs come from different decoupled steps (or from one
         and the ensemble's inputs): their responses could not be paired. Each tensor is labelled
-        with the decoupled step it comes from (0: the request), steps in the order they can run
-        (the graph check made sure they all can)."""
+        with the decoupled step it comes from (0: the request), wave after wave."""
         labels = dict.fromkeys((t.name for t in self.config.input), 0)
-        remaining = list(enumerate(self.steps))
-        while remaining:
-            ready = [(i, s) for i, s in remaining if set(s.input_map.values()) <= labels.keys()]
-            for index, step in ready:
+        for wave in self._waves_of_steps:
+            for index, step in wave:
                 origins = {labels[t] for t in step.input_map.values()}
                 if len(origins) > 1:  # named as Triton names it: the model its output came from first
                     first = tensors[next(iter(step.output_map.values()))].model if step.output_map else self.name
@@ -187,14 +186,15 @@ class EnsembleRunner:
                     )
                 label = index + 1 if decoupled[index] else next(iter(origins), 0)
                 labels.update(dict.fromkeys(step.output_map.values(), label))
-            remaining = [(i, s) for i, s in remaining if (i, s) not in ready]
 
-    def _check_graph(self) -> None:
-        """Reject configs whose steps can never all run: every input must be produced somewhere."""
+    def _check_graph(self) -> list[list[tuple[int, EnsembleStep]]]:
+        """Reject configs whose steps can never all run: every input must be produced somewhere.
+        Returns the steps in waves (see `_waves_of_steps`)."""
         if not self.steps:
             raise ConfigError(f"ensemble '{self.name}': ensemble_scheduling has no steps")
         available = {t.name for t in self.config.input}
         remaining = list(enumerate(self.steps))
+        waves: list[list[tuple[int, EnsembleStep]]] = []
         while remaining:
             ready = [(i, s) for i, s in remaining if set(s.input_map.values()) <= available]
             if not ready:
@@ -206,10 +206,12 @@ class EnsembleRunner:
                 )
             for _, step in ready:
                 available |= set(step.output_map.values())
+            waves.append(ready)
             remaining = [(i, s) for i, s in remaining if (i, s) not in ready]
         missing_outputs = sorted({t.name for t in self.config.output} - available)
         if missing_outputs:
             raise ConfigError(f"ensemble '{self.name}': outputs {missing_outputs} are produced by no step")
+        return waves
 
     def _check_cycle(self) -> None:
         """Refuse an ensemble that its own steps lead back to: each request would nest another
@@ -302,7 +304,6 @@ class EnsembleRunner:
         sizes: dict[str, int], parent: InferRequest,
     ) -> tuple[dict[str, np.ndarray], int]:
         """The step's outputs as ensemble tensors, and their batch size (0: not batched)."""
-        batching = model.config.max_batch_size > 0
         request = self._step_request(step, model, tensors, sizes, parent)
         try:
             response = await model.infer(request)
@@ -310,7 +311,7 @@ class EnsembleRunner:
             raise self._named(index, step, exc) from exc
         self._check_outputs(index, step, response)
         produced = {outer: response.outputs[inner] for inner, outer in step.output_map.items()}
-        return produced, request.batch_size() if batching else 0
+        return produced, _rows(model.config, request)
 
     def _check_outputs(self, index: int, step: EnsembleStep, response: InferResponse) -> None:
         """A step that is not decoupled answers every output it maps."""
@@ -416,10 +417,6 @@ class EnsembleRunner:
             model.config.model_transaction_policy.decoupled for model in models.values()
         )
 
-    def _batch(self, request: InferRequest) -> int:
-        """The request's batch size for `fit`: 0 where the ensemble does not batch."""
-        return request.batch_size() if self.config.max_batch_size > 0 else 0
-
     async def _waves(
         self, request: InferRequest, wanted: tuple[str, ...], steps: list[tuple[int, EnsembleStep]],
         models: dict[int, LoadedVersion],
@@ -427,7 +424,7 @@ class EnsembleRunner:
         """Each step once, all steps whose inputs are there at once (no step is decoupled)."""
         tensors = dict(request.inputs)
         # Each tensor's batch size, 0 where it is not batched (Triton's reshape, see `fit`).
-        batch = self._batch(request)
+        batch = _rows(self.config, request)
         sizes = dict.fromkeys(tensors, batch)
         remaining = steps
         while remaining:
@@ -461,9 +458,7 @@ class EnsembleRunner:
         try:
             return await asyncio.gather(*tasks)
         except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _cancel(tasks)
             raise
 
     async def _flow(
@@ -474,7 +469,7 @@ class EnsembleRunner:
         its output tensors (0, 1, ...); a step runs once for each iteration that all its inputs
         have (an ensemble input has iteration 0 only), and each iteration that all requested
         outputs have is one response, as soon as it is complete."""
-        batch = self._batch(request)
+        batch = _rows(self.config, request)
         tensors: dict[str, list[np.ndarray | None]] = {name: [array] for name, array in request.inputs.items()}
         sizes = {name: [batch] for name in request.inputs}
         consumers: dict[str, list[tuple[int, EnsembleStep]]] = {}
@@ -495,7 +490,7 @@ class EnsembleRunner:
                 step_tensors: dict[str, np.ndarray] = {t: tensors[t][iteration] for t in step.input_map.values()}  # type: ignore[misc]
                 step_sizes = {t: sizes[t][iteration] for t in step.input_map.values()}
                 step_request = self._step_request(step, model, step_tensors, step_sizes, request)
-                size = step_request.batch_size() if model.config.max_batch_size > 0 else 0
+                size = _rows(model.config, step_request)
                 async with contextlib.aclosing(self.streamer(model, step_request)) as results:
                     async for result in results:
                         if isinstance(result, EdgedError):  # fails the ensemble, as in Triton
@@ -550,9 +545,7 @@ class EnsembleRunner:
                             for name in wanted
                         }, _sequence_of(request))
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _cancel(tasks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -583,6 +576,18 @@ class _Tensor:
 
 def _dims(dims: list[int]) -> str:
     return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel the request's step runs still going and wait for them to end."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _rows(config: ModelConfig, request: InferRequest) -> int:
+    """The request's batch size for `fit`: 0 where the model does not batch."""
+    return request.batch_size() if config.max_batch_size > 0 else 0
 
 
 def _version(step: EnsembleStep) -> str | None:
