@@ -41,7 +41,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
 import msgspec
 import numpy as np
@@ -58,6 +58,9 @@ from daemon.errors import (
     Unsupported,
 )
 from daemon.model_config import BatchInput, ModelConfig, TensorConfig, lora_entries, to_triton_json
+
+if TYPE_CHECKING:
+    from daemon.core.stats import PhaseTally
 
 __all__ = [
     "API_VERSION",
@@ -175,6 +178,9 @@ class InferRequest:
     # ID (0 = none) and REQUEST_FLAG_SEQUENCE_START | _END.
     correlation_id: int | str = 0
     flags: int = 0
+    # Set by an ensemble on its step requests: the model's statistics add the request's compute
+    # phases there (Triton's secondary statistics aggregator). Backends leave it alone.
+    tally: PhaseTally | None = None
 
     def batch_size(self) -> int:
         """Rows along dim 0 (only meaningful when the model has max_batch_size > 0)."""

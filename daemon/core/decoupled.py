@@ -101,7 +101,8 @@ async def stream(
         model.stats.record_execution(rows, elapsed)  # performed, whatever its outcome
         if outcome is None:
             model.stats.record_success(
-                elapsed, rows, queue_ns=0, compute_input_ns=0, compute_infer_ns=elapsed, compute_output_ns=0
+                elapsed, rows, queue_ns=0, compute_input_ns=0, compute_infer_ns=elapsed, compute_output_ns=0,
+                tally=request.tally,
             )
         else:
             model.stats.record_failure(elapsed, outcome)

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -38,7 +38,7 @@ from daemon.backend import (
     decoupled_infer_error,
 )
 from daemon.core.model import LoadedVersion
-from daemon.core.stats import ModelStats
+from daemon.core.stats import ModelStats, PhaseTally
 from daemon.errors import ConfigError, EdgedError, InvalidArgument, Unavailable
 from daemon.model_config import EnsembleStep, ModelConfig, TransactionPolicy, type_name
 
@@ -297,6 +297,7 @@ class EnsembleRunner:
             timeout_us=parent.timeout_us,
             correlation_id=parent.correlation_id,
             flags=parent.flags,
+            tally=parent.tally,
         )
 
     async def _run_step(
@@ -342,12 +343,13 @@ class EnsembleRunner:
         is Triton's refusal (use the generate extension's stream)."""
         self._begin()
         started = time.monotonic_ns()
+        own = _tallied(request)
         try:
-            async with self._holding(request) as (wanted, steps, models):
+            async with self._holding(own) as (wanted, steps, models):
                 if not self._decoupled(models):
-                    answer = await self._waves(request, wanted, steps, models)
+                    answer = await self._waves(own, wanted, steps, models)
                 else:
-                    async with contextlib.aclosing(self._flow(request, wanted, steps, models)) as flow:
+                    async with contextlib.aclosing(self._flow(own, wanted, steps, models)) as flow:
                         answers = [response async for response in flow]
                     if len(answers) != 1:
                         raise decoupled_infer_error(self.name, len(answers))
@@ -357,7 +359,7 @@ class EnsembleRunner:
             raise
         finally:
             self._end()
-        self.stats.record_success(time.monotonic_ns() - started, request.batch_size())
+        self._record_success(started, request, own)
         return answer
 
     async def stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
@@ -365,12 +367,13 @@ class EnsembleRunner:
         outputs that their responses complete (Triton's decoupled ensembles)."""
         self._begin()
         started = time.monotonic_ns()
+        own = _tallied(request)
         try:
-            async with self._holding(request) as (wanted, steps, models):
+            async with self._holding(own) as (wanted, steps, models):
                 if not self._decoupled(models):
-                    yield await self._waves(request, wanted, steps, models)
+                    yield await self._waves(own, wanted, steps, models)
                 else:
-                    async with contextlib.aclosing(self._flow(request, wanted, steps, models)) as flow:
+                    async with contextlib.aclosing(self._flow(own, wanted, steps, models)) as flow:
                         async for response in flow:
                             yield response
         except EdgedError:
@@ -378,7 +381,20 @@ class EnsembleRunner:
             raise
         finally:
             self._end()
-        self.stats.record_success(time.monotonic_ns() - started, request.batch_size())
+        self._record_success(started, request, own)
+
+    def _record_success(self, started: int, request: InferRequest, own: InferRequest) -> None:
+        """As Triton counts an ensemble's success: one execution of the request's batch size
+        (1 where the ensemble does not batch), whose compute phases are the sums of its step
+        requests' (`own.tally`), added to the tally of the ensemble's own caller if it is a step."""
+        assert own.tally is not None
+        phases = own.tally
+        rows = _rows(self.config, request) or 1
+        self.stats.record_success(
+            time.monotonic_ns() - started, rows, queue_ns=0, compute_input_ns=phases.input_ns,
+            compute_infer_ns=phases.infer_ns, compute_output_ns=phases.output_ns, tally=request.tally,
+        )
+        self.stats.record_execution(rows, phases.infer_ns, phases.input_ns, phases.output_ns)
 
     def _begin(self) -> None:
         if self._stopped:
@@ -588,6 +604,12 @@ async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
 def _rows(config: ModelConfig, request: InferRequest) -> int:
     """The request's batch size for `fit`: 0 where the model does not batch."""
     return request.batch_size() if config.max_batch_size > 0 else 0
+
+
+def _tallied(request: InferRequest) -> InferRequest:
+    """`request` with a tally of its own, which its step requests carry (their compute phases
+    add up there; the caller's tally stays on `request`)."""
+    return replace(request, tally=PhaseTally())
 
 
 def _version(step: EnsembleStep) -> str | None:

@@ -741,6 +741,7 @@ class _QueueScheduler:
                 compute_input_ns=item.compute.input_ns,
                 compute_infer_ns=item.compute.infer_ns,
                 compute_output_ns=item.compute.output_ns,
+                tally=item.request.tally,
             )
             item.future.set_result(outcome)
         else:

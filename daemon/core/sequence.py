@@ -725,6 +725,7 @@ class SequenceBatcher:
                 parameters=params,
                 priority=request.priority,
                 timeout_us=request.timeout_us,
+                tally=request.tally,
             ),
             future=asyncio.get_running_loop().create_future(),
             sequence=sequence,
@@ -1193,6 +1194,7 @@ class SequenceBatcher:
             compute_input_ns=phases.input_ns,
             compute_infer_ns=phases.infer_ns,
             compute_output_ns=phases.output_ns,
+            tally=item.request.tally,
         )
 
     def _fail(self, item: _Item, error: EdgedError | None, reason: FailureReason) -> None:

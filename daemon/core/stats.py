@@ -53,6 +53,17 @@ def compute_phases(elapsed_ns: int, phase_ns: tuple[int, int]) -> ComputePhases:
 
 
 @dataclass(slots=True)
+class PhaseTally:
+    """The compute phases of one ensemble request's step requests, added up as each step
+    request succeeds (Triton's secondary statistics aggregator): the ensemble reports their
+    sums as its own compute phases, and adds them to its own caller's tally when it is a step."""
+
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+
+@dataclass(slots=True)
 class Duration:
     """Triton's `$duration_stat`: how many times, and the total nanoseconds."""
 
@@ -150,8 +161,10 @@ class ModelStats:
         compute_input_ns: int | None = None,
         compute_infer_ns: int | None = None,
         compute_output_ns: int | None = None,
+        tally: PhaseTally | None = None,
     ) -> None:
-        """One request answered. `batch_size` is its row count; phases left None weren't timed."""
+        """One request answered. `batch_size` is its row count; phases left None weren't timed.
+        The phases are added to `tally` too (the request's `InferRequest.tally`)."""
         self.success.add(duration_ns)
         self.inference_count += batch_size
         self.last_inference = time.time_ns() // 1_000_000
@@ -163,6 +176,10 @@ class ModelStats:
         ):
             if ns is not None:
                 stat.add(ns)
+        if tally is not None:
+            tally.input_ns += compute_input_ns or 0
+            tally.infer_ns += compute_infer_ns or 0
+            tally.output_ns += compute_output_ns or 0
         summaries = self.summaries
         if summaries is not None:
             now = time.monotonic()

@@ -385,6 +385,46 @@ def test_decoupled_statistics_as_tritons(triton: Server, edged: Server) -> None:
             stat["count"] - their_before["inference_stats"][key]["count"]), key
 
 
+def test_ensemble_statistics_as_tritons(triton: Server, edged: Server) -> None:
+    """An ensemble's /stats: per successful request one execution of its batch size (1 where it
+    does not batch), and compute phases that are the sums of its steps' (the step model `add_sub`
+    serves `twice` alone here: their phase totals move together, on both servers). A failed
+    request counts as a failure only. The same counts on both servers, durations aside."""
+    def stat(server: Server, model: str) -> dict[str, Any]:
+        return json.loads(server.request("GET", f"/v2/models/{model}/stats").body)["model_stats"][0]  # type: ignore[no-any-return]
+
+    def counts(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: counts(v) for k, v in value.items() if k not in ("ns", "last_inference")}
+        if isinstance(value, list):
+            return [counts(v) for v in value]
+        return value
+
+    def phases(value: dict[str, Any]) -> list[int]:
+        return [value["inference_stats"][p]["ns"] for p in ("compute_input", "compute_infer", "compute_output")]
+
+    pair = [{"name": n, "datatype": "INT32", "shape": [rows, 4], "data": [1, 2, 3, 4] * rows}
+            for rows in (1, 2) for n in ("A", "B")]
+    x = {"name": "X", "datatype": "FP32", "shape": [2], "data": [0, 1]}
+    requests = [
+        ("twice", {"inputs": pair[:2]}), ("twice", {"inputs": pair[2:]}), ("twice", {"inputs": pair[:2]}),
+        ("fork", {"inputs": [x]}),  # `faulty` refuses the zero: a failure
+        ("fork", {"inputs": [x], "outputs": [{"name": "kept"}]}),
+    ]
+    seen = []
+    for server in (triton, edged):
+        before = {m: stat(server, m) for m in ("twice", "add_sub", "fork")}
+        statuses = [server.request("POST", f"/v2/models/{model}/infer", json.dumps(body).encode(),
+                                   {"Content-Type": "application/json"}).status for model, body in requests]
+        after = {m: stat(server, m) for m in ("twice", "add_sub", "fork")}
+        moved = {m: [a - b for a, b in zip(phases(after[m]), phases(before[m]), strict=True)] for m in after}
+        assert moved["twice"] == moved["add_sub"] and min(moved["twice"]) > 0, (server.name, moved)
+        seen.append((statuses, {m: (counts(before[m]), counts(after[m])) for m in ("twice", "fork")}))
+    theirs, ours = seen
+    assert theirs[0] == [200, 200, 200, 500, 200]
+    assert ours == theirs
+
+
 @pytest.mark.parametrize(("accept", "encoding"), [
     ("gzip", "gzip"), ("deflate", "deflate"), ("gzip;q=0.2, deflate;q=0.9", "deflate"),
     ("gzip, deflate, br", "gzip"), ("br, gzip", "gzip"), ("gzip;q=0.5, deflate;q=0.5", "gzip"),

@@ -116,6 +116,39 @@ async def test_pipeline_across_backends(tmp_path: Path) -> None:
         await registry.close()
 
 
+async def test_an_ensemble_counts_its_steps_compute_phases_as_its_own(tmp_path: Path) -> None:
+    """As Triton: an ensemble request that succeeds is one execution of its batch size, and its
+    compute phases are the sums of its step requests' (an inner ensemble's sums reach the outer
+    one). Before, an ensemble counted no execution and no compute time."""
+    repo = tmp_path / "repo"
+    pipeline_repo(repo)
+    ensemble(repo, "outer", step("pipeline", {"RAW": "RAW"}, {"FINAL": "F", "DIFF": "D"}), ["RAW"], ["F", "D"])
+    registry = await make_registry(tmp_path)
+    phases = ("compute_input", "compute_infer", "compute_output")
+
+    def totals(*names: str) -> list[int]:
+        return [sum(getattr(registry.get(n).stats, phase).ns for n in names) for phase in phases]
+
+    try:
+        for name in ("pre", "simple", "post", "pipeline", "outer"):
+            await registry.load(name, repo / name)
+        await registry.get("pipeline").infer(InferRequest({"RAW": np.ones((2, 16), dtype=np.int32)}))
+        stats = registry.get("pipeline").stats
+        assert (stats.inference_count, stats.execution_count, list(stats.batch_stats)) == (2, 1, [2])
+        assert totals("pipeline") == totals("pre", "simple", "post")
+        assert totals("pipeline")[1] > 0 and totals("pre")[0] > 0  # the python backend times its input
+        assert [getattr(stats.batch_stats[2], phase).ns for phase in phases] == totals("pipeline")
+        before = totals("pipeline")
+        await registry.get("outer").infer(InferRequest({"RAW": np.ones((1, 16), dtype=np.int32)}))
+        outer = registry.get("outer").stats
+        assert (outer.inference_count, outer.execution_count, list(outer.batch_stats)) == (1, 1, [1])
+        assert totals("outer") == [after - was for after, was in zip(totals("pipeline"), before, strict=True)]
+        assert totals("pipeline") == totals("pre", "simple", "post")
+        assert (stats.execution_count, sorted(stats.batch_stats)) == (2, [1, 2])
+    finally:
+        await registry.close()
+
+
 async def test_independent_steps_run_concurrently(tmp_path: Path) -> None:
     # Each branch waits at a two-party barrier: it only passes if both branches run at once.
     prelude = (
