@@ -357,6 +357,17 @@ class ModelRegistry:
         )
         return old
 
+    def refuse(self, name: str, model_dir: Path, exc: EdgedError) -> None:
+        """Record a load refused before it began (an ensemble whose step models are not
+        there), as a failed load is recorded, except that the directory counts as unseen: the
+        poller tries again at its next look (the steps may have come)."""
+        entry = self.note_unknown(name, model_dir)
+        if entry.reason != exc.message:  # once, not at every look of the poller
+            log.error("model %s: not loaded: %s", name, exc.message)
+        entry.reason = exc.message
+        entry.fingerprint = ""
+        entry.state = "READY" if entry.versions else "UNAVAILABLE"
+
     async def unload(self, name: str) -> None:
         entry = self._models.get(name)
         if entry is None:

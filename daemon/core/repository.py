@@ -98,8 +98,12 @@ class RepositoryManager:
         results = list(await asyncio.gather(
             *(self.registry.load(name, models[name]) for name in others), return_exceptions=True,
         ))
+        found: dict[str, Path] | None = None
         for name in ensembles:  # no backends: quick, and each after the ensembles it leads to
             try:
+                if found is None:
+                    found = await asyncio.to_thread(self.scan)
+                await self._check_steps_there(name, models[name], found)
                 await self.registry.load(name, models[name])
             except Exception as exc:  # reported below, as gather's are
                 results.append(exc)
@@ -112,6 +116,30 @@ class RepositoryManager:
                     log.error("model %s: unexpected load failure", name, exc_info=result)
                 failed.append(name)
         return failed
+
+    async def _check_steps_there(self, name: str, path: Path, found: Mapping[str, Path]) -> None:
+        """As Triton at start and when it polls, an ensemble loads only once its step models
+        are loaded (or load on demand): one in no repository, or whose load failed, refuses it
+        with Triton's texts (recorded as its load failure; a rescan tries it again)."""
+        config = await self._config_of(path)
+        if config is None or config.ensemble_scheduling is None:
+            return  # its load says why
+        for step in dict.fromkeys(s.model_name for s in config.ensemble_scheduling.step):
+            entry = self.registry.entry(step)
+            if entry is not None and entry.versions:
+                continue
+            step_path = found.get(step)
+            if step_path is not None and await self._on_demand(step, step_path):
+                continue
+            if step_path is None:
+                reason = f"ensemble {name} contains models that are not available or ambiguous: {step}"
+            else:
+                reason = f"ensemble '{name}' depends on '{step}' which has no loaded version"
+                if entry is not None and entry.state == "UNAVAILABLE" and entry.reason and not entry.unloaded:
+                    reason += f". Model '{step}' loading failed with error: {entry.reason}"
+            refusal = InvalidArgument(reason)
+            self.registry.refuse(name, path, refusal)
+            raise refusal
 
     async def step_order(self, models: Mapping[str, Path]) -> tuple[list[str], list[str]]:
         """`models` split into those that are not ensembles (by name) and the ensembles, each
@@ -186,13 +214,21 @@ class RepositoryManager:
         await self.drop_removed(plan)
 
     async def drop_removed(self, plan: Rescan) -> None:
-        """Unload and forget the models no repository holds any more."""
+        """Unload and forget the models no repository holds any more, and, as Triton does, the
+        loaded ensembles over them (refused until their steps are back: a rescan tries them)."""
+        gone: set[str] = set()
         for name in self.registry.names():
             if name not in plan.found:
                 entry = self.registry.entry(name)
                 if entry is not None and entry.versions:
                     await self.registry.unload(name)
+                    gone.add(name)
                 self.registry.forget(name)
+        for name, step in await self._unload_dependents(gone):
+            entry = self.registry.entry(name)
+            if entry is not None and entry.path is not None and not entry.versions:
+                self.registry.refuse(name, entry.path, InvalidArgument(
+                    f"ensemble '{name}' depends on '{step}' which has no loaded version"))
 
     def follows(self, name: str) -> bool:
         """Whether the model loads from wherever the repository has it now: every model,
@@ -338,29 +374,35 @@ class RepositoryManager:
                 await self.registry.unload(target)
         await self._unload_dependents({name, *steps})
 
-    async def _unload_dependents(self, gone: set[str]) -> None:
+    async def _unload_dependents(self, gone: set[str]) -> list[tuple[str, str]]:
         """As in Triton, the loaded ensembles that lead to an unloaded model are unloaded too:
-        they could no longer answer. Not for an on-demand model: a request loads it again."""
+        they could no longer answer. Not for an on-demand model: a request loads it again.
+        Returns each ensemble unloaded, with the step model it lost."""
+        unloaded: list[tuple[str, str]] = []
         while gone:
             for name in list(gone):
                 entry = self.registry.entry(name)
                 if entry is not None and entry.path is not None and await self._on_demand(name, entry.path):
                     gone.discard(name)
-            dependents = [other for other in self.registry.names() if self._leads_to(other, gone)]
-            for other in dependents:
+            dependents = [(other, step) for other in self.registry.names()
+                          if (step := self._step_among(other, gone)) is not None]
+            for other, _ in dependents:
                 log.info("model %s: unloaded with a step model it needs", other)
                 with contextlib.suppress(NotFound):
                     await self.registry.unload(other)
-            gone = set(dependents)
+            unloaded += dependents
+            gone = {other for other, _ in dependents}
+        return unloaded
 
-    def _leads_to(self, name: str, models: set[str]) -> bool:
-        """Is `name` a loaded ensemble with a step model among `models`?"""
+    def _step_among(self, name: str, models: set[str]) -> str | None:
+        """The first step model among `models` of `name`, if it is a loaded ensemble."""
         entry = self.registry.entry(name)
         for version in entry.versions.values() if entry is not None else ():
             ensemble = version.config.ensemble_scheduling
-            if ensemble is not None and any(step.model_name in models for step in ensemble.step):
-                return True
-        return False
+            for step in ensemble.step if ensemble is not None else ():
+                if step.model_name in models:
+                    return step.model_name
+        return None
 
     async def index(self, ready_only: bool = False) -> list[IndexEntry]:
         # Models present on disk but never seen are listed too, like Triton.

@@ -93,13 +93,15 @@ def _triton_root(venv: Path) -> Path | None:
     return root if (root / "bin" / "tritonserver").exists() else None
 
 
-def _wait_ready(server: Server, timeout: float) -> None:
+def _wait_ready(server: Server, timeout: float, path: str = "/v2/health/ready") -> None:
+    """Until `path` answers 200 (`/v2/models/<m>/ready` for a server that is not ready as a
+    whole: a model of its repository failed to load)."""
     deadline = time.monotonic() + timeout
     while True:
         if server.proc.poll() is not None:
             raise AssertionError(f"{server.name} exited with {server.proc.returncode}:\n{server.log()[-4000:]}")
         try:
-            if server.request("GET", "/v2/health/ready", timeout=5).status == 200:
+            if server.request("GET", path, timeout=5).status == 200:
                 return
         except OSError:
             pass
@@ -109,7 +111,10 @@ def _wait_ready(server: Server, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def start_triton(venv: Path, repo: Path, workdir: Path, models: list[str], flags: Sequence[str] = ()) -> Server:
+def start_triton(
+    venv: Path, repo: Path, workdir: Path, models: list[str], flags: Sequence[str] = (),
+    ready: str = "/v2/health/ready",
+) -> Server:
     root = _triton_root(venv)
     site = _site_packages(venv)
     assert root is not None and site is not None
@@ -138,11 +143,13 @@ def start_triton(venv: Path, repo: Path, workdir: Path, models: list[str], flags
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(args, cwd=workdir, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     server = Server("tritonserver", port, proc, log_path, metrics_port=metrics_port)
-    _wait_ready(server, 180)
+    _wait_ready(server, 180, ready)
     return server
 
 
-def start_edged(repo: Path, workdir: Path, models: list[str], flags: Sequence[str] = ()) -> Server:
+def start_edged(
+    repo: Path, workdir: Path, models: list[str], flags: Sequence[str] = (), ready: str = "/v2/health/ready",
+) -> Server:
     from support import start_daemon_process
 
     token = workdir / "token"
@@ -154,10 +161,13 @@ def start_edged(repo: Path, workdir: Path, models: list[str], flags: Sequence[st
     args = ["--config", str(config), "--model-repository", str(repo), "--model-control-mode", "explicit", *flags]
     for model in models:
         args += ["--load-model", model]
-    daemon = start_daemon_process(workdir, *args, http=True)
+    daemon = start_daemon_process(workdir, *args, http=True, wait=ready == "/v2/health/ready")
     assert daemon.http_port is not None
-    return Server("edged", daemon.http_port, daemon.proc, daemon.log_path,
-                  {"Authorization": f"Bearer {EDGED_TOKEN}"}, metrics_port=daemon.http_port)
+    server = Server("edged", daemon.http_port, daemon.proc, daemon.log_path,
+                    {"Authorization": f"Bearer {EDGED_TOKEN}"}, metrics_port=daemon.http_port)
+    if ready != "/v2/health/ready":
+        _wait_ready(server, 120, ready)
+    return server
 
 
 EDGED_TOKEN = "compat-oracle-token-0123456789"

@@ -808,6 +808,64 @@ def test_response_cache_as_tritons(compat_repo: object, tmp_path_factory: pytest
     assert ours == theirs
 
 
+def test_polled_ensembles_wait_for_their_steps_as_tritons(compat_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Polling the repository (and so at start in every mode): an ensemble whose step model is in
+    no repository (directly, or through an inner ensemble) is not loaded; once the step is
+    there a poll loads it; when the step leaves, the ensemble goes with it. The same readiness
+    and answers on both servers."""
+    import shutil
+
+    from compat.servers import ORACLE_ENV, start_edged, start_triton
+
+    x = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [2], "data": [1, 2]}]}).encode()
+    ensembles = ("ens_missing_step", "chain", "chain_outer")
+    answers = []
+    for start in (start_triton, start_edged):
+        repo = tmp_path_factory.mktemp("poll-repo")
+        for name in ("identity_fp32", *ensembles):
+            shutil.copytree(compat_repo / name, repo / name)
+        args = (Path(os.environ[ORACLE_ENV]),) if start is start_triton else ()
+        # Triton exits when a model fails at start unless told not to; edged never does.
+        flags = ["--exit-on-error=false"] if start is start_triton else []
+        server = start(*args, repo, tmp_path_factory.mktemp("poll"), [],  # type: ignore[operator]
+                       ["--model-control-mode", "poll", "--repository-poll-secs", "1", *flags],
+                       ready="/v2/models/identity_fp32/ready")
+
+        def look(until_ready: bool | None = None) -> list[tuple[int, int, str]]:
+            deadline = time.monotonic() + 30
+            while True:
+                seen = []
+                for model in ensembles:
+                    ready = server.request("GET", f"/v2/models/{model}/ready").status  # noqa: B023
+                    reply = server.request("POST", f"/v2/models/{model}/infer", x,  # noqa: B023
+                                           {"Content-Type": "application/json"})
+                    body = json.loads(reply.body)
+                    seen.append((ready, reply.status, body["outputs"][0]["data"] if reply.status == 200
+                                 else "Request for unknown model" in body["error"]))
+                if until_ready is None or all((r == 200) == until_ready for r, _, _ in seen):
+                    return seen
+                if time.monotonic() > deadline:
+                    return seen
+                time.sleep(0.2)
+
+        try:
+            seen = [look()]
+            shutil.copytree(compat_repo / "identity_fp32", repo / "no_such_model")
+            config = repo / "no_such_model" / "config.pbtxt"
+            config.write_text(config.read_text().replace('"identity_fp32"', '"no_such_model"'))
+            shutil.copytree(compat_repo / "chain_step", repo / "chain_step")
+            seen.append(look(until_ready=True))
+            shutil.rmtree(repo / "chain_step")
+            shutil.rmtree(repo / "no_such_model")
+            seen.append(look(until_ready=False))
+            answers.append(seen)
+        finally:
+            server.stop()
+    theirs, ours = answers
+    assert theirs == [[(400, 404, True)] * 3, [(200, 200, [1.0, 2.0])] * 3, [(400, 404, True)] * 3]
+    assert ours == theirs
+
+
 def test_model_warmup_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
     """`model_warmup`: the samples each instance runs before the model is served (zeros on three
     instances, two groups, three times each; a file's data in a batch of three; a batch-size-0 sample skipped),

@@ -164,3 +164,48 @@ async def test_an_explicit_load_of_ensembles_leading_to_each_other_is_refused(tm
         assert not repository.registry.is_ready("a") and not repository.registry.is_ready("b")
     finally:
         await repository.registry.close()
+
+
+async def test_at_start_and_on_rescans_an_ensemble_waits_for_its_steps(tmp_path: Path) -> None:
+    """As Triton 2.51 when it starts or polls (tests/compat checks it): an ensemble whose step
+    model is in no repository, or failed to load, is not loaded (Triton's texts as its reason);
+    a rescan that finds the step loads it; a step leaving the repository unloads the ensembles
+    over it, which a later rescan loads again when it is back. Before, such an ensemble was
+    served and every request failed at the step."""
+    repository = repository_for(tmp_path, "poll")
+    repo = tmp_path / "repo"
+    (repo / "double").rename(tmp_path / "double")
+    ensemble_of(repo, "inner", "double")
+    ensemble_of(repo, "outer", "inner")
+    python_model(repo, "bad", "y = x")
+    (repo / "bad" / "1" / "model.py").write_text("raise RuntimeError('this model refuses to load')\n")
+    ensemble_of(repo, "uses_bad", "bad")
+    registry = repository.registry
+
+    def reasons() -> dict[str, str]:
+        return {n: registry.entry(n).reason for n in ("inner", "outer", "uses_bad")}  # type: ignore[union-attr]
+
+    try:
+        assert sorted(await repository.startup()) == ["bad", "inner", "outer", "uses_bad"]
+        assert not any(registry.is_ready(n) for n in ("inner", "outer", "uses_bad"))
+        refused = reasons()
+        assert refused["inner"] == "ensemble inner contains models that are not available or ambiguous: double"
+        assert refused["outer"] == ("ensemble 'outer' depends on 'inner' which has no loaded version. Model 'inner' "
+                                    f"loading failed with error: {refused['inner']}")
+        assert re.fullmatch("ensemble 'uses_bad' depends on 'bad' which has no loaded version. Model 'bad' loading "
+                            "failed with error: .*this model refuses to load", refused["uses_bad"])
+        await repository.rescan()  # nothing changed: refused again, for the same reasons
+        assert reasons() == refused
+        (tmp_path / "double").rename(repo / "double")
+        await repository.rescan()
+        assert await _answer(registry, "outer") == [3.0, -4.0]
+        assert not registry.is_ready("uses_bad")
+        (repo / "double").rename(tmp_path / "double")
+        await repository.rescan()
+        assert not any(registry.is_ready(n) for n in ("double", "inner", "outer"))
+        assert reasons()["outer"] == "ensemble 'outer' depends on 'inner' which has no loaded version"
+        (tmp_path / "double").rename(repo / "double")
+        await repository.rescan()
+        assert await _answer(registry, "outer") == [3.0, -4.0]
+    finally:
+        await registry.close()
