@@ -484,7 +484,9 @@ class EnsembleRunner:
         """Triton's decoupled ensemble: every response of a step adds the next *iteration* of
         its output tensors (0, 1, ...); a step runs once for each iteration that all its inputs
         have (an ensemble input has iteration 0 only), and each iteration that all requested
-        outputs have is one response, as soon as it is complete."""
+        outputs have is one response, as soon as it is complete. As in Triton, a tensor's
+        iteration is let go once every step that reads it has it and, if it is requested, its
+        response went out: a long stream does not hold all its tensors to the end."""
         batch = _rows(self.config, request)
         tensors: dict[str, list[np.ndarray | None]] = {name: [array] for name, array in request.inputs.items()}
         sizes = {name: [batch] for name in request.inputs}
@@ -492,6 +494,8 @@ class EnsembleRunner:
         for index, step in steps:
             for tensor in step.input_map.values():
                 consumers.setdefault(tensor, []).append((index, step))
+        # Users still to come of each (tensor, iteration) there: its readers, and its response.
+        users: dict[tuple[str, int], int] = {}
         fired: set[tuple[int, int]] = set()
         sent: set[int] = set()
         # (step index, step, a response | None once the step's run is done | its error, the
@@ -499,12 +503,22 @@ class EnsembleRunner:
         events: asyncio.Queue[tuple[int, EnsembleStep, InferResponse | Exception | None, int]] = asyncio.Queue()
         tasks: list[asyncio.Task[None]] = []
 
-        async def feed(index: int, step: EnsembleStep, iteration: int) -> None:
+        def added(tensor: str, iteration: int) -> None:
+            users[tensor, iteration] = len(consumers.get(tensor, ())) + (tensor in wanted)
+            used(tensor, iteration, 0)
+
+        def used(tensor: str, iteration: int, count: int = 1) -> None:
+            left = users[tensor, iteration] - count
+            users[tensor, iteration] = left
+            if left == 0:
+                tensors[tensor][iteration] = _RELEASED
+
+        async def feed(
+            index: int, step: EnsembleStep, step_tensors: dict[str, np.ndarray], step_sizes: dict[str, int]
+        ) -> None:
             model = models[index]
             decoupled = model.config.model_transaction_policy.decoupled
             try:
-                step_tensors: dict[str, np.ndarray] = {t: tensors[t][iteration] for t in step.input_map.values()}  # type: ignore[misc]
-                step_sizes = {t: sizes[t][iteration] for t in step.input_map.values()}
                 step_request = self._step_request(step, model, step_tensors, step_sizes, request)
                 size = _rows(model.config, step_request)
                 async with contextlib.aclosing(self.streamer(model, step_request)) as results:
@@ -528,8 +542,16 @@ class EnsembleRunner:
                         _at(tensors, t, iteration) is not None for t in step.input_map.values()
                     ):
                         fired.add((index, iteration))
-                        tasks.append(asyncio.create_task(feed(index, step, iteration)))
+                        names = set(step.input_map.values())
+                        # Taken now: the step has them, and the iterations may go (`used`).
+                        step_tensors: dict[str, np.ndarray] = {t: tensors[t][iteration] for t in names}  # type: ignore[misc]
+                        step_sizes = {t: sizes[t][iteration] for t in names}
+                        for t in names:
+                            used(t, iteration)
+                        tasks.append(asyncio.create_task(feed(index, step, step_tensors, step_sizes)))
 
+        for name in tensors:
+            added(name, 0)
         fire([(name, 0) for name in tensors])
         running = len(tasks)
         try:
@@ -547,6 +569,8 @@ class EnsembleRunner:
                     tensors.setdefault(outer, []).append(item.outputs.get(inner))
                     sizes.setdefault(outer, []).append(size)
                     updated.append((outer, len(tensors[outer]) - 1))
+                    if tensors[outer][-1] is not None:
+                        added(outer, len(tensors[outer]) - 1)
                 before = len(tasks)
                 fire(updated)
                 running += len(tasks) - before
@@ -555,11 +579,14 @@ class EnsembleRunner:
                         _at(tensors, name, iteration) is not None for name in wanted
                     ):
                         sent.add(iteration)
-                        yield InferResponse({
+                        response = InferResponse({
                             name: fit(tensors[name][iteration], self._output_dims[name], batch != 0,  # type: ignore[arg-type]
                                       sizes[name][iteration])
                             for name in wanted
                         }, _sequence_of(request))
+                        for name in wanted:
+                            used(name, iteration)
+                        yield response
         finally:
             await _cancel(tasks)
 
@@ -615,6 +642,12 @@ def _tallied(request: InferRequest) -> InferRequest:
 def _version(step: EnsembleStep) -> str | None:
     """The version a step names (None: the one served)."""
     return None if step.model_version < 0 else str(step.model_version)
+
+
+# A tensor's iteration once every user has it (`EnsembleRunner._flow`): there (not None, which
+# is a placeholder for a missing output), holding nothing.
+_RELEASED = np.empty(0)
+_RELEASED.flags.writeable = False
 
 
 def _at(tensors: dict[str, list[np.ndarray | None]], name: str, iteration: int) -> np.ndarray | None:

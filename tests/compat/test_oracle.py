@@ -393,12 +393,13 @@ def test_ensemble_statistics_as_tritons(triton: Server, edged: Server) -> None:
     def stat(server: Server, model: str) -> dict[str, Any]:
         return json.loads(server.request("GET", f"/v2/models/{model}/stats").body)["model_stats"][0]  # type: ignore[no-any-return]
 
-    def counts(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: counts(v) for k, v in value.items() if k not in ("ns", "last_inference")}
-        if isinstance(value, list):
-            return [counts(v) for v in value]
-        return value
+    def counts(value: dict[str, Any]) -> dict[str, int]:
+        """Every count of a model's statistics, by where it is (batch_stats rows by batch size)."""
+        found = {"inference_count": value["inference_count"], "execution_count": value["execution_count"]}
+        found |= {f"inference_stats.{k}": v["count"] for k, v in value["inference_stats"].items()}
+        for row in value["batch_stats"]:
+            found |= {f"batch_stats.{row['batch_size']}.{k}": v["count"] for k, v in row.items() if k != "batch_size"}
+        return found
 
     def phases(value: dict[str, Any]) -> list[int]:
         return [value["inference_stats"][p]["ns"] for p in ("compute_input", "compute_infer", "compute_output")]
@@ -419,7 +420,9 @@ def test_ensemble_statistics_as_tritons(triton: Server, edged: Server) -> None:
         after = {m: stat(server, m) for m in ("twice", "add_sub", "fork")}
         moved = {m: [a - b for a, b in zip(phases(after[m]), phases(before[m]), strict=True)] for m in after}
         assert moved["twice"] == moved["add_sub"] and min(moved["twice"]) > 0, (server.name, moved)
-        seen.append((statuses, {m: (counts(before[m]), counts(after[m])) for m in ("twice", "fork")}))
+        # What these requests added (the session's other tests asked these models before).
+        seen.append((statuses, {m: {k: n - counts(before[m]).get(k, 0) for k, n in counts(after[m]).items()}
+                                for m in ("twice", "fork")}))
     theirs, ours = seen
     assert theirs[0] == [200, 200, 200, 500, 200]
     assert ours == theirs

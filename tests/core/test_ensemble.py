@@ -511,6 +511,52 @@ async def test_a_decoupled_step_makes_one_answer_per_response(tmp_path: Path) ->
         await registry.close()
 
 
+async def test_a_decoupled_ensemble_holds_no_answered_iteration(tmp_path: Path) -> None:
+    """As Triton, each iteration of a tensor is let go once the steps that read it have it and its
+    answer went out: at the last of 24 answers of 1 MiB tensors, the request holds a few of
+    them, not all (before: every iteration of both tensors, 48 MiB, until the request ended)."""
+    import gc
+    import tracemalloc
+
+    repo = tmp_path / "repo"
+    wide = 'data_type: TYPE_INT32 dims: [ -1 ]'
+    (repo / "countdown" / "1").mkdir(parents=True)
+    (repo / "countdown" / "1" / "model.py").write_text(COUNTDOWN.replace("(1, 16)", "(262144,)"))
+    (repo / "countdown" / "config.pbtxt").write_text(
+        f'backend: "python"\nmax_batch_size: 0\ninput [{{ name: "IN" {wide} }}]\n'
+        f'output [{{ name: "OUT" {wide} }}]\nmodel_transaction_policy {{ decoupled: true }}\n'
+    )
+    python_step(repo, "plus", ["X"], {"Y": "X + 100"})
+    for name in ("plus",):
+        config = repo / name / "config.pbtxt"
+        config.write_text(config.read_text().replace("max_batch_size: 8", "max_batch_size: 0").replace(TENSOR, wide))
+    ensemble(repo, "pipe", step("countdown", {"IN": "N"}, {"OUT": "I"}) + ", " + step("plus", {"X": "I"}, {"Y": "Y"}),
+             ["N"], ["Y"])
+    config = repo / "pipe" / "config.pbtxt"
+    config.write_text(config.read_text().replace("max_batch_size: 8", "max_batch_size: 0").replace(TENSOR, wide))
+    registry = await make_registry(tmp_path)
+    try:
+        for name in ("countdown", "plus", "pipe"):
+            await registry.load(name, repo / name)
+        request = InferRequest({"N": np.array([24], dtype=np.int32)})
+        tracemalloc.start()
+        try:
+            answers = 0
+            async for answer in decoupled.responses(registry.get("pipe"), request):
+                answers += 1
+                assert answer.outputs["Y"][0] == 100 + answers - 1  # type: ignore[union-attr]
+                del answer
+                if answers == 24:
+                    gc.collect()
+                    held = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert answers == 24
+        assert held < 8 * 2**20, held
+    finally:
+        await registry.close()
+
+
 async def test_a_step_failing_mid_stream_ends_the_answers_with_its_error(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     countdown(repo, shape="16")
