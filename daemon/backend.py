@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import logging
 import os
 import threading
@@ -599,15 +600,20 @@ class Backend:
 
         The thread hands the outcome straight to an asyncio future (one callback on the loop),
         where `loop.run_in_executor` chains a concurrent future to an asyncio one: a small
-        request's latency pays for every layer (see also `_InstanceThread`)."""
+        request's latency pays for every layer (see also `_InstanceThread`).
+
+        The call runs in a copy of the caller's context, as `asyncio.to_thread` runs it: what
+        the model asks of the daemon from there (BLS) is asked on behalf of its caller (a load
+        under way, for one)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        context = contextvars.copy_context()
 
         def call() -> None:
             if future.cancelled():
                 return
             try:
-                result = fn(*args, **kwargs)
+                result = context.run(fn, *args, **kwargs)
             except Exception as exc:  # re-raised in the caller, as run_in_executor does
                 _settle_threadsafe(loop, future, None, exc)
             except BaseException as exc:

@@ -328,9 +328,12 @@ class InferenceRequest:
             raise TritonModelException(f"InferenceRequest.{verb}: model_name is empty")
         executor = BLS_EXECUTOR.get()
         if executor is None:
+            # Triton's text first (its python backend refuses BLS outside `execute`, in
+            # `initialize` too), then where edged draws the line.
             raise TritonModelException(
-                f"InferenceRequest.{verb} must be called from the thread running the model's "
-                "execute (edged gives threads a model starts itself no BLS access)"
+                f"BLS is only supported during the 'execute' function: InferenceRequest.{verb} must "
+                "be called from the thread running the model's execute (edged gives threads a model "
+                "starts itself no BLS access)"
             )
         return executor(self, decoupled)
 

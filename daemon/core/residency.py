@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import struct
@@ -292,6 +293,8 @@ class Residency:
         self._rss = rss
         self._residents: dict[str, Resident] = {}
         self._loads: dict[str, asyncio.Task[None]] = {}
+        # The loads among them that a load under way asked for (`_nested`).
+        self._nested_loads: set[asyncio.Task[None]] = set()
         # Requests waiting in `acquire` for each model's load: it is theirs to lease next, so
         # neither its idle time nor an eviction starts until they have (or have gone).
         self._waiting: dict[str, int] = {}
@@ -300,6 +303,11 @@ class Residency:
         self._estimates: set[asyncio.Task[None]] = set()
         # Loads and evictions one at a time: the budget check and the RSS measurement need it.
         self._lock = asyncio.Lock()
+        # The model a load is loading, in its context: what the load runs (a warmup, the BLS
+        # calls it makes) sees it.
+        self._loading: contextvars.ContextVar[Resident | None] = contextvars.ContextVar(
+            "residency_loading", default=None
+        )
         self._policies: dict[str, tuple[Path, bool, float | None]] = {}
         self.loads = 0  # on-demand loads done
         self.evictions = 0
@@ -468,60 +476,85 @@ class Residency:
 
     async def _ensure_loaded(self, name: str) -> None:
         task = self._loads.get(name)
-        if task is None:
+        nested = self._nested()
+        # Inside a load, a load of `name` that is waiting for the lock would wait for ever: this
+        # one goes ahead of it (which then finds the model loaded).
+        if task is None or (nested and task not in self._nested_loads):
             task = asyncio.create_task(self._load(name), name=f"load {name}")
             self._loads[name] = task
+            if nested:
+                self._nested_loads.add(task)
             task.add_done_callback(lambda t: self._load_done(name, t))
         # Shielded: a waiter that goes away does not cancel the load the others wait for.
         await asyncio.shield(task)
 
     def _load_done(self, name: str, task: asyncio.Task[None]) -> None:
+        self._nested_loads.discard(task)
         if self._loads.get(name) is task:
             del self._loads[name]
         if not task.cancelled():
             task.exception()  # retrieved: every waiter already got it
 
+    def _nested(self) -> bool:
+        """Whether this runs for a load under way (a BLS from its warmup to an ensemble over an
+        on-demand step): that load holds the lock and waits for what it asked. Tasks the load
+        started that run on after it (a scheduler's workers) find it done."""
+        outer = self._loading.get()
+        return outer is not None and outer.state == "loading" and self._residents.get(outer.name) is outer
+
     async def _load(self, name: str) -> None:
+        if self._nested():
+            # The lock is the asking load's, which waits for this one: no wait for it here.
+            # (This load's RSS growth counts in that load's measurement too.)
+            await self._load_locked(name)
+            return
         async with self._lock:
-            if self._ready(name) is not None:
-                return
-            entry = self.registry.entry(name)
-            if entry is None or entry.path is None:
-                raise Unavailable(f"model '{name}' left the repository")
-            path = entry.path
-            _, keep = await self._policy(name, path)
-            cost = await self.estimate(name)
-            await self._make_room(name, cost)
-            resident = Resident(name, True, keep, cost, state="loading")
-            self._residents[name] = resident
-            log.info("model %s: loading on demand (estimated %d MiB)", name, cost // MiB)
-            before = self._rss()
-            started = time.monotonic()
-            try:
-                await self.registry.load(name, path)
-            except BaseException:
-                self._residents.pop(name, None)
-                raise
-            resident.load_seconds = time.monotonic() - started
-            resident.loaded_at = time.time()
-            grown = self._rss() - before
-            if self.config.measure and grown > 0:
-                resident.cost, resident.measured = grown, True
-            resident.state = "ready"
-            resident.last_used = time.monotonic()
-            self.loads += 1
-            log.info(
-                "model %s: loaded on demand in %.2f s (%s %d MiB, keep_alive %s)", name,
-                resident.load_seconds, "measured" if resident.measured else "estimated",
-                resident.cost // MiB, "forever" if keep is None else f"{keep:g} s",
-            )
-            # Its waiters lease it next, and its idle time starts when the last lease ends. Not
-            # before: with keep_alive 0 the idle unload is due at once, and under uvloop its
-            # timer ran before the waiters resumed, so that a request for a model with
-            # keep_alive 0 unloaded it three times over and failed. With no waiter left (all
-            # went away), it idles from now.
-            if not self._waiting.get(name):
-                self._schedule_expiry(resident)
+            await self._load_locked(name)
+
+    async def _load_locked(self, name: str) -> None:
+        """Load `name`, residency's lock held (by this load or by the one that asked for it)."""
+        if self._ready(name) is not None:
+            return
+        entry = self.registry.entry(name)
+        if entry is None or entry.path is None:
+            raise Unavailable(f"model '{name}' left the repository")
+        path = entry.path
+        _, keep = await self._policy(name, path)
+        cost = await self.estimate(name)
+        await self._make_room(name, cost)
+        resident = Resident(name, True, keep, cost, state="loading")
+        self._residents[name] = resident
+        log.info("model %s: loading on demand (estimated %d MiB)", name, cost // MiB)
+        before = self._rss()
+        started = time.monotonic()
+        token = self._loading.set(resident)
+        try:
+            await self.registry.load(name, path)
+        except BaseException:
+            self._residents.pop(name, None)
+            raise
+        finally:
+            self._loading.reset(token)
+        resident.load_seconds = time.monotonic() - started
+        resident.loaded_at = time.time()
+        grown = self._rss() - before
+        if self.config.measure and grown > 0:
+            resident.cost, resident.measured = grown, True
+        resident.state = "ready"
+        resident.last_used = time.monotonic()
+        self.loads += 1
+        log.info(
+            "model %s: loaded on demand in %.2f s (%s %d MiB, keep_alive %s)", name,
+            resident.load_seconds, "measured" if resident.measured else "estimated",
+            resident.cost // MiB, "forever" if keep is None else f"{keep:g} s",
+        )
+        # Its waiters lease it next, and its idle time starts when the last lease ends. Not
+        # before: with keep_alive 0 the idle unload is due at once, and under uvloop its
+        # timer ran before the waiters resumed, so that a request for a model with
+        # keep_alive 0 unloaded it three times over and failed. With no waiter left (all
+        # went away), it idles from now.
+        if not self._waiting.get(name):
+            self._schedule_expiry(resident)
 
     def _used(self, besides: str) -> int:
         self._sync()

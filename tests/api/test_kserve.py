@@ -608,6 +608,42 @@ def test_an_ensemble_loads_its_on_demand_steps(start_daemon, tmp_path: Path) -> 
     assert "edged_on_demand_loads_total 2.0" in metrics.splitlines()
 
 
+def test_a_model_warming_up_on_demand_may_ask_an_ensemble_over_on_demand_steps(start_daemon, tmp_path: Path) -> None:
+    """An on-demand model whose warmup runs an `execute` that asks (BLS) an ensemble whose step
+    loads on demand: the step loads inside the first load, which waits for it. Before, the
+    step's load waited for the first load to end, and the request waited without end."""
+    repo = tmp_path / "repo"
+    on_demand = 'parameters { key: "load" value { string_value: "on-demand" } }\n'
+    _step_and_pipe(repo, 3, step_config=on_demand)
+    tensor = 'data_type: TYPE_FP32 dims: [ 2 ]'
+    (repo / "caller" / "1").mkdir(parents=True)
+    (repo / "caller" / "config.pbtxt").write_text(
+        f'backend: "python"\ninput [{{ name: "X" {tensor} }}]\noutput [{{ name: "Y" {tensor} }}]\n' + on_demand
+        + f'model_warmup [{{ name: "zeros" batch_size: 1 inputs {{ key: "X" value: {{ {tensor} zero_data: true }} }} }}]\n'
+    )
+    (repo / "caller" / "1" / "model.py").write_text(
+        "import triton_python_backend_utils as pb_utils\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        out = []\n"
+        "        for r in requests:\n"
+        "            x = pb_utils.get_input_tensor_by_name(r, 'X').as_numpy()\n"
+        "            response = pb_utils.InferenceRequest(model_name='pipe', requested_output_names=['OUT'],\n"
+        "                                                 inputs=[pb_utils.Tensor('IN', x)]).exec()\n"
+        "            if response.has_error():\n"
+        "                raise RuntimeError(response.error().message())\n"
+        "            y = pb_utils.get_output_tensor_by_name(response, 'OUT').as_numpy() + 1\n"
+        "            out.append(pb_utils.InferenceResponse([pb_utils.Tensor('Y', y)]))\n"
+        "        return out\n"
+    )
+    daemon = start_daemon("--model-repository", str(repo))
+    x = json.dumps({"inputs": [{"name": "X", "shape": [2], "datatype": "FP32", "data": [10, 20]}]})
+    reply = daemon.request("POST", "/v2/models/caller/infer", x, {"Content-Type": "application/json"}, timeout=30)
+    assert reply.status == 200, reply.body
+    assert reply.json()["outputs"][0]["data"] == [31.0, 61.0]
+    assert daemon.request("GET", "/v2/models/step/ready").status == 200
+
+
 def test_repeated_server_faults_are_one_log_line_a_minute(start_daemon, tmp_path: Path) -> None:
     """A client retrying a failing model in a loop must not fill the journal: the 5xx answers
     of one status are one warning line a minute, on the lean path as on aiohttp's."""

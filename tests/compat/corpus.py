@@ -333,6 +333,9 @@ def cases() -> list[Case]:
                     dict(JSON), needles=("bogus",), deviation=BAD_INPUT_500))
     out.append(Case("load-broken", "POST", "/v2/repository/models/broken/load", b"", dict(JSON),
                     needles=("load failed for model 'broken'", "this model refuses to load")))
+    out.append(Case("load-bls-in-initialize", "POST", "/v2/repository/models/bls_in_initialize/load", b"",
+                    dict(JSON), needles=("load failed for model 'bls_in_initialize'",
+                                         "BLS is only supported during the 'execute' function")))
     one = {"inputs": [_tensor("INPUT0", "FP32", [1], [1.0])]}
 
     def in_state(state: str, model: str) -> None:

@@ -50,6 +50,21 @@ class TritonPythonModel:
 '''
 
 # A model whose initialize fails: the load-failure cases.
+# Asks another model from `initialize`: both python backends refuse it (BLS is for `execute`).
+BLS_IN_INITIALIZE = '''\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.InferenceRequest(model_name="identity_fp32", requested_output_names=["OUTPUT0"],
+                                  inputs=[pb_utils.Tensor("INPUT0", np.zeros(2, np.float32))]).exec()
+
+    def execute(self, requests):
+        return []
+'''
+
 BROKEN = '''\
 class TritonPythonModel:
     def initialize(self, args):
@@ -203,6 +218,9 @@ class TritonPythonModel:
     )),
     "broken": (BROKEN, _config(
         "broken", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")],
+    )),
+    "bls_in_initialize": (BLS_IN_INITIALIZE, _config(
+        "bls_in_initialize", 0, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")],
     )),
 }
 
