@@ -35,9 +35,13 @@ async def responses(
     Errors the model attaches to a response come as EdgedError items (the stream may go on);
     a request that fails before any response (validation, queue full) raises.
     """
-    if isinstance(model.scheduler, EnsembleRunner):
+    if isinstance(model.scheduler, EnsembleRunner) and (
+        model.cache is None or model.config.model_transaction_policy.decoupled
+    ):
         # An ensemble answers once per set of outputs its steps complete (Triton's decoupled
         # ensembles). A step's failure ends it: its last response, as a model's own failure is.
+        # (One with a response cache, which only an ensemble that is not decoupled has, answers
+        # once, through its cache, as below.)
         validate_request(request, model.config)
         try:
             async with contextlib.aclosing(model.scheduler.stream(request)) as answers:

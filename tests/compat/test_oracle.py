@@ -869,6 +869,43 @@ def test_polled_ensembles_wait_for_their_steps_as_tritons(compat_repo: Path, tmp
     assert ours == theirs
 
 
+def test_an_ensembles_response_cache_as_tritons(compat_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """An ensemble with `response_cache`: infer and generate both answer a repeat from the cache
+    (the ensemble's own statistics count the hits, its step runs once per miss), on both servers."""
+    import shutil
+
+    from compat.servers import start_edged, start_triton
+
+    repo = tmp_path_factory.mktemp("ensemble-cache-repo")
+    for name in ("chain_step", "chain"):
+        shutil.copytree(compat_repo / name, repo / name)
+    config = repo / "chain" / "config.pbtxt"
+    config.write_text(config.read_text() + "response_cache { enable: true }\n")
+    x = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [2], "data": [1, 2]}]}).encode()
+    requests = [("infer", x), ("infer", x), ("generate", b'{"X": [1, 2]}'), ("generate", b'{"X": [1, 2]}'),
+                ("generate", b'{"X": [3, 4]}')]
+    answers = []
+    for start in (start_triton, start_edged):
+        server = _start_with_cache(start, repo, tmp_path_factory.mktemp("ensemble-cache"), ["chain_step", "chain"],
+                                   ["--cache-config", "local,size=1048576"])
+        try:
+            seen: list[Any] = []
+            for route, body in requests:
+                reply = server.request("POST", f"/v2/models/chain/{route}", body, {"Content-Type": "application/json"})
+                answer = json.loads(reply.body)
+                seen.append((reply.status, answer["outputs"][0]["data"] if route == "infer" else answer["Y"]))
+            for model in ("chain", "chain_step"):
+                stats = json.loads(server.request("GET", f"/v2/models/{model}/stats").body)["model_stats"][0]
+                seen.append((stats["inference_count"], stats["execution_count"],
+                             {k: v["count"] for k, v in stats["inference_stats"].items()}))
+            answers.append(seen)
+        finally:
+            server.stop()
+    theirs, ours = answers
+    assert theirs[5][2]["cache_hit"] == 3 and theirs[6][1] == 2
+    assert ours == theirs
+
+
 def test_model_warmup_as_tritons(compat_repo: object, tmp_path_factory: pytest.TempPathFactory) -> None:
     """`model_warmup`: the samples each instance runs before the model is served (zeros on three
     instances, two groups, three times each; a file's data in a batch of three; a batch-size-0 sample skipped),
