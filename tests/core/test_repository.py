@@ -81,6 +81,15 @@ async def _answer(registry: ModelRegistry, name: str) -> list[float]:
     return (await registry.get(name).infer(InferRequest({"X": x}))).outputs["Y"].tolist()  # type: ignore[attr-defined, no-any-return]
 
 
+def _ensembles_and_a_bad_step(repo: Path) -> None:
+    """`outer` over `inner` over `double`; `uses_bad` over `bad`, whose load fails."""
+    ensemble_of(repo, "inner", "double")
+    ensemble_of(repo, "outer", "inner")
+    python_model(repo, "bad", "y = x")
+    (repo / "bad" / "1" / "model.py").write_text("raise RuntimeError('this model refuses to load')\n")
+    ensemble_of(repo, "uses_bad", "bad")
+
+
 async def test_an_ensemble_loads_with_its_steps_and_goes_with_them(tmp_path: Path) -> None:
     """Triton's explicit load of an ensemble loads its steps (through nested ensembles) and
     refuses one whose step is in no repository or fails to load, with Triton's texts;
@@ -88,12 +97,8 @@ async def test_an_ensemble_loads_with_its_steps_and_goes_with_them(tmp_path: Pat
     Triton 2.51). Before, the ensemble loaded alone and its requests failed at the step."""
     repository = repository_for(tmp_path)
     repo = tmp_path / "repo"
-    ensemble_of(repo, "inner", "double")
-    ensemble_of(repo, "outer", "inner")
+    _ensembles_and_a_bad_step(repo)
     ensemble_of(repo, "lost", "nope")
-    python_model(repo, "bad", "y = x")
-    (repo / "bad" / "1" / "model.py").write_text("raise RuntimeError('this model refuses to load')\n")
-    ensemble_of(repo, "uses_bad", "bad")
     registry = repository.registry
     try:
         await repository.load("outer")
@@ -175,11 +180,7 @@ async def test_at_start_and_on_rescans_an_ensemble_waits_for_its_steps(tmp_path:
     repository = repository_for(tmp_path, "poll")
     repo = tmp_path / "repo"
     (repo / "double").rename(tmp_path / "double")
-    ensemble_of(repo, "inner", "double")
-    ensemble_of(repo, "outer", "inner")
-    python_model(repo, "bad", "y = x")
-    (repo / "bad" / "1" / "model.py").write_text("raise RuntimeError('this model refuses to load')\n")
-    ensemble_of(repo, "uses_bad", "bad")
+    _ensembles_and_a_bad_step(repo)
     registry = repository.registry
 
     def reasons() -> dict[str, str]:
