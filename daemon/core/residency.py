@@ -515,6 +515,12 @@ class Residency:
         """Load `name`, residency's lock held (by this load or by the one that asked for it)."""
         if self._ready(name) is not None:
             return
+        current = self._residents.get(name)
+        if current is not None and current.state == "loading":  # only its own load can ask so
+            raise Unavailable(
+                f"model '{name}' is asked for by its own load (its warmup, through an ensemble) "
+                "and cannot serve before it has loaded"
+            )
         entry = self.registry.entry(name)
         if entry is None or entry.path is None:
             raise Unavailable(f"model '{name}' left the repository")

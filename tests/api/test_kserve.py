@@ -644,6 +644,41 @@ def test_a_model_warming_up_on_demand_may_ask_an_ensemble_over_on_demand_steps(s
     assert daemon.request("GET", "/v2/models/step/ready").status == 200
 
 
+def test_a_model_whose_warmup_asks_for_itself_fails_its_load(start_daemon, tmp_path: Path) -> None:
+    """An on-demand model whose warmup asks (BLS) an ensemble over the model itself: its load
+    fails, naming the cycle, rather than loading the model again inside its own load."""
+    repo = tmp_path / "repo"
+    tensor = 'data_type: TYPE_FP32 dims: [ 2 ]'
+    (repo / "selfish" / "1").mkdir(parents=True)
+    (repo / "selfish" / "config.pbtxt").write_text(
+        f'backend: "python"\ninput [{{ name: "X" {tensor} }}]\noutput [{{ name: "Y" {tensor} }}]\n'
+        'parameters { key: "load" value { string_value: "on-demand" } }\n'
+        f'model_warmup [{{ name: "zeros" batch_size: 1 inputs {{ key: "X" value: {{ {tensor} zero_data: true }} }} }}]\n'
+    )
+    (repo / "selfish" / "1" / "model.py").write_text(
+        "import triton_python_backend_utils as pb_utils\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        x = pb_utils.get_input_tensor_by_name(requests[0], 'X').as_numpy()\n"
+        "        response = pb_utils.InferenceRequest(model_name='back', requested_output_names=['OUT'],\n"
+        "                                             inputs=[pb_utils.Tensor('IN', x)]).exec()\n"
+        "        if response.has_error():\n"
+        "            raise RuntimeError(response.error().message())\n"
+        "        return [pb_utils.InferenceResponse([pb_utils.Tensor('Y', x)])]\n"
+    )
+    (repo / "back" / "1").mkdir(parents=True)
+    (repo / "back" / "config.pbtxt").write_text(
+        f'platform: "ensemble"\ninput [{{ name: "IN" {tensor} }}]\noutput [{{ name: "OUT" {tensor} }}]\n'
+        'ensemble_scheduling { step [ { model_name: "selfish" model_version: -1 '
+        'input_map { key: "X" value: "IN" } output_map { key: "Y" value: "OUT" } } ] }\n'
+    )
+    daemon = start_daemon("--model-repository", str(repo))
+    x = json.dumps({"inputs": [{"name": "X", "shape": [2], "datatype": "FP32", "data": [1, 2]}]})
+    reply = daemon.request("POST", "/v2/models/selfish/infer", x, {"Content-Type": "application/json"}, timeout=30)
+    assert reply.status >= 400, reply.body
+    assert "model 'selfish' is asked for by its own load" in reply.json()["error"]
+
+
 def test_repeated_server_faults_are_one_log_line_a_minute(start_daemon, tmp_path: Path) -> None:
     """A client retrying a failing model in a loop must not fill the journal: the 5xx answers
     of one status are one warning line a minute, on the lean path as on aiohttp's."""
