@@ -341,47 +341,25 @@ class EnsembleRunner:
         """The request's one response (`/infer`). With a decoupled step the ensemble may answer
         any number of times: one answer is served, as for a decoupled model, any other count
         is Triton's refusal (use the generate extension's stream)."""
-        self._begin()
-        started = time.monotonic_ns()
-        own = _tallied(request)
-        try:
-            async with self._holding(own) as (wanted, steps, models):
-                if not self._decoupled(models):
-                    answer = await self._waves(own, wanted, steps, models)
-                else:
-                    async with contextlib.aclosing(self._flow(own, wanted, steps, models)) as flow:
-                        answers = [response async for response in flow]
-                    if len(answers) != 1:
-                        raise decoupled_infer_error(self.name, len(answers))
-                    answer = answers[0]
-        except EdgedError:
-            self.stats.record_failure(time.monotonic_ns() - started)
-            raise
-        finally:
-            self._end()
-        self._record_success(started, request, own)
-        return answer
+        async with self._running_request(request) as (own, wanted, steps, models):
+            if not self._decoupled(models):
+                return await self._waves(own, wanted, steps, models)
+            async with contextlib.aclosing(self._flow(own, wanted, steps, models)) as flow:
+                answers = [response async for response in flow]
+            if len(answers) != 1:
+                raise decoupled_infer_error(self.name, len(answers))
+            return answers[0]
 
     async def stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
         """Every response of `request`: one, or with decoupled steps one per set of requested
         outputs that their responses complete (Triton's decoupled ensembles)."""
-        self._begin()
-        started = time.monotonic_ns()
-        own = _tallied(request)
-        try:
-            async with self._holding(own) as (wanted, steps, models):
-                if not self._decoupled(models):
-                    yield await self._waves(own, wanted, steps, models)
-                else:
-                    async with contextlib.aclosing(self._flow(own, wanted, steps, models)) as flow:
-                        async for response in flow:
-                            yield response
-        except EdgedError:
-            self.stats.record_failure(time.monotonic_ns() - started)
-            raise
-        finally:
-            self._end()
-        self._record_success(started, request, own)
+        async with self._running_request(request) as (own, wanted, steps, models):
+            if not self._decoupled(models):
+                yield await self._waves(own, wanted, steps, models)
+            else:
+                async with contextlib.aclosing(self._flow(own, wanted, steps, models)) as flow:
+                    async for response in flow:
+                        yield response
 
     def _record_success(self, started: int, request: InferRequest, own: InferRequest) -> None:
         """As Triton counts an ensemble's success: one execution of the request's batch size
@@ -408,25 +386,38 @@ class EnsembleRunner:
             self._idle.set()
 
     @contextlib.asynccontextmanager
-    async def _holding(
+    async def _running_request(
         self, request: InferRequest
-    ) -> AsyncIterator[tuple[tuple[str, ...], list[tuple[int, EnsembleStep]], dict[int, LoadedVersion]]]:
-        """The outputs asked for, the steps leading to them, and their models, held (leased and
-        entered) until the block ends."""
-        wanted = request.requested_outputs or self._outputs
-        steps = self._steps_for(wanted)
+    ) -> AsyncIterator[tuple[InferRequest, tuple[str, ...], list[tuple[int, EnsembleStep]], dict[int, LoadedVersion]]]:
+        """One request's run, `submit`'s and `stream`'s alike: `request` with a tally of its own
+        (see `_tallied`), the outputs asked for, the steps leading to them, and their models,
+        held (leased and entered) until the block ends; then the request counted in the
+        ensemble's statistics, as a failure if the block raised an EdgedError, as a success
+        (`_record_success`) if it ended without an error."""
+        self._begin()
+        started = time.monotonic_ns()
+        own = _tallied(request)
         held: list[Releasable] = []
         models: dict[int, LoadedVersion] = {}
         try:
-            models = await self._hold(steps, held)
-            for model in models.values():
-                model.enter()
-            yield wanted, steps, models
+            try:
+                wanted = own.requested_outputs or self._outputs
+                steps = self._steps_for(wanted)
+                models = await self._hold(steps, held)
+                for model in models.values():
+                    model.enter()
+                yield own, wanted, steps, models
+            finally:
+                for model in models.values():
+                    model.leave()
+                for lease in held:
+                    lease.release()
+        except EdgedError:
+            self.stats.record_failure(time.monotonic_ns() - started)
+            raise
         finally:
-            for model in models.values():
-                model.leave()
-            for lease in held:
-                lease.release()
+            self._end()
+        self._record_success(started, request, own)
 
     def _decoupled(self, models: dict[int, LoadedVersion]) -> bool:
         return self.config.model_transaction_policy.decoupled or any(
