@@ -99,11 +99,11 @@ class RepositoryManager:
             *(self.registry.load(name, models[name]) for name in others), return_exceptions=True,
         ))
         found: dict[str, Path] | None = None
-        for name in ensembles:  # no backends: quick, and each after the ensembles it leads to
+        for name, steps in ensembles.items():  # no backends: quick, each after those it leads to
             try:
                 if found is None:
                     found = await asyncio.to_thread(self.scan)
-                await self._check_steps_there(name, models[name], found)
+                await self._check_steps_there(name, models[name], steps, found)
                 await self.registry.load(name, models[name])
             except Exception as exc:  # reported below, as gather's are
                 results.append(exc)
@@ -117,14 +117,11 @@ class RepositoryManager:
                 failed.append(name)
         return failed
 
-    async def _check_steps_there(self, name: str, path: Path, found: Mapping[str, Path]) -> None:
+    async def _check_steps_there(self, name: str, path: Path, steps: list[str], found: Mapping[str, Path]) -> None:
         """As Triton at start and when it polls, an ensemble loads only once its step models
-        are loaded (or load on demand): one in no repository, or whose load failed, refuses it
-        with Triton's texts (recorded as its load failure; a rescan tries it again)."""
-        config = await self._config_of(path)
-        if config is None or config.ensemble_scheduling is None:
-            return  # its load says why
-        for step in dict.fromkeys(s.model_name for s in config.ensemble_scheduling.step):
+        (`steps`) are loaded (or load on demand): one in no repository, or whose load failed,
+        refuses it with Triton's texts (recorded as its load failure; a rescan tries it again)."""
+        for step in dict.fromkeys(steps):
             entry = self.registry.entry(step)
             if entry is not None and entry.versions:
                 continue
@@ -132,19 +129,20 @@ class RepositoryManager:
             if step_path is not None and await self._on_demand(step, step_path):
                 continue
             if step_path is None:
-                reason = f"ensemble {name} contains models that are not available or ambiguous: {step}"
+                reason = _not_available(name, step)
+            elif entry is not None and entry.state == "UNAVAILABLE" and entry.reason and not entry.unloaded:
+                reason = _no_loaded_version(name, step, entry.reason)  # its load failed
             else:
-                reason = f"ensemble '{name}' depends on '{step}' which has no loaded version"
-                if entry is not None and entry.state == "UNAVAILABLE" and entry.reason and not entry.unloaded:
-                    reason += f". Model '{step}' loading failed with error: {entry.reason}"
+                reason = _no_loaded_version(name, step)
             refusal = InvalidArgument(reason)
             self.registry.refuse(name, path, refusal)
             raise refusal
 
-    async def step_order(self, models: Mapping[str, Path]) -> tuple[list[str], list[str]]:
-        """`models` split into those that are not ensembles (by name) and the ensembles, each
-        after the ensembles among `models` it leads to (a cycle in any order: its load refuses
-        it). A config that does not read counts as no ensemble; its load says why."""
+    async def step_order(self, models: Mapping[str, Path]) -> tuple[list[str], dict[str, list[str]]]:
+        """`models` split into those that are not ensembles (by name) and the ensembles with
+        their step models, each after the ensembles among `models` it leads to (a cycle in any
+        order: its load refuses it). A config that does not read counts as no ensemble; its load
+        says why."""
         configs = await asyncio.to_thread(_read_configs, models)
         steps: dict[str, list[str]] = {}
         others: list[str] = []
@@ -154,7 +152,7 @@ class RepositoryManager:
                 others.append(name)
             else:
                 steps[name] = [step.model_name for step in config.ensemble_scheduling.step]
-        ordered: list[str] = []
+        ordered: dict[str, list[str]] = {}
 
         def visit(name: str, path: set[str]) -> None:
             if name in ordered or name in path:
@@ -162,7 +160,7 @@ class RepositoryManager:
             for step in steps[name]:
                 if step in steps:
                     visit(step, path | {name})
-            ordered.append(name)
+            ordered[name] = steps[name]
 
         for name in steps:
             visit(name, set())
@@ -227,8 +225,7 @@ class RepositoryManager:
         for name, step in await self._unload_dependents(gone):
             entry = self.registry.entry(name)
             if entry is not None and entry.path is not None and not entry.versions:
-                self.registry.refuse(name, entry.path, InvalidArgument(
-                    f"ensemble '{name}' depends on '{step}' which has no loaded version"))
+                self.registry.refuse(name, entry.path, InvalidArgument(_no_loaded_version(name, step)))
 
     def follows(self, name: str) -> bool:
         """Whether the model loads from wherever the repository has it now: every model,
@@ -340,10 +337,7 @@ class RepositoryManager:
                 models = await asyncio.to_thread(self.scan)
             step_path = models.get(step.model_name)
             if step_path is None:
-                raise InvalidArgument(
-                    f"load failed for model '{name}': ensemble {name} contains models that are "
-                    f"not available or ambiguous: {step.model_name}"
-                )
+                raise InvalidArgument(f"load failed for model '{name}': {_not_available(name, step.model_name)}")
             if await self._on_demand(step.model_name, step_path):
                 continue
             loading.add(step.model_name)
@@ -352,9 +346,7 @@ class RepositoryManager:
                 await self.registry.load(step.model_name, step_path)
             except EdgedError as exc:
                 raise InvalidArgument(
-                    f"load failed for model '{name}': ensemble '{name}' depends on "
-                    f"'{step.model_name}' which has no loaded version. Model '{step.model_name}' "
-                    f"loading failed with error: {exc.message}"
+                    f"load failed for model '{name}': {_no_loaded_version(name, step.model_name, exc.message)}"
                 ) from exc
 
     async def unload(self, name: str, *, dependents: bool = False) -> None:
@@ -421,6 +413,17 @@ def _read_configs(models: Mapping[str, Path]) -> dict[str, ModelConfig | None]:
         except EdgedError:
             configs[name] = None
     return configs
+
+
+def _not_available(ensemble: str, step: str) -> str:
+    """Triton's text for an ensemble whose step model is in no repository."""
+    return f"ensemble {ensemble} contains models that are not available or ambiguous: {step}"
+
+
+def _no_loaded_version(ensemble: str, step: str, error: str | None = None) -> str:
+    """Triton's text for an ensemble whose step model is not loaded (`error`: why its load failed)."""
+    text = f"ensemble '{ensemble}' depends on '{step}' which has no loaded version"
+    return text if error is None else f"{text}. Model '{step}' loading failed with error: {error}"
 
 
 def load_failure(name: str, exc: BackendError) -> InvalidArgument:
