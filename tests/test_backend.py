@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import re
 import threading
 import time
 import weakref
@@ -15,6 +16,7 @@ import pytest
 
 import daemon.backend
 from daemon.backend import (
+    NUMPY_DTYPES,
     Backend,
     BackendError,
     InferRequest,
@@ -23,7 +25,9 @@ from daemon.backend import (
     RaggedPlan,
     TensorBackend,
     _InstanceThread,
+    datatype_of,
 )
+from daemon.errors import InvalidArgument
 from daemon.model_config import ModelConfig, TensorConfig
 
 
@@ -312,3 +316,23 @@ async def test_a_merged_batch_answered_with_other_rows_fails_every_request() -> 
     assert [str(r) for r in results] == [
         "output 'y' has shape [1, 2], but the batch it answers has 3 rows: a batched model must return one row "
         "per input row"] * 2
+
+
+@pytest.mark.parametrize("datatype", sorted(set(NUMPY_DTYPES) - {"BF16", "BYTES"}))
+def test_each_fixed_size_datatype_is_read_back_from_its_dtype(datatype: str) -> None:
+    assert datatype_of(np.zeros(2, NUMPY_DTYPES[datatype])) == datatype
+    # Another spelling of the same dtype (numpy's type character) is the same datatype.
+    assert datatype_of(np.zeros(2, NUMPY_DTYPES[datatype].char)) == datatype
+
+
+def test_text_and_objects_are_bytes_and_uint16_is_not_bf16() -> None:
+    for dtype in (object, "S3", "U2"):
+        assert datatype_of(np.zeros(2, dtype)) == "BYTES"
+    assert datatype_of(np.zeros(2, np.uint16)) == "UINT16"  # BF16 travels as uint16 bits
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.dtype(">i4") if np.little_endian else np.dtype("<i4"), "V4", "M8[s]"])
+def test_a_dtype_kserve_cannot_carry_is_refused_by_name(dtype: object) -> None:
+    array = np.zeros(2, dtype)  # type: ignore[call-overload]
+    with pytest.raises(InvalidArgument, match=f"unsupported numpy dtype {re.escape(str(array.dtype))}"):
+        datatype_of(array)

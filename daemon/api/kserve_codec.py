@@ -48,6 +48,7 @@ from daemon.api.kserve_wire import (
     ResponseOutput,
 )
 from daemon.backend import (
+    DATATYPE_OF_DTYPE,
     NUMPY_DTYPES,
     REQUEST_FLAG_SEQUENCE_END,
     REQUEST_FLAG_SEQUENCE_START,
@@ -80,10 +81,6 @@ NESTING_MESSAGE = (
 # native dtypes, so np.frombuffer is zero-copy and no byte swap happens.
 _WIRE_DTYPES: Mapping[str, np.dtype[Any]] = MappingProxyType(
     {name: dt.newbyteorder("<") for name, dt in NUMPY_DTYPES.items() if name != "BYTES"}
-)
-# Reverse of NUMPY_DTYPES for the fixed-size types; uint16 maps to UINT16, not BF16.
-_DATATYPE_OF_DTYPE: Mapping[np.dtype[Any], str] = MappingProxyType(
-    {dt: name for name, dt in NUMPY_DTYPES.items() if name not in ("BF16", "BYTES")}
 )
 _KNOWN_DATATYPES = ", ".join(sorted(NUMPY_DTYPES))
 _INT_DATATYPES = frozenset(
@@ -1005,7 +1002,7 @@ def _check_datatype(name: str, datatype: str, config: ModelConfig | None) -> Non
 def _output_datatype(name: str, array: np.ndarray, config: ModelConfig | None) -> str:
     if array.dtype.kind in "OSU":
         return "BYTES"
-    datatype = _DATATYPE_OF_DTYPE.get(array.dtype)
+    datatype = DATATYPE_OF_DTYPE.get(array.dtype)
     if datatype is None:
         raise InvalidArgument(f"output {name!r}: unsupported numpy dtype {array.dtype}")
     # BF16 travels as uint16: only the config can tell which of the two it is.
