@@ -94,6 +94,7 @@ _INT_RANGES: Mapping[str, tuple[int, int]] = MappingProxyType({
 # JSON data of at most this many numbers is checked in Python, element by element: for a
 # few numbers that costs less than numpy's passes over the array (each ~1-2 us of overhead).
 _FEW_JSON_NUMBERS = 64
+_JUST_INT = frozenset({int})
 # Request-level parameters Triton reserves: they steer the transport, the scheduler or a
 # sequence, and never reach the backend as parameters. The sequence ones are validated and,
 # as Triton does for a model without a sequence batcher (edged has none), not used.
@@ -745,6 +746,19 @@ def _from_json(name: str, datatype: str, data: Any, shape: list[int], count: int
             encoded.append(item.encode())
         values = _object_array(encoded)
     else:
+        if (
+            datatype in _INT_DATATYPES
+            and type(data) is list
+            and 0 < len(data) == count <= _FEW_JSON_NUMBERS
+            and set(map(type, data)) == _JUST_INT
+        ):
+            # The common small case, a flat list of JSON integers, in one step: numpy checks
+            # each against the datatype's range as it fills the array (2.8 us less per tensor
+            # of 16). Out of range: the general path below, which words the error.
+            try:
+                return np.array(data, dtype=NUMPY_DTYPES[datatype]).reshape(shape)
+            except OverflowError:
+                pass
         if isinstance(data, list) and data and isinstance(data[0], list):
             _check_depth(data)
         try:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from daemon.api.kserve_codec import Codec, DecodedInfer, encode_error, parse_header_length
-from daemon.backend import InferRequest, InferResponse
+from daemon.backend import NUMPY_DTYPES, InferRequest, InferResponse
 from daemon.errors import InvalidArgument
 from daemon.model_config import ModelConfig, TensorConfig
 
@@ -941,6 +941,28 @@ def test_json_number_checks_hold_for_few_and_many_numbers(count: int) -> None:
             decode(datatype, [*[7] * (count - 1), True])
     floats = [0.5 * i for i in range(count)]
     assert decode("FP32", floats).tolist() == floats
+
+
+@pytest.mark.parametrize("datatype", ["INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"])
+def test_json_integers_decode_exactly_to_each_edge_of_their_datatype(datatype: str) -> None:
+    dtype = NUMPY_DTYPES[datatype]
+    low, high = int(np.iinfo(dtype).min), int(np.iinfo(dtype).max)
+
+    def decode(data: list[object], shape: list[int]) -> np.ndarray:
+        body = {"inputs": [{"name": "X", "shape": shape, "datatype": datatype, "data": data}]}
+        return Codec().decode_infer_request(json.dumps(body).encode(), None).request.inputs["X"]
+
+    edges = [low, high, 0, 1]
+    for data, shape in ((edges, [4]), (edges, [2, 2]), ([[low, high], [0, 1]], [2, 2])):
+        decoded = decode(data, shape)
+        assert decoded.dtype == dtype and decoded.shape == tuple(shape) and decoded.ravel().tolist() == edges
+    for outside in (low - 1, high + 1):
+        with pytest.raises(InvalidArgument, match=rf"{datatype} data must be JSON integers in \[{low}, {high}\]"):
+            decode([0, outside], [2])
+    with pytest.raises(InvalidArgument, match=f"{datatype} data must be JSON numbers, got a JSON boolean"):
+        decode([1, True], [2])
+    with pytest.raises(InvalidArgument, match=r"expected 3 elements for shape \[3\], got 2"):
+        decode([1, 2], [3])
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
