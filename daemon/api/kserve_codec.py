@@ -764,8 +764,11 @@ def _from_json(name: str, datatype: str, data: Any, shape: list[int], count: int
         try:
             values = np.asarray(data)
         except ValueError:
-            # Ragged nesting: Triton just walks the elements in order, so do the same.
-            values = np.asarray(_flatten(data))
+            # Ragged nesting: Triton just walks the elements in order, so do the same. The
+            # checks below read the numbers from the flattened list: the nested one may begin
+            # with a number and hide lists (and booleans) further on.
+            data = _flatten(data)
+            values = np.asarray(data)
         values = _convert_json_numbers(name, datatype, data, values)
     if values.size != count:
         raise InvalidArgument(
@@ -791,6 +794,7 @@ def _has_bool(data: Any, values: np.ndarray, few: list[Any] | None) -> bool:
 
 def _convert_json_numbers(name: str, datatype: str, data: Any, values: np.ndarray) -> np.ndarray:
     kind = values.dtype.kind
+    few: list[Any] | None = None
     if values.size == 0:
         pass  # np.asarray([]) is float64; an empty tensor fits any datatype
     elif datatype == "BOOL":
@@ -830,7 +834,14 @@ def _convert_json_numbers(name: str, datatype: str, data: Any, values: np.ndarra
         elif kind not in "iuf":  # a float datatype: JSON integers are numbers too
             raise InvalidArgument(f"input {name!r}: {datatype} data must be JSON numbers")
 
-    if datatype == "FP16" or datatype == "BF16" or datatype == "FP32":
+    if datatype == "FP16" or datatype == "FP32":
+        largest = _FLOAT_MAX[datatype]
+        if few is not None and -largest <= min(few) and max(few) <= largest:
+            # No number here can round to infinity: narrowed without numpy's error state,
+            # whose setting and restoring costs more than the rest (4.8 -> 0.5 us for 16).
+            return values.astype(np.float16 if datatype == "FP16" else np.float32, copy=False)
+        return _narrow_float(name, datatype, values)
+    if datatype == "BF16":
         return _narrow_float(name, datatype, values)
     return values.astype(NUMPY_DTYPES[datatype], copy=False)
 

@@ -965,6 +965,22 @@ def test_json_integers_decode_exactly_to_each_edge_of_their_datatype(datatype: s
         decode([1, 2], [3])
 
 
+@pytest.mark.parametrize("datatype", ["INT32", "UINT8", "FP32", "FP16"])
+def test_ragged_json_data_beginning_with_a_number_is_read_in_order(datatype: str) -> None:
+    """Triton walks raggedly nested data in order (tests/compat: the same answers). Such data
+    once failed with a 500 for integer datatypes, and past 64 numbers a boolean inside it was
+    read as 1."""
+    def decode(data: list[object], count: int) -> np.ndarray:
+        body = {"inputs": [{"name": "X", "shape": [count], "datatype": datatype, "data": data}]}
+        return Codec().decode_infer_request(json.dumps(body).encode(), None).request.inputs["X"]
+
+    assert decode([1, [2, 3], [[4]], 5], 5).tolist() == [1, 2, 3, 4, 5]
+    assert decode([1, [2] * 40, [3] * 40], 81).tolist() == [1] + [2] * 40 + [3] * 40
+    for hidden, count in (([1, [True, 3]], 3), ([1, [2] * 40, [True] + [3] * 39], 81)):
+        with pytest.raises(InvalidArgument, match=f"{datatype} data must be JSON numbers, got a JSON boolean"):
+            decode(hidden, count)
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_nonfinite_json_outputs_are_nan_and_infinity_literals(dtype: type) -> None:
     decoded = DecodedInfer(InferRequest(inputs={}))
@@ -1183,11 +1199,14 @@ def test_json_half_floats_at_their_range_are_kept(codec: Codec) -> None:
         {"name": "H", "shape": [3], "datatype": "FP16", "data": [65504, -65519, 1]},
         {"name": "B", "shape": [2], "datatype": "BF16", "data": [3.3895e38, -3.3895e38]},
         {"name": "F", "shape": [2], "datatype": "FP32", "data": [3.4028234e38, -1e-50]},
+        # Past the largest FP32 as a double, yet rounding down to it.
+        {"name": "G", "shape": [2], "datatype": "FP32", "data": [-3.4028235e38, 1]},
     ]})
     inputs = codec.decode_infer_request(body, None).request.inputs
     assert inputs["H"].tolist() == [65504.0, -65504.0, 1.0]
     assert inputs["B"].tolist() == [0x7F7F, 0xFF7F]
     assert inputs["F"].dtype == np.float32 and inputs["F"][0] == np.float32(3.4028234e38)
+    assert inputs["G"].tolist() == [-float(np.finfo(np.float32).max), 1.0]
 
 
 def test_json_integers_past_64_bits_are_numbers_for_float_datatypes(codec: Codec) -> None:

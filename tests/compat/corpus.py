@@ -150,6 +150,16 @@ def cases() -> list[Case]:
              path="/v2/models/identity_bytes/infer")
     post_bin("bytes-non-utf8-json-out", bytes_bin, raw, path="/v2/models/identity_bytes/infer",
              needles=("OUTPUT0", "binary_data"), deviation=NO_FFFD)
+    # Ragged nesting that begins with a number (Triton walks the elements in order).
+    post("json-ragged-leading-number-int32", {"inputs": [_tensor("INPUT0", "INT32", [5], [1, [2, 3], [[4]], 5])]},
+         path="/v2/models/identity_int32/infer")
+    post("json-ragged-leading-number-fp32", {"inputs": [_tensor("INPUT0", "FP32", [3], [1.5, [-2.25, [3.0]]])]},
+         path="/v2/models/identity_fp32/infer")
+    post("json-ragged-many-int32", {"inputs": [_tensor("INPUT0", "INT32", [81], [1, [2] * 40, [3] * 40])]},
+         path="/v2/models/identity_int32/infer")
+    post("json-ragged-hidden-bool-int32",
+         {"inputs": [_tensor("INPUT0", "INT32", [81], [1, [2] * 40, [True] + [3] * 39])]},
+         path="/v2/models/identity_int32/infer", needles=("data",), deviation=BAD_INPUT_500)
     post("mixed-json", {"inputs": [_tensor("INPUT0", "INT32", [1, 2], [1, -2]),
                                    _tensor("INPUT1", "FP32", [1, 2], [0.5, 1e30]),
                                    _tensor("INPUT2", "BYTES", [1, 1], ["z"])]},
