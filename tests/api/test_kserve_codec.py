@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import struct
 from typing import Any
 
@@ -1329,3 +1330,77 @@ def test_remembered_header_is_checked_against_each_model(codec: Codec) -> None:
     assert decode_error(codec, body, length, config=_one_input_config("mlp", "FP32")) == (
         "inference input 'INPUT0' data-type is 'BF16', but model 'mlp' expects 'FP32'"
     )
+
+
+
+# --------------------------------------------------------------------------- JSON data, at random
+
+_EDGE_INTS = [0, 1, -1, 127, 128, 255, 256, -129, 2**31, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63),
+              -(2**63) - 1, 2**70]
+_EDGE_FLOATS = [0.5, -0.0, 1e300, -1e300, 65504.0, 65520.0, 3.4e38, 3.5e38, 1e-50]
+_ALL_DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+                  "FP16", "FP32", "FP64", "BF16", "BYTES"]
+
+
+def _random_item(rng: random.Random, datatype: str, stray: float) -> Any:
+    """An element of `datatype`'s kind (numbers at the edges of the datatypes), or with
+    probability `stray` anything JSON holds."""
+    if rng.random() < stray:
+        return rng.choice([*_EDGE_INTS, *_EDGE_FLOATS, True, False, "a", "", None, {"a": 1}])
+    if datatype == "BOOL":
+        return rng.choice([True, False])
+    if datatype == "BYTES":
+        return rng.choice(["a", "", "é"])
+    if datatype.startswith(("INT", "UINT")):
+        return rng.choice([*_EDGE_INTS, rng.randint(-1000, 1000)])
+    return rng.choice([*_EDGE_FLOATS, rng.uniform(-1e3, 1e3), rng.randint(-1000, 1000)])
+
+
+def _random_data(rng: random.Random, datatype: str, stray: float, depth: int = 0) -> list[Any]:
+    """A JSON array of such elements, nested raggedly, sometimes past the few numbers checked
+    in Python."""
+    out: list[Any] = []
+    for _ in range(rng.randint(0 if depth else 1, 5)):
+        if depth < 4 and rng.random() < 0.25:
+            out.append(_random_data(rng, datatype, stray, depth + 1))
+        else:
+            out.append(_random_item(rng, datatype, stray))
+    if rng.random() < 0.15:
+        out.append([_random_item(rng, datatype, stray / 20) for _ in range(70)])
+    return out
+
+
+def _walk(data: Any) -> list[Any]:
+    return [item for element in data for item in _walk(element)] if isinstance(data, list) else [data]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_json_data_decodes_as_read_in_order_or_is_refused(seed: int) -> None:
+    """Whatever `data` holds, the answer is a 400 or exactly the values in order, of the
+    datatype's kind and range (found this way: a 500, and booleans read as 1, in ragged data)."""
+    rng = random.Random(seed)
+    codec = Codec()
+    decoded = refused = 0
+    for _ in range(1500):
+        datatype = rng.choice(_ALL_DATATYPES)
+        data = _random_data(rng, datatype, stray=rng.choice([0.0, 0.05, 0.5]))
+        flat = _walk(data)
+        body = {"inputs": [{"name": "X", "shape": [len(flat)], "datatype": datatype, "data": data}]}
+        try:
+            array = codec.decode_infer_request(json.dumps(body).encode(), None).request.inputs["X"]
+        except InvalidArgument:
+            refused += 1
+            continue
+        decoded += 1
+        kinds = {type(item) for item in flat}
+        if datatype == "BYTES":
+            assert kinds <= {str} and array.tolist() == [item.encode() for item in flat], data
+        elif datatype == "BOOL":
+            assert kinds <= {bool} and array.tolist() == flat, data
+        elif datatype in ("FP16", "FP32", "FP64"):
+            assert kinds <= {int, float}, data
+            expected = np.array([float(item) for item in flat]).astype(NUMPY_DTYPES[datatype])
+            assert np.isfinite(array).all() and array.tolist() == expected.tolist(), data
+        elif datatype != "BF16":
+            assert kinds <= {int} and array.tolist() == flat, data
+    assert decoded > 300 and refused > 300  # both kinds of documents were checked
