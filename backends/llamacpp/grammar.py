@@ -197,6 +197,10 @@ def _own_refs(schema: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
             for key, value in node.items()
         }
         found = local(node, inner)
+        ref = node.get("$ref")
+        if found is None and isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            # The converter's own lookup fails on it with a bare KeyError.
+            raise ValueError(f"$ref {ref!r} points at nothing in the schema")
         if found is not None:
             ref, (target, chain) = node["$ref"], found
             if not isinstance(target, dict):
@@ -217,6 +221,8 @@ def _own_refs(schema: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
         every = node.get("allOf")
         if isinstance(every, list) and len(every) > 1:
             _check_merge(node, [hit[0] if (hit := local(part, inner)) else part for part in every])
+        if isinstance(moved.get("type"), list):
+            moved = _split_types(moved)
         return _one_of_all(moved)
 
     moved = walk(schema, [], schema=True)
@@ -271,6 +277,22 @@ def _refuse_empty_cycles(targets: dict[str, Any], resolve: Callable[[str], Any])
 _SUBSCHEMAS = frozenset({"items", "prefixItems", "anyOf", "oneOf", "allOf", "additionalProperties"})
 # Every JSON type, by the converter's names (an integer is a number).
 _JSON_TYPES = ("object", "array", "string", "number", "boolean", "null")
+
+
+def _split_types(node: dict[str, Any]) -> dict[str, Any]:
+    """A schema with a list of types as an anyOf of the schema once per type, as llama.cpp's
+    own converter spreads it. The port reads such a list as the types alone and drops every
+    other keyword: {"type": ["object", "null"], "properties": ...} (how OpenAI's strict mode
+    writes an optional object) let any object through, and an enum or maxLength beside a
+    list held to nothing. Annotations and definitions stay where references find them."""
+    kinds = node["type"]
+    if len(kinds) == 1:
+        return {**node, "type": kinds[0]}
+    if "anyOf" in node or "oneOf" in node:
+        raise ValueError("a list of types beside anyOf/oneOf is not supported")
+    rest = {key: value for key, value in node.items() if key not in _ANNOTATIONS and key != "type"}
+    kept = {key: value for key, value in node.items() if key in _ANNOTATIONS}
+    return {**kept, "anyOf": [{**rest, "type": kind} for kind in kinds]}
 
 
 def _one_of_all(node: dict[str, Any]) -> dict[str, Any]:
@@ -832,7 +854,16 @@ def regex_escape(text: str) -> str:
     return _REGEX_SYNTAX.sub(lambda m: "\\" + m.group(), text)
 
 
-def _check(schema: Any, where: str, depth: int = 0) -> None:
+def _of_type(value: Any, kind: str) -> bool:
+    """Whether a JSON value is of a JSON Schema type (an integer may be written 1.0)."""
+    if kind == "integer":
+        return (type(value) is int) or (type(value) is float and value.is_integer())
+    if kind == "number":
+        return type(value) in (int, float)
+    return isinstance(value, {"string": str, "boolean": bool, "null": type(None), "object": dict, "array": list}[kind])
+
+
+def _check(schema: Any, where: str, depth: int = 0, in_all_of: bool = False) -> None:
     if depth > MAX_SCHEMA_DEPTH:
         # The converter recurses per level, in Python and then in llama.cpp's parser.
         raise InvalidArgument(f"{where}: nested more than {MAX_SCHEMA_DEPTH} levels deep")
@@ -846,10 +877,41 @@ def _check(schema: Any, where: str, depth: int = 0) -> None:
         if key not in _ENFORCED and key not in _ANNOTATIONS:
             raise InvalidArgument(f"{where}: keyword '{key}' is not supported for structured output")
     kinds = schema.get("type")
-    for kind in kinds if isinstance(kinds, list) else [kinds] if kinds is not None else []:
+    declared = kinds if isinstance(kinds, list) else [kinds] if kinds is not None else None
+    for kind in declared or []:
         # Checked as text first: a list or an object there cannot be looked up in a set.
         if not isinstance(kind, str) or kind not in _TYPES:
             raise InvalidArgument(f"{where}.type: unknown type {kind!r}")
+    for key in ("type", "enum", "anyOf", "oneOf", "allOf", "prefixItems", "items"):
+        if schema.get(key) == []:
+            # The converter writes an empty rule for the first four, which llama.cpp refuses
+            # naming no field, and fails on an empty `items`; JSON Schema wants the rest
+            # non-empty.
+            raise InvalidArgument(f"{where}.{key}: an empty array " + (
+                "matches nothing" if key in ("type", "enum", "anyOf", "oneOf") else "is not a schema here"))
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        raise InvalidArgument(f"{where}.enum: must be an array")
+    if declared is not None:
+        # The converter writes the values alone: one of another type would be generated.
+        for value in [*(schema.get("enum") or []), *([schema["const"]] if "const" in schema else [])]:
+            if not any(_of_type(value, kind) for kind in declared):
+                raise InvalidArgument(
+                    f"{where}: the value {json.dumps(value)[:60]} in enum/const is not of its type {json.dumps(kinds)}")
+    extra = schema.get("additionalProperties")
+    if extra is not None and not isinstance(extra, bool | dict):
+        raise InvalidArgument(f"{where}.additionalProperties: must be a boolean or a schema")
+    required = schema.get("required")
+    if required is not None:
+        if not isinstance(required, list) or not all(isinstance(name, str) for name in required):
+            raise InvalidArgument(f"{where}.required: must be an array of property names")
+        properties = schema.get("properties")
+        # Inside an allOf (or beside one) the converter merges the parts' properties and
+        # required names; elsewhere it enforces a required name only where it has its schema.
+        missing = [name for name in required if not isinstance(properties, dict) or name not in properties]
+        if missing and not in_all_of and "allOf" not in schema:
+            raise InvalidArgument(
+                f"{where}.required: '{missing[0]}' has no schema in 'properties'; structured output "
+                "can only require a property it knows")
     if "format" in schema:
         if not isinstance(schema["format"], str) or schema["format"] not in _FORMATS:
             raise InvalidArgument(f"{where}.format: '{schema['format']}' is not supported for structured output")
@@ -888,7 +950,7 @@ def _check(schema: Any, where: str, depth: int = 0) -> None:
         if not isinstance(children, list):
             raise InvalidArgument(f"{where}.{key}: must be an array")
         for index, child in enumerate(children):
-            _check(child, f"{where}.{key}[{index}]", depth + 1)
+            _check(child, f"{where}.{key}[{index}]", depth + 1, in_all_of=key == "allOf")
     items = schema.get("items")
     if isinstance(items, list):
         for index, child in enumerate(items):

@@ -1126,7 +1126,7 @@ async def test_an_all_of_of_several_schemas_holds_what_its_merge_keeps(load: Loa
     refused = [
         ({**base, "additionalProperties": False}, r"allOf\[0\]: keyword 'additionalProperties' is not supported"),
         ({"enum": [{"id": 1}]}, r"allOf\[0\]: keyword 'enum' is not supported"),
-        ({"type": "object", "properties": {}, "required": ["id"]}, r"allOf\[0\]: required 'id' is not among"),
+        ({"type": "object", "properties": {}, "required": ["id"]}, r"\$defs\.Base\.required: 'id' has no schema in 'properties'"),
         ({"type": "string"}, r"allOf\[0\]: only object schemas"),
     ]
     for first, pattern in refused:
@@ -1136,6 +1136,72 @@ async def test_an_all_of_of_several_schemas_holds_what_its_merge_keeps(load: Loa
     beside = {**schema, "required": ["extra"]}
     with pytest.raises(InvalidArgument, match=r"allOf of several schemas beside 'required'"):
         grammar.schema_to_grammar(json.dumps(beside), "json_schema")
+
+
+REFUSED_SCHEMAS = [
+    # The converter wrote an empty rule, which llama.cpp refused naming no field.
+    ({"type": []}, r"\.a\.type: an empty array matches nothing"),
+    ({"enum": []}, r"\.a\.enum: an empty array matches nothing"),
+    ({"anyOf": []}, r"\.a\.anyOf: an empty array matches nothing"),
+    ({"type": "string", "enum": []}, r"\.a\.enum: an empty array matches nothing"),
+    # Its own errors (a KeyError, a TypeError) were the only words.
+    ({"oneOf": []}, r"\.a\.oneOf: an empty array matches nothing"),
+    ({"type": "array", "items": []}, r"\.a\.items: an empty array is not a schema here"),
+    ({"enum": 5}, r"\.a\.enum: must be an array"),
+    ({"$ref": "#/$defs/nope"}, r": cannot be turned into a grammar: \$ref '#/\$defs/nope' points at nothing in the schema"),
+    # Taken, and not held to: "x" required "x" (a text is a sequence), a required property
+    # without a schema was left out, 5 was read as false, and an enum's value of another type
+    # than the schema's was generated.
+    ({"type": "object", "properties": {"x": {}}, "required": "x"}, r"\.a\.required: must be an array of property names"),
+    ({"type": "object", "properties": {"x": {}}, "required": ["y"]}, r"\.a\.required: 'y' has no schema in 'properties'"),
+    ({"type": "object", "additionalProperties": 5}, r"\.a\.additionalProperties: must be a boolean or a schema"),
+    ({"type": "integer", "enum": ["x", 1]}, r"\.a: the value \"x\" in enum/const is not of its type \"integer\""),
+    ({"type": "boolean", "const": 1}, r"\.a: the value 1 in enum/const is not of its type \"boolean\""),
+    ({"type": ["string", "null"], "enum": ["s", 2]}, r"\.a: the value 2 in enum/const is not of its type \[\"string\", \"null\"\]"),
+]
+
+
+async def test_schemas_the_grammar_could_not_hold_to_are_refused_naming_the_keyword(load: Loader, tmp_path: Path) -> None:
+    """Found by sending mutated requests: each of these was a grammar llama.cpp refused ("could
+    not parse it", no field named), a converter error's bare words, or a grammar that let
+    through output the schema forbids. Each is a 400 naming where it is now; the valid
+    neighbours are taken and held to."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+
+    def schema(inner: Any) -> str:
+        return json.dumps({"type": "object", "properties": {"a": inner}, "required": ["a"], "additionalProperties": False})
+
+    for inner, pattern in REFUSED_SCHEMAS:
+        with pytest.raises(InvalidArgument, match=r"^json_schema\S*" + pattern):
+            grammar.schema_to_grammar(schema(inner), "json_schema")
+    _accepts(backend, grammar.schema_to_grammar(schema({"type": "integer", "enum": [1, 2.0]}), "json_schema"), [
+        ('{"a": 1}', True), ('{"a": 2.0}', True), ('{"a": 3}', False)])
+    _accepts(backend, grammar.schema_to_grammar(schema({"type": ["string", "null"], "enum": ["s", None]}), "json_schema"), [
+        ('{"a": "s"}', True), ('{"a": null}', True), ('{"a": "t"}', False)])
+    nested = {"type": "object", "properties": {"p": {"type": "string"}}, "required": ["p"], "additionalProperties": False}
+    _accepts(backend, grammar.schema_to_grammar(schema(nested), "json_schema"), [
+        ('{"a": {"p": "v"}}', True), ('{"a": {}}', False)])
+
+
+async def test_a_list_of_types_holds_to_the_schemas_other_keywords(load: Loader, tmp_path: Path) -> None:
+    """OpenAI's strict mode writes an optional field as {"type": [..., "null"], ...}. The
+    converter read such a list as its types alone: the object's properties, an enum, a
+    maxLength beside it held to nothing (any object, any text went through)."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+    optional = {"type": ["object", "null"], "properties": {"p": {"type": "integer"}}, "required": ["p"],
+                "additionalProperties": False}
+    cases: list[tuple[dict[str, Any], list[tuple[str, bool]]]] = [
+        (optional, [('{"p": 1}', True), ("null", True), ("{}", False), ('{"p": "1"}', False), ('{"p": 1, "q": 2}', False)]),
+        ({"type": ["string", "null"], "maxLength": 2}, [('"ab"', True), ("null", True), ('"abc"', False)]),
+        ({"type": ["string", "null"], "enum": ["s", None]}, [('"s"', True), ("null", True), ('"t"', False)]),
+        ({"type": ["integer"], "enum": [3]}, [("3", True), ("4", False)]),
+    ]
+    for inner, texts in cases:
+        _accepts(backend, grammar.schema_to_grammar(json.dumps(inner), "json_schema"), texts)
+    with pytest.raises(InvalidArgument, match=r"^json_schema: cannot be turned into a grammar: a list of types beside anyOf"):
+        grammar.schema_to_grammar(json.dumps({"type": ["string", "null"], "anyOf": [{"maxLength": 1}]}), "json_schema")
 
 
 async def test_gemma_arguments_may_refer_to_themselves(load: Loader, tmp_path: Path) -> None:
