@@ -889,6 +889,27 @@ def _check(schema: Any, where: str, depth: int = 0, in_all_of: bool = False) -> 
             # non-empty.
             raise InvalidArgument(f"{where}.{key}: an empty array " + (
                 "matches nothing" if key in ("type", "enum", "anyOf", "oneOf") else "is not a schema here"))
+    enforced = schema.keys() & _ENFORCED - {"$ref"}  # keywords beside a $ref: refused below
+    for alone in ("enum", "const", "anyOf", "oneOf"):
+        # The converter writes these alone and drops what stands beside them (a type aside,
+        # which the values are checked against below, or which the branches carry): an enum's
+        # value longer than a maxLength, or an object's properties beside a oneOf, went out
+        # unchecked.
+        beside = sorted(enforced - {alone, "type"}) if alone in schema else []
+        if beside:
+            raise InvalidArgument(f"{where}: keyword '{beside[0]}' beside '{alone}' is not supported for structured output")
+    for alone in ("anyOf", "oneOf"):
+        branches = schema.get(alone)
+        if declared is not None and isinstance(branches, list):
+            for index, branch in enumerate(branches):
+                theirs = branch.get("type") if isinstance(branch, dict) else None
+                for kind in theirs if isinstance(theirs, list) else [theirs] if theirs is not None else []:
+                    if kind not in declared and not (kind == "integer" and "number" in declared):
+                        raise InvalidArgument(f"{where}.{alone}[{index}]: type {kind!r} is not among the types beside it")
+    if "prefixItems" in schema and schema.get("items", False) is not False:
+        # The converter reads `items` and drops `prefixItems` (`false`, no more items, it
+        # skips: the tuple alone is what that means).
+        raise InvalidArgument(f"{where}: keyword 'items' beside 'prefixItems' is not supported for structured output")
     if "enum" in schema and not isinstance(schema["enum"], list):
         raise InvalidArgument(f"{where}.enum: must be an array")
     if declared is not None:

@@ -1158,6 +1158,16 @@ REFUSED_SCHEMAS = [
     ({"type": "integer", "enum": ["x", 1]}, r"\.a: the value \"x\" in enum/const is not of its type \"integer\""),
     ({"type": "boolean", "const": 1}, r"\.a: the value 1 in enum/const is not of its type \"boolean\""),
     ({"type": ["string", "null"], "enum": ["s", 2]}, r"\.a: the value 2 in enum/const is not of its type \[\"string\", \"null\"\]"),
+    # The converter wrote the enum, the const or the branches alone, the rest dropped.
+    ({"type": "string", "enum": ["abc"], "maxLength": 2}, r"\.a: keyword 'maxLength' beside 'enum' is not supported"),
+    ({"const": "x", "pattern": "^y$"}, r"\.a: keyword 'pattern' beside 'const' is not supported"),
+    ({"enum": ["a"], "anyOf": [{"type": "string"}]}, r"\.a: keyword 'anyOf' beside 'enum' is not supported"),
+    ({"type": "object", "properties": {"p": {"type": "integer"}}, "oneOf": [{"type": "object"}]},
+     r"\.a: keyword 'properties' beside 'oneOf' is not supported"),
+    ({"type": "object", "oneOf": [{"type": "string"}]}, r"\.a\.oneOf\[0\]: type 'string' is not among the types beside it"),
+    # ... and read `items`, dropping `prefixItems`.
+    ({"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"}},
+     r"\.a: keyword 'items' beside 'prefixItems' is not supported"),
 ]
 
 
@@ -1179,6 +1189,9 @@ async def test_schemas_the_grammar_could_not_hold_to_are_refused_naming_the_keyw
         ('{"a": 1}', True), ('{"a": 2.0}', True), ('{"a": 3}', False)])
     _accepts(backend, grammar.schema_to_grammar(schema({"type": ["string", "null"], "enum": ["s", None]}), "json_schema"), [
         ('{"a": "s"}', True), ('{"a": null}', True), ('{"a": "t"}', False)])
+    pydantic_optional = {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "A"}
+    _accepts(backend, grammar.schema_to_grammar(schema(pydantic_optional), "json_schema"), [
+        ('{"a": "s"}', True), ('{"a": null}', True), ('{"a": 1}', False)])
     nested = {"type": "object", "properties": {"p": {"type": "string"}}, "required": ["p"], "additionalProperties": False}
     _accepts(backend, grammar.schema_to_grammar(schema(nested), "json_schema"), [
         ('{"a": {"p": "v"}}', True), ('{"a": {}}', False)])
