@@ -221,6 +221,12 @@ def _own_refs(schema: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
         every = node.get("allOf")
         if isinstance(every, list) and len(every) > 1:
             _check_merge(node, [hit[0] if (hit := local(part, inner)) else part for part in every])
+        if _declared_and_more(node):
+            # The converter lets any key be written with the additional properties' schema, a
+            # declared one too ({"p": 5} for a string p), and its port could not write a
+            # declared property before additional ones at all: the declared properties alone
+            # are held to, a part of what the schema allows, all of it valid.
+            moved["additionalProperties"] = False
         if isinstance(moved.get("type"), list):
             moved = _split_types(moved)
         return _one_of_all(moved)
@@ -277,6 +283,12 @@ def _refuse_empty_cycles(targets: dict[str, Any], resolve: Callable[[str], Any])
 _SUBSCHEMAS = frozenset({"items", "prefixItems", "anyOf", "oneOf", "allOf", "additionalProperties"})
 # Every JSON type, by the converter's names (an integer is a number).
 _JSON_TYPES = ("object", "array", "string", "number", "boolean", "null")
+
+
+def _declared_and_more(schema: dict[str, Any]) -> bool:
+    """Whether an object schema declares properties and allows others beside them."""
+    properties = schema.get("properties")
+    return isinstance(properties, dict) and bool(properties) and schema.get("additionalProperties", False) is not False
 
 
 def _split_types(node: dict[str, Any]) -> dict[str, Any]:
@@ -543,8 +555,14 @@ class _GemmaSchema:
         properties = schema.get("properties", {})
         # As the JSON converter: {"type": "object"} alone is any object.
         bare = "properties" not in schema and "additionalProperties" not in schema
-        if bare or schema.get("additionalProperties") not in (None, False) or not isinstance(properties, dict):
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict) and not _declared_and_more(schema) and set(extra) - _ANNOTATIONS:
+            # Any key and value would let values through that the schema's does not hold.
+            raise InvalidArgument(f"{where}.additionalProperties: a schema here is not supported in Gemma 4's syntax")
+        if bare or (extra not in (None, False) and not _declared_and_more(schema)) or not isinstance(properties, dict):
             return "gemma-object"  # other keys allowed: any key and value
+        # Declared properties beside others allowed: the declared ones alone, as the JSON
+        # converter's (`_own_refs`): any key and value would let a declared one hold anything.
         required = set(schema.get("required", []))
         needed: list[str] = []
         optional: list[str] = []

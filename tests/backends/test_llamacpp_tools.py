@@ -1200,7 +1200,8 @@ async def test_schemas_the_grammar_could_not_hold_to_are_refused_naming_the_keyw
 async def test_a_list_of_types_holds_to_the_schemas_other_keywords(load: Loader, tmp_path: Path) -> None:
     """OpenAI's strict mode writes an optional field as {"type": [..., "null"], ...}. The
     converter read such a list as its types alone: the object's properties, an enum, a
-    maxLength beside it held to nothing (any object, any text went through)."""
+    maxLength beside it held to nothing (any object, any text went through). Also here: an
+    object's declared properties beside additionalProperties."""
     backend = await load(write_tiny_llama(tmp_path / "model.gguf"))
     grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
     optional = {"type": ["object", "null"], "properties": {"p": {"type": "integer"}}, "required": ["p"],
@@ -1213,6 +1214,16 @@ async def test_a_list_of_types_holds_to_the_schemas_other_keywords(load: Loader,
     ]
     for inner, texts in cases:
         _accepts(backend, grammar.schema_to_grammar(json.dumps(inner), "json_schema"), texts)
+    # Declared properties beside others allowed: the declared ones alone (any key was let
+    # through with the others' schema, a declared one too, and a declared one before others
+    # could not be written at all).
+    for extra in (True, {"type": "integer"}):
+        mixed = {"type": "object", "properties": {"p": {"type": "string"}}, "additionalProperties": extra}
+        _accepts(backend, grammar.schema_to_grammar(json.dumps(mixed), "json_schema"), [
+            ('{"p": "x"}', True), ("{}", True), ('{"p": 5}', False), ('{"p": "x", "k": 1}', False), ('{"k": 1}', False)])
+    only_extra = {"type": "object", "additionalProperties": {"type": "integer"}}
+    _accepts(backend, grammar.schema_to_grammar(json.dumps(only_extra), "json_schema"), [
+        ('{"k": 1, "j": 2}', True), ('{"k": "x"}', False)])
     with pytest.raises(InvalidArgument, match=r"^json_schema: cannot be turned into a grammar: a list of types beside anyOf"):
         grammar.schema_to_grammar(json.dumps({"type": ["string", "null"], "anyOf": [{"maxLength": 1}]}), "json_schema")
 
@@ -1242,6 +1253,24 @@ async def test_gemma_arguments_may_refer_to_themselves(load: Loader, tmp_path: P
         (call('{node:{name:"a",children:[{name:1}]}}'), False),
         (call('{more:{node:{name:"b"}}}'), False),
     ])
+
+
+async def test_gemma_declared_properties_beside_others_hold_to_their_schemas(load: Loader, tmp_path: Path) -> None:
+    """In Gemma 4's syntax an object allowing other properties was any object, its declared
+    properties holding anything; now the declared ones alone, as in JSON. A schema for the
+    others without declared ones is a 400 (any key and value would not hold to it)."""
+    backend = await load(write_tiny_llama(tmp_path / "model.gguf", user_tokens=GEMMA_TOKENS))
+    grammar = importlib.import_module(type(backend).__module__.rsplit(".", 1)[0] + ".grammar")
+
+    def call(arguments: str) -> str:
+        return f"<|tool_call>call:f{arguments.replace(chr(34), grammar.GEMMA_QUOTE)}<tool_call|>"
+
+    mixed = {"type": "object", "properties": {"p": {"type": "string"}}, "additionalProperties": True}
+    text = grammar.tool_call_grammar(ToolCallFrame(named_calls={"f": json.dumps(mixed)}, **GEMMA))
+    _accepts(backend, text, [(call('{p:"x"}'), True), (call("{p:5}"), False), (call('{p:"x",k:1}'), False)])
+    values = {"type": "object", "additionalProperties": {"type": "integer"}}
+    with pytest.raises(InvalidArgument, match=r"additionalProperties: a schema here is not supported in Gemma 4's syntax"):
+        grammar.tool_call_grammar(ToolCallFrame(named_calls={"f": json.dumps(values)}, **GEMMA))
 
 
 async def test_gemma_holds_a_type_beside_a_ref_to_the_targets(load: Loader, tmp_path: Path) -> None:
