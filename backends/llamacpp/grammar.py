@@ -881,25 +881,11 @@ def _of_type(value: Any, kind: str) -> bool:
     return isinstance(value, {"string": str, "boolean": bool, "null": type(None), "object": dict, "array": list}[kind])
 
 
-def _check(schema: Any, where: str, depth: int = 0, in_all_of: bool = False) -> None:
-    if depth > MAX_SCHEMA_DEPTH:
-        # The converter recurses per level, in Python and then in llama.cpp's parser.
-        raise InvalidArgument(f"{where}: nested more than {MAX_SCHEMA_DEPTH} levels deep")
-    if isinstance(schema, bool):
-        if schema is False:
-            raise InvalidArgument(f"{where}: the schema `false` matches nothing")
-        return
-    if not isinstance(schema, dict):
-        raise InvalidArgument(f"{where}: a schema must be an object")
-    for key in schema:
-        if key not in _ENFORCED and key not in _ANNOTATIONS:
-            raise InvalidArgument(f"{where}: keyword '{key}' is not supported for structured output")
+def _check_together(schema: dict[str, Any], where: str, declared: list[Any] | None, in_all_of: bool) -> None:
+    """What the converter would write wrongly from keywords as they stand together: empty
+    lists, keywords it writes alone and drops the rest beside, values and branches of another
+    type than the schema's, required names without a schema. `declared`: the schema's types."""
     kinds = schema.get("type")
-    declared = kinds if isinstance(kinds, list) else [kinds] if kinds is not None else None
-    for kind in declared or []:
-        # Checked as text first: a list or an object there cannot be looked up in a set.
-        if not isinstance(kind, str) or kind not in _TYPES:
-            raise InvalidArgument(f"{where}.type: unknown type {kind!r}")
     for key in ("type", "enum", "anyOf", "oneOf", "allOf", "prefixItems", "items"):
         if schema.get(key) == []:
             # The converter writes an empty rule for the first four, which llama.cpp refuses
@@ -951,6 +937,28 @@ def _check(schema: Any, where: str, depth: int = 0, in_all_of: bool = False) -> 
             raise InvalidArgument(
                 f"{where}.required: '{missing[0]}' has no schema in 'properties'; structured output "
                 "can only require a property it knows")
+
+
+def _check(schema: Any, where: str, depth: int = 0, in_all_of: bool = False) -> None:
+    if depth > MAX_SCHEMA_DEPTH:
+        # The converter recurses per level, in Python and then in llama.cpp's parser.
+        raise InvalidArgument(f"{where}: nested more than {MAX_SCHEMA_DEPTH} levels deep")
+    if isinstance(schema, bool):
+        if schema is False:
+            raise InvalidArgument(f"{where}: the schema `false` matches nothing")
+        return
+    if not isinstance(schema, dict):
+        raise InvalidArgument(f"{where}: a schema must be an object")
+    for key in schema:
+        if key not in _ENFORCED and key not in _ANNOTATIONS:
+            raise InvalidArgument(f"{where}: keyword '{key}' is not supported for structured output")
+    kinds = schema.get("type")
+    declared = kinds if isinstance(kinds, list) else [kinds] if kinds is not None else None
+    for kind in declared or []:
+        # Checked as text first: a list or an object there cannot be looked up in a set.
+        if not isinstance(kind, str) or kind not in _TYPES:
+            raise InvalidArgument(f"{where}.type: unknown type {kind!r}")
+    _check_together(schema, where, declared, in_all_of)
     if "format" in schema:
         if not isinstance(schema["format"], str) or schema["format"] not in _FORMATS:
             raise InvalidArgument(f"{where}.format: '{schema['format']}' is not supported for structured output")
