@@ -546,6 +546,9 @@ class _GemmaSchema:
             return self.object(schema, where, depth)
         if kind == "array":
             items = schema.get("items")
+            if isinstance(items, list):
+                # Any item would let through what the list's schemas do not hold.
+                raise InvalidArgument(f"{where}.items: a list of item schemas cannot be enforced in Gemma 4's tool-call syntax")
             item = self.value(items, f"{where}.items", depth + 1) if isinstance(items, dict) else "gemma-value"
             return self.rule(f'"[" gemma-ws ("]" | {item} ("," gemma-ws {item})* gemma-ws "]")')
         return {"string": "gemma-string", "integer": "gemma-integer", "number": "gemma-number",

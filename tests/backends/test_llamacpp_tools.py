@@ -1271,6 +1271,10 @@ async def test_gemma_declared_properties_beside_others_hold_to_their_schemas(loa
     values = {"type": "object", "additionalProperties": {"type": "integer"}}
     with pytest.raises(InvalidArgument, match=r"additionalProperties: a schema here is not supported in Gemma 4's syntax"):
         grammar.tool_call_grammar(ToolCallFrame(named_calls={"f": json.dumps(values)}, **GEMMA))
+    # A list of item schemas (draft 7's tuples) was any item; a 400 now.
+    tuple_form = {"type": "object", "properties": {"xs": {"type": "array", "items": [{"type": "integer"}]}}}
+    with pytest.raises(InvalidArgument, match=r"\.xs\.items: a list of item schemas cannot be enforced in Gemma 4's"):
+        grammar.tool_call_grammar(ToolCallFrame(named_calls={"f": json.dumps(tuple_form)}, **GEMMA))
 
 
 async def test_gemma_holds_a_type_beside_a_ref_to_the_targets(load: Loader, tmp_path: Path) -> None:
