@@ -559,10 +559,11 @@ class _GemmaSchema:
         # As the JSON converter: {"type": "object"} alone is any object.
         bare = "properties" not in schema and "additionalProperties" not in schema
         extra = schema.get("additionalProperties")
-        if isinstance(extra, dict) and not _declared_and_more(schema) and set(extra) - _ANNOTATIONS:
+        declared_only = _declared_and_more(schema)
+        if isinstance(extra, dict) and not declared_only and set(extra) - _ANNOTATIONS:
             # Any key and value would let values through that the schema's does not hold.
             raise InvalidArgument(f"{where}.additionalProperties: a schema here is not supported in Gemma 4's syntax")
-        if bare or (extra not in (None, False) and not _declared_and_more(schema)) or not isinstance(properties, dict):
+        if bare or (extra not in (None, False) and not declared_only) or not isinstance(properties, dict):
             return "gemma-object"  # other keys allowed: any key and value
         # Declared properties beside others allowed: the declared ones alone, as the JSON
         # converter's (`_own_refs`): any key and value would let a declared one hold anything.
