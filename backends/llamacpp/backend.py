@@ -564,8 +564,12 @@ def _check_params(params: GenerateParams) -> None:
         raise InvalidArgument(f"logit_bias values must be in [-100, 100] (or -inf: banned), got {bad}")
     if params.repeat_penalty <= 0:
         raise InvalidArgument(f"repeat_penalty must be > 0, got {params.repeat_penalty}")
-    if params.penalty_last_n is not None and params.penalty_last_n < -1:
-        raise InvalidArgument(f"penalty_last_n must be >= -1, got {params.penalty_last_n}")
+    # llama.cpp takes these as 32-bit integers: a larger one would reach it as another number.
+    for name, low in (("penalty_last_n", -1), ("dry_penalty_last_n", -1), ("top_k", -(2**31)),
+                      ("dry_allowed_length", 0), ("min_keep", 0)):
+        value = getattr(params, name)
+        if value is not None and not low <= value < 2**31:
+            raise InvalidArgument(f"{name} must be between {low} and {2**31 - 1}, got {value}")
     if not 0.0 <= params.top_p <= 1.0:
         raise InvalidArgument(f"top_p must be in [0, 1], got {params.top_p}")
     if not 0.0 <= params.min_p <= 1.0:

@@ -97,6 +97,10 @@ log = logging.getLogger(__name__)
 DEFAULT_CTX_PER_SLOT = 4096
 # Tokens of history the repeat penalty looks at (llama.cpp's default penalty_last_n).
 PENALTY_LAST_N = 64
+# The longest penalty or DRY window a request may ask for beyond the slot's context: llama.cpp
+# allocates a window whole when the sampler is made (DRY ~12 bytes a token), so 2e9 tokens
+# took 16 GB and 42 s. Only a generation that may go on past its context reaches it.
+MAX_WINDOW = 1 << 20
 # A slot's cached prefix must cover this share of a new prompt for the request to take that
 # slot rather than the least recently used one (llama-server's --slot-prompt-similarity).
 SLOT_PROMPT_SIMILARITY = 0.1
@@ -990,6 +994,13 @@ class Engine:
                 )
             if params.reasoning_budget is not None:
                 self._check_budget(params)
+            for name, asked in (("penalty_last_n", params.penalty_last_n),
+                                ("dry_penalty_last_n", params.dry_penalty_last_n)):
+                if asked is not None and self._window(asked, len(tokens), params) > max(self.n_ctx_seq, MAX_WINDOW):
+                    raise InvalidArgument(
+                        f"{name}: a window of {asked} tokens is more than this generation may hold in "
+                        f"memory ({max(self.n_ctx_seq, MAX_WINDOW)} tokens); -1 is the context"
+                    )
             if params.n_cache_reuse and not self.has_cells:
                 # llama-server takes it: on a model it cannot shift, with a warning in its log,
                 # and does nothing; on a recurrent one it renumbers the state's positions as
@@ -1441,7 +1452,7 @@ class Engine:
             repeat, freq, present = params.repeat_penalty, params.frequency_penalty, params.presence_penalty
             if params.penalty_last_n is not None:
                 # One window for all three, llama.cpp's own way (Ollama's repeat_last_n).
-                window = self.n_ctx_seq if params.penalty_last_n < 0 else params.penalty_last_n
+                window = self._window(params.penalty_last_n, len(prompt), params)
                 if window > 0 and (repeat != 1.0 or freq or present):
                     self._add_penalties(chain, prompt, window, repeat, freq, present)
             else:
@@ -1452,7 +1463,7 @@ class Engine:
                     # OpenAI's penalties count every token of the text so far: the whole context.
                     self._add_penalties(chain, prompt, self.n_ctx_seq, 1.0, freq, present)
         elif name == "dry":
-            if params.dry_multiplier > 0.0 and params.dry_penalty_last_n > 0:
+            if params.dry_multiplier > 0.0 and params.dry_penalty_last_n != 0:
                 # Like the penalties, DRY counts the prompt's tokens and changes the best token too.
                 self._add_dry(chain, prompt, params)
         elif name == "top_n_sigma":
@@ -1508,15 +1519,29 @@ class Engine:
             self._eog = [t for t in range(self.n_vocab) if llama.llama_vocab_is_eog(self._vocab, t)]
         return self._eog
 
+    def _window(self, asked: int, seen: int, params: GenerateParams) -> int:
+        """The tokens a penalty or DRY window of `asked` (-1: the context, as llama-server
+        reads both) spans for a sequence that has `seen` tokens so far: at most every token it
+        can still have, which counts the same tokens as the window asked for. Unbounded only
+        where the generation may go on past its context without a max_tokens."""
+        if asked < 0:
+            return self.n_ctx_seq
+        shifts = bool(params.shift_window) or (self.settings.context_shift and params.context_shift)
+        if params.max_tokens is None:
+            return asked if shifts else min(asked, self.n_ctx_seq)
+        most = seen + params.max_tokens
+        return min(asked, most if shifts else min(most, self.n_ctx_seq))
+
     def _add_dry(self, chain: Any, prompt: Sequence[int], params: GenerateParams) -> None:
         breakers = [text.encode() for text in params.dry_sequence_breakers]
         array = (ctypes.c_char_p * len(breakers))(*breakers)
+        window = self._window(params.dry_penalty_last_n, len(prompt), params)
         sampler = llama.llama_sampler_init_dry(
             self._vocab, params.dry_multiplier, params.dry_base, params.dry_allowed_length,
-            params.dry_penalty_last_n, array, len(breakers),
+            window, array, len(breakers),
         )
         # Primed with the prompt's end on its own, as the penalties are (below).
-        for token in prompt[-params.dry_penalty_last_n :]:
+        for token in prompt[-window:]:
             llama.llama_sampler_accept(sampler, token)
         llama.llama_sampler_chain_add(chain, sampler)
 

@@ -430,9 +430,7 @@ def _params(req: MessagesRequest) -> GenerateParams:
         in_range("top_p", req.top_p, 0.0, 1.0)
         params.top_p = req.top_p
     if req.top_k is not None:
-        if req.top_k < 0:
-            raise InvalidArgument(f"top_k: must be >= 0, got {req.top_k}")
-        params.top_k = req.top_k
+        params.top_k = sampling.count(req.top_k, "top_k", 0)
     if req.stop_sequences:
         params.stop = sampling.stop_strings(req.stop_sequences, "stop_sequences")
     return params

@@ -120,15 +120,20 @@ async def _in_thread(fn: Any, *args: Any) -> Any:
 KeepAlive = str | float | None
 
 
-class ToolCallFunction(msgspec.Struct):
+class ToolCallFunction(_Strict):
     name: str
     arguments: dict[str, Any] = {}
+    # The call's place in its reply, as Ollama's (and edged's) replies carry it: a client that
+    # sends a reply's message back sends it too. It orders nothing that the list does not.
+    index: int | None = None
 
 
-class ToolCall(msgspec.Struct):
+class ToolCall(_Strict):
     function: ToolCallFunction
     # What edged's replies carry; templates with ids (Mistral's) get them back.
     id: str | None = None
+    # Clients written for OpenAI's shape send the kind; "function" is the only one there is.
+    type: Literal["function"] | None = None
 
 
 class Message(_Strict):
@@ -375,9 +380,11 @@ def _params(opts: _Options, model: LoadedVersion, engine: _Engine) -> tuple[Gene
             params.max_tokens = opts.num_predict
     if opts.num_keep is not None and opts.num_keep < -1:
         raise InvalidArgument(f"options.num_keep must be >= -1, got {opts.num_keep}")
-    if opts.repeat_last_n is not None and opts.repeat_last_n < -1:
-        raise InvalidArgument(f"options.repeat_last_n must be >= -1, got {opts.repeat_last_n}")
-    params.penalty_last_n = _REPEAT_LAST_N if opts.repeat_last_n is None else opts.repeat_last_n
+    params.penalty_last_n = _REPEAT_LAST_N if opts.repeat_last_n is None else sampling.count(
+        opts.repeat_last_n, "options.repeat_last_n", -1, "-1 (the context) or ")
+    if opts.top_k is not None:
+        # Ollama's top_k of 0 or below keeps every token, as llama.cpp's does.
+        sampling.count(opts.top_k, "options.top_k", -(2**31))
     for key in ("presence_penalty", "frequency_penalty"):
         value = getattr(opts, key)
         if value is not None:

@@ -369,9 +369,7 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
                 raise InvalidArgument(f"n_cache_reuse must be >= 0, got {req.n_cache_reuse}")
             params.n_cache_reuse = req.n_cache_reuse
         if req.repeat_last_n is not None:
-            if req.repeat_last_n < -1:
-                raise InvalidArgument(f"repeat_last_n must be >= -1, got {req.repeat_last_n}")
-            params.penalty_last_n = req.repeat_last_n
+            params.penalty_last_n = sampling.count(req.repeat_last_n, "repeat_last_n", -1, "-1 (the context) or ")
         if req.presence_penalty is not None:
             in_range("presence_penalty", req.presence_penalty, -2.0, 2.0)
             params.presence_penalty = req.presence_penalty
@@ -391,9 +389,7 @@ def _params(req: _Sampling | GenerateRequest, *, min_tokens: int = 1) -> Generat
         in_range("top_p", req.top_p, 0.0, 1.0)
         params.top_p = req.top_p
     if req.top_k is not None:
-        if req.top_k < 0:
-            raise InvalidArgument(f"top_k must be >= 0, got {req.top_k}")
-        params.top_k = req.top_k
+        params.top_k = sampling.count(req.top_k, "top_k", 0)
     params.seed = sampling.seed(req.seed, "seed")
     if req.stop is not None:
         params.stop = sampling.stop_strings(req.stop, "stop")
@@ -473,12 +469,13 @@ def _llama_samplers(req: _Sampling, params: GenerateParams) -> None:
         if not -1 <= req.n_keep <= 2**31 - 1:
             raise InvalidArgument(f"n_keep must be -1 (the prompt) or between 0 and {2**31 - 1}, got {req.n_keep}")
         params.n_keep = req.n_keep
-    for name in ("dry_allowed_length", "dry_penalty_last_n", "min_keep", "n_discard"):
+    for name in ("dry_allowed_length", "min_keep", "n_discard"):
         value = getattr(req, name)
         if value is not None:
-            if not 0 <= value <= 2**31 - 1:
-                raise InvalidArgument(f"{name} must be between 0 and {2**31 - 1}, got {value}")
-            setattr(params, name, value)
+            setattr(params, name, sampling.count(value, name, 0))
+    if req.dry_penalty_last_n is not None:
+        params.dry_penalty_last_n = sampling.count(req.dry_penalty_last_n, "dry_penalty_last_n", -1,
+                                                   "-1 (the context) or ")
     if req.dry_sequence_breakers is not None:
         if not req.dry_sequence_breakers:
             raise InvalidArgument("dry_sequence_breakers must be a non-empty list of strings")
@@ -1208,8 +1205,10 @@ def _message_text(message: ChatMessage, index: int) -> str:
         return message.content or ""
     texts = []
     for i, part in enumerate(message.content):
-        if part.get("type") != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
             raise InvalidArgument(f"messages[{index}].content[{i}]: only parts of type 'text' are supported")
+        if stray := sorted(set(part) - {"type", "text"}):
+            raise InvalidArgument(f"messages[{index}].content[{i}].{stray[0]}: not supported in a text part")
         texts.append(part["text"])
     return "".join(texts)
 

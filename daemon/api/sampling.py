@@ -20,6 +20,20 @@ def seed(value: int | None, field: str) -> int | None:
     return value
 
 
+# llama.cpp takes counts of tokens (top-k, the penalties' window) as 32-bit integers: a larger
+# one would reach it as another number (2**32 + 1 as 1).
+MAX_INT32 = 2**31 - 1
+
+
+def count(value: int, field: str, low: int, meaning: str = "") -> int:
+    """A count of tokens llama.cpp takes as a 32-bit integer, at least `low`; `meaning` says
+    what the one value below 0 means (-1: "-1 (the context) or "), for the error."""
+    if not low <= value <= MAX_INT32:
+        shown = 0 if meaning else low
+        raise InvalidArgument(f"{field} must be {meaning}between {shown} and {MAX_INT32}, got {value}")
+    return value
+
+
 def n_probs(value: int | None, logprobs: int | None) -> int | None:
     """llama-server's `n_probs` (alternatives per token, 0..20), with `logprobs` sent beside it
     under the same meaning; None when neither is sent."""

@@ -249,7 +249,11 @@ def test_penalty_options_and_their_window(client: ollama.Client) -> None:
         assert text(**penalty) != base, penalty
         assert text(**penalty, repeat_last_n=0) == base, penalty
     assert text(presence_penalty=2.0, repeat_last_n=-1) != base
-    for options, words in (({"repeat_last_n": -2}, "options.repeat_last_n must be >= -1, got -2"),
+    for options, words in (({"repeat_last_n": -2}, "options.repeat_last_n must be -1 (the context) or between 0 and "
+                                                    "2147483647, got -2"),
+                           ({"repeat_last_n": 2**32}, "options.repeat_last_n must be -1 (the context) or between 0 "
+                                                      "and 2147483647, got 4294967296"),
+                           ({"top_k": 2**32 + 1}, "options.top_k must be between -2147483648 and 2147483647"),
                            ({"presence_penalty": 2.5}, "options.presence_penalty must be between -2 and 2")):
         with pytest.raises(ollama.ResponseError) as caught:
             client.generate(model="tiny", prompt="x", options=options)
@@ -539,6 +543,21 @@ def test_tool_result_goes_back_through_the_template(client: ollama.Client, daemo
     reply = daemon.post_json("/api/chat", {"model": "agent", "messages": with_id, "tools": [WEATHER], "options": one,
                                            "stream": False})
     assert reply.status == 200 and reply.json()["prompt_eval_count"] > after.prompt_eval_count
+    # A reply's message sent back as it came (Ollama's index, the call's id, an OpenAI-minded
+    # client's type) is the same call; anything else in a call is a 400 naming it, not ignored.
+    echoed = {"id": "call_1", "type": "function", "function": {"index": 0, **call["function"]}}
+    for sent in (echoed, {**echoed, "id": None, "type": None}):
+        body = {"model": "agent", "messages": [*answered[:1], {**answered[1], "tool_calls": [sent]}, answered[2]],
+                "tools": [WEATHER], "options": one, "stream": False}
+        reply = daemon.post_json("/api/chat", body)
+        assert reply.status == 200 and reply.json()["prompt_eval_count"] == after.prompt_eval_count, reply.text
+    for where, stray in [("tool_calls[0]", {**call, "kind": "x"}),
+                         ("tool_calls[0].function", {"function": {**call["function"], "strict": True}}),
+                         ("tool_calls[0]", {**call, "type": "code"})]:
+        body = {"model": "agent", "messages": [*answered[:1], {**answered[1], "tool_calls": [stray]}, answered[2]],
+                "stream": False}
+        reply = daemon.post_json("/api/chat", body)
+        assert reply.status == 400 and f"$.messages[1].{where}" in reply.json()["error"], reply.text
     for kwargs, words in [
         ({"messages": [{"role": "user", "content": "x", "tool_calls": [call]}], "tools": [WEATHER]},
          "messages[0].tool_calls: only on assistant messages"),

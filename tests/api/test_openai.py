@@ -193,6 +193,8 @@ def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
         ([{"role": "robot", "content": "x"}], r"messages\[0\]\.role: 'robot'"),
         ([{"role": "user", "content": None}], r"messages\[0\]\.content: required"),
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], r"messages\[0\]\.content\[0\]"),
+        ([{"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {}}]}],
+         r"messages\[0\]\.content\[0\]\.cache_control: not supported in a text part"),
     ]:
         with pytest.raises(openai.BadRequestError, match=pattern):
             client.chat.completions.create(model="tiny", messages=messages, max_tokens=1)
@@ -510,8 +512,10 @@ def test_sampling_parameters_have_their_effect(client: openai.OpenAI) -> None:
             model="tiny", prompt=prompt, frequency_penalty=2, extra_body={"repeat_last_n": window}, **long
         ).choices[0].text
         assert capped == repeated, window
-    with pytest.raises(openai.BadRequestError, match="repeat_last_n must be >= -1, got -2"):
-        client.completions.create(model="tiny", prompt=prompt, extra_body={"repeat_last_n": -2}, max_tokens=1)
+    for window in (-2, 2**32):  # 2**32 would reach llama.cpp's 32 bits as 0: no penalties
+        with pytest.raises(openai.BadRequestError, match=re.escape(
+                f"repeat_last_n must be -1 (the context) or between 0 and 2147483647, got {window}")):
+            client.completions.create(model="tiny", prompt=prompt, extra_body={"repeat_last_n": window}, max_tokens=1)
 
 
 def test_typical_p_keeps_the_most_typical_tokens(client: openai.OpenAI) -> None:
@@ -610,6 +614,8 @@ def test_dry_penalises_extending_a_repetition(client: openai.OpenAI) -> None:
     assert client.completions.create(**request, extra_body=broken).choices[0].text == "d"
     # Only the last 3 tokens looked at: the earlier run is out of sight.
     assert client.completions.create(**request, extra_body={**dry, "dry_penalty_last_n": 3}).choices[0].text == "d"
+    # -1 is the whole context, as llama-server reads it.
+    assert client.completions.create(**request, extra_body={**dry, "dry_penalty_last_n": -1}).choices[0].text != "d"
     # On chat too (the same fields).
     chat = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0,
@@ -626,7 +632,10 @@ def test_dry_penalises_extending_a_repetition(client: openai.OpenAI) -> None:
     ({"xtc_threshold": -0.1}, "xtc_threshold must be between 0 and 1, got -0.1"),
     ({"dry_base": 0.5}, "dry_base must be a finite number >= 1, got 0.5"),
     ({"dry_allowed_length": -1}, "dry_allowed_length must be between 0 and 2147483647, got -1"),
-    ({"dry_penalty_last_n": -1}, "dry_penalty_last_n must be between 0 and 2147483647, got -1"),
+    ({"dry_penalty_last_n": -2}, "dry_penalty_last_n must be -1 (the context) or between 0 and 2147483647, got -2"),
+    ({"dry_allowed_length": 2**31}, "dry_allowed_length must be between 0 and 2147483647, got 2147483648"),
+    # 2**32 + 1 would reach llama.cpp's 32 bits as 1: greedy.
+    ({"top_k": 2**32 + 1}, "top_k must be between 0 and 2147483647, got 4294967297"),
     ({"min_keep": -2}, "min_keep must be between 0 and 2147483647, got -2"),
     ({"dry_sequence_breakers": []}, "dry_sequence_breakers must be a non-empty list of strings"),
     ({"dry_sequence_breakers": ["\n", ""]}, "dry_sequence_breakers[1] must be 1 to 40 bytes"),

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import resource
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -846,8 +847,43 @@ async def test_penalty_window_is_one_for_all_penalties(load: Loader, model_path:
         if checked == 2:
             break
     assert checked == 2
-    with pytest.raises(InvalidArgument, match="penalty_last_n must be >= -1, got -2"):
+    with pytest.raises(InvalidArgument, match="penalty_last_n must be between -1 and 2147483647, got -2"):
         await collect(backend.generate([1, 300], GenerateParams(penalty_last_n=-2)))
+
+
+async def test_windows_past_every_token_count_them_all_without_allocating_them(
+    load: Loader, model_path: Path
+) -> None:
+    """A penalty or DRY window longer than a generation can ever be counts what -1 (the
+    context) counts. llama.cpp allocates a window whole when the sampler is made: 2**31 - 1
+    tokens of DRY took 16 GB and 42 s of one request before. Past 32 bits a count would reach
+    llama.cpp as another number (2**32 + 1 as 1): refused, as is a window a shifting
+    generation without max_tokens could fill."""
+    backend = await load(model_path, n_parallel="1", n_ctx="256")
+    prompt = [1, *range(300, 330), *range(300, 330)]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    penalties = [(await collect(backend.generate(prompt, GenerateParams(
+        greedy=True, max_tokens=24, presence_penalty=1.5, frequency_penalty=0.5, penalty_last_n=n)))).ids
+        for n in (-1, 2**31 - 1, 0)]
+    assert penalties[0] == penalties[1] != penalties[2]  # the window matters, and all of it counts
+    # DRY as in the OpenAI route's test: after "abcdabc", "d" (biased +100) would extend a run
+    # of 3 past the allowed 2 and loses 100 * 1.75; with the last 3 tokens only, it wins.
+    letters = [259 + ord(c) - 0x20 for c in "abcdabc"]
+    dry = {"dry_multiplier": 100.0, "dry_base": 1.75, "dry_allowed_length": 2, "logit_bias": {letters[3]: 100.0}}
+    picks = [(await collect(backend.generate(letters, GenerateParams(
+        greedy=True, max_tokens=1, dry_penalty_last_n=n, **dry)))).ids for n in (-1, 2**31 - 1, 3)]
+    assert picks[0] == picks[1] != picks[2] == [letters[3]]
+    for name in ("penalty_last_n", "dry_penalty_last_n"):
+        with pytest.raises(InvalidArgument, match=f"{name} must be between -1 and 2147483647, got 2147483648"):
+            await collect(backend.generate(prompt, GenerateParams(**{name: 2**31})))
+        endless = GenerateParams(max_tokens=None, shift_window=128, **{name: 2**31 - 1})
+        with pytest.raises(InvalidArgument, match=f"{name}: a window of 2147483647 tokens is more than this "
+                                                  r"generation may hold in memory \(1048576 tokens\)"):
+            await collect(backend.generate(prompt, endless))
+    # KiB on Linux: the old windows raised the peak by 8 and 16 GB.
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 512 * 1024
+    with pytest.raises(InvalidArgument, match="top_k must be between -2147483648 and 2147483647, got 4294967297"):
+        await collect(backend.generate(prompt, GenerateParams(top_k=2**32 + 1)))
 
 
 async def test_default_max_tokens_is_the_rest_of_the_context(load: Loader, model_path: Path) -> None:
