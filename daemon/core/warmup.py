@@ -20,12 +20,14 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from daemon.backend import NUMPY_DTYPES, Backend, EdgedError, InferRequest
 from daemon.core.stats import ModelStats, compute_phases
-from daemon.errors import ConfigError
+from daemon.core.validate import validate_request
+from daemon.errors import ConfigError, InvalidArgument
 from daemon.model_config import ModelConfig, ModelWarmupInput
 
 # Triton's kWarmupDataFolder, under the model's directory.
@@ -40,28 +42,71 @@ class Sample:
 
 
 def samples(config: ModelConfig, model_dir: Path) -> list[Sample]:
-    """The config's warmup samples as requests (reads data files: call it off the loop)."""
+    """The config's warmup samples as requests (reads data files: call it off the loop).
+
+    Each is checked as Triton checks it before it runs, and before its data is made: its
+    batch size against the model's (a model that does not batch takes 1, as the config's
+    documentation says; Triton 2.51 crashes on 2), its inputs as a request's (names, data types,
+    shapes against the config, Triton's texts). A sample's size is then what the config allows,
+    not a shape or batch that the allocation or the requests would fail on (or fill the memory
+    with) first."""
     out = []
     batched = config.max_batch_size > 0
     inputs = {t.name for t in config.input}
     for warmup in config.model_warmup:
         if warmup.batch_size == 0:
             continue
-        arrays = {}
+        most = max(config.max_batch_size, 1)
+        if warmup.batch_size > most:
+            # Triton's text, once (it repeats it for every request of the sample).
+            raise ConfigError(f"failed to run warmup sample '{warmup.name}': batch size {warmup.batch_size} for "
+                              f"'{config.name}_0', max allowed is {most}; ")
+        shapes = {}
         for name, spec in warmup.inputs.items():
             if any(d < 0 for d in spec.dims):
                 raise ConfigError(
                     "warmup setting expects all variable-size dimensions are specified for input "
                     f"'{name}'"
                 )
-            shape = ((1,) if batched and name in inputs else ()) + tuple(spec.dims)
-            arrays[name] = _data(name, spec.data_type, shape, spec, model_dir)
+            shapes[name] = ((1,) if batched and name in inputs else ()) + tuple(spec.dims)
+        # The request's shapes and data types, without its data (views of one element).
+        outline = {name: _outline(name, spec.data_type, shapes[name]) for name, spec in warmup.inputs.items()}
+        try:
+            validate_request(InferRequest(inputs=outline), config)
+        except InvalidArgument as exc:
+            raise ConfigError(f"failed to run warmup sample '{warmup.name}': {exc}") from None
+        arrays = {name: _data(name, spec.data_type, shapes[name], spec, model_dir)
+                  for name, spec in warmup.inputs.items()}
         requests = tuple(InferRequest(inputs=dict(arrays)) for _ in range(warmup.batch_size))
         out.append(Sample(warmup.name, max(1, warmup.count), requests))
     return out
 
 
+def _dtype(datatype: str) -> np.dtype[Any]:
+    return np.dtype(np.object_) if datatype == "BYTES" else NUMPY_DTYPES[datatype]
+
+
+def _outline(name: str, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+    try:
+        return np.broadcast_to(np.zeros((), _dtype(datatype)), shape)
+    except ValueError:  # more elements than numpy can index
+        raise _unallocatable(name, datatype, shape) from None
+
+
 def _data(name: str, datatype: str, shape: tuple[int, ...], spec: ModelWarmupInput, model_dir: Path) -> np.ndarray:
+    try:
+        return _made(name, datatype, shape, spec, model_dir)
+    except (MemoryError, ValueError, OverflowError):
+        # A shape the config allows (a variable dimension) that this box cannot hold.
+        raise _unallocatable(name, datatype, shape) from None
+
+
+def _unallocatable(name: str, datatype: str, shape: tuple[int, ...]) -> ConfigError:
+    size = math.prod(shape) * _dtype(datatype).itemsize
+    return ConfigError(f"warmup input '{name}': {size} bytes of data for shape {list(shape)} cannot be allocated")
+
+
+def _made(name: str, datatype: str, shape: tuple[int, ...], spec: ModelWarmupInput, model_dir: Path) -> np.ndarray:
     count = math.prod(shape)
     if spec.input_data_file:
         return _from_file(name, datatype, shape, spec.input_data_file, model_dir)

@@ -140,3 +140,57 @@ def test_a_failing_sample_fails_the_load_with_tritons_text(tmp_path: Path) -> No
         assert daemon.request("GET", "/v2/models/unlucky/ready").status == 400
     finally:
         daemon.stop()
+
+
+def _custom_sample(batch_size: int, x_type: str = "TYPE_FP32", x_dims: str = "2", key: str = "X") -> str:
+    return (f'model_warmup [{{ name: "s" batch_size: {batch_size} inputs [ '
+            f'{{ key: "{key}" value: {{ data_type: {x_type} dims: [ {x_dims} ] random_data: true }} }}, '
+            '{ key: "S" value: { data_type: TYPE_STRING dims: [ 2 ] zero_data: true } } ] }]\n')
+
+
+def test_a_sample_is_checked_as_a_request_before_its_data_is_made(tmp_path: Path) -> None:
+    """As Triton checks a warmup request before it runs (its texts): the batch size against the
+    model's (1 where it does not batch: the config's documented rule, on which Triton 2.51
+    crashes), inputs, data types and shapes against the config. Before, edged ran such samples
+    (a model fed FP32 where it declared INT32 loaded), and a sample of 2**31 requests or
+    2**40 elements filled the memory or answered 500 before anything was checked."""
+    repo = tmp_path / "repo"
+    for name, warmup, batch in (
+        ("too_many", _custom_sample(5), 4),
+        ("not_batched", _custom_sample(2), 0),
+        ("whole_memory", _custom_sample(2**31 - 1), 8),
+        ("shape", _custom_sample(1, x_dims="3"), 0),
+        ("huge", _custom_sample(1, x_dims=str(2**40)), 4),
+        ("dtype", _custom_sample(1, x_type="TYPE_INT32"), 0),
+        ("stranger", _custom_sample(1, key="Y"), 0),
+    ):
+        _model(repo, name, warmup, max_batch_size=batch)
+    (repo / "variable" / "1").mkdir(parents=True)
+    (repo / "variable" / "1" / "model.py").write_text(RECORDER)
+    (repo / "variable" / "config.pbtxt").write_text(
+        'backend: "python"\ninput [{ name: "X" data_type: TYPE_FP32 dims: [ -1, -1 ] }]\n'
+        'output [{ name: "SEEN" data_type: TYPE_STRING dims: [ 1 ] }]\n'
+        f'model_warmup [{{ name: "s" batch_size: 1 inputs [ {{ key: "X" value: {{ data_type: TYPE_FP32 '
+        f'dims: [ {2**40}, {2**40} ] random_data: true }} }} ] }}]\n'
+    )
+    daemon = start_daemon_process(tmp_path, "--model-repository", str(repo), "--model-control-mode", "explicit",
+                                  http=True)
+    try:
+        for model, words in (
+            ("too_many", "failed to run warmup sample 's': batch size 5 for 'too_many_0', max allowed is 4; "),
+            ("not_batched", "failed to run warmup sample 's': batch size 2 for 'not_batched_0', max allowed is 1; "),
+            ("whole_memory", "batch size 2147483647 for 'whole_memory_0', max allowed is 8; "),
+            ("shape", "failed to run warmup sample 's': unexpected shape for input 'X' for model 'shape'. "
+                      "Expected [2], got [3]"),
+            ("huge", f"unexpected shape for input 'X' for model 'huge'. Expected [-1,2], got [1,{2**40}]"),
+            ("dtype", "failed to run warmup sample 's': inference input 'X' data-type is 'INT32', but model 'dtype' "
+                      "expects 'FP32'"),
+            ("stranger", "failed to run warmup sample 's': unexpected inference input 'Y' for model 'stranger'"),
+            ("variable", f"warmup input 'X': {4 * 2**80} bytes of data for shape [{2**40}, {2**40}] cannot be "
+                         "allocated"),
+        ):
+            reply = daemon.request("POST", f"/v2/repository/models/{model}/load")
+            assert reply.status == 400 and words in reply.json()["error"], (model, reply.body)
+        assert daemon.request("GET", "/v2/health/live").status == 200
+    finally:
+        daemon.stop()
