@@ -214,8 +214,12 @@ class DynamicBatching(_Strict):
     priority_queue_policy: dict[int, QueuePolicy] = {}
 
     def __post_init__(self) -> None:
-        if self.priority_levels and self.default_priority_level > self.priority_levels:
-            raise ValueError("default_priority_level must be <= priority_levels")
+        # Triton's texts (model_config_utils): with levels, every level named is one of them.
+        levels = self.priority_levels
+        if levels and not 1 <= self.default_priority_level <= levels:
+            raise ValueError(f"default priority level must be in range [1, {levels}]")
+        if levels and any(not 1 <= level <= levels for level in self.priority_queue_policy):
+            raise ValueError(f"priority queue policy must have priority level in range [1, {levels}]")
 
 
 ControlKind = Literal[
@@ -695,6 +699,24 @@ def _sequence_to_triton_json(data: dict[str, Any], *, completed: bool) -> None:
                 initial["data_type"] = type_name(initial["data_type"])
             if not initial["data_file"]:
                 del initial["data_file"]
+
+
+def check_shapes_and_batching(config: ModelConfig) -> None:
+    """Triton's checks of a completed config's dims and dynamic batcher (model_config_utils'
+    ValidateModelConfig, its texts): a dimension is -1 or at least 1, and each preferred batch
+    size is one the model can take. Triton refuses the preferred sizes at its repository poll
+    (a 500 with the reason in its log only); here the load's 400 says it."""
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        for tensor in tensors:
+            if any(d == 0 or d < -1 for d in tensor.dims):
+                raise ConfigError(f"model {kind} '{tensor.name}' dimension must be integer >= 1, or -1 to indicate "
+                                  f"a variable-size dimension for {config.name}")
+    batching = config.dynamic_batching
+    for size in batching.preferred_batch_size if batching is not None else ():
+        if size <= 0:
+            raise ConfigError(f"dynamic batching preferred size must be positive for {config.name}")
+        if size > config.max_batch_size:
+            raise ConfigError(f"dynamic batching preferred size must be <= max batch size for {config.name}")
 
 
 def check_batch_io(config: ModelConfig) -> None:

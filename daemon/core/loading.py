@@ -39,7 +39,12 @@ from daemon.core.scheduler import Scheduler, make_scheduler
 from daemon.core.selection import Selection, choose_backends
 from daemon.core.stats import MetricsRegistry, ModelStats
 from daemon.errors import BackendError, ConfigError, EdgedError, NotFound, PluginError
-from daemon.model_config import InstanceGroup, ModelConfig, check_batch_io
+from daemon.model_config import (
+    InstanceGroup,
+    ModelConfig,
+    check_batch_io,
+    check_shapes_and_batching,
+)
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +235,8 @@ class ModelLoader:
         # Sequence models: clients see Triton's config (control and state tensors only under
         # sequence_batching); backends load one where they are ordinary inputs and outputs.
         config = sequence.client_config(config)
-        check_batch_io(config)  # on the completed config, as Triton checks it
+        check_shapes_and_batching(config)  # on the completed config, as Triton checks them
+        check_batch_io(config)
         runtime = sequence.runtime_config(config)
         check_capabilities(backend, cls, runtime)
         # Files under <model>/warmup/ are read here, off the loop; errors fail the load.

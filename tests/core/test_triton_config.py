@@ -10,6 +10,7 @@ import os
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 from google.protobuf import descriptor_pb2
 
@@ -33,6 +34,7 @@ from daemon.model_config import (
     RateLimiterResource,
     TensorConfig,
     VersionPolicy,
+    check_shapes_and_batching,
     config_from_mapping,
     to_triton_json,
 )
@@ -457,6 +459,44 @@ def test_values_rejected_by_model_config_name_the_field(parser: PbtxtParser) -> 
         parser.parse("dynamic_batching { priority_levels: 18446744073709551615 }", source="c")
     with pytest.raises(ConfigError, match=r"Expected `int` <= 4096 - at `\$\.sequence_batching\.oldest\.max_candidate_sequences`"):
         parser.parse("sequence_batching { oldest { max_candidate_sequences: 2147483647 } }", source="c")
+
+
+@pytest.mark.parametrize(("snippet", "message"), [
+    # Triton 2.51 refuses each of these (measured): these are its texts.
+    ("dynamic_batching { priority_levels: 2 default_priority_level: 3 }", r"default priority level must be in range \[1, 2\]"),
+    ("dynamic_batching { priority_levels: 2 }", r"default priority level must be in range \[1, 2\]"),
+    ("dynamic_batching { priority_levels: 2 default_priority_level: 1 "
+     "priority_queue_policy { key: 5 value { max_queue_size: 1 } } }",
+     r"priority queue policy must have priority level in range \[1, 2\]"),
+])
+def test_priority_levels_are_checked_as_triton_checks_them(parser: PbtxtParser, snippet: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message + r" - at `\$\.dynamic_batching`"):
+        parser.parse(snippet, source="c")
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"dynamic_batching": DynamicBatching(preferred_batch_size=[4, -1])},
+     "dynamic batching preferred size must be positive for m"),
+    ({"dynamic_batching": DynamicBatching(preferred_batch_size=[0])}, "dynamic batching preferred size must be positive for m"),
+    ({"dynamic_batching": DynamicBatching(preferred_batch_size=[16])},
+     "dynamic batching preferred size must be <= max batch size for m"),
+    ({"max_batch_size": 0, "dynamic_batching": DynamicBatching(preferred_batch_size=[2])},
+     "dynamic batching preferred size must be <= max batch size for m"),
+    ({"input": [TensorConfig(name="x", data_type="FP32", dims=[3, 0])]},
+     "model input 'x' dimension must be integer >= 1, or -1 to indicate a variable-size dimension for m"),
+    ({"output": [TensorConfig(name="y", data_type="FP32", dims=[0])]},
+     "model output 'y' dimension must be integer >= 1, or -1 to indicate a variable-size dimension for m"),
+])
+def test_shapes_and_preferred_sizes_are_checked_as_triton_checks_them(changes: dict[str, object], message: str) -> None:
+    """On the completed config, at load (daemon.core.loading). Before, edged served such
+    models: a dimension of 0 no request could match, preferred sizes no batch could reach."""
+    base = ModelConfig(name="m", max_batch_size=8, input=[TensorConfig(name="x", data_type="FP32", dims=[-1, 3])],
+                       output=[TensorConfig(name="y", data_type="FP32", dims=[3])],
+                       dynamic_batching=DynamicBatching(preferred_batch_size=[4, 8]))
+    check_shapes_and_batching(base)
+    with pytest.raises(ConfigError) as caught:
+        check_shapes_and_batching(msgspec.structs.replace(base, **changes))
+    assert caught.value.message == message
 
 
 def test_parsers_are_independent_of_the_global_pool() -> None:
