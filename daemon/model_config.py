@@ -311,7 +311,8 @@ class SequenceBatching(_Strict):
 
 class VersionPolicy(_Strict):
     kind: Literal["latest", "all", "specific"] = "latest"
-    num_versions: Annotated[int, msgspec.Meta(ge=1)] = 1
+    # 0 (`latest {}`) serves no version: the load fails, as in Triton.
+    num_versions: Annotated[int, msgspec.Meta(ge=0)] = 1
     versions: list[int] = []
 
 
@@ -701,16 +702,38 @@ def _sequence_to_triton_json(data: dict[str, Any], *, completed: bool) -> None:
                 del initial["data_file"]
 
 
-def check_shapes_and_batching(config: ModelConfig) -> None:
-    """Triton's checks of a completed config's dims and dynamic batcher (model_config_utils'
-    ValidateModelConfig, its texts): a dimension is -1 or at least 1, and each preferred batch
-    size is one the model can take. Triton refuses the preferred sizes at its repository poll
-    (a 500 with the reason in its log only); here the load's 400 says it."""
+def _trunks(dims: list[int]) -> list[int]:
+    """The element counts of the runs of fixed dimensions between the variable ones ([2, 4, -1,
+    6]: [8, 6]), which a reshape must keep (Triton's ValidateIOShape)."""
+    counts = [1]
+    for dim in dims:
+        if dim == -1:
+            counts.append(1)
+        else:
+            counts[-1] *= dim
+    return counts
+
+
+def check_completed(config: ModelConfig) -> None:
+    """Triton's checks of a completed config (model_config_utils' ValidateModelConfig and
+    ValidateIOShape, its texts): a dimension is -1 or at least 1; a reshape holds as many
+    elements as the dims, between each two variable ones too; a KIND_CPU group lists no
+    GPUs; each preferred batch size is one the model can take. Triton refuses the preferred
+    sizes at its repository poll (a 500 with the reason in its log only); here the load's 400
+    says it."""
     for kind, tensors in (("input", config.input), ("output", config.output)):
         for tensor in tensors:
+            where = f"model {kind} '{tensor.name}'"
             if any(d == 0 or d < -1 for d in tensor.dims):
-                raise ConfigError(f"model {kind} '{tensor.name}' dimension must be integer >= 1, or -1 to indicate "
-                                  f"a variable-size dimension for {config.name}")
+                raise ConfigError(f"{where} dimension must be integer >= 1, or -1 to indicate a variable-size "
+                                  f"dimension for {config.name}")
+            if tensor.reshape is not None and _trunks(tensor.dims) != _trunks(tensor.reshape):
+                raise ConfigError(f"{where} has different size for dims and reshape for {config.name}")
+    for index, group in enumerate(config.instance_group):
+        if group.kind == "KIND_CPU" and group.gpus:
+            name = group.name or f"{config.name}_{index}"
+            raise ConfigError(f"instance group {name} of model {config.name} has kind KIND_CPU but specifies one "
+                              "or more GPUs")
     batching = config.dynamic_batching
     for size in batching.preferred_batch_size if batching is not None else ():
         if size <= 0:

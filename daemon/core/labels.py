@@ -9,8 +9,26 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from daemon.errors import EdgedError
+from daemon.errors import ConfigError, EdgedError
 from daemon.model_config import ModelConfig
+
+
+def check_files(model_dir: Path, config: ModelConfig) -> None:
+    """Every output's label file is there, as Triton reads them when it loads the model (its
+    text); requests read them again (LabelCache), so an edited file is served without a reload.
+    Blocks (file checks): call it off the loop."""
+    for tensor in config.output:
+        if not tensor.label_filename:
+            continue
+        if not _plain(tensor.label_filename):
+            raise ConfigError(f"output {tensor.name!r}: label_filename {tensor.label_filename!r} must name a file in "
+                              "the model directory")
+        path = model_dir / tensor.label_filename
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"failed to open text file for read {path}: {exc.strerror}") from None
 
 
 class LabelCache:
@@ -31,8 +49,7 @@ class LabelCache:
         return labels
 
     def read(self, model_dir: Path, filename: str, output: str) -> list[str]:
-        # A label file is a plain name in the model directory, never a path out of it.
-        if "/" in filename or "\\" in filename or filename in (".", ".."):
+        if not _plain(filename):
             raise EdgedError(
                 f"output {output!r}: label_filename {filename!r} must name a file in the model directory"
             )
@@ -50,3 +67,8 @@ class LabelCache:
             ) from None
         self._files[path] = (info.st_mtime_ns, info.st_size, lines)
         return lines
+
+
+def _plain(filename: str) -> bool:
+    """A label file is a plain name in the model directory, never a path out of it."""
+    return "/" not in filename and "\\" not in filename and filename not in (".", "..")

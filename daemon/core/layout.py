@@ -120,6 +120,9 @@ def select_versions(available: list[int], policy: VersionPolicy, *, model: str =
     if policy.kind == "all":
         return present
     if policy.kind == "latest":
+        if policy.num_versions == 0:
+            # Triton's text: it serves no version under `latest { num_versions: 0 }` or `latest {}`.
+            raise ConfigError(f"at least one version must be available under the version policy of model {model!r}")
         return present[max(len(present) - policy.num_versions, 0) :]
     wanted = sorted(set(policy.versions))
     missing = [v for v in wanted if v not in present]

@@ -27,7 +27,7 @@ from daemon.backend import (
     InstanceContext,
     ModelControl,
 )
-from daemon.core import checksum, decoupled, layout, sequence, warmup
+from daemon.core import checksum, decoupled, labels, layout, sequence, warmup
 from daemon.core.ensemble import EnsembleRunner, Leaser, Resolver
 from daemon.core.hardware import Hardware
 from daemon.core.host_policy import HostPolicies, format_cpus, process_cpus
@@ -43,7 +43,7 @@ from daemon.model_config import (
     InstanceGroup,
     ModelConfig,
     check_batch_io,
-    check_shapes_and_batching,
+    check_completed,
 )
 
 log = logging.getLogger(__name__)
@@ -235,7 +235,8 @@ class ModelLoader:
         # Sequence models: clients see Triton's config (control and state tensors only under
         # sequence_batching); backends load one where they are ordinary inputs and outputs.
         config = sequence.client_config(config)
-        check_shapes_and_batching(config)  # on the completed config, as Triton checks them
+        check_completed(config)  # on the completed config, as Triton checks them
+        await asyncio.to_thread(labels.check_files, model_dir, config)
         check_batch_io(config)
         runtime = sequence.runtime_config(config)
         check_capabilities(backend, cls, runtime)

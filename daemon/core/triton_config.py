@@ -421,9 +421,10 @@ def _to_edged_shape(data: dict[str, Any]) -> None:
     """Where our ModelConfig is flatter than Triton's message, flatten (in place)."""
     policy = data.get("version_policy")
     if policy:
-        # The oneof becomes a `kind` tag. An absent/0 num_versions falls back to our default 1.
+        # The oneof becomes a `kind` tag. proto3 leaves a num_versions of 0 out, as an absent
+        # one: Triton serves no version then (its load fails), so 0 it stays.
         ((kind, body),) = policy.items()
-        data["version_policy"] = {"kind": kind, **body}
+        data["version_policy"] = {"kind": kind, **({"num_versions": 0} if kind == "latest" else {}), **body}
     if "parameters" in data:
         data["parameters"] = {k: v.get("string_value", "") for k, v in data["parameters"].items()}
         preference = data["parameters"].pop(PREFERENCE_PARAMETER, "")

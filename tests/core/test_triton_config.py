@@ -34,7 +34,7 @@ from daemon.model_config import (
     RateLimiterResource,
     TensorConfig,
     VersionPolicy,
-    check_shapes_and_batching,
+    check_completed,
     config_from_mapping,
     to_triton_json,
 )
@@ -276,7 +276,8 @@ def test_ensemble_scheduling(parser: PbtxtParser) -> None:
     [
         ("", VersionPolicy()),
         ("version_policy: { latest: { num_versions: 2 } }", VersionPolicy("latest", 2)),
-        ("version_policy: { latest { } }", VersionPolicy("latest", 1)),
+        # proto3 cannot tell it from num_versions 0: no version, as Triton reads it.
+        ("version_policy: { latest { } }", VersionPolicy("latest", 0)),
         ("version_policy: { all { } }", VersionPolicy("all")),
         (
             "version_policy: { specific: { versions: [ 1, 3 ] } }",
@@ -486,16 +487,28 @@ def test_priority_levels_are_checked_as_triton_checks_them(parser: PbtxtParser, 
      "model input 'x' dimension must be integer >= 1, or -1 to indicate a variable-size dimension for m"),
     ({"output": [TensorConfig(name="y", data_type="FP32", dims=[0])]},
      "model output 'y' dimension must be integer >= 1, or -1 to indicate a variable-size dimension for m"),
+    ({"output": [TensorConfig(name="y", data_type="FP32", dims=[16], reshape=[5])]},
+     "model output 'y' has different size for dims and reshape for m"),
+    # Between each two variable dimensions the counts must agree too ([2, 4, -1, 6] ~ [8, -1, 1, 6]).
+    ({"input": [TensorConfig(name="x", data_type="FP32", dims=[2, 4, -1, 6], reshape=[4, -1, 12])]},
+     "model input 'x' has different size for dims and reshape for m"),
+    ({"input": [TensorConfig(name="x", data_type="FP32", dims=[-1, 4], reshape=[4])]},
+     "model input 'x' has different size for dims and reshape for m"),
+    ({"instance_group": [InstanceGroup(kind="KIND_CPU", gpus=[5])]},
+     "instance group m_0 of model m has kind KIND_CPU but specifies one or more GPUs"),
 ])
-def test_shapes_and_preferred_sizes_are_checked_as_triton_checks_them(changes: dict[str, object], message: str) -> None:
+def test_completed_configs_are_checked_as_triton_checks_them(changes: dict[str, object], message: str) -> None:
     """On the completed config, at load (daemon.core.loading). Before, edged served such
     models: a dimension of 0 no request could match, preferred sizes no batch could reach."""
     base = ModelConfig(name="m", max_batch_size=8, input=[TensorConfig(name="x", data_type="FP32", dims=[-1, 3])],
                        output=[TensorConfig(name="y", data_type="FP32", dims=[3])],
                        dynamic_batching=DynamicBatching(preferred_batch_size=[4, 8]))
-    check_shapes_and_batching(base)
+    check_completed(base)
+    for fine in ([2, 4, -1, 6], [8, -1, 1, 6]), ([16], [4, 4]), ([1], []):
+        check_completed(msgspec.structs.replace(base, input=[TensorConfig(name="x", data_type="FP32", dims=fine[0],
+                                                                          reshape=fine[1])]))
     with pytest.raises(ConfigError) as caught:
-        check_shapes_and_batching(msgspec.structs.replace(base, **changes))
+        check_completed(msgspec.structs.replace(base, **changes))
     assert caught.value.message == message
 
 
@@ -676,6 +689,9 @@ def test_select_missing_specific_versions_is_an_error() -> None:
     with pytest.raises(ConfigError, match=r"model 'm'.*\[2, 7\] not found.*\[1, 3\]"):
         select_versions([1, 3], VersionPolicy("specific", versions=[1, 2, 7]), model="m")
     assert select_versions([], VersionPolicy()) == []
+    # Triton 2.51's text for latest with no versions (measured; it refuses the load).
+    with pytest.raises(ConfigError, match=r"^at least one version must be available under the version policy of model 'm'$"):
+        select_versions([1, 3], VersionPolicy("latest", 0), model="m")
 
 
 def test_scan_repository(tmp_path: Path) -> None:
