@@ -547,7 +547,21 @@ class LlamaCppBackend(GenerationBackend):
         return await self._job_result(lambda done: engine.submit_rerank(query, pairs, done))
 
 
+# llama.cpp samples with 32-bit floats: a finite number beyond this would reach it as infinity.
+_FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
+_FLOAT_FIELDS = (
+    "temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "mirostat_tau", "mirostat_eta",
+    "dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability", "xtc_threshold", "dry_multiplier",
+    "dry_base",
+)
+
+
 def _check_params(params: GenerateParams) -> None:
+    for name in _FLOAT_FIELDS:
+        value = getattr(params, name)
+        if math.isfinite(value) and abs(value) > _FLOAT32_MAX:
+            raise InvalidArgument(f"{name} must be within llama.cpp's 32-bit floats (at most {_FLOAT32_MAX:.6g} "
+                                  f"either way), got {value}")
     if params.max_tokens is not None and params.max_tokens < 0:
         raise InvalidArgument(f"max_tokens must be >= 0, got {params.max_tokens}")
     for name in ("presence_penalty", "frequency_penalty"):

@@ -884,6 +884,11 @@ async def test_windows_past_every_token_count_them_all_without_allocating_them(
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 512 * 1024
     with pytest.raises(InvalidArgument, match="top_k must be between -2147483648 and 2147483647, got 4294967297"):
         await collect(backend.generate(prompt, GenerateParams(top_k=2**32 + 1)))
+    # A finite number past float32 would reach llama.cpp's samplers as infinity.
+    for name in ("temperature", "repeat_penalty", "dry_base", "mirostat_tau", "top_n_sigma"):
+        with pytest.raises(InvalidArgument, match=rf"{name} must be within llama.cpp's 32-bit floats \(at most "
+                                                  r"3.40282e\+38 either way\), got 1e\+300"):
+            await collect(backend.generate(prompt, GenerateParams(**{name: 1e300})))
 
 
 async def test_default_max_tokens_is_the_rest_of_the_context(load: Loader, model_path: Path) -> None:
