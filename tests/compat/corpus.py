@@ -37,6 +37,7 @@ HEAD_OK = (200, "edged answers HEAD wherever GET is served (RFC 9110); Triton 2.
 CODING_NAMES = (200, "edged reads content codings as RFC 9110 names them (any case, raw deflate); Triton 2.51 refuses")
 FRAMING = (400, "a body framed two ways, or by a Transfer-Encoding other than chunked, is refused (RFC 9112); Triton 2.51 reads it")
 ENSEMBLE_CONFIG = (400, "Triton 2.51 answers 500 'failed to poll from model repository' to an ensemble config it refuses; edged 400 with the reason")
+WIDE_COUNT = (200, "Triton 2.51 reads a classification count as 32 bits (2**40 is 0: no classes); edged gives them all")
 HEALTH_BODY = (200, "edged's health answers carry the Open Inference Protocol's JSON (KServe's client reads it); Triton's are empty")
 
 
@@ -428,6 +429,10 @@ def cases() -> list[Case]:
     post("classification-binary", _add_sub(
         outputs=[{"name": "OUTPUT0", "parameters": {"classification": 3, "binary_data": True}}]))
     post("classification-zero", _add_sub(outputs=[{"name": "OUTPUT0", "parameters": {"classification": 0}}]))
+    post("classification-past-32-bits",
+         _add_sub(outputs=[{"name": "OUTPUT0", "parameters": {"classification": 2**40}}]), deviation=WIDE_COUNT)
+    post("output-shm-size-without-region", _add_sub(outputs=[{"name": "OUTPUT0", "parameters": {
+        "shared_memory_byte_size": 64}}]), needles=(), deviation=NOT_IGNORED)
     post("classification-negative", _add_sub(outputs=[{"name": "OUTPUT0", "parameters": {"classification": -1}}]),
          needles=("classification",), deviation=BAD_INPUT_500)
     post("classification-string", _add_sub(outputs=[{"name": "OUTPUT0", "parameters": {"classification": "2"}}]),
