@@ -421,29 +421,10 @@ class LlamaCppBackend(GenerationBackend):
         slots = engine.settings.n_parallel
         if not -1 <= params.id_slot < slots:
             raise InvalidArgument(f"id_slot: model '{self.context.model_name}' has slots 0 to {slots - 1} (-1: any), got {params.id_slot}")
-        source = "grammar"  # what the grammar comes from, for the error that names it
-        if params.tool_calls is not None:
-            source = "tools"
-            if params.grammar:
-                raise InvalidArgument("tool_calls cannot be used together with grammar")
-            # The engine reads `tool_calls` on for a lazy frame's trigger. A `json_schema`
-            # beside the frame is the answer the output may write instead of the calls.
-            params = msgspec.structs.replace(
-                params,
-                grammar=tool_call_grammar(params.tool_calls, params.json_schema, params.answer_header),
-                json_schema="", answer_header="",
-            )
-        elif params.json_schema:
-            source = "json_schema"
-            if params.grammar:
-                raise InvalidArgument("json_schema and grammar cannot be used together")
-            # Pure Python, milliseconds for any schema a client sends.
-            params = msgspec.structs.replace(
-                params, grammar=schema_to_grammar(params.json_schema, "json_schema", params.answer_header),
-                json_schema="", answer_header="",
-            )
-        if params.grammar:
-            check_grammar(params.grammar, source)
+        if params.grammar or params.json_schema or params.tool_calls is not None:
+            # Off the loop: a large schema takes the converter (pure Python) tenths of a second
+            # and more, and the check reads megabytes of grammar.
+            params = await asyncio.to_thread(_with_grammar, params)
         if params.answer_header:
             raise InvalidArgument("answer_header: only together with json_schema")
         if params.grammar and params.ignore_eos:
@@ -554,6 +535,34 @@ _FLOAT_FIELDS = (
     "dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability", "xtc_threshold", "dry_multiplier",
     "dry_base",
 )
+
+
+def _with_grammar(params: GenerateParams) -> GenerateParams:
+    """`params` with the grammar its json_schema or tool_calls make, checked (InvalidArgument
+    naming where it came from). Blocks: call it off the loop."""
+    source = "grammar"  # what the grammar comes from, for the error that names it
+    if params.tool_calls is not None:
+        source = "tools"
+        if params.grammar:
+            raise InvalidArgument("tool_calls cannot be used together with grammar")
+        # The engine reads `tool_calls` on for a lazy frame's trigger. A `json_schema`
+        # beside the frame is the answer the output may write instead of the calls.
+        params = msgspec.structs.replace(
+            params,
+            grammar=tool_call_grammar(params.tool_calls, params.json_schema, params.answer_header),
+            json_schema="", answer_header="",
+        )
+    elif params.json_schema:
+        source = "json_schema"
+        if params.grammar:
+            raise InvalidArgument("json_schema and grammar cannot be used together")
+        params = msgspec.structs.replace(
+            params, grammar=schema_to_grammar(params.json_schema, "json_schema", params.answer_header),
+            json_schema="", answer_header="",
+        )
+    if params.grammar:
+        check_grammar(params.grammar, source)
+    return params
 
 
 def _check_params(params: GenerateParams) -> None:

@@ -51,6 +51,8 @@ MAX_GRAMMAR_NESTING = 2048
 MAX_GRAMMAR_RULES = 20_000
 MAX_SCHEMA_DEPTH = 64
 MAX_REPETITIONS = 1000
+# The characters and classes a pattern's counted repetitions may write out (_pattern_atoms).
+MAX_PATTERN_ATOMS = 100_000
 
 # Any JSON object: OpenAI's response_format {"type": "json_object"}.
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
@@ -111,7 +113,7 @@ def _convert_all(schemas: list[tuple[str, str, str]]) -> str:
             # too (its schema taken for the reference: a TypeError).
             converter._refs.update((f"#/$defs/{name}", target) for name, target in targets.items())
             name = converter.visit(schema, rule)
-        except (ValueError, AssertionError, KeyError, TypeError, RecursionError) as exc:
+        except (ValueError, AssertionError, KeyError, TypeError, IndexError, RecursionError) as exc:
             raise InvalidArgument(f"{where}: cannot be turned into a grammar: {exc}") from None
         if name != (rule or "root"):
             # The converter names a value by its own rule where it has one ("integer").
@@ -827,6 +829,75 @@ def trigger_core(frame: ToolCallFrame) -> str:
     return marker.group(0) if marker else frame.open.rstrip(" \t\r\n[{") or frame.open
 
 
+def _pattern_atoms(pattern: str) -> int:
+    """How many characters and classes the converter writes for a regular expression: a
+    counted repetition ({m}, {m,}, {m,n}) writes its item out as often as its largest count
+    (nested ones multiply); every alternative of a group is written; `*`, `+` and `?` write
+    nothing more (the grammar repeats them). ValueError for what the converter would misread
+    or never finish: a count past MAX_REPETITIONS or with its minimum above its maximum, a "}"
+    that closes no "{" and an empty class ("[]", "[^]"), on which it loops without end, a
+    quantifier with nothing to repeat (its IndexError) and a lazy one (read as optional)."""
+    groups: list[list[int]] = [[0]]  # per open group, the size of each alternative so far
+    last = 0  # what a quantifier here repeats (0: nothing)
+    repeated = False  # the token before was a quantifier
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        count = _PATTERN_COUNT.match(pattern, i) if char == "{" else None
+        if (count is not None or char in "*+?") and not last:
+            raise ValueError(f"{(count.group() if count else char)!r} at {i} has nothing to repeat")
+        if char == "?" and repeated:
+            # The converter reads it as "optional" ((a|b){2}? as one or two): a lazy quantifier
+            # matches what the greedy one does in a whole-string pattern, so it says nothing.
+            raise ValueError(f"the lazy quantifier at {i} is not supported (drop its '?': it matches the same)")
+        repeated = count is not None or char in "*+?"
+        if count is not None:
+            low, high = count[1], count[2]
+            bounds = [int(n) for n in (low, high) if n]
+            if any(n > MAX_REPETITIONS for n in bounds):
+                raise ValueError(f"repetition {count.group()} counts past {MAX_REPETITIONS}")
+            if low and high and int(low) > int(high):
+                raise ValueError(f"repetition {count.group()} has its minimum above its maximum")
+            times = max([*bounds, 1]) + (1 if high == "" else 0)  # {m,}: m copies and a star
+            groups[-1][-1] += last * (times - 1)
+            last *= times
+            i = count.end()
+        elif char == "(":
+            groups.append([0])
+            last = 0
+            i += 3 if pattern.startswith("(?:", i) else 1
+        elif char == ")" and len(groups) > 1:
+            last = sum(groups.pop())
+            groups[-1][-1] += last
+            i += 1
+        elif char == "|":
+            groups[-1].append(0)
+            last = 0
+            i += 1
+        elif char in "*+?^$":
+            last = last if char in "*+?" else 0
+            i += 1
+        elif char == "}":
+            raise ValueError(f"'}}' at {i} closes no '{{' (a literal one is written '\\}}')")
+        else:
+            if char == "[":
+                if pattern.startswith(("[]", "[^]"), i):
+                    raise ValueError(f"the empty character class at {i} ('[]' or '[^]') is not supported")
+                end = _CLASS_END.search(pattern, i + 1)
+                i = end.end() if end else len(pattern)
+            else:
+                i += 2 if char == "\\" else 1
+            last = 1
+            groups[-1][-1] += 1
+    return sum(sum(alternatives) for alternatives in groups)
+
+
+# A regular expression's counted repetition ({m}, {m,}, {m,n}), matched where a "{" is not
+# escaped (_pattern_atoms walks the escapes).
+_PATTERN_COUNT = re.compile(r"\{([0-9]*)(?:,([0-9]*))?\}")
+# The end of a character class: the first "]" no backslash escapes (one right after "[" or
+# "[^" is a member, as in ECMAScript it is not: close enough for a size).
+_CLASS_END = re.compile(r"(?<!\\)\]")
 _REPETITION = re.compile(r"\{\s*(?P<low>[0-9]*)\s*(?:,\s*(?P<high>[0-9]*)\s*)?\}")
 # What holds no groups: a literal, a character class (a backslash escapes the next character in
 # both), a comment. An unterminated one stays, and its brackets count: the check errs on the
@@ -837,8 +908,8 @@ _OPAQUE = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*')
 def check_grammar(text: str, name: str) -> None:
     """InvalidArgument naming `name` for a GBNF text past the bounds llama.cpp's parser is
     safe within (MAX_GRAMMAR_BYTES, MAX_GRAMMAR_NESTING, MAX_GRAMMAR_RULES, a repetition's
-    bounds in order); said before it is parsed. Regular expressions and numpy: it runs on the
-    event loop, over texts of megabytes."""
+    bounds in order); said before it is parsed. Regular expressions and numpy over texts of
+    megabytes: tens of milliseconds, so off the loop (the backend's _with_grammar)."""
     size = len(text.encode())
     if size > MAX_GRAMMAR_BYTES:
         raise InvalidArgument(f"{name}: {size} bytes, more than the {MAX_GRAMMAR_BYTES} a grammar may have")
@@ -979,6 +1050,18 @@ def _check(schema: Any, where: str, depth: int = 0, in_all_of: bool = False) -> 
             raise InvalidArgument(f"{where}.{low}: more than {high}")
     if "pattern" in schema and {"minLength", "maxLength"} & schema.keys():
         raise InvalidArgument(f"{where}: 'pattern' cannot be combined with minLength/maxLength")
+    if isinstance(schema.get("pattern"), str):
+        # The converter writes a repeated character out as text before the grammar's size is
+        # known (a{2147483647} took 6 GB and 25 s, a{10**20} was a 500) and loops without end
+        # on a lone "}".
+        try:
+            atoms = _pattern_atoms(schema["pattern"])
+        except ValueError as exc:
+            raise InvalidArgument(f"{where}.pattern: {exc}") from None
+        if atoms > MAX_PATTERN_ATOMS:
+            # Nested counts multiply: ((a{1000}){1000}){1000} kept the converter busy for minutes.
+            raise InvalidArgument(f"{where}.pattern: its counted repetitions write out {atoms} characters and "
+                                  f"classes, more than the {MAX_PATTERN_ATOMS} a grammar may have")
     ref = schema.get("$ref")
     if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
         raise InvalidArgument(f"{where}.$ref: only local references ('#/...') are supported")

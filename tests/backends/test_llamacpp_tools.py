@@ -1168,6 +1168,28 @@ REFUSED_SCHEMAS = [
     # ... and read `items`, dropping `prefixItems`.
     ({"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"}},
      r"\.a: keyword 'items' beside 'prefixItems' is not supported"),
+    # The converter writes a counted character out before the grammar's size is known:
+    # a{2147483647} took 6 GB and 25 s (on the event loop), a{10**20} was a 500, and nested
+    # counts kept it busy for minutes. An escaped backslash's count is a count; an escaped
+    # brace is a character.
+    ({"type": "string", "pattern": "^a{2147483647}$"}, r"\.a\.pattern: repetition \{2147483647\} counts past 1000"),
+    ({"type": "string", "pattern": "^a{1,100000000000000000000}$"},
+     r"\.a\.pattern: repetition \{1,100000000000000000000\} counts past 1000"),
+    ({"type": "string", "pattern": "^\\\\{2000}$"}, r"\.a\.pattern: repetition \{2000\} counts past 1000"),
+    ({"type": "string", "pattern": "^((a{1000}){1000}){1000}$"},
+     r"\.a\.pattern: its counted repetitions write out 1000000000 characters and classes, more than the 100000"),
+    ({"type": "string", "pattern": "^(ab|[a-z]{400}){300}$"},
+     r"\.a\.pattern: its counted repetitions write out 120600 characters"),
+    # The converter never returned (a lone "}", an empty class), raised an IndexError (a 500),
+    # or wrote a grammar of another language ({2,1} as two, (a|b){2}? as one or two).
+    ({"type": "string", "pattern": "^a{1,2}}$"}, r"\.a\.pattern: '}' at 7 closes no '\{' \(a literal one is written"),
+    ({"type": "string", "pattern": "^\\{3}$"}, r"\.a\.pattern: '}' at 4 closes no '\{'"),
+    ({"type": "string", "pattern": "^[]a]$"}, r"\.a\.pattern: the empty character class at 1 \('\[\]' or '\[\^\]'\)"),
+    ({"type": "string", "pattern": "^*$"}, r"\.a\.pattern: '\*' at 1 has nothing to repeat"),
+    ({"type": "string", "pattern": "^(a|?)$"}, r"\.a\.pattern: '\?' at 4 has nothing to repeat"),
+    ({"type": "string", "pattern": "^a{2,1}$"}, r"\.a\.pattern: repetition \{2,1\} has its minimum above its maximum"),
+    ({"type": "string", "pattern": "^(a|b){2}?$"}, r"\.a\.pattern: the lazy quantifier at 9 is not supported"),
+    ({"type": "string", "pattern": "^a+?$"}, r"\.a\.pattern: the lazy quantifier at 3 is not supported"),
 ]
 
 
@@ -1185,6 +1207,8 @@ async def test_schemas_the_grammar_could_not_hold_to_are_refused_naming_the_keyw
     for inner, pattern in REFUSED_SCHEMAS:
         with pytest.raises(InvalidArgument, match=r"^json_schema\S*" + pattern):
             grammar.schema_to_grammar(schema(inner), "json_schema")
+    _accepts(backend, grammar.schema_to_grammar(schema({"type": "string", "pattern": "^\\{3\\}x{2}(ab)*$"}), "json_schema"), [
+        ('{"a": "{3}xx"}', True), ('{"a": "{3}xxabab"}', True), ('{"a": "{{{xx"}', False), ('{"a": "{3}xxa"}', False)])
     _accepts(backend, grammar.schema_to_grammar(schema({"type": "integer", "enum": [1, 2.0]}), "json_schema"), [
         ('{"a": 1}', True), ('{"a": 2.0}', True), ('{"a": 3}', False)])
     _accepts(backend, grammar.schema_to_grammar(schema({"type": ["string", "null"], "enum": ["s", None]}), "json_schema"), [
