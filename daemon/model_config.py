@@ -734,12 +734,20 @@ def check_completed(config: ModelConfig) -> None:
             name = group.name or f"{config.name}_{index}"
             raise ConfigError(f"instance group {name} of model {config.name} has kind KIND_CPU but specifies one "
                               "or more GPUs")
-    batching = config.dynamic_batching
-    for size in batching.preferred_batch_size if batching is not None else ():
+    if config.dynamic_batching is not None:
+        check_preferred_sizes(config.dynamic_batching.preferred_batch_size, config,
+                              "dynamic batching preferred size")
+
+
+def check_preferred_sizes(sizes: list[int], config: ModelConfig, what: str) -> None:
+    """Each preferred batch size (the dynamic batcher's, a sequence batcher's oldest
+    strategy's) is one the model can take, in Triton's words; `what` names the field as
+    Triton's text does."""
+    for size in sizes:
         if size <= 0:
-            raise ConfigError(f"dynamic batching preferred size must be positive for {config.name}")
+            raise ConfigError(f"{what} must be positive for {config.name}")
         if size > config.max_batch_size:
-            raise ConfigError(f"dynamic batching preferred size must be <= max batch size for {config.name}")
+            raise ConfigError(f"{what} must be <= max batch size for {config.name}")
 
 
 def check_batch_io(config: ModelConfig) -> None:

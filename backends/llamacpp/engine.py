@@ -994,12 +994,13 @@ class Engine:
                 )
             if params.reasoning_budget is not None:
                 self._check_budget(params)
+            most = max(self.n_ctx_seq, MAX_WINDOW)
             for name, asked in (("penalty_last_n", params.penalty_last_n),
                                 ("dry_penalty_last_n", params.dry_penalty_last_n)):
-                if asked is not None and self._window(asked, len(tokens), params) > max(self.n_ctx_seq, MAX_WINDOW):
+                if asked is not None and self._window(asked, len(tokens), params) > most:
                     raise InvalidArgument(
                         f"{name}: a window of {asked} tokens is more than this generation may hold in "
-                        f"memory ({max(self.n_ctx_seq, MAX_WINDOW)} tokens); -1 is the context"
+                        f"memory ({most} tokens); -1 is the context"
                     )
             if params.n_cache_reuse and not self.has_cells:
                 # llama-server takes it: on a model it cannot shift, with a warning in its log,

@@ -466,9 +466,7 @@ def _llama_samplers(req: _Sampling, params: GenerateParams) -> None:
         _at_least("dry_base", req.dry_base, 1.0)
         params.dry_base = req.dry_base
     if req.n_keep is not None:
-        if not -1 <= req.n_keep <= 2**31 - 1:
-            raise InvalidArgument(f"n_keep must be -1 (the prompt) or between 0 and {2**31 - 1}, got {req.n_keep}")
-        params.n_keep = req.n_keep
+        params.n_keep = sampling.count(req.n_keep, "n_keep", -1, "-1 (the prompt) or ")
     for name in ("dry_allowed_length", "min_keep", "n_discard"):
         value = getattr(req, name)
         if value is not None:

@@ -68,7 +68,13 @@ from daemon.backend import (
 from daemon.core.rate_limiter import InstanceLimits, Ticket
 from daemon.core.stats import ComputePhases, FailureReason, ModelStats, compute_phases
 from daemon.errors import BackendError, ConfigError, EdgedError, InvalidArgument, Unavailable
-from daemon.model_config import MAX_SEQUENCE_SLOTS, ModelConfig, SequenceBatching, TensorConfig
+from daemon.model_config import (
+    MAX_SEQUENCE_SLOTS,
+    ModelConfig,
+    SequenceBatching,
+    TensorConfig,
+    check_preferred_sizes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -142,15 +148,7 @@ class SequenceSpec:
         ready = _bool_control(sb, model, "CONTROL_SEQUENCE_READY", batched)
         corrid_name, corrid_type = _corrid_control(sb, model)
         if sb.oldest is not None:
-            for size in sb.oldest.preferred_batch_size:
-                if size <= 0:
-                    raise ConfigError(
-                        f"sequence batching preferred batch size must be positive for {model}"
-                    )
-                if size > config.max_batch_size:
-                    raise ConfigError(
-                        f"sequence batching preferred batch size must be <= max batch size for {model}"
-                    )
+            check_preferred_sizes(sb.oldest.preferred_batch_size, config, "sequence batching preferred batch size")
         if sb.direct is not None and not 0.0 <= sb.direct.minimum_slot_utilization <= 1.0:
             raise ConfigError(
                 f"sequence batching minimum slot utilization must be in range (0.0, 1.0] for {model}"
